@@ -1,0 +1,40 @@
+"""hwbackends: one trained signal model in, compiled for every reachable hardware target,
+served behind one predict interface.
+
+    import hwbackends as hwb
+    model = hwb.load_model("model.keras")
+    cm = hwb.compile(model, target="cpu.litert", precision="fp32")
+    y = cm.predict(x)
+    cm.predict_into(x, out)      # the hot path
+
+Importing this package imports no ML framework; each target imports its own when used.
+"""
+from __future__ import annotations
+
+from .compiled import CompiledModel
+from .compiler import compile
+from .errors import (CacheError, CompileError, ConfigError, HwbError, InputError, ModelError,
+                     PluginError, UnavailableError, UnknownTargetError, UnsupportedError)
+from .fidelity import Fidelity, Tolerance
+from .hookspecs import hookimpl
+from .models import Model, load_model
+from .registry import get_registry, register_plugin
+from .specs import Availability, Mode, TensorSpec
+from .store import ArtifactStore
+from .target import CONTRACT_VERSION, Artifact, CompileOptions, Converter, Executor, Target
+
+__version__ = "0.1.0"
+
+
+def targets() -> dict[str, Target]:
+    """Every registered target by name."""
+    return dict(get_registry().targets)
+
+
+__all__ = [
+    "Artifact", "ArtifactStore", "Availability", "CONTRACT_VERSION", "CacheError", "CompileError",
+    "CompileOptions", "CompiledModel", "ConfigError", "Converter", "Executor", "Fidelity",
+    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "Target",
+    "TensorSpec", "Tolerance", "UnavailableError", "UnknownTargetError", "UnsupportedError",
+    "compile", "get_registry", "hookimpl", "load_model", "register_plugin", "targets",
+]

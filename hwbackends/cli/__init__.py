@@ -1,0 +1,62 @@
+"""``hwb``: the command line. One module per subcommand; each exposes ``add(subparsers)``
+which registers its parser and sets ``func(args) -> int``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from ..errors import HwbError
+
+#: Subcommand modules, in the order ``hwb --help`` lists them.
+COMMANDS = ("targets", "compile", "predict", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hwb", description="Compile one signal model for every hardware target, measure "
+                                "it, and serve it behind one predict interface.")
+    p.add_argument("-v", "--verbose", action="store_true", help="more detail (and debug logs)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").add(sub)
+    return p
+
+
+def emit(args: argparse.Namespace, data: Any, human: str) -> None:
+    """Print ``data`` as JSON with ``--json``, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(human)
+
+
+def stderr_progress(msg: str) -> None:
+    print(f"  · {msg}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HwbError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2))
+        print(f"hwb {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"hwb {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""``hwb predict MODEL --target T --input x.npy``: outputs of a compiled variant."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from . import emit
+from .compile import add_model_args, compile_from_args
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="run a compiled variant on inputs from a .npy file")
+    add_model_args(p)
+    p.add_argument("--input", "-i", required=True, help=".npy file: one sample or (n, ...) batch")
+    p.add_argument("--output", default=None, help="write outputs to this .npy file")
+    p.add_argument("--nan-policy", choices=("reject", "pass"), default="reject")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import InputError
+
+    try:
+        x = np.load(args.input, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read {args.input} as a .npy array: {exc}") from exc
+    cm = compile_from_args(args, fidelity=False, nan_policy=args.nan_policy)
+    y = cm.predict(x)
+    if args.output:
+        np.save(args.output, y)
+    emit(args, {"variant": cm.variant, "mode": cm.mode.value, "shape": list(y.shape),
+                "outputs": y.tolist()},
+         f"{cm.variant} ({cm.mode.value}) → shape {y.shape}\n{np.array2string(y, precision=6)}")
+    return 0

@@ -1,0 +1,55 @@
+"""``hwb targets``: every registered target, its family, precisions and availability."""
+from __future__ import annotations
+
+import argparse
+
+from . import emit
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("targets", help="list targets and whether they can run here")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verbose", action="store_true", help="plugin import times and options")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..registry import get_registry
+
+    reg = get_registry()
+    rows = []
+    for name in sorted(reg.targets):
+        t = reg.targets[name]
+        try:
+            av = t.probe()
+            avd = av.to_dict()
+        except Exception as exc:  # probe must not raise; if it does, report it as a reason
+            avd = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
+                   "device": "", "details": {}}
+        rows.append({"name": name, "family": t.family, "precisions": list(t.precisions),
+                     "formats": list(t.formats), "description": t.description,
+                     "plugin": reg.target_plugin[name], "options": t.option_docs,
+                     "availability": avd})
+    data = {"targets": rows, "problems": [p.to_dict() for p in reg.problems],
+            "plugin_import_seconds": reg.import_seconds,
+            "converters": [{"name": c.name, "src": c.src, "dst": c.dst,
+                            "unavailable": c.available()} for c in reg.converters]}
+    lines = [f"{'TARGET':<18} {'FAMILY':<6} {'MODE':<12} {'PRECISIONS':<32} REASON / DEVICE"]
+    for r in rows:
+        a = r["availability"]
+        lines.append(f"{r['name']:<18} {r['family']:<6} {a['mode']:<12} "
+                     f"{','.join(r['precisions']):<32} {a['reason']}"
+                     + (f" [{a['device']}]" if a["device"] else ""))
+        if args.verbose and r["options"]:
+            for k, v in r["options"].items():
+                lines.append(f"{'':<20}option {k}: {v}")
+    if data["problems"]:
+        lines.append("\nplugins that could not be used:")
+        for p in data["problems"]:
+            lines.append(f"  {p['plugin']} ({p['stage']}): {p['error']}")
+    if args.verbose:
+        lines.append("\nplugin import times:")
+        for k, v in sorted(reg.import_seconds.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {k:<24} {v * 1000:8.1f} ms")
+    emit(args, data, "\n".join(lines))
+    return 0

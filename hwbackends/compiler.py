@@ -1,0 +1,225 @@
+"""``compile()``: model + target + precision → a loaded, fidelity-checked ``CompiledModel``.
+
+Resolve the target, convert the model to a format it takes (through the converter plugins),
+look the artifact up in the store, else build it in the isolated worker process, load it,
+warm it up and measure its fidelity against the reference.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import isolate
+from .compiled import CompiledModel
+from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
+from .fidelity import compare
+from .models import Model, load_model, load_saved
+from .registry import Registry, get_registry
+from .specs import TensorSpec
+from .store import ArtifactStore, cache_key
+from .target import Artifact, CompileOptions, Converter, Target
+
+log = logging.getLogger("hwbackends")
+Progress = Callable[[str], None]
+
+
+#: Bumped when the core changes how models travel to the worker or how artifacts are laid out.
+CORE_FORMAT = 1
+
+
+def conversion_path(reg: Registry, src: str, dst_formats: Sequence[str],
+                    target: str = "the target") -> list[Converter]:
+    """Shortest chain of available converters from ``src`` to any of ``dst_formats``."""
+    if src in dst_formats:
+        return []
+    usable = [c for c in reg.converters if c.available() is None]
+    queue: deque[tuple[str, list[Converter]]] = deque([(src, [])])
+    seen = {src}
+    while queue:
+        fmt, chain = queue.popleft()
+        for c in usable:
+            if c.src == fmt and c.dst not in seen:
+                if c.dst in dst_formats:
+                    return chain + [c]
+                seen.add(c.dst)
+                queue.append((c.dst, chain + [c]))
+    offered = ", ".join(f"{c.src}→{c.dst}" + ("" if c.available() is None else f" (unavailable: {c.available()})")
+                        for c in reg.converters) or "none"
+    raise UnsupportedError(f"{target} takes {', '.join(dst_formats)} models and no installed "
+                           f"converter reaches them from {src} (installed: {offered}); pick another "
+                           f"target or export the model to {dst_formats[0]}")
+
+
+def _split_data(model: Model) -> tuple[np.ndarray, np.ndarray]:
+    """Calibration and validation inputs, disjoint where the model carries its own data."""
+    v = model.validation_data
+    if v is not None and len(v) >= 2:
+        half = len(v) // 2
+        return (np.ascontiguousarray(v[:half][:256], dtype=np.float32),
+                np.ascontiguousarray(v[half:][:512], dtype=np.float32))
+    return model.representative(256, seed=0), model.representative(512, seed=1)
+
+
+def _compile_job(target: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
+                 workdir: str) -> dict[str, Any]:
+    """Runs in the worker process (or in-process when isolation is off)."""
+    model = load_saved(Path(model_src)) if isinstance(model_src, (str, Path)) else model_src
+    scratch = Path(tempfile.mkdtemp(prefix="hwb-convert-"))
+    try:
+        for i, conv in enumerate(chain):
+            try:
+                model = conv.convert(model, scratch / f"{i}-{conv.dst}")
+            except HwbError:
+                raise
+            except Exception as exc:
+                raise CompileError(f"converter {conv.name} ({conv.src}→{conv.dst}) failed on "
+                                   f"{model.name!r}: {type(exc).__name__}: {exc}") from exc
+        meta = target.compile(model, options, Path(workdir))
+        return dict(meta or {})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _artifact(path: Path, rec: dict[str, Any], cached: bool) -> Artifact:
+    return Artifact(path=path, key=rec["key"], target=rec["target"], precision=rec["precision"],
+                    fingerprint=rec["fingerprint"], batch_size=rec["batch_size"],
+                    inputs=[TensorSpec.from_dict(d) for d in rec["inputs"]],
+                    outputs=[TensorSpec.from_dict(d) for d in rec["outputs"]],
+                    meta=rec.get("meta", {}), toolchain=rec.get("toolchain", {}),
+                    compile_seconds=rec.get("compile_seconds", 0.0), cached=cached)
+
+
+def compile(model: Any, target: str = "cpu.litert", precision: str | None = None, *,
+            batch_size: int = 1, threads: int | None = None,
+            options: dict[str, Any] | None = None,
+            calibration_data: np.ndarray | None = None,
+            validation_data: np.ndarray | None = None,
+            fidelity: bool = True, nan_policy: str = "reject",
+            store: ArtifactStore | str | Path | None = None,
+            isolate_compile: bool = True, timeout: float | None = None,
+            rebuild: bool = False, progress: Progress | None = None,
+            registry: Registry | None = None) -> CompiledModel:
+    """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
+    return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
+
+    ``model`` is anything :func:`load_model` takes. The artifact is cached in ``store``
+    (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
+    toolchain versions is a load. The build runs in an isolated child process unless
+    ``isolate_compile=False``; a crash or timeout raises :class:`CompileError`.
+    """
+    say = progress or (lambda msg: log.info(msg))
+    m = load_model(model)
+    reg = registry or get_registry()
+    tgt = reg.target(target)
+    prec = precision or tgt.precisions[0]
+    if prec not in tgt.precisions:
+        raise UnsupportedError(f"target {tgt.name} offers precisions {', '.join(tgt.precisions)}; "
+                               f"got {prec!r}")
+    if batch_size < 1:
+        raise UnsupportedError(f"batch_size must be ≥ 1, got {batch_size}")
+    extra = dict(options or {})
+    unknown = sorted(set(extra) - set(tgt.option_docs))
+    if unknown:
+        docs = "; ".join(f"{k}: {v}" for k, v in tgt.option_docs.items()) or "none"
+        raise UnsupportedError(f"target {tgt.name} has no option(s) {', '.join(unknown)}; "
+                               f"its options: {docs}")
+    avail = tgt.probe()
+    if not avail.usable:
+        raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
+    chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
+
+    if validation_data is not None:
+        m.validation_data = np.asarray(validation_data, dtype=np.float32)
+    calib, val = _split_data(m)
+    uses_calib = prec in getattr(tgt, "calibrated", ())
+    if calibration_data is not None:
+        calib = np.ascontiguousarray(calibration_data, dtype=np.float32)
+    opts = CompileOptions(prec, batch_size, threads, extra, calib if uses_calib else None)
+    key = cache_key({
+        "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
+        "target_version": getattr(tgt, "version", "1"), "options": opts.key_dict(),
+        "calibration": hashlib.sha256(calib.tobytes()).hexdigest() if uses_calib else None,
+        "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
+    })
+    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    rec = None if rebuild else st.get(key)
+    if rebuild:
+        st.evict(key)
+    art = None
+    if rec is not None:
+        art = _artifact(st.path_for(key), rec, cached=True)
+        say(f"{tgt.name}:{prec} cached artifact {key[:12]}")
+        try:
+            executor = tgt.load(art, opts)
+        except Exception as exc:
+            log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
+            st.evict(key)
+            art = None
+    if art is None:
+        art = _build(m, tgt, chain, opts, key, st, isolate_compile,
+                     timeout or tgt.compile_timeout, say)
+        try:
+            executor = tgt.load(art, opts)
+        except HwbError:
+            raise
+        except Exception as exc:
+            raise CompileError(f"{tgt.name} built an artifact it cannot load: "
+                               f"{type(exc).__name__}: {exc}", target=tgt.name, precision=prec) from exc
+    cm = CompiledModel(executor, art, avail, m.name, nan_policy, tgt.static_batch)
+    cm.warmup()
+    if fidelity:
+        cm.fidelity = compare(m.reference(val), cm.predict(val))
+        say(f"{cm.variant} fidelity: {cm.fidelity}")
+    return cm
+
+
+def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, key: str,
+           st: ArtifactStore, isolated: bool, timeout: float, say: Progress) -> Artifact:
+    what = f"compiling {m.name!r} for {tgt.name}:{opts.precision}"
+    say(what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
+    staged = st.stage()
+    t0 = time.perf_counter()
+    try:
+        if isolated:
+            model_dir = st.stage()
+            try:
+                m.save(model_dir)
+                meta = isolate.worker().run(_compile_job, tgt, chain, str(model_dir), opts,
+                                            str(staged), timeout=timeout, what=what,
+                                            target=tgt.name, precision=opts.precision)
+            finally:
+                st.discard(model_dir)
+        else:
+            meta = _compile_job(tgt, chain, m, opts, str(staged))
+        seconds = time.perf_counter() - t0
+        rec = st.commit(staged, key, {
+            "target": tgt.name, "precision": opts.precision, "fingerprint": m.fingerprint,
+            "model": m.name, "batch_size": opts.batch_size,
+            "inputs": [s.to_dict() for s in m.inputs], "outputs": [s.to_dict() for s in m.outputs],
+            "options": opts.key_dict(), "meta": meta, "toolchain": tgt.toolchain(),
+            "chain": [c.name for c in chain], "compile_seconds": seconds,
+        })
+    except CompileError as exc:
+        st.discard(staged)
+        exc.target, exc.precision = exc.target or tgt.name, exc.precision or opts.precision
+        raise
+    except HwbError:
+        st.discard(staged)
+        raise
+    except Exception as exc:
+        st.discard(staged)
+        raise CompileError(f"{what} failed: {type(exc).__name__}: {exc}", target=tgt.name,
+                           precision=opts.precision) from exc
+    except BaseException:
+        st.discard(staged)
+        raise
+    say(f"{tgt.name}:{opts.precision} built in {seconds:.1f} s")
+    return _artifact(st.path_for(key), rec, cached=False)

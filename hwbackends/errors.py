@@ -1,0 +1,55 @@
+"""The exception hierarchy. Every message says what was expected and what to do next.
+
+Catch :class:`HwbError` to handle anything this package raises on purpose; the subclasses
+tell the caller *which* part failed (input, model, target, compile, cache, plugin, config).
+"""
+from __future__ import annotations
+
+
+class HwbError(Exception):
+    """Base class of every error hwbackends raises on purpose."""
+
+
+class InputError(HwbError, ValueError):
+    """The array passed to ``predict``/``predict_into`` has the wrong shape, dtype or values."""
+
+
+class ModelError(HwbError):
+    """A model could not be loaded, is corrupt, or has a form hwbackends does not support."""
+
+
+class UnknownTargetError(HwbError, KeyError):
+    """No registered target has this name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedError(HwbError):
+    """The target cannot take this model, layer, precision or option (the message names which)."""
+
+
+class UnavailableError(HwbError):
+    """The target exists but cannot run on this machine (the message gives the reason)."""
+
+
+class CompileError(HwbError):
+    """Compilation or conversion failed, crashed or timed out. The caller's process is intact."""
+
+    def __init__(self, message: str, *, target: str = "", precision: str = "", log: str = ""):
+        super().__init__(message)
+        self.target = target
+        self.precision = precision
+        self.log = log
+
+
+class CacheError(HwbError):
+    """An artifact store entry is unusable (it is removed and rebuilt where possible)."""
+
+
+class PluginError(HwbError):
+    """A plugin failed to import, raised in a hook, or broke the contract."""
+
+
+class ConfigError(HwbError, ValueError):
+    """A configuration file or value is invalid (the message points at the entry)."""

@@ -1,0 +1,315 @@
+"""Source models: load Keras 3, PyTorch or ONNX; specs, a stable fingerprint, the reference.
+
+Frameworks are imported only when a model of their kind is loaded, so ``import hwbackends``
+stays light.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .errors import ModelError
+from .specs import TensorSpec
+
+FORMATS = ("keras", "torch", "onnx")
+
+
+@dataclass
+class Model:
+    """One source model and everything the targets and the fidelity check need from it."""
+
+    obj: Any
+    format: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    fingerprint: str
+    name: str = "model"
+    source: Path | None = None
+    #: Representative inputs (calibration and fidelity); generated from the spec when absent.
+    validation_data: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    _ref: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def input(self) -> TensorSpec:
+        return self.inputs[0]
+
+    @property
+    def output(self) -> TensorSpec:
+        return self.outputs[0]
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """The source framework's fp32 output for ``x`` of shape ``(n, *input.shape)``."""
+        if self._ref is None:
+            self._ref = _reference_fn(self)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        chunks = [self._ref(x[i:i + 1024]) for i in range(0, len(x), 1024)]
+        return np.concatenate(chunks).astype(np.float32, copy=False).reshape(
+            (len(x), *self.output.shape))
+
+    def representative(self, n: int = 256, seed: int = 0) -> np.ndarray:
+        """Inputs for calibration/fidelity: the model's own validation data, else seeded N(0,1)."""
+        if self.validation_data is not None:
+            return np.ascontiguousarray(self.validation_data[:n], dtype=np.float32)
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((n, *self.input.shape)).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "format": self.format, "fingerprint": self.fingerprint,
+                "inputs": [s.to_dict() for s in self.inputs],
+                "outputs": [s.to_dict() for s in self.outputs],
+                "source": str(self.source) if self.source else None}
+
+    # -- transport to the compile child process ---------------------------------------------
+    def save(self, directory: Path) -> Path:
+        """Write the model into ``directory`` so :func:`load_saved` restores it elsewhere,
+        fingerprint and data included."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.format == "keras":
+            fname = "model.keras"
+            self.obj.save(directory / fname)
+        elif self.format == "onnx":
+            fname = "model.onnx"
+            (directory / fname).write_bytes(self.obj.SerializeToString())
+        else:
+            fname = _save_torch(self, directory)
+        if self.validation_data is not None:
+            np.save(directory / "validation.npy", self.validation_data)
+        info = self.describe() | {"file": fname, "meta": self.meta}
+        (directory / "model.json").write_text(json.dumps(info, default=str))
+        return directory
+
+
+def _save_torch(model: Model, directory: Path) -> str:
+    import torch
+
+    # Batch 2 in the example: torch.export specialises a dimension of size 1 to a constant.
+    example = torch.zeros((2, *model.input.shape), dtype=torch.float32)
+    obj = model.obj
+    if isinstance(obj, torch.export.ExportedProgram):
+        torch.export.save(obj, directory / "model.pt2")
+        return "model.pt2"
+    if isinstance(obj, torch.jit.ScriptModule):
+        obj.save(str(directory / "model.ts"))
+        return "model.ts"
+    try:
+        # Dynamic batch so converters downstream can fix any batch size they need.
+        batch = torch.export.Dim("batch", min=1, max=65536)
+        ep = torch.export.export(obj.eval(), (example,), dynamic_shapes=({0: batch},))
+    except Exception:
+        ep = torch.export.export(obj.eval(), (example,))
+    torch.export.save(ep, directory / "model.pt2")
+    return "model.pt2"
+
+
+def load_saved(directory: Path) -> Model:
+    """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data."""
+    info = json.loads((directory / "model.json").read_text())
+    m = load_model(directory / info["file"], name=info["name"])
+    m.fingerprint = info["fingerprint"]
+    m.inputs = [TensorSpec.from_dict(d) for d in info["inputs"]]
+    m.outputs = [TensorSpec.from_dict(d) for d in info["outputs"]]
+    m.meta = info.get("meta", {})
+    if info.get("source"):
+        m.source = Path(info["source"])
+    val = directory / "validation.npy"
+    if val.exists():
+        m.validation_data = np.load(val)
+    return m
+
+
+# -- loading ---------------------------------------------------------------------------------
+def _module_of(obj: Any) -> str:
+    return " ".join(c.__module__ for c in type(obj).__mro__)
+
+
+def load_model(source: Any, *, name: str | None = None, example_input: Any = None,
+               input_shape: Sequence[int] | None = None,
+               validation_data: np.ndarray | None = None) -> Model:
+    """Load a source model.
+
+    ``source`` is a path (``.keras``/``.h5`` Keras 3, ``.onnx``, ``.pt2`` torch.export,
+    ``.pt``/``.ts`` TorchScript), ``"zoo:NAME"`` for a bundled example, a ``keras.Model``, an
+    ``onnx.ModelProto``, or a ``torch.nn.Module`` together with ``example_input`` (a tensor of
+    one batch) or ``input_shape`` (per sample, without the batch dimension).
+    """
+    if isinstance(source, Model):
+        if validation_data is not None:
+            source.validation_data = validation_data
+        return source
+    if isinstance(source, str) and source.startswith("zoo:"):
+        from . import zoo
+        m = zoo.get(source[4:])
+        if validation_data is not None:
+            m.validation_data = validation_data
+        return m
+    if isinstance(source, (str, os.PathLike)):
+        model = _load_path(Path(source), name)
+    else:
+        mods = _module_of(source)
+        if "keras" in mods and hasattr(source, "get_config"):
+            model = _from_keras(source, name or getattr(source, "name", "model"), None)
+        elif "onnx" in mods and hasattr(source, "graph"):
+            model = _from_onnx(source, name or "model", None)
+        elif "torch" in mods:
+            model = _from_torch(source, name or type(source).__name__, None, example_input, input_shape)
+        else:
+            raise ModelError(f"cannot load a model from {type(source).__qualname__}; expected a file "
+                             f"path, 'zoo:NAME', a keras.Model, a torch.nn.Module or an onnx.ModelProto")
+    if validation_data is not None:
+        v = np.asarray(validation_data, dtype=np.float32)
+        if v.shape[1:] != model.input.shape:
+            raise ModelError(f"validation_data has samples of shape {v.shape[1:]}; the model "
+                             f"takes {model.input.shape}")
+        model.validation_data = v
+    return model
+
+
+def _load_path(path: Path, name: str | None) -> Model:
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
+                         f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
+    suffix = path.suffix.lower()
+    name = name or path.stem
+    try:
+        if suffix in (".keras", ".h5", ".hdf5"):
+            import keras
+            return _from_keras(keras.saving.load_model(path, compile=False), name, path)
+        if suffix == ".onnx":
+            import onnx
+            return _from_onnx(onnx.load(str(path)), name, path)
+        if suffix == ".pt2":
+            import torch
+            ep = torch.export.load(str(path))
+            return _from_torch(ep, name, path, None, None)
+        if suffix in (".pt", ".pth", ".ts"):
+            import torch
+            return _from_torch(torch.jit.load(str(path)), name, path, None, None)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"could not load {path} as a {suffix} model ({type(exc).__name__}: "
+                         f"{str(exc)[:300]}). Is the file complete? Re-export it from the "
+                         f"training code.") from exc
+    raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 .onnx "
+                     f".pt2 (torch.export) .pt/.ts (TorchScript)")
+
+
+def _single(kind: str, items: Sequence[Any], name: str) -> None:
+    if len(items) != 1:
+        raise ModelError(f"model {name!r} has {len(items)} {kind}s; hwbackends serves "
+                         f"single-input, single-output signal models. Concatenate the features "
+                         f"into one input tensor.")
+
+
+def _static(shape: Sequence[Any], what: str, name: str) -> tuple[int, ...]:
+    dims = tuple(shape)
+    if any(d is None or (isinstance(d, int) and d < 0) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise ModelError(f"model {name!r} has a dynamic {what} shape {dims} beyond the batch "
+                         f"dimension; compile needs static shapes (fix the window length)")
+    return tuple(int(d) for d in dims)
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(hashlib.sha256(p).digest())
+    return h.hexdigest()[:32]
+
+
+def _from_keras(km: Any, name: str, path: Path | None) -> Model:
+    _single("input", km.inputs, name)
+    _single("output", km.outputs, name)
+    ins = [TensorSpec("input", _static(km.inputs[0].shape[1:], "input", name))]
+    outs = [TensorSpec("output", _static(km.outputs[0].shape[1:], "output", name))]
+    arch = json.dumps(km.get_config(), sort_keys=True, default=str).encode()
+    weights = [np.ascontiguousarray(w).tobytes() for w in km.get_weights()]
+    fp = _digest(b"keras", arch, *weights)
+
+    def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
+        return np.asarray(km(x, training=False))
+
+    return Model(km, "keras", ins, outs, fp, name, path, _ref=ref)
+
+
+def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
+    g = proto.graph
+    inits = {i.name for i in g.initializer}
+    real_inputs = [i for i in g.input if i.name not in inits]
+    _single("input", real_inputs, name)
+    _single("output", g.output, name)
+
+    def dims(vi: Any, what: str) -> tuple[int, ...]:
+        d = [x.dim_value if x.HasField("dim_value") else None for x in vi.type.tensor_type.shape.dim]
+        return _static(d[1:], what, name)
+
+    ins = [TensorSpec(real_inputs[0].name, dims(real_inputs[0], "input"))]
+    outs = [TensorSpec(g.output[0].name, dims(g.output[0], "output"))]
+    fp = _digest(b"onnx", proto.SerializeToString(deterministic=True))
+    return Model(proto, "onnx", ins, outs, fp, name, path)
+
+
+def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any) -> Model:
+    import torch
+
+    if isinstance(obj, torch.export.ExportedProgram):
+        spec = obj.graph_signature.user_inputs
+        if len(spec) != 1:
+            _single("input", spec, name)
+        ph = [n for n in obj.graph.nodes if n.op == "placeholder" and n.name in spec][0]
+        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else 1 for s in ph.meta["val"].shape)
+        module = obj.module()
+        example = torch.zeros(shape)
+        arch = str(obj.graph).encode()
+        state = obj.state_dict
+    else:
+        module = obj
+        if example is None:
+            if input_shape is None:
+                raise ModelError(f"a torch model needs example_input= (one batch) or input_shape= "
+                                 f"(per sample) to know its input; got neither for {name!r}")
+            example = torch.zeros((1, *input_shape), dtype=torch.float32)
+        example = torch.as_tensor(example, dtype=torch.float32)
+        arch = repr(obj).encode()
+        state = obj.state_dict()
+        if hasattr(module, "eval"):
+            module.eval()
+    with torch.no_grad():
+        y = module(example)
+    if isinstance(y, (tuple, list)):
+        _single("output", y, name)
+        y = y[0]
+    ins = [TensorSpec("input", _static(tuple(example.shape[1:]), "input", name))]
+    outs = [TensorSpec("output", _static(tuple(y.shape[1:]), "output", name))]
+    wb = [k.encode() + v.detach().cpu().contiguous().numpy().tobytes() for k, v in sorted(state.items())]
+    fp = _digest(b"torch", arch, repr(ins).encode(), *wb)
+
+    def ref(x: np.ndarray, m: Any = module) -> np.ndarray:
+        with torch.no_grad():
+            r = m(torch.from_numpy(x))
+        if isinstance(r, (tuple, list)):
+            r = r[0]
+        return r.numpy()
+
+    return Model(obj, "torch", ins, outs, fp, name, path, _ref=ref)
+
+
+def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:
+    if model.format == "onnx":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(model.obj.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        iname = sess.get_inputs()[0].name
+
+        def run(x: np.ndarray) -> np.ndarray:
+            return sess.run(None, {iname: x})[0]
+        return run
+    raise ModelError(f"model {model.name!r} has no reference predictor")

@@ -1,0 +1,146 @@
+"""Plugin discovery on pluggy, with isolation: one broken plugin never takes the others down."""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError, UnknownTargetError
+from .target import CONTRACT_VERSION, Converter, Target
+
+ENTRY_POINT_GROUP = "hwbackends"
+
+
+@dataclass
+class PluginProblem:
+    """A plugin that could not be used, and why (shown by ``hwb targets``)."""
+
+    plugin: str
+    stage: str  # "import", "hwb_targets", "hwb_converters", "contract"
+    error: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"plugin": self.plugin, "stage": self.stage, "error": self.error}
+
+
+@dataclass
+class Registry:
+    """All targets and converters the installed plugins provide."""
+
+    pm: pluggy.PluginManager
+    targets: dict[str, Target] = field(default_factory=dict)
+    target_plugin: dict[str, str] = field(default_factory=dict)
+    converters: list[Converter] = field(default_factory=list)
+    problems: list[PluginProblem] = field(default_factory=list)
+    import_seconds: dict[str, float] = field(default_factory=dict)
+
+    def target(self, name: str) -> Target:
+        try:
+            return self.targets[name]
+        except KeyError:
+            hint = ""
+            broken = [p.plugin for p in self.problems]
+            if broken:
+                hint = f" (plugins that failed to load: {', '.join(broken)}; see `hwb targets`)"
+            raise UnknownTargetError(
+                f"unknown target {name!r}; registered targets: {', '.join(sorted(self.targets)) or 'none'}{hint}"
+            ) from None
+
+    def register(self, plugin: Any, name: str) -> None:
+        """Register one plugin object (module or instance) and collect its targets/converters."""
+        self.pm.register(plugin, name=name)
+        self._collect(name, plugin)
+
+    def _call(self, hook_name: str, plugin_name: str, plugin: Any) -> list[Any]:
+        impl = getattr(plugin, hook_name, None)
+        if impl is None:
+            return []
+        try:
+            return list(impl() or [])
+        except Exception as exc:  # a plugin's bug is reported, not propagated
+            self.problems.append(PluginProblem(plugin_name, hook_name, _short(exc)))
+            return []
+
+    def _collect(self, plugin_name: str, plugin: Any) -> None:
+        for t in self._call("hwb_targets", plugin_name, plugin):
+            if not isinstance(t, Target) or not t.name:
+                self.problems.append(PluginProblem(plugin_name, "contract",
+                                                   f"hwb_targets returned {t!r}, not a named Target"))
+                continue
+            if t.contract_version != CONTRACT_VERSION:
+                self.problems.append(PluginProblem(
+                    plugin_name, "contract",
+                    f"target {t.name} was written for contract version {t.contract_version}, "
+                    f"this hwbackends implements version {CONTRACT_VERSION}; update the plugin"))
+                continue
+            if t.name in self.targets:
+                self.problems.append(PluginProblem(
+                    plugin_name, "contract",
+                    f"target {t.name!r} is already provided by plugin "
+                    f"{self.target_plugin[t.name]!r}; refused the one from {plugin_name!r}"))
+                continue
+            self.targets[t.name] = t
+            self.target_plugin[t.name] = plugin_name
+        for c in self._call("hwb_converters", plugin_name, plugin):
+            if isinstance(c, Converter):
+                self.converters.append(c)
+            else:
+                self.problems.append(PluginProblem(plugin_name, "contract",
+                                                   f"hwb_converters returned {c!r}, not a Converter"))
+
+
+def _short(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def build_registry(entry_points: bool = True) -> Registry:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    reg = Registry(pm)
+    if entry_points:
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        seen: set[str] = set()
+        for ep in sorted(eps, key=lambda e: e.name):
+            if ep.name in seen:  # the same distribution seen twice on sys.path
+                continue
+            seen.add(ep.name)
+            t0 = time.perf_counter()
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                reg.problems.append(PluginProblem(ep.name, "import", _short(exc)))
+                continue
+            finally:
+                reg.import_seconds[ep.name] = time.perf_counter() - t0
+            try:
+                reg.register(plugin, ep.name)
+            except Exception as exc:  # pluggy validation (bad hookimpl signature...)
+                reg.problems.append(PluginProblem(ep.name, "register", _short(exc)))
+    return reg
+
+
+_REGISTRY: Registry | None = None
+
+
+def get_registry(refresh: bool = False) -> Registry:
+    """The process-wide registry, built on first use."""
+    global _REGISTRY
+    if _REGISTRY is None or refresh:
+        _REGISTRY = build_registry()
+    return _REGISTRY
+
+
+def register_plugin(plugin: Any, name: str | None = None) -> None:
+    """Register a plugin object at run time (tests, notebooks) without an entry point."""
+    reg = get_registry()
+    name = name or getattr(plugin, "__name__", type(plugin).__name__)
+    if reg.pm.is_registered(plugin):
+        raise PluginError(f"plugin {name!r} is already registered")
+    reg.register(plugin, name)

@@ -1,0 +1,74 @@
+"""Plain data shared by the core and the plugins: tensor specs, modes, availability."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model, *per sample*: the batch dimension is not in ``shape``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def batched(self, batch: int) -> tuple[int, ...]:
+        return (batch, *self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        return cls(d["name"], tuple(int(s) for s in d["shape"]), d.get("dtype", "float32"))
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype}[batch, {', '.join(map(str, self.shape))}]"
+
+
+class Mode(str, Enum):
+    """Where a target's artifact runs.
+
+    ``hardware``: on the real device. ``emulated``: the same artifact on a stand-in (hls4ml
+    C-simulation, XLA on the CPU instead of a TPU, Edge TPU int8 on the CPU interpreter).
+    ``unavailable``: it cannot run here; :attr:`Availability.reason` says why.
+    """
+
+    HARDWARE = "hardware"
+    EMULATED = "emulated"
+    UNAVAILABLE = "unavailable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Availability:
+    """The answer of ``Target.probe()``: can this target run here, how, and why not."""
+
+    mode: Mode
+    reason: str = ""
+    device: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        return self.mode is not Mode.UNAVAILABLE
+
+    @classmethod
+    def hardware(cls, device: str, reason: str = "", **details: Any) -> "Availability":
+        return cls(Mode.HARDWARE, reason, device, details)
+
+    @classmethod
+    def emulated(cls, device: str, reason: str, **details: Any) -> "Availability":
+        return cls(Mode.EMULATED, reason, device, details)
+
+    @classmethod
+    def unavailable(cls, reason: str, **details: Any) -> "Availability":
+        return cls(Mode.UNAVAILABLE, reason, "", details)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode.value, "reason": self.reason, "device": self.device,
+                "details": self.details}

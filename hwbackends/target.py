@@ -1,0 +1,177 @@
+"""The plugin contract: what a target provides and what it receives.
+
+A target plugin subclasses :class:`Target` and returns instances from its ``hwb_targets``
+hook. The lifecycle, driven by :func:`hwbackends.compile`:
+
+1. ``probe()`` (parent process, must be fast and import nothing heavy) says whether and how the
+   target can run here;
+2. ``compile(model, options, workdir)`` runs in an isolated child process, receives the model
+   already converted to one of ``formats``, writes its files into ``workdir`` and returns a
+   JSON-able ``dict`` of metadata. The core stores the files content-addressed and verifies
+   them on every later load;
+3. ``load(artifact, options)`` (parent process) returns an :class:`Executor`;
+4. ``Executor.predict_into(x, out)`` is the hot path.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from .errors import InputError
+from .specs import Availability, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import Model
+
+#: Bumped when the contract changes incompatibly; plugins declare the version they target.
+CONTRACT_VERSION = 1
+
+
+@dataclass
+class CompileOptions:
+    """What the caller asked for. ``extra`` holds target-specific options (documented by
+    each target in :attr:`Target.option_docs`)."""
+
+    precision: str
+    batch_size: int = 1
+    threads: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: Representative inputs for calibration (full-int8, fixed-point); never part of the
+    #: options' JSON, but its hash is part of the cache key.
+    calibration: np.ndarray | None = None
+
+    def key_dict(self) -> dict[str, Any]:
+        """The options as they enter the cache key (``threads`` is a load-time option)."""
+        return {"precision": self.precision, "batch_size": self.batch_size,
+                "extra": self.extra}
+
+
+@dataclass
+class Artifact:
+    """A compiled variant as stored: a directory of files plus metadata."""
+
+    path: Path
+    key: str
+    target: str
+    precision: str
+    fingerprint: str
+    batch_size: int
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    meta: dict[str, Any] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+    cached: bool = False
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A loaded artifact. ``predict_into`` is the hot path: ``x`` is a C-contiguous array of
+    shape ``(batch_size, *input.shape)`` in the input dtype, ``out`` a preallocated array of
+    shape ``(batch_size, *output.shape)``; it allocates nothing and does no Python work beyond
+    the library call. On a wrong array it raises :class:`~hwbackends.errors.InputError`
+    (use :func:`check_io` in the error path, never before the call)."""
+
+    batch_size: int
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None: ...
+
+
+class Target:
+    """Base class of every target. Subclasses set the class attributes and implement the four
+    methods. Keep module-level imports light: heavy frameworks are imported inside
+    ``compile``/``load``/``toolchain`` so that ``hwb targets`` stays fast."""
+
+    #: Unique dotted name, ``family.runtime``: ``cpu.litert``, ``fpga.hls4ml``.
+    name: ClassVar[str] = ""
+    #: ``cpu``, ``gpu``, ``tpu``, ``fpga`` or ``ref``.
+    family: ClassVar[str] = ""
+    #: Precisions offered; the first is the default.
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: Source formats ``compile`` accepts (``keras``, ``torch``, ``onnx``); the core converts
+    #: the model into the first reachable one through the registered converters.
+    formats: ClassVar[tuple[str, ...]] = ()
+    #: One line for ``hwb targets``.
+    description: ClassVar[str] = ""
+    #: Target-specific ``extra`` options: name -> one-line documentation.
+    option_docs: ClassVar[dict[str, str]] = {}
+    #: Whether the batch size is fixed at compile time (most fast paths are).
+    static_batch: ClassVar[bool] = True
+    #: The contract version this target was written for.
+    contract_version: ClassVar[int] = CONTRACT_VERSION
+    #: Seconds a compile may take before the child is killed.
+    compile_timeout: ClassVar[float] = 600.0
+
+    def probe(self) -> Availability:
+        """Whether and how this target can run here. Fast; never raises."""
+        raise NotImplementedError
+
+    def toolchain(self) -> dict[str, str]:
+        """Versions of everything that shapes the artifact (library, compiler, device).
+        Part of the cache key: a change rebuilds. Called in the child process."""
+        return {}
+
+    def compile(self, model: "Model", options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        """Write the artifact's files into ``workdir``; return JSON-able metadata.
+        Raise :class:`~hwbackends.errors.UnsupportedError` naming the layer/op that cannot be
+        compiled. Runs in a child process."""
+        raise NotImplementedError
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
+        """Load a stored artifact and return a warmed-up-ready executor."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<Target {self.name}>"
+
+
+@dataclass(frozen=True)
+class Converter:
+    """A format conversion a plugin offers through ``hwb_converters``.
+
+    ``convert(model, workdir)`` returns a new :class:`~hwbackends.models.Model` in format
+    ``dst`` with the same fingerprint, specs and data; it runs in the compile child process.
+    """
+
+    name: str
+    src: str
+    dst: str
+    convert: Callable[["Model", Path], "Model"]
+    available: Callable[[], str | None] = lambda: None  # None = usable, else the reason
+
+
+def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int) -> None:
+    """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
+    Executors call it only after the fast path failed, so the hot path pays nothing."""
+    want_x = inp.batched(batch)
+    want_o = outp.batched(batch)
+    for label, arr, shape, dtype in (("input", x, want_x, inp.dtype), ("out", out, want_o, outp.dtype)):
+        if not isinstance(arr, np.ndarray):
+            raise InputError(f"{label} must be a numpy.ndarray of shape {shape} and dtype {dtype}; "
+                             f"got {type(arr).__name__}")
+        if tuple(arr.shape) != tuple(shape):
+            raise InputError(f"{label} has shape {tuple(arr.shape)}; this variant was compiled "
+                             f"for {shape} (batch_size={batch}). Use predict() for other batch "
+                             f"sizes, or compile with batch_size={arr.shape[0] if arr.ndim else 1}.")
+        if arr.dtype != np.dtype(dtype):
+            raise InputError(f"{label} has dtype {arr.dtype}; expected {dtype}. "
+                             f"Convert once outside the hot path: x.astype(np.{dtype}).")
+        if not arr.flags.c_contiguous:
+            raise InputError(f"{label} must be C-contiguous; use np.ascontiguousarray() once.")
+    if not out.flags.writeable:
+        raise InputError("out is read-only; pass a writeable preallocated array")
+
+
+def machine_description() -> str:
+    import os
+    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")

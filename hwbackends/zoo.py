@@ -1,0 +1,214 @@
+"""Example models built in code with fixed seeds (no model hub), as Keras 3 and PyTorch.
+
+========  =========================================  ===========================
+name      architecture                               input (per sample)
+========  =========================================  ===========================
+mlp       Dense 64→64 relu →32 relu →3 softmax        (64,)
+lstm      LSTM 32 over a window → Dense 1             (16, 8)  16 ticks × 8 features
+conv1d    Conv1D 16 k3 ×2 → global avg pool → Dense 1 (32, 8)
+signal    Dense 32→32 relu →16 relu →1 tanh, trained  (32,)    order-book features
+          in seconds on synthetic order-book data
+========  =========================================  ===========================
+
+``mlp_torch`` and ``lstm_torch`` are PyTorch modules with *the same weights* as their Keras
+twins (same seeds, gate order mapped), so both frameworks compute the same function. Weights
+come from NumPy's seeded generator, so fingerprints are identical across processes.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .models import Model, load_model
+
+NAMES = ("mlp", "lstm", "conv1d", "signal", "mlp_torch", "lstm_torch")
+DEFAULT = "signal"
+SIGNAL_VERSION = "v1"
+
+
+def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int, shape: tuple[int, ...]) -> np.ndarray:
+    lim = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-lim, lim, shape).astype(np.float32)
+
+
+def mlp_weights(seed: int = 1) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ws = []
+    for a, b in ((64, 64), (64, 32), (32, 3)):
+        ws += [_glorot(rng, a, b, (a, b)), rng.normal(0, 0.05, b).astype(np.float32)]
+    return ws
+
+
+def lstm_weights(seed: int = 2, features: int = 8, units: int = 32) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    kernel = _glorot(rng, features, 4 * units, (features, 4 * units))
+    recurrent = _glorot(rng, units, 4 * units, (units, 4 * units)) * 0.7
+    bias = np.zeros(4 * units, np.float32)
+    bias[units:2 * units] = 1.0  # forget-gate bias 1, as Keras' unit_forget_bias
+    head = _glorot(rng, units, 1, (units, 1))
+    return [kernel, recurrent, bias, head, np.array([0.01], np.float32)]
+
+
+def keras_mlp() -> Any:
+    import keras
+    m = keras.Sequential([
+        keras.Input((64,), name="features"),
+        keras.layers.Dense(64, activation="relu", name="dense_1"),
+        keras.layers.Dense(32, activation="relu", name="dense_2"),
+        keras.layers.Dense(3, activation="softmax", name="probs"),
+    ], name="zoo_mlp")
+    m.set_weights(mlp_weights())
+    return m
+
+
+def keras_lstm() -> Any:
+    import keras
+    m = keras.Sequential([
+        keras.Input((16, 8), name="window"),
+        keras.layers.LSTM(32, name="lstm"),
+        keras.layers.Dense(1, name="signal"),
+    ], name="zoo_lstm")
+    m.set_weights(lstm_weights())
+    return m
+
+
+def keras_conv1d() -> Any:
+    import keras
+    rng = np.random.default_rng(3)
+    m = keras.Sequential([
+        keras.Input((32, 8), name="window"),
+        keras.layers.Conv1D(16, 3, activation="relu", name="conv_1"),
+        keras.layers.Conv1D(16, 3, activation="relu", name="conv_2"),
+        keras.layers.GlobalAveragePooling1D(name="pool"),
+        keras.layers.Dense(1, name="signal"),
+    ], name="zoo_conv1d")
+    m.set_weights([_glorot(rng, 24, 16, (3, 8, 16)), np.zeros(16, np.float32),
+                   _glorot(rng, 48, 16, (3, 16, 16)), np.zeros(16, np.float32),
+                   _glorot(rng, 16, 1, (16, 1)), np.zeros(1, np.float32)])
+    return m
+
+
+def torch_mlp() -> Any:
+    import torch
+    from torch import nn
+
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                      nn.Linear(32, 3), nn.Softmax(dim=-1))
+    ws = mlp_weights()
+    with torch.no_grad():
+        for layer, (w, b) in zip([m[0], m[2], m[4]], zip(ws[0::2], ws[1::2])):
+            layer.weight.copy_(torch.from_numpy(w.T.copy()))
+            layer.bias.copy_(torch.from_numpy(b))
+    return m.eval()
+
+
+def _torch_lstm_class() -> type:
+    from torch import nn
+
+    class ZooLSTM(nn.Module):
+        """LSTM over the window, last hidden state → linear head (as the Keras zoo LSTM)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(8, 32, batch_first=True)
+            self.head = nn.Linear(32, 1)
+
+        def forward(self, x: Any) -> Any:
+            y, _ = self.lstm(x)
+            return self.head(y[:, -1])
+
+    return ZooLSTM
+
+
+def torch_lstm() -> Any:
+    import torch
+
+    m = _torch_lstm_class()()
+    k, r, b, hw, hb = lstm_weights()
+    with torch.no_grad():  # Keras and torch share the gate order i, f, c/g, o
+        m.lstm.weight_ih_l0.copy_(torch.from_numpy(k.T.copy()))
+        m.lstm.weight_hh_l0.copy_(torch.from_numpy(r.T.copy()))
+        m.lstm.bias_ih_l0.copy_(torch.from_numpy(b))
+        m.lstm.bias_hh_l0.zero_()
+        m.head.weight.copy_(torch.from_numpy(hw.T.copy()))
+        m.head.bias.copy_(torch.from_numpy(hb))
+    return m.eval()
+
+
+# -- the default model: a signal trained on synthetic order-book features ---------------------
+def orderbook_features(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic order-book features (32 per tick) and the next-tick return they predict.
+
+    Columns: 10 level imbalances, 5 spreads (bps), 8 lagged returns, 5 volume z-scores, 4 trade
+    flow signs. A latent short-horizon alpha drives imbalance and flow; the target is
+    ``tanh``-squashed future return with noise, so a small model learns a real, imperfect
+    signal."""
+    rng = np.random.default_rng(seed)
+    alpha = rng.standard_normal(n)
+    imb = 0.6 * alpha[:, None] * np.linspace(1, 0.3, 10) + rng.standard_normal((n, 10)) * 0.8
+    spread = np.abs(rng.standard_normal((n, 5))) * (1 + 0.3 * np.abs(alpha[:, None]))
+    rets = rng.standard_normal((n, 8)) * 0.5 + 0.2 * alpha[:, None]
+    vol = rng.standard_normal((n, 5))
+    flow = np.tanh(alpha[:, None] * 0.8 + rng.standard_normal((n, 4)))
+    x = np.concatenate([imb, spread, rets, vol, flow], axis=1).astype(np.float32)
+    y = np.tanh(0.8 * alpha + 0.3 * rng.standard_normal(n) - 0.05 * spread[:, 0]).astype(np.float32)
+    return x, y[:, None]
+
+
+def keras_signal(epochs: int = 4) -> tuple[Any, np.ndarray]:
+    import keras
+
+    keras.utils.set_random_seed(7)
+    x, y = orderbook_features(20000, seed=0)
+    m = keras.Sequential([
+        keras.Input((32,), name="book"),
+        keras.layers.Dense(32, activation="relu", name="hidden_1"),
+        keras.layers.Dense(16, activation="relu", name="hidden_2"),
+        keras.layers.Dense(1, activation="tanh", name="signal"),
+    ], name="signal")
+    m.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse")
+    m.fit(x, y, batch_size=256, epochs=epochs, verbose=0, shuffle=False)
+    xv, _ = orderbook_features(2048, seed=1)
+    return m, xv
+
+
+def _zoo_dir() -> Path:
+    from .store import default_root
+    d = default_root() / "zoo"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def signal_path() -> Path:
+    """The trained default model, trained once and kept as a ``.keras`` file in the cache."""
+    path = _zoo_dir() / f"signal-{SIGNAL_VERSION}.keras"
+    if not path.exists():
+        m, _ = keras_signal()
+        tmp = path.with_name(f".{os.getpid()}-{path.name}")
+        m.save(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+_BUILDERS: dict[str, Callable[[], Model]] = {
+    "mlp": lambda: load_model(keras_mlp(), name="mlp"),
+    "lstm": lambda: load_model(keras_lstm(), name="lstm"),
+    "conv1d": lambda: load_model(keras_conv1d(), name="conv1d"),
+    "signal": lambda: load_model(signal_path(), name="signal",
+                                 validation_data=orderbook_features(2048, seed=1)[0]),
+    "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
+    "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
+}
+
+
+def get(name: str) -> Model:
+    """A zoo model by name (see the module docstring)."""
+    from .errors import ModelError
+    try:
+        build = _BUILDERS[name]
+    except KeyError:
+        raise ModelError(f"no zoo model {name!r}; available: {', '.join(NAMES)}") from None
+    return build()

@@ -1,0 +1,32 @@
+"""Small helpers the built-in plugins share (a third-party plugin would copy what it needs)."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+
+def version(dist: str) -> str:
+    """Installed version of a distribution without importing it ('' when absent)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from hwbackends.models import Model
+
+OPSET = 17
+
+
+def _as_onnx(model: Model, proto: Any) -> Model:
+    """The converted model keeps the source's identity: fingerprint, specs, name, data."""
+    out = dataclasses.replace(model, obj=proto, format="onnx", _ref=None)
+    out.meta = dict(model.meta, converted_from=model.format)
+    return out
+
+
+def keras_to_onnx(model: Model, workdir: Path) -> Model:
+    import tensorflow as tf
+    import tf2onnx
+
+    km = model.obj
+    spec = (tf.TensorSpec([None, *model.input.shape], tf.float32, name="input"),)
+
+    @tf.function(input_signature=spec)
+    def serve(x: Any) -> Any:
+        return km(x, training=False)
+
+    proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
+    return _as_onnx(model, proto)
+
+
+def torch_to_onnx(model: Model, workdir: Path) -> Model:
+    import io
+
+    import onnx
+    import torch
+
+    obj = model.obj
+    example = torch.zeros((1, *model.input.shape), dtype=torch.float32)
+    if isinstance(obj, torch.export.ExportedProgram):
+        prog = torch.onnx.export(obj, (example,), dynamo=True, opset_version=18)
+        return _as_onnx(model, prog.model_proto)
+    buf = io.BytesIO()
+    torch.onnx.export(obj.eval(), (example,), buf, dynamo=False, opset_version=OPSET,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    return _as_onnx(model, onnx.load_from_string(buf.getvalue()))

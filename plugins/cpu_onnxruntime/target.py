@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+from hwbackends.specs import Availability, TensorSpec
+from hwbackends.target import Artifact, CompileOptions, Target, check_io
+
+from .._util import cpu_name, importable, version
+
+
+def fix_batch(proto: Any, batch: int) -> Any:
+    """Static shapes: set the batch dimension of every graph input and output."""
+    inits = {i.name for i in proto.graph.initializer}
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        if vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].Clear()
+            dims[0].dim_value = batch
+    return proto
+
+
+class _Calibration:
+    """ORT's CalibrationDataReader protocol over an array of representative inputs."""
+
+    def __init__(self, name: str, data: np.ndarray, batch: int):
+        self._it = iter([{name: data[i:i + batch]} for i in range(0, len(data) - batch + 1, batch)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+class OnnxRuntimeExecutor:
+    """IOBinding onto fixed buffers, run through the C++ session directly: no per-call
+    dict, name lookup or output allocation (see docs/performance.md for the measured gain)."""
+
+    def __init__(self, path: Path, threads: int, batch: int, inp: TensorSpec, out: TensorSpec):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.batch_size = batch
+        self._in_spec, self._out_spec = inp, out
+        self._x = np.zeros(inp.batched(batch), dtype=np.float32)
+        self._y = np.zeros(out.batched(batch), dtype=np.float32)
+        binding = self.session.io_binding()
+        self._xv = ort.OrtValue.ortvalue_from_numpy(self._x)
+        self._yv = ort.OrtValue.ortvalue_from_numpy(self._y)
+        binding.bind_ortvalue_input(self.session.get_inputs()[0].name, self._xv)
+        binding.bind_ortvalue_output(self.session.get_outputs()[0].name, self._yv)
+        self._binding = binding
+        self._run = self.session._sess.run_with_iobinding
+        self._cbinding = binding._iobinding
+        self._run(self._cbinding, None)
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            self._x[...] = x
+            self._run(self._cbinding, None)
+            out[...] = self._y
+        except Exception:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            raise
+
+
+class OnnxRuntimeTarget(Target):
+    name = "cpu.onnxruntime"
+    family = "cpu"
+    precisions = ("fp32", "int8-dynamic", "int8")
+    calibrated = ("int8",)
+    formats = ("onnx",)
+    description = "ONNX Runtime, CPU execution provider"
+
+    def probe(self) -> Availability:
+        if not importable("onnxruntime"):
+            return Availability.unavailable("onnxruntime not installed (pip install onnxruntime)")
+        return Availability.hardware(f"CPU ({cpu_name()})", "ONNX Runtime CPUExecutionProvider")
+
+    def toolchain(self) -> dict[str, str]:
+        return {"onnxruntime": version("onnxruntime"), "onnx": version("onnx"),
+                "tf2onnx": version("tf2onnx"), "torch": version("torch")}
+
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        import onnx
+        import onnxruntime as ort
+
+        proto = fix_batch(model.obj, options.batch_size)
+        fp32 = workdir / "model.fp32.onnx"
+        onnx.save(proto, str(fp32))
+        try:  # check it loads before spending time on quantization
+            ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise UnsupportedError(f"cpu.onnxruntime cannot load the converted model "
+                                   f"{model.name!r}: {str(exc)[:500]}") from exc
+        final = workdir / "model.onnx"
+        if options.precision == "fp32":
+            fp32.rename(final)
+        else:
+            from onnxruntime.quantization import QuantType, quantize_dynamic, quantize_static
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            pre = workdir / "model.pre.onnx"
+            try:
+                quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
+            except Exception:
+                pre = fp32  # pre-processing is an optimisation, not a requirement
+            if options.precision == "int8-dynamic":
+                quantize_dynamic(str(pre), str(final), weight_type=QuantType.QInt8)
+            else:
+                if options.calibration is None:
+                    raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
+                reader = _Calibration(proto.graph.input[0].name, options.calibration, options.batch_size)
+                quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
+                                weight_type=QuantType.QInt8)
+            for p in (fp32, workdir / "model.pre.onnx"):
+                p.unlink(missing_ok=True)
+        ops = sorted({n.op_type for n in onnx.load(str(final)).graph.node})
+        return {"file": "model.onnx", "bytes": final.stat().st_size, "ops": ops,
+                "converted_from": model.meta.get("converted_from", "onnx")}
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> OnnxRuntimeExecutor:
+        return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.threads or 1,
+                                   artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.models import Model, load_saved
+from hwbackends.specs import Availability
+from hwbackends.target import Artifact, CompileOptions, Target, check_io
+
+from .._util import cpu_name, version
+
+
+class RefExecutor:
+    def __init__(self, model: Model, batch_size: int):
+        self.model = model
+        self.batch_size = batch_size
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            out[...] = self.model.reference(x)
+        except Exception:
+            check_io(x, out, self.model.input, self.model.output, len(x) if hasattr(x, "__len__") else 1)
+            raise
+
+
+class RefTarget(Target):
+    name = "ref"
+    family = "ref"
+    precisions = ("fp32",)
+    formats = ("keras", "torch", "onnx")
+    description = "the source framework in fp32: the golden outputs (Keras, PyTorch, ONNX)"
+    static_batch = False
+
+    def probe(self) -> Availability:
+        return Availability.hardware(f"CPU ({cpu_name()})", "runs the source framework on the CPU")
+
+    def toolchain(self) -> dict[str, str]:
+        return {d: version(d) for d in ("keras", "tensorflow-cpu", "torch", "onnxruntime")}
+
+    def compile(self, model: Model, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        model.save(workdir)
+        return {"format": model.format}
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> RefExecutor:
+        return RefExecutor(load_saved(artifact.path), artifact.batch_size)
