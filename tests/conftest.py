@@ -1,0 +1,54 @@
+"""Shared fixtures. Compiles are cached in one store for the whole session (the point of the
+store), so each (model, target, precision) is built once however many tests use it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's artifact store (HWB_TEST_STORE to reuse one across runs)."""
+    env = os.environ.get("HWB_TEST_STORE")
+    d = Path(env) if env else tmp_path_factory.mktemp("hwb-store")
+    os.environ["HWB_CACHE_DIR"] = str(d)  # the zoo's trained model lands here too
+    return d
+
+
+@pytest.fixture(scope="session")
+def zoo_model(store_dir: Path):
+    """``zoo_model(name)`` → the zoo Model, built once per session."""
+    from hwbackends import zoo
+
+    cache: dict[str, object] = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = zoo.get(name)
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="session")
+def compiled(store_dir: Path, zoo_model):
+    """``compiled(model_name, target, precision, **kw)`` → CompiledModel, memoised per session."""
+    import hwbackends as hwb
+
+    cache: dict[tuple, object] = {}
+
+    def get(name: str, target: str, precision: str | None = None, **kw):
+        key = (name, target, precision, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = hwb.compile(zoo_model(name), target, precision, store=store_dir, **kw)
+        return cache[key]
+    return get
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
