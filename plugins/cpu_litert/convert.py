@@ -55,7 +55,8 @@ def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | Non
         return model(x, training=False)
 
     # Without a trackable object the variables are frozen into constants: no VAR_HANDLE ops.
-    conv = tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()])
+    concrete = serve.get_concrete_function()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
     if precision == "fp16":
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.target_spec.supported_types = [tf.float16]
@@ -75,7 +76,7 @@ def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | Non
     try:
         return conv.convert()
     except Exception as exc:
-        raise UnsupportedError(_explain(exc, km, target, precision)) from exc
+        raise UnsupportedError(_explain(exc, km, concrete, target, precision)) from exc
 
 
 def _representative(calib: np.ndarray, batch: int) -> Callable[[], Any]:
@@ -88,10 +89,28 @@ def _representative(calib: np.ndarray, batch: int) -> Callable[[], Any]:
     return gen
 
 
-def _explain(exc: Exception, km: Any, target: str, precision: str) -> str:
+def _layers_with_ops(km: Any, concrete: Any, ops: set[str]) -> list[str]:
+    """Keras layers whose TF graph contains one of ``ops`` (node names carry layer scopes)."""
+    gd = concrete.graph.as_graph_def()
+    nodes = list(gd.node) + [n for f in gd.library.function for n in f.node_def]
+    hits = [n.name for n in nodes if n.op in ops]
+    names = {l.name for l in km.layers}
+    found = []
+    for h in hits:
+        for part in re.split(r"[/_]\d*/|/", h):
+            base = re.sub(r"_\d+$", "", part)
+            if base in names and base not in found:
+                found.append(base)
+    return found
+
+
+def _explain(exc: Exception, km: Any, concrete: Any, target: str, precision: str) -> str:
     msg = str(exc)
     ops = sorted(set(re.findall(r"'tf\.(\w+)' op", msg)))
-    layers = [l.name for l in km.layers if l.name and re.search(rf"\b{re.escape(l.name)}(_\d+)?/", msg)]
+    try:
+        layers = _layers_with_ops(km, concrete, set(ops))
+    except Exception:  # naming the layer is a courtesy; the op names are the essential part
+        layers = []
     parts = [f"{target}:{precision} cannot convert model {km.name!r}"]
     if layers:
         parts.append(f"layer(s) {', '.join(layers)}")
@@ -99,7 +118,8 @@ def _explain(exc: Exception, km: Any, target: str, precision: str) -> str:
         parts.append(f"TensorFlow op(s) {', '.join(ops)} have no TFLite builtin")
     first = next((ln for ln in msg.splitlines() if "error" in ln.lower()), msg.splitlines()[0] if msg else "")
     parts.append(f"converter said: {first[:400]}")
-    return "; ".join(parts)
+    return "; ".join(parts) + (". Replace that layer with supported ops, or try another target "
+                               "(cpu.onnxruntime, see `hwb targets`)")
 
 
 def op_names(tflite: bytes) -> list[str]:
