@@ -1,0 +1,245 @@
+"""``tpu.edgetpu``: full-integer int8 TFLite for the Coral Edge TPU.
+
+Compile (child): Keras → full-int8 TFLite calibrated on representative data (the converter
+of ``cpu.litert``, :func:`hwb_plugins.cpu_litert.convert.to_tflite`), then ``edgetpu_compiler``
+when it is on PATH; its log (which ops map to the Edge TPU, which stay on the CPU) is kept
+in the artifact (``model_edgetpu.log``) and in ``artifact.meta["edgetpu_compiler_log"]``.
+
+Run: with an Edge TPU present (PCIe ``/dev/apex_0`` or a Coral USB stick), the compiler and
+``libedgetpu.so.1``, the compiled model runs through LiteRT with the ``libedgetpu`` delegate
+(mode *hardware*). Otherwise the same int8 model runs on the CPU LiteRT interpreter (mode
+*emulated*: the same integer arithmetic), with the missing piece as the reason.
+
+Expect a floor of about 1 ms per call on the device (USB/PCIe round trip); dense layers and
+LSTMs run slower than on a CPU. It is a target for CNN throughput, not microsecond tiers.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import glob
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
+from hwbackends.specs import Availability, Mode, TensorSpec
+from hwbackends.target import Artifact, CompileOptions, Target, check_io
+
+from .._util import importable, version
+
+COMPILER = "edgetpu_compiler"
+DELEGATE = "libedgetpu.so.1"
+#: USB ids of the Coral USB Accelerator before (1a6e:089a) and after (18d1:9302) firmware load.
+USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
+
+
+def find_device() -> str | None:
+    """The Edge TPU device, if one is attached: '/dev/apex_0' (PCIe/M.2) or 'usb:BUS-PORT'."""
+    apex = sorted(glob.glob("/dev/apex_*"))
+    if apex:
+        return apex[0]
+    for d in glob.glob("/sys/bus/usb/devices/*"):
+        try:
+            ids = (Path(d, "idVendor").read_text().strip(), Path(d, "idProduct").read_text().strip())
+        except OSError:
+            continue
+        if ids in USB_IDS:
+            return "usb:" + os.path.basename(d)
+    return None
+
+
+def find_delegate() -> str | None:
+    """Where libedgetpu.so.1 is, without loading it."""
+    found = ctypes.util.find_library("edgetpu")
+    if found:
+        return found
+    for d in ("/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib"):
+        if os.path.exists(os.path.join(d, DELEGATE)):
+            return os.path.join(d, DELEGATE)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_version() -> str:
+    """'Edge TPU Compiler version 16.0.384591198' or '' when not on PATH."""
+    exe = shutil.which(COMPILER)
+    if not exe:
+        return ""
+    try:
+        r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+        return (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr) else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_compiler(tflite: Path, outdir: Path, timeout: float = 300.0) -> tuple[Path, str]:
+    """Run edgetpu_compiler on ``tflite``; return (compiled model, log text)."""
+    exe = shutil.which(COMPILER)
+    if not exe:
+        raise UnavailableError(f"{COMPILER} not on PATH")
+    r = subprocess.run([exe, "-s", "-o", str(outdir), str(tflite)], capture_output=True, text=True,
+                       timeout=timeout)
+    log_file = outdir / (tflite.stem + "_edgetpu.log")
+    log = (r.stdout or "") + (r.stderr or "")
+    if log_file.exists():
+        log += "\n" + log_file.read_text(errors="replace")
+    out = outdir / (tflite.stem + "_edgetpu.tflite")
+    if r.returncode != 0 or not out.exists():
+        raise CompileError(f"{COMPILER} failed (exit {r.returncode}) on {tflite.name}:\n{log[-3000:]}",
+                           target="tpu.edgetpu", precision="int8", log=log)
+    (outdir / (tflite.stem + "_edgetpu.log")).write_text(log)
+    return out, log
+
+
+def mapping_summary(log: str) -> dict[str, int]:
+    """The op counts the compiler log reports ('Number of operations that will run on Edge
+    TPU: 12' / '... will run on CPU: 2')."""
+    out = {}
+    for key, pat in (("on_edgetpu", r"will run on Edge TPU:\s*(\d+)"),
+                     ("on_cpu", r"will run on CPU:\s*(\d+)")):
+        m = re.search(pat, log)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+class EdgeTpuExecutor:
+    """Zero-copy LiteRT hot path (views of the interpreter's own buffers, the C++ ``Invoke``
+    called directly), with the Edge TPU delegate on hardware. With ``int8_io`` the model's IO
+    tensors are int8: the executor quantizes into / dequantizes out of them in place."""
+
+    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec,
+                 delegate: bool, threads: int = 1):
+        from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+        delegates = [load_delegate(DELEGATE)] if delegate else None
+        self.interpreter = Interpreter(model_path=str(path), num_threads=threads,
+                                       experimental_delegates=delegates)
+        self.interpreter.allocate_tensors()
+        self.batch_size = batch
+        self._in_spec, self._out_spec = inp, out
+        idet = self.interpreter.get_input_details()[0]
+        odet = self.interpreter.get_output_details()[0]
+        self._in = self.interpreter.tensor(idet["index"])()
+        self._out = self.interpreter.tensor(odet["index"])()
+        self._invoke = self.interpreter._interpreter.Invoke
+        self.int8_io = idet["dtype"] == np.int8
+        if self.int8_io:
+            (s_in, z_in), (s_out, z_out) = idet["quantization"], odet["quantization"]
+            self._inv_scale_in, self._zp_in = np.float32(1.0 / s_in), np.float32(z_in)
+            self._scale_out, self._zp_out = np.float32(s_out), np.int32(z_out)
+            self._f = np.zeros(self._in.shape, np.float32)
+            self.predict_into = self._predict_int8io  # type: ignore[method-assign]
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            self._in[...] = x
+            self._invoke()
+            out[...] = self._out
+        except Exception:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            raise
+
+    def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            f = self._f
+            np.multiply(x, self._inv_scale_in, out=f)
+            np.rint(f, out=f)
+            np.add(f, self._zp_in, out=f)
+            np.clip(f, -128, 127, out=f)
+            self._in[...] = f
+            self._invoke()
+            np.subtract(self._out, self._zp_out, out=out, casting="unsafe")
+            np.multiply(out, self._scale_out, out=out)
+        except Exception:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            raise
+
+
+class EdgeTpuTarget(Target):
+    name = "tpu.edgetpu"
+    family = "tpu"
+    precisions = ("int8",)
+    calibrated = ("int8",)
+    formats = ("keras",)
+    description = "Coral Edge TPU (full-int8 TFLite + edgetpu_compiler); int8 CPU emulation without one"
+    option_docs = {
+        "int8_io": "true: int8 input/output tensors (the executor quantizes float32 in and out); "
+                   "default false: float32 IO with QUANTIZE/DEQUANTIZE ops at the ends",
+        "recurrent": "'unroll' (default, int8-safe) or 'loop' for LSTM/GRU/SimpleRNN layers",
+    }
+
+    def probe(self) -> Availability:
+        if not importable("ai_edge_litert"):
+            return Availability.unavailable("ai-edge-litert not installed (pip install ai-edge-litert)")
+        if not importable("tensorflow"):
+            return Availability.unavailable("tensorflow not installed: the full-int8 TFLite "
+                                            "converter needs it (pip install tensorflow-cpu)")
+        missing = []
+        if not shutil.which(COMPILER):
+            missing.append(f"{COMPILER} not on PATH")
+        dev = find_device()
+        if dev is None:
+            missing.append("no Edge TPU device (/dev/apex_0 absent)")
+        if not missing and find_delegate() is None:
+            missing.append(f"{DELEGATE} not found (install libedgetpu1-std)")
+        if not missing:
+            return Availability.hardware(f"Edge TPU ({dev})", "LiteRT with the libedgetpu delegate")
+        return Availability.emulated("CPU LiteRT interpreter (int8)", "; ".join(missing))
+
+    def toolchain(self) -> dict[str, str]:
+        # The compiler's version is part of the key: installing it rebuilds with the compiler.
+        return {"tensorflow": version("tensorflow-cpu") or version("tensorflow"),
+                "keras": version("keras"), "ai-edge-litert": version("ai-edge-litert"),
+                "edgetpu_compiler": compiler_version() or "absent"}
+
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        from hwb_plugins.cpu_litert.convert import has_recurrent, op_names, to_tflite
+
+        recurrent = options.extra.get("recurrent", "unroll")
+        if recurrent not in ("unroll", "loop"):
+            raise UnsupportedError(f"{self.name} option recurrent must be 'unroll' or 'loop', "
+                                   f"got {recurrent!r}")
+        int8_io = options.extra.get("int8_io", False)
+        if not isinstance(int8_io, bool):
+            raise UnsupportedError(f"{self.name} option int8_io must be true or false, got {int8_io!r}")
+        blob = to_tflite(model.obj, "int8", options.batch_size, options.calibration,
+                         recurrent=recurrent, target=self.name, int8_io=int8_io)
+        path = workdir / "model.tflite"
+        path.write_bytes(blob)
+        ops = op_names(blob)
+        float_ops = [o for o in ops if o not in ("QUANTIZE", "DEQUANTIZE")]
+        meta: dict[str, Any] = {"file": "model.tflite", "bytes": len(blob), "ops": ops,
+                                "int8_io": int8_io,
+                                "recurrent": recurrent if has_recurrent(model.obj) else None}
+        if shutil.which(COMPILER):
+            compiled, log = run_compiler(path, workdir)
+            meta.update(edgetpu_file=compiled.name, edgetpu_compiler_log=log,
+                        edgetpu_mapping=mapping_summary(log), edgetpu_compiler=compiler_version())
+        else:
+            meta.update(edgetpu_file=None, edgetpu_compiler=f"{COMPILER} not on PATH: the artifact "
+                        f"holds the int8 model only (runs emulated on the CPU interpreter)",
+                        edgetpu_compiler_log="")
+        meta["tflite_ops"] = float_ops
+        return meta
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> EdgeTpuExecutor:
+        avail = self.probe()
+        compiled = artifact.meta.get("edgetpu_file")
+        if avail.mode is Mode.HARDWARE:
+            if not compiled:
+                raise UnavailableError(f"{self.name}: an Edge TPU is present but this artifact was "
+                                       f"built without {COMPILER}; rebuild it (hwb compile --rebuild)")
+            if find_device() is None:
+                raise UnavailableError(f"{self.name}: the Edge TPU was removed since probing")
+            return EdgeTpuExecutor(artifact.file(compiled), artifact.batch_size, artifact.inputs[0],
+                                   artifact.outputs[0], delegate=True)
+        return EdgeTpuExecutor(artifact.file("model.tflite"), artifact.batch_size,
+                               artifact.inputs[0], artifact.outputs[0], delegate=False,
+                               threads=options.threads or 1)

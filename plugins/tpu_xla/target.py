@@ -1,0 +1,168 @@
+"""``tpu.xla``: the model as one JAX function, compiled ahead of time by XLA.
+
+Compile (child process): ONNX (Keras and PyTorch models arrive converted by the converter
+plugins) → JAX function (:mod:`.onnx_jax`) with a static batch → ``jax.export`` for the
+``cpu``, ``cuda`` and ``tpu`` platforms at once → the serialized bytes are the artifact, so
+one artifact runs on whichever XLA device the loading machine has. The child also compiles it
+once for its own device so an XLA failure surfaces there, isolated.
+
+Load (parent): deserialize, ``jax.jit(exported.call).lower(static shape).compile()`` on
+``jax.devices()[0]``. Mode: *hardware* only on a TPU; on a GPU or CPU XLA backend the same
+artifact runs *emulated*, with the device named (``XLA:cpu``).
+
+Nothing here imports TensorFlow: the target runs on a machine with only JAX installed.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnavailableError, UnsupportedError
+from hwbackends.specs import Availability, TensorSpec
+from hwbackends.target import Artifact, CompileOptions, Target, check_io
+
+from .._util import importable, version
+
+#: Platforms every artifact is exported for (jax.export lowers once per platform).
+EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
+ARTIFACT = "model.jax_export"
+
+
+def _cuda_plugin() -> bool:
+    return any(importable(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin",
+                                       "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"))
+
+
+def predicted_platform() -> tuple[str, str]:
+    """Which XLA platform ``jax.devices()[0]`` will be, guessed without importing jax
+    (probe must stay fast): (platform, why)."""
+    forced = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    tpu_dev = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    if forced:
+        return ("cuda" if forced == "gpu" else forced), f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}"
+    if importable("libtpu") and tpu_dev:
+        return "tpu", f"libtpu installed, {tpu_dev[0]} present"
+    if _cuda_plugin() and os.path.exists("/dev/nvidia0"):
+        return "cuda", "no TPU (libtpu/ /dev/accel* absent); JAX CUDA plugin and /dev/nvidia0 present"
+    why = []
+    if not importable("libtpu"):
+        why.append("libtpu not installed")
+    if not tpu_dev:
+        why.append("no /dev/accel* TPU device")
+    return "cpu", "no TPU here (" + ", ".join(why or ["no TPU device"]) + ")"
+
+
+class XlaExecutor:
+    """The hot path is the compiled XLA executable called on the caller's array: one
+    host→device transfer in, one device→host copy into ``out``; no tracing, no dispatch
+    through ``jax.jit``'s cache (the executable is called directly)."""
+
+    def __init__(self, blob: bytes, batch: int, inp: TensorSpec, out: TensorSpec):
+        import jax
+        from jax import export
+
+        exported = export.deserialize(bytearray(blob))
+        self.device = jax.devices()[0]
+        plat = "cuda" if self.device.platform == "gpu" else self.device.platform
+        if plat not in exported.platforms:
+            raise UnavailableError(f"tpu.xla artifact was exported for {', '.join(exported.platforms)} "
+                                   f"but this machine's XLA device is {self.device.platform}; recompile "
+                                   f"(hwb compile --rebuild)")
+        self.platform = self.device.platform
+        self.batch_size = batch
+        self._in_spec, self._out_spec = inp, out
+        spec = jax.ShapeDtypeStruct(inp.batched(batch), np.float32)
+        self.compiled = jax.jit(exported.call).lower(spec).compile()
+        self._call = self.compiled
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            out[...] = self._call(x)
+        except Exception:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            raise
+
+
+def fixed_batch(proto: Any, batch: int) -> Any:
+    """A copy of the ONNX graph with the batch dimension of its inputs/outputs fixed."""
+    import onnx
+
+    from hwb_plugins.cpu_onnxruntime.target import fix_batch
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    return fix_batch(copy, batch)
+
+
+class XlaTarget(Target):
+    name = "tpu.xla"
+    family = "tpu"
+    precisions = ("fp32", "bf16")
+    formats = ("onnx",)
+    description = "XLA via JAX (AOT): TPU = hardware; GPU/CPU XLA backend = emulated"
+    option_docs: dict[str, str] = {}
+
+    def probe(self) -> Availability:
+        if not (importable("jax") and importable("jaxlib")):
+            return Availability.unavailable("jax not installed (pip install jax)")
+        if not importable("onnx"):
+            return Availability.unavailable("onnx not installed: tpu.xla reads models as ONNX "
+                                            "(pip install onnx)")
+        plat, why = predicted_platform()
+        if plat == "tpu":
+            return Availability.hardware("XLA:tpu", why)
+        return Availability.emulated(f"XLA:{plat}", f"{why}: the XLA artifact runs on the {plat} "
+                                     f"backend instead of a TPU")
+
+    def toolchain(self) -> dict[str, str]:
+        return {"jax": version("jax"), "jaxlib": version("jaxlib"), "onnx": version("onnx"),
+                "tf2onnx": version("tf2onnx"), "torch": version("torch")}
+
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        import jax
+        from jax import export
+
+        from .onnx_jax import to_jax
+
+        proto = fixed_batch(model.obj, options.batch_size)
+        fn = jax.jit(to_jax(proto, options.precision, self.name))
+        spec = jax.ShapeDtypeStruct(model.input.batched(options.batch_size), np.float32)
+        try:
+            exp = export.export(fn, platforms=EXPORT_PLATFORMS)(spec)
+        except UnsupportedError:
+            raise
+        except Exception as first:  # a platform whose lowering fails: keep the local one
+            local = jax.devices()[0].platform.replace("gpu", "cuda")
+            try:
+                exp = export.export(fn, platforms=(local,))(spec)
+            except Exception:
+                raise first from None
+        out_shape = tuple(exp.out_avals[0].shape)
+        want = model.output.batched(options.batch_size)
+        if out_shape != want:
+            raise UnsupportedError(f"{self.name}: the JAX function returns shape {out_shape}, "
+                                   f"the model declares {want}")
+        blob = exp.serialize()
+        (workdir / ARTIFACT).write_bytes(blob)
+        # Compile once here too: an XLA compile failure then happens in the isolated child.
+        jax.jit(exp.call).lower(spec).compile()
+        ops = sorted({n.op_type for n in proto.graph.node})
+        return {"file": ARTIFACT, "bytes": len(blob), "platforms": list(exp.platforms),
+                "onnx_ops": ops, "compute_dtype": "bfloat16" if options.precision == "bf16" else "float32",
+                "converted_from": model.meta.get("converted_from", "onnx"),
+                "compiled_on": str(jax.devices()[0])}
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> XlaExecutor:
+        expected, why = predicted_platform()
+        ex = XlaExecutor(artifact.file(ARTIFACT).read_bytes(), artifact.batch_size,
+                         artifact.inputs[0], artifact.outputs[0])
+        if expected == "tpu" and ex.platform != "tpu":
+            # probe() promised a TPU (mode hardware): never label a CPU latency as TPU.
+            raise UnavailableError(f"tpu.xla expected a TPU ({why}) but jax.devices()[0] is "
+                                   f"{ex.device}: the TPU is lost or held by another process")
+        return ex
+
