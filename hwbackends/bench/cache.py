@@ -1,0 +1,68 @@
+"""Profiles cached on disk per (artifact, machine, scenario parameters).
+
+A router that starts with the same artifacts on the same machine reuses the measured
+profiles instead of measuring again; a new artifact (other weights, options, toolchain), a
+different machine fingerprint or other scenario parameters is a miss.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .profile import LatencyProfile
+
+#: Bumped when what a cached profile means changes (it is then re-measured).
+CACHE_FORMAT = 1
+
+
+def profile_key(artifact_key: str, machine_id: str, scenario: dict[str, Any], batch_size: int,
+                pin: list[int] | None = None) -> str:
+    blob = json.dumps({"v": CACHE_FORMAT, "artifact": artifact_key, "machine": machine_id,
+                       "scenario": scenario, "batch": batch_size, "pin": pin},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ProfileCache:
+    """``root/<key[:2]>/<key>.json``; writes are atomic (rename), reads tolerate damage."""
+
+    def __init__(self, root: str | Path | None = None, max_age_s: float | None = None):
+        if root is None:
+            from ..store import default_root
+            root = default_root() / "profiles"
+        self.root = Path(root)
+        self.max_age_s = max_age_s
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> LatencyProfile | None:
+        p = self._path(key)
+        try:
+            d = json.loads(p.read_text())
+            prof = LatencyProfile.from_dict(d)
+        except (OSError, ValueError, TypeError):
+            return None  # absent or damaged: measure again
+        if self.max_age_s is not None and time.time() - prof.created > self.max_age_s:
+            return None
+        if prof.interrupted:
+            return None  # never trust a partial measurement for routing
+        return prof
+
+    def put(self, key: str, prof: LatencyProfile) -> None:
+        p = self._path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{os.getpid()}-{p.name}")
+        tmp.write_text(json.dumps(prof.to_dict(), default=str))
+        os.replace(tmp, p)
+
+    def clear(self) -> int:
+        n = 0
+        for f in self.root.glob("*/*.json"):
+            f.unlink(missing_ok=True)
+            n += 1
+        return n

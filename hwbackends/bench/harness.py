@@ -1,0 +1,253 @@
+"""Measure compiled variants: one variant in one scenario (:func:`measure`), or a model on
+every allowed target × precision in every scenario (:func:`bench_model`)."""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import HwbError, UnknownTargetError, UnsupportedError
+from . import machine as machine_mod
+from .cache import ProfileCache, profile_key
+from .profile import LatencyProfile, summarize
+from .results import BenchResults
+from .scenarios import (Batch, Burst, Progress, Scenario, Server, SingleStream, Timing,
+                        closed_loop, open_loop, timeline)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compiled import CompiledModel
+    from ..models import Model
+    from ..registry import Registry
+
+log = logging.getLogger("hwbackends.bench")
+Say = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def pinned(cpus: Sequence[int] | None) -> Iterator[None]:
+    """Pin the calling thread to ``cpus`` for the duration (no-op when ``None``)."""
+    if not cpus:
+        yield
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise UnsupportedError("CPU pinning needs os.sched_setaffinity (Linux); drop --pin")
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, set(cpus))
+    except OSError as exc:
+        raise UnsupportedError(f"cannot pin to CPUs {list(cpus)}: {exc}; usable CPUs are "
+                               f"{sorted(before)}") from exc
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def input_set(data: np.ndarray | None, cm: "CompiledModel", batch: int, k: int = 32) -> list[np.ndarray]:
+    """``k`` preallocated, C-contiguous inputs of shape ``(batch, *input)``, cycled through
+    by the loops so the variant sees varying real data, not one cached array."""
+    shape = cm.input.shape
+    if data is None or len(data) == 0:
+        data = np.random.default_rng(0).standard_normal((256, *shape)).astype(np.float32)
+    data = np.asarray(data, dtype=np.float32)
+    xs = []
+    for j in range(k):
+        idx = (np.arange(batch) + j * batch) % len(data)
+        xs.append(np.ascontiguousarray(data[idx]))
+    return xs
+
+
+def measure(cm: "CompiledModel", scenario: Scenario, data: np.ndarray | None = None,
+            batch_size: int | None = None, pin: Sequence[int] | None = None,
+            progress: bool = False, predict_into: Callable[..., None] | None = None) -> LatencyProfile:
+    """Measure ``cm`` in ``scenario`` and return its profile. ``batch_size`` only applies to
+    variants without a static batch (others run at their compiled batch). ``predict_into``
+    overrides the callable timed (the router's own dispatch, in its overhead benchmark)."""
+    batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
+    xs = input_set(data, cm, batch)
+    out = np.zeros(cm.output.batched(batch), np.float32)
+    fn = predict_into or cm.predict_into
+    label = f"{cm.variant} b{batch} {scenario.name}"
+    trace_info = None
+    with pinned(pin):
+        if isinstance(scenario, (SingleStream, Batch)):
+            bar = Progress(label, scenario.n, progress)
+            t: Timing = closed_loop(fn, xs, out, scenario.n, scenario.max_s, scenario.warmup, bar)
+        elif isinstance(scenario, Server):
+            bar = Progress(label, scenario.n, progress)
+            t = open_loop(fn, xs, out, scenario.arrivals(), scenario.max_s, scenario.warmup, bar)
+        elif isinstance(scenario, Burst):
+            trace = scenario.load()
+            trace_info = trace.describe()
+            bar = Progress(label, len(trace), progress)
+            t = open_loop(fn, xs, out, trace.timestamps, scenario.max_s, scenario.warmup, bar)
+        else:  # pragma: no cover - the type union is closed
+            raise TypeError(f"unknown scenario {scenario!r}")
+    stats = summarize(t.latency_ns)
+    prof = LatencyProfile(
+        variant=cm.variant, target=cm.target, precision=cm.precision, batch_size=batch,
+        scenario=scenario.name, params=scenario.key() | ({"trace": trace_info} if trace_info else {}),
+        mode=cm.mode.value, throughput=(stats["n"] * batch / t.wall_s) if t.wall_s > 0 else 0.0,
+        duration_s=t.wall_s, machine=machine_mod.fingerprint(),
+        fidelity=cm.fidelity.to_dict() if cm.fidelity else None,
+        artifact_key=cm.artifact.key, interrupted=t.interrupted, **stats)
+    if t.service_ns is not None and len(t.service_ns):
+        prof.queue_mean_us = float((t.latency_ns - t.service_ns).mean() / 1e3)
+    if isinstance(scenario, Burst) and t.arrivals_s is not None:
+        prof.timeline = timeline(t.arrivals_s, t.latency_ns)
+    bar.done(f"p50 {prof.p50_us:.1f} µs  p99 {prof.p99_us:.1f} µs  n={prof.n}"
+             + ("  (interrupted)" if t.interrupted else ""))
+    return prof
+
+
+def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache | None,
+                   data: np.ndarray | None = None, pin: Sequence[int] | None = None,
+                   progress: bool = False, refresh: bool = False,
+                   batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
+    """:func:`measure` through the profile cache: ``(profile, was_cached)``."""
+    if isinstance(scenario, Burst) and scenario.trace is None:
+        pass  # a generated trace is identified by its parameters (seed, duration)
+    batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
+    key = profile_key(cm.artifact.key, machine_mod.fingerprint()["id"], scenario.key(), batch,
+                      list(pin) if pin else None)
+    if cache is not None and not refresh:
+        hit = cache.get(key)
+        if hit is not None:
+            hit.fidelity = cm.fidelity.to_dict() if cm.fidelity else hit.fidelity
+            return hit, True
+    prof = measure(cm, scenario, data, batch_size, pin, progress)
+    if cache is not None and not prof.interrupted:
+        cache.put(key, prof)
+    return prof, False
+
+
+def select_targets(reg: "Registry", patterns: Sequence[str]) -> list[str]:
+    """Registered target names matching any glob in ``patterns`` (error if a pattern matches
+    nothing: a typo must not silently bench nothing)."""
+    names = sorted(reg.targets)
+    chosen: list[str] = []
+    for pat in patterns:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hit:
+            raise UnknownTargetError(f"target pattern {pat!r} matches no registered target; "
+                                     f"registered: {', '.join(names) or 'none'}")
+        chosen += [n for n in hit if n not in chosen]
+    return chosen
+
+
+def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequence[str] | None = None,
+                scenarios: Sequence[Scenario] = (SingleStream(),), *, store: Any = None,
+                pin: Sequence[int] | None = None, progress: bool = True,
+                cache: ProfileCache | None = None, use_cache: bool = False,
+                say: Say | None = None, registry: "Registry | None" = None,
+                max_ref_s: float | None = 3.0, results: BenchResults | None = None) -> BenchResults:
+    """Compile ``model`` on every matching, available target × precision and measure each
+    variant in each scenario. Failures (compile errors, unavailable targets) are recorded with
+    their reason, never raised. Ctrl-C stops the run and returns what was measured
+    (``results.interrupted``). ``max_ref_s`` caps each scenario's time on the slow ``ref``
+    target (the source framework; a baseline, not a contender)."""
+    from .. import compile as hwb_compile
+    from ..models import load_model
+    from ..registry import get_registry
+
+    say = say or (lambda msg: log.info(msg))
+    reg = registry or get_registry()
+    m = load_model(model)
+    names = select_targets(reg, targets)
+    if precisions:
+        offered = {p for n in names for p in reg.targets[n].precisions}
+        bad = [p for p in precisions if p not in offered]
+        if bad:
+            raise UnsupportedError(f"precision(s) {', '.join(bad)} offered by none of "
+                                   f"{', '.join(names)}; they offer {', '.join(sorted(offered))}")
+    res = results or BenchResults(model=m.describe(), machine=machine_mod.fingerprint())
+    data = m.representative(256, seed=2)
+    try:
+        for name in names:
+            tgt = reg.targets[name]
+            try:
+                av = tgt.probe()
+                avd = av.to_dict()
+            except Exception as exc:  # probe must not raise; if it does, that is the reason
+                avd = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
+                       "device": "", "details": {}}
+            res.availability.append({"target": name, "family": tgt.family,
+                                     "precisions": list(tgt.precisions), **avd})
+            if avd["mode"] == "unavailable":
+                say(f"{name}: unavailable ({avd['reason']})")
+                continue
+            for prec in tgt.precisions:
+                if precisions and prec not in precisions:
+                    continue
+                variant = f"{name}:{prec}"
+                try:
+                    cm = hwb_compile(m, name, prec, store=store, progress=say)
+                except HwbError as exc:
+                    say(f"{variant}: {type(exc).__name__}: {exc}")
+                    res.variants.append({"variant": variant, "target": name, "precision": prec,
+                                         "mode": avd["mode"], "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                d = cm.describe()
+                res.variants.append({k: d[k] for k in ("variant", "target", "precision", "mode",
+                                                       "device", "mode_reason", "fidelity",
+                                                       "compile_seconds", "cached", "artifact_bytes",
+                                                       "batch_size", "toolchain")} | {"error": None})
+                for sc in scenarios:
+                    if name == "ref" and max_ref_s is not None and hasattr(sc, "max_s"):
+                        sc = type(sc)(**{k: v for k, v in sc.key().items()
+                                         if k in sc.__dataclass_fields__ and k != "name"} | {"max_s": min(sc.max_s, max_ref_s)})
+                    if isinstance(sc, Batch):
+                        _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say)
+                        continue
+                    prof, hit = cached_measure(cm, sc, cache if use_cache else None, data, pin,
+                                               progress)
+                    if cache is not None and not use_cache and not prof.interrupted:
+                        cached_measure_store(cache, cm, sc, pin, prof)
+                    res.profiles.append(prof)
+                    if prof.interrupted:
+                        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        res.interrupted = True
+        say("interrupted: keeping what was measured")
+    return res
+
+
+def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
+                         pin: Sequence[int] | None, prof: LatencyProfile) -> None:
+    """Record a fresh profile so the router's next start reuses it."""
+    key = profile_key(cm.artifact.key, machine_mod.fingerprint()["id"], sc.key(), prof.batch_size,
+                      list(pin) if pin else None)
+    cache.put(key, prof)
+
+
+def _sweep(res: BenchResults, m: "Model", cm1: "CompiledModel", sc: Batch, data: np.ndarray,
+           store: Any, pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None,
+           use_cache: bool, say: Say) -> None:
+    """The batch scenario: one profile per batch size (static-batch targets compile a variant
+    per size; those are cached artifacts like any other)."""
+    from .. import compile as hwb_compile
+
+    for size in sc.sizes:
+        if not cm1.static_batch or size == cm1.batch_size:
+            cm = cm1
+        else:
+            try:
+                cm = hwb_compile(m, cm1.target, cm1.precision, batch_size=size, store=store,
+                                 progress=say)
+            except HwbError as exc:
+                say(f"{cm1.variant} batch {size}: {type(exc).__name__}: {exc}")
+                res.variants.append({"variant": cm1.variant, "target": cm1.target,
+                                     "precision": cm1.precision, "batch_size": size,
+                                     "mode": cm1.mode.value, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+        prof, _ = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress,
+                                 batch_size=size)
+        if cache is not None and not use_cache and not prof.interrupted:
+            cached_measure_store(cache, cm, sc, pin, prof)
+        res.profiles.append(prof)
+        if prof.interrupted:
+            raise KeyboardInterrupt

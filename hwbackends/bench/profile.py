@@ -1,0 +1,105 @@
+"""``LatencyProfile``: one measured latency distribution, with everything needed to trust it.
+
+Every number carries its scenario (and parameters), the variant's mode (hardware/emulated),
+the machine it was measured on and the sample count: a profile without them cannot be
+compared with another one honestly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Quantiles kept for the report's CDF plot (dense in the tail, where decisions are made).
+CDF_QUANTILES = tuple(np.concatenate([np.linspace(0.0, 0.9, 46), np.linspace(0.9, 0.99, 19)[1:],
+                                      np.linspace(0.99, 0.999, 10)[1:], [0.9995, 1.0]]).round(5))
+
+
+@dataclass
+class LatencyProfile:
+    """A measured latency distribution of one variant in one scenario on one machine.
+
+    Latencies are per call (one tick of ``batch_size`` samples), in microseconds. In open-loop
+    scenarios (server, burst) they run from the *scheduled* arrival to completion, so time spent
+    queued behind a slow call is counted (no coordinated omission). ``throughput`` is samples
+    per second (calls × batch size over the measured wall time).
+    """
+
+    variant: str
+    target: str
+    precision: str
+    batch_size: int
+    scenario: str
+    params: dict[str, Any]
+    mode: str
+    n: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    p999_us: float
+    max_us: float
+    mean_us: float
+    min_us: float
+    throughput: float
+    duration_s: float
+    machine: dict[str, Any] = field(default_factory=dict)
+    fidelity: dict[str, Any] | None = None
+    artifact_key: str = ""
+    interrupted: bool = False
+    #: ``[[quantile, µs], ...]`` at :data:`CDF_QUANTILES` (for plots without the raw samples).
+    cdf: list[list[float]] = field(default_factory=list)
+    #: Burst replay: per time bin, arrivals and the p99/max latency of the calls in it.
+    timeline: dict[str, list[float]] | None = None
+    #: Server/burst: mean time a call waited for the one before it (µs), part of the latency.
+    queue_mean_us: float | None = None
+    created: float = field(default_factory=time.time)
+
+    @property
+    def emulated(self) -> bool:
+        return self.mode == "emulated"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LatencyProfile":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def row(self) -> str:
+        """One line of the readable table (``*`` marks emulated figures)."""
+        mark = "*" if self.emulated else " "
+        return (f"{self.variant:<26}{mark}{self.scenario:<14}{self.batch_size:>5} {self.n:>7} "
+                f"{self.p50_us:>9.1f} {self.p90_us:>9.1f} {self.p99_us:>9.1f} {self.p999_us:>9.1f} "
+                f"{self.max_us:>10.1f} {self.throughput:>12,.0f}")
+
+
+TABLE_HEADER = (f"{'VARIANT':<27}{'SCENARIO':<14}{'BATCH':>5} {'N':>7} {'p50 µs':>9} {'p90 µs':>9} "
+                f"{'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12}")
+
+
+def table(profiles: list[LatencyProfile]) -> str:
+    lines = [TABLE_HEADER] + [p.row() for p in profiles]
+    if any(p.emulated for p in profiles):
+        lines.append("* emulated: measured on a stand-in (C-simulation, CPU instead of the "
+                     "accelerator), not the hardware's latency")
+    if any(p.interrupted for p in profiles):
+        lines.append("(interrupted: the last profile holds what was measured before Ctrl-C)")
+    return "\n".join(lines)
+
+
+def summarize(latency_ns: np.ndarray) -> dict[str, Any]:
+    """Percentiles (µs) of a latency sample; ``n == 0`` gives NaNs, not an exception."""
+    us = np.asarray(latency_ns, dtype=np.float64) / 1e3
+    if us.size == 0:
+        nan = float("nan")
+        return {"n": 0, "p50_us": nan, "p90_us": nan, "p99_us": nan, "p999_us": nan,
+                "max_us": nan, "mean_us": nan, "min_us": nan, "cdf": []}
+    q = np.quantile(us, [0.5, 0.9, 0.99, 0.999])
+    cdf = np.quantile(us, CDF_QUANTILES)
+    return {"n": int(us.size), "p50_us": float(q[0]), "p90_us": float(q[1]), "p99_us": float(q[2]),
+            "p999_us": float(q[3]), "max_us": float(us.max()), "mean_us": float(us.mean()),
+            "min_us": float(us.min()),
+            "cdf": [[float(a), float(b)] for a, b in zip(CDF_QUANTILES, cdf)]}

@@ -1,0 +1,79 @@
+"""The results file of ``hwb bench``: versioned JSON that ``hwb report`` and others read."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import HwbError
+from .profile import LatencyProfile, table
+
+FORMAT = "hwbackends-bench-results"
+#: Bumped when the layout changes incompatibly; loading another version is a clear error.
+VERSION = 1
+
+
+class ResultsError(HwbError):
+    """A results file is missing, unreadable, or from another results-format version."""
+
+
+@dataclass
+class BenchResults:
+    """Everything one bench run found: what could run and how (availability), each compiled
+    variant (fidelity, compile time, artifact size, or the error), the measured profiles, and
+    optionally the routing decisions made from them."""
+
+    model: dict[str, Any]
+    machine: dict[str, Any]
+    availability: list[dict[str, Any]] = field(default_factory=list)
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    profiles: list[LatencyProfile] = field(default_factory=list)
+    routing: list[dict[str, Any]] | None = None
+    trace: dict[str, Any] | None = None
+    interrupted: bool = False
+    command: str = ""
+    created: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "created": self.created,
+                "command": self.command, "model": self.model, "machine": self.machine,
+                "availability": self.availability, "variants": self.variants,
+                "profiles": [p.to_dict() for p in self.profiles], "routing": self.routing,
+                "trace": self.trace, "interrupted": self.interrupted}
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str, allow_nan=True))
+        tmp.replace(p)
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BenchResults":
+        p = Path(path)
+        if not p.exists():
+            raise ResultsError(f"results file {p} does not exist; create one with "
+                               f"`hwb bench MODEL -o {p.name}`")
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise ResultsError(f"{p} is not a readable JSON results file: {exc}") from exc
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ResultsError(f"{p} is not an hwbackends bench results file (no "
+                               f"\"format\": \"{FORMAT}\"); produce one with `hwb bench`")
+        if d.get("version") != VERSION:
+            raise ResultsError(f"{p} has results-format version {d.get('version')!r}; this "
+                               f"hwbackends reads version {VERSION}. Re-run `hwb bench` with "
+                               f"this version to regenerate it.")
+        return cls(model=d["model"], machine=d["machine"], availability=d["availability"],
+                   variants=d["variants"],
+                   profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
+                   routing=d.get("routing"), trace=d.get("trace"),
+                   interrupted=bool(d.get("interrupted")), command=d.get("command", ""),
+                   created=d.get("created", 0.0))
+
+    def table(self) -> str:
+        return table(self.profiles)

@@ -1,0 +1,286 @@
+"""Benchmark scenarios and the timing loops behind them.
+
+* ``single-stream``: closed loop, one call at a time, the next as soon as the last returns
+  (MLPerf single-stream): the variant's own service time.
+* ``server``: open loop, Poisson arrivals at ``rate_hz``. Latency runs from each request's
+  *scheduled* arrival to its completion, so a call that waits behind a slow one is charged
+  the wait (no coordinated omission, as MLPerf LoadGen).
+* ``burst``: open-loop replay of a tick-arrival trace (``hwb_sim``): quiet periods and bursts.
+* ``batch``: closed loop at N samples per tick (N symbols scored at once), N swept.
+
+The loops time with ``perf_counter_ns`` around the bare ``predict_into`` (the hot path), keep
+the garbage collector off while measuring, and stop cleanly on Ctrl-C keeping what was
+measured.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+Fn = Callable[[np.ndarray, np.ndarray], None]
+#: Open loops busy-wait this close to a scheduled arrival instead of sleeping.
+SPIN_NS = 2_000_000
+
+
+# -- scenarios --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SingleStream:
+    n: int = 2000
+    max_s: float = 10.0
+    warmup: int = 200
+    name: str = field(default="single-stream", init=False)
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Server:
+    rate_hz: float = 1000.0
+    n: int = 2000
+    max_s: float = 10.0
+    warmup: int = 200
+    seed: int = 0
+    name: str = field(default="server", init=False)
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def arrivals(self) -> np.ndarray:
+        """Seeded Poisson arrival times (s): exponential gaps at ``rate_hz``."""
+        rng = np.random.default_rng(self.seed)
+        return np.cumsum(rng.exponential(1.0 / self.rate_hz, self.n))
+
+
+@dataclass(frozen=True)
+class Burst:
+    duration_s: float = 2.0
+    seed: int = 0
+    trace: str | None = None  # a file of timestamps; generated from the seed when None
+    unit: str = "s"
+    warmup: int = 200
+    max_s: float = 60.0
+    name: str = field(default="burst", init=False)
+
+    def key(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.trace:  # the file's content, not its name, identifies the trace
+            import hashlib
+            d["trace_sha256"] = hashlib.sha256(Path(self.trace).read_bytes()).hexdigest()[:16]
+        return d
+
+    def load(self) -> Any:
+        import hwb_sim
+        if self.trace:
+            return hwb_sim.load(self.trace, self.unit)
+        return hwb_sim.generate(self.duration_s, self.seed)
+
+
+@dataclass(frozen=True)
+class Batch:
+    sizes: tuple[int, ...] = (1, 8, 32)
+    n: int = 1000
+    max_s: float = 5.0
+    warmup: int = 100
+    name: str = field(default="batch", init=False)
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Scenario = SingleStream | Server | Burst | Batch
+SCENARIOS: dict[str, type] = {"single-stream": SingleStream, "server": Server, "burst": Burst,
+                              "batch": Batch}
+
+
+def parse(spec: str) -> Scenario:
+    """``NAME[:key=value,...]``: ``single-stream:n=5000``, ``server:rate_hz=2000``,
+    ``burst:trace=ticks.txt,unit=ms``, ``batch:sizes=1/8/64``."""
+    name, _, rest = spec.partition(":")
+    cls = SCENARIOS.get(name.strip())
+    if cls is None:
+        raise ConfigError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)} "
+                          f"(optionally NAME:key=value,...)")
+    fields = {f: t for f, t in cls.__dataclass_fields__.items() if f != "name"}
+    kw: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        k, eq, v = item.partition("=")
+        k = {"rate": "rate_hz", "duration": "duration_s"}.get(k.strip(), k.strip())
+        if not eq or k not in fields:
+            raise ConfigError(f"scenario {name}: bad parameter {item!r}; allowed: "
+                              f"{', '.join(f'{f}=…' for f in fields)}")
+        try:
+            if k == "sizes":
+                kw[k] = tuple(int(s) for s in v.split("/"))
+                if not kw[k] or min(kw[k]) < 1:
+                    raise ValueError("sizes must be ≥ 1")
+            elif k in ("trace", "unit"):
+                kw[k] = v
+            elif k in ("n", "warmup", "seed"):
+                kw[k] = int(v)
+            else:
+                kw[k] = float(v)
+        except ValueError as exc:
+            raise ConfigError(f"scenario {name}: {k}={v!r} is not valid ({exc})") from None
+    return cls(**kw)
+
+
+# -- progress ---------------------------------------------------------------------------------
+class Progress:
+    """A one-line progress indicator on stderr, redrawn at most 5 times a second. It is
+    drawn between calls, never inside a timed region."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True):
+        self.label, self.total, self.enabled = label, max(total, 1), enabled
+        self._next = 0.0
+        self._tty = sys.stderr.isatty()
+
+    def update(self, done: int) -> None:
+        if not self.enabled or not self._tty:
+            return
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + 0.2
+        frac = min(done / self.total, 1.0)
+        bar = "█" * int(frac * 24) + "·" * (24 - int(frac * 24))
+        sys.stderr.write(f"\r  {self.label:<44} {bar} {done:>7}/{self.total}")
+        sys.stderr.flush()
+
+    def done(self, note: str = "") -> None:
+        if not self.enabled:
+            return
+        if self._tty:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+        sys.stderr.write(f"  · {self.label} {note}\n")
+        sys.stderr.flush()
+
+
+# -- timing loops -----------------------------------------------------------------------------
+@dataclass
+class Timing:
+    """Raw outcome of one loop: per-call latency (ns) and, for open loops, service time and
+    the scheduled arrival offsets."""
+
+    latency_ns: np.ndarray
+    wall_s: float
+    interrupted: bool = False
+    service_ns: np.ndarray | None = None
+    arrivals_s: np.ndarray | None = None
+
+
+def _warm(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int) -> None:
+    k = len(xs)
+    for j in range(n):
+        fn(xs[j % k], out)
+
+
+def closed_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int, max_s: float,
+                warmup: int = 0, progress: Progress | None = None) -> Timing:
+    """``n`` calls back to back (stopping early after ``max_s``)."""
+    _warm(fn, xs, out, warmup)
+    clock = time.perf_counter_ns
+    lat = np.empty(n, np.int64)
+    k = len(xs)
+    i = 0
+    interrupted = False
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection inside a timed call is the harness's noise, not the model's
+    start = clock()
+    stop = start + int(max_s * 1e9)
+    try:
+        while i < n:
+            x = xs[i % k]
+            t0 = clock()
+            fn(x, out)
+            lat[i] = clock() - t0
+            i += 1
+            if not i & 255:
+                if progress:
+                    progress.update(i)
+                if clock() > stop:
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if gc_was:
+            gc.enable()
+    return Timing(lat[:i], (clock() - start) / 1e9, interrupted)
+
+
+def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.ndarray,
+              max_s: float, warmup: int = 0, progress: Progress | None = None) -> Timing:
+    """Requests arrive at ``arrivals_s`` (seconds from the start) whatever the variant does;
+    one server takes them in order. Latency = completion − *scheduled* arrival."""
+    _warm(fn, xs, out, warmup)
+    clock = time.perf_counter_ns
+    m = len(arrivals_s)
+    lat = np.empty(m, np.int64)
+    svc = np.empty(m, np.int64)
+    k = len(xs)
+    sleep = time.sleep
+    i = 0
+    interrupted = False
+    gc_was = gc.isenabled()
+    gc.disable()
+    start = clock() + 1_000_000
+    sched = start + (np.asarray(arrivals_s, dtype=np.float64) * 1e9).astype(np.int64)
+    stop = start + int(max_s * 1e9)
+    try:
+        while i < m:
+            s = int(sched[i])
+            now = clock()
+            if now < s:
+                # Sleep only through long gaps (quiet periods) and spin the last 2 ms: a
+                # sleeping thread on a busy machine wakes up to milliseconds late, and that
+                # lateness would be charged to the variant.
+                if s - now > SPIN_NS + 1_000_000:
+                    sleep((s - now - SPIN_NS) / 1e9)
+                while clock() < s:
+                    pass
+            x = xs[i % k]
+            t0 = clock()
+            fn(x, out)
+            t1 = clock()
+            lat[i] = t1 - s
+            svc[i] = t1 - t0
+            i += 1
+            if not i & 63:
+                if progress:
+                    progress.update(i)
+                if t1 > stop:
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if gc_was:
+            gc.enable()
+    return Timing(lat[:i], (clock() - start) / 1e9, interrupted, svc[:i],
+                  np.asarray(arrivals_s[:i], dtype=np.float64))
+
+
+def timeline(arrivals_s: np.ndarray, latency_ns: np.ndarray, bins: int = 200) -> dict[str, list[float]]:
+    """Per time bin: arrival rate (Hz) and p99/max latency (µs), for the burst plot."""
+    if len(arrivals_s) == 0:
+        return {"t_s": [], "rate_hz": [], "p99_us": [], "max_us": []}
+    end = float(arrivals_s[-1]) or 1e-3
+    edges = np.linspace(0.0, end * (1 + 1e-9), bins + 1)
+    idx = np.clip(np.searchsorted(edges, arrivals_s, side="right") - 1, 0, bins - 1)
+    width = edges[1] - edges[0]
+    us = latency_ns / 1e3
+    t, rate, p99, mx = [], [], [], []
+    for b in range(bins):
+        sel = us[idx == b]
+        t.append(float(edges[b] + width / 2))
+        rate.append(float(len(sel) / width))
+        p99.append(float(np.quantile(sel, 0.99)) if len(sel) else float("nan"))
+        mx.append(float(sel.max()) if len(sel) else float("nan"))
+    return {"t_s": t, "rate_hz": rate, "p99_us": p99, "max_us": mx}
