@@ -1,0 +1,175 @@
+"""``gpu.torch``: a PyTorch model on an NVIDIA GPU, ``torch.compile``d and replayed as a CUDA
+graph.
+
+Compile (child): ``torch.export`` with the static batch → ``model.pt2`` (the artifact; an
+exported program is portable across GPUs, the compiled kernels are not, so they are made at
+load). Load: ``torch.compile(mode="max-autotune-no-cudagraphs", dynamic=False,
+fullgraph=True)`` on the GPU, warm-up on a side stream, then the whole forward pass (fp16
+cast included) is captured once in a ``torch.cuda.CUDAGraph`` over fixed device buffers.
+Per call: copy into a pinned host buffer, one async H2D copy, ``graph.replay()``, one async
+D2H copy into pinned memory, one stream sync, copy out. No allocation, no kernel launches
+from Python beyond the graph.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnavailableError, UnsupportedError
+from hwbackends.specs import Availability, TensorSpec
+from hwbackends.target import Artifact, CompileOptions, Target, check_io
+
+from .._nvidia import gpu_info, torch_cuda_reason
+from .._util import version
+
+ARTIFACT = "model.pt2"
+MODES = ("max-autotune-no-cudagraphs", "default", "none")
+
+
+def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
+    """``torch.export`` of the model with every dimension static (batch included)."""
+    import torch
+
+    module = obj.module() if isinstance(obj, torch.export.ExportedProgram) else obj
+    if hasattr(module, "eval"):
+        module.eval()
+    example = torch.zeros(input_shape, dtype=torch.float32)
+    with torch.no_grad():
+        return torch.export.export(module, (example,))
+
+
+class TorchCudaExecutor:
+    """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
+    load/compile path on the CPU so it can be exercised without a GPU (never reported as a
+    GPU result: the target is unavailable there)."""
+
+    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec, precision: str,
+                 mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
+                 device: str = "cuda", warmup: int = 3):
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise UnavailableError("gpu.torch: torch.cuda.is_available() is False at load "
+                                   "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
+        self.batch_size = batch
+        self._in_spec, self._out_spec = inp, out
+        self.device = torch.device(device)
+        dtype = torch.float16 if precision == "fp16" else torch.float32
+        module = torch.export.load(str(path)).module().to(self.device)
+        if dtype != torch.float32:
+            module = module.to(dtype)
+        if mode != "none":
+            module = torch.compile(module, mode=None if mode == "default" else mode,
+                                   dynamic=False, fullgraph=True)
+
+        def forward(x32: Any) -> Any:  # the cast to fp16 and back runs inside the graph
+            y = module(x32.to(dtype))
+            return (y[0] if isinstance(y, (tuple, list)) else y).float()
+
+        pin = device == "cuda"
+        shape_x, shape_y = inp.batched(batch), out.batched(batch)
+        self._hx_t = torch.zeros(shape_x, dtype=torch.float32, pin_memory=pin)
+        self._hy_t = torch.zeros(shape_y, dtype=torch.float32, pin_memory=pin)
+        self._hx, self._hy = self._hx_t.numpy(), self._hy_t.numpy()  # views: no copy per call
+        self._dx = torch.zeros(shape_x, dtype=torch.float32, device=self.device)
+        self.graph = None
+        with torch.inference_mode():
+            if device == "cuda":
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # warm-up: compile, autotune, cuDNN/cuBLAS init
+                    for _ in range(max(warmup, 1)):
+                        self._dy = forward(self._dx)
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+                if cuda_graph:
+                    self.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(self.graph):
+                        self._dy = forward(self._dx)  # static output buffer owned by the graph
+                    self.graph.replay()
+                    torch.cuda.synchronize()
+                self._stream = torch.cuda.current_stream()
+                self._sync = self._stream.synchronize
+            else:
+                for _ in range(max(warmup, 1)):
+                    self._dy = forward(self._dx)
+                self._sync = lambda: None
+        if tuple(self._dy.shape) != tuple(shape_y):
+            raise UnsupportedError(f"gpu.torch: the model returns {tuple(self._dy.shape)}, "
+                                   f"declared {shape_y}")
+        self._forward = forward
+        self._replay = self.graph.replay if self.graph is not None else self._eager
+        self._copy_in = self._dx.copy_
+        self._copy_out = self._hy_t.copy_
+        self._torch = torch
+
+    def _eager(self) -> None:
+        with self._torch.inference_mode():
+            self._dy = self._forward(self._dx)
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        try:
+            self._hx[...] = x
+            self._copy_in(self._hx_t, non_blocking=True)
+            self._replay()
+            self._copy_out(self._dy, non_blocking=True)
+            self._sync()
+            out[...] = self._hy
+        except Exception:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            raise
+
+
+class TorchCudaTarget(Target):
+    name = "gpu.torch"
+    family = "gpu"
+    precisions = ("fp32", "fp16")
+    formats = ("torch",)
+    description = "PyTorch on an NVIDIA GPU: torch.compile + CUDA-graph replay, pinned buffers"
+    option_docs = {
+        "mode": "torch.compile mode: 'max-autotune-no-cudagraphs' (default), 'default', or "
+                "'none' (eager kernels, still graph-captured)",
+        "cuda_graph": "true (default): capture the forward pass once and replay it per call",
+    }
+
+    def probe(self) -> Availability:
+        reason = torch_cuda_reason()
+        if reason:
+            return Availability.unavailable(reason)
+        info = gpu_info()
+        return Availability.hardware(info.name if info else "CUDA GPU",
+                                     "torch.compile + CUDA graph on the GPU")
+
+    def toolchain(self) -> dict[str, str]:
+        info = gpu_info()
+        gpu = info.as_dict() if info else {"gpu": "none"}
+        # Compiled kernels are made at load, so the GPU is informative here, not binding.
+        return {"torch": version("torch"), **gpu}
+
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        import torch
+
+        mode = options.extra.get("mode", MODES[0])
+        if mode not in MODES:
+            raise UnsupportedError(f"gpu.torch option mode must be one of {', '.join(MODES)}; got {mode!r}")
+        try:
+            ep = static_program(model.obj, model.input.batched(options.batch_size))
+        except Exception as exc:
+            raise UnsupportedError(f"gpu.torch cannot export {model.name!r} with torch.export at "
+                                   f"static shape {model.input.batched(options.batch_size)}: "
+                                   f"{type(exc).__name__}: {str(exc)[:500]}") from exc
+        torch.export.save(ep, workdir / ARTIFACT)
+        ops = sorted({str(n.target) for n in ep.graph.nodes if n.op == "call_function"})
+        return {"file": ARTIFACT, "bytes": (workdir / ARTIFACT).stat().st_size, "aten_ops": ops,
+                "mode": mode, "cuda_graph": bool(options.extra.get("cuda_graph", True))}
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> TorchCudaExecutor:
+        reason = torch_cuda_reason()
+        if reason:
+            raise UnavailableError(f"gpu.torch cannot load here: {reason}")
+        return TorchCudaExecutor(artifact.file(ARTIFACT), artifact.batch_size, artifact.inputs[0],
+                                 artifact.outputs[0], artifact.precision,
+                                 mode=options.extra.get("mode", MODES[0]),
+                                 cuda_graph=bool(options.extra.get("cuda_graph", True)))
