@@ -125,6 +125,12 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
                                f"got {prec!r}")
     if batch_size < 1:
         raise UnsupportedError(f"batch_size must be ≥ 1, got {batch_size}")
+    fixed = m.meta.get("fixed_batch")
+    if fixed is not None and fixed != batch_size and tgt.static_batch:
+        raise UnsupportedError(
+            f"model {m.name!r} was exported with a static batch of {fixed}; compile it with "
+            f"batch_size={fixed}, or re-export with a dynamic batch, e.g. torch.export.export(m, "
+            f"(x,), dynamic_shapes=({{0: torch.export.Dim('batch')}},))")
     extra = dict(options or {})
     unknown = sorted(set(extra) - set(tgt.option_docs))
     if unknown:

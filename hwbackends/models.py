@@ -111,7 +111,8 @@ def _save_torch(model: Model, directory: Path) -> str:
 def load_saved(directory: Path) -> Model:
     """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data."""
     info = json.loads((directory / "model.json").read_text())
-    m = load_model(directory / info["file"], name=info["name"])
+    m = load_model(directory / info["file"], name=info["name"],
+                   input_shape=tuple(info["inputs"][0]["shape"]))
     m.fingerprint = info["fingerprint"]
     m.inputs = [TensorSpec.from_dict(d) for d in info["inputs"]]
     m.outputs = [TensorSpec.from_dict(d) for d in info["outputs"]]
@@ -150,7 +151,7 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
             m.validation_data = validation_data
         return m
     if isinstance(source, (str, os.PathLike)):
-        model = _load_path(Path(source), name)
+        model = _load_path(Path(source), name, example_input, input_shape)
     else:
         mods = _module_of(source)
         if "keras" in mods and hasattr(source, "get_config"):
@@ -171,7 +172,7 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
     return model
 
 
-def _load_path(path: Path, name: str | None) -> Model:
+def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None) -> Model:
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
@@ -190,7 +191,7 @@ def _load_path(path: Path, name: str | None) -> Model:
             return _from_torch(ep, name, path, None, None)
         if suffix in (".pt", ".pth", ".ts"):
             import torch
-            return _from_torch(torch.jit.load(str(path)), name, path, None, None)
+            return _from_torch(torch.jit.load(str(path)), name, path, example, input_shape)
     except ModelError:
         raise
     except Exception as exc:
@@ -263,13 +264,16 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         if len(spec) != 1:
             _single("input", spec, name)
         ph = [n for n in obj.graph.nodes if n.op == "placeholder" and n.name in spec][0]
-        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else 1 for s in ph.meta["val"].shape)
+        dims = ph.meta["val"].shape
+        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else 1 for s in dims)
+        fixed_batch = None if isinstance(dims[0], torch.SymInt) else int(dims[0])
         module = obj.module()
         example = torch.zeros(shape)
         arch = str(obj.graph).encode()
         state = obj.state_dict
     else:
         module = obj
+        fixed_batch = None
         if example is None:
             if input_shape is None:
                 raise ModelError(f"a torch model needs example_input= (one batch) or input_shape= "
@@ -289,6 +293,7 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
     outs = [TensorSpec("output", _static(tuple(y.shape[1:]), "output", name))]
     wb = [k.encode() + v.detach().cpu().contiguous().numpy().tobytes() for k, v in sorted(state.items())]
     fp = _digest(b"torch", arch, repr(ins).encode(), *wb)
+    meta = {"fixed_batch": fixed_batch} if fixed_batch is not None else {}
 
     def ref(x: np.ndarray, m: Any = module) -> np.ndarray:
         with torch.no_grad():
@@ -297,7 +302,7 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
             r = r[0]
         return r.numpy()
 
-    return Model(obj, "torch", ins, outs, fp, name, path, _ref=ref)
+    return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref)
 
 
 def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:
