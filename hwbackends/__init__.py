@@ -38,3 +38,10 @@ __all__ = [
     "TensorSpec", "Tolerance", "UnavailableError", "UnknownTargetError", "UnsupportedError",
     "compile", "get_registry", "hookimpl", "load_model", "register_plugin", "targets",
 ]
+
+
+def __getattr__(name: str):  # lazy: the router pulls in pydantic, `import hwbackends` stays light
+    if name == "Router":
+        from .router import Router
+        return Router
+    raise AttributeError(f"module 'hwbackends' has no attribute {name!r}")

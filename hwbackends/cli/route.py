@@ -1,0 +1,48 @@
+"""``hwb route CONFIG [--explain] [--json]``: the routing table of a strategies file."""
+from __future__ import annotations
+
+import argparse
+
+from . import emit, stderr_progress
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("route", help="choose a variant per strategy and tier from a strategies.toml")
+    p.add_argument("config", help="strategies TOML file (see examples/strategies.toml)")
+    p.add_argument("--explain", action="store_true",
+                   help="every candidate with its p99, fidelity, mode and why chosen or rejected")
+    p.add_argument("--strategy", action="append", default=None, help="only this strategy (repeatable)")
+    p.add_argument("--refresh", action="store_true", help="re-measure instead of cached profiles")
+    p.add_argument("--check", action="store_true", help="only validate the file (no compile, no bench)")
+    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import load_config
+    from ..router import Router
+
+    if args.check:
+        cfg = load_config(args.config)
+        emit(args, cfg.model_dump(), f"{args.config}: valid ({len(cfg.tiers)} tiers, "
+                                     f"{len(cfg.strategies)} strategies)")
+        return 0
+    router = Router.from_config(args.config, store=args.cache_dir, refresh=args.refresh,
+                                strict=False, strategies=args.strategy,
+                                progress=None if args.json else stderr_progress)
+    if args.explain:
+        human = router.explain()
+    else:
+        rows = [f"{'STRATEGY':<18} {'TIER':<10} {'BUDGET':>10} {'CHOSEN':<30} {'MODE':<9} {'p99':>10}"]
+        for d in router.decisions.values():
+            c = d.chosen
+            p99 = f"{c.p99_us:.2f} µs" if c and c.p99_us is not None else "—"
+            rows.append(f"{d.strategy:<18} {d.tier:<10} {d.budget_us:>7g} µs "
+                        f"{(c.variant if c else 'NONE'):<30} {(c.mode if c else ''):<9} {p99:>10}"
+                        + ("" if d.meets_budget else "  ! over budget" if c else "  ! no variant"))
+            if d.note:
+                rows.append(f"{'':<18} {d.note}")
+        human = "\n".join(rows)
+    emit(args, router.to_dict(), human)
+    return 0 if all(d.order for d in router.decisions.values()) else 1

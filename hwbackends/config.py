@@ -1,0 +1,266 @@
+"""Tiers and strategies from one TOML file, validated with errors that point at the line.
+
+    [tiers.fast]
+    p99_us = 100
+
+    [strategies.momentum]
+    model = "zoo:signal"                       # a model file (relative to this file) or zoo:NAME
+    tier = "fast"
+    targets = ["cpu.*", "fpga.hls4ml"]         # allowed targets, globs
+    fidelity = { corr_min = 0.999, max_abs = 1e-3 }
+    # pin = "cpu.litert:int8"                  # optional explicit choice
+
+Parsing is ``tomllib``; the schema is pydantic v2 (``extra="forbid"``, so a misspelt key is
+an error that lists the allowed keys). :func:`load_config` also checks what the schema cannot:
+tiers that exist, target globs that match a registered target, precisions some allowed target
+offers, a pin inside the allowed targets, a model file that exists. All problems are reported
+at once, each as ``FILE:LINE: where: what is wrong; what is allowed``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+from .fidelity import Tolerance
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .registry import Registry
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TierConfig(_Strict):
+    """A latency tier: the p99 budget of one call, in microseconds."""
+
+    p99_us: float = Field(gt=0, description="p99 latency budget per call (µs)")
+    description: str = ""
+
+
+class FidelityConfig(_Strict):
+    """What a variant must meet against the fp32 reference (``hwbackends.fidelity.Tolerance``);
+    keys left out are not checked."""
+
+    corr_min: float | None = Field(0.999, ge=-1, le=1)
+    max_abs: float | None = Field(None, ge=0)
+    rel_err: float | None = Field(None, ge=0)
+    mae: float | None = Field(None, ge=0)
+    sign_min: float | None = Field(None, ge=0, le=1)
+    argmax_min: float | None = Field(None, ge=0, le=1)
+
+    def tolerance(self) -> Tolerance:
+        return Tolerance(**self.model_dump())
+
+
+class StrategyConfig(_Strict):
+    """One trading strategy: which model, which tier, which targets it may use."""
+
+    model: str = Field(min_length=1)
+    tier: str
+    targets: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    precisions: list[str] | None = None
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
+    pin: str | None = None
+    batch_size: int = Field(1, ge=1)
+    #: Hard per-call deadline: calls go through a watchdog thread and a call that misses it is
+    #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
+    timeout_us: float | None = Field(None, gt=0)
+    allow_emulated: bool | None = None
+
+    @field_validator("pin")
+    @classmethod
+    def _pin_form(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\w.\-]+:[\w.\-]+", v):
+            raise ValueError(f"pin must be 'target:precision' (e.g. 'cpu.litert:int8'), got {v!r}")
+        return v
+
+
+class BenchConfig(_Strict):
+    """How the router measures candidates (cached per artifact, machine and these values)."""
+
+    n: int = Field(2000, ge=50)
+    warmup: int = Field(200, ge=0)
+    max_s: float = Field(5.0, gt=0)
+
+
+class RouterConfig(_Strict):
+    """Routing policy and run-time protection."""
+
+    allow_emulated: bool = False
+    #: Calls per live latency window (the rolling p99 is computed per window).
+    window: int = Field(200, ge=10)
+    #: Consecutive windows over budget before switching to the next candidate.
+    switch_after: int = Field(3, ge=1)
+    #: Seconds before a switched-away or broken variant is probed again.
+    probe_after_s: float = Field(2.0, ge=0)
+    #: Consecutive failures (exceptions, missed deadlines) that open the circuit breaker.
+    breaker_failures: int = Field(3, ge=1)
+    isolate_compile: bool = True
+    bench: BenchConfig = Field(default_factory=BenchConfig)
+
+
+class StrategiesFile(_Strict):
+    tiers: dict[str, TierConfig] = Field(min_length=1)
+    strategies: dict[str, StrategyConfig] = Field(min_length=1)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+
+
+# -- line numbers -----------------------------------------------------------------------------
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
+
+
+def _split_key(k: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in k.split(".")]
+
+
+def line_index(text: str) -> dict[tuple[str, ...], int]:
+    """Map each key path (``("strategies", "momentum", "tier")``) to the line it is on."""
+    where: dict[tuple[str, ...], int] = {}
+    table: list[str] = []
+    for no, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0]
+        h = _HEADER.match(code)
+        if h:
+            table = _split_key(h.group(1))
+            for i in range(1, len(table) + 1):
+                where.setdefault(tuple(table[:i]), no)
+            continue
+        k = _KEY.match(code)
+        if k:
+            path = tuple(table + _split_key(k.group(1)))
+            where.setdefault(path, no)
+            rest = code[k.end():]
+            if "{" in rest:  # inline table: its keys are on this line
+                for sub in re.findall(r"([A-Za-z0-9_\-]+)\s*=", rest):
+                    where.setdefault(path + (sub,), no)
+    return where
+
+
+def _locate(where: dict[tuple[str, ...], int], loc: tuple[Any, ...]) -> int | None:
+    parts = tuple(str(p) for p in loc)
+    for i in range(len(parts), 0, -1):
+        if parts[:i] in where:
+            return where[parts[:i]]
+    return None
+
+
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """The keys allowed where ``loc`` points (for 'unknown key' errors)."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if isinstance(cur, type) and issubclass(cur, BaseModel) and str(part) in cur.model_fields:
+            ann = cur.model_fields[str(part)].annotation
+            args = getattr(ann, "__args__", ())
+            cur = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)),
+                       args[-1] if args else ann)
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return ", ".join(cur.model_fields)
+    return ""
+
+
+# -- loading ----------------------------------------------------------------------------------
+def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
+    """Parse and schema-validate TOML text (no registry or file-system checks)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        where = f"{source}:{m.group(1)}" if m else source
+        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+    where = line_index(text)
+    try:
+        return StrategiesFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            loc = tuple(e["loc"])
+            line = _locate(where, loc)
+            dotted = ".".join(str(p) for p in loc) or "(top level)"
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                msg = f"unknown key {str(loc[-1])!r}; allowed here: {_allowed(StrategiesFile, loc)}"
+            elif e["type"] == "missing":
+                msg = f"missing required key {str(loc[-1])!r}"
+            elif "input" in e and e["type"] != "value_error":
+                msg += f" (got {e['input']!r})"
+            problems.append(f"{source}:{line or '?'}: {dotted}: {msg}")
+        raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems)) from None
+
+
+def load_config(path: str | Path, registry: "Registry | None" = None, *,
+                check_targets: bool = True) -> StrategiesFile:
+    """Read, parse and fully validate a strategies file (see the module docstring)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"strategies file {p} does not exist; see examples/strategies.toml")
+    text = p.read_text()
+    cfg = parse_config(text, str(p))
+    where = line_index(text)
+    problems: list[str] = []
+
+    def bad(loc: tuple[str, ...], msg: str) -> None:
+        problems.append(f"{p}:{_locate(where, loc) or '?'}: {'.'.join(loc)}: {msg}")
+
+    reg = None
+    if check_targets:
+        from .registry import get_registry
+        reg = registry or get_registry()
+    names = sorted(reg.targets) if reg else []
+    for sname, s in cfg.strategies.items():
+        base = ("strategies", sname)
+        if s.tier not in cfg.tiers:
+            bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(cfg.tiers)}")
+        if s.model.startswith("zoo:"):
+            from . import zoo
+            if s.model[4:] not in zoo.NAMES:
+                bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
+                                       f"{', '.join('zoo:' + n for n in zoo.NAMES)}")
+        elif not resolve_model(s.model, p).exists():
+            bad(base + ("model",), f"model file {resolve_model(s.model, p)} does not exist "
+                                   f"(paths are relative to {p.parent}); give a .keras/.onnx/.pt2 "
+                                   f"file or zoo:NAME")
+        if reg is None:
+            continue
+        allowed: list[str] = []
+        for pat in s.targets:
+            hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+            # A glob may match nothing on this installation (``fpga.*`` without the FPGA
+            # plugin); an exact name that is not registered is a typo.
+            if not hit and not any(c in pat for c in "*?["):
+                bad(base + ("targets",), f"unknown target {pat!r}; registered: {', '.join(names)} "
+                                         f"(globs such as 'fpga.*' may match nothing)")
+            allowed += [n for n in hit if n not in allowed]
+        if not allowed and all(any(c in pat for c in "*?[") for pat in s.targets):
+            bad(base + ("targets",), f"{s.targets} match no registered target; registered: "
+                                     f"{', '.join(names)}")
+        offered = {pr for n in allowed for pr in reg.targets[n].precisions}
+        for pr in s.precisions or []:
+            if allowed and pr not in offered:
+                bad(base + ("precisions",), f"precision {pr!r} is offered by none of "
+                                            f"{', '.join(allowed)}; they offer {', '.join(sorted(offered))}")
+        if s.pin:
+            tname, prec = s.pin.split(":", 1)
+            if tname not in reg.targets:
+                bad(base + ("pin",), f"unknown target {tname!r}; registered: {', '.join(names)}")
+            elif tname not in allowed:
+                bad(base + ("pin",), f"pinned target {tname!r} is not in this strategy's targets "
+                                     f"{s.targets}; add it there or change the pin")
+            elif prec not in reg.targets[tname].precisions:
+                bad(base + ("pin",), f"{tname} offers precisions "
+                                     f"{', '.join(reg.targets[tname].precisions)}; got {prec!r}")
+    if problems:
+        raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def resolve_model(model: str, config_path: Path) -> Path:
+    m = Path(model).expanduser()
+    return m if m.is_absolute() else (config_path.parent / m)

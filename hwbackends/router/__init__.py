@@ -1,0 +1,148 @@
+"""The tier router: strategies → the fastest accurate variant within each tier's p99 budget.
+
+    router = hwbackends.Router.from_config("strategies.toml")
+    y = router.predict("momentum", x)             # validates, allocates
+    router.predict_into("momentum", x, out)       # the hot path
+    f = router.handle("momentum"); f(x, out)      # the hot path without the name lookup
+    print(router.explain())
+
+Build time (:mod:`.plan`): compile, fidelity-gate, measure (profiles cached per artifact and
+machine), rank, choose. Run time (:mod:`.runtime`): dispatch, failover, breakers, re-routing.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..bench import ProfileCache
+from ..config import StrategiesFile, load_config, resolve_model
+from ..errors import ConfigError, InputError
+from .plan import Candidate, Decision, Tier, decide, explain, plan_strategy
+from .runtime import Lane, NoRouteError, VariantState
+
+log = logging.getLogger("hwbackends.router")
+
+__all__ = ["Candidate", "Decision", "Lane", "NoRouteError", "Router", "Tier", "VariantState",
+           "decide", "explain", "plan_strategy"]
+
+
+class Router:
+    """Routing decisions for every strategy of a config, and the lanes that serve them."""
+
+    def __init__(self, config: StrategiesFile, decisions: dict[str, Decision],
+                 source: str | None = None):
+        self.config = config
+        self.source = source
+        self.decisions = decisions
+        self.events: list[dict[str, Any]] = []
+        self._lanes: dict[str, Lane] = {}
+        for name, d in decisions.items():
+            if not d.order:
+                continue
+            s = config.strategies[name]
+            r = config.router
+            self._lanes[name] = Lane(name, d.order, d.budget_us, window=r.window,
+                                     switch_after=r.switch_after, probe_after_s=r.probe_after_s,
+                                     breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
+                                     on_event=self.events.append)
+
+    @classmethod
+    def from_config(cls, path: str | Path, *, store: Any = None, registry: Any = None,
+                    cache: ProfileCache | None = None, refresh: bool = False,
+                    strict: bool = True, progress: Callable[[str], None] | None = None,
+                    strategies: list[str] | None = None) -> "Router":
+        """Validate the config, plan every strategy (compile, check, measure, choose) and
+        start its lane. ``strict``: a strategy no variant can serve raises
+        :class:`NoRouteError` (with every candidate's reason) instead of being left out.
+        ``refresh`` re-measures instead of using cached profiles."""
+        from ..models import load_model
+        from ..registry import get_registry
+
+        p = Path(path)
+        reg = registry or get_registry()
+        cfg = load_config(p, reg)
+        cache = cache if cache is not None else ProfileCache()
+        models: dict[str, Any] = {}
+        decisions: dict[str, Decision] = {}
+        for name, s in cfg.strategies.items():
+            if strategies and name not in strategies:
+                continue
+            key = s.model if s.model.startswith("zoo:") else str(resolve_model(s.model, p))
+            if key not in models:
+                models[key] = load_model(key)
+            decisions[name] = plan_strategy(name, s, cfg, models[key], reg, store=store,
+                                            cache=cache, refresh=refresh, say=progress)
+        if strategies:
+            unknown = sorted(set(strategies) - set(cfg.strategies))
+            if unknown:
+                raise ConfigError(f"unknown strategy {', '.join(unknown)}; {p} defines "
+                                  f"{', '.join(cfg.strategies)}")
+        router = cls(cfg, decisions, str(p))
+        dead = [d for d in decisions.values() if not d.order]
+        if strict and dead:
+            raise NoRouteError("\n".join(f"strategy {d.strategy}: {d.note}" for d in dead))
+        return router
+
+    # -- run time ---------------------------------------------------------------------------
+    def _lane(self, name: str) -> Lane:
+        try:
+            return self._lanes[name]
+        except KeyError:
+            d = self.decisions.get(name)
+            if d is not None:
+                raise NoRouteError(f"strategy {name!r} has no variant: {d.note}") from None
+            raise InputError(f"unknown strategy {name!r}; configured: "
+                             f"{', '.join(self.decisions) or 'none'}") from None
+
+    def handle(self, name: str) -> Callable[[np.ndarray, np.ndarray], None]:
+        """The strategy's hot-path callable ``f(x, out)``: keep it and call it per tick (the
+        same dispatch, failover and tracking as :meth:`predict_into`, minus the name lookup)."""
+        return self._lane(name).predict_into
+
+    def predict_into(self, name: str, x: np.ndarray, out: np.ndarray) -> None:
+        """Hot path: ``x`` of shape ``(batch_size, *input)`` float32, ``out`` preallocated."""
+        self._lanes[name].predict_into(x, out) if name in self._lanes else self._lane(name)
+
+    def predict(self, name: str, x: Any) -> np.ndarray:
+        """Validated, allocating predict (one sample or a batch) through the lane."""
+        lane = self._lane(name)
+        cm = lane.cms[0]
+        arr, single = cm._validate(x)
+        b = cm.batch_size
+        out = np.empty((len(arr), *cm.output.shape), np.float32)
+        xb = np.zeros(cm.input.batched(b), np.float32)
+        yb = np.zeros(cm.output.batched(b), np.float32)
+        for i in range(0, len(arr), b):
+            chunk = arr[i:i + b]
+            k = len(chunk)
+            xb[:k] = chunk
+            xb[k:] = 0.0
+            lane.predict_into(xb, yb)
+            out[i:i + k] = yb[:k]
+        return out[0] if single else out
+
+    def serving(self, name: str) -> str:
+        """The variant serving ``name`` right now."""
+        return self._lane(name).serving
+
+    def status(self) -> dict[str, Any]:
+        return {n: lane.status() for n, lane in self._lanes.items()}
+
+    # -- explanation ------------------------------------------------------------------------
+    def explain(self) -> str:
+        return "\n\n".join(explain(d) for d in self.decisions.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.source,
+                "tiers": {k: v.model_dump() for k, v in self.config.tiers.items()},
+                "router": self.config.router.model_dump(),
+                "strategies": [d.to_dict() for d in self.decisions.values()]}
+
+    def close(self) -> None:
+        for d in self.decisions.values():
+            for c in d.candidates:
+                if c.cm is not None:
+                    c.cm.close()

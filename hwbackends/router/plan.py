@@ -1,0 +1,228 @@
+"""Routing decisions: for one strategy, every candidate variant, measured and judged.
+
+The policy, in order: compile on every allowed, available target × precision (cached);
+reject variants whose fidelity misses the strategy's tolerance; never rank an emulated
+variant by latency unless the config allows it; measure the rest (single-stream profile,
+cached per artifact and machine); a ``hwb_choose`` plugin may pick; otherwise choose the
+lowest p99 within the tier's budget, and when none meets it say so and name the closest.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..bench import LatencyProfile, ProfileCache, SingleStream, cached_measure
+from ..errors import HwbError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compiled import CompiledModel
+    from ..config import StrategiesFile, StrategyConfig
+    from ..models import Model
+    from ..registry import Registry
+
+log = logging.getLogger("hwbackends.router")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """What ``hwb_choose`` receives as ``tier``."""
+
+    name: str
+    p99_us: float
+
+
+@dataclass
+class Candidate:
+    """One variant considered for one strategy, with the verdict and the reasons for it.
+
+    ``status``: ``chosen``, ``fallback`` (eligible, serves on failover), ``over-budget``
+    (eligible, measured above the tier budget: a fallback of last resort), ``rejected``
+    (fidelity, emulated), ``unavailable`` (the target cannot run here) or ``failed``
+    (compile error)."""
+
+    strategy: str
+    target: str
+    precision: str
+    mode: str
+    status: str = "candidate"
+    reasons: list[str] = field(default_factory=list)
+    cm: "CompiledModel | None" = field(default=None, repr=False)
+    profile: LatencyProfile | None = None
+    profile_cached: bool = False
+    fidelity: dict[str, Any] | None = None
+
+    @property
+    def variant(self) -> str:
+        return f"{self.target}:{self.precision}" if self.precision else self.target
+
+    @property
+    def p99_us(self) -> float | None:
+        return self.profile.p99_us if self.profile else None
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.profile
+        return {"variant": self.variant, "target": self.target, "precision": self.precision,
+                "mode": self.mode, "status": self.status, "reasons": self.reasons,
+                "p50_us": p.p50_us if p else None, "p99_us": p.p99_us if p else None,
+                "p999_us": p.p999_us if p else None, "n": p.n if p else None,
+                "profile_cached": self.profile_cached, "fidelity": self.fidelity}
+
+
+@dataclass
+class Decision:
+    """The routing of one strategy: the chosen variant and the failover order."""
+
+    strategy: str
+    tier: str
+    budget_us: float
+    candidates: list[Candidate]
+    order: list[Candidate] = field(default_factory=list)  # serving order, chosen first
+    meets_budget: bool = False
+    chosen_by: str = "policy"
+    note: str = ""
+
+    @property
+    def chosen(self) -> Candidate | None:
+        return self.order[0] if self.order else None
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.chosen
+        return {"strategy": self.strategy, "tier": self.tier, "budget_us": self.budget_us,
+                "chosen": c.variant if c else None, "chosen_mode": c.mode if c else None,
+                "chosen_p99_us": c.p99_us if c else None, "meets_budget": self.meets_budget,
+                "chosen_by": self.chosen_by, "note": self.note,
+                "failover": [x.variant for x in self.order[1:]],
+                "candidates": [x.to_dict() for x in self.candidates]}
+
+
+def _fmt(us: float | None) -> str:
+    if us is None:
+        return "—"
+    if us < 10:
+        return f"{us:.2f} µs"
+    return f"{us:.1f} µs" if us < 10_000 else f"{us / 1000:.1f} ms"
+
+
+def explain(d: Decision) -> str:
+    """The human explanation ``hwb route --explain`` prints for one strategy."""
+    c = d.chosen
+    head = (f"strategy {d.strategy}: tier {d.tier} (p99 ≤ {_fmt(d.budget_us)}) → "
+            + (f"{c.variant} ({c.mode}, p99 {_fmt(c.p99_us)})" if c else "NO VARIANT"))
+    lines = [head]
+    if d.note:
+        lines.append(f"  ! {d.note}")
+    lines.append(f"  {'VARIANT':<30} {'MODE':<11} {'p99':>10} {'corr':>9} {'max abs':>9}  VERDICT")
+    for x in d.candidates:
+        f = x.fidelity or {}
+        corr = f"{f['corr']:.6f}" if "corr" in f else "—"
+        mx = f"{f['max_abs']:.2g}" if "max_abs" in f else "—"
+        verdict = x.status + (": " + "; ".join(x.reasons) if x.reasons else "")
+        lines.append(f"  {x.variant:<30} {x.mode:<11} {_fmt(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
+    if len(d.order) > 1:
+        lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
+    return "\n".join(lines)
+
+
+def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: "Model",
+                  reg: "Registry", *, store: Any = None, cache: ProfileCache | None = None,
+                  refresh: bool = False, say: Callable[[str], None] | None = None) -> Decision:
+    """Compile, check, measure and rank every candidate for strategy ``name``."""
+    from .. import compile as hwb_compile
+
+    say = say or (lambda m: log.info(m))
+    tier = cfg.tiers[s.tier]
+    allow_emulated = cfg.router.allow_emulated if s.allow_emulated is None else s.allow_emulated
+    tol = s.fidelity.tolerance()
+    bench = SingleStream(n=cfg.router.bench.n, warmup=cfg.router.bench.warmup,
+                         max_s=cfg.router.bench.max_s)
+    names: list[str] = []
+    for pat in s.targets:
+        names += [n for n in sorted(reg.targets) if fnmatch.fnmatchcase(n, pat) and n not in names]
+    cands: list[Candidate] = []
+    for tname in names:
+        tgt = reg.targets[tname]
+        try:
+            av = tgt.probe()
+        except Exception as exc:
+            cands.append(Candidate(name, tname, "", "unavailable", "unavailable",
+                                   [f"probe raised {type(exc).__name__}: {exc}"]))
+            continue
+        if not av.usable:
+            cands.append(Candidate(name, tname, "", "unavailable", "unavailable", [av.reason]))
+            continue
+        for prec in tgt.precisions:
+            if s.precisions and prec not in s.precisions:
+                continue
+            c = Candidate(name, tname, prec, av.mode.value)
+            cands.append(c)
+            try:
+                c.cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
+                                   isolate_compile=cfg.router.isolate_compile, progress=say)
+            except HwbError as exc:
+                c.status, c.reasons = "failed", [f"{type(exc).__name__}: {str(exc)[:300]}"]
+                continue
+            c.fidelity = c.cm.fidelity.to_dict() if c.cm.fidelity else None
+            bad = tol.violations(c.cm.fidelity) if c.cm.fidelity else ["no fidelity measured"]
+            if bad:
+                c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
+                continue
+            if c.mode == "emulated" and not allow_emulated:
+                c.status = "rejected"
+                c.reasons = [f"emulated ({av.reason}): its latency is not this hardware's; "
+                             f"set allow_emulated = true to rank it"]
+                continue
+            c.profile, c.profile_cached = cached_measure(c.cm, bench, cache, refresh=refresh)
+    return decide(name, s, tier.p99_us, cands, reg)
+
+
+def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate],
+           reg: "Registry") -> Decision:
+    """Rank the measured candidates and choose (pin, then plugins, then the built-in policy)."""
+    d = Decision(name, s.tier, budget, cands)
+    eligible = sorted((c for c in cands if c.profile is not None), key=lambda c: (c.profile.p99_us, c.profile.p50_us))
+    for c in eligible:
+        c.status = "fallback" if c.profile.p99_us <= budget else "over-budget"
+    if not eligible:
+        d.note = ("no target can serve this strategy: "
+                  + "; ".join(f"{c.variant}: {c.status} ({'; '.join(c.reasons)})" for c in cands)
+                  if cands else "no registered target matches " + ", ".join(s.targets))
+        return d
+    chosen: Candidate | None = None
+    if s.pin:
+        chosen = next((c for c in cands if c.variant == s.pin), None)
+        if chosen is None or chosen.profile is None:
+            why = f"{chosen.status}: {'; '.join(chosen.reasons)}" if chosen else "not a candidate here"
+            d.note = f"pinned {s.pin} cannot serve ({why})"
+            d.order = []
+            return d
+        d.chosen_by = "pin"
+    if chosen is None:
+        picked = reg.pm.hook.hwb_choose(candidates=list(eligible), tier=Tier(s.tier, budget))
+        if picked is not None:
+            if picked in eligible:
+                chosen, d.chosen_by = picked, "plugin (hwb_choose)"
+            else:
+                log.warning("an hwb_choose plugin returned %r, not one of the candidates; ignored",
+                            picked)
+    if chosen is None:
+        within = [c for c in eligible if c.profile.p99_us <= budget]
+        chosen = within[0] if within else eligible[0]
+    d.meets_budget = chosen.profile.p99_us <= budget
+    chosen.status = "chosen"
+    why = {"pin": "pinned in the config", "policy": "lowest measured p99"
+           + (" within budget" if d.meets_budget else "")}.get(d.chosen_by, f"chosen by {d.chosen_by}")
+    chosen.reasons = [why]
+    for c in eligible:
+        if c is not chosen and c.status == "fallback":
+            c.reasons = [f"p99 {_fmt(c.p99_us)} ≥ chosen {_fmt(chosen.p99_us)}"]
+        elif c.status == "over-budget":
+            c.reasons = [f"p99 {_fmt(c.p99_us)} > budget {_fmt(budget)}"]
+    if not d.meets_budget:
+        d.note = (f"no variant meets tier {s.tier} (p99 ≤ {_fmt(budget)}); "
+                  + (f"closest: {chosen.variant} at p99 {_fmt(chosen.p99_us)}"
+                     if d.chosen_by == "policy" else
+                     f"{d.chosen_by} chose {chosen.variant} at p99 {_fmt(chosen.p99_us)}"))
+    d.order = [chosen] + [c for c in eligible if c is not chosen]
+    return d

@@ -1,0 +1,303 @@
+"""Run-time dispatch for one strategy (a *lane*): the hot path, failover, circuit breakers
+and live tail tracking.
+
+The hot path (:meth:`Lane.predict_into`) is one bound-method call into the serving variant's
+own ``predict_into`` between two clock reads, plus a list store: no allocation, no lock, no
+logging. Everything else (a failure, the end of a latency window) runs on the slow path.
+
+* **Failover**: an exception from the serving variant is caught and the *same* request is
+  served by the next healthy candidate in the decision's order, so no request is lost.
+* **Deadline** (strategy ``timeout_us``): each variant runs in its own worker thread; a call
+  that misses the deadline is served by the next candidate while the stalled one finishes
+  (or not) in the background. This costs a thread hand-off per call, so it is opt-in.
+* **Circuit breaker**: ``breaker_failures`` consecutive failures open a variant's breaker;
+  after ``probe_after_s`` it is half-open: it serves again as a probe, and one clean window
+  closes it, one failure re-opens it.
+* **Live tail**: the serving variant's p99 is computed every ``window`` calls. After
+  ``switch_after`` consecutive windows over the tier budget the lane switches to the next
+  candidate; after ``probe_after_s`` the better-ranked one is probed for a window and taken
+  back if its p99 is within budget again. Every switch is logged with the numbers.
+
+A lane serves one caller thread (one strategy's hot loop); it is not locked.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import HwbError
+
+log = logging.getLogger("hwbackends.router")
+
+
+class NoRouteError(HwbError):
+    """No candidate could serve a request or a strategy (the message says why for each)."""
+
+
+class _Deadline:
+    """One variant behind a worker thread, so a stalled call can be abandoned."""
+
+    def __init__(self, fn: Callable[[np.ndarray, np.ndarray], None], x_shape: tuple[int, ...],
+                 y_shape: tuple[int, ...], name: str):
+        self.fn = fn
+        self.x = np.zeros(x_shape, np.float32)
+        self.y = np.zeros(y_shape, np.float32)
+        self.busy = False
+        self.exc: BaseException | None = None
+        self._go = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"hwb-deadline-{name}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            try:
+                self.fn(self.x, self.y)
+            except BaseException as exc:  # handed to the caller
+                self.exc = exc
+            self.busy = False
+            self._done.set()
+
+    def call(self, x: np.ndarray, out: np.ndarray, timeout_s: float) -> bool:
+        """Run one call; ``True`` when it completed in time (``out`` filled), ``False`` when it
+        missed the deadline or the worker is still stuck on an earlier call."""
+        if self.busy:
+            return False
+        self.x[...] = x
+        self.busy = True
+        self._done.clear()
+        self._go.set()
+        if not self._done.wait(timeout_s):
+            return False
+        if self.exc is not None:
+            exc, self.exc = self.exc, None
+            raise exc
+        out[...] = self.y
+        return True
+
+
+@dataclass
+class VariantState:
+    """Live state of one candidate in a lane."""
+
+    variant: str
+    mode: str
+    fn: Callable[[np.ndarray, np.ndarray], None]
+    rank: int
+    state: str = "closed"          # closed | open (breaker) | degraded (over budget) | probing
+    failures: int = 0              # consecutive
+    retry_at: float = 0.0
+    over: int = 0                  # consecutive windows over budget
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    window_p99_us: list[float] = field(default_factory=list)
+    last_error: str = ""
+    deadline: _Deadline | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "mode": self.mode, "rank": self.rank, "state": self.state,
+                "calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
+                "consecutive_failures": self.failures,
+                "recent_window_p99_us": self.window_p99_us[-10:], "last_error": self.last_error}
+
+
+class Lane:
+    """Dispatch for one strategy over its ordered candidates (``order[0]`` is preferred)."""
+
+    def __init__(self, strategy: str, order: list[Any], budget_us: float, *, window: int = 200,
+                 switch_after: int = 3, probe_after_s: float = 2.0, breaker_failures: int = 3,
+                 timeout_us: float | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None):
+        if not order:
+            raise NoRouteError(f"strategy {strategy!r} has no candidate to serve it")
+        self.strategy = strategy
+        self.budget_ns = budget_us * 1e3
+        self.budget_us = budget_us
+        self.window = window
+        self.switch_after = switch_after
+        self.probe_after_s = probe_after_s
+        self.breaker_failures = breaker_failures
+        self.timeout_s = timeout_us / 1e6 if timeout_us else None
+        self.events: list[dict[str, Any]] = []
+        self._on_event = on_event
+        self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i) for i, c in enumerate(order)]
+        self.cms = [c.cm for c in order]
+        if self.timeout_s is not None:
+            for v, cm in zip(self.variants, self.cms):
+                v.deadline = _Deadline(v.fn, cm.input.batched(cm.batch_size),
+                                       cm.output.batched(cm.batch_size), v.variant)
+        self.cur = 0
+        self.fn = self.variants[0].fn
+        self._lat = [0] * window
+        self._i = 0
+        # The hot path is chosen once: the bound method callers keep (Router.handle).
+        self.predict_into = self._deadline_call if self.timeout_s is not None else self._direct
+
+    # -- hot path ---------------------------------------------------------------------------
+    def _direct(self, x: np.ndarray, out: np.ndarray, _clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        t0 = _clock()
+        try:
+            self.fn(x, out)
+        except Exception as exc:
+            self._failover(x, out, exc)
+            return
+        i = self._i
+        self._lat[i] = _clock() - t0
+        i += 1
+        if i == self.window:
+            self._end_window()
+        else:
+            self._i = i
+
+    # -- slow paths -------------------------------------------------------------------------
+    @property
+    def serving(self) -> str:
+        return self.variants[self.cur].variant
+
+    def _event(self, kind: str, frm: str, to: str, why: str, **numbers: Any) -> None:
+        ev = {"time": time.time(), "strategy": self.strategy, "event": kind, "from": frm, "to": to,
+              "reason": why, **numbers}
+        self.events.append(ev)
+        log.warning("router %s: %s %s → %s: %s %s", self.strategy, kind, frm, to, why,
+                    " ".join(f"{k}={v}" for k, v in numbers.items()))
+        if self._on_event:
+            self._on_event(ev)
+
+    def _switch(self, to: int, kind: str, why: str, **numbers: Any) -> None:
+        frm = self.variants[self.cur].variant
+        self.cur = to
+        self.fn = self.variants[to].fn
+        self._i = 0  # the window restarts with the new variant's own calls
+        self._event(kind, frm, self.variants[to].variant, why, **numbers)
+
+    def _healthy(self, exclude: int) -> int | None:
+        """Best-ranked candidate that may serve now (closed, or due for a probe)."""
+        now = time.monotonic()
+        for j, v in enumerate(self.variants):
+            if j != exclude and (v.state == "closed" or now >= v.retry_at):
+                return j
+        return None
+
+    def _record_failure(self, j: int, what: str, timeout: bool = False) -> None:
+        v = self.variants[j]
+        v.failures += 1
+        v.last_error = what
+        if timeout:
+            v.timeouts += 1
+        else:
+            v.errors += 1
+        if v.state == "probing" or (v.state == "closed" and v.failures >= self.breaker_failures):
+            v.state = "open"
+            v.retry_at = time.monotonic() + self.probe_after_s
+            if j == self.cur:
+                nxt = self._healthy(exclude=j)
+                if nxt is not None:
+                    self._switch(nxt, "breaker-open", f"{v.failures} consecutive failure(s), last: "
+                                 f"{what}", failures=v.failures, retry_in_s=self.probe_after_s)
+                else:
+                    self._event("breaker-open", v.variant, v.variant, f"no other candidate; last: {what}")
+
+    def _failover(self, x: np.ndarray, out: np.ndarray, exc: BaseException) -> None:
+        failed = self.cur
+        self._record_failure(failed, f"{type(exc).__name__}: {exc}")
+        errors = [f"{self.variants[failed].variant}: {type(exc).__name__}: {exc}"]
+        for j, v in enumerate(self.variants):
+            if j == failed or (v.state == "open" and time.monotonic() < v.retry_at):
+                continue
+            try:
+                v.fn(x, out)
+            except Exception as exc2:
+                self._record_failure(j, f"{type(exc2).__name__}: {exc2}")
+                errors.append(f"{v.variant}: {type(exc2).__name__}: {exc2}")
+                continue
+            v.failures = 0
+            return
+        raise NoRouteError(f"strategy {self.strategy}: every candidate failed this request: "
+                           + "; ".join(errors))
+
+    def _deadline_call(self, x: np.ndarray, out: np.ndarray) -> None:
+        clock = time.perf_counter_ns
+        errors = []
+        n = len(self.variants)
+        for j in [self.cur] + [k for k in range(n) if k != self.cur]:
+            v = self.variants[j]
+            if j != self.cur and v.state == "open" and time.monotonic() < v.retry_at:
+                continue
+            t0 = clock()
+            try:
+                ok = v.deadline.call(x, out, self.timeout_s)  # type: ignore[union-attr]
+            except Exception as exc:
+                self._record_failure(j, f"{type(exc).__name__}: {exc}")
+                errors.append(f"{v.variant}: {type(exc).__name__}: {exc}")
+                continue
+            if not ok:
+                self._record_failure(j, f"missed the {self.timeout_s * 1e6:.0f} µs deadline",
+                                     timeout=True)
+                errors.append(f"{v.variant}: deadline")
+                continue
+            v.failures = 0
+            if j == self.cur:
+                i = self._i
+                self._lat[i] = clock() - t0
+                i += 1
+                if i == self.window:
+                    self._end_window()
+                else:
+                    self._i = i
+            return
+        raise NoRouteError(f"strategy {self.strategy}: every candidate failed this request: "
+                           + "; ".join(errors))
+
+    def _end_window(self) -> None:
+        self._i = 0
+        v = self.variants[self.cur]
+        p99_ns = float(np.quantile(self._lat, 0.99))
+        p99 = p99_ns / 1e3
+        v.calls += self.window
+        v.window_p99_us.append(round(p99, 2))
+        del v.window_p99_us[:-50]
+        v.failures = 0
+        now = time.monotonic()
+        if v.state in ("probing", "open", "degraded"):  # a probe window just finished
+            if p99 <= self.budget_us:
+                v.state, v.over = "closed", 0
+                self._event("recovered", v.variant, v.variant,
+                            f"probe window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
+                            window_p99_us=round(p99, 2))
+            else:
+                v.state, v.retry_at = "degraded", now + self.probe_after_s
+                nxt = self._healthy(exclude=self.cur)
+                if nxt is not None:
+                    self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
+                                 f"{self.budget_us:g} µs", window_p99_us=round(p99, 2))
+            return
+        v.over = v.over + 1 if p99_ns > self.budget_ns else 0
+        if v.over >= self.switch_after:
+            nxt = self._healthy(exclude=self.cur)
+            if nxt is not None:
+                last = v.window_p99_us[-self.switch_after:]
+                v.state, v.retry_at, v.over = "degraded", now + self.probe_after_s, 0
+                self._switch(nxt, "re-route", f"p99 over budget {self.budget_us:g} µs for "
+                             f"{self.switch_after} consecutive windows of {self.window} calls",
+                             window_p99_us=last, budget_us=self.budget_us)
+                return
+        # A better-ranked variant due for a probe (breaker half-open, or degraded earlier)?
+        for j in range(self.cur):
+            b = self.variants[j]
+            if b.state in ("open", "degraded") and now >= b.retry_at:
+                b.state = "probing"
+                self._switch(j, "probe", f"{self.probe_after_s:g} s after it was taken out "
+                             f"(half-open): serving one window to check it")
+                return
+
+    def status(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "serving": self.serving, "budget_us": self.budget_us,
+                "variants": [v.to_dict() for v in self.variants], "events": self.events[-20:]}

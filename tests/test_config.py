@@ -1,0 +1,119 @@
+"""Strategies files: validation errors point at the line and say what is allowed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hwbackends.config import load_config, parse_config
+from hwbackends.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = """\
+[tiers.fast]
+p99_us = 100
+
+[strategies.momentum]
+model = "zoo:signal"
+tier = "fast"
+targets = ["cpu.*", "fpga.*"]
+fidelity = { corr_min = 0.999, max_abs = 1e-3 }
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "strategies.toml"
+    p.write_text(text)
+    return p
+
+
+def test_example_config_is_valid() -> None:
+    cfg = load_config(ROOT / "examples" / "strategies.toml")
+    assert set(cfg.tiers) == {"ultra", "fast", "standard"}
+    assert cfg.strategies["momentum"].fidelity.tolerance().corr_min == 0.995
+    assert cfg.router.allow_emulated is False
+
+
+def test_good_config_and_defaults(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, GOOD))
+    s = cfg.strategies["momentum"]
+    assert s.targets == ["cpu.*", "fpga.*"] and s.pin is None and s.batch_size == 1
+    assert cfg.router.window == 200 and cfg.router.bench.n == 2000
+
+
+def test_invalid_toml_has_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"strategies.toml:3: invalid TOML"):
+        load_config(_write(tmp_path, "[tiers.fast]\np99_us = 100\np99 us = 3\n"))
+
+
+def test_unknown_key_lists_allowed_keys_with_line(tmp_path: Path) -> None:
+    text = GOOD.replace('tier = "fast"', 'tier = "fast"\ntargetz = ["cpu.*"]')
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text))
+    msg = str(e.value)
+    assert "strategies.toml:7: strategies.momentum.targetz: unknown key 'targetz'" in msg
+    assert "allowed here: model, tier, targets, precisions, fidelity, pin" in msg
+
+
+def test_fidelity_key_and_value_errors(tmp_path: Path) -> None:
+    text = GOOD.replace("corr_min = 0.999", "corr = 0.999").replace("p99_us = 100", "p99_us = -5")
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text))
+    msg = str(e.value)
+    assert ":2: tiers.fast.p99_us: Input should be greater than 0 (got -5)" in msg
+    assert ":8: strategies.momentum.fidelity.corr: unknown key 'corr'; allowed here: corr_min" in msg
+
+
+def test_unknown_tier_names_defined_tiers(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r":6: strategies.momentum.tier: unknown tier 'fastt'; "
+                                          r"defined tiers: fast"):
+        load_config(_write(tmp_path, GOOD.replace('tier = "fast"', 'tier = "fastt"')))
+
+
+def test_unknown_target_and_precision(tmp_path: Path) -> None:
+    text = GOOD.replace('["cpu.*", "fpga.*"]', '["cpu.litrt"]')
+    with pytest.raises(ConfigError, match=r":7: .*unknown target 'cpu.litrt'; registered: .*cpu.litert"):
+        load_config(_write(tmp_path, text))
+    text = GOOD.replace('["cpu.*", "fpga.*"]', '["nothing.*"]')
+    with pytest.raises(ConfigError, match="match no registered target"):
+        load_config(_write(tmp_path, text))
+    text = GOOD.replace('targets = ["cpu.*", "fpga.*"]', 'targets = ["cpu.onnxruntime"]\nprecisions = ["fp16"]')
+    with pytest.raises(ConfigError, match=r"precision 'fp16' is offered by none of cpu.onnxruntime; "
+                                          r"they offer fp32, int8"):
+        load_config(_write(tmp_path, text))
+
+
+def test_pin_errors(tmp_path: Path) -> None:
+    for pin, want in (("litert", "pin must be 'target:precision'"),
+                      ("cpu.litert:int4", "cpu.litert offers precisions fp32"),
+                      ("ref:fp32", "not in this strategy's targets"),
+                      ("gpu.nope:fp32", "unknown target 'gpu.nope'")):
+        text = GOOD + f'pin = "{pin}"\n'
+        with pytest.raises(ConfigError, match=want):
+            load_config(_write(tmp_path, text))
+    load_config(_write(tmp_path, GOOD + 'pin = "cpu.litert:int8"\n'))
+
+
+def test_model_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r":5: strategies.momentum.model: model file .*nope.keras "
+                                          r"does not exist"):
+        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "models/nope.keras")))
+    with pytest.raises(ConfigError, match="no zoo model 'signl'; zoo models: zoo:mlp"):
+        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "zoo:signl")))
+
+
+def test_missing_sections_and_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tiers: missing required key 'tiers'"):
+        parse_config("[strategies.a]\nmodel='zoo:signal'\ntier='x'\n")
+    with pytest.raises(ConfigError, match="does not exist; see examples/strategies.toml"):
+        load_config(tmp_path / "none.toml")
+
+
+def test_cli_check(tmp_path: Path, capsys) -> None:
+    from hwbackends.cli import main
+
+    assert main(["route", str(_write(tmp_path, GOOD)), "--check"]) == 0
+    assert "valid (1 tiers, 1 strategies)" in capsys.readouterr().out
+    assert main(["route", str(_write(tmp_path, GOOD.replace("fast\"", "slow\""))), "--check"]) == 1
+    assert "unknown tier 'slow'" in capsys.readouterr().err
