@@ -39,6 +39,7 @@ class Router:
         self.decisions = decisions
         self.events: list[dict[str, Any]] = []
         self._lanes: dict[str, Lane] = {}
+        self._handles: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {}
         for name, d in decisions.items():
             if not d.order:
                 continue
@@ -48,6 +49,7 @@ class Router:
                                      switch_after=r.switch_after, probe_after_s=r.probe_after_s,
                                      breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
                                      on_event=self.events.append)
+            self._handles[name] = self._lanes[name].predict_into
 
     @classmethod
     def from_config(cls, path: str | Path, *, store: Any = None, registry: Any = None,
@@ -104,7 +106,12 @@ class Router:
 
     def predict_into(self, name: str, x: np.ndarray, out: np.ndarray) -> None:
         """Hot path: ``x`` of shape ``(batch_size, *input)`` float32, ``out`` preallocated."""
-        self._lanes[name].predict_into(x, out) if name in self._lanes else self._lane(name)
+        try:
+            h = self._handles[name]
+        except KeyError:
+            self._lane(name)  # raises the explanation
+            raise
+        h(x, out)
 
     def predict(self, name: str, x: Any) -> np.ndarray:
         """Validated, allocating predict (one sample or a batch) through the lane."""

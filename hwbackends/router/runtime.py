@@ -136,26 +136,41 @@ class Lane:
                                        cm.output.batched(cm.batch_size), v.variant)
         self.cur = 0
         self.fn = self.variants[0].fn
-        self._lat = [0] * window
-        self._i = 0
-        # The hot path is chosen once: the bound method callers keep (Router.handle).
-        self.predict_into = self._deadline_call if self.timeout_s is not None else self._direct
+        self._lat: list[int] = []  # this window's latencies (ns) of the serving variant
+        self._set_fn: Callable[[Callable[..., None]], None] = lambda f: None
+        # The hot path is chosen once: the callable callers keep (Router.handle).
+        self.predict_into = (self._deadline_call if self.timeout_s is not None
+                             else self._build_direct())
 
     # -- hot path ---------------------------------------------------------------------------
-    def _direct(self, x: np.ndarray, out: np.ndarray, _clock: Callable[[], int] = time.perf_counter_ns) -> None:
-        t0 = _clock()
-        try:
-            self.fn(x, out)
-        except Exception as exc:
-            self._failover(x, out, exc)
-            return
-        i = self._i
-        self._lat[i] = _clock() - t0
-        i += 1
-        if i == self.window:
-            self._end_window()
-        else:
-            self._i = i
+    def _build_direct(self) -> Callable[[np.ndarray, np.ndarray], None]:
+        """The hot path as a closure: free variables load faster than attributes and there is
+        no bound-method object per call. ``_set_fn`` (same scope) swaps the serving variant."""
+        clock = time.perf_counter_ns
+        lat = self._lat
+        append = lat.append
+        window = self.window
+        failover = self._failover
+        end_window = self._end_window
+        fn = self.fn
+
+        def predict_into(x: np.ndarray, out: np.ndarray) -> None:
+            t0 = clock()
+            try:
+                fn(x, out)
+            except Exception as exc:
+                failover(x, out, exc)
+                return
+            append(clock() - t0)
+            if len(lat) >= window:
+                end_window()
+
+        def set_fn(new: Callable[[np.ndarray, np.ndarray], None]) -> None:
+            nonlocal fn
+            fn = new
+
+        self._set_fn = set_fn
+        return predict_into
 
     # -- slow paths -------------------------------------------------------------------------
     @property
@@ -175,7 +190,8 @@ class Lane:
         frm = self.variants[self.cur].variant
         self.cur = to
         self.fn = self.variants[to].fn
-        self._i = 0  # the window restarts with the new variant's own calls
+        self._set_fn(self.fn)
+        self._lat.clear()  # the window restarts with the new variant's own calls
         self._event(kind, frm, self.variants[to].variant, why, **numbers)
 
     def _healthy(self, exclude: int) -> int | None:
@@ -245,21 +261,17 @@ class Lane:
                 continue
             v.failures = 0
             if j == self.cur:
-                i = self._i
-                self._lat[i] = clock() - t0
-                i += 1
-                if i == self.window:
+                self._lat.append(clock() - t0)
+                if len(self._lat) >= self.window:
                     self._end_window()
-                else:
-                    self._i = i
             return
         raise NoRouteError(f"strategy {self.strategy}: every candidate failed this request: "
                            + "; ".join(errors))
 
     def _end_window(self) -> None:
-        self._i = 0
         v = self.variants[self.cur]
         p99_ns = float(np.quantile(self._lat, 0.99))
+        self._lat.clear()
         p99 = p99_ns / 1e3
         v.calls += self.window
         v.window_p99_us.append(round(p99, 2))
