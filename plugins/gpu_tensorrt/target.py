@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
+from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -181,6 +181,7 @@ class TensorRTExecutor:
         rt = self._rt = cudart()
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self._logger)
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
@@ -240,6 +241,8 @@ class TensorRTExecutor:
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
+            if x.shape != self._xshape or out.shape != self._yshape:
+                raise InputError("shape")  # numpy would broadcast a smaller batch silently
             self._hx[...] = x
             self._run()
             out[...] = self._hy

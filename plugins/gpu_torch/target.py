@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
+from hwbackends.errors import InputError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -55,6 +55,7 @@ class TorchCudaExecutor:
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
         self.device = torch.device(device)
         dtype = torch.float16 if precision == "fp16" else torch.float32
         module = torch.export.load(str(path)).module().to(self.device)
@@ -111,6 +112,8 @@ class TorchCudaExecutor:
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
+            if x.shape != self._xshape or out.shape != self._yshape:
+                raise InputError("shape")  # numpy would broadcast a smaller batch silently
             self._hx[...] = x
             self._copy_in(self._hx_t, non_blocking=True)
             self._replay()

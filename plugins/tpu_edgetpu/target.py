@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
+from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -124,6 +124,7 @@ class EdgeTpuExecutor:
         self.interpreter.allocate_tensors()
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
         idet = self.interpreter.get_input_details()[0]
         odet = self.interpreter.get_output_details()[0]
         self._in = self.interpreter.tensor(idet["index"])()
@@ -139,6 +140,8 @@ class EdgeTpuExecutor:
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
+            if x.shape != self._xshape or out.shape != self._yshape:
+                raise InputError("shape")  # numpy would broadcast a smaller batch silently
             self._in[...] = x
             self._invoke()
             out[...] = self._out
@@ -148,6 +151,8 @@ class EdgeTpuExecutor:
 
     def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
+            if x.shape != self._xshape or out.shape != self._yshape:
+                raise InputError("shape")
             f = self._f
             np.multiply(x, self._inv_scale_in, out=f)
             np.rint(f, out=f)

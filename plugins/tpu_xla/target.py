@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
+from hwbackends.errors import InputError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -75,12 +75,15 @@ class XlaExecutor:
         self.platform = self.device.platform
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._yshape = out.batched(batch)
         spec = jax.ShapeDtypeStruct(inp.batched(batch), np.float32)
         self.compiled = jax.jit(exported.call).lower(spec).compile()
         self._call = self.compiled
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         try:
+            if out.shape != self._yshape:
+                raise InputError("shape")  # numpy would broadcast into a larger out silently
             out[...] = self._call(x)
         except Exception:
             check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
