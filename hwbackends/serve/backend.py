@@ -1,0 +1,91 @@
+"""What the serving engine runs: anything with ``predict_into(x, out)``, input/output specs
+and a batch size (a :class:`~hwbackends.compiled.CompiledModel`, or a router strategy through
+:class:`RouterStrategy`). Duck typing keeps the engine independent of the router's classes."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..specs import TensorSpec
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The engine's view of a compiled variant. Optional extras it uses when present:
+    ``variant`` (a label), ``static_batch`` (False: any batch size works), ``warmup(n)``,
+    ``close()``, ``failovers()``."""
+
+    batch_size: int
+    input: TensorSpec
+    output: TensorSpec
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None: ...
+
+
+def check_backend(obj: Any) -> Any:
+    """``obj`` if it quacks like a :class:`Backend`, else a :class:`ConfigError` naming what lacks."""
+    missing = [a for a in ("predict_into", "input", "output", "batch_size") if not hasattr(obj, a)]
+    if missing:
+        raise ConfigError(f"{type(obj).__name__} cannot be served: it lacks {', '.join(missing)}; "
+                          f"pass a CompiledModel (hwb.compile(...)), a RouterStrategy(router, name) "
+                          f"or an object with predict_into(x, out), input, output and batch_size")
+    return obj
+
+
+def label(backend: Any) -> str:
+    """The variant label metrics and logs use."""
+    return str(getattr(backend, "variant", None) or type(backend).__name__)
+
+
+class RouterStrategy:
+    """One strategy of a :class:`~hwbackends.router.Router` as a serving backend: the lane's
+    hot-path callable (dispatch, failover, breakers, re-routing stay the router's job)."""
+
+    def __init__(self, router: Any, name: str):
+        self.router = router
+        self.name = name
+        lane = router._lane(name)  # raises the router's own clear error for unknown strategies
+        self._lane = lane
+        cm = lane.cms[0]
+        self.input: TensorSpec = cm.input
+        self.output: TensorSpec = cm.output
+        self.batch_size: int = cm.batch_size
+        # Every candidate of a lane is compiled at the same batch size (the router's plan).
+        self.static_batch = True
+        self.predict_into: Callable[[np.ndarray, np.ndarray], None] = router.handle(name)
+
+    @property
+    def variant(self) -> str:
+        return f"router:{self.name}→{self._lane.serving}"
+
+    def failovers(self) -> int:
+        """Calls a candidate failed or timed out on (each one was served by the next)."""
+        return sum(v.errors + v.timeouts for v in self._lane.variants)
+
+    def warmup(self, n: int = 20) -> None:
+        for cm in self._lane.cms:
+            cm.warmup(n)
+
+
+def compile_batch_variants(model: Any, target: str, precision: str | None = None,
+                           sizes: Sequence[int] = (1,), **kw: Any) -> dict[int, Any]:
+    """One compiled variant per allowed batch size (static-batch targets such as LiteRT fix the
+    batch at compile time; TF Serving's ``allowed_batch_sizes`` needs one program per size)."""
+    import hwbackends as hwb
+
+    return {int(s): hwb.compile(model, target, precision, batch_size=int(s), **kw) for s in sizes}
+
+
+def normalise(backends: Any) -> dict[int, Any] | Any:
+    """A single backend, or ``{batch_size: backend}`` from a mapping or a sequence."""
+    if isinstance(backends, Mapping):
+        out = {int(k): check_backend(v) for k, v in backends.items()}
+    elif isinstance(backends, (list, tuple)):
+        out = {int(b.batch_size): check_backend(b) for b in backends}
+    else:
+        return check_backend(backends)
+    if not out:
+        raise ConfigError("no backend given to serve")
+    return out

@@ -1,0 +1,105 @@
+"""Inference cache: identical feature vectors recur (several strategies on one tick,
+overlapping windows), so an LRU keyed by a fast hash of the feature bytes and the model
+version can skip the model. Off by default; bounded by entries *and* bytes.
+
+The key is a 128-bit digest (xxh3_128 when ``xxhash`` is installed, else BLAKE2b-128 from
+the standard library) of the raw float32 bytes, so equal arrays hit and any change of one bit
+misses; the model version is part of the key so a swap never serves the old model's outputs.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def _hasher() -> tuple[str, Callable[[bytes | memoryview], bytes]]:
+    if importlib.util.find_spec("xxhash") is not None:
+        import xxhash
+
+        return "xxh3_128", lambda b: xxhash.xxh3_128_digest(b)
+    return "blake2b-128", lambda b: hashlib.blake2b(b, digest_size=16).digest()
+
+
+HASH_NAME, _digest = _hasher()
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    max_entries: int
+    max_bytes: int
+    hash: str = HASH_NAME
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class InferenceCache:
+    """Thread-safe LRU of output arrays (stored read-only, returned as the same object)."""
+
+    def __init__(self, max_entries: int = 10_000, max_bytes: int = 16 << 20):
+        if max_entries < 1 or max_bytes < 1:
+            raise ConfigError(f"cache bounds must be ≥ 1 (max_entries={max_entries}, "
+                              f"max_bytes={max_bytes}); leave the cache off instead")
+        self.max_entries = int(max_entries)
+        self.max_bytes = int(max_bytes)
+        self._d: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    @staticmethod
+    def key(x: np.ndarray, version: int) -> bytes:
+        # x is C-contiguous float32 (validated); memoryview avoids a copy of the bytes.
+        return version.to_bytes(8, "little") + _digest(memoryview(x).cast("B"))
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        with self._lock:
+            y = self._d.get(key)
+            if y is None:
+                self.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.hits += 1
+            return y
+
+    def put(self, key: bytes, y: np.ndarray) -> None:
+        size = y.nbytes + len(key) + 100  # + the dict entry's overhead, roughly
+        if size > self.max_bytes:
+            return
+        y = np.array(y, dtype=np.float32, copy=True)
+        y.flags.writeable = False  # a hit hands out this object: nobody may change it
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes + len(key) + 100
+            self._d[key] = y
+            self._bytes += size
+            while len(self._d) > self.max_entries or self._bytes > self.max_bytes:
+                k, v = self._d.popitem(last=False)
+                self._bytes -= v.nbytes + len(k) + 100
+                self.evictions += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._bytes = 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(len(self._d), self._bytes, self.hits, self.misses, self.evictions,
+                              self.max_entries, self.max_bytes)

@@ -1,0 +1,190 @@
+"""Model versions, background swap with shadow validation, and rollback.
+
+``Engine.swap(new)`` runs :func:`run_swap` in a background thread:
+
+1. **build** the new version (a factory such as ``lambda: hwb.compile(...)`` runs here; the
+   compile itself already runs in the isolated worker *process*, whose priority is lowered with
+   ``os.setpriority`` for the duration, and this thread lowers its own nice value — Linux
+   nice values are per thread — so the serving thread keeps its CPU share);
+2. **warm** every batch slot of the new version;
+3. **shadow**: the serving thread copies the next ``shadow_samples`` live inputs and the
+   serving version's outputs into a ring (a copy, no extra model call on the hot path); this
+   thread runs the new version on exactly those inputs and compares with
+   :func:`~hwbackends.fidelity.compare` against the tolerance;
+4. **switch** atomically (one reference assignment the serving thread reads once per batch)
+   only if it passes; the old version stays for :meth:`Engine.rollback`.
+
+A request is never lost: batches in flight finish on the version they started with.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import HwbError
+from ..fidelity import Fidelity, Tolerance, compare
+from .backend import label, normalise
+from .batching import BatchPlan, BatchPolicy
+
+log = logging.getLogger("hwbackends.serve")
+
+
+class SwapError(HwbError):
+    """A swap or rollback cannot run (another is in progress, nothing to roll back to)."""
+
+
+@dataclass
+class Version:
+    """One model version an engine can serve."""
+
+    number: int
+    plan: BatchPlan
+    source: str
+    created: float = field(default_factory=time.time)
+
+    @property
+    def variant(self) -> str:
+        return self.plan.variant
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.number, "variant": self.variant, "source": self.source,
+                "batch_sizes": self.plan.sizes, "created": self.created}
+
+
+@dataclass
+class SwapResult:
+    accepted: bool
+    version: int | None          # the new version's number (None when it never built)
+    serving: int                 # the version serving after the swap
+    reason: str
+    fidelity: Fidelity | None = None
+    violations: list[str] = field(default_factory=list)
+    shadow_samples: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "version": self.version, "serving": self.serving,
+                "reason": self.reason, "violations": self.violations,
+                "fidelity": self.fidelity.to_dict() if self.fidelity else None,
+                "shadow_samples": self.shadow_samples, "seconds": self.seconds}
+
+
+class ShadowCollector:
+    """Live inputs and the serving version's outputs, copied by the serving thread."""
+
+    def __init__(self, version: int, n: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
+        self.version = version
+        self.n = n
+        self.x = np.empty((n, *in_shape), np.float32)
+        self.y = np.empty((n, *out_shape), np.float32)
+        self.k = 0
+        self.full = threading.Event()
+
+    def offer(self, version: int, x_rows: np.ndarray, y_rows: np.ndarray) -> None:
+        """Serving thread only (single writer)."""
+        if version != self.version or self.k >= self.n:
+            return
+        m = min(len(x_rows), self.n - self.k)
+        self.x[self.k:self.k + m] = x_rows[:m]
+        self.y[self.k:self.k + m] = y_rows[:m]
+        self.k += m
+        if self.k >= self.n:
+            self.full.set()
+
+
+def lower_priority(nice: int = 10) -> Callable[[], None]:
+    """Lower this thread's and the compile worker process's CPU priority; returns the undo.
+    Linux applies ``setpriority(PRIO_PROCESS, tid)`` to one thread only."""
+    undo: list[Callable[[], None]] = []
+    try:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, before + nice)
+        undo.append(lambda: os.setpriority(os.PRIO_PROCESS, tid, before))
+    except (OSError, AttributeError) as exc:  # not Linux, or not permitted: carry on, slower
+        log.info("could not lower the swap thread's priority: %s", exc)
+    try:
+        from .. import isolate
+
+        w = isolate.worker()
+        w.run(os.setpriority, os.PRIO_PROCESS, 0, nice, timeout=30, what="lowering the compile "
+              "worker's priority")
+        undo.append(lambda: w.run(os.setpriority, os.PRIO_PROCESS, 0, 0, timeout=30,
+                                  what="restoring the compile worker's priority"))
+    except Exception as exc:
+        log.info("could not lower the compile worker's priority: %s", exc)
+
+    def restore() -> None:
+        for u in reversed(undo):
+            try:
+                u()
+            except Exception as exc:  # raising a nice value back needs privileges
+                log.info("priority not restored (%s); it stays lowered", exc)
+    return restore
+
+
+def run_swap(engine: Any, new: Any, *, tolerance: Tolerance | None, shadow_samples: int,
+             shadow_timeout_s: float, warmup: int, policy: BatchPolicy, nice: int = 10) -> SwapResult:
+    """The background half of :meth:`Engine.swap` (see the module docstring)."""
+    t: dict[str, float] = {}
+    active = engine._active
+    restore = lower_priority(nice) if nice else (lambda: None)
+    t0 = time.perf_counter()
+    try:
+        backends = new() if callable(new) and not hasattr(new, "predict_into") else new
+        plan = BatchPlan(normalise(backends), policy)
+    except Exception as exc:
+        return SwapResult(False, None, active.number, f"the new version failed to build: "
+                          f"{type(exc).__name__}: {exc}")
+    finally:
+        restore()
+    t["build_s"] = time.perf_counter() - t0
+    if plan.input.shape != active.plan.input.shape or plan.output.shape != active.plan.output.shape:
+        return SwapResult(False, None, active.number,
+                          f"the new version takes {plan.input.shape} → {plan.output.shape}; the "
+                          f"serving one {active.plan.input.shape} → {active.plan.output.shape}")
+    number = engine._next_version()
+    version = Version(number, plan, label(plan.slots[0].backend))
+    t0 = time.perf_counter()
+    plan.warmup(warmup)
+    t["warmup_s"] = time.perf_counter() - t0
+
+    fid: Fidelity | None = None
+    violations: list[str] = []
+    got = 0
+    if tolerance is not None and shadow_samples > 0:
+        t0 = time.perf_counter()
+        sh = ShadowCollector(active.number, shadow_samples, plan.input.shape, plan.output.shape)
+        engine._shadow = sh
+        sh.full.wait(shadow_timeout_s)
+        engine._shadow = None
+        got = sh.k
+        if got < min(shadow_samples, 16):
+            engine.metrics.swap("rejected")
+            return SwapResult(False, number, engine._active.number,
+                              f"shadow saw {got} live request(s) in {shadow_timeout_s:g} s (need "
+                              f"{min(shadow_samples, 16)}); swap when traffic flows, or pass "
+                              f"tolerance=None to switch without shadow validation", shadow_samples=got)
+        ny = np.empty_like(sh.y[:got])
+
+        def take(start: int, _x: np.ndarray, y: np.ndarray) -> None:
+            ny[start:start + len(y)] = y
+        plan.run([sh.x[i] for i in range(got)], take)
+        fid = compare(sh.y[:got], ny)
+        violations = tolerance.violations(fid)
+        t["shadow_s"] = time.perf_counter() - t0
+        if violations:
+            engine.metrics.swap("rejected")
+            return SwapResult(False, number, engine._active.number,
+                              f"shadow comparison against version {active.number} failed: "
+                              f"{'; '.join(violations)}", fid, violations, got, t)
+    # The switch: one reference assignment; in-flight batches finish on the old version.
+    engine._install(version)
+    return SwapResult(True, number, number, "accepted" + ("" if fid else " without shadow validation"),
+                      fid, [], got, t)

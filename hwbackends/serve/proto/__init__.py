@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf modules for hwbackends.serve (regenerate: python -m hwbackends.serve.proto.build)."""
