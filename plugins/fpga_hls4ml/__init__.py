@@ -1,0 +1,16 @@
+"""``fpga.hls4ml``: hls4ml HLS designs for FPGAs.
+
+Without a board the design runs as hls4ml's bit-accurate C-simulation, built once with g++
+and cached in the artifact store (mode *emulated*). Precisions: ``auto`` (default: per-layer
+fixed-point types that meet a fidelity target on calibration data, as narrow as it allows)
+or any explicit ``ap_fixed<W,I>``. See docs/targets-fpga.md."""
+from __future__ import annotations
+
+from hwbackends import hookimpl
+
+from .target import Hls4mlTarget
+
+
+@hookimpl
+def hwb_targets():
+    return [Hls4mlTarget()]

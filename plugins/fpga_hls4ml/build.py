@@ -1,0 +1,132 @@
+"""Build hls4ml's C++ project into a C-simulation shared library with g++.
+
+hls4ml's own ``build_lib.sh`` bakes the absolute path of the project's ``firmware/weights``
+into the library (``-D WEIGHTS_DIR=...``), so a library copied into the artifact store would
+read its weights from a directory that no longer exists. We therefore run the same g++
+commands (same flags: ``-O3 -fPIC``, the newest ``-std`` the compiler takes,
+``-fno-gnu-unique``) with two differences:
+
+* ``WEIGHTS_DIR`` expands to a call, ``hwb_weights_dir()``, whose value the loader sets with
+  ``hwb_set_weights_dir()`` right after ``dlopen`` (hls4ml reads the weights once, on the
+  first call). Weights travel as hls4ml's ``.txt`` files: compiling them in as C++ headers
+  takes ~60 s per build instead of ~4 s on this machine's 2 cores (measured), which matters
+  because the automatic precision search builds several candidates.
+* the bridge gets ``hwb_predict_batch(x, y, n)``: a C loop over samples around hls4ml's own
+  ``myproject_float`` entry point, so the hot path is one ctypes call for any batch size.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hwbackends.errors import CompileError, UnavailableError
+
+#: Declaration g++ force-includes (``-include``) so that ``WEIGHTS_DIR`` can be a call.
+WEIGHTS_HEADER = 'extern "C" const char *hwb_weights_dir();\n'
+
+BRIDGE_EXTRA = r"""
+// ---- added by hwbackends (plugins/fpga_hls4ml/build.py) --------------------------------
+#include <cstring>
+static char hwb_weights_dir_buf[4096] = "weights";
+extern "C" {
+const char *hwb_weights_dir() { return hwb_weights_dir_buf; }
+void hwb_set_weights_dir(const char *d) {
+    std::strncpy(hwb_weights_dir_buf, d, sizeof(hwb_weights_dir_buf) - 1);
+    hwb_weights_dir_buf[sizeof(hwb_weights_dir_buf) - 1] = '\0';
+}
+int hwb_n_in() { return %(n_in)d; }
+int hwb_n_out() { return %(n_out)d; }
+// One call per batch: the per-sample loop runs in C, not in Python (hls4ml's predict loops
+// in Python and allocates per sample).
+void hwb_predict_batch(float *x, float *y, long n) {
+    for (long i = 0; i < n; ++i) %(fn)s_float(x + i * %(n_in)d, y + i * %(n_out)d);
+}
+}
+"""
+
+
+@dataclass(frozen=True)
+class BuiltLib:
+    """A built C-sim library and where its weights are."""
+
+    lib: Path
+    weights_dir: Path
+    seconds: float
+
+
+def gxx() -> str | None:
+    return os.environ.get("HWB_CXX") or shutil.which("g++")
+
+
+@functools.lru_cache(maxsize=None)
+def gxx_version() -> str:
+    cc = gxx()
+    if not cc:
+        return ""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.splitlines()[0].strip() if out else ""
+
+
+@functools.lru_cache(maxsize=None)
+def _flags(cc: str) -> tuple[str, ...]:
+    """hls4ml's build_lib.sh flags: -O3 -fPIC, -std=c++23 if accepted, -fno-gnu-unique if accepted."""
+    def accepts(flag: str) -> bool:
+        r = subprocess.run([cc, "-Werror", "-fsyntax-only", flag, "-xc++", "-", "-o", "/dev/null"],
+                           input="", capture_output=True, text=True)
+        return r.returncode == 0
+    flags = ["-O3", "-fPIC", "-std=c++23" if accepts("-std=c++23") else "-std=c++11"]
+    if accepts("-fno-gnu-unique"):
+        flags.append("-fno-gnu-unique")
+    return tuple(flags)
+
+
+def patch_bridge(project: Path, name: str, n_in: int, n_out: int) -> None:
+    """Append the hwbackends entry points to hls4ml's generated bridge (idempotent)."""
+    bridge = project / f"{name}_bridge.cpp"
+    text = bridge.read_text()
+    marker = "// ---- added by hwbackends"
+    if marker in text:
+        text = text[:text.index(marker)]
+    bridge.write_text(text + BRIDGE_EXTRA % {"n_in": n_in, "n_out": n_out, "fn": name})
+    (project / "hwb_weights_dir.h").write_text(WEIGHTS_HEADER)
+
+
+def build(project: Path, name: str, tag: str) -> BuiltLib:
+    """Compile ``project`` (written by hls4ml, bridge patched) into ``firmware/<name>-<tag>.so``.
+
+    Both translation units compile in parallel (the machine has 2 cores). Runs inside the
+    isolated compile worker: a timeout kills the worker's process group, g++ included."""
+    cc = gxx()
+    if not cc:
+        raise UnavailableError("g++ not found on PATH: hls4ml's C-simulation needs a C++ compiler "
+                               "(apt-get install g++, or set HWB_CXX)")
+    common = [cc, *_flags(cc), "-Ifirmware/ap_types/", "-include", "hwb_weights_dir.h",
+              "-DWEIGHTS_DIR=hwb_weights_dir()"]
+    t0 = time.perf_counter()
+    objs = [f"{name}.hwb.o", f"{name}_bridge.hwb.o"]
+    srcs = [f"firmware/{name}.cpp", f"{name}_bridge.cpp"]
+    procs = [subprocess.Popen([*common, "-c", s, "-o", o], cwd=project, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for s, o in zip(srcs, objs)]
+    logs = [p.communicate()[0] for p in procs]
+    for p, s, log in zip(procs, srcs, logs):
+        if p.returncode != 0:
+            errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()[-20:]
+            raise CompileError(f"g++ failed on hls4ml's {s} (exit {p.returncode}):\n"
+                               + "\n".join(errors[:15])[:3000], log=log)
+    lib = project / "firmware" / f"{name}-{tag}.so"
+    r = subprocess.run([*common, "-shared", *objs, "-o", str(lib)], cwd=project,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise CompileError(f"linking the C-sim library failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}",
+                           log=r.stderr)
+    for o in objs:
+        (project / o).unlink(missing_ok=True)
+    return BuiltLib(lib, project / "firmware" / "weights", time.perf_counter() - t0)

@@ -1,0 +1,306 @@
+"""Automatic fixed-point precision (``precision="auto"``) for hls4ml designs.
+
+Method (documented with results in docs/targets-fpga.md):
+
+1. **Ranges.** Convert at a wide precision with tracing on every layer and run the
+   calibration data through hls4ml's own ``ModelGraph.trace`` (C-simulation): the maximum
+   magnitude of every layer's output, as hls4ml's graph computes it (split activations,
+   fused layers and all). Weight ranges come from the converted graph's weight arrays.
+2. **Integer bits per tensor** from its range (+1 bit of headroom for results, because
+   validation data can exceed calibration data; results saturate instead of wrapping).
+   Non-negative results (ReLU) use ``ufixed`` and save the sign bit. Recurrent layers keep
+   ≥ 4 integer bits: their cell state (typed as the result in hls4ml's LSTM) outgrows the
+   output, which tanh bounds.
+3. **Fractional bits**: one number ``f`` shared by all weights and results (width = integer
+   bits + f per tensor), chosen as the smallest ``f`` whose C-simulation meets the
+   fidelity target on the calibration data. The search starts from a guess derived from the
+   target's error budget and gallops/bisects, assuming fidelity is monotone in ``f``; every
+   probe is one g++ build (~4–8 s), so the search is a handful of builds.
+   Activation tables of sigmoid/tanh layers grow with ``f`` (size and precision): their
+   resolution, not the data types, limits an LSTM's accuracy.
+4. Accumulators stay ``auto``: hls4ml infers exact ones from the operand types.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from hwbackends.fidelity import Fidelity, Tolerance, compare
+
+F_MIN, F_MAX = 2, 24
+WEIGHT_KEYS = ("weight", "bias", "recurrent_weight", "recurrent_bias")
+RECURRENT = ("LSTM", "GRU", "SimpleRNN")
+TABLE_ACTIVATIONS = ("sigmoid", "tanh", "hard_sigmoid", "softsign", "elu", "selu", "softplus")
+TRACE_PRECISION = "fixed<40,20>"
+#: Error budgets the calibration data must meet, as a share of the target's (see tolerance()).
+SEARCH_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class FidelityTarget:
+    """What ``auto`` must meet on the calibration data (option ``fidelity``)."""
+
+    corr_min: float = 0.999
+    rel_err: float = 0.01
+    sign_min: float = 0.995
+    argmax_min: float = 0.995
+
+    @classmethod
+    def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
+        from hwbackends.errors import UnsupportedError
+        d = dict(d or {})
+        bad = sorted(set(d) - set(cls.__dataclass_fields__))
+        if bad:
+            raise UnsupportedError(f"option fidelity has unknown key(s) {', '.join(bad)}; known: "
+                                   f"{', '.join(cls.__dataclass_fields__)}")
+        return cls(**{k: float(v) for k, v in d.items()})
+
+    def tolerance(self, margin: float = 1.0) -> Tolerance:
+        """The target as a :class:`Tolerance`; ``margin`` < 1 tightens the error budgets (the
+        search uses 0.5 on calibration data so that unseen validation data still passes:
+        one more fractional bit roughly halves the error)."""
+        return Tolerance(corr_min=1 - (1 - self.corr_min) * margin, rel_err=self.rel_err * margin,
+                         sign_min=self.sign_min, argmax_min=self.argmax_min)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class Probe:
+    """One candidate design the search built and measured."""
+
+    frac_bits: int
+    fidelity: dict[str, Any]
+    violations: list[str]
+    build_seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+@dataclass
+class Ranges:
+    """Per-layer value ranges seen on the calibration data."""
+
+    results: dict[str, tuple[float, float]] = field(default_factory=dict)
+    weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict)
+    activations: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
+
+
+def int_bits(maxabs: float, signed: bool = True, headroom: int = 0) -> int:
+    """Integer bits (sign included when ``signed``) that hold ±``maxabs``."""
+    if not maxabs > 0 or not math.isfinite(maxabs):
+        return 1
+    bits = math.floor(math.log2(maxabs)) + 1 + headroom + (1 if signed else 0)
+    return max(1, bits)
+
+
+def fixed(integer: int, frac: int, signed: bool = True, quant: str = "RND", ovf: str = "SAT") -> str:
+    kind = "fixed" if signed else "ufixed"
+    return f"{kind}<{integer + frac},{integer},{quant},{ovf}>"
+
+
+def measure_ranges(hmodel: Any, x: np.ndarray) -> Ranges:
+    """Trace ``hmodel`` (converted at a wide precision, every layer traced) on ``x``."""
+    _, trace = hmodel.trace(np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32))
+    r = Ranges()
+    for layer in hmodel.get_layers():
+        r.classes[layer.name] = layer.class_name
+        shape = layer.get_output_variable().shape
+        r.sizes[layer.name] = int(shape[-1]) if len(shape) else 1
+        if layer.inputs:
+            r.inputs[layer.name] = _producer(hmodel, layer.inputs[0])
+        act = layer.get_attr("activation")
+        if isinstance(act, str):
+            r.activations[layer.name] = act.lower()
+        if layer.class_name == "Input":
+            r.results[layer.name] = (float(x.min()), float(x.max()))
+        elif layer.name in trace:
+            t = np.asarray(trace[layer.name], dtype=np.float64)
+            r.results[layer.name] = (float(t.min()), float(t.max()))
+        ws = {}
+        for key, w in layer.weights.items():
+            data = getattr(w, "data_unquantized", None)
+            data = w.data if data is None else data
+            ws[key] = float(np.max(np.abs(data))) if np.size(data) else 0.0
+        if ws:
+            r.weights[layer.name] = ws
+    return r
+
+
+def _producer(hmodel: Any, tensor: str) -> str:
+    """The name of the layer whose output is ``tensor``."""
+    for layer in hmodel.get_layers():
+        if tensor in layer.outputs:
+            return layer.name
+    return tensor
+
+
+def table_size(f: int) -> int:
+    """hls4ml's sigmoid/tanh tables cover [-8, 8): a step below 2^-f needs 16·2^f entries;
+    we stay 2 bits coarser (the tables' slope is ≤ 1) and keep hls4ml's 1024 as the floor."""
+    return int(min(65536, max(1024, 2 ** (f + 2))))
+
+
+def assign(cfg: dict[str, Any], ranges: Ranges, f: int) -> dict[str, Any]:
+    """A copy of hls4ml's per-layer config with the types for fractional bits ``f``."""
+    import copy
+    out = copy.deepcopy(cfg)
+    for name, lc in out.get("LayerName", {}).items():
+        prec = lc.get("Precision")
+        if not isinstance(prec, dict):
+            continue
+        cls = ranges.classes.get(name, "")
+        if "result" in prec and name in ranges.results:
+            lo, hi = ranges.results[name]
+            signed = lo < 0
+            i = int_bits(max(abs(lo), abs(hi)), signed, headroom=1)
+            if any(r in cls for r in RECURRENT):
+                i, signed = max(i, 4), True
+            prec["result"] = fixed(i, f, signed)
+        for key in WEIGHT_KEYS:
+            if key in prec and key in ranges.weights.get(name, {}):
+                prec[key] = fixed(int_bits(ranges.weights[name][key]), f)
+        recurrent = any(r in cls for r in RECURRENT)
+        if cls == "Softmax":
+            _softmax(prec, lc, ranges, name, f)
+            continue
+        if "table" in prec and (recurrent or ranges.activations.get(name) in TABLE_ACTIVATIONS):
+            # Values of sigmoid/tanh are within (-1, 1): 2 integer bits suffice.
+            prec["table"] = fixed(2, max(f + 2, 16), True, "RND", "SAT")
+            lc["TableSize"] = table_size(f)
+    _unify_recurrent(out, ranges, f)
+    return out
+
+
+def _unify_recurrent(cfg: dict[str, Any], ranges: Ranges, f: int) -> None:
+    """hls4ml's io_parallel LSTM/GRU feed the hidden state (result type) back through the
+    kernel written for the input type, and pass accumulators as results (nnet_recurrent.h):
+    input, result and accumulator must be one type. Use the widest integer part of the three."""
+    layers = cfg.get("LayerName", {})
+    for name, cls in ranges.classes.items():
+        if not any(r in cls for r in RECURRENT) or name not in layers:
+            continue
+        src = ranges.inputs.get(name)
+        group = [layers[name]["Precision"]] + ([layers[src]["Precision"]] if src in layers else [])
+        i = 4
+        for prec in group:
+            m = re.match(r"u?fixed<(\d+),(-?\d+)", str(prec.get("result", "")))
+            if m:
+                i = max(i, int(m.group(2)))
+        typ = fixed(i, f, True)
+        for prec in group:
+            prec["result"] = typ
+        if "accum" in layers[name]["Precision"]:
+            layers[name]["Precision"]["accum"] = typ
+
+
+def _softmax(prec: dict[str, Any], lc: dict[str, Any], ranges: Ranges, name: str, f: int) -> None:
+    """hls4ml's stable softmax indexes its exp table with the top bits of (max - x), whose
+    type is derived from the *input* type, and its inverse table with the top bits of the sum
+    of exponentials. With hls4ml's defaults (inputs inferred as wide as fixed<38,18>, sums as
+    fixed<18,8>) both indexes are coarse (steps of 128 and 0.25) and outputs collapse towards
+    1/n: the classic "hls4ml does not match Keras" softmax. Size the types by what they hold:
+    exponentials and the inverse in [0, 1], the sum in [1, n]; and the tables so that one
+    step is ~2^-(f-2)."""
+    s = max(1, math.ceil(math.log2(max(ranges.sizes.get(name, 2), 2))))
+    unit = fixed(1, f, signed=False)
+    total = fixed(1 + s, f, signed=False)
+    for key, typ in (("exp_table", unit), ("inv_table", unit), ("accum", total), ("inv_inp", total)):
+        if key in prec:
+            prec[key] = typ
+    prec["result"] = unit
+    # Index of the exp table: (max - x) has the input's integer bits - 1 (ufixed).
+    src = ranges.inputs.get(name)
+    i_in = int_bits(max(abs(v) for v in ranges.results[src]), True, headroom=1) if src in ranges.results else 4
+    lc["TableSize"] = 2 ** int(min(16, max(10, max(i_in - 1, 1 + s) + f - 2)))
+
+
+def design_bits(hmodel: Any) -> dict[str, int]:
+    """Bits the design uses: weights (count × width) and layer outputs (size × width)."""
+    wbits = obits = 0
+    widths: dict[str, int] = {}
+    for layer in hmodel.get_layers():
+        for w in layer.weights.values():
+            width = int(getattr(w.type.precision, "width", 32))
+            wbits += width * int(np.size(w.data))
+        var = layer.get_output_variable()
+        width = int(getattr(var.type.precision, "width", 32))
+        widths[layer.name] = width
+        obits += width * int(np.prod(var.shape))
+    return {"weight_bits": wbits, "activation_bits": obits, "total_bits": wbits + obits,
+            "result_widths": widths}
+
+
+def first_guess(target: FidelityTarget, out_range: float) -> int:
+    """Fractional bits whose rounding step is ~1/8 of the allowed error (errors compound
+    through layers), clamped to the search interval."""
+    budget = max(target.rel_err * SEARCH_MARGIN * max(out_range, 1e-6), 1e-9)
+    return int(min(F_MAX, max(F_MIN + 2, math.ceil(math.log2(8.0 / budget)))))
+
+
+def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
+           start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Probe]]:
+    """Smallest ``f`` in [F_MIN, F_MAX] that passes, probing as few values as possible.
+
+    ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds)."""
+    tol = target.tolerance(margin)
+    probes: dict[int, Probe] = {}
+
+    def ok(f: int) -> bool:
+        if f not in probes:
+            fid, secs = evaluate(f)
+            probes[f] = Probe(f, fid.to_dict(), tol.violations(fid), secs)
+        return probes[f].passed
+
+    lo, hi = F_MIN - 1, None  # lo: largest known failure; hi: smallest known pass
+    f = start
+    if ok(f):
+        hi = f
+        step = 2
+        while hi - step > lo:
+            g = hi - step
+            if ok(g):
+                hi = g
+            else:
+                lo = g
+                break
+    else:
+        lo = f
+        step = 2
+        while f < F_MAX:
+            f = min(F_MAX, f + step)
+            if ok(f):
+                hi = f
+                break
+            lo = f
+    if hi is None:
+        return None, sorted(probes.values(), key=lambda p: p.frac_bits)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
+
+
+def evaluate_fn(build: Callable[[int], Any], x: np.ndarray, ref: np.ndarray
+                ) -> Callable[[int], tuple[Fidelity, float]]:
+    """Wrap a ``build(f) -> (CsimLibrary, seconds)`` into the search's ``evaluate``."""
+    def evaluate(f: int) -> tuple[Fidelity, float]:
+        t0 = time.perf_counter()
+        lib, _ = build(f)
+        y = lib.run(x).reshape(ref.shape)
+        return compare(ref, y), time.perf_counter() - t0
+    return evaluate

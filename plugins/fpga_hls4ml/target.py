@@ -1,0 +1,255 @@
+"""The ``fpga.hls4ml`` target: hls4ml HLS designs, run as bit-accurate C-simulation."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import CacheError, CompileError, UnsupportedError
+from hwbackends.specs import Availability
+from hwbackends.target import Artifact, CompileOptions, Target
+
+from .._util import cpu_name, importable, version
+
+#: ``ap_fixed<W,I>`` (C++ spelling) or ``fixed<W,I>`` (hls4ml's), optionally with modes.
+_FIXED = re.compile(r"^(ap_)?(u?fixed)<\s*(\d+)\s*,\s*(-?\d+)\s*(,\s*[A-Z_]+\s*)*>$")
+LIB = "csim/libmyproject.so"
+WEIGHTS = "csim/weights"
+
+
+class Precisions(tuple):
+    """The offered precisions: ``auto`` (the default), a few named ones for listings, and any
+    ``ap_fixed<W,I>`` — membership accepts every well-formed fixed-point type, so the core's
+    ``precision in target.precisions`` check lets explicit types through."""
+
+    def __contains__(self, item: object) -> bool:
+        return tuple.__contains__(self, item) or (isinstance(item, str) and parse_fixed(item) is not None)
+
+
+def parse_fixed(p: str) -> str | None:
+    """hls4ml's spelling (``fixed<16,6>``) of an explicit precision, or None."""
+    m = _FIXED.match(p.strip())
+    if not m:
+        return None
+    width, integer = int(m.group(3)), int(m.group(4))
+    if not 1 <= width <= 64 or integer > width:
+        return None
+    return p.strip().removeprefix("ap_")
+
+
+def _synth_tool(backend: str) -> str | None:
+    return shutil.which("vitis_hls" if backend == "Vitis" else "vivado_hls")
+
+
+class Hls4mlTarget(Target):
+    name = "fpga.hls4ml"
+    family = "fpga"
+    precisions = Precisions(("auto", "ap_fixed<16,6>", "ap_fixed<18,8>", "ap_fixed<24,10>"))
+    calibrated = ("auto",)
+    formats = ("keras", "torch")
+    description = "hls4ml HLS design; bit-accurate g++ C-simulation on the CPU (emulated)"
+    option_docs = {
+        "backend": "hls4ml backend: Vitis (default) or Vivado (C-sim builds for both; "
+                   "Quartus/oneAPI/Catapult are refused with the reason)",
+        "io_type": "io_parallel (default) or io_stream",
+        "strategy": "Latency (default) or Resource",
+        "reuse_factor": "hls4ml ReuseFactor, integer ≥ 1 (default 1: fully parallel)",
+        "clock_period": "target clock period in ns (default 5)",
+        "part": "FPGA part (default: the backend's, xcvu13p-flga2577-2-e for Vitis)",
+        "fidelity": "auto-precision target, dict of corr_min (0.999), rel_err (0.01 = max abs "
+                    "error / output range), sign_min (0.995), argmax_min (0.995)",
+        "synth": "true: run C-synthesis and store the parsed report (needs vitis_hls/vivado_hls "
+                 "on PATH; otherwise the report records why it is absent)",
+    }
+    compile_timeout = 900.0
+    version = "1"
+
+    # -- availability -----------------------------------------------------------------------
+    def probe(self) -> Availability:
+        from .build import gxx
+        if not importable("hls4ml"):
+            return Availability.unavailable("hls4ml not installed (pip install hls4ml==1.3.0)")
+        if not gxx():
+            return Availability.unavailable("g++ not on PATH: hls4ml's C-simulation needs a C++ "
+                                            "compiler (apt-get install g++)")
+        synth = _synth_tool("Vitis")
+        board = ("pynq importable; a matching bitstream selects the board at load"
+                 if importable("pynq") else "no FPGA board: pynq not importable")
+        return Availability.emulated(
+            f"CPU ({cpu_name()}) running hls4ml C-simulation",
+            f"bit-accurate fixed-point C-simulation (g++); {board}; synthesis "
+            + ("available (" + synth + ")" if synth else "unavailable: vitis_hls not on PATH"),
+            synthesis=bool(synth), board=importable("pynq"))
+
+    def toolchain(self) -> dict[str, str]:
+        from .build import gxx_version
+        return {"hls4ml": version("hls4ml"), "g++": gxx_version(), "keras": version("keras"),
+                "torch": version("torch")}
+
+    # -- compile (isolated child process) -------------------------------------------------
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        from . import convert, precision as P
+        from .build import build, patch_bridge
+        from .csim import CsimLibrary
+        from hwbackends.fidelity import compare
+
+        opts = convert.HlsOptions.from_extra(options.extra)
+        target = P.FidelityTarget.from_option(opts.fidelity)
+        n_in, n_out = int(np.prod(model.input.shape)), int(np.prod(model.output.shape))
+        calib = options.calibration if options.calibration is not None else model.representative(256)
+        calib = np.ascontiguousarray(calib, dtype=np.float32)
+        ref = model.reference(calib)
+        scratch = Path(tempfile.mkdtemp(prefix="hwb-hls4ml-"))
+        t0 = time.perf_counter()
+        builds: dict[str, tuple[Any, Path, Any]] = {}
+
+        def make(cfg: dict[str, Any], tag: str) -> Any:
+            outdir = scratch / tag
+            hm = convert.convert(model, cfg, opts, outdir)
+            hm.write()
+            patch_bridge(outdir, convert.PROJECT, n_in, n_out)
+            built = build(outdir, convert.PROJECT, tag)
+            lib = CsimLibrary(built.lib, built.weights_dir, n_in, n_out)
+            builds[tag] = (hm, outdir, built)
+            return lib
+
+        try:
+            search_meta: dict[str, Any] = {}
+            if options.precision == "auto":
+                base = convert.hls_config(model, opts, "fixed<16,6>")
+                tcfg = convert.hls_config(model, opts, P.TRACE_PRECISION)
+                tcfg["Model"]["TraceOutput"] = True
+                for lc in tcfg.get("LayerName", {}).values():
+                    lc["Trace"] = True
+                t1 = time.perf_counter()
+                thm = convert.convert(model, tcfg, opts, scratch / "trace")
+                ranges = P.measure_ranges(thm, calib)
+                trace_s = time.perf_counter() - t1
+                start = P.first_guess(target, float(np.ptp(ref)))
+                evaluate = P.evaluate_fn(lambda f: (make(P.assign(base, ranges, f), f"f{f}"), None),
+                                         calib, ref)
+                best, probes = P.search(evaluate, target, start)
+                if best is None:
+                    closest = probes[-1]
+                    raise CompileError(
+                        f"precision='auto' found no fixed-point design meeting {target.to_dict()} "
+                        f"with up to {P.F_MAX} fractional bits (best: {closest.fidelity}; "
+                        f"{'; '.join(closest.violations)}). Loosen option fidelity, or compile an "
+                        f"explicit precision such as ap_fixed<32,12>")
+                tag = f"f{best}"
+                cfg = P.assign(base, ranges, best)
+                search_meta = {"frac_bits": best, "start": start, "trace_seconds": round(trace_s, 2),
+                               "probes": [p.__dict__ for p in probes], "target": target.to_dict(),
+                               "ranges": {k: list(v) for k, v in ranges.results.items()}}
+            else:
+                fx = parse_fixed(options.precision)
+                if fx is None:
+                    raise UnsupportedError(f"fpga.hls4ml precision must be 'auto' or ap_fixed<W,I>; "
+                                           f"got {options.precision!r}")
+                cfg = convert.hls_config(model, opts, fx)
+                tag = "fixed"
+                make(cfg, tag)
+            hm, project, built = builds[tag]
+            lib = CsimLibrary(built.lib, built.weights_dir, n_in, n_out)
+            fid = compare(ref, lib.run(calib).reshape(ref.shape))
+            bits = P.design_bits(hm)
+            self._store(workdir, project, built)
+            synth = _synthesis(hm, opts, workdir)
+            return {
+                "mode": "emulated: hls4ml C-simulation (g++), bit-accurate for the fixed-point types",
+                "n_in": n_in, "n_out": n_out, "lib": LIB, "weights": WEIGHTS,
+                "hls4ml_config": _jsonable(cfg), "options": opts.to_dict(),
+                "types": _types(hm), "bits": bits,
+                "calibration_fidelity": fid.to_dict(),
+                "meets_target": not target.tolerance(P.SEARCH_MARGIN if search_meta else 1.0).violations(fid),
+                "search": search_meta, "builds": len(builds),
+                "build_seconds": round(sum(b[2].seconds for b in builds.values()), 2),
+                "compile_seconds": round(time.perf_counter() - t0, 2),
+                "synthesis": synth,
+            }
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @staticmethod
+    def _store(workdir: Path, project: Path, built: Any) -> None:
+        """The library and its weights (what load() needs), and the HLS project (what
+        synthesis needs), into the artifact directory the store content-addresses."""
+        (workdir / "csim").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built.lib, workdir / LIB)
+        shutil.copytree(built.weights_dir, workdir / WEIGHTS,
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".txt")])
+        shutil.copytree(project, workdir / "project",
+                        ignore=shutil.ignore_patterns("*.so", "*.o", "tb_data", "*.tar.gz"))
+
+    # -- load (parent process) --------------------------------------------------------------
+    def load(self, artifact: Artifact, options: CompileOptions) -> Any:
+        from .csim import CsimExecutor, CsimLibrary
+
+        meta = artifact.meta
+        lib_path = artifact.file(meta.get("lib", LIB))
+        if not lib_path.exists():
+            raise CacheError(f"artifact {artifact.key[:12]} has no C-sim library; it will be rebuilt")
+        lib = CsimLibrary(lib_path, artifact.file(meta.get("weights", WEIGHTS)),
+                          int(meta["n_in"]), int(meta["n_out"]))
+        hw = _hardware_executor(artifact)
+        if hw is not None:
+            return hw
+        return CsimExecutor(lib, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+
+
+def _hardware_executor(artifact: Artifact) -> Any:
+    """A PYNQ overlay executor when pynq is importable and a bitstream for this model's
+    fingerprint and the detected board exists; else None (the C-sim serves)."""
+    if not importable("pynq"):
+        return None
+    from .bitstreams import BitstreamStore, detect_board
+    board = detect_board()
+    if board is None:
+        return None
+    entry = BitstreamStore().find(board, artifact.fingerprint)
+    if entry is None:
+        return None
+    from .pynq_exec import PynqExecutor
+    return PynqExecutor(entry, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+
+
+def _synthesis(hm: Any, opts: Any, workdir: Path) -> dict[str, Any]:
+    """Run C-synthesis when asked and the vendor tool exists; never invent numbers."""
+    tool = _synth_tool(opts.backend)
+    if not opts.synth:
+        return {"requested": False,
+                "available": bool(tool), "reason": "" if tool else
+                f"{'vitis_hls' if opts.backend == 'Vitis' else 'vivado_hls'} not on PATH"}
+    if not tool:
+        return {"requested": True, "available": False,
+                "reason": f"{'vitis_hls' if opts.backend == 'Vitis' else 'vivado_hls'} not on PATH: "
+                          f"no synthesis report (nothing estimated in its place)"}
+    from .synth import find_report, parse_csynth_report
+    proj = workdir / "project"
+    hm.config.config["OutputDir"] = str(proj)
+    hm.build(csim=False, synth=True, vsynth=False)
+    rpt = find_report(proj)
+    if rpt is None:
+        return {"requested": True, "available": True, "reason": "synthesis ran but wrote no report"}
+    return {"requested": True, "available": True, "tool": tool,
+            "report": parse_csynth_report(rpt.read_text()).to_dict(), "report_file": str(rpt.relative_to(workdir))}
+
+
+def _types(hm: Any) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for layer in hm.get_layers():
+        d = {"result": str(layer.get_output_variable().type.precision)}
+        for k, w in layer.weights.items():
+            d[k] = str(w.type.precision)
+        out[layer.name] = d
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
