@@ -88,9 +88,14 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: np.ndarray | None = N
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unknown scenario {scenario!r}")
     stats = summarize(t.latency_ns)
+    try:
+        load = os.getloadavg()[0]  # how shared the machine was (reports flag a busy one)
+    except OSError:
+        load = None
     prof = LatencyProfile(
         variant=cm.variant, target=cm.target, precision=cm.precision, batch_size=batch,
-        scenario=scenario.name, params=scenario.key() | ({"trace": trace_info} if trace_info else {}),
+        scenario=scenario.name, params=scenario.key() | ({"trace": trace_info} if trace_info else {})
+        | {"loadavg_1m": load},
         mode=cm.mode.value, throughput=(stats["n"] * batch / t.wall_s) if t.wall_s > 0 else 0.0,
         duration_s=t.wall_s, machine=machine_mod.fingerprint(),
         fidelity=cm.fidelity.to_dict() if cm.fidelity else None,

@@ -27,7 +27,7 @@ from ..errors import ConfigError
 
 Fn = Callable[[np.ndarray, np.ndarray], None]
 #: Open loops busy-wait this close to a scheduled arrival instead of sleeping.
-SPIN_NS = 2_000_000
+SPIN_NS = 200_000
 
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -239,10 +239,10 @@ def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.
             s = int(sched[i])
             now = clock()
             if now < s:
-                # Sleep only through long gaps (quiet periods) and spin the last 2 ms: a
-                # sleeping thread on a busy machine wakes up to milliseconds late, and that
-                # lateness would be charged to the variant.
-                if s - now > SPIN_NS + 1_000_000:
+                # Sleep through the gap and spin its last 200 µs (sleep overshoots by tens
+                # of µs). On a busy machine a sleeper can still wake late; that lateness is
+                # charged, as it would be to a real server thread.
+                if s - now > 2 * SPIN_NS:
                     sleep((s - now - SPIN_NS) / 1e9)
                 while clock() < s:
                     pass
@@ -267,7 +267,7 @@ def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.
                   np.asarray(arrivals_s[:i], dtype=np.float64))
 
 
-def timeline(arrivals_s: np.ndarray, latency_ns: np.ndarray, bins: int = 200) -> dict[str, list[float]]:
+def timeline(arrivals_s: np.ndarray, latency_ns: np.ndarray, bins: int = 100) -> dict[str, list[float]]:
     """Per time bin: arrival rate (Hz) and p99/max latency (µs), for the burst plot."""
     if len(arrivals_s) == 0:
         return {"t_s": [], "rate_hz": [], "p99_us": [], "max_us": []}

@@ -42,6 +42,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", default="hwb-results.json", help="results JSON (default %(default)s)")
     p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
                    help="also write the HTML report (default name hwb-report.html)")
+    p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
+                   help="also compute the routing decisions of this strategies file into the results")
     p.add_argument("--use-cache", action="store_true",
                    help="reuse cached profiles for the same artifact, machine and scenario")
     p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
@@ -63,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
                       scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
                       progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
                       say=(lambda m: None) if quiet else stderr_progress)
+    if args.route and not res.interrupted:
+        from ..router import Router
+        router = Router.from_config(args.route, store=args.cache_dir, strict=False,
+                                    progress=None if quiet else stderr_progress)
+        res.routing = [d.to_dict() for d in router.decisions.values()]
     res.command = "hwb " + " ".join(sys.argv[1:])
     path = res.save(args.output)
     human = res.table() + f"\n\nresults: {path}"

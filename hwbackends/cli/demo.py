@@ -1,69 +1,106 @@
-"""``hwb demo``: the main job on the bundled signal model: every available target and
-precision → compile → fidelity → batch-1 latency, as a table."""
+"""``hwb demo`` (what ``make demo`` runs): the main job on the bundled signal model.
+
+every registered target × precision → compile (cached) → fidelity → bench (single-stream,
+server, burst; batch sweep and offered-load sweep on the hardware fp32 variants) → routing
+table for the example tiers (examples/strategies.toml) → results JSON + HTML report.
+Sized to finish in a few minutes on a 2-core machine (less once the artifacts are cached).
+"""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-
-import numpy as np
+from pathlib import Path
 
 from . import emit, stderr_progress
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies.toml"
+
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the bundled signal model on every available target")
+    p = sub.add_parser("demo", help="the bundled signal model on every target: bench, fidelity, "
+                                    "routing, report")
     p.add_argument("--model", default="zoo:signal", help="model (default: zoo:signal)")
-    p.add_argument("--n", type=int, default=2000, help="timed calls per variant")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--config", default=str(EXAMPLE), help="strategies file for the routing table "
+                                                          "(default: examples/strategies.toml)")
+    p.add_argument("--out-dir", default="hwb-demo", help="where results.json and report.html go")
+    p.add_argument("--n", type=int, default=2000, help="timed calls per single-stream/server run")
+    p.add_argument("--quick", action="store_true", help="fewer calls, shorter trace, no sweeps")
+    p.add_argument("--targets", default="*", help="target globs, comma-separated (default: all)")
+    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
+    p.add_argument("--json", action="store_true", help="print the routing decisions as JSON")
     p.set_defaults(func=run)
 
 
-def quick_latency(cm: object, n: int) -> dict[str, float]:
-    x = np.zeros(cm.input.batched(cm.batch_size), np.float32)  # type: ignore[attr-defined]
-    out = np.zeros(cm.output.batched(cm.batch_size), np.float32)  # type: ignore[attr-defined]
-    f = cm.predict_into  # type: ignore[attr-defined]
-    clock = time.perf_counter_ns
-    ts = np.empty(n, np.int64)
-    for i in range(n):
-        t0 = clock()
-        f(x, out)
-        ts[i] = clock() - t0
-    us = ts / 1e3
-    return {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)), "n": n}
-
-
 def run(args: argparse.Namespace) -> int:
-    from .. import compile as hwb_compile
-    from ..errors import HwbError
-    from ..models import load_model
-    from ..registry import get_registry
+    from ..bench import (Batch, Burst, ProfileCache, Server, SingleStream, bench_model)
+    from ..bench.machine import describe
+    from ..config import load_config
+    from ..report import write_report
+    from ..router import Router
 
-    model = load_model(args.model)
-    reg = get_registry()
-    rows = []
-    for name in sorted(reg.targets):
-        t = reg.targets[name]
-        av = t.probe()
-        if not av.usable:
-            rows.append({"variant": name, "mode": "unavailable", "reason": av.reason})
-            continue
-        for prec in t.precisions:
-            try:
-                cm = hwb_compile(model, name, prec, progress=None if args.json else stderr_progress)
-            except HwbError as exc:
-                rows.append({"variant": f"{name}:{prec}", "mode": "failed", "reason": str(exc)[:200]})
-                continue
-            lat = quick_latency(cm, args.n if name != "ref" else min(args.n, 200))
-            rows.append({"variant": cm.variant, "mode": cm.mode.value,
-                         "fidelity": cm.fidelity.to_dict() if cm.fidelity else None, **lat})
-    lines = [f"model {model.name} ({model.fingerprint[:12]}), batch 1, single stream",
-             f"{'VARIANT':<28} {'MODE':<11} {'p50 µs':>9} {'p99 µs':>9} {'corr':>9} {'max abs':>9}"]
+    t_start = time.monotonic()
+    say = (lambda m: None) if args.json else stderr_progress
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(args.config)  # fail early on a bad config, before any measuring
+    n = 300 if args.quick else args.n
+    # Same parameters as the router's own profile, so the routing table and the report's
+    # single-stream table are one measurement (the profile cache joins them).
+    single = SingleStream(n=cfg.router.bench.n if not args.quick else n,
+                          warmup=cfg.router.bench.warmup, max_s=cfg.router.bench.max_s)
+    scenarios = [single, Server(rate_hz=2000, n=n, max_s=3.0),
+                 Burst(duration_s=0.5 if args.quick else 2.0, seed=0, max_s=4.0)]
+    cache = ProfileCache()
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    say(f"machine: {describe()}")
+    res = bench_model(args.model, targets, None, scenarios, store=args.cache_dir,
+                      progress=not args.json, cache=cache, say=say, max_ref_s=1.5)
+    if not args.quick and not res.interrupted:
+        hw = sorted({(p.target, p.precision) for p in res.profiles
+                     if p.mode == "hardware" and p.precision == "fp32" and p.target != "ref"})
+        for tgt, _ in hw:
+            say(f"batch sweep and offered-load sweep on {tgt}:fp32")
+            bench_model(args.model, [tgt], ["fp32"],
+                        [Batch(sizes=(1, 8, 32), n=1000, max_s=2.0)]
+                        + [Server(rate_hz=r, n=n, max_s=2.0) for r in (500, 5000, 20000)],
+                        store=args.cache_dir, progress=True, cache=cache, say=say, results=res)
+            # bench_model re-appends the variant and availability rows: keep the first of each
+            res.variants = _dedupe(res.variants, ("variant", "batch_size", "error"))
+            res.availability = _dedupe(res.availability, ("target",))
+    router = None
+    if not res.interrupted:
+        say(f"routing the strategies of {args.config}")
+        cfg_model = {s.model for s in cfg.strategies.values()}
+        router = Router.from_config(args.config, store=args.cache_dir, cache=cache, strict=False,
+                                    progress=say)
+        res.routing = [d.to_dict() for d in router.decisions.values()]
+        if cfg_model != {args.model}:
+            say(f"note: the strategies use {', '.join(sorted(cfg_model))}; the bench used {args.model}")
+    res.command = "hwb " + " ".join(sys.argv[1:]) if sys.argv[1:] else "hwb demo"
+    rpath = res.save(out / "results.json")
+    html = write_report(res, out / "report.html")
+    took = time.monotonic() - t_start
+    lines = [res.table(), ""]
+    if router is not None:
+        lines += ["routing (examples: " + Path(args.config).name + "):"]
+        for d in router.decisions.values():
+            c = d.chosen
+            lines.append(f"  {d.strategy:<16} tier {d.tier:<9} p99 ≤ {d.budget_us:>6g} µs → "
+                         + (f"{c.variant} ({c.mode}, p99 {c.p99_us:.2f} µs)" if c else "none")
+                         + ("" if d.meets_budget else "   ! " + d.note))
+        lines.append("  (hwb route " + args.config + " --explain: every candidate and why)")
+    lines += ["", f"results: {rpath.resolve()}", f"report:  {html}", f"took {took:.0f} s"]
+    emit(args, {"results": str(rpath.resolve()), "report": str(html),
+                "routing": res.routing, "seconds": took}, "\n".join(lines))
+    return 130 if res.interrupted else 0
+
+
+def _dedupe(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    seen, outl = set(), []
     for r in rows:
-        if "p50_us" in r:
-            f = r["fidelity"] or {}
-            lines.append(f"{r['variant']:<28} {r['mode']:<11} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
-                         f"{f.get('corr', float('nan')):>9.6f} {f.get('max_abs', float('nan')):>9.2g}")
-        else:
-            lines.append(f"{r['variant']:<28} {r['mode']:<11} {r['reason']}")
-    emit(args, {"model": model.describe(), "rows": rows}, "\n".join(lines))
-    return 0
+        k = tuple(str(r.get(x)) for x in keys)
+        if k not in seen:
+            seen.add(k)
+            outl.append(r)
+    return outl

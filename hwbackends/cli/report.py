@@ -1,0 +1,19 @@
+"""``hwb report RESULTS.json -o report.html``: the self-contained hardware-evaluation report."""
+from __future__ import annotations
+
+import argparse
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="render a bench results file as one self-contained HTML report")
+    p.add_argument("results", help="results JSON written by hwb bench / hwb demo")
+    p.add_argument("--output", "-o", default="hwb-report.html", help="HTML file (default %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import write_report
+
+    out = write_report(args.results, args.output)
+    print(f"report: {out}")
+    return 0

@@ -1,0 +1,289 @@
+"""The hardware-evaluation report: one self-contained HTML file (inline CSS, inline SVG).
+
+Written for a platform team deciding what to buy: the answer first (routing per tier and the
+fastest accurate variant), then the evidence (availability, latency distributions, batch
+and burst behaviour, fidelity, build cost), and how it was measured. Emulated figures are
+labelled wherever they appear: a badge in tables, dashed lines and "(emulated)" in plots.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import math
+from typing import Any
+
+from ..bench.machine import describe as machine_line
+from ..bench.profile import LatencyProfile
+from ..bench.results import BenchResults
+from . import plots
+
+CSS = """
+:root{--ink:#1d2733;--mute:#5d6b7a;--line:#e2e7ee;--bg:#f6f8fb;--ok:#1b7f4b;--warn:#b26a00;
+--bad:#b3261e;--acc:#1f5fbf}
+*{box-sizing:border-box}body{margin:0;font:14px/1.5 -apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+color:var(--ink);background:var(--bg)}
+header{background:#14202e;color:#fff;padding:28px 40px 22px}header h1{margin:0 0 4px;font-size:22px}
+header .sub{color:#b8c4d2;font-size:13px}main{max-width:1120px;margin:0 auto;padding:24px 40px 60px}
+section{background:#fff;border:1px solid var(--line);border-radius:8px;padding:18px 22px;margin:18px 0}
+h2{font-size:16px;margin:0 0 10px}p.note{color:var(--mute);font-size:12.5px;margin:6px 0 0}
+table{border-collapse:collapse;width:100%;font-size:12.5px}th,td{text-align:left;padding:5px 8px;
+border-bottom:1px solid var(--line);vertical-align:top}th{color:var(--mute);font-weight:600;background:#fafbfd}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.badge{display:inline-block;padding:1px 7px;border-radius:10px;font-size:11px;font-weight:600;letter-spacing:.02em}
+.hardware{background:#e3f4ea;color:var(--ok)}.emulated{background:#fff1dc;color:var(--warn)}
+.unavailable,.failed{background:#f1f3f6;color:var(--mute)}.rejected{background:#fde7e6;color:var(--bad)}
+.chosen{background:#e2ecfb;color:var(--acc)}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:12px}
+.card{border:1px solid var(--line);border-radius:8px;padding:12px 14px;background:#fbfcfe}
+.card .k{color:var(--mute);font-size:12px}.card .v{font-size:20px;font-weight:600;margin:2px 0}
+.card .d{font-size:12px;color:var(--mute)}
+.emu-banner{border-left:4px solid var(--warn);background:#fff8ec;padding:8px 12px;margin:10px 0;font-size:13px}
+.plot svg{max-width:100%;height:auto}.over{color:var(--bad);font-weight:600}.ok{color:var(--ok);font-weight:600}
+code{background:#f1f3f6;padding:0 4px;border-radius:3px;font-size:12px}
+footer{color:var(--mute);font-size:12px;margin-top:26px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _us(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if v < 10:
+        return f"{v:.2f} µs"
+    if v < 10_000:
+        return f"{v:,.1f} µs"
+    return f"{v / 1000:,.1f} ms"
+
+
+def _badge(mode: str) -> str:
+    return f'<span class="badge {_e(mode)}">{_e(mode.upper())}</span>'
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(head: list[str], rows: list[list[str]], num: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+    th = "".join(f'<th class="{"num" if i in num else ""}">{h}</th>' for i, h in enumerate(head))
+    body = "".join("<tr>" + "".join(f'<td class="{"num" if i in num else ""}">{c}</td>'
+                                    for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cards(res: BenchResults) -> str:
+    ss = [p for p in res.profiles if p.scenario == "single-stream" and p.batch_size == 1]
+    hw = [p for p in ss if not p.emulated]
+    cards = []
+    if hw:
+        best = min(hw, key=lambda p: p.p99_us)
+        cards.append(("fastest hardware variant (p99, batch 1)", _us(best.p99_us),
+                      f"{best.variant} · p50 {_us(best.p50_us)} · n={best.n:,}"))
+    emu = [p for p in ss if p.emulated]
+    if emu:
+        b = min(emu, key=lambda p: p.p99_us)
+        cards.append(("fastest emulated variant (not hardware)", _us(b.p99_us), f"{b.variant} · EMULATED"))
+    av = res.availability
+    cards.append(("targets", f"{sum(a['mode'] == 'hardware' for a in av)} hw · "
+                             f"{sum(a['mode'] == 'emulated' for a in av)} emu · "
+                             f"{sum(a['mode'] == 'unavailable' for a in av)} n/a",
+                  f"{len([v for v in res.variants if not v.get('error')])} variants compiled"))
+    if res.routing:
+        met = sum(1 for r in res.routing if r.get("meets_budget"))
+        cards.append(("strategies served within budget", f"{met} / {len(res.routing)}",
+                      ", ".join(f"{r['strategy']}→{r['chosen'] or 'none'}" for r in res.routing)))
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
+        f'<div class="d">{_e(d)}</div></div>' for k, v, d in cards) + "</div>"
+
+
+def _routing(res: BenchResults) -> str:
+    if not res.routing:
+        return ('<p class="note">No routing decisions in this results file. Run <code>hwb demo</code> '
+                'or <code>hwb bench MODEL --route strategies.toml</code> to include them.</p>')
+    rows = []
+    for r in res.routing:
+        ok = r.get("meets_budget")
+        verdict = ('<span class="ok">within budget</span>' if ok else
+                   '<span class="over">over budget</span>' if r.get("chosen") else
+                   '<span class="over">no variant</span>')
+        rows.append([_e(r["strategy"]), _e(r["tier"]), _us(r["budget_us"]),
+                     f"<b>{_e(r['chosen'] or '—')}</b> " + (_badge(r["chosen_mode"]) if r.get("chosen_mode") else ""),
+                     _us(r.get("chosen_p99_us")), verdict, _e(r.get("chosen_by", "")),
+                     _e(" → ".join(r.get("failover", [])) or "—")])
+    out = _table(["strategy", "tier", "p99 budget", "chosen", "measured p99", "", "by", "failover order"],
+                 rows, {2, 4})
+    notes = [f"<li><b>{_e(r['strategy'])}</b>: {_e(r['note'])}</li>" for r in res.routing if r.get("note")]
+    if notes:
+        out += "<ul class='note'>" + "".join(notes) + "</ul>"
+    # per-strategy candidate details
+    for r in res.routing:
+        crow = []
+        for c in r["candidates"]:
+            f = c.get("fidelity") or {}
+            crow.append([_e(c["variant"]), _badge(c["mode"]), _us(c.get("p99_us")),
+                         f"{f['corr']:.6f}" if "corr" in f else "—",
+                         f"{f['max_abs']:.2g}" if "max_abs" in f else "—",
+                         f'<span class="badge {"chosen" if c["status"] == "chosen" else c["status"] if c["status"] in ("rejected", "failed", "unavailable") else ""}">{_e(c["status"])}</span> '
+                         + _e("; ".join(c.get("reasons", []))[:240])])
+        out += (f"<details><summary>{_e(r['strategy'])}: every candidate and why</summary>"
+                + _table(["variant", "mode", "p99", "corr", "max abs", "verdict"], crow, {2, 3, 4})
+                + "</details>")
+    return out
+
+
+def render(res: BenchResults) -> str:
+    """The report as one HTML string."""
+    profiles = res.profiles
+    variants = list(dict.fromkeys(p.variant for p in profiles))
+    col = plots.colors(variants) if variants else {}
+    m = res.model
+    when = _dt.datetime.fromtimestamp(res.created, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    emulated = sorted({p.variant for p in profiles if p.emulated})
+    parts = [f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width,initial-scale=1">
+<title>Hardware evaluation: {_e(m.get('name'))}</title><style>{CSS}</style></head><body>
+<header><h1>Hardware evaluation — model <i>{_e(m.get('name'))}</i></h1>
+<div class="sub">fingerprint {_e(str(m.get('fingerprint', ''))[:16])} · {_e(m.get('format', ''))} ·
+measured {when} on {_e(machine_line(res.machine))}</div></header><main>"""]
+    if res.interrupted:
+        parts.append('<div class="emu-banner"><b>Interrupted run.</b> This report holds what was '
+                     'measured before the run was stopped.</div>')
+    parts.append(f"<section><h2>Summary</h2>{_cards(res)}")
+    if emulated:
+        parts.append(f'<div class="emu-banner"><b>Emulated figures</b> ({_e(", ".join(emulated))}) '
+                     'come from a stand-in for the accelerator (C-simulation, the CPU instead of a '
+                     'TPU, a CPU interpreter instead of an Edge TPU). They show that the artifact '
+                     'works and how accurate it is, <b>not</b> how fast the hardware would be; they '
+                     'are drawn dashed and never ranked against hardware by the router unless '
+                     'a config allows it.</div>')
+    parts.append("</section>")
+    parts.append(f"<section><h2>Routing decision per tier</h2>{_routing(res)}</section>")
+
+    # availability
+    rows = [[f"<b>{_e(a['target'])}</b>", _e(a.get("family", "")), _badge(a["mode"]),
+             _e(a.get("device", "") or "—"), _e(a.get("reason", ""))] for a in res.availability]
+    parts.append("<section><h2>Availability on this machine</h2>"
+                 + _table(["target", "family", "mode", "device", "why / how"], rows)
+                 + '<p class="note"><b>hardware</b>: runs on the real device. <b>emulated</b>: the '
+                   'same artifact on a stand-in. <b>unavailable</b>: what to install or attach.</p>'
+                   "</section>")
+
+    # single-stream CDF + latency table
+    ss = [p for p in profiles if p.scenario == "single-stream"]
+    if ss:
+        parts.append('<section><h2>Latency distribution (single stream, closed loop)</h2><div class="plot">'
+                     + plots.cdf(ss, col, "CDF of per-call latency, batch 1") + "</div>"
+                     + _profile_table(ss) + "</section>")
+    sv = [p for p in profiles if p.scenario == "server"]
+    if sv:
+        rates: dict[str, set] = {}
+        for p in sv:
+            rates.setdefault(p.variant, set()).add(p.params.get("rate_hz"))
+        swept = [p for p in sv if len(rates[p.variant]) > 1]
+        base = sorted({p.params.get("rate_hz") for p in sv}, key=lambda r: -sum(
+            1 for q in sv if q.params.get("rate_hz") == r))[0]
+        plot = plots.cdf([p for p in sv if p.params.get("rate_hz") == base], col,
+                         f"CDF of latency from scheduled arrival, Poisson {base:g}/s")
+        if swept:
+            plot += plots.server_load(swept, col)
+        parts.append('<section><h2>Server scenario (open loop, Poisson arrivals)</h2><div class="plot">'
+                     + plot + "</div>" + _profile_table(sv, server=True)
+                     + '<p class="note">Latency is counted from each request\'s <i>scheduled</i> arrival, '
+                       'so time spent queued behind a slow call is included (no coordinated omission).</p>'
+                     + _load_note(sv, res) + "</section>")
+    bu = [p for p in profiles if p.scenario == "burst" and p.timeline]
+    if bu:
+        tr = bu[0].params.get("trace") or {}
+        # A timeline per variant is unreadable past a handful: plot the best few, list all.
+        shown = sorted(bu, key=lambda p: (p.emulated, p.p99_us))[:4]
+        more = (f" The plot shows {len(shown)} variants (hardware first, lowest burst p99); the table "
+                f"lists all {len(bu)}.") if len(shown) < len(bu) else ""
+        parts.append('<section><h2>Burst replay (tick-arrival trace)</h2><div class="plot">'
+                     + plots.burst(shown, col) + "</div>" + _profile_table(bu, server=True)
+                     + f'<p class="note">Trace: {_e(tr.get("ticks", "?"))} ticks over '
+                       f'{float(tr.get("duration_s", 0)):.2f} s, mean {float(tr.get("mean_rate_hz", 0)):.0f}/s, '
+                       f'peak {float(tr.get("peak_rate_hz_10ms", 0)):.0f}/s over 10 ms '
+                       f'({_e(tr.get("source", ""))}, {_e(tr.get("bursts", "?"))} bursts).{_e(more)}</p>'
+                     + _load_note(bu, res) + "</section>")
+    ba = [p for p in profiles if p.scenario == "batch"]
+    if ba:
+        parts.append('<section><h2>Batching: N symbols per tick</h2><div class="plot">'
+                     + plots.batch(ba, col) + "</div>" + _profile_table(ba)
+                     + "</section>")
+
+    # fidelity + build cost
+    rows = []
+    for v in res.variants:
+        f = v.get("fidelity") or {}
+        if v.get("error"):
+            rows.append([_e(v["variant"]) + (f" (batch {v['batch_size']})" if v.get("batch_size", 1) != 1 else ""),
+                         _badge("failed"), "—", "—", "—", "—", "—", "—",
+                         f'<span class="note">{_e(v["error"][:200])}</span>'])
+            continue
+        rows.append([f"<b>{_e(v['variant'])}</b>", _badge(v["mode"]),
+                     f"{f.get('corr', math.nan):.6f}", f"{f.get('max_abs', math.nan):.2g}",
+                     f"{f.get('mae', math.nan):.2g}", f"{f.get('sign_agree', math.nan):.4f}",
+                     f"{v.get('compile_seconds', 0):.1f} s" + (" (cached)" if v.get("cached") else ""),
+                     _bytes(v.get("artifact_bytes")), ""])
+    parts.append("<section><h2>Fidelity against the fp32 source model, build cost</h2>"
+                 + _table(["variant", "mode", "corr", "max abs err", "MAE", "sign agree",
+                           "compile time", "artifact", ""], rows, {2, 3, 4, 5, 6, 7})
+                 + f'<p class="note">Compared on {_e((res.variants[0].get("fidelity") or {}).get("n", "?") if res.variants else "?")} '
+                   "held-out validation samples. <i>sign agree</i> is the share of outputs whose sign "
+                   "(trade direction) matches the reference. Compile time is the first build; "
+                   "“cached” variants were loaded from the artifact store.</p></section>")
+
+    parts.append(f"""<section><h2>How this was measured</h2><p class="note">
+Each variant runs its compiled artifact through <code>predict_into</code> (preallocated buffers,
+no allocation per call), timed with <code>perf_counter_ns</code> around each call, after a
+warm-up, with the garbage collector paused. <b>single-stream</b>: closed loop, one call after
+another. <b>server</b>: open loop with seeded Poisson arrivals. <b>burst</b>: open-loop replay of
+a seeded tick trace (quiet periods and bursts). <b>batch</b>: closed loop at N samples per call.
+Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.machine))}
+(fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
+</p></section>
+<footer>hwbackends hardware-evaluation report · results format v1 · generated
+{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</footer></main></body></html>""")
+    return "".join(parts)
+
+
+def _load_note(ps: list[LatencyProfile], res: BenchResults) -> str:
+    """Open-loop tails on a shared machine include time the measuring thread was descheduled:
+    say so when the load average exceeded the cores."""
+    loads = [p.params.get("loadavg_1m") for p in ps if p.params.get("loadavg_1m") is not None]
+    cores = res.machine.get("usable_cores") or res.machine.get("cores") or 1
+    if not loads or max(loads) <= cores:
+        return ""
+    return (f'<div class="emu-banner"><b>Shared machine.</b> The 1-minute load average was '
+            f"{min(loads):.1f}–{max(loads):.1f} on {cores} cores during these runs: other work "
+            f"competed for the CPUs, so open-loop tails include time the measuring thread waited "
+            f"to be scheduled. Re-run on an idle machine (and with <code>--pin</code>) for "
+            f"figures to compare with other hardware.</div>")
+
+
+def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
+    head = ["variant", "mode", "batch", "n", "p50", "p90", "p99", "p99.9", "max", "samples/s"]
+    if server:
+        head.insert(3, "offered")
+        head.append("mean queue wait")
+    rows = []
+    for p in ps:
+        r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
+             str(p.batch_size), f"{p.n:,}", _us(p.p50_us), _us(p.p90_us), _us(p.p99_us),
+             _us(p.p999_us), _us(p.max_us), f"{p.throughput:,.0f}"]
+        if server:
+            rate = p.params.get("rate_hz")
+            r.insert(3, f"{rate:g}/s" if rate else "trace")
+            r.append(_us(p.queue_mean_us))
+        rows.append(r)
+    num = set(range(2, len(head)))
+    return _table(head, rows, num)

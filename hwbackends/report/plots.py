@@ -1,0 +1,137 @@
+"""The report's plots: matplotlib (Agg) rendered to inline SVG strings (self-contained)."""
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Sequence
+
+from ..bench.profile import LatencyProfile
+
+
+def _mpl() -> Any:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+                         "legend.fontsize": 8, "legend.frameon": False})
+    return plt
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    _mpl().close(fig)
+    s = buf.getvalue()
+    return s[s.index("<svg"):]
+
+
+def colors(variants: Sequence[str]) -> dict[str, str]:
+    """One stable colour per variant across every plot."""
+    plt = _mpl()
+    cmap = plt.get_cmap("tab10" if len(variants) <= 10 else "tab20")
+    return {v: "#%02x%02x%02x" % tuple(int(255 * c) for c in cmap(i % cmap.N)[:3])
+            for i, v in enumerate(variants)}
+
+
+def _label(p: LatencyProfile) -> str:
+    return p.variant + (" (emulated)" if p.emulated else "")
+
+
+def _style(p: LatencyProfile) -> str:
+    return "--" if p.emulated else "-"
+
+
+def _legend_right(ax: Any, source: Any = None) -> None:
+    """Legend outside the axes, on the right: lines stay visible whatever their number."""
+    h, l = (source or ax).get_legend_handles_labels()
+    if h:
+        ax.legend(h, l, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def cdf(profiles: list[LatencyProfile], col: dict[str, str], title: str) -> str:
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(8.6, 3.6))
+    for p in profiles:
+        if not p.cdf:
+            continue
+        q = [c[0] for c in p.cdf]
+        us = [max(c[1], 1e-3) for c in p.cdf]
+        ax.plot(us, q, _style(p), color=col.get(p.variant), label=_label(p), lw=1.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency per call (µs, log scale)")
+    ax.set_ylabel("fraction of calls ≤ x")
+    ax.axhline(0.99, color="#888", lw=0.8, ls=":")
+    ax.text(ax.get_xlim()[0], 0.99, " p99", va="bottom", fontsize=7, color="#666")
+    ax.set_title(title, loc="left", fontsize=10)
+    _legend_right(ax)
+    return _svg(fig)
+
+
+def batch(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
+    plt = _mpl()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.2, 3.4))
+    by: dict[str, list[LatencyProfile]] = {}
+    for p in profiles:
+        by.setdefault(p.variant, []).append(p)
+    for v, ps in by.items():
+        ps.sort(key=lambda p: p.batch_size)
+        xs = [p.batch_size for p in ps]
+        a1.plot(xs, [p.p99_us for p in ps], _style(ps[0]) + "o", color=col.get(v), label=_label(ps[0]), ms=3)
+        a2.plot(xs, [p.throughput for p in ps], _style(ps[0]) + "o", color=col.get(v), ms=3)
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("batch size (symbols per tick)")
+    a1.set_ylabel("p99 per tick (µs)")
+    a2.set_ylabel("throughput (samples/s)")
+    a1.set_title("p99 latency vs batch size", loc="left", fontsize=10)
+    a2.set_title("throughput vs batch size", loc="left", fontsize=10)
+    _legend_right(a2, a1)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def burst(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
+    plt = _mpl()
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(10.2, 4.6), sharex=True,
+                                 gridspec_kw={"height_ratios": [1, 2]})
+    first = next(p for p in profiles if p.timeline)
+    t = first.timeline
+    a1.fill_between(t["t_s"], t["rate_hz"], step="mid", color="#9aa7b8", alpha=0.8)
+    a1.set_ylabel("arrivals (ticks/s)")
+    a1.set_title("burst replay: tick arrival rate (top) and p99 latency per time bin (bottom)",
+                 loc="left", fontsize=10)
+    for p in profiles:
+        if not p.timeline:
+            continue
+        tl = p.timeline
+        pts = [(x, y) for x, y in zip(tl["t_s"], tl["p99_us"]) if y == y and y > 0]
+        if pts:
+            a2.plot([x for x, _ in pts], [y for _, y in pts], _style(p), color=col.get(p.variant),
+                    label=_label(p), lw=1.2)
+    a2.set_yscale("log")
+    a2.set_ylabel("p99 in bin (µs, log)")
+    a2.set_xlabel("time since the start of the trace (s)")
+    _legend_right(a2)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def server_load(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(7.2, 3.4))
+    by: dict[str, list[LatencyProfile]] = {}
+    for p in profiles:
+        by.setdefault(p.variant, []).append(p)
+    for v, ps in by.items():
+        ps.sort(key=lambda p: p.params.get("rate_hz", 0))
+        ax.plot([p.params.get("rate_hz", math.nan) for p in ps], [p.p99_us for p in ps],
+                _style(ps[0]) + "o", color=col.get(v), label=_label(ps[0]), ms=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (Poisson arrivals per second)")
+    ax.set_ylabel("p99 from scheduled arrival (µs)")
+    ax.set_title("server scenario: p99 vs offered load", loc="left", fontsize=10)
+    _legend_right(ax)
+    return _svg(fig)
