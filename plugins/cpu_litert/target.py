@@ -10,6 +10,8 @@ from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
 from .._util import cpu_name, importable, version
 
+_F32 = np.dtype(np.float32)
+
 
 class LiteRTExecutor:
     """Zero-copy hot path: numpy views of the interpreter's own input/output buffers and the
@@ -23,6 +25,7 @@ class LiteRTExecutor:
         self.interpreter.allocate_tensors()
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._xs, self._os = inp.batched(batch), out.batched(batch)
         i = self.interpreter.get_input_details()[0]["index"]
         o = self.interpreter.get_output_details()[0]["index"]
         # Views stay valid because allocate_tensors() is never called again.
@@ -31,6 +34,15 @@ class LiteRTExecutor:
         self._invoke = self.interpreter._interpreter.Invoke
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy would silently broadcast a wrong shape or cast a wrong dtype into the buffer;
+        # the contract refuses both (conformance kit, bad_inputs); cost: docs/performance.md.
+        try:
+            ok = (x.shape == self._xs and out.shape == self._os and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
         try:
             self._in[...] = x
             self._invoke()

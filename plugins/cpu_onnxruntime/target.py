@@ -11,6 +11,8 @@ from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
 from .._util import cpu_name, importable, version
 
+_F32 = np.dtype(np.float32)
+
 
 def fix_batch(proto: Any, batch: int) -> Any:
     """Static shapes: set the batch dimension of every graph input and output."""
@@ -50,6 +52,7 @@ class OnnxRuntimeExecutor:
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
+        self._xs, self._os = inp.batched(batch), out.batched(batch)
         self._x = np.zeros(inp.batched(batch), dtype=np.float32)
         self._y = np.zeros(out.batched(batch), dtype=np.float32)
         binding = self.session.io_binding()
@@ -63,6 +66,15 @@ class OnnxRuntimeExecutor:
         self._run(self._cbinding, None)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy would silently broadcast a wrong shape or cast a wrong dtype into the buffer;
+        # the contract refuses both (conformance kit, bad_inputs); cost: docs/performance.md.
+        try:
+            ok = (x.shape == self._xs and out.shape == self._os and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
         try:
             self._x[...] = x
             self._run(self._cbinding, None)

@@ -1,0 +1,114 @@
+"""Targets that each break one rule of the contract, to prove the conformance kit catches it.
+
+Built on the kit's NumPy sample target (hwbackends/testing/sample_target.py), which passes.
+This module must be importable by the compile worker (the targets travel there by pickle),
+hence a module of its own rather than classes inside a test function.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+from hwbackends.specs import Availability
+from hwbackends.testing.sample_target import NumpyDenseExecutor, NumpyDenseTarget
+
+_KEPT: list[float] = []
+
+
+class Good(NumpyDenseTarget):
+    name = "cpu.kit_good"
+
+
+class _LeakyExecutor(NumpyDenseExecutor):
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        super().predict_into(x, out)
+        _KEPT.append(float(out.flat[0]))  # keeps one float per call: a leak
+
+
+class Leaky(NumpyDenseTarget):
+    name = "cpu.kit_leaky"
+
+    def load(self, artifact: Any, options: Any) -> Any:
+        ex = super().load(artifact, options)
+        ex.__class__ = _LeakyExecutor
+        return ex
+
+
+class _LaxExecutor(NumpyDenseExecutor):
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # the unguarded idiom: numpy casts float64 and broadcasts (1, 1) silently
+        buf = np.zeros(self._xs, np.float32)
+        buf[...] = x
+        NumpyDenseExecutor.predict_into(self, buf, out)
+
+
+class Lax(NumpyDenseTarget):
+    name = "cpu.kit_lax"
+
+    def load(self, artifact: Any, options: Any) -> Any:
+        ex = super().load(artifact, options)
+        ex.__class__ = _LaxExecutor
+        return ex
+
+
+class Sloppy(NumpyDenseTarget):
+    """Claims fp32 but rounds the weights to 4 significant bits."""
+    name = "cpu.kit_sloppy"
+
+    def compile(self, model: Any, options: Any, workdir: Path) -> dict[str, Any]:
+        meta = super().compile(model, options, workdir)
+        with np.load(workdir / "weights.npz") as z:
+            arrays = {k: (np.round(z[k] * 8) / 8).astype(np.float32) for k in z.files}
+        np.savez(workdir / "weights.npz", **arrays)
+        return meta
+
+
+class Mute(NumpyDenseTarget):
+    """Refuses every model without saying which part it cannot compile."""
+    name = "cpu.kit_mute"
+
+    def compile(self, model: Any, options: Any, workdir: Path) -> dict[str, Any]:
+        raise UnsupportedError("cannot compile this model")
+
+
+class Reasonless(NumpyDenseTarget):
+    name = "cpu.kit_reasonless"
+
+    def probe(self) -> Availability:
+        return Availability.unavailable("")
+
+
+class Slow(NumpyDenseTarget):
+    name = "cpu.kit_slow"
+
+    def probe(self) -> Availability:
+        time.sleep(1.2)
+        return super().probe()
+
+
+class Bodiless(NumpyDenseTarget):
+    """Keeps the weights in the artifact's metadata instead of files (nothing to verify)."""
+    name = "cpu.kit_bodiless"
+
+    def compile(self, model: Any, options: Any, workdir: Path) -> dict[str, Any]:
+        meta = super().compile(model, options, workdir)
+        with np.load(workdir / "weights.npz") as z:
+            meta["weights"] = {k: z[k].tolist() for k in z.files}
+        for p in list(workdir.iterdir()):
+            p.unlink()
+        return meta
+
+    def load(self, artifact: Any, options: Any) -> Any:
+        acts = artifact.meta["activations"]
+        w = artifact.meta["weights"]
+        weights = [(np.array(w[f"w{i}"], np.float32), np.array(w[f"b{i}"], np.float32))
+                   for i in range(len(acts))]
+        return NumpyDenseExecutor(weights, acts, artifact.batch_size, artifact.inputs[0],
+                                  artifact.outputs[0])
+
+
+ALL = (Good, Leaky, Lax, Sloppy, Mute, Reasonless, Slow, Bodiless)

@@ -1,0 +1,129 @@
+"""The conformance kit itself: it passes a correct target, and catches each broken rule.
+
+Targets come from tests/kit_samples.py (each breaks one rule), registered in a registry of
+their own — the installed plugins are not involved. Compiles are real (worker process,
+artifact store), on the mlp, in well under a second each once the worker is up.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import kit_samples
+from hwbackends import hookimpl
+from hwbackends.registry import build_registry
+from hwbackends.testing import (TARGET_CHECKS, VARIANT_CHECKS, Conformance, ConformanceError,
+                                NotApplicable, Variant, names_layer, precision_family,
+                                run_target_check, run_variant_check)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def registry():
+    reg = build_registry(entry_points=False)
+    plugin = types.ModuleType("kit_samples_plugin")
+    plugin.hwb_targets = hookimpl(lambda: [cls() for cls in kit_samples.ALL])
+    reg.register(plugin, "kit_samples")
+    assert not reg.problems, reg.problems
+    return reg
+
+
+@pytest.fixture(scope="module")
+def ctx_for(registry, tmp_path_factory):
+    root = tmp_path_factory.mktemp("kit")
+    cache: dict[str, Conformance] = {}
+
+    def get(cls, models=("mlp",)) -> Conformance:
+        if cls.name not in cache:
+            cache[cls.name] = Conformance(cls.name, root / cls.name, models=models, registry=registry)
+        return cache[cls.name]
+    return get
+
+
+def test_a_correct_target_passes_every_check(ctx_for):
+    ctx = ctx_for(kit_samples.Good, models=("mlp", "lstm"))
+    assert ctx.variants() == [Variant("mlp", "fp32"), Variant("lstm", "fp32")]
+    for check in TARGET_CHECKS:
+        if check == "probe_is_light":  # needs an installed entry point: covered by the scaffold test
+            with pytest.raises(NotApplicable, match="entry-point"):
+                run_target_check(ctx, check)
+            continue
+        assert run_target_check(ctx, check)
+    for check in VARIANT_CHECKS:
+        assert run_variant_check(ctx, Variant("mlp", "fp32"), check)
+    # the LSTM is refused with an error naming the layer: tolerated, reported as not applicable
+    with pytest.raises(NotApplicable, match="layer 'lstm' is a LSTM"):
+        run_variant_check(ctx, Variant("lstm", "fp32"), "compile")
+
+
+@pytest.mark.parametrize("cls,check,expect", [
+    (kit_samples.Leaky, "no_allocation", "predict_into keeps memory"),
+    (kit_samples.Lax, "bad_inputs", "x float64: accepted"),
+    (kit_samples.Lax, "bad_inputs", r"x with last dimension 1 \(broadcastable\): accepted"),
+    (kit_samples.Sloppy, "fidelity", "rel_err"),
+    (kit_samples.Mute, "compile", "without naming the layer or op"),
+    (kit_samples.Reasonless, "probe", "unavailable without a reason"),
+    (kit_samples.Slow, "probe", r"probe\(\) took"),
+    (kit_samples.Bodiless, "store_roundtrip", "wrote no file"),
+], ids=lambda v: getattr(v, "name", None) or str(v)[:24])
+def test_the_kit_catches_a_broken_rule(ctx_for, cls, check, expect):
+    ctx = ctx_for(cls)
+    with pytest.raises(ConformanceError, match=expect):
+        if check in TARGET_CHECKS:
+            run_target_check(ctx, check)
+        else:
+            run_variant_check(ctx, Variant("mlp", "fp32"), check)
+
+
+def test_an_unavailable_target_skips_with_its_reason(ctx_for, registry):
+    class Gone(kit_samples.Good):
+        name = "cpu.kit_gone"
+
+        def probe(self):
+            from hwbackends.specs import Availability
+            return Availability.unavailable("no frobnicator on PATH (install frobnicate)")
+    registry.targets[Gone.name] = Gone()
+    try:
+        ctx = ctx_for(Gone)
+        assert "unavailable" in run_target_check(ctx, "probe")
+        with pytest.raises(NotApplicable, match="no frobnicator on PATH"):
+            run_variant_check(ctx, Variant("mlp", "fp32"), "compile")
+        with pytest.raises(NotApplicable, match="no frobnicator on PATH"):
+            run_target_check(ctx, "store_roundtrip")
+    finally:
+        del registry.targets[Gone.name]
+
+
+def test_precision_families():
+    assert [precision_family(p) for p in ("fp32", "fp16", "bf16", "int8", "int8-dynamic",
+                                           "ap_fixed<16,6>", "tf32")] == [
+        "fp32", "half", "half", "quantized", "quantized", "quantized", "half"]
+
+
+def test_unsupported_error_must_name_the_layer(zoo_model):
+    m = zoo_model("lstm")
+    assert names_layer(m, "layer 'lstm' (LSTM) is not supported")
+    assert names_layer(m, "no kernel for LSTM")           # a layer class of the model
+    assert names_layer(m, "op Foo has no lowering")        # says which op
+    assert not names_layer(m, "cannot compile this model")
+
+
+def test_pytest_one_liner_from_any_directory(tmp_path):
+    """`pytest --hwb-target NAME` (the pytest11 plugin) runs the kit from an unrelated directory;
+    unavailable targets' compile checks skip with the probe's reason."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "--hwb-target", "ref", "--hwb-target",
+                        "gpu.tensorrt", "-k", "metadata or probe or (tensorrt and compile)", "-q", "-rs",
+                        "-p", "no:cacheprovider", "--hwb-models", "mlp"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache")))
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert " passed" in out
+    if "gpu.tensorrt" in build_registry().targets:
+        assert "gpu.tensorrt is unavailable here" in out  # skip reason carried through
