@@ -1,0 +1,129 @@
+"""The hardware-evaluation report and the demo that produces it."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hwbackends.bench import Batch, BenchResults, Burst, Server, SingleStream, bench_model
+from hwbackends.report import write_report
+
+CONFIG = """
+[tiers.fast]
+p99_us = 1000
+[tiers.impossible]
+p99_us = 0.01
+[router]
+isolate_compile = false
+[router.bench]
+n = 300
+warmup = 20
+[strategies.a]
+model = "zoo:signal"
+tier = "fast"
+targets = ["cpu.onnxruntime", "ref"]
+precisions = ["fp32"]
+[strategies.b]
+model = "zoo:signal"
+tier = "impossible"
+targets = ["cpu.onnxruntime"]
+precisions = ["fp32"]
+"""
+
+
+@pytest.fixture(scope="module")
+def results(store_dir, tmp_path_factory) -> BenchResults:
+    from hwbackends.router import Router
+
+    res = bench_model("zoo:signal", ["cpu.onnxruntime", "ref"], ["fp32"],
+                      [SingleStream(n=300, warmup=20), Server(rate_hz=1000, n=200, warmup=20),
+                       Burst(duration_s=0.4, seed=2, warmup=20), Batch(sizes=(1, 4), n=200, warmup=10)],
+                      store=store_dir, progress=False, max_ref_s=0.3)
+    cfg = tmp_path_factory.mktemp("cfg") / "s.toml"
+    cfg.write_text(CONFIG)
+    router = Router.from_config(cfg, store=store_dir, strict=False)
+    res.routing = [d.to_dict() for d in router.decisions.values()]
+    return res
+
+
+def test_report_is_self_contained_and_complete(results, tmp_path) -> None:
+    out = write_report(results, tmp_path / "r.html")
+    html = out.read_text()
+    for heading in ("Summary", "Routing decision per tier", "Availability on this machine",
+                    "Latency distribution", "Server scenario", "Burst replay", "Batching",
+                    "Fidelity against the fp32 source model", "How this was measured"):
+        assert heading in html, heading
+    assert html.count("<svg") >= 4  # CDF, server CDF, burst timeline, batch
+    # self-contained: no external stylesheet, script or image
+    assert not re.search(r'<(link|script)\b', html)
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "cpu.onnxruntime:fp32" in html and "HARDWARE" in html
+    assert "over budget" in html and "closest: cpu.onnxruntime:fp32" in html  # tier "impossible"
+    assert "EMULATED" not in html  # nothing emulated was measured here
+
+
+def test_emulated_profiles_are_labelled(results, tmp_path) -> None:
+    # Rendering check: a profile whose variant ran on a stand-in must be marked as such in
+    # tables, plots and the banner (the figures are this run's, relabelled as emulated).
+    res = copy.deepcopy(results)
+    for p in res.profiles:
+        if p.target == "ref":
+            p.mode = "emulated"
+    html = write_report(res, tmp_path / "e.html").read_text()
+    assert "EMULATED" in html and "Emulated figures" in html
+    assert "not</b> how fast the hardware would be" in html
+    assert "fastest emulated variant (not hardware)" in html
+
+
+def test_cli_report_and_version_error(results, tmp_path, capsys) -> None:
+    from hwbackends.cli import main
+
+    path = results.save(tmp_path / "res.json")
+    assert main(["report", str(path), "-o", str(tmp_path / "out.html")]) == 0
+    assert "report: " in capsys.readouterr().out and (tmp_path / "out.html").exists()
+    d = json.loads(path.read_text())
+    d["version"] = 0
+    path.write_text(json.dumps(d))
+    assert main(["report", str(path), "-o", str(tmp_path / "x.html")]) == 1
+    assert "results-format version 0" in capsys.readouterr().err
+
+
+def _chromium() -> str | None:
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
+                                                       "google-chrome")) if p), None)
+
+
+def test_report_renders_in_headless_chromium(results, tmp_path) -> None:
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install -y chromium) to render the report")
+    html = write_report(results, tmp_path / "r.html")
+    shot = tmp_path / "r.png"
+    base = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(base + ["--dump-dom", html.as_uri()], capture_output=True, text=True,
+                         timeout=90)
+    assert "Routing decision per tier" in dom.stdout and "<svg" in dom.stdout
+    subprocess.run(base + ["--window-size=1280,3000", f"--screenshot={shot}", html.as_uri()],
+                   capture_output=True, timeout=90)
+    assert shot.exists() and shot.stat().st_size > 50_000  # a rendered page, not a blank one
+
+
+def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
+    from hwbackends.cli import main
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(CONFIG)
+    rc = main(["demo", "--quick", "--targets", "cpu.onnxruntime,ref", "--config", str(cfg),
+               "--out-dir", str(tmp_path / "demo"), "--cache-dir", str(store_dir)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "routing (examples: s.toml)" in out and "report:" in out
+    res = BenchResults.load(tmp_path / "demo" / "results.json")
+    assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst"}
+    assert [r["strategy"] for r in res.routing] == ["a", "b"]
+    assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
