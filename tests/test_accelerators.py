@@ -23,10 +23,24 @@ def _target(name: str):
     return hwb.get_registry().target(name)
 
 
+def _need_source(name: str) -> None:
+    """Keras zoo models need TensorFlow (and tf2onnx for the ONNX path); a GPU box may lack it."""
+    from hwb_plugins._util import importable
+    if not name.endswith("_torch") and not (importable("tensorflow") and importable("tf2onnx")):
+        pytest.skip(f"zoo {name!r} is a Keras model and TensorFlow/tf2onnx are not installed")
+
+
+def _need_usable(target: str) -> None:
+    a = _target(target).probe()
+    if not a.usable:
+        pytest.skip(f"{target} unavailable: {a.reason}")
+
+
 # -- tpu.xla ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ZOO)
 def test_xla_every_zoo_model_end_to_end(compiled, zoo_model, name):
+    _need_source(name)
     cm = compiled(name, "tpu.xla", "fp32")
     probe = _target("tpu.xla").probe()
     assert cm.mode is probe.mode
@@ -47,6 +61,7 @@ def test_xla_every_zoo_model_end_to_end(compiled, zoo_model, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ("mlp", "lstm_torch"))
 def test_xla_bf16_is_close_but_not_exact(compiled, name):
+    _need_source(name)
     cm = compiled(name, "tpu.xla", "bf16")
     f = cm.fidelity
     assert cm.artifact.meta["compute_dtype"] == "bfloat16"
@@ -56,6 +71,7 @@ def test_xla_bf16_is_close_but_not_exact(compiled, name):
 
 @pytest.mark.slow
 def test_xla_artifact_is_cached_and_reloads(compiled, zoo_model, store_dir):
+    _need_source("mlp")
     first = compiled("mlp", "tpu.xla", "fp32")
     again = hwb.compile(zoo_model("mlp"), "tpu.xla", "fp32", store=store_dir)
     assert again.artifact.cached and again.artifact.key == first.artifact.key
@@ -65,6 +81,7 @@ def test_xla_artifact_is_cached_and_reloads(compiled, zoo_model, store_dir):
 
 @pytest.mark.slow
 def test_xla_bad_input_is_a_clear_error(compiled):
+    _need_source("mlp")
     cm = compiled("mlp", "tpu.xla", "fp32")
     out = np.zeros((1, 3), np.float32)
     with pytest.raises(InputError, match="shape"):
@@ -109,6 +126,7 @@ def _edgetpu_absent() -> bool:
 
 
 def test_edgetpu_reason_without_compiler_or_device():
+    _need_usable("tpu.edgetpu")  # without TensorFlow it is unavailable for that reason instead
     if not _edgetpu_absent():
         pytest.skip("an Edge TPU compiler or device is present on this machine")
     a = _target("tpu.edgetpu").probe()
@@ -120,6 +138,7 @@ def test_edgetpu_reason_without_compiler_or_device():
 @pytest.mark.parametrize("name,corr,sign", [("mlp", 0.995, 0.99), ("lstm", 0.99, 0.95),
                                             ("signal", 0.995, 0.98)])
 def test_edgetpu_int8_end_to_end(compiled, zoo_model, name, corr, sign):
+    _need_usable("tpu.edgetpu")
     cm = compiled(name, "tpu.edgetpu", "int8")
     f = cm.fidelity
     assert f.corr > corr and f.sign_agree > sign, f
@@ -136,6 +155,7 @@ def test_edgetpu_int8_end_to_end(compiled, zoo_model, name, corr, sign):
 
 @pytest.mark.slow
 def test_edgetpu_int8_io(compiled, zoo_model, store_dir):
+    _need_usable("tpu.edgetpu")
     cm = hwb.compile(zoo_model("signal"), "tpu.edgetpu", "int8", options={"int8_io": True},
                      store=store_dir)
     assert cm.executor.int8_io and cm.artifact.meta["int8_io"]
@@ -147,6 +167,7 @@ def test_edgetpu_int8_io(compiled, zoo_model, store_dir):
 
 
 def test_edgetpu_rejects_bad_option(store_dir, zoo_model):
+    _need_usable("tpu.edgetpu")
     with pytest.raises(UnsupportedError, match="int8_io"):
         hwb.compile(zoo_model("signal"), "tpu.edgetpu", options={"int8_io": "yes"},
                     store=store_dir, isolate_compile=False)
@@ -167,17 +188,11 @@ def test_gpu_targets_say_why_they_are_unavailable(target, zoo_model, store_dir):
         hwb.compile(zoo_model("mlp_torch"), target, store=store_dir)
 
 
-def _need(target: str) -> None:
-    a = _target(target).probe()
-    if not a.usable:
-        pytest.skip(f"{target} unavailable: {a.reason}")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ("mlp_torch", "lstm_torch"))
 @pytest.mark.parametrize("precision", ("fp32", "fp16"))
 def test_gpu_torch_end_to_end(compiled, zoo_model, name, precision):
-    _need("gpu.torch")
+    _need_usable("gpu.torch")
     cm = compiled(name, "gpu.torch", precision)
     assert cm.mode is Mode.HARDWARE
     assert cm.executor.graph is not None  # replayed as a CUDA graph
@@ -195,7 +210,8 @@ def test_gpu_torch_end_to_end(compiled, zoo_model, name, precision):
 @pytest.mark.parametrize("name", ("mlp", "lstm_torch"))
 @pytest.mark.parametrize("precision", ("fp32", "fp16", "int8"))
 def test_gpu_tensorrt_end_to_end(compiled, name, precision):
-    _need("gpu.tensorrt")
+    _need_usable("gpu.tensorrt")
+    _need_source(name)
     cm = compiled(name, "gpu.tensorrt", precision)
     assert cm.mode is Mode.HARDWARE
     assert cm.artifact.meta["bound_to"]["gpu"] == cm.toolchain["gpu"]
