@@ -15,13 +15,16 @@ class TensorSpec:
     dtype: str = "float32"
 
     def batched(self, batch: int) -> tuple[int, ...]:
+        """The array shape for a batch of ``batch`` samples: ``(batch, *shape)``."""
         return (batch, *self.shape)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (artifact manifests)."""
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        """Inverse of :meth:`to_dict`."""
         return cls(d["name"], tuple(int(s) for s in d["shape"]), d.get("dtype", "float32"))
 
     def __str__(self) -> str:
@@ -55,20 +58,27 @@ class Availability:
 
     @property
     def usable(self) -> bool:
+        """Whether the target can compile and run here (hardware or emulated)."""
         return self.mode is not Mode.UNAVAILABLE
 
     @classmethod
     def hardware(cls, device: str, reason: str = "", **details: Any) -> "Availability":
+        """Runs on the real device; ``device`` names it (``"CPU (AMD EPYC)"``, ``"NVIDIA H100"``)."""
         return cls(Mode.HARDWARE, reason, device, details)
 
     @classmethod
     def emulated(cls, device: str, reason: str, **details: Any) -> "Availability":
+        """The artifact runs on a stand-in: ``device`` names it, ``reason`` says what is
+        missing and what stands in (reports and the router never show it as hardware)."""
         return cls(Mode.EMULATED, reason, device, details)
 
     @classmethod
     def unavailable(cls, reason: str, **details: Any) -> "Availability":
+        """Cannot run here; ``reason`` is what a person can act on
+        (``"tensorrt not importable (pip install tensorrt)"``)."""
         return cls(Mode.UNAVAILABLE, reason, "", details)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (``hwb targets --json``, reports)."""
         return {"mode": self.mode.value, "reason": self.reason, "device": self.device,
                 "details": self.details}

@@ -68,9 +68,11 @@ class Artifact:
     cached: bool = False
 
     def file(self, name: str) -> Path:
+        """Path of one file the target wrote into its ``workdir`` at compile time."""
         return self.path / name
 
     def size_bytes(self) -> int:
+        """Total size of the artifact's files on disk."""
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
 
@@ -80,11 +82,14 @@ class Executor(Protocol):
     shape ``(batch_size, *input.shape)`` in the input dtype, ``out`` a preallocated array of
     shape ``(batch_size, *output.shape)``; it allocates nothing and does no Python work beyond
     the library call. On a wrong array it raises :class:`~hwbackends.errors.InputError`
-    (use :func:`check_io` in the error path, never before the call)."""
+    before calling the library (NumPy assignment would silently broadcast or cast it): a few
+    cheap attribute checks first, then :func:`check_io` to build the message."""
 
     batch_size: int
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None: ...
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Run the variant on ``x`` and write the result into ``out``; allocate nothing."""
+        ...
 
 
 class Target:
@@ -152,7 +157,8 @@ class Converter:
 
 def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int) -> None:
     """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
-    Executors call it only after the fast path failed, so the hot path pays nothing."""
+    Executors call it only after their cheap shape/dtype/contiguity checks failed (or the
+    library raised), so the hot path never pays for building the message."""
     want_x = inp.batched(batch)
     want_o = outp.batched(batch)
     for label, arr, shape, dtype in (("input", x, want_x, inp.dtype), ("out", out, want_o, outp.dtype)):
