@@ -54,7 +54,7 @@ def bootstrap() -> dict[str, Any]:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     eps = importlib.metadata.entry_points(group="hwbackends")
-    if any(ep.name == "tpu_xla" for ep in eps):
+    if any(ep.name == "tpu_xla" for ep in eps) and importlib.util.find_spec("hwb_plugins"):
         return info
     # Not installed: link plugins/ as hwb_plugins and declare the entry points in a tiny
     # dist-info, both on sys.path and PYTHONPATH (the compile worker is a fresh interpreter).
