@@ -284,6 +284,7 @@ def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTa
                 hi = f
                 break
             lo = f
+            step *= 2  # far off the guess: widen fast, bisect back
     if hi is None:
         return None, sorted(probes.values(), key=lambda p: p.frac_bits)
     while hi - lo > 1:

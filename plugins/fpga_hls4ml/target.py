@@ -50,10 +50,13 @@ def _synth_tool(backend: str) -> str | None:
 class Hls4mlTarget(Target):
     name = "fpga.hls4ml"
     family = "fpga"
-    precisions = Precisions(("auto", "ap_fixed<16,6>", "ap_fixed<18,8>", "ap_fixed<24,10>"))
+    # Listed: only "auto" (what a sweep over precisions should build); accepted: also any
+    # explicit ap_fixed<W,I>, e.g. hls4ml's default "ap_fixed<16,6>".
+    precisions = Precisions(("auto",))
     calibrated = ("auto",)
     formats = ("keras", "torch")
-    description = "hls4ml HLS design; bit-accurate g++ C-simulation on the CPU (emulated)"
+    description = ("hls4ml HLS design; bit-accurate g++ C-simulation on the CPU (emulated); "
+                   "precision auto or any ap_fixed<W,I>")
     option_docs = {
         "backend": "hls4ml backend: Vitis (default) or Vivado (C-sim builds for both; "
                    "Quartus/oneAPI/Catapult are refused with the reason)",

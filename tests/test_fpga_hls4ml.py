@@ -1,0 +1,325 @@
+"""fpga.hls4ml: real hls4ml 1.3.0 + g++ C-simulation end to end; bitstream store; reports.
+
+The slow tests build four designs in all (mlp auto, mlp ap_fixed<16,6>, lstm auto, one
+search inside each auto), shared through the session store. Everything that needs Vitis HLS
+or an FPGA board skips with the reason.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hwbackends as hwb
+from hwbackends.errors import CacheError, InputError, UnsupportedError
+from hwbackends.registry import get_registry
+from hwbackends.specs import Mode
+from hwbackends.store import ArtifactStore
+from hwbackends.target import CompileOptions
+
+TARGET = "fpga.hls4ml"
+DATA = Path(__file__).parent / "data"
+
+
+def _target():
+    return get_registry().target(TARGET)
+
+
+# -- registration, options, precisions (fast) ------------------------------------------------
+def test_registered_and_emulated_with_reasons():
+    t = _target()
+    av = t.probe()
+    assert av.mode is Mode.EMULATED, av
+    assert "C-simulation" in av.reason
+    if shutil.which("vitis_hls") is None:
+        assert "vitis_hls not on PATH" in av.reason and av.details["synthesis"] is False
+    out = subprocess.run([sys.executable, "-m", "hwbackends.cli", "targets"], capture_output=True,
+                         text=True, timeout=120)
+    if out.returncode == 0:  # the CLI module may be invoked as `hwb`; the listing is what matters
+        assert TARGET in out.stdout
+
+
+def test_precisions_accept_explicit_fixed_point_only():
+    t = _target()
+    assert t.precisions[0] == "auto"
+    for ok in ("auto", "ap_fixed<16,6>", "ap_fixed<18,8>", "fixed<12,4>", "ap_fixed<16,6,AP_RND,AP_SAT>"):
+        assert ok in t.precisions, ok
+    for bad in ("fp32", "int8", "ap_fixed<16>", "ap_fixed<4,9>", "ap_fixed<100,6>", ""):
+        assert bad not in t.precisions, bad
+    with pytest.raises(UnsupportedError, match="precisions"):
+        hwb.compile("zoo:mlp", TARGET, "fp16")
+
+
+def test_bad_options_are_refused_with_the_choices():
+    from hwb_plugins.fpga_hls4ml.convert import HlsOptions
+    from hwb_plugins.fpga_hls4ml.precision import FidelityTarget
+
+    with pytest.raises(UnsupportedError, match="io_parallel"):
+        HlsOptions.from_extra({"io_type": "io_serial"})
+    with pytest.raises(UnsupportedError, match="Vitis"):
+        HlsOptions.from_extra({"backend": "Quartus"})
+    with pytest.raises(UnsupportedError, match="reuse_factor"):
+        HlsOptions.from_extra({"reuse_factor": 0})
+    with pytest.raises(UnsupportedError, match="corr_min"):
+        FidelityTarget.from_option({"corr": 0.9})
+    with pytest.raises(UnsupportedError, match="no option"):
+        hwb.compile("zoo:mlp", TARGET, options={"reuse": 2})
+
+
+def test_unsupported_layer_names_the_layer_and_hls4mls_list(tmp_path):
+    import keras
+
+    from hwbackends.models import load_model
+
+    km = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="d"),
+                           keras.layers.UnitNormalization(name="unit_norm")])
+    m = load_model(km, name="odd")
+    with pytest.raises(UnsupportedError) as ei:
+        _target().compile(m, CompileOptions("auto", calibration=m.representative(8)), tmp_path)
+    msg = str(ei.value)
+    assert "'unit_norm' (UnitNormalization)" in msg
+    assert "Dense" in msg and "LSTM" in msg  # hls4ml's supported list is quoted
+
+
+# -- automatic precision: pure functions (fast) ---------------------------------------------
+def test_integer_bits_and_search_logic():
+    from hwb_plugins.fpga_hls4ml import precision as P
+    from hwbackends.fidelity import Fidelity
+
+    assert P.int_bits(0.9) == 1 and P.int_bits(1.0) == 2 and P.int_bits(3.01) == 3
+    assert P.int_bits(3.01, signed=False) == 2 and P.int_bits(3.01, headroom=1) == 4
+    assert P.int_bits(0.0) == 1
+    # A monotone oracle: rel_err ≤ 0.01 × 0.5 (the search margin) from f=13 up. The search
+    # must find 13, probing each f at most once and few in all.
+    calls = []
+
+    def evaluate(f):
+        calls.append(f)
+        err = 2.0 ** -f * 40
+        return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0
+
+    target = P.FidelityTarget()
+    for start in (6, 11, 13, 16, 22):
+        calls.clear()
+        best, probes = P.search(evaluate, target, start)
+        assert best == 13, (start, calls)
+        assert len(calls) == len(set(calls)) <= (6 if abs(start - 13) <= 4 else 7), calls
+    best, probes = P.search(lambda f: (Fidelity(1, 1, 1, 1, 0, 0, None), 0.0), target, 10)
+    assert best is None and probes
+
+
+# -- end to end: real hls4ml + g++ ------------------------------------------------------------
+@pytest.mark.slow
+def test_mlp_auto_meets_the_target_where_hls4ml_default_fails(compiled):
+    from hwb_plugins.fpga_hls4ml.precision import FidelityTarget
+
+    tol = FidelityTarget().tolerance()
+    default = compiled("mlp", TARGET, "ap_fixed<16,6>")
+    auto = compiled("mlp", TARGET, "auto")
+    assert default.mode is Mode.EMULATED and auto.mode is Mode.EMULATED
+    # hls4ml's default: Dense results inferred as fixed<38,18> feed the softmax, whose table
+    # index is the top bits of that wide type → outputs collapse towards 1/3.
+    assert tol.violations(default.fidelity), default.fidelity
+    assert not tol.violations(auto.fidelity), auto.fidelity  # on validation data, unseen
+    meta = auto.artifact.meta
+    assert meta["meets_target"] and meta["builds"] >= 2 and meta["search"]["probes"]
+    assert meta["bits"]["total_bits"] < default.artifact.meta["bits"]["total_bits"]
+    widths = meta["bits"]["result_widths"]
+    assert max(widths.values()) <= 24, widths  # narrow, not a blanket wide type
+    json.dumps(auto.describe(), default=str)
+
+
+@pytest.mark.slow
+def test_lstm_auto_end_to_end(compiled, zoo_model):
+    from hwb_plugins.fpga_hls4ml.precision import FidelityTarget
+
+    cm = compiled("lstm", TARGET, "auto")
+    assert not FidelityTarget().tolerance().violations(cm.fidelity), cm.fidelity
+    m = zoo_model("lstm")
+    x = m.representative(64, seed=5)
+    y = cm.predict(x)
+    ref = m.reference(x)
+    assert np.corrcoef(y.ravel(), ref.ravel())[0, 1] > 0.999
+    # the hot path gives the same numbers as the batch path, sample by sample
+    out = np.empty(cm.output.batched(1), np.float32)
+    for i in (0, 17, 63):
+        cm.predict_into(np.ascontiguousarray(x[i:i + 1]), out)
+        np.testing.assert_array_equal(out[0], y[i])
+    types = cm.artifact.meta["types"]
+    assert types["lstm"]["result"] == types["window"]["result"]  # hls4ml's LSTM needs one type
+
+
+@pytest.mark.slow
+def test_bad_input_raises_and_process_survives(compiled):
+    cm = compiled("mlp", TARGET, "auto")
+    out = np.empty(cm.output.batched(1), np.float32)
+    for x in (np.zeros((1, 63), np.float32), np.zeros((1, 64), np.float64),
+              np.zeros((2, 64), np.float32), np.zeros((64, 2), np.float32).T[:1]):
+        with pytest.raises(InputError):
+            cm.predict_into(x, out)
+    with pytest.raises(InputError):
+        cm.predict_into(np.zeros((1, 64), np.float32), np.empty((1, 2), np.float32))
+    cm.predict_into(np.zeros((1, 64), np.float32), out)
+    assert np.isfinite(out).all() and abs(out.sum() - 1) < 0.05
+
+
+@pytest.mark.slow
+def test_warm_load_from_the_store_without_rebuilding(compiled, zoo_model, store_dir, tmp_path):
+    first = compiled("mlp", TARGET, "auto")
+    again = hwb.compile(zoo_model("mlp"), TARGET, "auto", store=store_dir, fidelity=False)
+    assert again.artifact.cached and again.artifact.key == first.artifact.key
+    x = zoo_model("mlp").representative(8, seed=2)
+    np.testing.assert_array_equal(again.predict(x), first.predict(x))
+    # A fresh dlopen (new path, so not the handle already open) in well under a second.
+    copy = tmp_path / "art"
+    shutil.copytree(first.artifact.path, copy)
+    art = type(first.artifact)(**{**first.artifact.__dict__, "path": copy})
+    t0 = time.perf_counter()
+    ex = _target().load(art, CompileOptions("auto"))
+    y = np.empty((1, 3), np.float32)
+    ex.predict_into(np.ascontiguousarray(x[:1]), y)
+    assert time.perf_counter() - t0 < 1.0
+    np.testing.assert_array_equal(y[0], first.predict(x[:1])[0])
+
+
+@pytest.mark.slow
+def test_corrupt_library_is_detected(compiled, tmp_path):
+    first = compiled("mlp", TARGET, "auto")
+    key = first.artifact.key
+    root = tmp_path / "store"
+    st = ArtifactStore(root)
+    shutil.copytree(first.artifact.path, st.path_for(key))
+    assert st.get(key) is not None
+    lib = st.path_for(key) / "csim" / "libmyproject.so"
+    blob = bytearray(lib.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    lib.write_bytes(bytes(blob))
+    assert st.get(key) is None  # hash mismatch: removed, the next compile rebuilds
+    # A library that cannot be opened at all (truncated) is refused by load(), which makes
+    # hwb.compile evict the entry and rebuild.
+    copy = tmp_path / "art"
+    shutil.copytree(first.artifact.path, copy)
+    (copy / "csim" / "libmyproject.so").write_bytes(b"\x7fELF truncated")
+    art = type(first.artifact)(**{**first.artifact.__dict__, "path": copy})
+    with pytest.raises(CacheError, match="dlopen"):
+        _target().load(art, CompileOptions("auto"))
+
+
+@pytest.mark.slow
+def test_synthesis_fields_absent_without_the_tool(compiled):
+    syn = compiled("mlp", TARGET, "auto").artifact.meta["synthesis"]
+    if shutil.which("vitis_hls"):
+        pytest.skip("vitis_hls is on PATH: the absent-tool path does not apply")
+    assert syn["available"] is False and "vitis_hls not on PATH" in syn["reason"]
+    assert "report" not in syn
+
+
+def test_synthesis_runs_with_vitis_hls():
+    if shutil.which("vitis_hls") is None:
+        pytest.skip("vitis_hls not on PATH: C-synthesis needs AMD Vitis HLS installed")
+    cm = hwb.compile("zoo:signal", TARGET, "auto", options={"synth": True})
+    rep = cm.artifact.meta["synthesis"]["report"]
+    assert rep["latency_max_cycles"] >= rep["latency_min_cycles"] > 0 and rep["lut"] > 0
+
+
+# -- synthesis report parsing (checked-in sample) --------------------------------------------
+def test_csynth_report_parsing():
+    from hwb_plugins.fpga_hls4ml.synth import parse_csynth_report
+
+    text = (DATA / "vitis_hls_csynth_sample.xml").read_text()
+    assert "NOT a measurement" in text
+    r = parse_csynth_report(text)
+    assert (r.latency_min_cycles, r.latency_max_cycles) == (9, 11)
+    assert (r.latency_min_ns, r.latency_max_ns) == (45.0, 55.0)
+    assert (r.interval_min, r.interval_max) == (1, 1)
+    assert (r.lut, r.ff, r.dsp, r.bram_18k, r.uram) == (49318, 15420, 1062, 4, 0)
+    assert r.clock_target_ns == 5.0 and r.clock_estimated_ns == 3.65
+    assert r.part == "xcvu13p-flga2577-2-e" and r.available["DSP"] == 12288
+    # Vivado HLS spelling (DSP48E), cycles only (ns from the target clock), unbounded latency
+    old = text.replace("<DSP>1062</DSP>", "<DSP48E>7</DSP48E>").replace(
+        "<Best-caseRealTimeLatency>45.000 ns</Best-caseRealTimeLatency>", "").replace(
+        "<Worst-caseLatency>11</Worst-caseLatency>", "<Worst-caseLatency>undef</Worst-caseLatency>")
+    r2 = parse_csynth_report(old)
+    assert r2.dsp == 7 and r2.latency_min_ns == 45.0 and r2.latency_max_cycles is None
+    assert "latency_max_cycles" not in r2.to_dict()  # absent, never invented
+    with pytest.raises(ValueError, match="profile"):
+        parse_csynth_report("<report/>")
+
+
+# -- bitstream store ------------------------------------------------------------------------
+@pytest.fixture
+def bitstore(tmp_path):
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamStore
+
+    bit, hwh = tmp_path / "x.bit", tmp_path / "x.hwh"
+    bit.write_bytes(b"\x00\x09\x0f\xf0" + bytes(range(256)) * 4)  # store content, not a design
+    hwh.write_text("<MODULES/>")
+    st = BitstreamStore(tmp_path / "bitstreams")
+    st.add("Pynq-Z2", "f" * 32, bit, hwh, part="xc7z020clg400-1",
+           hls4ml_config={"Model": {"Precision": "fixed<16,6>"}},
+           io={"input_type": "float", "output_type": "float", "n_in": 64, "n_out": 3})
+    return st
+
+
+def test_bitstream_manifest_validates(bitstore):
+    e = bitstore.find("Pynq-Z2", "f" * 32)
+    m = e.manifest
+    assert e.bit.exists() and e.hwh.exists()
+    for k in ("board", "part", "fingerprint", "hls4ml_config", "files", "build_date"):
+        assert k in m
+    assert len(m["files"]["design.bit"]) == 64
+    assert bitstore.find("Pynq-Z2", "0" * 32) is None  # nothing stored for that model
+
+
+def test_bitstream_tamper_and_mismatch_refused(bitstore):
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamRefused, validate
+
+    d = bitstore.root / "Pynq-Z2" / ("f" * 32)
+    with pytest.raises(BitstreamRefused, match="board"):
+        validate(d, board="ZCU102", fingerprint="f" * 32)
+    with pytest.raises(BitstreamRefused, match="implements model"):
+        validate(d, board="Pynq-Z2", fingerprint="e" * 32)
+    bit = d / "design.bit"
+    blob = bytearray(bit.read_bytes())
+    blob[10] ^= 1
+    bit.write_bytes(bytes(blob))
+    with pytest.raises(BitstreamRefused, match="sha256"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    man = json.loads((d / "manifest.json").read_text())
+    del man["part"]
+    (d / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BitstreamRefused, match="lacks part"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    with pytest.raises(BitstreamRefused):
+        bitstore.find("../etc", "f" * 32)
+
+
+def test_pynq_overlay_on_a_board():
+    from hwb_plugins._util import importable
+
+    if not importable("pynq"):
+        pytest.skip("pynq not importable: no PYNQ board (mode hardware needs a board image)")
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamStore, detect_board
+
+    board = detect_board()
+    if board is None:
+        pytest.skip("pynq importable but BOARD is not set: not running on a PYNQ image")
+    manifests = sorted((BitstreamStore().root / board).glob("*/manifest.json"))
+    if not manifests:
+        pytest.skip(f"no bitstream for board {board} in bitstreams/")
+    from hwb_plugins.fpga_hls4ml.pynq_exec import PynqExecutor
+    from hwbackends.specs import TensorSpec
+
+    entry = BitstreamStore().find(board, manifests[0].parent.name)
+    io = entry.manifest["io"]
+    ex = PynqExecutor(entry, 1, TensorSpec("input", (io["n_in"],)), TensorSpec("output", (io["n_out"],)))
+    out = np.full((1, io["n_out"]), np.nan, np.float32)
+    ex.predict_into(np.zeros((1, io["n_in"]), np.float32), out)
+    assert np.isfinite(out).all()
+    ex.close()
