@@ -1,0 +1,282 @@
+"""gRPC endpoint (``hwbackends.serve.v1.SignalService``, proto in ``serve/proto/``).
+
+Secure by default: TLS (``grpc.ssl_server_credentials``) and a bearer token checked by a
+server interceptor (``authorization: Bearer <token>`` metadata, constant-time compare). Both
+can be turned off only with ``insecure_loopback=True``, and then only on a loopback address,
+for local development. Requests over ``max_request_bytes`` are refused by gRPC itself
+(RESOURCE_EXHAUSTED) before any parsing; malformed payloads get INVALID_ARGUMENT with what was
+expected; an unknown strategy NOT_FOUND. The call's gRPC deadline is honoured: the engine
+deadline is the smaller of it and the request's ``deadline_us``, and a miss is an
+``UNAVAILABLE`` *response* (the strategy skips the tick), not an error.
+"""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import socket
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from .engine import Engine, Unavailable
+
+log = logging.getLogger("hwbackends.serve")
+
+
+def _grpc() -> Any:
+    try:
+        import grpc
+    except ImportError as exc:  # pragma: no cover
+        raise ConfigError("the gRPC endpoint needs grpcio: pip install 'hwbackends[serve]'") from exc
+    return grpc
+
+
+def _pb() -> tuple[Any, Any]:
+    from .proto import signal_pb2, signal_pb2_grpc
+    return signal_pb2, signal_pb2_grpc
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def self_signed_cert(host: str = "127.0.0.1", days: int = 7) -> TLSFiles:
+    """A throwaway self-signed certificate for ``host`` (tests, local development)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))])
+    except ValueError:
+        san = x509.SubjectAlternativeName([x509.DNSName(host)])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(san, critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return TLSFiles(cert.public_bytes(serialization.Encoding.PEM),
+                    key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+
+
+def _auth_interceptor(token: str) -> Any:
+    grpc = _grpc()
+    expected = f"bearer {token}".encode()
+
+    def deny(request: Any, context: Any) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      "missing or wrong token: send metadata ('authorization', 'Bearer <token>')")
+
+    deny_handler = grpc.unary_unary_rpc_method_handler(deny)
+
+    class Auth(grpc.ServerInterceptor):
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            for k, v in details.invocation_metadata or ():
+                if k == "authorization":
+                    got = (v if isinstance(v, str) else v.decode(errors="replace"))
+                    # case-insensitive scheme, constant-time comparison of the whole value
+                    got_b = (got[:7].lower() + got[7:]).encode()
+                    if hmac.compare_digest(got_b, expected):
+                        return continuation(details)
+            return deny_handler
+    return Auth()
+
+
+class _Servicer:
+    def __init__(self, engines: Mapping[str, Engine]):
+        self.engines = dict(engines)
+        self.pb, _ = _pb()
+
+    def _engine(self, name: str, context: Any) -> Engine:
+        grpc = _grpc()
+        if not name and len(self.engines) == 1:
+            return next(iter(self.engines.values()))
+        eng = self.engines.get(name)
+        if eng is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown strategy {name!r}; served: "
+                          f"{', '.join(self.engines)}")
+        return eng  # type: ignore[return-value]
+
+    def Info(self, request: Any, context: Any) -> Any:
+        eng = self._engine(request.strategy, context)
+        return self.pb.InfoResponse(input_shape=eng.input_shape, output_shape=eng.output_shape,
+                                    model_version=eng.version, variant=eng.variant,
+                                    strategies=list(self.engines))
+
+    def Predict(self, request: Any, context: Any) -> Any:
+        grpc = _grpc()
+        pb = self.pb
+        eng = self._engine(request.strategy, context)
+        shape = tuple(request.shape)
+        if shape != eng.input_shape:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"shape {list(shape)}: strategy {request.strategy!r} takes samples of "
+                          f"shape {list(eng.input_shape)} (float32, little-endian, C order)")
+        per = int(np.prod(eng.input_shape)) * 4
+        nbytes = len(request.features)
+        if nbytes == 0 or nbytes % per:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"features has {nbytes} bytes; expected a positive multiple of {per} "
+                          f"(n samples × {list(eng.input_shape)} float32)")
+        xs = np.frombuffer(request.features, dtype="<f4").reshape(-1, *eng.input_shape)
+        remaining = context.time_remaining()  # None without a client deadline
+        # 90% of the gRPC time left: the "unavailable" answer must reach the client in time
+        budget = [v for v in (request.deadline_us or None,
+                              remaining * 0.9e6 if remaining is not None else None) if v]
+        deadline_us = min(budget) if budget else None
+        if remaining is not None and remaining <= 0:
+            return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason="deadline",
+                                      model_version=eng.version, variant=eng.variant)
+        try:
+            handles = [eng.submit(np.ascontiguousarray(x, dtype=np.float32), deadline_us) for x in xs]
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        out = np.empty((len(xs), *eng.output_shape), np.float32)
+        for i, h in enumerate(handles):
+            res = eng.wait(h, out[i])
+            if isinstance(res, Unavailable):
+                return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=res.reason,
+                                          model_version=eng.version, variant=eng.variant)
+        if not context.is_active():  # the client left (cancelled / vanished): nothing to send
+            return pb.PredictResponse()
+        return pb.PredictResponse(status=pb.PredictResponse.OK, outputs=out.astype("<f4").tobytes(),
+                                  shape=eng.output_shape, model_version=eng.version,
+                                  variant=eng.variant)
+
+
+class GrpcServer:
+    """Serve engines (``{strategy: Engine}``) over gRPC. ``port=0`` picks a free port."""
+
+    def __init__(self, engines: Mapping[str, Engine] | Engine, *, host: str = "127.0.0.1",
+                 port: int = 0, tls: TLSFiles | None = None, token: str | None = None,
+                 insecure_loopback: bool = False, max_request_bytes: int = 1 << 20,
+                 workers: int = 8):
+        grpc = _grpc()
+        _, pbg = _pb()
+        if isinstance(engines, Engine):
+            engines = {engines.strategy: engines}
+        if insecure_loopback:
+            if not is_loopback(host):
+                raise ConfigError(f"insecure_loopback is for local development only; {host} is "
+                                  f"not a loopback address. Give TLS files and a token instead.")
+        else:
+            missing = [w for w, v in (("TLS certificate/key", tls), ("token", token)) if not v]
+            if missing:
+                raise ConfigError(f"the gRPC endpoint needs {' and '.join(missing)} (TLS and token "
+                                  f"auth are on by default); for loopback development only, pass "
+                                  f"insecure_loopback=True (hwb serve --insecure-loopback)")
+        if token is not None and len(token) < 16:
+            raise ConfigError("the token must be at least 16 characters (secrets.token_urlsafe())")
+        interceptors = [_auth_interceptor(token)] if token else []
+        self.max_request_bytes = max_request_bytes
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hwb-grpc"),
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", max_request_bytes),
+                     ("grpc.max_send_message_length", 16 << 20),
+                     ("grpc.so_reuseport", 0)])
+        servicer = _Servicer(engines)
+        pbg.add_SignalServiceServicer_to_server(servicer, self._server)
+        addr = f"{host}:{port}"
+        if tls is not None:
+            creds = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
+            self.port = self._server.add_secure_port(addr, creds)
+        else:
+            self.port = self._server.add_insecure_port(addr)
+        if self.port == 0:
+            raise ConfigError(f"could not bind {addr}")
+        self.host = host
+        self.secure = tls is not None
+        self._server.start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._server.stop(grace).wait(grace + 5)
+
+    def __enter__(self) -> "GrpcServer":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.stop()
+
+
+class GrpcClient:
+    """A client for :class:`GrpcServer` (also what the load-test client uses)."""
+
+    def __init__(self, address: str, *, token: str | None = None, root_cert: bytes | None = None,
+                 insecure: bool = False, timeout_s: float = 5.0):
+        grpc = _grpc()
+        pb, pbg = _pb()
+        self.pb = pb
+        self.timeout_s = timeout_s
+        if insecure:
+            host = address.rsplit(":", 1)[0]
+            if not is_loopback(host):
+                raise ConfigError("an insecure channel is only allowed to a loopback address")
+            self._channel = grpc.insecure_channel(address)
+        else:
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_cert))
+        self._meta = (("authorization", f"Bearer {token}"),) if token else ()
+        self.stub = pbg.SignalServiceStub(self._channel)
+
+    def info(self, strategy: str = "") -> Any:
+        return self.stub.Info(self.pb.InfoRequest(strategy=strategy), metadata=self._meta,
+                              timeout=self.timeout_s)
+
+    def predict(self, strategy: str, x: np.ndarray, *, batch: bool = False,
+                timeout_s: float | None = None, deadline_us: float = 0.0) -> np.ndarray | Unavailable:
+        """Outputs for one sample (or ``(n, *out)`` for ``batch=True`` and ``x`` of ``(n, ...)``),
+        or :class:`Unavailable`. gRPC errors (auth, bad input, limits) raise ``grpc.RpcError``
+        carrying the server's status code and message."""
+        x = np.ascontiguousarray(x, dtype="<f4")
+        single = not batch
+        shape = x.shape[1:] if batch else x.shape
+        req = self.pb.PredictRequest(strategy=strategy, features=x.tobytes(), shape=shape,
+                                     deadline_us=deadline_us)
+        resp = self.stub.Predict(req, metadata=self._meta, timeout=timeout_s or self.timeout_s)
+        if resp.status != self.pb.PredictResponse.OK:
+            return Unavailable(resp.reason)
+        y = np.frombuffer(resp.outputs, dtype="<f4").reshape(-1, *resp.shape)
+        return y[0] if single else y
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "GrpcClient":
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
