@@ -88,6 +88,8 @@ class BenchConfig(_Strict):
     n: int = Field(2000, ge=50)
     warmup: int = Field(200, ge=0)
     max_s: float = Field(5.0, gt=0)
+    #: Candidates are measured interleaved in this many rounds (n/rounds calls each per round).
+    rounds: int = Field(5, ge=1)
 
 
 class RouterConfig(_Strict):

@@ -130,6 +130,62 @@ def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache 
     return prof, False
 
 
+def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, rounds: int = 5,
+                        cache: ProfileCache | None = None, refresh: bool = False,
+                        data: np.ndarray | None = None) -> list[tuple[LatencyProfile, bool]]:
+    """Single-stream profiles of several variants measured *interleaved*: ``rounds`` rounds,
+    each running every variant for ``n / rounds`` calls, samples pooled per variant. Machine
+    noise (another process, a frequency change) then falls on all candidates alike instead of
+    on whichever was measured at the wrong moment, which is what a ranking needs. Variants
+    with a cached profile are not re-measured (unless ``refresh``)."""
+    fp = machine_mod.fingerprint()
+    keys = [profile_key(cm.artifact.key, fp["id"], scenario.key() | {"rounds": rounds},
+                        cm.batch_size) for cm in cms]
+    out: list[tuple[LatencyProfile, bool] | None] = [None] * len(cms)
+    todo = []
+    for i, (cm, key) in enumerate(zip(cms, keys)):
+        hit = None if (cache is None or refresh) else cache.get(key)
+        if hit is not None:
+            hit.fidelity = cm.fidelity.to_dict() if cm.fidelity else hit.fidelity
+            out[i] = (hit, True)
+        else:
+            todo.append(i)
+    if todo:
+        per = max(scenario.n // rounds, 1)
+        bufs = {i: (input_set(data, cms[i], cms[i].batch_size),
+                    np.zeros(cms[i].output.batched(cms[i].batch_size), np.float32)) for i in todo}
+        pools: dict[int, list[np.ndarray]] = {i: [] for i in todo}
+        walls = {i: 0.0 for i in todo}
+        for r in range(rounds):
+            for i in todo:
+                xs, o = bufs[i]
+                t = closed_loop(cms[i].predict_into, xs, o, per, scenario.max_s / rounds,
+                                scenario.warmup if r == 0 else min(scenario.warmup, 20))
+                pools[i].append(t.latency_ns)
+                walls[i] += t.wall_s
+                if t.interrupted:
+                    raise KeyboardInterrupt
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = None
+        for i in todo:
+            cm = cms[i]
+            stats = summarize(np.concatenate(pools[i]))
+            prof = LatencyProfile(
+                variant=cm.variant, target=cm.target, precision=cm.precision,
+                batch_size=cm.batch_size, scenario=scenario.name,
+                params=scenario.key() | {"rounds": rounds, "loadavg_1m": load}, mode=cm.mode.value,
+                throughput=stats["n"] * cm.batch_size / walls[i] if walls[i] else 0.0,
+                duration_s=walls[i], machine=fp,
+                fidelity=cm.fidelity.to_dict() if cm.fidelity else None,
+                artifact_key=cm.artifact.key, **stats)
+            if cache is not None:
+                cache.put(keys[i], prof)
+            out[i] = (prof, False)
+    return [o for o in out if o is not None]
+
+
 def select_targets(reg: "Registry", patterns: Sequence[str]) -> list[str]:
     """Registered target names matching any glob in ``patterns`` (error if a pattern matches
     nothing: a typo must not silently bench nothing)."""

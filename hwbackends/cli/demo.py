@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(args.config)  # fail early on a bad config, before any measuring
     n = 300 if args.quick else args.n
-    # Same parameters as the router's own profile, so the routing table and the report's
-    # single-stream table are one measurement (the profile cache joins them).
+    # The router measures its candidates again, interleaved (plan.py); the report shows both:
+    # this single-stream run per variant and the router's own profile per candidate.
     single = SingleStream(n=cfg.router.bench.n if not args.quick else n,
                           warmup=cfg.router.bench.warmup, max_s=cfg.router.bench.max_s)
     scenarios = [single, Server(rate_hz=2000, n=n, max_s=3.0),

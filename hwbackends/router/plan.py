@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..bench import LatencyProfile, ProfileCache, SingleStream, cached_measure
+from ..bench import LatencyProfile, ProfileCache, SingleStream
+from ..bench.harness import measure_interleaved
 from ..errors import HwbError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -173,7 +174,16 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                 c.reasons = [f"emulated ({av.reason}): its latency is not this hardware's; "
                              f"set allow_emulated = true to rank it"]
                 continue
-            c.profile, c.profile_cached = cached_measure(c.cm, bench, cache, refresh=refresh)
+            c.status = "to-measure"
+    # Measure the survivors together, interleaved, so they are compared under the same noise.
+    todo = [c for c in cands if c.status == "to-measure"]
+    if todo:
+        say(f"{name}: measuring {len(todo)} candidate(s) interleaved "
+            f"({bench.n} calls each in {cfg.router.bench.rounds} rounds)")
+        profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
+                                    cache, refresh)
+        for c, (prof, hit) in zip(todo, profs):
+            c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
 
 
