@@ -90,10 +90,52 @@ def check_keras_layers(km: Any) -> None:
 
 
 def _torch_module(obj: Any) -> Any:
+    """An ``nn.Module`` hls4ml's FX-based converter can trace.
+
+    Torch models reach the isolated compile worker as ``torch.export`` programs (the core's
+    transport format), whose unlifted module hls4ml cannot read (its parameters are renamed).
+    A chain of aten linear/activation ops is rebuilt as the ``nn.Sequential`` it came from,
+    with the exported weights; any other op is refused by name."""
     import torch
-    if isinstance(obj, torch.export.ExportedProgram):
-        return obj.module()
-    return obj
+    if not isinstance(obj, torch.export.ExportedProgram):
+        return obj
+    from torch import nn
+
+    params = {**obj.graph_signature.inputs_to_parameters, **obj.graph_signature.inputs_to_buffers}
+    state = obj.state_dict
+    acts = {"aten.relu.default": nn.ReLU, "aten.tanh.default": nn.Tanh,
+            "aten.sigmoid.default": nn.Sigmoid}
+    layers: list[Any] = []
+    prev = None
+    for n in obj.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        target = str(n.target)
+        args = list(n.args)
+        if prev is not None and (not args or args[0] is not prev):
+            raise UnsupportedError(f"the exported PyTorch graph branches at op {target} (node "
+                                   f"{n.name!r}); the hls4ml target rebuilds only sequential "
+                                   f"chains from torch.export programs — pass a Keras model")
+        if target == "aten.linear.default":
+            w = state[params[args[1].name]]
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=len(args) > 2 and args[2] is not None)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+                if lin.bias is not None:
+                    lin.bias.copy_(state[params[args[2].name]])
+            layers.append(lin)
+        elif target in acts:
+            layers.append(acts[target]())
+        elif target == "aten.softmax.int" and args[1] in (-1, 1):
+            layers.append(nn.Softmax(dim=-1))
+        else:
+            raise UnsupportedError(
+                f"hls4ml target: op {target} (node {n.name!r}) of the exported PyTorch model "
+                f"cannot be rebuilt for hls4ml's converter (sequential Linear/ReLU/Tanh/Sigmoid/"
+                f"Softmax chains only). hls4ml's supported PyTorch layers: "
+                f"{', '.join(supported_layers('torch'))}. Pass the Keras twin of the model")
+        prev = n
+    return nn.Sequential(*layers).eval()
 
 
 def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str, Any]:
@@ -111,6 +153,8 @@ def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str
                 _torch_module(model.obj), tuple(model.input.shape), granularity="name",
                 backend=opts.backend, default_precision=default_precision,
                 default_reuse_factor=opts.reuse_factor)
+        except UnsupportedError:
+            raise
         except Exception as exc:
             raise _torch_error(exc) from exc
     cfg["Model"]["Strategy"] = opts.strategy
@@ -143,6 +187,8 @@ def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> 
             raise _unsupported(layer, cls, "keras", f"{type(exc).__name__}: {str(exc)[:300]}") from exc
     try:
         return hls4ml.converters.convert_from_pytorch_model(_torch_module(model.obj), **kw)
+    except UnsupportedError:
+        raise
     except Exception as exc:
         raise _torch_error(exc) from exc
 
