@@ -62,7 +62,7 @@ class Registry:
             return []
         try:
             return list(impl() or [])
-        except Exception as exc:  # a plugin's bug is reported, not propagated
+        except (Exception, SystemExit) as exc:  # a plugin's bug is reported, not propagated
             self.problems.append(PluginProblem(plugin_name, hook_name, _short(exc)))
             return []
 
@@ -114,14 +114,14 @@ def build_registry(entry_points: bool = True) -> Registry:
             t0 = time.perf_counter()
             try:
                 plugin = ep.load()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # some libraries sys.exit() on import
                 reg.problems.append(PluginProblem(ep.name, "import", _short(exc)))
                 continue
             finally:
                 reg.import_seconds[ep.name] = time.perf_counter() - t0
             try:
                 reg.register(plugin, ep.name)
-            except Exception as exc:  # pluggy validation (bad hookimpl signature...)
+            except (Exception, SystemExit) as exc:  # pluggy validation (bad hookimpl signature...)
                 reg.problems.append(PluginProblem(ep.name, "register", _short(exc)))
     return reg
 
