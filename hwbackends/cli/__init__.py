@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from ..errors import HwbError
 
 #: Subcommand modules, in the order ``hwb --help`` lists them.
-COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin")
+COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,109 @@
+"""``hwb serve MODEL --target T [--grpc-port P --tls-cert C --tls-key K --token-file F]
+[--shm NAME] [--metrics-port M]``: serve one compiled variant (or a router strategy with
+``--config strategies.toml --strategy S``) until Ctrl-C or ``--duration``."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+
+from . import stderr_progress
+from .compile import add_model_args, compile_from_args
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model over shared memory and/or gRPC, with metrics")
+    add_model_args(p)
+    p.add_argument("--config", help="strategies.toml: serve a router strategy instead of MODEL")
+    p.add_argument("--strategy", default=None, help="strategy name (with --config), else a label")
+    p.add_argument("--preset", default="latency", choices=("single", "latency", "balanced", "throughput"))
+    p.add_argument("--batch-sizes", default=None,
+                   help="comma-separated allowed batch sizes, compiled one variant each (e.g. 1,2,4)")
+    p.add_argument("--deadline-us", type=float, default=None, help="default per-call deadline")
+    p.add_argument("--cache-entries", type=int, default=0, help="inference cache size (0: off)")
+    p.add_argument("--pin", default=None, help="comma-separated cores for the serving thread")
+    p.add_argument("--shm", default=None, metavar="NAME", help="shared-memory endpoint name")
+    p.add_argument("--shm-slots", type=int, default=8)
+    p.add_argument("--grpc-port", type=int, default=None)
+    p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
+    p.add_argument("--tls-cert", help="PEM certificate file")
+    p.add_argument("--tls-key", help="PEM private key file")
+    p.add_argument("--token-file", help="file holding the bearer token clients must send")
+    p.add_argument("--insecure-loopback", action="store_true",
+                   help="no TLS and no token (loopback development only)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (opt-in)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..serve import Engine, EngineConfig, RouterStrategy
+    from ..serve.grpc_server import GrpcServer, TLSFiles
+    from ..serve.metrics import PromMetrics
+    from ..serve.shm import ShmServer
+
+    if args.grpc_port is None and args.shm is None:
+        raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
+    if args.config:
+        from ..router import Router
+        if not args.strategy:
+            raise ConfigError("--config needs --strategy NAME")
+        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress)
+        backends = RouterStrategy(router, args.strategy)
+    elif args.batch_sizes:
+        sizes = [int(s) for s in args.batch_sizes.split(",")]
+        backends = {}
+        for s in sizes:
+            args.batch_size = s
+            backends[s] = compile_from_args(args, fidelity=False)
+    else:
+        backends = compile_from_args(args, fidelity=False)
+    pin = tuple(int(c) for c in args.pin.split(",")) if args.pin else None
+    cfg = EngineConfig.preset(args.preset, deadline_us=args.deadline_us,
+                              cache_entries=args.cache_entries, pin_cores=pin)
+    if args.batch_sizes:
+        sizes = sorted(backends)
+        cfg = cfg.with_policy(max_batch_size=sizes[-1], allowed_batch_sizes=tuple(sizes))
+    prom = PromMetrics() if args.metrics_port is not None else None
+    name = args.strategy or "default"
+    eng = Engine(backends, cfg, strategy=name, prom=prom).start()
+    stops = [eng.stop]
+    info: dict = {"strategy": name, "variant": eng.variant, "preset": args.preset}
+    try:
+        if prom is not None:
+            srv, port = prom.serve_http(args.metrics_port, args.metrics_host)
+            stops.insert(0, srv.shutdown)
+            info["metrics"] = f"http://{args.metrics_host}:{port}/metrics"
+        if args.shm:
+            shm = ShmServer(eng, args.shm, slots=args.shm_slots)
+            stops.insert(0, shm.close)
+            info["shm"] = shm.name
+        if args.grpc_port is not None:
+            tls = None
+            if args.tls_cert or args.tls_key:
+                if not (args.tls_cert and args.tls_key):
+                    raise ConfigError("give both --tls-cert and --tls-key")
+                tls = TLSFiles(open(args.tls_cert, "rb").read(), open(args.tls_key, "rb").read())
+            token = open(args.token_file).read().strip() if args.token_file else None
+            g = GrpcServer(eng, host=args.host, port=args.grpc_port, tls=tls, token=token,
+                           insecure_loopback=args.insecure_loopback)
+            stops.insert(0, g.stop)
+            info["grpc"] = g.address
+            info["grpc_tls"] = g.secure
+        print(json.dumps(info), flush=True)
+        done = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *a: done.set())
+        try:
+            done.wait(args.duration) if args.duration else done.wait()
+        except KeyboardInterrupt:
+            pass
+        if args.json:
+            print(json.dumps(eng.stats(), default=str))
+    finally:
+        for s in stops:
+            s()
+    return 0
