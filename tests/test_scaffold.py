@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -88,6 +89,24 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
         r = _run([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], env=env)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         assert "3 passed" in r.stdout
+        # the router considers it like any built-in target (here the only one allowed)
+        cfg = tmp_path / "strategies.toml"
+        cfg.write_text(textwrap.dedent(f'''\
+            [tiers.relaxed]
+            p99_us = 100000
+            [router.bench]
+            n = 200
+            warmup = 20
+            [strategies.demo]
+            model = "zoo:mlp"
+            tier = "relaxed"
+            targets = ["cpu.scaffold_*"]
+            fidelity = {{ corr_min = 0.9999 }}
+            '''))
+        r = _run([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], env=env)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        demo = json.loads(r.stdout)["strategies"][0]
+        assert demo["chosen"] == f"{target}:fp32" and demo["meets_budget"], demo
     finally:
         _run([str(BIN / "pip"), "uninstall", "-y", "-q", dist])
     r = _run([HWB, "targets", "--json"], env=env)
