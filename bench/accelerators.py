@@ -13,6 +13,7 @@ Part 2 (``tpu.xla``, MLP and LSTM): medians of
   call_tf   the Keras model reached through ``jax2tf.call_tf`` (the alternative path), jitted
 
     .venv/bin/python bench/accelerators.py [--models mlp,lstm] [--rounds 10] [--calls 300]
+                                           [--targets tpu.xla] [--jax-async-dispatch]
 """
 from __future__ import annotations
 
@@ -122,7 +123,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--no-call-tf", action="store_true", help="skip the jax2tf.call_tf comparison")
+    ap.add_argument("--jax-async-dispatch", action="store_true",
+                    help="keep JAX's asynchronous CPU dispatch (HWB_XLA_ASYNC_DISPATCH=1) to compare")
+    ap.add_argument("--targets", default="", help="comma list to restrict the variants (e.g. tpu.xla)")
     a = ap.parse_args()
+    if a.jax_async_dispatch:
+        os.environ["HWB_XLA_ASYNC_DISPATCH"] = "1"
+    if a.targets:
+        global VARIANTS
+        VARIANTS = tuple(v for v in VARIANTS if v[0] in a.targets.split(","))
     models = [s for s in a.models.split(",") if s]
 
     rows = latency_table(models, a.rounds, a.calls)

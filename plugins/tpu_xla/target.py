@@ -58,8 +58,12 @@ def predicted_platform() -> tuple[str, str]:
 
 def sync_cpu_dispatch() -> bool:
     """Turn off JAX's asynchronous CPU dispatch if the CPU client does not exist yet; returns
-    whether the setting is in force (False: JAX was initialised earlier in this process)."""
+    whether the setting is in force (False: JAX was initialised earlier in this process, or
+    ``HWB_XLA_ASYNC_DISPATCH=1`` keeps JAX's default, e.g. to compare)."""
     import jax
+
+    if os.environ.get("HWB_XLA_ASYNC_DISPATCH") == "1":
+        return not jax.config.read("jax_cpu_enable_async_dispatch")
 
     try:
         from jax._src import xla_bridge
@@ -81,7 +85,7 @@ class XlaExecutor:
         from jax import export
 
         # Run CPU executables on the calling thread instead of handing each call to XLA's
-        # dispatch thread: zoo MLP p50 48 → 10 µs, p99 3.3 ms → 20 µs (docs/performance.md).
+        # dispatch thread: zoo MLP p50 48 → 10 µs, LSTM p99 2.2 ms → 82 µs (docs/performance.md).
         # It is read when the CPU client is created, so it must precede jax.devices(); it is
         # process-wide, changes only *when* CPU results are computed, and no other backend.
         sync_cpu_dispatch()
