@@ -286,3 +286,29 @@ def test_core_and_accelerators_import_and_compile_without_tensorflow(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr  # the blocker works
+
+
+def test_tensorrt_engine_for_another_gpu_is_refused_not_loaded(tmp_path):
+    """An engine records what it was built for; load refuses a mismatch before touching
+    TensorRT (the core then evicts the artifact and rebuilds)."""
+    from hwb_plugins.gpu_tensorrt.target import ENGINE, TensorRTTarget, current_binding
+    from hwbackends.specs import TensorSpec
+    from hwbackends.target import Artifact, CompileOptions
+
+    (tmp_path / ENGINE).write_bytes(b"not an engine")
+    other = dict(current_binding(), gpu="NVIDIA A100-SXM4-80GB", tensorrt="9.0.0")
+    art = Artifact(tmp_path, "k", "gpu.tensorrt", "fp16", "fp", 1, [TensorSpec("input", (64,))],
+                   [TensorSpec("output", (3,))], meta={"bound_to": other})
+    with pytest.raises(UnavailableError, match="built for .*A100.*rebuilding"):
+        TensorRTTarget().load(art, CompileOptions("fp16"))
+
+
+def test_edgetpu_compiler_log_summary():
+    from hwb_plugins.tpu_edgetpu.target import mapping_summary
+
+    log = ("Edge TPU Compiler version 16.0.384591198\nModel compiled successfully in 41 ms.\n"
+           "Number of Edge TPU subgraphs: 1\nTotal number of operations: 7\n"
+           "Number of operations that will run on Edge TPU: 5\n"
+           "Number of operations that will run on CPU: 2\n")
+    assert mapping_summary(log) == {"on_edgetpu": 5, "on_cpu": 2}
+    assert mapping_summary("") == {}
