@@ -230,12 +230,6 @@ class ShmClient:
         except FileNotFoundError:
             raise ConfigError(f"no shared-memory endpoint {name!r}; is the server running "
                               f"(hwb serve --shm {name})?") from None
-        # Python < 3.13 registers attached segments with the resource tracker, which would
-        # unlink the server's segment when this client exits: the server owns it.
-        try:
-            resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:
-            pass
         hdr = np.ndarray((8,), np.int64, self._shm.buf, 0)
         for _ in range(100):
             if hdr[0] == MAGIC:
@@ -243,6 +237,14 @@ class ShmClient:
             time.sleep(0.01)
         else:
             raise ConfigError(f"shared-memory segment {name!r} is not an hwb endpoint")
+        # Python < 3.13 registers attached segments with the resource tracker, which would
+        # unlink the server's segment when this client exits: the server owns it. (In the
+        # server's own process the registration is the server's: leave it.)
+        if int(hdr[5]) != os.getpid():
+            try:
+                resource_tracker.unregister(self._shm._name, "shared_memory")  # type: ignore[attr-defined]
+            except Exception:
+                pass
         ins, outs = (d / "shape").read_text().split(";")
         self.in_shape = tuple(int(v) for v in ins.strip("[]").split(",") if v.strip())
         self.out_shape = tuple(int(v) for v in outs.strip("[]").split(",") if v.strip())

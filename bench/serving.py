@@ -1,0 +1,100 @@
+"""Serving benchmark (issue 6): in-process vs shared-memory vs gRPC round trip, batch-1 vs
+micro-batched under several offered loads, cache-hit latency. One run, medians and ratios.
+
+    HWB_CACHE_DIR=/tmp/hwbstore .venv/bin/python bench/serving.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pct(a: list[float]) -> str:
+    v = np.asarray(a) * 1e6
+    return f"p50 {np.percentile(v, 50):7.1f} µs  p99 {np.percentile(v, 99):8.1f} µs"
+
+
+def timed(fn, xs: np.ndarray, n: int) -> list[float]:
+    lat = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(xs[i % len(xs)])
+        lat.append(time.perf_counter() - t0)
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    n = 1000 if a.quick else 5000
+    import hwbackends as hwb
+    from hwbackends import zoo
+    from hwbackends.serve import Engine, EngineConfig, compile_batch_variants
+    from hwbackends.serve.grpc_server import GrpcClient, GrpcServer
+    from hwbackends.serve.loadtest import _shm_call, replay
+    from hwbackends.serve.shm import ShmClient, ShmServer
+
+    m = zoo.get("signal")
+    xs = np.ascontiguousarray(m.validation_data[:512], dtype=np.float32)
+    cm = hwb.compile(m, "cpu.litert", fidelity=False)
+    out = np.empty((1, 1), np.float32)
+    print(f"model zoo:signal on {cm.variant}, {os.cpu_count()} cores, n={n} per row\n")
+
+    print("== round trip, one caller, batch 1 (no batching) ==")
+    direct = timed(lambda x: cm.predict_into(x[None], out), xs, n)
+    print(f"direct predict_into      {pct(direct)}")
+    with Engine(cm, EngineConfig.preset("single")) as eng:
+        o = np.empty(1, np.float32)
+        inproc = timed(lambda x: eng.predict_into(x, o), xs, n)
+        print(f"engine (in-process)      {pct(inproc)}")
+        with ShmServer(eng, slots=2) as srv, ShmClient(srv.name) as c:
+            shm = timed(lambda x: c.predict_into(x, o), xs, n)
+        print(f"shared memory (same proc){pct(shm)}")
+        with GrpcServer(eng, insecure_loopback=True) as g, GrpcClient(g.address, insecure=True) as gc:
+            grpc_ = timed(lambda x: gc.predict("default", x), xs, n // 2)
+        print(f"gRPC loopback (no TLS)   {pct(grpc_)}")
+        from hwbackends.serve.grpc_server import self_signed_cert
+        import secrets
+        tls, tok = self_signed_cert(), secrets.token_urlsafe(24)
+        with GrpcServer(eng, tls=tls, token=tok) as g, \
+                GrpcClient(g.address, token=tok, root_cert=tls.cert_pem) as gc:
+            grpcs = timed(lambda x: gc.predict("default", x), xs, n // 2)
+        print(f"gRPC loopback TLS+token  {pct(grpcs)}")
+        m50 = np.median(inproc)
+        print(f"overhead over in-process p50: shm {np.median(shm) / m50:.2f}x, gRPC "
+              f"{np.median(grpc_) / m50:.2f}x, gRPC+TLS {np.median(grpcs) / m50:.2f}x; engine over "
+              f"direct {m50 / np.median(direct):.1f}x")
+
+    print("\n== inference cache ==")
+    with Engine(cm, EngineConfig.preset("single", cache_entries=1024)) as eng:
+        o = np.empty(1, np.float32)
+        miss = timed(lambda x: eng.predict_into(x, o), xs, 512)
+        hit = timed(lambda x: eng.predict_into(x, o), xs, n)
+        print(f"miss {pct(miss)}\nhit  {pct(hit)}  (hit rate {eng.cache.stats().hit_rate:.2f})")
+
+    print("\n== batch-1 vs micro-batched, open-loop tick replay (sim.ticks), 8 client threads ==")
+    variants = compile_batch_variants(m, "cpu.litert", None, (1, 2, 4, 8, 16), fidelity=False)
+    configs = {"single (batch 1)": (variants[1], EngineConfig.preset("single")),
+               "latency (≤4, 50µs)": ({s: variants[s] for s in (1, 2, 4)}, EngineConfig.preset("latency")),
+               "balanced (≤16, 500µs)": (variants, EngineConfig.preset("balanced"))}
+    for scale in ((1.0, 4.0) if a.quick else (1.0, 4.0, 16.0)):
+        for label, (b, cfg) in configs.items():
+            with Engine(b, cfg) as eng:
+                rep = replay(lambda: (lambda x: eng.predict(x)), xs, duration_s=1.0, seed=1,
+                             workers=8, max_requests=20000, max_seconds=20, time_scale=scale,
+                             endpoint=label)
+                bs = eng.stats()["batch_sizes"]
+                mean_b = sum(k * v for k, v in bs.items()) / max(1, sum(bs.values()))
+            print(f"load x{scale:<4g} {label:22s} {rep.completed:6d} ok  p50 {rep.p50_us:7.0f} µs  "
+                  f"p99 {rep.p99_us:8.0f} µs  p99.9 {rep.p999_us:8.0f} µs  {rep.achieved_qps:7.0f}/s  "
+                  f"mean batch {mean_b:.2f}")
+
+
+if __name__ == "__main__":
+    main()
