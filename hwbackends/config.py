@@ -96,8 +96,10 @@ class RouterConfig(_Strict):
     """Routing policy and run-time protection."""
 
     allow_emulated: bool = False
-    #: Calls per live latency window (the rolling p99 is computed per window).
+    #: Timed calls per live latency window (the rolling p99 is computed per window).
     window: int = Field(200, ge=10)
+    #: Time one call in this many (a uniform sample; the clock reads dominate the lane's cost).
+    sample_every: int = Field(4, ge=1)
     #: Consecutive windows over budget before switching to the next candidate.
     switch_after: int = Field(3, ge=1)
     #: Seconds before a switched-away or broken variant is probed again.

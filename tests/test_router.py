@@ -115,6 +115,7 @@ p99_us = {p99_us}
 [router]
 isolate_compile = false
 window = 50
+sample_every = 1
 switch_after = 2
 probe_after_s = 0.2
 breaker_failures = 2
