@@ -225,3 +225,27 @@ def test_policy_validation():
         BatchPolicy(4, 100.0, (4, 2))
     with pytest.raises(ConfigError, match="unknown preset"):
         EngineConfig.preset("fastest")
+
+
+def test_inline_mode_runs_in_the_caller_thread(litert, xs):
+    cfg = EngineConfig.preset("single", inline=True)
+    with Engine(litert, cfg) as eng:
+        seen = []
+        orig = eng._run
+
+        def spy(batch, clock):
+            seen.append(threading.current_thread() is threading.main_thread())
+            orig(batch, clock)
+        eng._run = spy
+        for x in xs[:10]:
+            np.testing.assert_array_equal(eng.predict(x), litert.predict(x))
+        assert seen == [True] * 10  # no hand-off
+        # a call with a deadline still goes through the (preemptible) serving thread
+        assert isinstance(eng.predict(xs[0], deadline_us=5e6), np.ndarray)
+        assert seen[-1] is False
+        assert eng.predict(xs[0], deadline_us=0.001).reason == "deadline"
+        res = _hammer(eng, xs, threads=4, per=50)  # concurrent inline callers are serialised
+        assert all(np.allclose(y, litert.predict(xs[(i * 31 + j) % len(xs)]))
+                   for i, r in enumerate(res) for j, y in r)
+    with pytest.raises(ConfigError, match="max_batch_size=1"):
+        Engine(litert, EngineConfig.preset("latency", inline=True))

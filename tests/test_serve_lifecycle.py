@@ -123,3 +123,62 @@ def test_swap_rejects_without_traffic_or_with_other_shapes(compiled, xs):
         res = eng.swap(broken)
         assert not res.accepted and "compile exploded" in res.reason
         assert eng.version == 1 and isinstance(eng.predict(xs[0]), np.ndarray)
+
+
+def test_swap_factory_runs_at_lower_priority(compiled, xs):
+    import os
+
+    from hwbackends import isolate
+
+    old, new = compiled("signal", "cpu.litert"), compiled("signal", "cpu.onnxruntime")
+    seen = {}
+
+    def factory():
+        tid = threading.get_native_id()
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["worker"] = os.getpriority(os.PRIO_PROCESS, isolate.worker()._proc.pid)
+        return new
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with Engine(old, EngineConfig.preset("single", shadow_samples=32)) as eng:
+        with _Load(eng, xs, threads=1):
+            res = eng.swap(factory, nice=5)
+        assert res.accepted, res.reason
+    assert seen["thread"] == base + 5  # only the swap thread was lowered
+    assert seen["worker"] >= 5
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+
+
+def test_router_strategy_is_served_and_swaps_with_its_tolerance(tmp_path, store_dir, compiled, xs):
+    from hwbackends.bench import ProfileCache
+    from hwbackends.router import Router
+    from hwbackends.serve import RouterStrategy
+
+    cfg = tmp_path / "strategies.toml"
+    cfg.write_text("""
+[tiers.t]
+p99_us = 100000
+
+[router.bench]
+n = 200
+warmup = 10
+
+[strategies.mom]
+model = "zoo:signal"
+tier = "t"
+targets = ["cpu.litert"]
+precisions = ["fp32"]
+fidelity = { corr_min = 0.9999, max_abs = 1e-4 }
+""")
+    router = Router.from_config(cfg, store=store_dir, cache=ProfileCache(tmp_path / "profiles"))
+    rs = RouterStrategy(router, "mom")
+    assert rs.tolerance.max_abs == 1e-4
+    lit = compiled("signal", "cpu.litert")
+    with Engine(rs, EngineConfig.preset("latency", shadow_samples=32), strategy="mom") as eng:
+        assert eng.variant.startswith("router:mom→cpu.litert")
+        for x in xs[:10]:
+            np.testing.assert_array_equal(eng.predict(x), lit.predict(x))
+        assert eng.stats()["failovers"] == 0
+        with _Load(eng, xs, threads=1):
+            res = eng.swap(compiled("signal", "cpu.onnxruntime"))
+        # the strategy's own tolerance (max_abs 1e-4) judged the shadow comparison
+        assert res.accepted == (res.fidelity.max_abs <= 1e-4), res.reason

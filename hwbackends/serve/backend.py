@@ -55,6 +55,8 @@ class RouterStrategy:
         # Every candidate of a lane is compiled at the same batch size (the router's plan).
         self.static_batch = True
         self.predict_into: Callable[[np.ndarray, np.ndarray], None] = router.handle(name)
+        # Swaps are validated with the strategy's own fidelity tolerance.
+        self.tolerance = router.config.strategies[name].fidelity.tolerance()
 
     @property
     def variant(self) -> str:

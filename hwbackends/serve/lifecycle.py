@@ -98,34 +98,37 @@ class ShadowCollector:
             self.full.set()
 
 
-def lower_priority(nice: int = 10) -> Callable[[], None]:
-    """Lower this thread's and the compile worker process's CPU priority; returns the undo.
-    Linux applies ``setpriority(PRIO_PROCESS, tid)`` to one thread only."""
-    undo: list[Callable[[], None]] = []
+def lower_thread_priority(nice: int = 10) -> None:
+    """Raise this thread's nice value (Linux applies ``setpriority(PRIO_PROCESS, tid)`` to one
+    thread). The swap thread keeps it until it ends: build, warm-up and shadow replay all run
+    behind the serving thread."""
     try:
         tid = threading.get_native_id()
-        before = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, before + nice)
-        undo.append(lambda: os.setpriority(os.PRIO_PROCESS, tid, before))
-    except (OSError, AttributeError) as exc:  # not Linux, or not permitted: carry on, slower
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except (OSError, AttributeError) as exc:  # not Linux, or not permitted: carry on
         log.info("could not lower the swap thread's priority: %s", exc)
+
+
+def lower_worker_priority(nice: int = 10) -> Callable[[], None]:
+    """Lower the isolated compile worker process' priority for a build; returns the undo
+    (raising it back needs privileges: without them it stays lowered, which only slows later
+    compiles)."""
     try:
         from .. import isolate
 
         w = isolate.worker()
-        w.run(os.setpriority, os.PRIO_PROCESS, 0, nice, timeout=30, what="lowering the compile "
-              "worker's priority")
-        undo.append(lambda: w.run(os.setpriority, os.PRIO_PROCESS, 0, 0, timeout=30,
-                                  what="restoring the compile worker's priority"))
+        w.run(os.setpriority, os.PRIO_PROCESS, 0, nice, timeout=30,
+              what="lowering the compile worker's priority")
     except Exception as exc:
         log.info("could not lower the compile worker's priority: %s", exc)
+        return lambda: None
 
     def restore() -> None:
-        for u in reversed(undo):
-            try:
-                u()
-            except Exception as exc:  # raising a nice value back needs privileges
-                log.info("priority not restored (%s); it stays lowered", exc)
+        try:
+            w.run(os.setpriority, os.PRIO_PROCESS, 0, 0, timeout=30,
+                  what="restoring the compile worker's priority")
+        except Exception as exc:
+            log.info("compile worker priority not restored (%s); it stays lowered", exc)
     return restore
 
 
@@ -134,10 +137,15 @@ def run_swap(engine: Any, new: Any, *, tolerance: Tolerance | None, shadow_sampl
     """The background half of :meth:`Engine.swap` (see the module docstring)."""
     t: dict[str, float] = {}
     active = engine._active
-    restore = lower_priority(nice) if nice else (lambda: None)
+    factory = callable(new) and not hasattr(new, "predict_into")
+    # Only a factory builds anything (a compile in the worker process); a ready backend needs
+    # no priority games.
+    if nice:
+        lower_thread_priority(nice)
+    restore = lower_worker_priority(nice) if (nice and factory) else (lambda: None)
     t0 = time.perf_counter()
     try:
-        backends = new() if callable(new) and not hasattr(new, "predict_into") else new
+        backends = new() if factory else new
         plan = BatchPlan(normalise(backends), policy)
     except Exception as exc:
         return SwapResult(False, None, active.number, f"the new version failed to build: "
