@@ -79,10 +79,14 @@ def batch(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
         xs = [p.batch_size for p in ps]
         a1.plot(xs, [p.p99_us for p in ps], _style(ps[0]) + "o", color=col.get(v), label=_label(ps[0]), ms=3)
         a2.plot(xs, [p.throughput for p in ps], _style(ps[0]) + "o", color=col.get(v), ms=3)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
     for a in (a1, a2):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
         a.set_xlabel("batch size (symbols per tick)")
+        a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a1.yaxis.set_minor_formatter(NullFormatter())
     a1.set_ylabel("p99 per tick (µs)")
     a2.set_ylabel("throughput (samples/s)")
     a1.set_title("p99 latency vs batch size", loc="left", fontsize=10)
