@@ -141,6 +141,16 @@ def _router(tmp_path: Path, store_dir: Path, targets: list[str], **kw: Any) -> R
                               cache=ProfileCache(tmp_path / "profiles"))
 
 
+def _drive(f, x: np.ndarray, out: np.ndarray, until, timeout_s: float = 5.0) -> None:
+    """Keep calling until ``until()`` holds. A probe window can fail on a busy machine (one
+    preempted call is a window's p99); the router then rests and probes again, as designed."""
+    end = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < end, "the router did not get there in time"
+        for _ in range(50):
+            f(x, out)
+
+
 def _inputs(zoo_model, n: int = 64) -> np.ndarray:
     return zoo_model("signal").representative(n, seed=9)
 
@@ -209,11 +219,10 @@ def test_failover_on_exception_loses_no_request_and_breaker_recovers(
     # on the original, and it takes the traffic back.
     doubles["testdouble.flaky"].control["raise"] = False
     time.sleep(0.25)
-    for i in range(300):
-        f(xs[i % len(xs)][None], out)
+    _drive(f, xs[:1], out, lambda: r.serving("s") == "testdouble.flaky:fp32"
+           and r.events[-1]["event"] == "recovered")
     kinds = [e["event"] for e in r.events]
     assert "probe" in kinds and "recovered" in kinds
-    assert r.serving("s") == "testdouble.flaky:fp32"
 
 
 def test_deadline_failover_on_stall_loses_no_request(tmp_path, store_dir, zoo_model, doubles) -> None:
@@ -255,10 +264,10 @@ def test_live_reroute_on_injected_latency_and_back(tmp_path, store_dir, zoo_mode
     assert ev["budget_us"] == 2000
     doubles["testdouble.slow"].control["delay_us"] = 0
     time.sleep(0.25)
-    for _ in range(200):
-        f(x, out)
-    assert r.serving("s") == "testdouble.slow:fp32"
-    assert [e["event"] for e in r.events][-2:] == ["probe", "recovered"]
+    _drive(f, x, out, lambda: r.serving("s") == "testdouble.slow:fp32"
+           and r.events[-1]["event"] == "recovered")
+    kinds = [e["event"] for e in r.events]
+    assert kinds[0] == "re-route" and "probe" in kinds and kinds[-1] == "recovered"
 
 
 def test_probe_fails_while_still_slow(tmp_path, store_dir, zoo_model, doubles) -> None:
