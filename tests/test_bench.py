@@ -176,8 +176,10 @@ def test_cli_bench_writes_results(store_dir, tmp_path, capsys) -> None:
 
     out = tmp_path / "res.json"
     rc = main(["bench", "zoo:signal", "-t", "cpu.onnxruntime", "-p", "fp32", "--n", "200",
-               "-o", str(out), "--cache-dir", str(store_dir), "-q"])
+               "-o", str(out), "--cache-dir", str(store_dir), "-q",
+               "--report", str(tmp_path / "rep.html")])
     assert rc == 0
+    assert "Latency distribution" in (tmp_path / "rep.html").read_text()
     text = capsys.readouterr().out
     assert "cpu.onnxruntime:fp32" in text and "p99 µs" in text
     assert BenchResults.load(out).profiles[0].n == 200
