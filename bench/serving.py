@@ -71,6 +71,30 @@ def main() -> None:
               f"{np.median(grpc_) / m50:.2f}x, gRPC+TLS {np.median(grpcs) / m50:.2f}x; engine over "
               f"direct {m50 / np.median(direct):.1f}x")
 
+    print("\n== shared memory from a separate client process (the intended use) ==")
+    import subprocess
+    import sys
+    client = (
+        "import sys, time, numpy as np\n"
+        "from hwbackends.serve.shm import ShmClient\n"
+        "xs = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)\n"
+        "o = np.empty(1, np.float32); lat = []\n"
+        "with ShmClient(sys.argv[1]) as c:\n"
+        "    for i in range(int(sys.argv[2])):\n"
+        "        t0 = time.perf_counter(); c.predict_into(xs[i % 256], o); lat.append(time.perf_counter() - t0)\n"
+        "v = np.array(lat[100:]) * 1e6\n"
+        "print(f'p50 {np.percentile(v, 50):7.1f} µs  p99 {np.percentile(v, 99):8.1f} µs')\n")
+    for label, cfg in (("single", EngineConfig.preset("single")),
+                       ("single, inline", EngineConfig.preset("single", inline=True))):
+        with Engine(cm, cfg) as eng, ShmServer(eng, slots=2) as srv:
+            r = subprocess.run([sys.executable, "-c", client, srv.name, str(n)], capture_output=True,
+                               text=True, timeout=300)
+            print(f"shm, engine {label:15s} {r.stdout.strip() or r.stderr[-500:]}")
+    with Engine(cm, EngineConfig.preset("single", inline=True)) as eng:
+        o = np.empty(1, np.float32)
+        inl = timed(lambda x: eng.predict_into(x, o), xs, n)
+        print(f"(in-process engine, inline   {pct(inl)})")
+
     print("\n== inference cache ==")
     with Engine(cm, EngineConfig.preset("single", cache_entries=1024)) as eng:
         o = np.empty(1, np.float32)
@@ -86,7 +110,7 @@ def main() -> None:
     for scale in ((1.0, 4.0) if a.quick else (1.0, 4.0, 16.0)):
         for label, (b, cfg) in configs.items():
             with Engine(b, cfg) as eng:
-                rep = replay(lambda: (lambda x: eng.predict(x)), xs, duration_s=1.0, seed=1,
+                rep = replay(lambda: (lambda x: eng.predict(x)), xs, duration_s=1.0 if a.quick else 3.0, seed=1,
                              workers=8, max_requests=20000, max_seconds=20, time_scale=scale,
                              endpoint=label)
                 bs = eng.stats()["batch_sizes"]

@@ -249,6 +249,7 @@ class ShmClient:
         self.in_shape = tuple(int(v) for v in ins.strip("[]").split(",") if v.strip())
         self.out_shape = tuple(int(v) for v in outs.strip("[]").split(",") if v.strip())
         self.server_pid = int(hdr[5])
+        self._same_process = self.server_pid == os.getpid()
         self._lay = _Layout(self._shm.buf, int(hdr[1]), self.in_shape, self.out_shape)
         self._fd = -1
         nslots = int(hdr[1])
@@ -320,8 +321,8 @@ class ShmClient:
                 time.sleep(50e-6)
                 if not self._server_alive():
                     return False
-            else:
-                time.sleep(0)  # yield the GIL: the server may live in this very process
+            elif self._same_process:
+                time.sleep(0)  # yield the GIL to the server's threads in this very process
         return True
 
     def predict(self, x: Any, deadline_us: float | None = None) -> np.ndarray | Unavailable:
