@@ -3,6 +3,7 @@ every allowed target × precision in every scenario (:func:`bench_model`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import logging
 import os
@@ -114,8 +115,6 @@ def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache 
                    progress: bool = False, refresh: bool = False,
                    batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
     """:func:`measure` through the profile cache: ``(profile, was_cached)``."""
-    if isinstance(scenario, Burst) and scenario.trace is None:
-        pass  # a generated trace is identified by its parameters (seed, duration)
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     key = profile_key(cm.artifact.key, machine_mod.fingerprint()["id"], scenario.key(), batch,
                       list(pin) if pin else None)
@@ -258,9 +257,8 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                                                        "compile_seconds", "cached", "artifact_bytes",
                                                        "batch_size", "toolchain")} | {"error": None})
                 for sc in scenarios:
-                    if name == "ref" and max_ref_s is not None and hasattr(sc, "max_s"):
-                        sc = type(sc)(**{k: v for k, v in sc.key().items()
-                                         if k in sc.__dataclass_fields__ and k != "name"} | {"max_s": min(sc.max_s, max_ref_s)})
+                    if name == "ref" and max_ref_s is not None:
+                        sc = dataclasses.replace(sc, max_s=min(sc.max_s, max_ref_s))
                     if isinstance(sc, Batch):
                         _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say)
                         continue
