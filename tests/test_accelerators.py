@@ -312,3 +312,55 @@ def test_edgetpu_compiler_log_summary():
            "Number of operations that will run on CPU: 2\n")
     assert mapping_summary(log) == {"on_edgetpu": 5, "on_cpu": 2}
     assert mapping_summary("") == {}
+
+
+def _torch_mixed():
+    """Conv1d + BatchNorm + pooling + GRU + bidirectional LSTM + clip: ops beyond the zoo."""
+    import torch
+    from torch import nn
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn, self.pool = nn.Conv1d(8, 12, 3, padding=1), nn.BatchNorm1d(12), nn.MaxPool1d(2)
+            self.gru = nn.GRU(12, 16, batch_first=True)
+            self.lstm = nn.LSTM(16, 8, batch_first=True, bidirectional=True)
+            self.avg = nn.AvgPool1d(2, padding=1, count_include_pad=False)
+            self.head = nn.Linear(16, 2)
+
+        def forward(self, x):  # [b, 16 ticks, 8 features]
+            y = self.pool(nn.functional.leaky_relu(self.bn(self.conv(x.transpose(1, 2)))))
+            y, _ = self.gru(y.transpose(1, 2))
+            y, _ = self.lstm(y)
+            y = self.avg(y.transpose(1, 2)).mean(-1)
+            return torch.sigmoid(self.head(y)).clamp(0.1, 0.9)
+
+    torch.manual_seed(0)
+    m = Mixed().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    return hwb.load_model(m, name="mixed_torch", input_shape=(16, 8))
+
+
+def _keras_rnn(kind: str):
+    import keras
+
+    layer = {"gru": keras.layers.GRU(16, return_sequences=True), "rnn": keras.layers.SimpleRNN(16)}[kind]
+    layers = [keras.Input((16, 8)), layer] + ([keras.layers.SimpleRNN(8)] if kind == "gru" else [])
+    km = keras.Sequential(layers + [keras.layers.Dense(1)], name=f"keras_{kind}")
+    return hwb.load_model(km, name=f"keras_{kind}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", ["torch_mixed", "keras_gru", "keras_rnn"])
+def test_xla_beyond_the_zoo(build, store_dir):
+    """Keras GRU/SimpleRNN reach ONNX as a Loop (unrolled at trace time); torch's GRU,
+    bidirectional LSTM, Conv1d, pooling, Clip map directly."""
+    if build.startswith("keras"):
+        _need_source("keras")
+        model = _keras_rnn(build.split("_")[1])
+    else:
+        model = _torch_mixed()
+    cm = hwb.compile(model, "tpu.xla", "fp32", store=store_dir)
+    assert cm.fidelity.max_abs < 1e-5 and cm.fidelity.corr > 0.99999, cm.fidelity

@@ -47,6 +47,8 @@ class _Ctx:
 
         self.jnp = jnp
         self.compute = compute  # jnp.float32 or jnp.bfloat16
+        self.env: dict[str, Value] = {}  # the scope the running node sees (Loop bodies read it)
+        self.target = "tpu.xla"
 
     def xp(self, *vals: Value) -> Any:
         return np if all(_const(v) for v in vals if v is not None) else self.jnp
@@ -429,6 +431,89 @@ def _gru(c, i, a):
     return [jnp.stack(out)[:, None], h[None]]
 
 
+def _split(c, i, a):
+    x = i[0]
+    axis = a.get("axis", 0)
+    n_out = c.n_outputs
+    if len(i) > 1 and i[1] is not None:
+        sizes = [int(v) for v in np.asarray(i[1]).reshape(-1)]
+    elif "split" in a:
+        sizes = list(a["split"])
+    else:
+        dim = np.shape(x)[axis]
+        n = a.get("num_outputs", n_out)
+        step = -(-dim // n)
+        sizes = [min(step, dim - k * step) for k in range(n)]
+    bounds = np.cumsum(sizes)[:-1].tolist()
+    return list(c.xp(x).split(x, bounds, axis=axis))
+
+
+#: A Loop is unrolled at trace time; beyond this many iterations it is refused.
+MAX_UNROLL = 4096
+
+
+def _loop(c, i, a):
+    """ONNX Loop with a trip count and condition known at trace time (tf2onnx's form of a Keras
+    GRU/SimpleRNN over a static window), unrolled: XLA then fuses across steps."""
+    from onnx import numpy_helper
+
+    body = a["body"]
+    trip, cond = i[0], i[1] if len(i) > 1 else None
+    if (trip is not None and not _const(trip)) or (cond is not None and not _const(cond)):
+        raise UnsupportedError("Loop whose trip count or condition is only known at run time")
+    limit = int(np.asarray(trip).reshape(-1)[0]) if trip is not None else None
+    go = bool(np.asarray(cond).reshape(-1)[0]) if cond is not None else True
+    carried = list(i[2:])
+    nodes = _prep(body)
+    inits = {t.name: numpy_helper.to_array(t) for t in body.initializer}
+    ins = [v.name for v in body.input]
+    outs = [v.name for v in body.output]
+    outer = c.env
+    scans: list[list[Value]] = []
+    it = 0
+    while go and (limit is None or it < limit):
+        if it >= MAX_UNROLL:
+            raise UnsupportedError(f"Loop runs more than {MAX_UNROLL} iterations")
+        env = dict(outer)
+        env.update(inits)
+        env[ins[0]] = np.array(it, np.int64)
+        env[ins[1]] = np.array(go)
+        env.update(zip(ins[2:], carried))
+        _run(c, nodes, env)
+        res = [env[n] for n in outs]
+        if not _const(res[0]):
+            raise UnsupportedError("Loop whose condition depends on the input values")
+        go = bool(np.asarray(res[0]).reshape(-1)[0])
+        carried = res[1:1 + len(carried)]
+        scans.append(res[1 + len(carried):])
+        it += 1
+    c.env = outer
+    n_scan = len(outs) - 1 - len(carried)
+    stacked = [c.xp(*[s[k] for s in scans]).stack([s[k] for s in scans]) for k in range(n_scan)] if scans else []
+    return carried + stacked
+
+
+def _prep(graph: Any) -> list[tuple[str, list[str], list[str], dict[str, Any], str]]:
+    return [(n.op_type, list(n.input), list(n.output), _attrs(n), n.name) for n in graph.node]
+
+
+def _run(c: _Ctx, nodes: list[tuple[str, list[str], list[str], dict[str, Any], str]],
+         env: dict[str, Value]) -> None:
+    """Evaluate ``nodes`` in order, reading and writing ``env``."""
+    for op, ins, outs, attrs, name in nodes:
+        args = [env[n] if n else None for n in ins]
+        c.env, c.n_outputs = env, len(outs)
+        try:
+            res = OPS[op](c, args, attrs)
+        except UnsupportedError as exc:
+            if str(exc).startswith(c.target):
+                raise
+            raise UnsupportedError(f"{c.target}: node {name or op} ({op}): {exc}") from None
+        for n, v in zip(outs, res):
+            if n:
+                env[n] = v
+
+
 OPS: dict[str, Callable[..., list[Value]]] = {
     "Identity": lambda c, i, a: [i[0]],
     "Dropout": lambda c, i, a: [i[0]],
@@ -448,12 +533,29 @@ OPS: dict[str, Callable[..., list[Value]]] = {
     "GlobalAveragePool": _global_avg_pool, "GlobalMaxPool": _global_max_pool,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "Conv": _conv, "BatchNormalization": _batchnorm, "LSTM": _lstm, "GRU": _gru,
+    "Split": _split, "Loop": _loop,
+    "Less": _binary("less"), "Greater": _binary("greater"), "Equal": _binary("equal"),
+    "LessOrEqual": _binary("less_equal"), "GreaterOrEqual": _binary("greater_equal"),
+    "And": _binary("logical_and"), "Or": _binary("logical_or"), "Not": _unary("logical_not"),
 }
 
 
+def _all_ops(graph: Any) -> set[tuple[str, str]]:
+    ops = set()
+    for n in graph.node:
+        ops.add((n.op_type, n.domain))
+        for a in n.attribute:
+            if a.g is not None and a.g.node:
+                ops |= _all_ops(a.g)
+            for sub in a.graphs:
+                ops |= _all_ops(sub)
+    return ops
+
+
 def check_ops(proto: Any, target: str) -> None:
-    """Raise UnsupportedError naming every op of the graph this interpreter lacks."""
-    missing = sorted({n.op_type for n in proto.graph.node if n.op_type not in OPS or n.domain not in ("", "ai.onnx")})
+    """Raise UnsupportedError naming every op of the graph (and its subgraphs) this
+    interpreter lacks."""
+    missing = sorted({op for op, dom in _all_ops(proto.graph) if op not in OPS or dom not in ("", "ai.onnx")})
     if missing:
         raise UnsupportedError(f"{target} cannot compile ONNX op(s) {', '.join(missing)} (no JAX "
                                f"lowering in plugins/tpu_xla/onnx_jax.py); supported: "
@@ -471,22 +573,15 @@ def to_jax(proto: Any, compute: str = "fp32", target: str = "tpu.xla") -> Callab
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     in_name = next(v.name for v in g.input if v.name not in inits)
     out_name = g.output[0].name
-    nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n), n.name) for n in g.node]
+    nodes = _prep(g)
     dtype = jnp.bfloat16 if compute == "bf16" else jnp.float32
 
     def f(x: Any) -> Any:
         ctx = _Ctx(dtype)
+        ctx.target = target
         env: dict[str, Value] = dict(inits)
         env[in_name] = x.astype(dtype)
-        for op, ins, outs, attrs, name in nodes:
-            args = [env[n] if n else None for n in ins]
-            try:
-                res = OPS[op](ctx, args, attrs)
-            except UnsupportedError as exc:
-                raise UnsupportedError(f"{target}: node {name or op} ({op}): {exc}") from None
-            for n, v in zip(outs, res):
-                if n:
-                    env[n] = v
+        _run(ctx, nodes, env)
         y = env[out_name]
         return jnp.asarray(y).astype(jnp.float32)
 
