@@ -64,3 +64,5 @@ def test_hwb_serve_config_errors_are_clear(capsys):
 
     assert main(["serve", "zoo:signal"]) == 1  # no endpoint given: exit 1, nothing compiled
     assert "give --shm NAME and/or --grpc-port" in capsys.readouterr().err
+    assert main(["serve", "--shm", "x"]) == 1
+    assert "give a MODEL" in capsys.readouterr().err

@@ -145,15 +145,31 @@ def test_grpc_deadline_becomes_the_engine_deadline(litert, xs):
         np.testing.assert_array_equal(c.predict("slow", xs[0]), litert.predict(xs[0]))
 
 
+def _fds() -> int:
+    import os
+    return len(os.listdir("/proc/self/fd"))
+
+
 def test_vanishing_client_does_not_hurt_others(server, tls, token, litert, xs):
-    c = GrpcClient(server.address, token=token, root_cert=tls.cert_pem)
-    futs = [c.stub.Predict.future(c.pb.PredictRequest(strategy="mom", features=xs.tobytes(),
-                                                      shape=[32]), metadata=c._meta, timeout=5)
-            for _ in range(20)]
-    for f in futs[::2]:
-        f.cancel()
-    c.close()  # gone mid-request
+    import threading
+
+    def churn() -> None:
+        c = GrpcClient(server.address, token=token, root_cert=tls.cert_pem)
+        futs = [c.stub.Predict.future(c.pb.PredictRequest(strategy="mom", features=xs.tobytes(),
+                                                          shape=[32]), metadata=c._meta, timeout=5)
+                for _ in range(20)]
+        for f in futs[::2]:
+            f.cancel()
+        c.close()  # gone mid-request
+    churn()
     time.sleep(0.2)
+    fds, threads = _fds(), threading.active_count()
+    for _ in range(15):
+        churn()
+    time.sleep(0.5)
+    # nothing accumulates per vanished client (a leak would grow by ≥ 15); the server's
+    # thread pool may grow to its 8 workers, no further
+    assert _fds() - fds < 8 and threading.active_count() - threads <= 8
     with GrpcClient(server.address, token=token, root_cert=tls.cert_pem) as c2:
         np.testing.assert_array_equal(c2.predict("mom", xs[3]), litert.predict(xs[3]))
 

@@ -16,6 +16,10 @@ from .compile import add_model_args, compile_from_args
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over shared memory and/or gRPC, with metrics")
     add_model_args(p)
+    for act in p._actions:  # MODEL is optional here: --config serves a router strategy instead
+        if act.dest == "model":
+            act.nargs, act.default = "?", None
+            act.help = "model file or zoo:NAME (omit with --config)"
     p.add_argument("--config", help="strategies.toml: serve a router strategy instead of MODEL")
     p.add_argument("--strategy", default=None, help="strategy name (with --config), else a label")
     p.add_argument("--preset", default="latency", choices=("single", "latency", "balanced", "throughput"))
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.grpc_port is None and args.shm is None:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
+    if not args.config and not args.model:
+        raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
     if args.config:
         from ..router import Router
         if not args.strategy:
