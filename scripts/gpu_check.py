@@ -173,7 +173,8 @@ def measure(cm: Any, calls: int, warmup: int) -> dict[str, Any]:
     return res
 
 
-def latency(store: Path, calls: int, warmup: int, budget: float) -> list[dict[str, Any]]:
+def latency(store: Path, calls: int, warmup: int, budget: float,
+            torch_mode: str | None = None) -> list[dict[str, Any]]:
     import hwbackends as hwb
     from hwbackends import zoo
 
@@ -188,7 +189,8 @@ def latency(store: Path, calls: int, warmup: int, budget: float) -> list[dict[st
                 continue
             t = time.monotonic()
             try:
-                cm = hwb.compile(model, target, prec, store=store)
+                opts = {"mode": torch_mode} if (torch_mode and target == "gpu.torch") else None
+                cm = hwb.compile(model, target, prec, store=store, options=opts)
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
                 say(f"{name} {target}:{prec}: {row['error']}")
@@ -215,6 +217,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--budget", type=float, default=280.0, help="seconds for the whole run")
     ap.add_argument("--skip-tests", action="store_true")
+    ap.add_argument("--torch-mode", default=None,
+                    help="gpu.torch compile mode for the latency runs (default: the target's, "
+                         "max-autotune-no-cudagraphs; 'default' compiles faster)")
     a = ap.parse_args()
 
     report: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -225,7 +230,7 @@ def main() -> int:
     report["tests"] = ({"ran": False, "reason": "--skip-tests"} if a.skip_tests
                        else run_tests(store, timeout=max(30.0, a.budget * 0.45)))
     try:
-        report["latency"] = latency(store, a.calls, a.warmup, a.budget)
+        report["latency"] = latency(store, a.calls, a.warmup, a.budget, a.torch_mode)
     except Exception as exc:  # e.g. pluggy/onnx missing: say so in the JSON
         report["latency_error"] = f"{type(exc).__name__}: {exc}"
         say(report["latency_error"])

@@ -56,6 +56,13 @@ def predicted_platform() -> tuple[str, str]:
     return "cpu", "no TPU here (" + ", ".join(why or ["no TPU device"]) + ")"
 
 
+def share_gpu_memory() -> None:
+    """JAX grabs 75% of GPU memory when its GPU client starts; on a box where gpu.torch (or
+    the compile worker) shares the GPU that starves the others. Allocate on demand instead,
+    unless the user chose otherwise (read when the client is created)."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
 def sync_cpu_dispatch() -> bool:
     """Turn off JAX's asynchronous CPU dispatch if the CPU client does not exist yet; returns
     whether the setting is in force (False: JAX was initialised earlier in this process, or
@@ -88,6 +95,7 @@ class XlaExecutor:
         # dispatch thread: zoo MLP p50 48 → 10 µs, LSTM p99 2.2 ms → 82 µs (docs/performance.md).
         # It is read when the CPU client is created, so it must precede jax.devices(); it is
         # process-wide, changes only *when* CPU results are computed, and no other backend.
+        share_gpu_memory()
         sync_cpu_dispatch()
         exported = export.deserialize(bytearray(blob))
         self.device = jax.devices()[0]
@@ -151,6 +159,7 @@ class XlaTarget(Target):
                 "tf2onnx": version("tf2onnx"), "torch": version("torch")}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        share_gpu_memory()  # the compile worker stays alive: it must not hold the GPU's memory
         import jax
         from jax import export
 
