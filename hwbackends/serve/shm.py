@@ -156,6 +156,9 @@ class ShmServer:
             except InputError as exc:
                 self._reply(i, seq, ST_ERROR, str(exc))
                 continue
+            except Exception as exc:  # never let one request kill the poller
+                self._reply(i, seq, ST_UNAVAILABLE, f"server error: {type(exc).__name__}: {exc}")
+                continue
             work.append((i, seq, h))
         for i, seq, h in work:  # all submitted first: the engine can batch them together
             res = eng.wait(h, lay.y[i])
