@@ -111,4 +111,17 @@ class Bodiless(NumpyDenseTarget):
                                   artifact.outputs[0])
 
 
-ALL = (Good, Leaky, Lax, Sloppy, Mute, Reasonless, Slow, Bodiless)
+class Unpicklable(NumpyDenseTarget):
+    """Holds a handle that cannot travel to the compile worker."""
+    name = "cpu.kit_unpicklable"
+
+    def __init__(self) -> None:
+        self.handle = lambda: None
+
+
+class InCaller(NumpyDenseTarget):
+    """Correct itself; the test compiles it with isolation off to prove the kit notices."""
+    name = "cpu.kit_in_caller"
+
+
+ALL = (Good, Leaky, Lax, Sloppy, Mute, Reasonless, Slow, Bodiless, Unpicklable, InCaller)

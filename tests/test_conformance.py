@@ -24,6 +24,8 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {
                                "(numpy casts on copy); guard as plugins/cpu_litert/target.py does",
     ("tpu.edgetpu", "bad_inputs"): "predict_into accepts float64 / int32 / non-contiguous x and "
                                    "out (numpy casts on copy); guard as plugins/cpu_litert does",
+    ("fpga.hls4ml", "bad_inputs"): "predict_into(list, out) raises AttributeError, not InputError: "
+                                   "x.shape is read outside a try (plugins/fpga_hls4ml/csim.py)",
 }
 
 

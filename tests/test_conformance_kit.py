@@ -71,6 +71,7 @@ def test_a_correct_target_passes_every_check(ctx_for):
     (kit_samples.Reasonless, "probe", "unavailable without a reason"),
     (kit_samples.Slow, "probe", r"probe\(\) took"),
     (kit_samples.Bodiless, "store_roundtrip", "wrote no file"),
+    (kit_samples.Unpicklable, "compile_isolated", "cannot be pickled"),
 ], ids=lambda v: getattr(v, "name", None) or str(v)[:24])
 def test_the_kit_catches_a_broken_rule(ctx_for, cls, check, expect):
     ctx = ctx_for(cls)
@@ -79,6 +80,14 @@ def test_the_kit_catches_a_broken_rule(ctx_for, cls, check, expect):
             run_target_check(ctx, check)
         else:
             run_variant_check(ctx, Variant("mlp", "fp32"), check)
+
+
+def test_the_kit_notices_a_compile_in_the_callers_process(ctx_for):
+    ctx = ctx_for(kit_samples.InCaller)
+    cm = ctx._compile(Variant("mlp", "fp32"), ctx.store, fidelity=False, isolate_compile=False)
+    assert not cm.artifact.cached
+    with pytest.raises(ConformanceError, match="ran in the caller's process"):
+        run_target_check(ctx, "compile_isolated")
 
 
 def test_an_unavailable_target_skips_with_its_reason(ctx_for, registry):
