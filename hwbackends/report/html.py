@@ -121,6 +121,10 @@ def _routing(res: BenchResults) -> str:
                      _e(" → ".join(r.get("failover", [])) or "—")])
     out = _table(["strategy", "tier", "p99 budget", "chosen", "measured p99", "", "by", "failover order"],
                  rows, {2, 4})
+    out += ('<p class="note">“Measured p99” is the router\'s own profile: every eligible candidate '
+            'measured interleaved in rounds, so they share the same machine noise. The latency '
+            'tables below are separate runs; variants within a few percent of each other may '
+            'trade places between the two.</p>')
     notes = [f"<li><b>{_e(r['strategy'])}</b>: {_e(r['note'])}</li>" for r in res.routing if r.get("note")]
     if notes:
         out += "<ul class='note'>" + "".join(notes) + "</ul>"
