@@ -95,21 +95,22 @@ def test_integer_bits_and_search_logic():
     assert P.int_bits(0.9) == 1 and P.int_bits(1.0) == 2 and P.int_bits(3.01) == 3
     assert P.int_bits(3.01, signed=False) == 2 and P.int_bits(3.01, headroom=1) == 4
     assert P.int_bits(0.0) == 1
-    # A monotone oracle: rel_err ≤ 0.01 × 0.5 (the search margin) from f=13 up. The search
-    # must find 13, probing each f at most once and few in all.
-    calls = []
+    # Monotone oracles whose error falls by 2^-(slope·f): the search must find the smallest
+    # passing f (rel_err ≤ 0.01 × 0.5, the search margin), probing each f once and few in all.
+    for slope, want in ((1.0, 13), (0.7, 19), (1.4, 10)):
+        for start in (4, 11, 13, 16, 22):
+            calls = []
 
-    def evaluate(f):
-        calls.append(f)
-        err = 2.0 ** -f * 40
-        return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0
+            def evaluate(f, slope=slope):
+                calls.append(f)
+                err = 2.0 ** (-f * slope) * 40
+                return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0
 
+            best, probes = P.search(evaluate, P.FidelityTarget(), start)
+            assert best == want, (slope, start, calls)
+            assert len(calls) == len(set(calls)) <= 5, (slope, start, calls)
+            assert [p.frac_bits for p in probes] == sorted(calls)
     target = P.FidelityTarget()
-    for start in (6, 11, 13, 16, 22):
-        calls.clear()
-        best, probes = P.search(evaluate, target, start)
-        assert best == 13, (start, calls)
-        assert len(calls) == len(set(calls)) <= (6 if abs(start - 13) <= 4 else 7), calls
     best, probes = P.search(lambda f: (Fidelity(1, 1, 1, 1, 0, 0, None), 0.0), target, 10)
     assert best is None and probes
 

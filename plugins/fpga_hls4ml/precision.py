@@ -95,6 +95,8 @@ class Ranges:
     activations: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
+    #: Input elements per output element (pooling windows), for accumulator sizing.
+    fan_in: dict[str, int] = field(default_factory=dict)
 
 
 def int_bits(maxabs: float, signed: bool = True, headroom: int = 0) -> int:
@@ -120,6 +122,11 @@ def measure_ranges(hmodel: Any, x: np.ndarray) -> Ranges:
         r.sizes[layer.name] = int(shape[-1]) if len(shape) else 1
         if layer.inputs:
             r.inputs[layer.name] = _producer(hmodel, layer.inputs[0])
+            try:
+                n_in = int(np.prod(layer.get_input_variable().shape))
+                r.fan_in[layer.name] = max(1, n_in // max(1, int(np.prod(shape))))
+            except Exception:  # layers without a single input variable
+                pass
         act = layer.get_attr("activation")
         if isinstance(act, str):
             r.activations[layer.name] = act.lower()
@@ -152,8 +159,10 @@ def table_size(f: int) -> int:
     return int(min(65536, max(1024, 2 ** (f + 2))))
 
 
-def assign(cfg: dict[str, Any], ranges: Ranges, f: int) -> dict[str, Any]:
-    """A copy of hls4ml's per-layer config with the types for fractional bits ``f``."""
+def assign(cfg: dict[str, Any], ranges: Ranges, f: int, fw: int | None = None) -> dict[str, Any]:
+    """A copy of hls4ml's per-layer config with the types for fractional bits ``f`` (data)
+    and ``fw`` (weights and biases; default ``f``)."""
+    fw = f if fw is None else fw
     import copy
     out = copy.deepcopy(cfg)
     for name, lc in out.get("LayerName", {}).items():
@@ -170,8 +179,14 @@ def assign(cfg: dict[str, Any], ranges: Ranges, f: int) -> dict[str, Any]:
             prec["result"] = fixed(i, f, signed)
         for key in WEIGHT_KEYS:
             if key in prec and key in ranges.weights.get(name, {}):
-                prec[key] = fixed(int_bits(ranges.weights[name][key]), f)
+                prec[key] = fixed(int_bits(ranges.weights[name][key]), fw)
         recurrent = any(r in cls for r in RECURRENT)
+        src = ranges.inputs.get(name)
+        if "Pooling" in cls and "accum" in prec and src in ranges.results:
+            # hls4ml's 'auto' here is the input type: a sum over the window overflows it.
+            lo, hi = ranges.results[src]
+            n = ranges.fan_in.get(name, 1)
+            prec["accum"] = fixed(int_bits(max(abs(lo), abs(hi)) * n, True, headroom=1), f)
         if cls == "Softmax":
             _softmax(prec, lc, ranges, name, f)
             continue
@@ -249,51 +264,85 @@ def first_guess(target: FidelityTarget, out_range: float) -> int:
     return int(min(F_MAX, max(F_MIN + 2, math.ceil(math.log2(8.0 / budget)))))
 
 
+def error_ratio(fid: Fidelity, tol: Tolerance) -> float:
+    """How far a probe is from the budget (> 1: over it), for the scalable metrics: rounding
+    error roughly halves per fractional bit, so log2 of this is the number of bits to add
+    (or, below 1, that could be removed)."""
+    r = 0.0
+    if tol.rel_err:
+        r = max(r, fid.rel_err / tol.rel_err)
+    if tol.corr_min is not None and tol.corr_min < 1:
+        r = max(r, (1 - fid.corr) / (1 - tol.corr_min))
+    if tol.violations(fid) and r <= 1:  # only sign/argmax fail: one bit at a time
+        r = 2.0
+    return r
+
+
 def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
            start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Probe]]:
     """Smallest ``f`` in [F_MIN, F_MAX] that passes, probing as few values as possible.
 
-    ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds)."""
+    ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds). Each
+    probe's error predicts the next ``f`` (error ∝ 2^-f); the known pass/fail bracket keeps
+    it honest, and bisection finishes when a prediction lands on a probed value. Assumes
+    fidelity improves monotonically with ``f``."""
     tol = target.tolerance(margin)
     probes: dict[int, Probe] = {}
+    ratios: dict[int, float] = {}
 
     def ok(f: int) -> bool:
         if f not in probes:
             fid, secs = evaluate(f)
             probes[f] = Probe(f, fid.to_dict(), tol.violations(fid), secs)
+            ratios[f] = error_ratio(fid, tol)
         return probes[f].passed
 
     lo, hi = F_MIN - 1, None  # lo: largest known failure; hi: smallest known pass
-    f = start
-    if ok(f):
-        hi = f
-        step = 2
-        while hi - step > lo:
-            g = hi - step
-            if ok(g):
-                hi = g
-            else:
-                lo = g
-                break
-    else:
-        lo = f
-        step = 2
-        while f < F_MAX:
-            f = min(F_MAX, f + step)
-            if ok(f):
-                hi = f
-                break
-            lo = f
-            step *= 2  # far off the guess: widen fast, bisect back
-    if hi is None:
-        return None, sorted(probes.values(), key=lambda p: p.frac_bits)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
+    f = min(max(start, F_MIN), F_MAX)
+    while True:
+        if ok(f):
+            hi = f if hi is None else min(hi, f)
         else:
-            lo = mid
-    return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
+            lo = max(lo, f)
+        if lo >= F_MAX:
+            return None, sorted(probes.values(), key=lambda p: p.frac_bits)
+        if hi is not None and hi - lo <= 1:
+            return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
+        r = ratios[f]
+        if probes[f].passed:
+            step = math.floor(math.log2(1 / r)) if r > 0 else 4
+            guess = f - max(1, step)
+        else:
+            guess = f + max(1, math.ceil(math.log2(r)) if r > 0 else 2)
+        upper = F_MAX if hi is None else hi - 1
+        guess = min(max(guess, lo + 1), upper)
+        if guess in probes:
+            guess = (lo + hi) // 2 if hi is not None else min(F_MAX, lo + 2)
+        f = guess
+
+
+def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
+                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
+    """Second phase: weights are most of a design's bits (every multiplier's constant), so
+    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
+    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
+    when none did). Deliberately coarse: each probe is a g++ build."""
+    tol = target.tolerance(margin)
+    probes: list[Probe] = []
+
+    def ok(fw: int) -> bool:
+        fid, secs = evaluate(fw)
+        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
+        return probes[-1].passed
+
+    best = f
+    first = f - 4
+    if first >= F_MIN:
+        if ok(first):
+            best = first
+        elif ok(f - 2):
+            best = f - 2
+    return best, probes
 
 
 def evaluate_fn(build: Callable[[int], Any], x: np.ndarray, ref: np.ndarray

@@ -145,10 +145,15 @@ class Hls4mlTarget(Target):
                         f"with up to {P.F_MAX} fractional bits (best: {closest.fidelity}; "
                         f"{'; '.join(closest.violations)}). Loosen option fidelity, or compile an "
                         f"explicit precision such as ap_fixed<32,12>")
-                tag = f"f{best}"
-                cfg = P.assign(base, ranges, best)
-                search_meta = {"frac_bits": best, "start": start, "trace_seconds": round(trace_s, 2),
-                               "probes": [p.__dict__ for p in probes], "target": target.to_dict(),
+                wevaluate = P.evaluate_fn(
+                    lambda fw: (make(P.assign(base, ranges, best, fw), f"f{best}w{fw}"), None), calib, ref)
+                best_w, wprobes = P.narrow_weights(wevaluate, target, best)
+                tag = f"f{best}" if best_w == best else f"f{best}w{best_w}"
+                cfg = P.assign(base, ranges, best, best_w)
+                search_meta = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
+                               "trace_seconds": round(trace_s, 2),
+                               "probes": [p.__dict__ for p in probes],
+                               "weight_probes": [p.__dict__ for p in wprobes], "target": target.to_dict(),
                                "ranges": {k: list(v) for k, v in ranges.results.items()}}
             else:
                 fx = parse_fixed(options.precision)
