@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
+from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -29,6 +29,8 @@ from .._nvidia import gpu_info, no_gpu_reason
 from .._util import importable, version
 
 ENGINE = "model.engine"
+
+_F32 = np.dtype(np.float32)
 
 
 def trt_version() -> str:
@@ -240,9 +242,16 @@ class TensorRTExecutor:
                                rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
+        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
         try:
-            if x.shape != self._xshape or out.shape != self._yshape:
-                raise InputError("shape")  # numpy would broadcast a smaller batch silently
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        try:
             self._hx[...] = x
             self._run()
             out[...] = self._hy

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import InputError, UnavailableError, UnsupportedError
+from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -26,6 +26,8 @@ from .._util import version
 
 ARTIFACT = "model.pt2"
 MODES = ("max-autotune-no-cudagraphs", "default", "none")
+
+_F32 = np.dtype(np.float32)
 
 
 def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
@@ -111,9 +113,16 @@ class TorchCudaExecutor:
             self._dy = self._forward(self._dx)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
+        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
         try:
-            if x.shape != self._xshape or out.shape != self._yshape:
-                raise InputError("shape")  # numpy would broadcast a smaller batch silently
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        try:
             self._hx[...] = x
             self._copy_in(self._hx_t, non_blocking=True)
             self._replay()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
+from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -37,6 +37,8 @@ COMPILER = "edgetpu_compiler"
 DELEGATE = "libedgetpu.so.1"
 #: USB ids of the Coral USB Accelerator before (1a6e:089a) and after (18d1:9302) firmware load.
 USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
+
+_F32 = np.dtype(np.float32)
 
 
 def find_device() -> str | None:
@@ -139,9 +141,16 @@ class EdgeTpuExecutor:
             self.predict_into = self._predict_int8io  # type: ignore[method-assign]
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
+        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
         try:
-            if x.shape != self._xshape or out.shape != self._yshape:
-                raise InputError("shape")  # numpy would broadcast a smaller batch silently
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        try:
             self._in[...] = x
             self._invoke()
             out[...] = self._out
@@ -150,9 +159,16 @@ class EdgeTpuExecutor:
             raise
 
     def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
+        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
         try:
-            if x.shape != self._xshape or out.shape != self._yshape:
-                raise InputError("shape")
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        try:
             f = self._f
             np.multiply(x, self._inv_scale_in, out=f)
             np.rint(f, out=f)

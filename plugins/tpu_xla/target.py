@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import InputError, UnavailableError, UnsupportedError
+from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
@@ -30,6 +30,8 @@ from .._util import importable, version
 #: Platforms every artifact is exported for (jax.export lowers once per platform).
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 ARTIFACT = "model.jax_export"
+
+_F32 = np.dtype(np.float32)
 
 
 def _cuda_plugin() -> bool:
@@ -108,15 +110,22 @@ class XlaExecutor:
         self.sync_dispatch = self.platform == "cpu" and not jax.config.read("jax_cpu_enable_async_dispatch")
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
-        self._yshape = out.batched(batch)
+        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
         spec = jax.ShapeDtypeStruct(inp.batched(batch), np.float32)
         self.compiled = jax.jit(exported.call).lower(spec).compile()
         self._call = self.compiled
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
+        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
         try:
-            if out.shape != self._yshape:
-                raise InputError("shape")  # numpy would broadcast into a larger out silently
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+        except AttributeError:
+            ok = False
+        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        try:
             out[...] = self._call(x)
         except Exception:
             check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
