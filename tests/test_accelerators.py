@@ -88,6 +88,8 @@ def test_xla_bad_input_is_a_clear_error(compiled):
         cm.predict_into(np.zeros((1, 63), np.float32), out)
     with pytest.raises(InputError, match="out has shape"):
         cm.predict_into(np.zeros((1, 64), np.float32), np.zeros((1, 4), np.float32))
+    with pytest.raises(InputError, match="dtype"):  # JAX would cast it silently
+        cm.predict_into(np.zeros((1, 64), np.float64), out)
     cm.predict_into(np.zeros((1, 64), np.float32), out)  # still serving
 
 
