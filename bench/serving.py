@@ -31,6 +31,10 @@ def timed(fn, xs: np.ndarray, n: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--model", default="signal", help="zoo model (lstm: a model whose call dominates)")
+    ap.add_argument("--only-batching", action="store_true", help="just the offered-load table")
+    ap.add_argument("--scales", default=None, help="offered-load multipliers, e.g. 1,16,64")
+    ap.add_argument("--trace-s", type=float, default=None, help="trace length before scaling")
     a = ap.parse_args()
     n = 1000 if a.quick else 5000
     import hwbackends as hwb
@@ -40,11 +44,14 @@ def main() -> None:
     from hwbackends.serve.loadtest import _shm_call, replay
     from hwbackends.serve.shm import ShmClient, ShmServer
 
-    m = zoo.get("signal")
-    xs = np.ascontiguousarray(m.validation_data[:512], dtype=np.float32)
+    m = zoo.get(a.model)
+    xs = (np.ascontiguousarray(m.validation_data[:512], dtype=np.float32)
+          if m.validation_data is not None else m.representative(512, seed=0))
     cm = hwb.compile(m, "cpu.litert", fidelity=False)
-    out = np.empty((1, 1), np.float32)
-    print(f"model zoo:signal on {cm.variant}, {os.cpu_count()} cores, n={n} per row\n")
+    out = np.empty((1, *cm.output.shape), np.float32)
+    print(f"model zoo:{a.model} on {cm.variant}, {os.cpu_count()} cores, n={n} per row\n")
+    if a.only_batching:
+        return batching(m, xs, a.quick, a.scales, a.trace_s)
 
     print("== round trip, one caller, batch 1 (no batching) ==")
     direct = timed(lambda x: cm.predict_into(x[None], out), xs, n)
@@ -102,15 +109,49 @@ def main() -> None:
         hit = timed(lambda x: eng.predict_into(x, o), xs, n)
         print(f"miss {pct(miss)}\nhit  {pct(hit)}  (hit rate {eng.cache.stats().hit_rate:.2f})")
 
-    print("\n== batch-1 vs micro-batched, open-loop tick replay (sim.ticks), 8 client threads ==")
+    batching(m, xs, a.quick, a.scales, a.trace_s)
+
+
+def batching(m, xs: np.ndarray, quick: bool, scales: str | None = None,
+             trace_s: float | None = None) -> None:
+    from hwbackends.serve import Engine, EngineConfig, compile_batch_variants
+    from hwbackends.serve.loadtest import replay
+
+    import threading
+
     variants = compile_batch_variants(m, "cpu.litert", None, (1, 2, 4, 8, 16), fidelity=False)
+    print("\n== closed loop: 8 threads calling as fast as they can (3000 calls) ==")
+    cl = {"single (batch 1)": (variants[1], EngineConfig.preset("single")),
+          "latency (≤4, 50µs)": ({s: variants[s] for s in (1, 2, 4)}, EngineConfig.preset("latency")),
+          "balanced (≤16, 500µs)": (variants, EngineConfig.preset("balanced"))}
+    for label, (b, cfg) in cl.items():
+        with Engine(b, cfg) as eng:
+            def w(i: int) -> None:
+                for j in range(3000 // 8):
+                    eng.predict(xs[(i * 31 + j) % len(xs)])
+            ts = [threading.Thread(target=w, args=(i,)) for i in range(8)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            dt = time.perf_counter() - t0
+            st = eng.stats()
+            bs = st["batch_sizes"]
+            mean_b = sum(k * v for k, v in bs.items()) / max(1, sum(bs.values()))
+        print(f"{label:22s} {3000 / dt:7.0f}/s  p50 {st['latency_us']['p50']:7.0f} µs  p99 "
+              f"{st['latency_us']['p99']:8.0f} µs  mean batch {mean_b:.2f}")
+
+    print("\n== batch-1 vs micro-batched, open-loop tick replay (sim.ticks), 8 client threads ==")
     configs = {"single (batch 1)": (variants[1], EngineConfig.preset("single")),
                "latency (≤4, 50µs)": ({s: variants[s] for s in (1, 2, 4)}, EngineConfig.preset("latency")),
                "balanced (≤16, 500µs)": (variants, EngineConfig.preset("balanced"))}
-    for scale in ((1.0, 4.0) if a.quick else (1.0, 4.0, 16.0)):
+    grid = ([float(v) for v in scales.split(",")] if scales
+            else (1.0, 4.0) if quick else (1.0, 4.0, 16.0))
+    for scale in grid:
         for label, (b, cfg) in configs.items():
             with Engine(b, cfg) as eng:
-                rep = replay(lambda: (lambda x: eng.predict(x)), xs, duration_s=1.0 if a.quick else 3.0, seed=1,
+                rep = replay(lambda: (lambda x: eng.predict(x)), xs, duration_s=trace_s or (1.0 if quick else 3.0), seed=1,
                              workers=8, max_requests=20000, max_seconds=20, time_scale=scale,
                              endpoint=label)
                 bs = eng.stats()["batch_sizes"]
