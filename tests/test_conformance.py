@@ -57,9 +57,10 @@ def _variant_params() -> list:
 
 
 @pytest.fixture(scope="module")
-def contexts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Conformance]:
-    root = tmp_path_factory.mktemp("conformance")
-    return {name: Conformance(name, root / name, models=MODELS) for name in get_registry().targets}
+def contexts(store_dir: Path) -> dict[str, Conformance]:
+    # The session's store (tests/conftest.py): variants other tests built are loads here, so a
+    # slow target (an hls4ml C-sim build) costs one extra build, the corruption round-trip's.
+    return {name: Conformance(name, store_dir, models=MODELS) for name in get_registry().targets}
 
 
 def _run(fn, *args) -> str:
