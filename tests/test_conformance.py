@@ -20,10 +20,6 @@ MODELS = ("mlp",)
 #: Contract gaps the kit found in plugins owned elsewhere, kept visible (xfail, not strict, so a
 #: fix shows up as XPASS) until the plugin is fixed. Remove an entry when its plugin passes.
 KNOWN_GAPS: dict[tuple[str, str], str] = {
-    ("tpu.xla", "bad_inputs"): "predict_into accepts float64 / non-contiguous x and out "
-                               "(numpy casts on copy); guard as plugins/cpu_litert/target.py does",
-    ("tpu.edgetpu", "bad_inputs"): "predict_into accepts float64 / int32 / non-contiguous x and "
-                                   "out (numpy casts on copy); guard as plugins/cpu_litert does",
     ("fpga.hls4ml", "bad_inputs"): "predict_into(list, out) raises AttributeError, not InputError: "
                                    "x.shape is read outside a try (plugins/fpga_hls4ml/csim.py)",
 }
