@@ -150,6 +150,10 @@ def test_client_sees_a_dead_server_as_unavailable():
             r = c.predict(x)
             assert isinstance(r, Unavailable) and r.reason == "server-gone"
             assert time.perf_counter() - t0 < 2.0
+        # the dead server left its segment; a new server under the same name replaces it
+        from hwbackends.serve.shm import _remove_stale
+        _remove_stale(name)
+        assert not Path("/dev/shm", name).exists() and not _lock_dir(name).exists()
     finally:
         if p.poll() is None:
             p.kill()
@@ -162,3 +166,11 @@ def test_client_sees_a_dead_server_as_unavailable():
             s.unlink()
         except FileNotFoundError:
             pass
+
+
+def test_a_live_servers_name_is_refused(server, litert):
+    eng = Engine(litert, EngineConfig.preset("single"))
+    with pytest.raises(ConfigError, match="served by a live process"):
+        ShmServer(eng, server.name)
+    with ShmClient(server.name) as c:  # the live one is untouched
+        assert c.in_shape == (32,)

@@ -80,6 +80,39 @@ class _Layout:
                                   buffer=buf, offset=_HDR)["w"]
 
 
+def _remove_stale(name: str) -> None:
+    """Remove a segment (and its lock files) left by a server that died without ``close()``:
+    its header names a pid that no longer exists."""
+    try:
+        old = shared_memory.SharedMemory(name)
+    except FileNotFoundError:
+        shutil.rmtree(_lock_dir(name), ignore_errors=True)
+        return
+    pid = 0
+    try:
+        hdr = np.ndarray((8,), np.int64, old.buf, 0)
+        pid, magic = int(hdr[5]), int(hdr[0])
+        del hdr
+        try:
+            os.kill(pid, 0)
+            alive = pid > 0
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if magic == MAGIC and not alive:
+            log.warning("shm %s: removing the segment of dead server pid %d", name, pid)
+            old.unlink()
+            shutil.rmtree(_lock_dir(name), ignore_errors=True)
+    finally:
+        if pid != os.getpid():  # attaching registered it with the tracker; it is not ours
+            try:
+                resource_tracker.unregister(old._name, "shared_memory")  # type: ignore[attr-defined]
+            except Exception:
+                pass
+        old.close()
+
+
 def _check_platform() -> None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise ConfigError(f"the shared-memory endpoint relies on x86-64 store ordering; this is "
@@ -100,7 +133,12 @@ class ShmServer:
         self.in_shape, self.out_shape = engine.input_shape, engine.output_shape
         fi, fo = int(np.prod(self.in_shape)), int(np.prod(self.out_shape))
         size = _HDR + slots * _slot_bytes(fi, fo)
-        self._shm = shared_memory.SharedMemory(self.name, create=True, size=size)
+        _remove_stale(self.name)
+        try:
+            self._shm = shared_memory.SharedMemory(self.name, create=True, size=size)
+        except FileExistsError:
+            raise ConfigError(f"shared-memory endpoint {self.name!r} is served by a live process; "
+                              f"pick another name") from None
         self._lay = _Layout(self._shm.buf, slots, self.in_shape, self.out_shape)
         hdr = self._lay.hdr
         hdr[1:7] = [slots, fi, fo, _slot_bytes(fi, fo), os.getpid(), 0]
