@@ -102,10 +102,12 @@ def _remove_stale(name: str) -> None:
             alive = True
         if magic == MAGIC and not alive:
             log.warning("shm %s: removing the segment of dead server pid %d", name, pid)
-            old.unlink()
+            old.unlink()  # also drops this process' tracker registration
+            pid = os.getpid()
             shutil.rmtree(_lock_dir(name), ignore_errors=True)
     finally:
         if pid != os.getpid():  # attaching registered it with the tracker; it is not ours
+            # (pid is set to ours above once unlink() has already unregistered it)
             try:
                 resource_tracker.unregister(old._name, "shared_memory")  # type: ignore[attr-defined]
             except Exception:
