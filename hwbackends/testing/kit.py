@@ -513,7 +513,9 @@ def check_predict(ctx: Conformance, v: Variant) -> str:
 
 def _net_bytes(fn: Callable[[np.ndarray, np.ndarray], Any], x: np.ndarray, out: np.ndarray,
                n: int) -> int:
-    tracemalloc.start()
+    already = tracemalloc.is_tracing()  # e.g. python -X tracemalloc: measure, leave it on
+    if not already:
+        tracemalloc.start()
     try:
         for _ in range(100):  # one-time costs (first-call caches) happen before the baseline
             fn(x, out)
@@ -524,7 +526,8 @@ def _net_bytes(fn: Callable[[np.ndarray, np.ndarray], Any], x: np.ndarray, out: 
         gc.collect()
         return tracemalloc.get_traced_memory()[0] - before
     finally:
-        tracemalloc.stop()
+        if not already:
+            tracemalloc.stop()
 
 
 def check_no_allocation(ctx: Conformance, v: Variant, calls: int = ALLOC_CALLS,
