@@ -418,7 +418,11 @@ def check_store_roundtrip(ctx: Conformance) -> str:
         blob[len(blob) // 2] ^= 0xFF
     else:
         blob = bytearray(b"corrupt")
-    victim.write_bytes(bytes(blob))
+    # A new file replaces the old one (never write in place): a loaded executor may have the
+    # old file mapped (TFLite mmaps its model, ctypes its .so), and must keep its intact copy.
+    tmp = victim.with_name(victim.name + ".hwb-corrupt")
+    tmp.write_bytes(bytes(blob))
+    os.replace(tmp, victim)
     third = ctx._compile(v, ctx.store, fidelity=False)
     if third.artifact.cached:
         raise ConformanceError(f"a corrupted artifact file ({victim.name}) was loaded as cached")
