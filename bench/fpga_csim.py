@@ -7,7 +7,8 @@ the CPU; no FPGA latency is measured or implied here).
    validation data, total bits, g++ builds, cold compile seconds (as recorded when built),
    warm load (fresh ``dlopen`` of the stored library, median of 5).
 2. Per-sample cost, interleaved (A B C A B C …):
-     bare     ``myproject_float(x, y)`` through ctypes, pointers precomputed (the floor)
+     bare     ``myproject_float(x, y)`` through ctypes, pointers precomputed (the floor);
+              also ``hwb_predict_batch(x, y, 1)`` bare (our C entry point)
      hwb      ``cm.predict_into(x, out)`` (shape/dtype guard + one ctypes call)
      hls4ml   ``ModelGraph.predict(x)`` on one sample (hls4ml's own Python loop), same design
 
@@ -112,7 +113,21 @@ def latency(cm, name: str, rounds: int, calls: int, with_hls4ml: bool) -> dict[s
     x = np.ascontiguousarray(m.representative(1, seed=3))
     out = np.empty(cm.output.batched(1), np.float32)
     xp, yp = x.ctypes.data, out.ctypes.data
-    fns = {"bare": lambda: fn(xp, yp), "hwb": lambda: cm.predict_into(x, out)}
+    batch = cm.executor.lib.batch_fn
+    n1 = ctypes.c_long(1)
+    fns = {"bare": lambda: fn(xp, yp), "bare_batch": lambda: batch(xp, yp, n1),
+           "hwb": lambda: cm.predict_into(x, out)}
+    # The Python side alone: the same executor code with the C-sim swapped for a C function
+    # that does ~nothing with the same signature (strncmp of 1 byte), against that function
+    # called bare. The C-sim's own ~0.3-5 ms per sample would drown a µs difference.
+    from hwb_plugins.fpga_hls4ml.csim import CsimExecutor
+    libc = ctypes.CDLL(None)
+    noop = libc.strncmp
+    noop.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    ex = CsimExecutor(cm.executor.lib, 1, cm.input, cm.output)
+    ex._fn = noop
+    fns["noop_bare"] = lambda: noop(xp, yp, n1)
+    fns["noop_hwb"] = lambda: ex.predict_into(x, out)
     if with_hls4ml:
         hm = _hls4ml_model(m, meta)
         xs = x.reshape(-1)
@@ -160,9 +175,9 @@ def main() -> None:
               f"{'meets' if r['passes'] else 'fails'} | {r['bits']:,} ({r['weight_bits']:,}) | "
               f"{r['builds']} | {r['compile_s']:.1f} | {r['load_ms']:.1f} |")
     by = {(r["model"], r["precision"]): r for r in rows if "error" not in r}
-    print("\n| model | precision | bare ctypes µs | hwb predict_into µs | hwb overhead µs | "
-          "hls4ml predict µs | hls4ml / bare |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | precision | bare ctypes µs | bare hwb_predict_batch µs | hwb predict_into µs | hls4ml predict µs | "
+          "hls4ml / bare | guard+call, no-op C fn µs | bare no-op call µs | hwb Python overhead µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in [s for s in a.latency.split(",") if s]:
         r = by.get((name, "auto"))
         if r is None:
@@ -171,8 +186,9 @@ def main() -> None:
         h = t.get("hls4ml")
         hs = "—" if h is None else f"{h / 1e3:.1f}"
         hr = "—" if h is None else f"{h / t['bare']:.2f}×"
-        print(f"| {name} | auto | {t['bare'] / 1e3:.1f} | {t['hwb'] / 1e3:.1f} | "
-              f"{(t['hwb'] - t['bare']) / 1e3:+.2f} | {hs} | {hr} |")
+        print(f"| {name} | auto | {t['bare'] / 1e3:.1f} | {t['bare_batch'] / 1e3:.1f} | {t['hwb'] / 1e3:.1f} | {hs} | {hr} | "
+              f"{t['noop_hwb'] / 1e3:.2f} | {t['noop_bare'] / 1e3:.2f} | "
+              f"{(t['noop_hwb'] - t['noop_bare']) / 1e3:.2f} |")
 
 
 if __name__ == "__main__":
