@@ -166,6 +166,8 @@ def test_bad_input_raises_and_process_survives(compiled):
             cm.predict_into(x, out)
     with pytest.raises(InputError):
         cm.predict_into(np.zeros((1, 64), np.float32), np.empty((1, 2), np.float32))
+    with pytest.raises(InputError):
+        cm.predict_into([[0.0] * 64], out)  # not an array at all
     cm.predict_into(np.zeros((1, 64), np.float32), out)
     assert np.isfinite(out).all() and abs(out.sum() - 1) < 0.05
 
@@ -324,3 +326,17 @@ def test_pynq_overlay_on_a_board():
     ex.predict_into(np.zeros((1, io["n_in"]), np.float32), out)
     assert np.isfinite(out).all()
     ex.close()
+
+
+@pytest.mark.slow
+def test_layer_trace_shows_where_precision_is_lost(compiled, zoo_model):
+    from hwb_plugins.fpga_hls4ml.trace import trace_layers
+
+    m = zoo_model("mlp")
+    rows = {r.layer: r for r in trace_layers(m, compiled("mlp", TARGET, "ap_fixed<16,6>"),
+                                             m.representative(64, seed=4))}
+    assert {"dense_1", "dense_1_relu", "probs", "probs_softmax"} <= set(rows)
+    # Every Dense/ReLU layer is fine at fixed<16,6>; the softmax is where the signal dies.
+    assert all(rows[k].corr > 0.999 for k in ("dense_1", "dense_2_relu", "probs"))
+    assert rows["probs_softmax"].rel_err > 0.3
+    assert rows["probs"].type.startswith("fixed<38,18")  # the wide inferred type behind it

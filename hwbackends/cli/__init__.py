@@ -12,7 +12,8 @@ from typing import Any, Sequence
 from ..errors import HwbError
 
 #: Subcommand modules, in the order ``hwb --help`` lists them.
-COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve")
+COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
+            "fpga_trace")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -70,9 +70,13 @@ class CsimExecutor:
         self._f32 = np.dtype(np.float32)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        if (x.shape != self._xs or out.shape != self._os or x.dtype is not self._f32
-                or out.dtype is not self._f32 or not x.flags.c_contiguous
-                or not out.flags.c_contiguous or not out.flags.writeable):
+        try:  # zero-cost when nothing is raised (CPython 3.11+)
+            bad = (x.shape != self._xs or out.shape != self._os or x.dtype is not self._f32
+                   or out.dtype is not self._f32 or not x.flags.c_contiguous
+                   or not out.flags.c_contiguous or not out.flags.writeable)
+        except AttributeError:  # not an ndarray at all
+            bad = True
+        if bad:
             # Raises InputError on a real problem; returns for an equal dtype that is not the
             # canonical object (e.g. from a pickle), which is safe to call with.
             check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
