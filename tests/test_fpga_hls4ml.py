@@ -7,6 +7,7 @@ or an FPGA board skips with the reason.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -340,3 +341,60 @@ def test_layer_trace_shows_where_precision_is_lost(compiled, zoo_model):
     assert all(rows[k].corr > 0.999 for k in ("dense_1", "dense_2_relu", "probs"))
     assert rows["probs_softmax"].rel_err > 0.3
     assert rows["probs"].type.startswith("fixed<38,18")  # the wide inferred type behind it
+
+
+def _compilers_under(marker: str) -> set[int]:
+    """PIDs of live processes whose working directory contains ``marker`` (our g++ runs in
+    the design's directory inside the staged artifact, ``…/.hwb-build/…``)."""
+    pids = set()
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in os.readlink(d / "cwd"):
+                pids.add(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed child whose parent died waits for PID 1 to reap it;
+    in a container PID 1 may never do that)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_timeout_stops_the_build_and_every_g_plus_plus(zoo_model, tmp_path):
+    """Last in the file: the timeout kills the compile worker (the next compile restarts it)."""
+    import threading
+
+    from hwbackends.errors import CompileError
+
+    if not Path("/proc/self/cwd").exists():
+        pytest.skip("needs /proc to see the compiler processes")
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(_compilers_under(".hwb-build"))
+            time.sleep(0.05)
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    try:
+        with pytest.raises(CompileError, match="timed out"):
+            hwb.compile(zoo_model("signal"), TARGET, "auto", store=tmp_path, timeout=8,
+                        options={"reuse_factor": 2}, fidelity=False)
+    finally:
+        stop.set()
+        w.join()
+    time.sleep(0.5)
+    alive = {p for p in seen if _running(p)}
+    assert not alive, f"g++ processes survived the timeout: {alive}"
+    assert not list(tmp_path.glob("tmp/*/.hwb-build")), "staged build left behind"
+    if not seen:
+        pytest.skip("the compile timed out before g++ started (slow worker start); nothing to reap")

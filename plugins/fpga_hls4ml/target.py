@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -108,7 +107,10 @@ class Hls4mlTarget(Target):
         calib = options.calibration if options.calibration is not None else model.representative(256)
         calib = np.ascontiguousarray(calib, dtype=np.float32)
         ref = model.reference(calib)
-        scratch = Path(tempfile.mkdtemp(prefix="hwb-hls4ml-"))
+        # Scratch inside the staged artifact directory: removed below on success, and with
+        # the staging directory by the core when the worker is killed (timeout, crash).
+        scratch = workdir / ".hwb-build"
+        scratch.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         builds: dict[str, tuple[Any, Path, Any]] = {}
 
