@@ -46,6 +46,16 @@ def test_registered_and_emulated_with_reasons():
         assert TARGET in out.stdout
 
 
+def test_missing_compiler_makes_the_target_unavailable(monkeypatch):
+    from hwbackends.errors import UnavailableError
+
+    monkeypatch.setenv("HWB_CXX", "/nonexistent/g++")
+    av = _target().probe()
+    assert av.mode is Mode.UNAVAILABLE and "g++ not on PATH" in av.reason
+    with pytest.raises(UnavailableError, match="g\\+\\+"):
+        hwb.compile("zoo:mlp", TARGET)
+
+
 def test_precisions_accept_explicit_fixed_point_only():
     t = _target()
     assert t.precisions[0] == "auto"

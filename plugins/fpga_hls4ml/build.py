@@ -60,7 +60,11 @@ class BuiltLib:
 
 
 def gxx() -> str | None:
-    return os.environ.get("HWB_CXX") or shutil.which("g++")
+    """The C++ compiler: ``HWB_CXX`` when set (None if that is not an executable), else g++."""
+    explicit = os.environ.get("HWB_CXX")
+    if explicit:
+        return shutil.which(explicit)
+    return shutil.which("g++")
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,8 +110,8 @@ def build(project: Path, name: str, tag: str) -> BuiltLib:
     isolated compile worker: a timeout kills the worker's process group, g++ included."""
     cc = gxx()
     if not cc:
-        raise UnavailableError("g++ not found on PATH: hls4ml's C-simulation needs a C++ compiler "
-                               "(apt-get install g++, or set HWB_CXX)")
+        raise UnavailableError("no C++ compiler: g++ not on PATH (or HWB_CXX not executable); "
+                               "hls4ml's C-simulation needs one (apt-get install g++)")
     common = [cc, *_flags(cc), "-Ifirmware/ap_types/", "-include", "hwb_weights_dir.h",
               "-DWEIGHTS_DIR=hwb_weights_dir()"]
     t0 = time.perf_counter()

@@ -78,8 +78,8 @@ class Hls4mlTarget(Target):
         if not importable("hls4ml"):
             return Availability.unavailable("hls4ml not installed (pip install hls4ml==1.3.0)")
         if not gxx():
-            return Availability.unavailable("g++ not on PATH: hls4ml's C-simulation needs a C++ "
-                                            "compiler (apt-get install g++)")
+            return Availability.unavailable("g++ not on PATH (or HWB_CXX not executable): hls4ml's "
+                                            "C-simulation needs a C++ compiler (apt-get install g++)")
         synth = _synth_tool("Vitis")
         board = ("pynq importable; a matching bitstream selects the board at load"
                  if importable("pynq") else "no FPGA board: pynq not importable")
