@@ -32,6 +32,7 @@ from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
 from .._util import importable, version
+from ..cpu_litert.target import LiteRTExecutor
 
 COMPILER = "edgetpu_compiler"
 DELEGATE = "libedgetpu.so.1"
@@ -111,27 +112,18 @@ def mapping_summary(log: str) -> dict[str, int]:
     return out
 
 
-class EdgeTpuExecutor:
-    """Zero-copy LiteRT hot path (views of the interpreter's own buffers, the C++ ``Invoke``
-    called directly), with the Edge TPU delegate on hardware. With ``int8_io`` the model's IO
-    tensors are int8: the executor quantizes into / dequantizes out of them in place."""
+class EdgeTpuExecutor(LiteRTExecutor):
+    """The LiteRT zero-copy hot path, with the Edge TPU delegate on hardware. With ``int8_io``
+    the model's IO tensors are int8: the executor quantizes into / dequantizes out of them in
+    place."""
 
     def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec,
                  delegate: bool, threads: int = 1):
-        from ai_edge_litert.interpreter import Interpreter, load_delegate
+        from ai_edge_litert.interpreter import load_delegate
 
-        delegates = [load_delegate(DELEGATE)] if delegate else None
-        self.interpreter = Interpreter(model_path=str(path), num_threads=threads,
-                                       experimental_delegates=delegates)
-        self.interpreter.allocate_tensors()
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
-        idet = self.interpreter.get_input_details()[0]
-        odet = self.interpreter.get_output_details()[0]
-        self._in = self.interpreter.tensor(idet["index"])()
-        self._out = self.interpreter.tensor(odet["index"])()
-        self._invoke = self.interpreter._interpreter.Invoke
+        super().__init__(path, threads, batch, inp, out,
+                         [load_delegate(DELEGATE)] if delegate else None)
+        idet, odet = self.input_details, self.output_details
         self.int8_io = idet["dtype"] == np.int8
         if self.int8_io:
             (s_in, z_in), (s_out, z_out) = idet["quantization"], odet["quantization"]
@@ -139,24 +131,6 @@ class EdgeTpuExecutor:
             self._scale_out, self._zp_out = np.float32(s_out), np.int32(z_out)
             self._f = np.zeros(self._in.shape, np.float32)
             self.predict_into = self._predict_int8io  # type: ignore[method-assign]
-
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
-        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
-        try:
-            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
-        except AttributeError:
-            ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-        try:
-            self._in[...] = x
-            self._invoke()
-            out[...] = self._out
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
 
     def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
         # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
@@ -175,7 +149,7 @@ class EdgeTpuExecutor:
             np.add(f, self._zp_in, out=f)
             np.clip(f, -128, 127, out=f)
             self._in[...] = f
-            self._invoke()
+            self._run()
             np.subtract(self._out, self._zp_out, out=out, casting="unsafe")
             np.multiply(out, self._scale_out, out=out)
         except Exception:
