@@ -117,13 +117,14 @@ class BufferedExecutor:
         self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        # Contiguity is not checked: the copies below handle strided arrays correctly.
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
+                  and out.dtype is _F32)
         except AttributeError:
             ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        if not ok:
+            check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
         try:
             self._in[...] = x
             self._run()
@@ -196,8 +197,10 @@ class Converter:
     available: Callable[[], str | None] = lambda: None  # None = usable, else the reason
 
 
-def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int) -> None:
+def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
+             contiguous: bool = True) -> None:
     """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
+    ``contiguous=False`` for executors that copy (and so accept strided arrays correctly).
     Executors call it only after their cheap shape/dtype/contiguity checks failed (or the
     library raised), so the hot path never pays for building the message."""
     want_x = inp.batched(batch)
@@ -213,7 +216,7 @@ def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int) ->
         if arr.dtype != np.dtype(dtype):
             raise InputError(f"{label} has dtype {arr.dtype}; expected {dtype}. "
                              f"Convert once outside the hot path: x.astype(np.{dtype}).")
-        if not arr.flags.c_contiguous:
+        if contiguous and not arr.flags.c_contiguous:
             raise InputError(f"{label} must be C-contiguous; use np.ascontiguousarray() once.")
     if not out.flags.writeable:
         raise InputError("out is read-only; pass a writeable preallocated array")
