@@ -179,6 +179,9 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
         except Exception as exc:
             raise CompileError(f"{tgt.name} built an artifact it cannot load: "
                                f"{type(exc).__name__}: {exc}", target=tgt.name, precision=prec) from exc
+    # What load() found decides the mode: an FPGA target serves from a board when a matching
+    # bitstream is there, and from its C-simulation otherwise.
+    avail = getattr(executor, "availability", None) or avail
     cm = CompiledModel(executor, art, avail, m.name, nan_policy, tgt.static_batch)
     cm.warmup()
     if fidelity:

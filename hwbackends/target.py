@@ -83,7 +83,12 @@ class Executor(Protocol):
     shape ``(batch_size, *output.shape)``; it allocates nothing and does no Python work beyond
     the library call. On a wrong array it raises :class:`~hwbackends.errors.InputError`
     before calling the library (NumPy assignment would silently broadcast or cast it): a few
-    cheap attribute checks first, then :func:`check_io` to build the message."""
+    cheap attribute checks first, then :func:`check_io` to build the message.
+
+    An executor may carry an ``availability`` attribute (an
+    :class:`~hwbackends.specs.Availability`): it then overrides ``Target.probe()``'s answer for
+    this variant, because only ``load`` knows whether it found the device (an FPGA board with a
+    matching bitstream) or fell back to the stand-in (the C-simulation)."""
 
     batch_size: int
 

@@ -160,3 +160,26 @@ def test_fingerprint_is_stable_across_processes(zoo_model):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == here
     assert zoo_model("mlp").fingerprint != here
+
+
+def test_the_executor_found_at_load_decides_the_mode(zoo_model, tmp_path):
+    """A target whose probe says emulated but whose load found the device reports hardware."""
+    from hwb_plugins.cpu_litert.target import LiteRTExecutor, LiteRTTarget
+
+    class BoardFound(LiteRTTarget):
+        name = "test.loadmode"
+
+        def probe(self):
+            return hwb.Availability.emulated("stand-in", "probe cannot see the board")
+
+        def load(self, artifact, options):
+            ex = super().load(artifact, options)
+            ex.availability = hwb.Availability.hardware("the board", "bitstream matched")
+            return ex
+
+    reg = build_registry(entry_points=True)
+    reg.register(_plugin(hwb_targets=lambda: [BoardFound()]), "loadmode")
+    cm = hwb.compile(zoo_model("signal"), "test.loadmode", store=tmp_path, registry=reg,
+                     isolate_compile=False, fidelity=False)
+    assert isinstance(cm.executor, LiteRTExecutor)
+    assert cm.mode is hwb.Mode.HARDWARE and cm.availability.device == "the board"

@@ -43,6 +43,11 @@ class PynqExecutor:
     def __init__(self, entry: BitstreamEntry, batch: int, inp: TensorSpec, out: TensorSpec):
         from pynq import Overlay, allocate
 
+        from hwbackends.specs import Availability
+
+        self.availability = Availability.hardware(
+            f"FPGA board {entry.manifest.get('board', '?')} ({entry.manifest.get('part', '?')}) via PYNQ",
+            f"bitstream {entry.bit.name} for this model's fingerprint")
         self.entry = entry
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
