@@ -31,21 +31,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-
-def per_call_ns(fn, calls: int) -> float:
-    clock = time.perf_counter_ns
-    t0 = clock()
-    for _ in range(calls):
-        fn()
-    return (clock() - t0) / calls
-
-
-def interleaved(fns: dict, rounds: int, calls: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            samples[k].append(per_call_ns(f, calls))
-    return {k: statistics.median(v) for k, v in samples.items()}
+from _timing import interleaved  # noqa: E402  (bench/ is on sys.path)
 
 
 def warm_load_ms(cm, n: int = 5) -> float:
@@ -157,10 +143,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--store", default=None)
     a = ap.parse_args()
-    from hwbackends.target import machine_description
+    from hwbackends.bench.machine import describe
 
     rows = fidelity_table([s for s in a.models.split(",") if s], a.store)
-    print(f"\nmachine: {machine_description()}; mode: emulated (hls4ml C-simulation, g++ -O3)\n")
+    print(f"\nmachine: {describe()}; mode: emulated (hls4ml C-simulation, g++ -O3)\n")
     print("| model | precision | corr | max abs / range | sign | argmax | target | total bits "
           "(weights) | g++ builds | cold compile s | warm load ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

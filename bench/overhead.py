@@ -12,31 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import sys
-import time
 
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-
-def per_call_ns(fn, calls: int) -> float:
-    clock = time.perf_counter_ns
-    t0 = clock()
-    for _ in range(calls):
-        fn()
-    return (clock() - t0) / calls
-
-
-def interleaved(fns: dict, rounds: int, calls: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for r in range(rounds):
-        for k, f in fns.items():
-            samples[k].append(per_call_ns(f, calls))
-        print(f"\r  round {r + 1}/{rounds}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    return {k: statistics.median(v) for k, v in samples.items()}
+from _timing import interleaved  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def main() -> None:
@@ -81,7 +62,7 @@ def main() -> None:
     def hwb_call() -> None:
         hot(x, out)
 
-    lite = interleaved({"raw": raw, "bare": bare, "hwb": hwb_call}, a.rounds, a.calls)
+    lite = interleaved({"raw": raw, "bare": bare, "hwb": hwb_call}, a.rounds, a.calls, progress=True)
 
     cmo = hwb.compile(m, "cpu.onnxruntime", "fp32")
     import onnxruntime as ort
@@ -100,7 +81,7 @@ def main() -> None:
     def hwb_ort() -> None:
         hot_o(x, out)
 
-    onx = interleaved({"run": ort_run, "hwb": hwb_ort}, a.rounds, a.calls)
+    onx = interleaved({"run": ort_run, "hwb": hwb_ort}, a.rounds, a.calls, progress=True)
 
     print(f"model zoo:{a.model}, batch 1, 1 thread; median over {a.rounds} interleaved rounds "
           f"of {a.calls} calls (ns per call)")

@@ -39,9 +39,8 @@ def main() -> None:
     n = 1000 if a.quick else 5000
     import hwbackends as hwb
     from hwbackends import zoo
-    from hwbackends.serve import Engine, EngineConfig, compile_batch_variants
+    from hwbackends.serve import Engine, EngineConfig
     from hwbackends.serve.grpc_server import GrpcClient, GrpcServer
-    from hwbackends.serve.loadtest import _shm_call, replay
     from hwbackends.serve.shm import ShmClient, ShmServer
 
     m = zoo.get(a.model)

@@ -29,7 +29,6 @@ def main() -> None:
     ap.add_argument("--preset", default="latency")
     ap.add_argument("--cache", type=int, default=0, help="cache entries (0: off)")
     a = ap.parse_args()
-    import hwbackends as hwb
     from hwbackends import zoo
     from hwbackends.serve import Engine, EngineConfig, compile_batch_variants
 

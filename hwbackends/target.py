@@ -14,7 +14,6 @@ hook. The lifecycle, driven by :func:`hwbackends.compile`:
 """
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
@@ -225,8 +224,3 @@ def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
             raise InputError(f"{label} must be C-contiguous; use np.ascontiguousarray() once.")
     if not out.flags.writeable:
         raise InputError("out is read-only; pass a writeable preallocated array")
-
-
-def machine_description() -> str:
-    import os
-    return f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".replace("  ", " ")

@@ -21,12 +21,5 @@ def importable(module: str) -> bool:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
+    from hwbackends.bench.machine import cpu_model
+    return cpu_model()

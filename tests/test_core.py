@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.errors import CacheError, ModelError, UnknownTargetError
+from hwbackends.errors import ModelError, UnknownTargetError
 from hwbackends.fidelity import Tolerance, compare
 from hwbackends.registry import build_registry
 from hwbackends.store import ArtifactStore

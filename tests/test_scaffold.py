@@ -91,7 +91,7 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
         assert "3 passed" in r.stdout
         # the router considers it like any built-in target (here the only one allowed)
         cfg = tmp_path / "strategies.toml"
-        cfg.write_text(textwrap.dedent(f'''\
+        cfg.write_text(textwrap.dedent('''\
             [tiers.relaxed]
             p99_us = 100000
             [router.bench]
@@ -101,7 +101,7 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
             model = "zoo:mlp"
             tier = "relaxed"
             targets = ["cpu.scaffold_*"]
-            fidelity = {{ corr_min = 0.9999 }}
+            fidelity = { corr_min = 0.9999 }
             '''))
         r = _run([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], env=env)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -11,7 +11,7 @@ import pytest
 
 from hwbackends.errors import ConfigError, InputError
 from hwbackends.serve import (DEADLINE, BatchPolicy, Engine, EngineConfig, InferenceCache,
-                              Unavailable, compile_batch_variants)
+                              Unavailable)
 
 
 @pytest.fixture(scope="module")

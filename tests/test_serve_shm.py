@@ -3,12 +3,10 @@ model, batching across clients, a client killed mid-request, a server that dies.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 

@@ -18,7 +18,8 @@ LIBRARIES = ("numpy", "ai-edge-litert", "tensorflow-cpu", "tensorflow", "onnxrun
              "jax", "jaxlib", "hls4ml", "tensorrt")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), without importing anything heavy."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -48,7 +49,7 @@ def fingerprint() -> dict[str, Any]:
         affinity = list(range(os.cpu_count() or 1))
     libs = {d: v for d in LIBRARIES if (v := _version(d))}
     d: dict[str, Any] = {
-        "cpu": _cpu_model(), "arch": platform.machine(), "cores": os.cpu_count() or 1,
+        "cpu": cpu_model(), "arch": platform.machine(), "cores": os.cpu_count() or 1,
         "usable_cores": len(affinity), "kernel": platform.release(),
         "os": platform.system(), "python": platform.python_version(), "libraries": libs,
     }

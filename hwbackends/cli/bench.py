@@ -55,7 +55,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from ..bench import ProfileCache, SingleStream, bench_model, parse
+    from ..bench import ProfileCache, bench_model, parse
 
     scenarios = [parse(s) for s in (args.scenario or ["single-stream"])]
     if args.n:

@@ -7,7 +7,6 @@ import argparse
 import json
 import signal
 import threading
-import time
 
 from . import stderr_progress
 from .compile import add_model_args, compile_from_args

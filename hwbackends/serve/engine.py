@@ -308,7 +308,7 @@ class Engine:
         if (type(x) is np.ndarray and x.shape == self._in_shape and x.dtype == np.float32
                 and x.flags.c_contiguous):
             if self.config.validate and not np.isfinite(x).all():
-                raise InputError(f"input contains NaN/Inf; clean the features before predict")
+                raise InputError("input contains NaN/Inf; clean the features before predict")
             return x
         try:
             arr = np.asarray(x)

@@ -16,7 +16,6 @@ import json
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import time
