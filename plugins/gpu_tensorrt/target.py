@@ -51,19 +51,43 @@ def cudart() -> Any:
         return runtime
 
 
+def _code(err: Any) -> int:
+    """The integer of a ``cudaError_t``: an IntEnum in cuda-python 12, a FastEnum (an int
+    subclass) in cuda-bindings 12.9+/13, a plain ``Enum`` (``int()`` raises) in early
+    releases; ``.value`` is an int in all three."""
+    return int(getattr(err, "value", err))
+
+
 def _ck(result: Any) -> Any:
     """cuda-python returns (error, *values): raise on error, return the value(s)."""
     err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA error {err}")
+    if _code(err) != 0:
+        raise RuntimeError(f"CUDA error {getattr(err, 'name', err)} ({_code(err)})")
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
 def _ptr(handle: Any) -> int:
+    # int() of a cuda-python handle (cudaStream_t, ...) is the handle's value, which is what
+    # TensorRT and the runtime take; getPtr() is the address *of* the handle (&stream), never
+    # a valid stream, so there is deliberately no fallback to it.
+    return int(handle)
+
+
+def _instantiate(rt: Any, graph: Any) -> Any:
+    """cudaGraphInstantiate(graph, flags) in cuda-python 12+/13; the 11.x binding had the
+    CUDA 11 signature, where cudaGraphInstantiateWithFlags(graph, flags) is the same call."""
     try:
-        return int(handle)
+        return _ck(rt.cudaGraphInstantiate(graph, 0))
     except TypeError:
-        return int(handle.getPtr())
+        return _ck(rt.cudaGraphInstantiateWithFlags(graph, 0))
+
+
+def _parser_error(e: Any) -> str:
+    """One ONNX-parser error; node_name()/node_operator() exist only in TensorRT 10's parser."""
+    name = getattr(e, "node_name", None)
+    op = getattr(e, "node_operator", None)
+    where = (name() if name else "") or str(e.node())
+    return f"node {where}" + (f" ({op()})" if op else "") + f": {e.desc()}"
 
 
 def current_binding() -> dict[str, str]:
@@ -134,16 +158,19 @@ def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], pre
     network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
-        errs = []
-        for k in range(parser.num_errors):
-            e = parser.get_error(k)
-            errs.append(f"node {e.node_name() or e.node()} ({e.node_operator()}): {e.desc()}")
+        errs = [_parser_error(parser.get_error(k)) for k in range(parser.num_errors)]
         raise UnsupportedError("gpu.tensorrt cannot parse the ONNX graph: " + "; ".join(errs))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
-    profile = builder.create_optimization_profile()
-    profile.set_shape(input_name, shape, shape, shape)  # the batch size asked for, static
-    config.add_optimization_profile(profile)
+    # The ONNX graph had its batch fixed, so usually no input is dynamic and no profile is
+    # needed; a profile is required only when some input dimension is still -1 (e.g. a
+    # sequence axis), and then it is pinned to the one shape we run.
+    profile = None
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    if any(int(d) < 0 for t in inputs for d in t.shape):
+        profile = builder.create_optimization_profile()
+        profile.set_shape(input_name, shape, shape, shape)
+        config.add_optimization_profile(profile)
     calib = None
     if precision in ("fp16", "int8"):
         config.set_flag(trt.BuilderFlag.FP16)
@@ -152,8 +179,9 @@ def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], pre
             raise UnsupportedError("gpu.tensorrt:int8 needs calibration data (calibration_data=…)")
         config.set_flag(trt.BuilderFlag.INT8)
         calib = EntropyCalibrator.create(calibration, shape[0], workdir / "calibration.cache")
-        config.int8_calibrator = calib
-        config.set_calibration_profile(profile)
+        config.int8_calibrator = calib  # implicit quantization: deprecated in TRT 10.1, still built
+        if profile is not None:
+            config.set_calibration_profile(profile)
     try:
         blob = builder.build_serialized_network(network, config)
     finally:
@@ -197,7 +225,16 @@ class TensorRTExecutor:
         if len(ins) != 1 or len(outs) != 1:
             raise UnsupportedError(f"gpu.tensorrt: engine has inputs {ins} and outputs {outs}; "
                                    f"one of each is supported")
-        self.context.set_input_shape(ins[0], inp.batched(batch))
+        if not self.context.set_input_shape(ins[0], inp.batched(batch)):
+            raise UnsupportedError(f"gpu.tensorrt: the engine refuses input shape "
+                                   f"{inp.batched(batch)} for {ins[0]!r}")
+        # The host/device buffers are sized from the declared specs: an engine whose I/O
+        # tensor holds more elements would read/write past them, so refuse it here.
+        for name, spec in ((ins[0], inp), (outs[0], out)):
+            got = tuple(int(d) for d in self.context.get_tensor_shape(name))
+            if int(np.prod(got)) != int(np.prod(spec.batched(batch))):
+                raise UnsupportedError(f"gpu.tensorrt: engine tensor {name!r} has shape {got}, "
+                                       f"the model declares {tuple(spec.batched(batch))}")
         self.stream = _ck(rt.cudaStreamCreate())
         self._bufs = []
         for name, spec in ((ins[0], inp), (outs[0], out)):
@@ -212,24 +249,36 @@ class TensorRTExecutor:
         # One plain run first: TensorRT does lazy initialisation that must not be captured.
         self._enqueue()
         _ck(rt.cudaStreamSynchronize(self.stream))
-        self.graph_exec = None
+        self.graph_exec = self._graph = None
         if cuda_graph:
             _ck(rt.cudaStreamBeginCapture(self.stream,
                                           rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
-            self._enqueue()
-            graph = _ck(rt.cudaStreamEndCapture(self.stream))
-            self.graph_exec = _ck(rt.cudaGraphInstantiate(graph, 0))
+            try:
+                self._enqueue()
+            finally:  # always end the capture, or the stream stays unusable
+                ended = rt.cudaStreamEndCapture(self.stream)
+            try:
+                graph = _ck(ended)
+            except RuntimeError as exc:
+                raise UnsupportedError(f"gpu.tensorrt: this engine cannot be captured in a CUDA "
+                                       f"graph ({exc}); compile with options={{'cuda_graph': "
+                                       f"False}}") from exc
             self._graph = graph
+            self.graph_exec = _instantiate(rt, graph)
         launch, sync, gexec, stream = rt.cudaGraphLaunch, rt.cudaStreamSynchronize, self.graph_exec, self.stream
         enqueue = self._enqueue
 
         def run() -> None:  # one graph launch + one sync; the sync reports any async error
             if gexec is not None:
-                launch(gexec, stream)
+                err = launch(gexec, stream)[0]
+                if _code(err) != 0:  # a launch error is not reported by the sync
+                    raise RuntimeError(f"cudaGraphLaunch failed: {getattr(err, 'name', err)}")
             else:
                 enqueue()
-            if int(sync(stream)[0]) != 0:
-                raise RuntimeError("CUDA error in the TensorRT graph (device lost?)")
+            err = sync(stream)[0]
+            if _code(err) != 0:
+                raise RuntimeError(f"CUDA error in the TensorRT graph (device lost?): "
+                                   f"{getattr(err, 'name', err)}")
         self._run = run
 
     def _enqueue(self) -> None:
@@ -261,10 +310,27 @@ class TensorRTExecutor:
 
     def close(self) -> None:
         rt = self._rt
+        if not self._bufs:
+            return
+        rt.cudaStreamSynchronize(self.stream)
+        if self.graph_exec is not None:
+            rt.cudaGraphExecDestroy(self.graph_exec)
+        if self._graph is not None:
+            rt.cudaGraphDestroy(self._graph)
+        self.graph_exec = self._graph = None
+        self.context = None  # TensorRT objects go before the memory they point at
         for host, dev in self._bufs:
             rt.cudaFreeHost(host.ptr)
             rt.cudaFree(dev)
         self._bufs = []
+        rt.cudaStreamDestroy(self.stream)
+        # The numpy views pointed at the freed pinned memory: a call after close must fail
+        # cleanly, not write into freed memory.
+        self._hx, self._hy = np.empty(self._xshape, _F32), np.empty(self._yshape, _F32)
+
+        def closed() -> None:
+            raise RuntimeError("gpu.tensorrt executor is closed")
+        self._run = closed
 
 
 class TensorRTTarget(Target):

@@ -34,9 +34,15 @@ def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
     """``torch.export`` of the model with every dimension static (batch included)."""
     import torch
 
-    module = obj.module() if isinstance(obj, torch.export.ExportedProgram) else obj
-    if hasattr(module, "eval"):
-        module.eval()
+    if isinstance(obj, torch.export.ExportedProgram):
+        # The unlifted module of an exported program refuses .eval() (NotImplementedError
+        # "Calling eval() is not supported yet."); it already carries the mode it was
+        # exported in.
+        module = obj.module()
+    else:
+        module = obj
+        if hasattr(module, "eval"):
+            module.eval()
     example = torch.zeros(input_shape, dtype=torch.float32)
     with torch.no_grad():
         return torch.export.export(module, (example,))
@@ -89,7 +95,10 @@ class TorchCudaExecutor:
                 torch.cuda.synchronize()
                 if cuda_graph:
                     self.graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(self.graph):
+                    # Capture on the warm-up stream: per-stream library state (cuBLAS/cuBLASLt
+                    # workspaces and handles) is then created before capture, not during it
+                    # (what torch.cuda.make_graphed_callables does too).
+                    with torch.cuda.graph(self.graph, stream=side):
                         self._dy = forward(self._dx)  # static output buffer owned by the graph
                     self.graph.replay()
                     torch.cuda.synchronize()
