@@ -99,26 +99,42 @@ class Executor(Protocol):
 _F32 = np.dtype(np.float32)
 
 
-class BufferedExecutor:
-    """The shared hot path of executors over runtime-owned buffers (LiteRT tensor views, ONNX
-    Runtime's bound OrtValues, …): one cheap identity check of ``x`` and ``out``, copy ``x`` in,
-    run, copy the output out.
-
-    The check is needed because numpy would otherwise *silently* broadcast a wrong shape (a
-    ``(1, 1)`` array into a ``(1, 32)`` buffer) or cast a wrong dtype into the buffer; its cost
-    (≈ 0.27 µs) is in docs/performance.md. Subclasses call :meth:`_init_io` and set ``_in`` and
-    ``_out`` (the arrays the runtime reads and writes) and ``_run`` (a zero-argument callable
-    that runs the model once)."""
+class IOGuard:
+    """The input guard every executor needs: numpy (and JAX, torch) would otherwise *silently*
+    broadcast a wrong shape (a ``(1, 1)`` array into a ``(1, 32)`` buffer) or cast a wrong
+    dtype. Executors call :meth:`_init_io` once and :meth:`_guard` first thing in
+    ``predict_into``. Contiguity is not required: executors copy ``x`` into their own buffer
+    (or hand it to a framework that copies), which handles strided arrays correctly."""
 
     batch_size: int
-    _in: np.ndarray
-    _out: np.ndarray
-    _run: Callable[[], Any]
 
     def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int) -> None:
         self.batch_size = batch
         self._in_spec, self._out_spec = inp, out
         self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+
+    def _guard(self, x: Any, out: Any) -> None:
+        """Return if ``x``/``out`` have the compiled shapes and float32; else raise InputError."""
+        try:
+            if (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                    and out.dtype is _F32):
+                return
+        except AttributeError:
+            pass
+        check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
+
+
+class BufferedExecutor(IOGuard):
+    """The shared hot path of executors over runtime-owned buffers (LiteRT tensor views, ONNX
+    Runtime's bound OrtValues, …): the guard, copy ``x`` in, run, copy the output out.
+    Subclasses call :meth:`_init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads
+    and writes) and ``_run`` (a zero-argument callable that runs the model once). The guard is
+    inlined here rather than calling :meth:`_guard`: this is the sub-2-µs CPU path, where one
+    more Python call is a measurable share (docs/performance.md)."""
+
+    _in: np.ndarray
+    _out: np.ndarray
+    _run: Callable[[], Any]
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         # Contiguity is not checked: the copies below handle strided arrays correctly.

@@ -23,7 +23,7 @@ import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
 
 from .._nvidia import gpu_info, no_gpu_reason
 from .._util import importable, version
@@ -203,15 +203,13 @@ class _Pinned:
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-class TensorRTExecutor:
+class TensorRTExecutor(IOGuard):
     def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
                  cuda_graph: bool = True):
         import tensorrt as trt
 
         rt = self._rt = cudart()
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+        self._init_io(inp, out, batch)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self._logger)
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
@@ -291,15 +289,7 @@ class TensorRTExecutor:
                                rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
-        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
-        try:
-            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
-        except AttributeError:
-            ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        self._guard(x, out)
         try:
             self._hx[...] = x
             self._run()

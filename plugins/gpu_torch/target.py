@@ -19,16 +19,13 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
 
 ARTIFACT = "model.pt2"
 MODES = ("max-autotune-no-cudagraphs", "default", "none")
-
-_F32 = np.dtype(np.float32)
-
 
 def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
     """``torch.export`` of the model with every dimension static (batch included)."""
@@ -48,7 +45,7 @@ def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
         return torch.export.export(module, (example,))
 
 
-class TorchCudaExecutor:
+class TorchCudaExecutor(IOGuard):
     """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
     load/compile path on the CPU so it can be exercised without a GPU (never reported as a
     GPU result: the target is unavailable there)."""
@@ -61,9 +58,7 @@ class TorchCudaExecutor:
         if device == "cuda" and not torch.cuda.is_available():
             raise UnavailableError("gpu.torch: torch.cuda.is_available() is False at load "
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+        self._init_io(inp, out, batch)
         self.device = torch.device(device)
         dtype = torch.float16 if precision == "fp16" else torch.float32
         module = torch.export.load(str(path)).module().to(self.device)
@@ -122,15 +117,7 @@ class TorchCudaExecutor:
             self._dy = self._forward(self._dx)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
-        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
-        try:
-            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
-        except AttributeError:
-            ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        self._guard(x, out)
         try:
             self._hx[...] = x
             self._copy_in(self._hx_t, non_blocking=True)

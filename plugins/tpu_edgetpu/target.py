@@ -39,9 +39,6 @@ DELEGATE = "libedgetpu.so.1"
 #: USB ids of the Coral USB Accelerator before (1a6e:089a) and after (18d1:9302) firmware load.
 USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
 
-_F32 = np.dtype(np.float32)
-
-
 def find_device() -> str | None:
     """The Edge TPU device, if one is attached: '/dev/apex_0' (PCIe/M.2) or 'usb:BUS-PORT'."""
     apex = sorted(glob.glob("/dev/apex_*"))
@@ -133,15 +130,7 @@ class EdgeTpuExecutor(LiteRTExecutor):
             self.predict_into = self._predict_int8io  # type: ignore[method-assign]
 
     def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
-        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
-        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
-        try:
-            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
-        except AttributeError:
-            ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        self._guard(x, out)
         try:
             f = self._f
             np.multiply(x, self._inv_scale_in, out=f)

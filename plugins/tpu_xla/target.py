@@ -23,16 +23,13 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
 
 from .._util import importable, version
 
 #: Platforms every artifact is exported for (jax.export lowers once per platform).
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 ARTIFACT = "model.jax_export"
-
-_F32 = np.dtype(np.float32)
-
 
 def _cuda_plugin() -> bool:
     return any(importable(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin",
@@ -84,7 +81,7 @@ def sync_cpu_dispatch() -> bool:
     return not jax.config.read("jax_cpu_enable_async_dispatch")
 
 
-class XlaExecutor:
+class XlaExecutor(IOGuard):
     """The hot path is the compiled XLA executable called on the caller's array: one
     host→device transfer in, one device→host copy into ``out``; no tracing, no dispatch
     through ``jax.jit``'s cache (the executable is called directly)."""
@@ -108,23 +105,13 @@ class XlaExecutor:
                                    f"(hwb compile --rebuild)")
         self.platform = self.device.platform
         self.sync_dispatch = self.platform == "cpu" and not jax.config.read("jax_cpu_enable_async_dispatch")
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+        self._init_io(inp, out, batch)
         spec = jax.ShapeDtypeStruct(inp.batched(batch), np.float32)
         self.compiled = jax.jit(exported.call).lower(spec).compile()
         self._call = self.compiled
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # numpy (and JAX) would silently broadcast a wrong shape or cast a wrong dtype; the
-        # contract refuses both, as the CPU executors do (conformance kit, bad_inputs).
-        try:
-            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous)
-        except AttributeError:
-            ok = False
-        if not ok:  # raises InputError; returns only for an equal, non-canonical dtype object
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+        self._guard(x, out)
         try:
             out[...] = self._call(x)
         except Exception:
