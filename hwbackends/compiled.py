@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from .inputs import NAN_POLICIES, as_batch
 from .fidelity import Fidelity
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io
@@ -22,8 +22,8 @@ class CompiledModel:
     def __init__(self, executor: Executor, artifact: Artifact, availability: Availability,
                  model_name: str = "model", nan_policy: str = "reject",
                  static_batch: bool = True):
-        if nan_policy not in ("reject", "pass"):
-            raise ValueError("nan_policy must be 'reject' or 'pass'")
+        if nan_policy not in NAN_POLICIES:
+            raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
         self.executor = executor
         self.artifact = artifact
         self.availability = availability
@@ -96,32 +96,15 @@ class CompiledModel:
                 f"batch {self.batch_size}>")
 
     # -- prediction -----------------------------------------------------------------------------
-    def _validate(self, x: Any) -> tuple[np.ndarray, bool]:
-        try:
-            arr = np.asarray(x)
-        except Exception as exc:
-            raise InputError(f"input is not array-like ({type(x).__name__}): {exc}") from exc
-        if arr.dtype.kind not in "fiub":
-            raise InputError(f"input has dtype {arr.dtype}; expected a numeric array convertible "
-                             f"to {self.input.dtype}")
-        shape = self.input.shape
-        single = tuple(arr.shape) == shape
-        if single:
-            arr = arr[None]
-        elif tuple(arr.shape[1:]) != shape:
-            raise InputError(f"input has shape {tuple(arr.shape)}; expected {shape} (one sample) "
-                             f"or (n, {', '.join(map(str, shape))}) for a batch of n")
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if self.nan_policy == "reject" and not np.isfinite(arr).all():
-            bad = int(np.size(arr) - np.isfinite(arr).sum())
-            raise InputError(f"input contains {bad} NaN/Inf value(s); clean the features, or "
-                             f"compile with nan_policy='pass' to let them through")
-        return arr, single
+    def validate(self, x: Any) -> tuple[np.ndarray, bool]:
+        """``x`` as a float32 batch for this variant and whether it was one sample; raises
+        :class:`InputError` (shape, dtype, NaN/Inf per ``nan_policy``)."""
+        return as_batch(x, self.input, self.nan_policy)
 
     def predict(self, x: Any) -> np.ndarray:
         """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``.
         Validates shape, dtype and (by default) NaN/Inf; returns a new array."""
-        arr, single = self._validate(x)
+        arr, single = self.validate(x)
         n, b = len(arr), self.batch_size
         out = np.empty((n, *self.output.shape), dtype=np.float32)
         if n == b or not self.static_batch:

@@ -118,7 +118,7 @@ class Router:
         """Validated, allocating predict (one sample or a batch) through the lane."""
         lane = self._lane(name)
         cm = lane.cms[0]
-        arr, single = cm._validate(x)
+        arr, single = cm.validate(x)
         b = cm.batch_size
         out = np.empty((len(arr), *cm.output.shape), np.float32)
         xb = np.zeros(cm.input.batched(b), np.float32)

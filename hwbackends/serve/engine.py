@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from ..fidelity import Tolerance
+from ..inputs import as_sample
 from .backend import label, normalise
 from .batching import PRESETS, BatchPlan, BatchPolicy
 from .cache import InferenceCache
@@ -305,25 +306,8 @@ class Engine:
 
     # -- callers ----------------------------------------------------------------------------
     def _check(self, x: Any) -> np.ndarray:
-        if (type(x) is np.ndarray and x.shape == self._in_shape and x.dtype == np.float32
-                and x.flags.c_contiguous):
-            if self.config.validate and not np.isfinite(x).all():
-                raise InputError("input contains NaN/Inf; clean the features before predict")
-            return x
-        try:
-            arr = np.asarray(x)
-        except Exception as exc:
-            raise InputError(f"input is not array-like ({type(x).__name__}): {exc}") from exc
-        if tuple(arr.shape) != self._in_shape:
-            raise InputError(f"input has shape {tuple(arr.shape)}; engine {self.strategy!r} takes "
-                             f"one sample of shape {self._in_shape} per call (requests are "
-                             f"batched for you)")
-        if arr.dtype.kind not in "fiub":
-            raise InputError(f"input has dtype {arr.dtype}; expected float32")
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if self.config.validate and not np.isfinite(arr).all():
-            raise InputError("input contains NaN/Inf; clean the features before predict")
-        return arr
+        return as_sample(x, self._active.plan.input, "reject" if self.config.validate else "pass",
+                         where=f"engine {self.strategy!r} (requests are batched for you)")
 
     def _breaker_blocks(self) -> bool:
         if self._open_until:

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..inputs import as_sample
+from ..specs import TensorSpec
 from .engine import Engine, Unavailable
 
 log = logging.getLogger("hwbackends.serve")
@@ -291,6 +293,7 @@ class ShmClient:
         ins, outs = (d / "shape").read_text().split(";")
         self.in_shape = tuple(int(v) for v in ins.strip("[]").split(",") if v.strip())
         self.out_shape = tuple(int(v) for v in outs.strip("[]").split(",") if v.strip())
+        self._in_spec = TensorSpec("x", self.in_shape)
         self.server_pid = int(hdr[5])
         self._same_process = self.server_pid == os.getpid()
         self._lay = _Layout(self._shm.buf, int(hdr[1]), self.in_shape, self.out_shape)
@@ -370,9 +373,7 @@ class ShmClient:
 
     def predict(self, x: Any, deadline_us: float | None = None) -> np.ndarray | Unavailable:
         out = np.empty(self.out_shape, np.float32)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.shape != self.in_shape:
-            raise InputError(f"input has shape {x.shape}; this endpoint takes {self.in_shape}")
+        x = as_sample(x, self._in_spec, "pass", where=f"shm endpoint {self.name!r}")
         r = self.predict_into(x, out, deadline_us)
         return out if r is True else r
 
