@@ -164,7 +164,8 @@ def test_fingerprint_is_stable_across_processes(zoo_model):
 
 def test_the_executor_found_at_load_decides_the_mode(zoo_model, tmp_path):
     """A target whose probe says emulated but whose load found the device reports hardware."""
-    from hwb_plugins.cpu_litert.target import LiteRTExecutor, LiteRTTarget
+    from hwb_plugins._shared.litert import LiteRTExecutor
+    from hwb_plugins.cpu_litert.target import LiteRTTarget
 
     class BoardFound(LiteRTTarget):
         name = "test.loadmode"

@@ -3,31 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
+from hwbackends.specs import Availability
+from hwbackends.target import Artifact, CompileOptions, Target
 
+from .._shared.litert import LiteRTExecutor
 from .._util import cpu_name, importable, version
-
-
-class LiteRTExecutor(BufferedExecutor):
-    """Zero-copy hot path: numpy views of the interpreter's own input/output buffers and the
-    C++ ``Invoke`` called directly. This beats ``set_tensor``/``invoke``/``get_tensor`` (which
-    copy, allocate and check reference counts on every call): see docs/performance.md."""
-
-    def __init__(self, path: Path, threads: int, batch: int, inp: TensorSpec, out: TensorSpec,
-                 delegates: list[Any] | None = None):
-        from ai_edge_litert.interpreter import Interpreter
-
-        self.interpreter = Interpreter(model_path=str(path), num_threads=threads,
-                                       experimental_delegates=delegates)
-        self.interpreter.allocate_tensors()
-        self._init_io(inp, out, batch)
-        self.input_details = self.interpreter.get_input_details()[0]
-        self.output_details = self.interpreter.get_output_details()[0]
-        # Views stay valid because allocate_tensors() is never called again.
-        self._in = self.interpreter.tensor(self.input_details["index"])()
-        self._out = self.interpreter.tensor(self.output_details["index"])()
-        self._run = self.interpreter._interpreter.Invoke
 
 
 class LiteRTTarget(Target):
@@ -55,7 +35,7 @@ class LiteRTTarget(Target):
                 "keras": version("keras"), "ai-edge-litert": version("ai-edge-litert")}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from .convert import has_recurrent, op_names, to_tflite
+        from .._shared.tflite import has_recurrent, op_names, to_tflite
 
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):

@@ -10,20 +10,8 @@ from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
 
+from .._shared.onnx_batch import fix_batch
 from .._util import cpu_name, importable, version
-
-def fix_batch(proto: Any, batch: int) -> Any:
-    """Static shapes: set the batch dimension of every graph input and output."""
-    inits = {i.name for i in proto.graph.initializer}
-    for vi in [*proto.graph.input, *proto.graph.output]:
-        if vi.name in inits:
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims):
-            dims[0].Clear()
-            dims[0].dim_value = batch
-    return proto
-
 
 class _Calibration:
     """ORT's CalibrationDataReader protocol over an array of representative inputs."""

@@ -357,7 +357,7 @@ class TensorRTTarget(Target):
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         import onnx
 
-        from hwb_plugins.cpu_onnxruntime.target import fix_batch
+        from hwb_plugins._shared.onnx_batch import fix_batch
 
         copy = onnx.ModelProto()
         copy.CopyFrom(model.obj)

@@ -1,7 +1,7 @@
 """``tpu.edgetpu``: full-integer int8 TFLite for the Coral Edge TPU.
 
 Compile (child): Keras → full-int8 TFLite calibrated on representative data (the converter
-of ``cpu.litert``, :func:`hwb_plugins.cpu_litert.convert.to_tflite`), then ``edgetpu_compiler``
+of ``cpu.litert``, :func:`hwb_plugins._shared.tflite.to_tflite`), then ``edgetpu_compiler``
 when it is on PATH; its log (which ops map to the Edge TPU, which stay on the CPU) is kept
 in the artifact (``model_edgetpu.log``) and in ``artifact.meta["edgetpu_compiler_log"]``.
 
@@ -32,7 +32,7 @@ from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
 from .._util import importable, version
-from ..cpu_litert.target import LiteRTExecutor
+from .._shared.litert import LiteRTExecutor
 
 COMPILER = "edgetpu_compiler"
 DELEGATE = "libedgetpu.so.1"
@@ -184,7 +184,7 @@ class EdgeTpuTarget(Target):
                 "edgetpu_compiler": compiler_version() or "absent"}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from hwb_plugins.cpu_litert.convert import has_recurrent, op_names, to_tflite
+        from hwb_plugins._shared.tflite import has_recurrent, op_names, to_tflite
 
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):

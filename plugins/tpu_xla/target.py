@@ -123,7 +123,7 @@ def fixed_batch(proto: Any, batch: int) -> Any:
     """A copy of the ONNX graph with the batch dimension of its inputs/outputs fixed."""
     import onnx
 
-    from hwb_plugins.cpu_onnxruntime.target import fix_batch
+    from hwb_plugins._shared.onnx_batch import fix_batch
 
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
