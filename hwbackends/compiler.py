@@ -6,6 +6,7 @@ warm it up and measure its fidelity against the reference.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import shutil
@@ -23,7 +24,7 @@ from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
 from .fidelity import compare
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
-from .specs import TensorSpec
+from .specs import Availability, TensorSpec
 from .store import ArtifactStore, cache_key
 from .target import Artifact, CompileOptions, Converter, Target
 
@@ -112,13 +113,43 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
 
     ``model`` is anything :func:`load_model` takes. The artifact is cached in ``store``
     (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
-    toolchain versions is a load. The build runs in an isolated child process unless
-    ``isolate_compile=False``; a crash or timeout raises :class:`CompileError`.
+    toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
+    inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
+    build runs in an isolated child process unless ``isolate_compile=False``; a crash or
+    timeout raises :class:`CompileError`.
     """
     say = progress or (lambda msg: log.info(msg))
     m = load_model(model)
     reg = registry or get_registry()
     tgt = reg.target(target)
+    prec = _check_request(m, tgt, precision, batch_size, options)
+    avail = tgt.probe()
+    if not avail.usable:
+        raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
+    chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
+    if validation_data is not None:
+        m.validation_data = np.asarray(validation_data, dtype=np.float32)
+    calib, val = _split_data(m)
+    opts, key = _plan(m, tgt, prec, chain, calib, calibration_data,
+                      CompileOptions(prec, batch_size, threads, dict(options or {}), None))
+    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    if rebuild:
+        st.evict(key)
+    loaded = None if rebuild else _load_cached(st, key, tgt, opts, say)
+    if loaded is None:
+        loaded = _build(m, tgt, chain, opts, key, st, isolate_compile,
+                        timeout or tgt.compile_timeout, say, val)
+    executor, art = loaded
+    cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
+    if fidelity:
+        cm.fidelity = compare(m.reference(val), cm.predict(val))
+        say(f"{cm.variant} fidelity: {cm.fidelity}")
+    return cm
+
+
+def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int,
+                   options: dict[str, Any] | None) -> str:
+    """The precision to build; refuses precisions, batch sizes and options the target lacks."""
     prec = precision or tgt.precisions[0]
     if prec not in tgt.precisions:
         raise UnsupportedError(f"target {tgt.name} offers precisions {', '.join(tgt.precisions)}; "
@@ -131,91 +162,129 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
             f"model {m.name!r} was exported with a static batch of {fixed}; compile it with "
             f"batch_size={fixed}, or re-export with a dynamic batch, e.g. torch.export.export(m, "
             f"(x,), dynamic_shapes=({{0: torch.export.Dim('batch')}},))")
-    extra = dict(options or {})
-    unknown = sorted(set(extra) - set(tgt.option_docs))
+    unknown = sorted(set(options or {}) - set(tgt.option_docs))
     if unknown:
         docs = "; ".join(f"{k}: {v}" for k, v in tgt.option_docs.items()) or "none"
         raise UnsupportedError(f"target {tgt.name} has no option(s) {', '.join(unknown)}; "
                                f"its options: {docs}")
-    avail = tgt.probe()
-    if not avail.usable:
-        raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
-    chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
+    return prec
 
-    if validation_data is not None:
-        m.validation_data = np.asarray(validation_data, dtype=np.float32)
-    calib, val = _split_data(m)
+
+def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: np.ndarray,
+          calibration_data: np.ndarray | None, opts: CompileOptions) -> tuple[CompileOptions, str]:
+    """The compile options (with calibration data where the precision uses it) and the cache key."""
     uses_calib = prec in getattr(tgt, "calibrated", ())
     if calibration_data is not None:
         calib = np.ascontiguousarray(calibration_data, dtype=np.float32)
-    opts = CompileOptions(prec, batch_size, threads, extra, calib if uses_calib else None)
+    opts = dataclasses.replace(opts, calibration=calib if uses_calib else None)
     key = cache_key({
         "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
         "target_version": getattr(tgt, "version", "1"), "options": opts.key_dict(),
         "calibration": hashlib.sha256(calib.tobytes()).hexdigest() if uses_calib else None,
         "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
     })
-    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
-    rec = None if rebuild else st.get(key)
-    if rebuild:
-        st.evict(key)
-    art = None
-    if rec is not None:
-        art = _artifact(st.path_for(key), rec, cached=True)
-        say(f"{tgt.name}:{prec} cached artifact {key[:12]}")
-        try:
-            executor = tgt.load(art, opts)
-        except Exception as exc:
-            log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
-            st.evict(key)
-            art = None
-    if art is None:
-        art = _build(m, tgt, chain, opts, key, st, isolate_compile,
-                     timeout or tgt.compile_timeout, say)
-        try:
-            executor = tgt.load(art, opts)
-        except HwbError:
-            raise
-        except Exception as exc:
-            raise CompileError(f"{tgt.name} built an artifact it cannot load: "
-                               f"{type(exc).__name__}: {exc}", target=tgt.name, precision=prec) from exc
-    # What load() found decides the mode: an FPGA target serves from a board when a matching
-    # bitstream is there, and from its C-simulation otherwise.
+    return opts, key
+
+
+def _wrap(executor: Any, art: Artifact, avail: Any, name: str, nan_policy: str,
+          tgt: Target) -> CompiledModel:
+    """A warmed-up CompiledModel. What load() found decides the mode: an FPGA target serves
+    from a board when a matching bitstream is there, and from its C-simulation otherwise."""
     avail = getattr(executor, "availability", None) or avail
-    cm = CompiledModel(executor, art, avail, m.name, nan_policy, tgt.static_batch)
+    cm = CompiledModel(executor, art, avail, name, nan_policy, tgt.static_batch)
     cm.warmup()
-    if fidelity:
-        cm.fidelity = compare(m.reference(val), cm.predict(val))
-        say(f"{cm.variant} fidelity: {cm.fidelity}")
     return cm
 
 
+def _load_cached(st: ArtifactStore, key: str, tgt: Target, opts: CompileOptions,
+                 say: Progress) -> tuple[Any, Artifact] | None:
+    """The stored artifact loaded and checked against its stored outputs, or ``None`` (absent,
+    or refused and removed: the caller rebuilds it)."""
+    rec = st.get(key)
+    if rec is None:
+        return None
+    art = _artifact(st.path_for(key), rec, cached=True)
+    say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
+    try:
+        executor = tgt.load(art, opts)
+    except Exception as exc:
+        log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
+        st.evict(key)
+        return None
+    problem = check_probe(executor, art, tgt)
+    if problem:
+        log.warning("cached artifact %s does not reproduce its stored outputs (%s); removing "
+                    "it, it will be rebuilt", key[:12], problem)
+        close = getattr(executor, "close", None)
+        if close:
+            close()
+        st.evict(key)
+        return None
+    return executor, art
+
+
+#: Inputs (from the validation data) whose outputs are stored with each artifact.
+PROBE_FILE, PROBE_ROWS = "hwb-probe.npz", 8
+
+
+def write_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.ndarray) -> None:
+    """Store a few inputs, the artifact's outputs for them and the tolerance a reload must meet:
+    ``max(1e-3·(1+max|out|), ½·max|out − reference|)`` — the build's own error against the
+    fp32 reference bounds how far a faithful reload may drift; another model is far outside."""
+    x = np.ascontiguousarray(val[:PROBE_ROWS], dtype=np.float32)
+    cm = CompiledModel(executor, art, Availability.hardware("probe"), m.name, "pass",
+                       tgt.static_batch)
+    out = cm.predict(x)
+    err = float(np.nanmax(np.abs(out - m.reference(x)))) if out.size else 0.0
+    tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
+    np.savez(art.path / PROBE_FILE, x=x, out=out, tol=np.float64(tol))
+
+
+def check_probe(executor: Any, art: Artifact, tgt: Target) -> str | None:
+    """``None`` when the loaded artifact reproduces its stored outputs, else what differs."""
+    try:
+        with np.load(art.path / PROBE_FILE, allow_pickle=False) as z:
+            x, out, tol = z["x"], z["out"], float(z["tol"])
+    except (OSError, KeyError, ValueError) as exc:
+        return f"no readable {PROBE_FILE}: {exc}"
+    cm = CompiledModel(executor, art, Availability.hardware("probe"), "probe", "pass",
+                       tgt.static_batch)
+    try:
+        pred = cm.predict(x)
+    except Exception as exc:
+        return f"predict on the stored inputs raised {type(exc).__name__}: {exc}"
+    if pred.shape != out.shape:
+        return f"output shape {pred.shape} != stored {out.shape}"
+    diff = np.abs(pred - out)
+    same = (diff <= tol) | (np.isnan(pred) & np.isnan(out))
+    if not same.all():
+        return f"max |output − stored output| {float(np.nanmax(diff)):.3g} > tolerance {tol:.3g}"
+    return None
+
+
 def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, key: str,
-           st: ArtifactStore, isolated: bool, timeout: float, say: Progress) -> Artifact:
+           st: ArtifactStore, isolated: bool, timeout: float, say: Progress,
+           val: np.ndarray) -> tuple[Any, Artifact]:
+    """Build the artifact, load it from staging, store its probe outputs, commit it. Returns
+    the executor (it keeps working after the staging directory is renamed into place)."""
     what = f"compiling {m.name!r} for {tgt.name}:{opts.precision}"
     say(what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
     staged = st.stage()
     t0 = time.perf_counter()
     try:
-        if isolated:
-            model_dir = st.stage()
-            try:
-                m.save(model_dir)
-                meta = isolate.worker().run(_compile_job, tgt, chain, str(model_dir), opts,
-                                            str(staged), timeout=timeout, what=what,
-                                            target=tgt.name, precision=opts.precision)
-            finally:
-                st.discard(model_dir)
-        else:
-            meta = _compile_job(tgt, chain, m, opts, str(staged))
+        meta = _run_compile(m, tgt, chain, opts, staged, st, isolated, timeout, what)
         seconds = time.perf_counter() - t0
-        rec = st.commit(staged, key, {
+        rec = {
             "target": tgt.name, "precision": opts.precision, "fingerprint": m.fingerprint,
             "model": m.name, "batch_size": opts.batch_size,
             "inputs": [s.to_dict() for s in m.inputs], "outputs": [s.to_dict() for s in m.outputs],
             "options": opts.key_dict(), "meta": meta, "toolchain": tgt.toolchain(),
             "chain": [c.name for c in chain], "compile_seconds": seconds,
-        })
+        }
+        staged_art = _artifact(staged, dict(rec, key=key), cached=False)
+        executor = _load_new(tgt, staged_art, opts)
+        write_probe(executor, staged_art, tgt, m, val)
+        rec = st.commit(staged, key, rec)
     except CompileError as exc:
         st.discard(staged)
         exc.target, exc.precision = exc.target or tgt.name, exc.precision or opts.precision
@@ -231,4 +300,31 @@ def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, 
         st.discard(staged)
         raise
     say(f"{tgt.name}:{opts.precision} built in {seconds:.1f} s")
-    return _artifact(st.path_for(key), rec, cached=False)
+    return executor, _artifact(st.path_for(key), rec, cached=False)
+
+
+def _run_compile(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions,
+                 staged: Path, st: ArtifactStore, isolated: bool, timeout: float,
+                 what: str) -> dict[str, Any]:
+    """The target's compile, in the worker process (the model travels as a saved file)."""
+    if not isolated:
+        return _compile_job(tgt, chain, m, opts, str(staged))
+    model_dir = st.stage()
+    try:
+        m.save(model_dir)
+        return isolate.worker().run(_compile_job, tgt, chain, str(model_dir), opts, str(staged),
+                                    timeout=timeout, what=what, target=tgt.name,
+                                    precision=opts.precision)
+    finally:
+        st.discard(model_dir)
+
+
+def _load_new(tgt: Target, art: Artifact, opts: CompileOptions) -> Any:
+    try:
+        return tgt.load(art, opts)
+    except HwbError:
+        raise
+    except Exception as exc:
+        raise CompileError(f"{tgt.name} built an artifact it cannot load: "
+                           f"{type(exc).__name__}: {exc}", target=tgt.name,
+                           precision=opts.precision) from exc

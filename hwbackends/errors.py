@@ -47,6 +47,12 @@ class CacheError(HwbError):
     """An artifact store entry is unusable (it is removed and rebuilt where possible)."""
 
 
+class StoreTrustError(CacheError):
+    """A store directory, entry or key file could be changed by someone else (another owner,
+    group/world-writable, a symlink): nothing in it is loaded. The message names the path and
+    the fix."""
+
+
 class PluginError(HwbError):
     """A plugin failed to import, raised in a hook, or broke the contract."""
 

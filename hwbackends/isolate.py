@@ -3,19 +3,37 @@
 Converters can end the process that calls them (TF 2.21's full-int8 converter segfaults on
 a Keras LSTM that is not unrolled). The work therefore runs in a spawned worker process that
 stays alive between jobs, so the framework imports are paid once, and is replaced after a
-crash or a timeout. The worker leads its own process group: a timeout kills it *and* every
-compiler it started (no orphan g++).
+crash, a timeout or an interrupt.
+
+What the worker leaves behind is bounded:
+
+- **Replies match requests.** Every job carries an id and every reply echoes it; a reply for
+  another job is discarded. Ctrl-C (or any exception) while a job runs kills the worker, so
+  the next job gets a fresh worker and its own reply.
+- **Every process it starts dies with it.** The worker leads its own process group *and* is a
+  child subreaper (``PR_SET_CHILD_SUBREAPER``), so a compiler helper that calls ``setsid`` or
+  double-forks stays its descendant; a timeout stops the worker and kills its whole tree.
+- **Files are private and temporary.** The log and each job's ``TMPDIR`` live in a per-user
+  0700 directory (:func:`private_dir`); the log is created with ``mkstemp`` (never a
+  predictable name), truncated when it grows past :data:`LOG_LIMIT` and removed with the
+  worker; each job's temp dir (converter scratch, ``cc*.s``) is removed when the job ends,
+  however it ends.
 """
 from __future__ import annotations
 
 import atexit
+import ctypes
+import itertools
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -23,36 +41,135 @@ from typing import Any, Callable
 from .errors import CompileError, HwbError
 
 _SIGNALS = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
+#: The log is truncated before a job when it is larger than this.
+LOG_LIMIT = 4 << 20
+_PR_SET_CHILD_SUBREAPER = 36
 
 
-def _worker_main(fd: int, log_path: str) -> None:
-    """The worker's loop: receive (fn, args, kwargs), run, send the outcome back."""
+def private_dir() -> Path:
+    """A directory only this user can enter: ``$XDG_RUNTIME_DIR/hwbackends`` or
+    ``$TMPDIR/hwb-<uid>``, created 0700. A path that exists but is a symlink, another
+    user's, or open to others is not used: a fresh random ``mkdtemp`` directory is."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "hwbackends" if runtime else Path(tempfile.gettempdir()) / f"hwb-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return base
+    except OSError:
+        pass
+    fresh = Path(tempfile.mkdtemp(prefix=f"hwb-{os.getuid()}-"))
+    atexit.register(shutil.rmtree, fresh, True)
+    return fresh
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (a ``setsid`` helper whose parent exited) are re-parented to this
+    process instead of init, so the parent can still find and kill them. Linux only."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(fd: int, log_fd: int) -> None:
+    """The worker's loop: receive (job id, tmpdir, fn, args, kwargs), run, reply with the id."""
     from multiprocessing.connection import Connection
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _become_subreaper()
     conn = Connection(fd)
     # C++ toolchains write to fd 1/2 directly: send both to the log the parent reads on failure.
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    os.close(log_fd)
     while True:
         try:
-            job = conn.recv()
+            job_id, tmpdir, fn, args, kwargs = conn.recv()
         except (EOFError, OSError):
             return
-        fn, args, kwargs = job
+        # Compilers (g++'s cc*.s, converters' scratch dirs) write under TMPDIR: the job's own.
+        os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
         try:
-            result = fn(*args, **kwargs)
-            conn.send(("ok", result))
+            conn.send((job_id, "ok", fn(*args, **kwargs)))
         except BaseException as exc:  # report everything, including SystemExit from a toolchain
             tb = traceback.format_exc()
             if isinstance(exc, HwbError):
                 try:
-                    conn.send(("hwb", exc, tb))
+                    conn.send((job_id, "hwb", exc, tb))
                     continue
                 except Exception:
                     pass
-            conn.send(("err", f"{type(exc).__name__}: {exc}", tb))
+            conn.send((job_id, "err", f"{type(exc).__name__}: {exc}", tb))
+        finally:
+            _reap()
+
+
+def _reap() -> None:
+    """Collect exited orphans re-parented to the worker (it is their subreaper)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: fields follow the last ')'.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if fields and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(e))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int, rounds: int = 50) -> None:
+    """Stop ``pid``, kill every descendant (re-reading the tree until none is left: a dying
+    helper's children are re-parented to ``pid``, the subreaper), then ``pid`` itself."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return
+    for _ in range(rounds):
+        tree = descendants(pid)
+        if not tree:
+            break
+        for c in tree:
+            try:
+                os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class Worker:
@@ -62,91 +179,146 @@ class Worker:
         self._proc: Any = None
         self._conn: Any = None
         self._lock = threading.Lock()
-        self.log_path = Path(tempfile.gettempdir()) / f"hwb-worker-{os.getpid()}.log"
+        self._ids = itertools.count(1)
+        self.log_path: Path | None = None
+        atexit.register(self.kill)
 
     def _start(self) -> None:
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
         # __main__ and breaks scripts without a main guard), in its own session/process group.
         from multiprocessing.connection import Connection
 
+        log_fd, log_name = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=private_dir())
+        self.log_path = Path(log_name)
         parent, child = socket.socketpair()
-        self.log_path.write_text("")
-        code = "import sys; from hwbackends.isolate import _worker_main; _worker_main(int(sys.argv[1]), sys.argv[2])"
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(child.fileno()), str(self.log_path)],
-            pass_fds=(child.fileno(),), start_new_session=True, stdin=subprocess.DEVNULL,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
-        child.close()
+        code = ("import sys; from hwbackends.isolate import _worker_main; "
+                "_worker_main(int(sys.argv[1]), int(sys.argv[2]))")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", code, str(child.fileno()), str(log_fd)],
+                pass_fds=(child.fileno(), log_fd), start_new_session=True, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+        finally:
+            child.close()
+            os.close(log_fd)
         self._conn = Connection(parent.detach())
-        atexit.register(self.kill)
 
     def _log_tail(self, n: int = 30) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
+        return "\n".join(self._get_log(0).splitlines()[-n:])
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        """Stop the worker and everything it started; remove its log."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                kill_tree(self._proc.pid)
             try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self._proc.kill()
-            self._proc.wait(5)
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         self._proc = None
         if self._conn is not None:
             self._conn.close()
         self._conn = None
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+        self.log_path = None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str,
             target: str = "", precision: str = "", **kwargs: Any) -> Any:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if not self.alive():
+                self.kill()
                 self._start()
-            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            log_start = self._rotate_log()
+            job_id = next(self._ids)
+            tmpdir = tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=private_dir())
             try:
-                self._conn.send((fn, args, kwargs))
-            except Exception as exc:
-                raise CompileError(f"{what}: could not send the job to the compile process "
-                                   f"({type(exc).__name__}: {exc}); is the model picklable?",
-                                   target=target, precision=precision) from exc
-            if not self._conn.poll(timeout):
+                return self._exchange(job_id, tmpdir, fn, args, kwargs, timeout, what,
+                                      target, precision, log_start)
+            except HwbError:
+                raise  # a reply (the worker is idle), or a timeout/crash (it was replaced)
+            except BaseException:
+                # Ctrl-C, or anything else, while the worker may still be busy with this job:
+                # replace it, so the next job never receives this job's late reply.
+                self.kill()
+                raise
+            finally:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _exchange(self, job_id: int, tmpdir: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                  timeout: float, what: str, target: str, precision: str, log_start: int) -> Any:
+        try:
+            self._conn.send((job_id, tmpdir, fn, args, kwargs))
+        except Exception as exc:
+            raise CompileError(f"{what}: could not send the job to the compile process "
+                               f"({type(exc).__name__}: {exc}); is the model picklable?",
+                               target=target, precision=precision) from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                log = self._log_tail()
                 self.kill()
                 raise CompileError(
                     f"{what} timed out after {timeout:.0f} s and was stopped (with every compiler "
                     f"it started). Raise the timeout (timeout=…) or use a smaller model/options.",
-                    target=target, precision=precision, log=self._log_tail())
+                    target=target, precision=precision, log=log)
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
-                try:
-                    code = self._proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    code = None
-                sig = _SIGNALS.get(-code, "") if code is not None and code < 0 else ""
-                how = f"signal {sig} ({code})" if sig else f"exit code {code}"
-                log = self._get_log(log_start)
-                self.kill()
-                raise CompileError(
-                    f"{what} crashed the compile process ({how}). Your process is unaffected. "
-                    f"This is a bug or limit of the toolchain; try another precision or option. "
-                    f"Last output:\n{log[-2000:]}", target=target, precision=precision, log=log) from None
-            status = msg[0]
-            if status == "ok":
-                return msg[1]
-            if status == "hwb":
-                raise msg[1]
-            raise CompileError(f"{what} failed: {msg[1]}\n{msg[2][-3000:]}",
-                               target=target, precision=precision, log=self._get_log(log_start))
+                raise self._crashed(what, target, precision, log_start) from None
+            if msg[0] == job_id:
+                break
+            # A reply to an earlier job (cannot happen while interrupts restart the worker,
+            # but a reply is only ever accepted by the job that asked for it).
+        status = msg[1]
+        if status == "ok":
+            return msg[2]
+        if status == "hwb":
+            raise msg[2]
+        raise CompileError(f"{what} failed: {msg[2]}\n{msg[3][-3000:]}",
+                           target=target, precision=precision, log=self._get_log(log_start))
+
+    def _crashed(self, what: str, target: str, precision: str, log_start: int) -> CompileError:
+        try:
+            code = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        sig = _SIGNALS.get(-code, "") if code is not None and code < 0 else ""
+        how = f"signal {sig} ({code})" if sig else f"exit code {code}"
+        log = self._get_log(log_start)
+        self.kill()
+        return CompileError(
+            f"{what} crashed the compile process ({how}). Your process is unaffected. "
+            f"This is a bug or limit of the toolchain; try another precision or option. "
+            f"Last output:\n{log[-2000:]}", target=target, precision=precision, log=log)
+
+    def _rotate_log(self) -> int:
+        """Where this job's output starts in the log; the log is emptied first when it has
+        grown past :data:`LOG_LIMIT` (the worker appends, so truncating is safe between jobs)."""
+        if self.log_path is None:
+            return 0
+        try:
+            size = self.log_path.stat().st_size
+            if size > LOG_LIMIT:
+                os.truncate(self.log_path, 0)
+                return 0
+            return size
+        except OSError:
+            return 0
 
     def _get_log(self, start: int) -> str:
+        if self.log_path is None:
+            return ""
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(start)
-                return f.read().decode(errors="replace")
+            fd = os.open(self.log_path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return ""
+        with os.fdopen(fd, "rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace")
 
 
 _WORKER: Worker | None = None

@@ -6,8 +6,12 @@ Layout under the root (``HWB_CACHE_DIR``, default ``~/.cache/hwbackends``)::
     objects/ab/abcdef…/<files>         what the target wrote
     tmp/<random>/                      staging; renamed into objects/ atomically
 
-A missing manifest, a missing file or a hash mismatch makes the entry invalid: it is
-removed and the caller rebuilds it. Nothing half-written is ever visible under ``objects/``.
+A missing manifest, a missing, extra or changed file, or a manifest whose HMAC does not
+verify with this user's key (:mod:`hwbackends.trust`) makes the entry invalid: it is removed
+and the caller rebuilds it. A root, entry or file that someone else could have written
+(another owner, group/world-writable, a symlink) is refused with :class:`StoreTrustError`
+before anything in it is read. Directories are created 0700, files 0600. Nothing
+half-written is ever visible under ``objects/``.
 """
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import trust
 from .errors import CacheError
 
 log = logging.getLogger("hwbackends.store")
-STORE_FORMAT = 1
+#: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
+STORE_FORMAT = 2
 MANIFEST = "manifest.json"
 
 
@@ -49,9 +55,26 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def private_mkdir(d: Path) -> None:
+    """Create ``d`` (and missing parents) 0700."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 class ArtifactStore:
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root) if root else default_root()
+        self._key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = trust.load_key()
+        return self._key
+
+    def check_root(self) -> None:
+        """Refuse a root someone else could change (:class:`StoreTrustError`); create it 0700."""
+        private_mkdir(self.root)
+        trust.check_root(self.root, trust.trusted_gid())
 
     @property
     def objects(self) -> Path:
@@ -62,9 +85,15 @@ class ArtifactStore:
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The verified manifest of ``key``, or ``None`` (absent, or invalid and now removed)."""
+        self.check_root()
         d = self.path_for(key)
         if not d.exists():
             return None
+        gid = trust.trusted_gid()
+        for parent in (self.objects, d.parent):
+            trust.check_path(parent, "store directory", gid)
+        trust.check_tree(d, gid)  # before any byte of the entry is read
+        self.key  # a key problem is refused, not mistaken for a bad entry  # noqa: B018
         try:
             record = self._verify(d)
         except CacheError as exc:
@@ -78,9 +107,19 @@ class ArtifactStore:
             record = json.loads((d / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
             raise CacheError(f"unreadable manifest: {exc}") from exc
-        if record.get("store_format") != STORE_FORMAT:
-            raise CacheError(f"store format {record.get('store_format')} != {STORE_FORMAT}")
-        for rel, digest in record.get("files", {}).items():
+        if not isinstance(record, dict) or record.get("store_format") != STORE_FORMAT:
+            got = record.get("store_format") if isinstance(record, dict) else None
+            raise CacheError(f"store format {got} != {STORE_FORMAT}")
+        if not trust.verify(self.key, record):
+            raise CacheError(f"manifest signature does not verify with {trust.key_path()} "
+                             f"(edited, or written with another key)")
+        files = record.get("files")
+        if not isinstance(files, dict):
+            raise CacheError("manifest has no file list")
+        present = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} - {MANIFEST}
+        if present - set(files):
+            raise CacheError(f"files not in the manifest: {', '.join(sorted(present - set(files)))}")
+        for rel, digest in files.items():
             p = d / rel
             if not p.is_file():
                 raise CacheError(f"missing file {rel}")
@@ -89,11 +128,13 @@ class ArtifactStore:
         return record
 
     def stage(self) -> Path:
+        self.check_root()
         tmp = self.root / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
+        private_mkdir(tmp)
+        trust.check_path(tmp, "store directory", trust.trusted_gid())
         self._sweep(tmp)
         d = tmp / uuid.uuid4().hex
-        d.mkdir()
+        d.mkdir(mode=0o700)
         return d
 
     def _sweep(self, tmp: Path, max_age: float = 24 * 3600) -> None:
@@ -106,15 +147,26 @@ class ArtifactStore:
                 pass
 
     def commit(self, staged: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
-        """Hash the staged files, write the manifest and move the directory into place."""
-        files = {str(p.relative_to(staged)): file_sha256(p)
-                 for p in sorted(staged.rglob("*")) if p.is_file() and p.name != MANIFEST}
+        """Hash the staged files, write the signed manifest and move the directory into place.
+        What the target wrote is made private (dirs 0700, files 0600); symlinks are refused."""
+        files = {}
+        for p in sorted(staged.rglob("*")):
+            if p.is_symlink():
+                raise CacheError(f"the compiled artifact contains a symlink ({p.relative_to(staged)}); "
+                                 f"targets must write regular files")
+            p.chmod(0o700 if p.is_dir() else 0o600)
+            if p.is_file() and p.name != MANIFEST:
+                files[str(p.relative_to(staged))] = file_sha256(p)
         record = dict(record, key=key, store_format=STORE_FORMAT, files=files, created=time.time())
+        record = json.loads(json.dumps(record, default=str))  # sign exactly what is read back
+        record["hmac"] = trust.sign(self.key, record)
         tmp_manifest = staged / (MANIFEST + ".tmp")
-        tmp_manifest.write_text(json.dumps(record, indent=1, default=str))
+        fd = os.open(tmp_manifest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, indent=1))
         os.replace(tmp_manifest, staged / MANIFEST)
         final = self.path_for(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        private_mkdir(final.parent)
         try:
             os.rename(staged, final)
         except OSError:
@@ -122,7 +174,7 @@ class ArtifactStore:
             shutil.rmtree(staged, ignore_errors=True)
             existing = self.get(key)
             if existing is None:
-                raise CacheError(f"could not place artifact {key[:12]} into {final}")
+                raise CacheError(f"could not place artifact {key[:12]} into {final}") from None
             return existing
         return record
 
@@ -134,7 +186,7 @@ class ArtifactStore:
         if d.exists():
             # Rename first so a concurrent reader never sees a half-deleted entry.
             trash = self.root / "tmp" / f"evict-{uuid.uuid4().hex}"
-            trash.parent.mkdir(parents=True, exist_ok=True)
+            private_mkdir(trash.parent)
             try:
                 os.rename(d, trash)
             except OSError:

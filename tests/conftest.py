@@ -3,12 +3,20 @@ store), so each (model, target, precision) is built once however many tests use 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The store's signing key (hwbackends.trust) never lands in the user's ~/.config during tests:
+# a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
+if os.environ.get("HWB_TEST_STORE"):
+    os.environ.setdefault("HWB_KEY_FILE", os.environ["HWB_TEST_STORE"].rstrip("/") + ".key")
+else:
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
+    os.environ.pop("HWB_KEY_FILE", None)
 
 
 @pytest.fixture(scope="session")
