@@ -16,6 +16,7 @@ come from NumPy's seeded generator, so fingerprints are identical across process
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .models import Model, load_model
+
+log = logging.getLogger("hwbackends.zoo")
 
 NAMES = ("mlp", "lstm", "conv1d", "signal", "mlp_torch", "lstm_torch")
 DEFAULT = "signal"
@@ -176,20 +179,54 @@ def keras_signal(epochs: int = 4) -> tuple[Any, np.ndarray]:
 
 
 def _zoo_dir() -> Path:
-    from .store import default_root
-    d = default_root() / "zoo"
-    d.mkdir(parents=True, exist_ok=True)
+    """``<store root>/zoo``, under the store's trust rules (see :mod:`hwbackends.trust`)."""
+    from .store import ArtifactStore, private_mkdir
+    from .trust import check_path, trusted_gid
+
+    st = ArtifactStore()
+    st.check_root()
+    d = st.root / "zoo"
+    private_mkdir(d)
+    check_path(d, "zoo directory", trusted_gid())
     return d
 
 
-def signal_path() -> Path:
-    """The trained default model, trained once and kept as a ``.keras`` file in the cache."""
-    path = _zoo_dir() / f"signal-{SIGNAL_VERSION}.keras"
+def _signed(path: Path) -> bool:
+    """Whether ``path`` is ours and its bytes carry our HMAC (``<path>.hmac``)."""
+    from .store import ArtifactStore
+    from .trust import check_path, sign_bytes, trusted_gid
+
     if not path.exists():
-        m, _ = keras_signal()
-        tmp = path.with_name(f".{os.getpid()}-{path.name}")
-        m.save(tmp)
-        os.replace(tmp, path)
+        return False
+    check_path(path, "zoo model", trusted_gid())
+    sig = path.with_name(path.name + ".hmac")
+    try:
+        return sig.read_text().strip() == sign_bytes(ArtifactStore().key, path.read_bytes())
+    except OSError:
+        return False
+
+
+def signal_path() -> Path:
+    """The trained default model, trained once and kept as a ``.keras`` file in the cache,
+    signed with the store key: a file put there by anyone else (or edited) is retrained."""
+    from .store import ArtifactStore
+    from .trust import sign_bytes
+
+    path = _zoo_dir() / f"signal-{SIGNAL_VERSION}.keras"
+    if _signed(path):
+        return path
+    if path.exists():
+        log.warning("%s is not signed with this user's store key; retraining it", path)
+    m, _ = keras_signal()
+    tmp = path.with_name(f".{os.getpid()}-{path.name}")
+    m.save(tmp)
+    tmp.chmod(0o600)
+    sig = path.with_name(f".{os.getpid()}-{path.name}.hmac")
+    fd = os.open(sig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(sign_bytes(ArtifactStore().key, tmp.read_bytes()))
+    os.replace(tmp, path)
+    os.replace(sig, path.with_name(path.name + ".hmac"))
     return path
 
 

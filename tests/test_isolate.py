@@ -1,0 +1,147 @@
+"""The compile worker (issue 16 items 2, 4, 11): replies matched to requests, private logs,
+no temp files or processes left behind after a success, a failure, a timeout or Ctrl-C."""
+from __future__ import annotations
+
+import operator
+import os
+import signal
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hwbackends as hwb
+from hwbackends.errors import CompileError
+from hwbackends.isolate import Worker, descendants, private_dir
+from hwbackends.registry import build_registry
+
+from hwbt_targets import SetsidTarget, plugin
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _interrupt_main_after(seconds: float) -> threading.Timer:
+    """A real SIGINT delivered to the main thread while it waits in the worker's poll."""
+    main = threading.main_thread().ident
+    t = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    t.start()
+    return t
+
+
+def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply():
+    w = Worker()
+    try:
+        assert w.run(operator.add, 1, 2, timeout=60, what="warm-up") == 3
+        first_pid = w._proc.pid
+        t = _interrupt_main_after(0.5)
+        with pytest.raises(KeyboardInterrupt):
+            w.run(time.sleep, 2.0, timeout=60, what="slow job")  # would reply None at 2 s
+        t.join()
+        # Before the fix this got the slow job's late reply (None) instead of its own.
+        assert w.run(operator.add, 20, 22, timeout=60, what="next job") == 42
+        assert w._proc.pid != first_pid, "the interrupted worker must be replaced"
+        assert not _alive(first_pid)
+    finally:
+        w.kill()
+
+
+def test_worker_log_is_private_unpredictable_and_removed():
+    d = private_dir()
+    st = os.lstat(d)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+    # What used to be written: a predictable name in the shared temp dir. A planted symlink
+    # there must not be followed (its target stays untouched).
+    victim = Path(tempfile.mkdtemp()) / "victim"
+    victim.write_text("precious")
+    planted = Path(tempfile.gettempdir()) / f"hwb-worker-{os.getpid()}.log"
+    planted.unlink(missing_ok=True)
+    planted.symlink_to(victim)
+    w = Worker()
+    try:
+        assert w.run(print, "hello from the worker", flush=True, timeout=60, what="job") is None
+        log = w.log_path
+        assert log is not None and log.parent == d and log.name != planted.name
+        assert not os.lstat(log).st_mode & 0o077
+        assert "hello from the worker" in log.read_text()
+        w.kill()
+        assert not log.exists(), "the log must be removed with the worker"
+        assert victim.read_text() == "precious"
+    finally:
+        w.kill()
+        planted.unlink(missing_ok=True)
+
+
+def _job_dirs() -> set[str]:
+    return {p.name for p in private_dir().iterdir() if p.name.startswith("job-")}
+
+
+def _tmp_left() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).iterdir()
+            if p.name.startswith(("hwb-convert-", "cc"))}
+
+
+def _failing_job() -> None:
+    tempfile.mkdtemp(prefix="hwb-convert-")  # converter scratch, like _compile_job's
+    fd, _ = tempfile.mkstemp(prefix="cc", suffix=".s")
+    os.close(fd)
+    raise RuntimeError("toolchain failed")
+
+
+def test_job_temp_files_are_removed_on_failure():
+    before, tmp_before = _job_dirs(), _tmp_left()
+    w = Worker()
+    try:
+        with pytest.raises(CompileError, match="toolchain failed"):
+            w.run(_failing_job, timeout=60, what="failing job")
+        assert _job_dirs() == before and _tmp_left() <= tmp_before
+    finally:
+        w.kill()
+
+
+@pytest.mark.slow
+def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, monkeypatch):
+    report = tmp_path / "report"
+    monkeypatch.setenv("HWBT_REPORT", str(report))
+    reg = build_registry(entry_points=False)
+    reg.register(plugin(SetsidTarget()), "hwbt")
+    before = _job_dirs()
+    with pytest.raises(CompileError, match="timed out"):
+        hwb.compile(zoo_model("mlp"), "cpu.hwbt_setsid", store=tmp_path / "store", timeout=45,
+                    registry=reg, fidelity=False)
+    pid_s, scratch, job_tmp = report.read_text().split("\n")[:3]
+    helper = int(pid_s)
+    deadline = time.monotonic() + 5
+    while _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(helper)
+    if alive:
+        os.kill(helper, signal.SIGKILL)
+    assert not alive, "a helper that called setsid survived the timeout"
+    assert Path(job_tmp).parent == private_dir(), "the compiler's TMPDIR must be the job's own"
+    assert not Path(scratch).exists() and not Path(job_tmp).exists()
+    assert _job_dirs() == before
+    assert not any((tmp_path / "store" / "tmp").iterdir()), "staging left behind"
+
+
+def test_descendants_follow_the_process_tree():
+    import subprocess
+    p = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(descendants(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(descendants(p.pid)) == 2
+    finally:
+        for c in descendants(p.pid):
+            os.kill(c, signal.SIGKILL)
+        p.kill()
+        p.wait()
