@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every number is finite: ``timeout_us = inf`` is refused here, not by every later call.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TierConfig(_Strict):
@@ -117,34 +118,97 @@ class StrategiesFile(_Strict):
 
 
 # -- line numbers -----------------------------------------------------------------------------
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
-_KEY = re.compile(r"^\s*([A-Za-z0-9_\-\"'. ]+?)\s*=")
+#: Deepest nesting of arrays/inline tables accepted (a strategies file needs 2).
+MAX_DEPTH = 16
+_KEY = re.compile(r"[A-Za-z0-9_\-\"'. ]+")
+_IDENT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
 def _split_key(k: str) -> list[str]:
     return [p.strip().strip("\"'") for p in k.split(".")]
 
 
-def line_index(text: str) -> dict[tuple[str, ...], int]:
+def scan_lines(text: str, source: str = "<config>") -> list[tuple[int, str, bool]]:
+    """One linear pass over ``text``: for each line its number, its code without the comment,
+    and whether it starts outside any string and bracket (only such a line can hold a key or
+    a table header). Nesting deeper than :data:`MAX_DEPTH` is a :class:`ConfigError` with the
+    line (``tomllib`` would recurse until ``RecursionError``)."""
+    out: list[tuple[int, str, bool]] = []
+    state = ""  # "", '"', "'", '"""' or "'''"
+    depth = 0
+    for no, line in enumerate(text.splitlines(), 1):
+        clean = not state and depth == 0
+        if state in ('"', "'"):
+            state = ""  # a one-line string ends with its line (else tomllib reports it)
+        cut, i, n = len(line), 0, len(line)
+        while i < n:
+            c = line[i]
+            if not state:
+                if c == "#":
+                    cut = i
+                    break
+                if c in "\"'":
+                    state = c * 3 if line.startswith(c * 3, i) else c
+                    i += len(state)
+                    continue
+                if c in "[{":
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        raise ConfigError(f"{source}:{no}: arrays/tables nested deeper than "
+                                          f"{MAX_DEPTH} levels; a strategies file needs 2")
+                elif c in "]}":
+                    depth = max(0, depth - 1)
+            elif c == "\\" and state[0] == '"':
+                i += 2  # an escape: the next character never ends the string
+                continue
+            elif c == state[0] and line.startswith(state, i):
+                i += len(state)
+                while len(state) == 3 and i < n and line[i] == c:  # up to 2 quotes before """
+                    i += 1
+                state = ""
+                continue
+            i += 1
+        out.append((no, line[:cut], clean))
+    return out
+
+
+def _inline_keys(rest: str) -> list[str]:
+    """Bare keys of an inline table (``{ a = 1, b = 2 }`` → a, b), in linear time."""
+    keys = []
+    for piece in rest.split("=")[:-1]:
+        piece = piece.rstrip()
+        j = len(piece)
+        while j and piece[j - 1] in _IDENT:
+            j -= 1
+        if j < len(piece):
+            keys.append(piece[j:])
+    return keys
+
+
+def line_index(text: str, source: str = "<config>") -> dict[tuple[str, ...], int]:
     """Map each key path (``("strategies", "momentum", "tier")``) to the line it is on."""
     where: dict[tuple[str, ...], int] = {}
     table: list[str] = []
-    for no, line in enumerate(text.splitlines(), 1):
-        code = line.split("#", 1)[0]
-        h = _HEADER.match(code)
-        if h:
-            table = _split_key(h.group(1))
-            for i in range(1, len(table) + 1):
-                where.setdefault(tuple(table[:i]), no)
+    for no, code, clean in scan_lines(text, source):
+        s = code.strip()
+        if not clean or not s:
             continue
-        k = _KEY.match(code)
-        if k:
-            path = tuple(table + _split_key(k.group(1)))
-            where.setdefault(path, no)
-            rest = code[k.end():]
-            if "{" in rest:  # inline table: its keys are on this line
-                for sub in re.findall(r"([A-Za-z0-9_\-]+)\s*=", rest):
-                    where.setdefault(path + (sub,), no)
+        if s.startswith("["):
+            inner = s[2:] if s.startswith("[[") else s[1:]
+            end = inner.find("]")
+            if end > 0:
+                table = _split_key(inner[:end])
+                for i in range(1, len(table) + 1):
+                    where.setdefault(tuple(table[:i]), no)
+            continue
+        k, eq, rest = s.partition("=")
+        if not eq or not _KEY.fullmatch(k.strip()):
+            continue
+        path = tuple(table + _split_key(k.strip()))
+        where.setdefault(path, no)
+        if "{" in rest:  # inline table: its keys are on this line
+            for sub in _inline_keys(rest):
+                where.setdefault(path + (sub,), no)
     return where
 
 
@@ -173,13 +237,15 @@ def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
 # -- loading ----------------------------------------------------------------------------------
 def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
     """Parse and schema-validate TOML text (no registry or file-system checks)."""
+    where = line_index(text, source)  # first: it refuses nesting tomllib would recurse on
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line (\d+)", str(exc))
-        where = f"{source}:{m.group(1)}" if m else source
-        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
-    where = line_index(text)
+        loc = f"{source}:{m.group(1)}" if m else source
+        raise ConfigError(f"{loc}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: values nested too deeply to parse") from None
     try:
         return StrategiesFile.model_validate(raw)
     except ValidationError as exc:
@@ -207,7 +273,7 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
         raise ConfigError(f"strategies file {p} does not exist; see examples/strategies.toml")
     text = p.read_text()
     cfg = parse_config(text, str(p))
-    where = line_index(text)
+    where = line_index(text, str(p))
     problems: list[str] = []
 
     def bad(loc: tuple[str, ...], msg: str) -> None:
@@ -217,52 +283,62 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
     if check_targets:
         from .registry import get_registry
         reg = registry or get_registry()
-    names = sorted(reg.targets) if reg else []
     for sname, s in cfg.strategies.items():
-        base = ("strategies", sname)
-        if s.tier not in cfg.tiers:
-            bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(cfg.tiers)}")
-        if s.model.startswith("zoo:"):
-            from . import zoo
-            if s.model[4:] not in zoo.NAMES:
-                bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
-                                       f"{', '.join('zoo:' + n for n in zoo.NAMES)}")
-        elif not resolve_model(s.model, p).exists():
-            bad(base + ("model",), f"model file {resolve_model(s.model, p)} does not exist "
-                                   f"(paths are relative to {p.parent}); give a .keras/.onnx/.pt2 "
-                                   f"file or zoo:NAME")
-        if reg is None:
-            continue
-        allowed: list[str] = []
-        for pat in s.targets:
-            hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
-            # A glob may match nothing on this installation (``fpga.*`` without the FPGA
-            # plugin); an exact name that is not registered is a typo.
-            if not hit and not any(c in pat for c in "*?["):
-                bad(base + ("targets",), f"unknown target {pat!r}; registered: {', '.join(names)} "
-                                         f"(globs such as 'fpga.*' may match nothing)")
-            allowed += [n for n in hit if n not in allowed]
-        if not allowed and all(any(c in pat for c in "*?[") for pat in s.targets):
-            bad(base + ("targets",), f"{s.targets} match no registered target; registered: "
-                                     f"{', '.join(names)}")
-        offered = {pr for n in allowed for pr in reg.targets[n].precisions}
-        for pr in s.precisions or []:
-            if allowed and pr not in offered:
-                bad(base + ("precisions",), f"precision {pr!r} is offered by none of "
-                                            f"{', '.join(allowed)}; they offer {', '.join(sorted(offered))}")
-        if s.pin:
-            tname, prec = s.pin.split(":", 1)
-            if tname not in reg.targets:
-                bad(base + ("pin",), f"unknown target {tname!r}; registered: {', '.join(names)}")
-            elif tname not in allowed:
-                bad(base + ("pin",), f"pinned target {tname!r} is not in this strategy's targets "
-                                     f"{s.targets}; add it there or change the pin")
-            elif prec not in reg.targets[tname].precisions:
-                bad(base + ("pin",), f"{tname} offers precisions "
-                                     f"{', '.join(reg.targets[tname].precisions)}; got {prec!r}")
+        _check_strategy(cfg, ("strategies", sname), s, p, reg, bad)
     if problems:
         raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems))
     return cfg
+
+
+def _check_strategy(cfg: StrategiesFile, base: tuple[str, ...], s: StrategyConfig, p: Path,
+                    reg: "Registry | None", bad: Any) -> None:
+    """What the schema cannot check for one strategy: its tier, model file, targets, pin."""
+    if s.tier not in cfg.tiers:
+        bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(cfg.tiers)}")
+    if s.model.startswith("zoo:"):
+        from . import zoo
+        if s.model[4:] not in zoo.NAMES:
+            bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
+                                   f"{', '.join('zoo:' + n for n in zoo.NAMES)}")
+    elif not resolve_model(s.model, p).exists():
+        bad(base + ("model",), f"model file {resolve_model(s.model, p)} does not exist "
+                               f"(paths are relative to {p.parent}); give a .keras/.onnx/.pt2 "
+                               f"file or zoo:NAME")
+    if reg is None:
+        return
+    names = sorted(reg.targets)
+    allowed = _allowed_targets(base, s, names, bad)
+    offered = {pr for n in allowed for pr in reg.targets[n].precisions}
+    for pr in s.precisions or []:
+        if allowed and pr not in offered:
+            bad(base + ("precisions",), f"precision {pr!r} is offered by none of "
+                                        f"{', '.join(allowed)}; they offer {', '.join(sorted(offered))}")
+    if s.pin:
+        tname, prec = s.pin.split(":", 1)
+        if tname not in reg.targets:
+            bad(base + ("pin",), f"unknown target {tname!r}; registered: {', '.join(names)}")
+        elif tname not in allowed:
+            bad(base + ("pin",), f"pinned target {tname!r} is not in this strategy's targets "
+                                 f"{s.targets}; add it there or change the pin")
+        elif prec not in reg.targets[tname].precisions:
+            bad(base + ("pin",), f"{tname} offers precisions "
+                                 f"{', '.join(reg.targets[tname].precisions)}; got {prec!r}")
+
+
+def _allowed_targets(base: tuple[str, ...], s: StrategyConfig, names: list[str], bad: Any) -> list[str]:
+    allowed: list[str] = []
+    for pat in s.targets:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        # A glob may match nothing on this installation (``fpga.*`` without the FPGA
+        # plugin); an exact name that is not registered is a typo.
+        if not hit and not any(c in pat for c in "*?["):
+            bad(base + ("targets",), f"unknown target {pat!r}; registered: {', '.join(names)} "
+                                     f"(globs such as 'fpga.*' may match nothing)")
+        allowed += [n for n in hit if n not in allowed]
+    if not allowed and all(any(c in pat for c in "*?[") for pat in s.targets):
+        bad(base + ("targets",), f"{s.targets} match no registered target; registered: "
+                                 f"{', '.join(names)}")
+    return allowed
 
 
 def resolve_model(model: str, config_path: Path) -> Path:

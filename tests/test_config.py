@@ -117,3 +117,67 @@ def test_cli_check(tmp_path: Path, capsys) -> None:
     assert "valid (1 tiers, 1 strategies)" in capsys.readouterr().out
     assert main(["route", str(_write(tmp_path, GOOD.replace("fast\"", "slow\""))), "--check"]) == 1
     assert "unknown tier 'slow'" in capsys.readouterr().err
+
+
+# -- issue 16 item 10: hostile files ---------------------------------------------------------
+def test_long_lines_are_checked_in_linear_time(tmp_path: Path) -> None:
+    """A 6,000-space line made `hwb route --check` take 110 s (a backtracking line regex).
+    Run in a child with a deadline far above the linear cost and far below the old one."""
+    import subprocess
+    import sys
+
+    texts = [GOOD + " " * 6000 + "\n", GOOD + "x" + " " * 6000 + "y\n",
+             GOOD.replace('tier = "fast"', 'tier = "fast"' + " " * 6000 + "# c"),
+             GOOD + "[" + " " * 6000 + "\n", GOOD + "f = {" + "a" * 6000 + "\n"]
+    paths = []
+    for i, t in enumerate(texts):
+        paths.append(tmp_path / f"s{i}.toml")
+        paths[-1].write_text(t)
+    code = ("import sys; from hwbackends.config import parse_config, ConfigError\n"
+            "for p in sys.argv[1:]:\n"
+            "    try: parse_config(open(p).read(), p)\n"
+            "    except ConfigError as e: print(str(e).splitlines()[0][:120])\n")
+    out = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_deep_nesting_is_a_config_error_with_the_line(tmp_path: Path) -> None:
+    text = GOOD + "x = " + "[" * 500 + "]" * 500 + "\n"
+    with pytest.raises(ConfigError, match=r"strategies\.toml:9: arrays/tables nested deeper"):
+        load_config(_write(tmp_path, text), check_targets=False)
+
+
+@pytest.mark.parametrize("key,value", [("timeout_us", "inf"), ("timeout_us", "nan"),
+                                       ("batch_size", "inf")])
+def test_numbers_must_be_finite(tmp_path: Path, key: str, value: str) -> None:
+    text = GOOD.replace('tier = "fast"', f'tier = "fast"\n{key} = {value}')
+    with pytest.raises(ConfigError, match=rf"strategies\.toml:7: strategies\.momentum\.{key}:"):
+        load_config(_write(tmp_path, text), check_targets=False)
+    tier = GOOD.replace("p99_us = 100", "p99_us = inf")
+    with pytest.raises(ConfigError, match=r"strategies\.toml:2: tiers\.fast\.p99_us: .*finite"):
+        load_config(_write(tmp_path, tier), check_targets=False)
+
+
+def test_errors_after_a_multiline_string_get_their_own_line(tmp_path: Path) -> None:
+    """Lines inside a multi-line string that look like keys or headers are not keys."""
+    text = """\
+[tiers.fast]
+p99_us = 100
+description = '''
+[strategies.momentum]
+tier = "not here"
+'''
+
+[strategies.momentum]
+model = "zoo:signal"
+note = \"\"\"
+tier = 1 \\\"\"\" still inside
+\"\"\"
+tier = 5
+"""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text), check_targets=False)
+    msg = str(e.value)
+    assert "strategies.toml:13: strategies.momentum.tier: Input should be a valid string" in msg
+    assert "strategies.toml:10: strategies.momentum.note: unknown key" in msg
