@@ -184,3 +184,32 @@ def test_cli_bench_writes_results(store_dir, tmp_path, capsys) -> None:
     assert "cpu.onnxruntime:fp32" in text and "p99 µs" in text
     assert BenchResults.load(out).profiles[0].n == 200
     assert main(["bench", "zoo:signal", "-s", "warp-speed", "-q"]) == 1
+
+
+def test_cli_bench_writes_results_on_every_exit_path(store_dir, tmp_path, monkeypatch) -> None:
+    """Issue 16 item 11: an interrupted `hwb bench` exited 130 with no results file. Once the
+    model is loaded the file is written however the run ends: Ctrl-C while the routing
+    decisions are computed (after every variant was measured), or an error mid-run."""
+    from hwbackends.bench import harness
+    from hwbackends.cli import main
+    from hwbackends.router import Router
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Router, "from_config", ctrl_c)
+    out = tmp_path / "res.json"
+    args = ["bench", "zoo:signal", "-t", "cpu.onnxruntime", "-p", "fp32", "--n", "200",
+            "--cache-dir", str(store_dir), "-q"]
+    rc = main(args + ["-o", str(out), "--route", "examples/strategies.toml"])
+    assert rc == 130
+    res = BenchResults.load(out)
+    assert res.interrupted and res.profiles[0].n == 200 and res.model["name"] == "signal"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("measurement failed")
+    monkeypatch.setattr(harness, "cached_measure", broken)
+    out2 = tmp_path / "res2.json"
+    with pytest.raises(RuntimeError, match="measurement failed"):
+        main(args + ["-o", str(out2)])
+    res = BenchResults.load(out2)
+    assert res.interrupted and res.variants[0]["variant"] == "cpu.onnxruntime:fp32"

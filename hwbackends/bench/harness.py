@@ -224,7 +224,10 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
         if bad:
             raise UnsupportedError(f"precision(s) {', '.join(bad)} offered by none of "
                                    f"{', '.join(names)}; they offer {', '.join(sorted(offered))}")
-    res = results or BenchResults(model=m.describe(), machine=machine_mod.fingerprint())
+    res = results or BenchResults(model={}, machine={})
+    # A caller's (empty) results object is filled in place, so it holds whatever was measured
+    # however this function ends: ``hwb bench`` writes it on every exit path.
+    res.model, res.machine = res.model or m.describe(), res.machine or machine_mod.fingerprint()
     data = m.representative(256, seed=2)
     try:
         for name in names:

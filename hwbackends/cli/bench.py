@@ -3,9 +3,16 @@ the chosen scenarios, write the results JSON (and optionally the HTML report).""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import emit, stderr_progress
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..bench import BenchResults
 
 
 def _csv(items: list[str] | None) -> list[str]:
@@ -55,23 +62,34 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from ..bench import ProfileCache, bench_model, parse
+    from ..bench import BenchResults, ProfileCache, bench_model, parse
 
     scenarios = [parse(s) for s in (args.scenario or ["single-stream"])]
     if args.n:
         scenarios = [replace(s, n=args.n) if hasattr(s, "n") else s for s in scenarios]
     quiet = args.quiet or args.json
-    res = bench_model(args.model, _csv(args.targets) or ["*"], _csv(args.precisions) or None,
-                      scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
-                      progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
-                      say=(lambda m: None) if quiet else stderr_progress)
-    if args.route and not res.interrupted:
-        from ..router import Router
-        router = Router.from_config(args.route, store=args.cache_dir, strict=False,
-                                    progress=None if quiet else stderr_progress)
-        res.routing = [d.to_dict() for d in router.decisions.values()]
+    say = (lambda m: None) if quiet else stderr_progress
+    # Filled in place by bench_model: once the model is loaded (res.model set), the results
+    # file is written however the run ends — done, Ctrl-C, or an error.
+    res = BenchResults(model={}, machine={})
     res.command = "hwb " + " ".join(sys.argv[1:])
-    path = res.save(args.output)
+    try:
+        bench_model(args.model, _csv(args.targets) or ["*"], _csv(args.precisions) or None,
+                    scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
+                    progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
+                    say=say, results=res)
+        if args.route and not res.interrupted:
+            from ..router import Router
+            router = Router.from_config(args.route, store=args.cache_dir, strict=False,
+                                        progress=None if quiet else stderr_progress)
+            res.routing = [d.to_dict() for d in router.decisions.values()]
+    except BaseException:
+        if res.model:
+            res.interrupted = True
+            path = save_uninterrupted(res, args.output)
+            print(f"hwb bench: stopped early; partial results: {path}", file=sys.stderr)
+        raise
+    path = save_uninterrupted(res, args.output)
     human = res.table() + f"\n\nresults: {path}"
     if args.report:
         from ..report import write_report
@@ -79,3 +97,16 @@ def run(args: argparse.Namespace) -> int:
         human += f"\nreport:  {out}"
     emit(args, res.to_dict(), human)
     return 130 if res.interrupted else 0
+
+
+def save_uninterrupted(res: "BenchResults", path: str) -> Path:
+    """Write the results file with SIGINT held back, so a second Ctrl-C cannot cut it short
+    (the file is replaced atomically either way; this makes sure it is written)."""
+    block = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if block:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return res.save(path)
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
