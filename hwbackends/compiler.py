@@ -6,6 +6,7 @@ warm it up and measure its fidelity against the reference.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import logging
@@ -211,7 +212,7 @@ def _load_cached(st: ArtifactStore, key: str, tgt: Target, opts: CompileOptions,
         log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
         st.evict(key)
         return None
-    problem = check_probe(executor, art, tgt)
+    problem = check_probe(executor, art, tgt, rec.get("probe"))
     if problem:
         log.warning("cached artifact %s does not reproduce its stored outputs (%s); removing "
                     "it, it will be rebuilt", key[:12], problem)
@@ -223,12 +224,22 @@ def _load_cached(st: ArtifactStore, key: str, tgt: Target, opts: CompileOptions,
     return executor, art
 
 
-#: Inputs (from the validation data) whose outputs are stored with each artifact.
-PROBE_FILE, PROBE_ROWS = "hwb-probe.npz", 8
+#: Rows of the validation data whose outputs are stored with each artifact (in its signed
+#: manifest, so they are covered by the HMAC and no file is added to what the target wrote).
+PROBE_ROWS = 8
 
 
-def write_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.ndarray) -> None:
-    """Store a few inputs, the artifact's outputs for them and the tolerance a reload must meet:
+def _pack(a: np.ndarray) -> dict[str, Any]:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode()}
+
+
+def _unpack(d: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(d["f32"]), dtype=np.float32).reshape(d["shape"])
+
+
+def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.ndarray) -> dict[str, Any]:
+    """A few inputs, the artifact's outputs for them and the tolerance a reload must meet:
     ``max(1e-3·(1+max|out|), ½·max|out − reference|)`` — the build's own error against the
     fp32 reference bounds how far a faithful reload may drift; another model is far outside."""
     x = np.ascontiguousarray(val[:PROBE_ROWS], dtype=np.float32)
@@ -237,16 +248,15 @@ def write_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.nda
     out = cm.predict(x)
     err = float(np.nanmax(np.abs(out - m.reference(x)))) if out.size else 0.0
     tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
-    np.savez(art.path / PROBE_FILE, x=x, out=out, tol=np.float64(tol))
+    return {"x": _pack(x), "out": _pack(out), "tol": tol}
 
 
-def check_probe(executor: Any, art: Artifact, tgt: Target) -> str | None:
+def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | None:
     """``None`` when the loaded artifact reproduces its stored outputs, else what differs."""
     try:
-        with np.load(art.path / PROBE_FILE, allow_pickle=False) as z:
-            x, out, tol = z["x"], z["out"], float(z["tol"])
-    except (OSError, KeyError, ValueError) as exc:
-        return f"no readable {PROBE_FILE}: {exc}"
+        x, out, tol = _unpack(probe["x"]), _unpack(probe["out"]), float(probe["tol"])
+    except (TypeError, KeyError, ValueError) as exc:
+        return f"no usable stored outputs ({type(exc).__name__}: {exc})"
     cm = CompiledModel(executor, art, Availability.hardware("probe"), "probe", "pass",
                        tgt.static_batch)
     try:
@@ -283,8 +293,7 @@ def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, 
         }
         staged_art = _artifact(staged, dict(rec, key=key), cached=False)
         executor = _load_new(tgt, staged_art, opts)
-        write_probe(executor, staged_art, tgt, m, val)
-        rec = st.commit(staged, key, rec)
+        rec = st.commit(staged, key, dict(rec, probe=make_probe(executor, staged_art, tgt, m, val)))
     except CompileError as exc:
         st.discard(staged)
         exc.target, exc.precision = exc.target or tgt.name, exc.precision or opts.precision

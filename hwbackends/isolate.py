@@ -172,6 +172,19 @@ def kill_tree(pid: int, rounds: int = 50) -> None:
         pass
 
 
+def _sweep(d: Path, max_age: float = 24 * 3600) -> None:
+    """Remove logs and job dirs a killed process left behind (older than ``max_age``)."""
+    now = time.time()
+    for p in d.glob("*"):
+        if not p.name.startswith(("job-", "worker-")):
+            continue
+        try:
+            if now - p.lstat().st_mtime > max_age:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        except OSError:
+            pass
+
+
 class Worker:
     """One long-lived child process that runs jobs one at a time."""
 
@@ -188,6 +201,7 @@ class Worker:
         # __main__ and breaks scripts without a main guard), in its own session/process group.
         from multiprocessing.connection import Connection
 
+        _sweep(private_dir())
         log_fd, log_name = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=private_dir())
         self.log_path = Path(log_name)
         parent, child = socket.socketpair()
