@@ -46,6 +46,9 @@ LOG_LIMIT = 4 << 20
 _PR_SET_CHILD_SUBREAPER = 36
 
 
+_FALLBACK: dict[str, Path] = {}
+
+
 def private_dir() -> Path:
     """A directory only this user can enter: ``$XDG_RUNTIME_DIR/hwbackends`` or
     ``$TMPDIR/hwb-<uid>``, created 0700. A path that exists but is a symlink, another
@@ -59,9 +62,11 @@ def private_dir() -> Path:
             return base
     except OSError:
         pass
-    fresh = Path(tempfile.mkdtemp(prefix=f"hwb-{os.getuid()}-"))
-    atexit.register(shutil.rmtree, fresh, True)
-    return fresh
+    if _FALLBACK.get(str(base)) is None:  # one per process, not one per call
+        fresh = Path(tempfile.mkdtemp(prefix=f"hwb-{os.getuid()}-"))
+        atexit.register(shutil.rmtree, fresh, True)
+        _FALLBACK[str(base)] = fresh
+    return _FALLBACK[str(base)]
 
 
 def _become_subreaper() -> None:

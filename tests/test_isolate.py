@@ -38,14 +38,17 @@ def _interrupt_main_after(seconds: float) -> threading.Timer:
 
 
 def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply():
+    before = _job_dirs()
     w = Worker()
     try:
         assert w.run(operator.add, 1, 2, timeout=60, what="warm-up") == 3
+        assert _job_dirs() == before, "a job's temp dir outlived its success"
         first_pid = w._proc.pid
         t = _interrupt_main_after(0.5)
         with pytest.raises(KeyboardInterrupt):
             w.run(time.sleep, 2.0, timeout=60, what="slow job")  # would reply None at 2 s
         t.join()
+        assert _job_dirs() == before, "a job's temp dir outlived its interrupt"
         # Before the fix this got the slow job's late reply (None) instead of its own.
         assert w.run(operator.add, 20, 22, timeout=60, what="next job") == 42
         assert w._proc.pid != first_pid, "the interrupted worker must be replaced"
@@ -145,3 +148,21 @@ def test_descendants_follow_the_process_tree():
             os.kill(c, signal.SIGKILL)
         p.kill()
         p.wait()
+
+
+def test_private_dir_is_not_taken_over_by_a_planted_path(tmp_path, monkeypatch):
+    """Another user can create /tmp/hwb-<uid> first (as a symlink, or a dir open to all):
+    it is not used; a fresh random 0700 directory is."""
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    elsewhere = tmp_path / "attacker"
+    elsewhere.mkdir()
+    (tmp_path / f"hwb-{os.getuid()}").symlink_to(elsewhere)
+    d = private_dir()
+    assert d.parent == tmp_path and d.name != f"hwb-{os.getuid()}"
+    assert not os.lstat(d).st_mode & 0o077 and not os.path.islink(d)
+    assert private_dir() == d
+    (tmp_path / f"hwb-{os.getuid()}").unlink()
+    (tmp_path / f"hwb-{os.getuid()}").mkdir(mode=0o777)
+    os.chmod(tmp_path / f"hwb-{os.getuid()}", 0o777)
+    assert private_dir() != tmp_path / f"hwb-{os.getuid()}"
