@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hwbt_targets import SetsidTarget, plugin
 
 import hwbackends as hwb
 from hwbackends.errors import CompileError
 from hwbackends.isolate import Worker, descendants, private_dir
 from hwbackends.registry import build_registry
-
-from hwbt_targets import SetsidTarget, plugin
 
 
 def _alive(pid: int) -> bool:

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hwbt_targets import SoTarget, plugin
 
 import hwbackends as hwb
 from hwbackends import trust, zoo
 from hwbackends.errors import StoreTrustError
 from hwbackends.registry import build_registry
 from hwbackends.store import MANIFEST, ArtifactStore, file_sha256
-
-from hwbt_targets import SoTarget, plugin
 
 OTHER_UID = 65534
 
