@@ -110,11 +110,14 @@ def load_key() -> bytes:
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
+            p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:  # another process created it first
             return load_key()
+        except OSError as exc:
+            raise StoreTrustError(f"cannot create the store key {p} ({exc}); set HWB_KEY_FILE "
+                                  f"to a path only you can write") from exc
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(KEY_BYTES))
         return load_key()
