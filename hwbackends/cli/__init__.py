@@ -13,7 +13,7 @@ from ..errors import HwbError
 
 #: Subcommand modules, in the order ``hwb --help`` lists them.
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fpga_trace")
+            "fpga_trace", "fleet", "node")
 
 
 def build_parser() -> argparse.ArgumentParser:
