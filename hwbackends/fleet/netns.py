@@ -17,11 +17,13 @@ ENV_FLAG = "HWB_FLEET_NETNS"
 
 def loopback_only() -> bool:
     """True when this process's network namespace has no interface but ``lo``."""
+    # /proc/self/net follows the process's namespace (/sys/class/net follows the sysfs mount,
+    # which still shows the host's interfaces inside `unshare -n`).
     try:
-        names = [p.name for p in Path("/sys/class/net").iterdir()]
+        lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
     except OSError:
         return False
-    return names == ["lo"]
+    return [ln.split(":", 1)[0].strip() for ln in lines] == ["lo"]
 
 
 def unshare_prefix() -> list[str] | None:
