@@ -379,7 +379,10 @@ def _collect(ray: Any, fleet: _Fleet, node: str, it: Item) -> None:
     try:
         out = ray.get(it.ref)
     except Exception as exc:  # the node died, the worker crashed, the task was cancelled
-        alive = _node_alive(ray, node)
+        # NodeDiedError arrives before the GCS marks the node dead: trust it over ray.nodes().
+        died = isinstance(exc, (ray.exceptions.NodeDiedError,
+                                ray.exceptions.TaskUnschedulableError))
+        alive = not died and _node_alive(ray, node)
         reason = (f"{'node lost' if not alive else 'task failed'}: {type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:300] if str(exc) else ''}")
         fleet.fail(it, reason)
