@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _netns_or_skip() -> list[str]:
+    pytest.importorskip("ray", reason="Ray is the fleet's engine: pip install '.[fleet]'")
     pre = netns.wrap([sys.executable, "-c", "pass"])
     if pre is None:
         pytest.skip("cannot create a loopback-only network namespace here (unshare -n / -rn "
@@ -107,6 +108,7 @@ def test_hwb_node_dry_run_advertises_available_targets(capsys) -> None:
 
 
 def test_fleet_local_refuses_external_interfaces_in_library(tmp_path) -> None:
+    pytest.importorskip("ray", reason="Ray is the fleet's engine: pip install '.[fleet]'")
     from hwbackends.fleet.runner import FleetError, run_fleet
 
     if netns.loopback_only():
@@ -230,3 +232,10 @@ def test_hwb_fleet_local_cli_end_to_end(store_dir, zoo_model, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     (a,) = json.loads(r.stdout)
     assert a["best"]["variant"] == "cpu.onnxruntime:fp32" and a["best"]["meets_budget"]
+
+
+def test_ray_is_not_imported_by_hwbackends_or_its_cli() -> None:
+    code = ("import sys, hwbackends, hwbackends.fleet, hwbackends.report.fleet; "
+            "from hwbackends.cli import build_parser; build_parser(); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -282,7 +282,11 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
     embedded one advertising this machine's available targets). Returns one
     :class:`BenchResults` holding every machine: rows tagged with ``machine`` (fingerprint,
     hostname, node id, label), ``fleet`` describing the nodes and each task's Ray cost."""
-    import ray
+    try:
+        import ray
+    except ImportError as exc:
+        raise FleetError("hwb fleet needs Ray: pip install 'hwbackends[fleet]' (ray==2.60.*) on "
+                         "this machine and on every node") from exc
 
     say = say or (lambda m: log.info(m))
     blob = _model_blob(model)
