@@ -58,7 +58,7 @@ def main() -> None:
         print(f"\n{rnd}: ray start {start:.1f} s; {len(tasks)} variants, whole run "
               f"{res.fleet['wall_s']:.1f} s")
         print(f"  {'variant':<28} {'overhead ms':>12} {'task s':>8} {'timed calls s':>14} {'cached':>7}")
-        for t, o in zip(tasks, over):
+        for t, o in zip(tasks, over, strict=True):
             print(f"  {t['variant']:<28} {o:>12.1f} {t['task_s']:>8.2f} {t['bench_s']:>14.3f} "
                   f"{str(t['cached']):>7}")
         print(f"  median overhead {statistics.median(over):.1f} ms, max {max(over):.1f} ms")

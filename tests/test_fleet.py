@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -205,33 +206,50 @@ def test_cluster_report_and_placement(cluster_run) -> None:
 
 
 @pytest.mark.slow
-def test_hwb_fleet_local_cli_end_to_end(store_dir, zoo_model, tmp_path) -> None:
-    """`hwb fleet --fleet local` enters a loopback-only namespace itself, then `hwb report`
-    and `hwb route --fleet` read what it wrote."""
+def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path) -> None:
+    """`hwb fleet --fleet local` enters a loopback-only namespace itself; Ctrl-C after the
+    first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
     _netns_or_skip()
     zoo_model("signal")
     env = dict(os.environ, HWB_CACHE_DIR=str(store_dir))
     hwb = [sys.executable, "-c", "import sys; from hwbackends.cli import main; sys.exit(main())"]
-    r = subprocess.run(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime", "-p", "fp32",
-                              "--n", "200", "--fleet", "local", "-o", str(tmp_path / "r.json")],
-                       capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    # server scenario, 5000 arrivals at 1 kHz: each variant measures for ≥ 5 s, time to interrupt
+    proc = subprocess.Popen(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime", "-p",
+                                   "fp32,int8-dynamic", "-s", "server:rate_hz=1000,n=5000",
+                                   "--fleet", "local", "-o", str(tmp_path / "r.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    err = []
+    deadline = time.time() + 600
+    for line in proc.stderr:  # exec'd (unshare → sh → python): proc.pid is the hwb process
+        err.append(line)
+        if ": done in " in line:
+            proc.send_signal(signal.SIGINT)
+            break
+        assert time.time() < deadline, "".join(err)
+    out, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(err) + rest + out
     res = BenchResults.load(tmp_path / "r.json")
-    assert res.fleet["mode"] == "local" and len(res.fleet["nodes"]) == 1
-    assert [p.target for p in res.profiles] == ["cpu.onnxruntime"]
+    assert res.interrupted and res.fleet["mode"] == "local" and len(res.fleet["nodes"]) == 1
+    assert len(res.profiles) == 1 and res.profiles[0].target == "cpu.onnxruntime"
     assert res.profiles[0].machine["node_id"] == res.fleet["nodes"][0]["node_id"]
+    assert any("interrupted" in (v.get("error") or "") for v in res.variants)
     r = subprocess.run(hwb + ["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
+    assert "Interrupted run" in (tmp_path / "r.html").read_text()
     _render_in_chromium(tmp_path / "r.html", "Machine differences")
     cfg = tmp_path / "s.toml"
     cfg.write_text('[tiers.slow]\np99_us = 100000\n[strategies.a]\nmodel = "zoo:signal"\n'
-                   'tier = "slow"\ntargets = ["cpu.*"]\n')
-    r = subprocess.run(hwb + ["route", "--fleet", str(tmp_path / "r.json"), str(cfg), "--json"],
+                   'tier = "slow"\ntargets = ["cpu.*"]\nfidelity = { corr_min = 0.9 }\n')
+    (tmp_path / "r2.json").write_text((tmp_path / "r.json").read_text().replace(
+        '"scenario": "server"', '"scenario": "single-stream"'))  # placement ranks single-stream
+    r = subprocess.run(hwb + ["route", "--fleet", str(tmp_path / "r2.json"), str(cfg), "--json"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     (a,) = json.loads(r.stdout)
-    assert a["best"]["variant"] == "cpu.onnxruntime:fp32" and a["best"]["meets_budget"]
+    assert a["best"]["variant"] == res.profiles[0].variant.split(" @ ")[0]
+    assert a["best"]["meets_budget"]
 
 
 def test_ray_is_not_imported_by_hwbackends_or_its_cli() -> None:

@@ -192,6 +192,8 @@ class _Fleet:
                            "bench_s": out.get("bench_s"), "imported": out.get("imported"),
                            "compile_s": sum(v.get("compile_seconds") or 0 for v in out["variants"]),
                            "cached": any(v.get("cached") for v in out["variants"])})
+        self.say(f"{it.variant} @ {label}: done in {wall:.1f} s, " + ", ".join(
+            f"{p['scenario']} p99 {p['p99_us']:.1f} µs" for p in out["profiles"]))
         if out.get("interrupted"):
             raise KeyboardInterrupt
         if self.on_event:
@@ -329,6 +331,10 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         for it in list(fleet.running.values()):
             ray.cancel(it.ref, force=True)
             fleet.fail(it, "interrupted (Ctrl-C) before it finished")
+        fleet.running.clear()
+        for q in fleet.queues.values():  # say what was never measured, not just drop it
+            while q:
+                fleet.fail(q.pop(0), "not run: interrupted (Ctrl-C)")
     finally:
         res.fleet["tasks"] = fleet.tasks
         res.fleet["wall_s"] = time.time() - t_start
