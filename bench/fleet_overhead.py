@@ -12,7 +12,8 @@ script), twice over the same variants so the second pass has every artifact cach
   timed calls    the measured calls alone (n per scenario)
 and the same variants through ``bench_model`` in this process, for the whole-run comparison.
 
-    .venv/bin/python bench/fleet_overhead.py [--targets cpu.onnxruntime,cpu.litert] [--n 2000]
+    .venv/bin/python bench/fleet_overhead.py [--targets cpu.onnxruntime,cpu.litert]
+        [--precisions fp32,int8-dynamic] [--n 2000]
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", default="cpu.onnxruntime,cpu.litert")
+    ap.add_argument("--precisions", default="fp32,int8-dynamic")
     ap.add_argument("--n", type=int, default=2000)
     a = ap.parse_args()
 
@@ -44,13 +46,13 @@ def main() -> None:
     from hwbackends.bench import SingleStream, bench_model
     from hwbackends.fleet import run_fleet
 
-    targets = a.targets.split(",")
+    targets, precs = a.targets.split(","), a.precisions.split(",")
     for rnd in ("first pass", "cached artifacts"):
         t0 = time.perf_counter()
         ray.init(resources={f"hwb.{t}": 1 for t in targets}, include_dashboard=False,
                  _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
         start = time.perf_counter() - t0
-        res = run_fleet("zoo:signal", "local", targets, None, ["single-stream"], n=a.n,
+        res = run_fleet("zoo:signal", "local", targets, precs, ["single-stream"], n=a.n,
                         shutdown=False)
         ray.shutdown()
         tasks = [t for t in res.fleet["tasks"] if t["status"] == "done"]
@@ -63,7 +65,7 @@ def main() -> None:
                   f"{str(t['cached']):>7}")
         print(f"  median overhead {statistics.median(over):.1f} ms, max {max(over):.1f} ms")
     t0 = time.perf_counter()
-    res = bench_model("zoo:signal", targets, None, [SingleStream(n=a.n)], progress=False)
+    res = bench_model("zoo:signal", targets, precs, [SingleStream(n=a.n)], progress=False)
     print(f"\nin-process bench_model, same variants (cached): {time.perf_counter() - t0:.1f} s, "
           f"{len(res.profiles)} profiles")
 
