@@ -257,3 +257,14 @@ def test_ray_is_not_imported_by_hwbackends_or_its_cli() -> None:
             "from hwbackends.cli import build_parser; build_parser(); print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_artifact_import_keeps_only_files_the_manifest_lists(tmp_path) -> None:
+    a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
+    key = "ef" * 32
+    _entry(a, key)
+    (a.path_for(key) / "extra.sig").write_text("not in the manifest")
+    p = pack(a, key)
+    assert import_packed(b, p) == "imported"
+    assert not (b.path_for(key) / "extra.sig").exists()
+    assert b.get(key)["files"] == a.get(key)["files"]

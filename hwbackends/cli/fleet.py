@@ -63,7 +63,7 @@ def _isolate_local(args: argparse.Namespace) -> None:
     if os.environ.get(netns.ENV_FLAG):
         raise HwbError("entered a network namespace but it is not loopback-only; refusing to "
                        "start Ray (it would listen on external interfaces)")
-    netns.reexec_hwb(sys.argv[1:])
+    netns.reexec_hwb(getattr(args, "argv", None) or sys.argv[1:])
     raise HwbError("--fleet local needs a loopback-only network namespace (Ray binds the "
                    "host's external interfaces otherwise) and `unshare -n` / `unshare -rn` is "
                    "refused here; allow user namespaces, run as root, or pass --no-netns to "

@@ -65,6 +65,10 @@ def import_packed(store: ArtifactStore, p: Packed) -> str:
     if sent.get("key") != p.key:
         store.discard(staged)
         raise CacheError(f"artifact package says key {sent.get('key')!r}, expected {p.key}")
+    listed = set(sent.get("files", {}))
+    for f in [f for f in staged.rglob("*") if f.is_file()]:
+        if str(f.relative_to(staged)) not in listed:  # only what the sender's manifest vouches for
+            f.unlink()
     record = {k: v for k, v in sent.items() if k not in _STORE_FIELDS}
     got = store.commit(staged, p.key, record)
     if got.get("files") != sent.get("files"):
