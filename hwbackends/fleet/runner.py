@@ -69,10 +69,18 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                 "or inside `unshare -n` yourself, or pass allow_external=True")
         targets = local_targets(local_patterns)
         say(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
-        ray.init(resources=resources_for(targets), include_dashboard=False,
-                 _node_ip_address="127.0.0.1", num_cpus=num_cpus or os.cpu_count() or 1,
-                 log_to_driver=False, configure_logging=False)
-        return "local"
+        for attempt in (1, 2):
+            try:
+                ray.init(resources=resources_for(targets), include_dashboard=False,
+                         _node_ip_address="127.0.0.1", num_cpus=num_cpus or os.cpu_count() or 1,
+                         log_to_driver=False, configure_logging=False)
+                return "local"
+            except Exception as exc:  # Ray gives its raylet a fixed 30 s to register
+                ray.shutdown()
+                if attempt == 2:
+                    raise FleetError(f"the embedded Ray did not start: {exc} (an overloaded "
+                                     f"machine: Ray allows its raylet 30 s to register)") from exc
+                say(f"embedded Ray did not start ({exc}); retrying once")
     say(f"connecting to the Ray cluster at {address}")
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
