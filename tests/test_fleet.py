@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -268,3 +269,30 @@ def test_artifact_import_keeps_only_files_the_manifest_lists(tmp_path) -> None:
     assert import_packed(b, p) == "imported"
     assert not (b.path_for(key) / "extra.sig").exists()
     assert b.get(key)["files"] == a.get(key)["files"]
+
+
+@pytest.mark.slow
+def test_hwb_node_head_then_hwb_fleet_address(store_dir, zoo_model, tmp_path) -> None:
+    """`hwb node --head` starts a real Ray head advertising its targets; `hwb fleet --fleet
+    ADDRESS` evaluates on it. In fresh network + PID namespaces: loopback only, and the
+    daemonized Ray processes die with the namespace."""
+    _netns_or_skip()
+    zoo_model("signal")
+    hwb = shlex.join([sys.executable, "-c",
+                      "import sys; from hwbackends.cli import main; sys.exit(main())"])
+    out = tmp_path / "r.json"
+    script = (f"{hwb} node --head -t cpu.onnxruntime --port 6391 --num-cpus 1 && "
+              f"{hwb} fleet zoo:signal --fleet 127.0.0.1:6391 -p fp32 --n 200 -o {shlex.quote(str(out))}")
+    cmd = netns.wrap_pid(["sh", "-c", script])
+    assert cmd is not None
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                       env=dict(os.environ, HWB_CACHE_DIR=str(store_dir)))
+    if r.returncode != 0 and "--mount-proc" in r.stderr[:500]:
+        pytest.skip(f"PID namespace refused: {r.stderr[:200]}")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = BenchResults.load(out)
+    assert res.fleet["mode"] == "cluster" and res.fleet["address"] == "127.0.0.1:6391"
+    (node,) = res.fleet["nodes"]
+    assert node["advertised"] == ["cpu.onnxruntime"]
+    assert [p.target for p in res.profiles] == ["cpu.onnxruntime"]
+    assert res.profiles[0].machine["node_id"] == node["node_id"]

@@ -45,6 +45,16 @@ def unshare_prefix() -> list[str] | None:
     return None
 
 
+def wrap_pid(argv: Sequence[str]) -> list[str] | None:
+    """Like :func:`wrap`, in a fresh PID namespace too: every process started inside (a
+    daemonized ``ray start`` included) is killed when ``argv`` exits."""
+    pre = unshare_prefix()
+    if pre is None:
+        return None
+    return pre + ["-p", "-f", "--mount-proc", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+                  *argv]
+
+
 def wrap(argv: Sequence[str]) -> list[str] | None:
     """``argv`` run inside a fresh loopback-only namespace (``lo`` brought up first), or
     ``None`` where namespaces are refused."""

@@ -82,12 +82,19 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                                      f"machine: Ray allows its raylet 30 s to register)") from exc
                 say(f"embedded Ray did not start ({exc}); retrying once")
     say(f"connecting to the Ray cluster at {address}")
+    # `ray start` (2.60) turns token authentication on, but a driver sends its token
+    # (~/.ray/auth_token, RAY_AUTH_TOKEN[_PATH]) only with RAY_AUTH_MODE=token.
+    has_token = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                 or (Path.home() / ".ray" / "auth_token").is_file())
+    if has_token and not os.environ.get("RAY_AUTH_MODE"):
+        os.environ["RAY_AUTH_MODE"] = "token"
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     except Exception as exc:  # ConnectionError, RuntimeError… differ by Ray version
         raise FleetError(f"cannot connect to a Ray cluster at {address!r}: {type(exc).__name__}: "
-                         f"{exc}. Start one with `hwb node --head` (or `ray start --head`), or "
-                         f"use --fleet local") from exc
+                         f"{exc}. Start one with `hwb node --head` (or `ray start --head`); a "
+                         f"cluster with token authentication needs its token here "
+                         f"(~/.ray/auth_token or RAY_AUTH_TOKEN); or use --fleet local") from exc
     return "cluster"
 
 
