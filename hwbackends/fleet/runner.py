@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,12 +83,6 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                                      f"machine: Ray allows its raylet 30 s to register)") from exc
                 say(f"embedded Ray did not start ({exc}); retrying once")
     say(f"connecting to the Ray cluster at {address}")
-    # `ray start` (2.60) turns token authentication on, but a driver sends its token
-    # (~/.ray/auth_token, RAY_AUTH_TOKEN[_PATH]) only with RAY_AUTH_MODE=token.
-    has_token = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                 or (Path.home() / ".ray" / "auth_token").is_file())
-    if has_token and not os.environ.get("RAY_AUTH_MODE"):
-        os.environ["RAY_AUTH_MODE"] = "token"
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     except Exception as exc:  # ConnectionError, RuntimeError… differ by Ray version
@@ -96,6 +91,16 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                          f"cluster with token authentication needs its token here "
                          f"(~/.ray/auth_token or RAY_AUTH_TOKEN); or use --fleet local") from exc
     return "cluster"
+
+
+def _auth_env() -> None:
+    """`ray start` (2.60) turns token authentication on, but a driver sends its token
+    (~/.ray/auth_token, RAY_AUTH_TOKEN[_PATH]) only with RAY_AUTH_MODE=token, which Ray reads
+    when it is imported: set it before."""
+    has_token = (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                 or (Path.home() / ".ray" / "auth_token").is_file())
+    if has_token and not os.environ.get("RAY_AUTH_MODE"):
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _model_blob(model: str) -> bytes | None:
@@ -299,6 +304,8 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
     embedded one advertising this machine's available targets). Returns one
     :class:`BenchResults` holding every machine: rows tagged with ``machine`` (fingerprint,
     hostname, node id, label), ``fleet`` describing the nodes and each task's Ray cost."""
+    if address != "local" and "ray" not in sys.modules:
+        _auth_env()
     try:
         import ray
     except ImportError as exc:
