@@ -136,11 +136,10 @@ class _Fleet:
     def next_for(self, node: str) -> Item | None:
         """The next variant for ``node``: one whose artifact exists or is not being compiled
         elsewhere right now (then this node waits for it instead of compiling it again)."""
-        q = self.queues.get(node, [])
-        for i, it in enumerate(q):
+        for it in self.queues.get(node, []):
             k = self.key(it)
             if k in self.artifacts or k not in self.compiling:
-                return q.pop(i)
+                return it
         return None
 
     def fill(self) -> None:
@@ -150,14 +149,17 @@ class _Fleet:
             it = self.next_for(node)
             if it is None:
                 continue
+            # Running before it leaves the queue: a Ctrl-C at any point finds it somewhere.
+            it.status = "running"
+            self.running[node] = it
+            self.queues[node].remove(it)
             k = self.key(it)
             if k in self.artifacts:
                 it.art_ref, it.artifact_from = self.artifacts[k]
             else:
                 self.compiling.add(k)
-            it.submitted, it.status = time.time(), "running"
+            it.submitted = time.time()
             self.submit(it)
-            self.running[node] = it
             self.say(f"{it.variant} → {it.label}"
                      + (f" (artifact from {self.labels.get(it.artifact_from, '?')})" if it.artifact_from else ""))
             if self.on_event:
@@ -351,12 +353,16 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         res.interrupted = True
         say("interrupted: keeping what was measured")
         for it in list(fleet.running.values()):
-            ray.cancel(it.ref, force=True)
-            fleet.fail(it, "interrupted (Ctrl-C) before it finished")
+            if it.ref is not None:
+                ray.cancel(it.ref, force=True)
+            if it.status == "running":  # not already merged or failed
+                fleet.fail(it, "interrupted (Ctrl-C) before it finished")
         fleet.running.clear()
         for q in fleet.queues.values():  # say what was never measured, not just drop it
             while q:
-                fleet.fail(q.pop(0), "not run: interrupted (Ctrl-C)")
+                it = q.pop(0)
+                if it.status == "queued":
+                    fleet.fail(it, "not run: interrupted (Ctrl-C)")
     finally:
         res.fleet["tasks"] = fleet.tasks
         res.fleet["wall_s"] = time.time() - t_start
@@ -391,8 +397,8 @@ def _loop(ray: Any, fleet: _Fleet) -> None:
         done, _ = ray.wait(refs, num_returns=1, timeout=1.0)
         for node, it in list(fleet.running.items()):
             if it.ref in done:
+                _collect(ray, fleet, node, it)  # still "running" until merged: Ctrl-C-safe
                 del fleet.running[node]
-                _collect(ray, fleet, node, it)
         now = time.time()
         for node, it in list(fleet.running.items()):
             if now - it.submitted > fleet.task_timeout:
