@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,serve]'
+	$(PY) -m pip install -q -e '.[test,serve,fleet]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -33,15 +33,21 @@ class BenchResults:
     routing: list[dict[str, Any]] | None = None
     trace: dict[str, Any] | None = None
     interrupted: bool = False
+    #: A fleet run (``hwb fleet``): its nodes and each task's cost; rows carry ``machine``.
+    fleet: dict[str, Any] | None = None
     command: str = ""
     created: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "created": self.created,
-                "command": self.command, "model": self.model, "machine": self.machine,
-                "availability": self.availability, "variants": self.variants,
-                "profiles": [p.to_dict() for p in self.profiles], "routing": self.routing,
-                "trace": self.trace, "interrupted": self.interrupted}
+        d: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION, "created": self.created,
+            "command": self.command, "model": self.model, "machine": self.machine,
+            "availability": self.availability, "variants": self.variants,
+            "profiles": [p.to_dict() for p in self.profiles], "routing": self.routing,
+            "trace": self.trace, "interrupted": self.interrupted}
+        if self.fleet is not None:
+            d["fleet"] = self.fleet
+        return d
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -72,7 +78,7 @@ class BenchResults:
                    variants=d["variants"],
                    profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
                    routing=d.get("routing"), trace=d.get("trace"),
-                   interrupted=bool(d.get("interrupted")), command=d.get("command", ""),
+                   interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"), command=d.get("command", ""),
                    created=d.get("created", 0.0))
 
     def table(self) -> str:

@@ -13,7 +13,7 @@ from ..errors import HwbError
 
 #: Subcommand modules, in the order ``hwb --help`` lists them.
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fpga_trace")
+            "fpga_trace", "fleet", "node")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +42,7 @@ def stderr_progress(msg: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # hwb fleet re-executes itself
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):

@@ -15,6 +15,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refresh", action="store_true", help="re-measure instead of cached profiles")
     p.add_argument("--check", action="store_true", help="only validate the file (no compile, no bench)")
     p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
+    p.add_argument("--fleet", default=None, metavar="RESULTS_JSON",
+                   help="placement advice from a `hwb fleet` results file: per strategy, the "
+                        "router's choice on each machine and the best machine (measures nothing)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -23,6 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..router import Router
 
+    if args.fleet:
+        from ..bench import BenchResults
+        from ..fleet.placement import place, render
+        advice = place(BenchResults.load(args.fleet), args.config)
+        emit(args, advice, render(advice))
+        return 0 if all(r["best"] for r in advice) else 1
     if args.check:
         cfg = load_config(args.config)
         emit(args, cfg.model_dump(), f"{args.config}: valid ({len(cfg.tiers)} tiers, "

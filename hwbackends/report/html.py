@@ -170,6 +170,9 @@ measured {when} on {_e(machine_line(res.machine))}</div></header><main>"""]
                      'are drawn dashed and never ranked against hardware by the router unless '
                      'a config allows it.</div>')
     parts.append("</section>")
+    if res.fleet:  # several machines: the cross-machine sections (report/fleet.py)
+        from .fleet import sections
+        parts.append(sections(res))
     parts.append(f"<section><h2>Routing decision per tier</h2>{_routing(res)}</section>")
 
     # availability

@@ -1,0 +1,98 @@
+"""``hwb fleet MODEL --fleet ADDRESS|local``: ``hwb bench`` on every node of a Ray cluster,
+each variant compiled and measured on the node that holds its target; one results file."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import emit, stderr_progress
+from .bench import parse_pin
+
+
+def _csv(items: list[str] | None) -> list[str]:
+    return [s.strip() for item in items or [] for s in item.split(",") if s.strip()]
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fleet", help="measure a model on every machine of a Ray cluster (or --fleet local)")
+    p.add_argument("model", help="model file (.keras .onnx .pt2 …, shipped to the nodes) or zoo:NAME")
+    p.add_argument("--fleet", required=True, metavar="ADDRESS|local",
+                   help="Ray cluster address (host:port, ray://…), or 'local' for an embedded Ray "
+                        "on this machine (run in a loopback-only network namespace)")
+    p.add_argument("--targets", "-t", action="append", default=None, metavar="GLOB[,GLOB]",
+                   help="targets to measure (globs, e.g. 'cpu.*'); default: all the fleet advertises")
+    p.add_argument("--precisions", "-p", action="append", default=None, metavar="P[,P]",
+                   help="precisions (default: every precision each target offers)")
+    p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
+                   help="as hwb bench: single-stream | server[:rate_hz=R] | burst[:trace=FILE] | "
+                        "batch[:sizes=1/8/32] (a trace file must exist on every node)")
+    p.add_argument("--n", type=int, default=None, help="timed calls per single-stream/server/batch run")
+    p.add_argument("--pin", default=None, metavar="CPUS", help="pin the measuring thread on each node")
+    p.add_argument("--output", "-o", default="hwb-fleet.json", help="results JSON (default %(default)s)")
+    p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
+                   help="also write the HTML report")
+    p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
+                   help="also compute placement advice (per machine) for this strategies file")
+    p.add_argument("--use-cache", action="store_true",
+                   help="reuse each node's cached profiles for the same artifact, machine and scenario")
+    p.add_argument("--cache-dir", default=None,
+                   help="artifact store root on every node (default: each node's HWB_CACHE_DIR)")
+    p.add_argument("--task-timeout", type=float, default=1800.0,
+                   help="seconds a variant may take on its node before it is marked failed "
+                        "(node busy or hung; default %(default)g)")
+    p.add_argument("--no-share-artifacts", action="store_true",
+                   help="compile on every node even when another node with the same toolchain "
+                        "already built the variant")
+    p.add_argument("--no-netns", action="store_true",
+                   help="with --fleet local: do not enter a loopback-only network namespace "
+                        "(Ray then also listens on the host's external interfaces)")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def _isolate_local(args: argparse.Namespace) -> None:
+    """The embedded Ray binds every interface; run this command again inside a loopback-only
+    network namespace (exec: does not return) unless already there or told not to."""
+    from ..errors import HwbError
+    from ..fleet import netns
+
+    if args.fleet != "local" or args.no_netns or netns.loopback_only():
+        return
+    if os.environ.get(netns.ENV_FLAG):
+        raise HwbError("entered a network namespace but it is not loopback-only; refusing to "
+                       "start Ray (it would listen on external interfaces)")
+    netns.reexec_hwb(getattr(args, "argv", None) or sys.argv[1:])
+    raise HwbError("--fleet local needs a loopback-only network namespace (Ray binds the "
+                   "host's external interfaces otherwise) and `unshare -n` / `unshare -rn` is "
+                   "refused here; allow user namespaces, run as root, or pass --no-netns to "
+                   "accept external listening sockets")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..fleet import run_fleet
+
+    _isolate_local(args)
+    quiet = args.quiet or args.json
+    res = run_fleet(args.model, args.fleet, _csv(args.targets) or ["*"], _csv(args.precisions) or None,
+                    args.scenario or ["single-stream"], n=args.n, pin=parse_pin(args.pin),
+                    use_cache=args.use_cache, task_timeout=args.task_timeout,
+                    share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,
+                    say=(lambda m: None) if quiet else stderr_progress,
+                    allow_external=args.no_netns)
+    if args.route and not res.interrupted:
+        from ..fleet.placement import place
+        res.fleet["placement"] = place(res, args.route)
+    res.command = "hwb " + " ".join(sys.argv[1:])
+    path = res.save(args.output)
+    failed = [v for v in res.variants if v.get("error")]
+    human = (res.table() + f"\n\n{len({p.machine.get('node_id') for p in res.profiles})} machine(s), "
+             f"{len(res.profiles)} profile(s), {len(failed)} failed row(s)"
+             + "".join(f"\n  FAILED {v['variant']}: {v['error'][:200]}" for v in failed)
+             + f"\nresults: {path}")
+    if args.report:
+        from ..report import write_report
+        human += f"\nreport:  {write_report(res, args.report)}"
+    emit(args, res.to_dict(), human)
+    return 130 if res.interrupted else 0

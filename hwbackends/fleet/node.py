@@ -1,0 +1,116 @@
+"""What runs on a fleet node (as Ray tasks): report which targets it can run, and compile +
+measure one variant with the same :func:`hwbackends.bench.bench_model` ``hwb bench`` uses.
+
+Plain functions: :mod:`.runner` wraps them with ``ray.remote``; they import ray only to learn
+the node id."""
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import CacheError, HwbError
+from .artifacts import Packed, import_packed, pack
+
+
+def identity() -> dict[str, Any]:
+    """This node: Ray node id, hostname, machine fingerprint, and a short label for tables."""
+    import ray
+
+    from ..bench import fingerprint
+
+    node_id = ray.get_runtime_context().get_node_id()
+    host = socket.gethostname()
+    return {"node_id": node_id, "hostname": host, "label": f"{host}·{node_id[:6]}",
+            "fingerprint": fingerprint()}
+
+
+def node_info(targets: Sequence[str]) -> dict[str, Any]:
+    """Availability (probed here, as ``hwb targets`` does), precisions and toolchain of each
+    advertised target on this node."""
+    from ..registry import get_registry
+
+    reg = get_registry()
+    out: dict[str, Any] = {}
+    for name in targets:
+        tgt = reg.targets.get(name)
+        if tgt is None:
+            out[name] = {"mode": "unavailable", "family": "", "precisions": [], "toolchain": {},
+                         "device": "", "reason": f"advertised, but no plugin registers {name} "
+                                                 f"on this node (registered: {', '.join(sorted(reg.targets))})"}
+            continue
+        try:
+            av = tgt.probe().to_dict()
+            tc = tgt.toolchain() if av["mode"] != "unavailable" else {}
+        except Exception as exc:  # a raising probe is the reason, as in hwb targets
+            av, tc = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
+                      "device": ""}, {}
+        out[name] = {"mode": av["mode"], "reason": av.get("reason", ""),
+                     "device": av.get("device", ""), "family": tgt.family,
+                     "precisions": list(tgt.precisions), "toolchain": tc,
+                     "target_version": str(getattr(tgt, "version", "1"))}
+    return identity() | {"targets": out}
+
+
+def _model_arg(model: str, blob: bytes | None, tmp: Path) -> str:
+    """A model file shipped from the driver is written here; ``zoo:…`` names load as is."""
+    if blob is None:
+        return model
+    p = tmp / Path(model).name
+    p.write_bytes(blob)
+    return str(p)
+
+
+def _tag(d: dict[str, Any], ident: dict[str, Any]) -> None:
+    d["machine"] = dict(ident["fingerprint"], hostname=ident["hostname"],
+                        node_id=ident["node_id"], label=ident["label"])
+
+
+def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: str,
+                  scenarios: Sequence[str], n: int | None, pin: Sequence[int] | None,
+                  use_cache: bool, artifact: Packed | None,
+                  cache_dir: str | None = None) -> tuple[dict[str, Any], Packed | None]:
+    """Compile and measure ``target:precision`` here; return the results (as a
+    ``BenchResults`` dict, every row tagged with this machine) and the packed artifact for
+    other nodes with the same toolchain. ``artifact``: one compiled elsewhere, imported
+    (sha256-verified) before compiling so the compile becomes a store hit."""
+    t0 = time.perf_counter()
+    from ..bench import ProfileCache, bench_model, parse
+    from ..store import ArtifactStore
+
+    ident = identity()
+    notes: list[str] = []
+    store = ArtifactStore(cache_dir)
+    imported = None
+    if artifact is not None:
+        try:
+            imported = import_packed(store, artifact)
+        except CacheError as exc:
+            notes.append(str(exc))
+    sc = [parse(s) for s in scenarios]
+    if n:
+        sc = [replace(s, n=n) if hasattr(s, "n") else s for s in sc]
+    with tempfile.TemporaryDirectory(prefix="hwb-fleet-") as tmp:
+        try:
+            res = bench_model(_model_arg(model, model_blob, Path(tmp)), [target], [precision], sc,
+                              store=store, pin=pin, progress=False, cache=ProfileCache(),
+                              use_cache=use_cache, say=notes.append)
+        except HwbError as exc:  # bad pattern/precision on this node: a failed row, not a crash
+            return ({"error": f"{type(exc).__name__}: {exc}", "identity": ident,
+                     "task_s": time.perf_counter() - t0}, None)
+    out = res.to_dict()
+    for row in out["availability"] + out["variants"] + out["profiles"]:
+        _tag(row, ident)
+    packed = None
+    key = next((p.artifact_key for p in res.profiles if p.artifact_key), None)
+    if key and imported is None:
+        packed = pack(store, key)
+    for v in out["variants"]:
+        v["artifact_from"] = artifact.key[:12] if imported and artifact else None
+    out.update(identity=ident, notes=notes[-20:], imported=imported,
+               task_s=time.perf_counter() - t0,
+               bench_s=sum(p.duration_s for p in res.profiles))
+    return out, packed
