@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import isolate
+from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
 from .fidelity import compare
@@ -98,7 +99,7 @@ def _artifact(path: Path, rec: dict[str, Any], cached: bool) -> Artifact:
 
 
 def compile(model: Any, target: str = "cpu.litert", precision: str | None = None, *,
-            batch_size: int = 1, threads: int | None = None,
+            batch_size: int | None = None, threads: int | None = None,
             options: dict[str, Any] | None = None,
             calibration_data: np.ndarray | None = None,
             validation_data: np.ndarray | None = None,
@@ -123,14 +124,8 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     if prec not in tgt.precisions:
         raise UnsupportedError(f"target {tgt.name} offers precisions {', '.join(tgt.precisions)}; "
                                f"got {prec!r}")
-    if batch_size < 1:
-        raise UnsupportedError(f"batch_size must be ≥ 1, got {batch_size}")
-    fixed = m.meta.get("fixed_batch")
-    if fixed is not None and fixed != batch_size and tgt.static_batch:
-        raise UnsupportedError(
-            f"model {m.name!r} was exported with a static batch of {fixed}; compile it with "
-            f"batch_size={fixed}, or re-export with a dynamic batch, e.g. torch.export.export(m, "
-            f"(x,), dynamic_shapes=({{0: torch.export.Dim('batch')}},))")
+    # None: the model's fixed batch if it has one (predict() pads/chunks), else 1.
+    batch_size = resolve_batch(m.meta, m.format, m.name, batch_size, tgt.static_batch)
     extra = dict(options or {})
     unknown = sorted(set(extra) - set(tgt.option_docs))
     if unknown:

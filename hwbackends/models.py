@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import batchdim
 from .errors import ModelError
 from .specs import TensorSpec
 
@@ -49,7 +50,15 @@ class Model:
         if self._ref is None:
             self._ref = _reference_fn(self)
         x = np.ascontiguousarray(x, dtype=np.float32)
-        chunks = [self._ref(x[i:i + 1024]) for i in range(0, len(x), 1024)]
+        fixed = self.meta.get("fixed_batch")
+        step = fixed or 1024
+        chunks = []
+        for i in range(0, len(x), step):
+            chunk = x[i:i + step]
+            if fixed and len(chunk) < fixed:  # a fixed-batch graph runs only at its batch: pad
+                pad = np.zeros((fixed - len(chunk), *chunk.shape[1:]), np.float32)
+                chunk = np.concatenate([chunk, pad])
+            chunks.append(np.asarray(self._ref(chunk))[:len(x) - i])
         return np.concatenate(chunks).astype(np.float32, copy=False).reshape(
             (len(x), *self.output.shape))
 
@@ -64,6 +73,7 @@ class Model:
         return {"name": self.name, "format": self.format, "fingerprint": self.fingerprint,
                 "inputs": [s.to_dict() for s in self.inputs],
                 "outputs": [s.to_dict() for s in self.outputs],
+                "batch": self.meta.get("batch"),
                 "source": str(self.source) if self.source else None}
 
     # -- transport to the compile child process ---------------------------------------------
@@ -252,8 +262,26 @@ def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
 
     ins = [TensorSpec(real_inputs[0].name, dims(real_inputs[0], "input"))]
     outs = [TensorSpec(g.output[0].name, dims(g.output[0], "output"))]
+    # The fingerprint is the file as the user has it, before any batch rewrite.
     fp = _digest(b"onnx", proto.SerializeToString(deterministic=True))
-    return Model(proto, "onnx", ins, outs, fp, name, path)
+    graph, info = _onnx_batch(proto, ins[0].shape, name)
+    meta: dict[str, Any] = {"batch": info.to_dict()}
+    if info.handling == batchdim.FIXED:
+        meta["fixed_batch"] = info.exported
+    return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)
+
+
+def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, batchdim.BatchInfo]:
+    try:
+        graph, info = batchdim.relax_onnx(proto, sample)
+    except Exception as exc:  # the original graph itself does not run
+        raise ModelError(f"ONNX model {name!r} does not run in ONNX Runtime ({type(exc).__name__}: "
+                         f"{str(exc)[:300]}); check it with onnx.checker.check_model and "
+                         f"re-export it") from exc
+    if info.handling == batchdim.FIXED and "output's first dimension" in info.detail:
+        raise ModelError(f"ONNX model {name!r}: {info.detail}; hwbackends needs one output row "
+                         f"per input sample")
+    return graph, info
 
 
 def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any) -> Model:
