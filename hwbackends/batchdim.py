@@ -87,28 +87,28 @@ def _constant_arrays(graph: Any) -> dict[str, tuple[Any, Any]]:
 
 def _rewrite_reshapes(graph: Any, batch: int) -> tuple[list[str], list[str]]:
     """Rewrite Reshape shape constants that start with ``batch``; returns (rewritten node
-    names, names of Reshapes whose shape is computed and may still bake in the batch)."""
+    names, the other Reshapes with a fully constant shape: where a batch is baked in when
+    the rewrite fails)."""
     from onnx import numpy_helper
 
     consts = _constant_arrays(graph)
     done: list[str] = []
-    unknown: list[str] = []
+    constant: list[str] = []
     for node in graph.node:
-        if node.op_type != "Reshape" or len(node.input) < 2:
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in consts:
             continue
         label = node.name or node.output[0]
-        if node.input[1] not in consts:
-            unknown.append(label)
-            continue
         holder, shape = consts[node.input[1]]
         if shape.ndim != 1 or not len(shape) or int(shape[0]) != batch:
+            if shape.ndim == 1 and len(shape) and (shape > 0).all():
+                constant.append(f"{label} {shape.tolist()}")
             continue
         new = shape.copy()
         new[0] = 0 if (shape == -1).any() else -1
         holder.CopyFrom(numpy_helper.from_array(new.astype(shape.dtype), holder.name))
         consts[node.input[1]] = (holder, new)
         done.append(label)
-    return done, unknown
+    return done, constant
 
 
 def _session(proto: Any) -> Any:
@@ -116,7 +116,7 @@ def _session(proto: Any) -> Any:
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # failures are expected while probing; we report them
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -176,15 +176,14 @@ def relax_onnx(proto: Any, sample: tuple[int, ...]) -> tuple[Any, BatchInfo]:
             dims[0].Clear()
             dims[0].dim_param = "batch"
     del relaxed.graph.value_info[:]  # intermediate shapes carry the old batch; ORT re-infers
-    rewritten, computed = _rewrite_reshapes(relaxed.graph, batch)
+    rewritten, constant = _rewrite_reshapes(relaxed.graph, batch)
     problem = _verify(proto, relaxed, batch, sample)
     if problem is None:
         what = f"; Reshape constants rewritten: {', '.join(rewritten)}" if rewritten else ""
         return relaxed, BatchInfo(batch, SYMBOLIC,
                                   f"exported with batch {batch}; batch dimension made symbolic{what}")
-    suspects = rewritten + computed
-    where = (f" (Reshape node(s) that may bake the batch in: {', '.join(suspects)})"
-             if suspects else "")
+    where = (f" (Reshape node(s) with a constant shape that may bake the batch in: "
+             f"{', '.join(constant)})" if constant else "")
     return proto, BatchInfo(batch, FIXED, f"exported with batch {batch}; cannot make it "
                             f"symbolic: {problem}{where}")
 
@@ -201,7 +200,7 @@ def resolve_batch(meta: dict[str, Any], fmt: str, name: str, requested: int | No
     if fixed is not None and fixed > FIXED_BATCH_MAX:
         raise UnsupportedError(
             f"model {name!r} has a fixed batch of {fixed}{why}; every call would run {fixed} "
-            f"samples (limit {FIXED_BATCH_MAX}). {reexport_advice(fmt).capitalize()}")
+            f"samples (limit {FIXED_BATCH_MAX}). To fix, {reexport_advice(fmt)}")
     if requested is None:
         return fixed or 1
     if requested < 1:
