@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import batchdim
+from . import batchdim, legacy
 from .errors import ModelError
 from .specs import TensorSpec
 
@@ -142,13 +142,18 @@ def _module_of(obj: Any) -> str:
 
 def load_model(source: Any, *, name: str | None = None, example_input: Any = None,
                input_shape: Sequence[int] | None = None,
-               validation_data: np.ndarray | None = None) -> Model:
+               validation_data: np.ndarray | None = None,
+               weights: str | os.PathLike | None = None, trust_pickle: bool = False) -> Model:
     """Load a source model.
 
-    ``source`` is a path (``.keras``/``.h5`` Keras 3, ``.onnx``, ``.pt2`` torch.export,
-    ``.pt``/``.ts`` TorchScript), ``"zoo:NAME"`` for a bundled example, a ``keras.Model``, an
+    ``source`` is a path (``.keras``/``.h5`` Keras, ``.json`` a Keras 2 architecture with its
+    HDF5 ``weights`` (found next to it when not given), ``.onnx``, ``.pt2`` torch.export,
+    ``.pt``/``.ts`` TorchScript, or a whole-module ``torch.save`` pickle with
+    ``trust_pickle=True``: unpickling runs the file's code), ``"zoo:NAME"`` for a bundled
+    example, a ``keras.Model`` (an unbuilt one is built for ``input_shape``), an
     ``onnx.ModelProto``, or a ``torch.nn.Module`` together with ``example_input`` (a tensor of
-    one batch) or ``input_shape`` (per sample, without the batch dimension).
+    one batch) or ``input_shape`` (per sample, without the batch dimension). An
+    ``input_shape`` that contradicts the model's own is refused, never ignored.
     """
     if isinstance(source, Model):
         if validation_data is not None:
@@ -161,11 +166,13 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
             m.validation_data = validation_data
         return m
     if isinstance(source, (str, os.PathLike)):
-        model = _load_path(Path(source), name, example_input, input_shape)
+        model = _load_path(Path(source), name, example_input, input_shape,
+                           Path(weights) if weights is not None else None, trust_pickle)
     else:
         mods = _module_of(source)
         if "keras" in mods and hasattr(source, "get_config"):
-            model = _from_keras(source, name or getattr(source, "name", "model"), None)
+            nm = name or getattr(source, "name", "model")
+            model = _from_keras(legacy.build_keras(source, input_shape, nm), nm, None)
         elif "onnx" in mods and hasattr(source, "graph"):
             model = _from_onnx(source, name or "model", None)
         elif "torch" in mods:
@@ -173,6 +180,10 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         else:
             raise ModelError(f"cannot load a model from {type(source).__qualname__}; expected a file "
                              f"path, 'zoo:NAME', a keras.Model, a torch.nn.Module or an onnx.ModelProto")
+    if input_shape is not None and tuple(input_shape) != model.input.shape:
+        raise ModelError(f"input_shape={tuple(input_shape)} was given but model {model.name!r} "
+                         f"takes samples of shape {model.input.shape}; drop input_shape= or "
+                         f"pass the model's own")
     if validation_data is not None:
         v = np.asarray(validation_data, dtype=np.float32)
         if v.shape[1:] != model.input.shape:
@@ -182,16 +193,22 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
     return model
 
 
-def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None) -> Model:
+def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None,
+               weights: Path | None = None, trust_pickle: bool = False) -> Model:
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
     suffix = path.suffix.lower()
     name = name or path.stem
     try:
+        if suffix in (".h5", ".hdf5") and legacy.h5_kind(path) == "weights":
+            raise legacy.weights_only_error(path)
         if suffix in (".keras", ".h5", ".hdf5"):
             import keras
-            return _from_keras(keras.saving.load_model(path, compile=False), name, path)
+            km = keras.saving.load_model(path, compile=False)
+            return _from_keras(legacy.build_keras(km, input_shape, name), name, path)
+        if suffix == ".json":
+            return _from_keras(legacy.keras2_json(path, weights), name, path)
         if suffix == ".onnx":
             import onnx
             return _from_onnx(onnx.load(str(path)), name, path)
@@ -200,16 +217,22 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
             ep = torch.export.load(str(path))
             return _from_torch(ep, name, path, None, None)
         if suffix in (".pt", ".pth", ".ts"):
-            import torch
-            return _from_torch(torch.jit.load(str(path)), name, path, example, input_shape)
+            return _from_torch(legacy.torch_file(path, trust_pickle), name, path, example, input_shape)
     except ModelError:
         raise
     except Exception as exc:
         raise ModelError(f"could not load {path} as a {suffix} model ({type(exc).__name__}: "
-                         f"{str(exc)[:300]}). Is the file complete? Re-export it from the "
+                         f"{_clip(str(exc))}). Is the file complete? Re-export it from the "
                          f"training code.") from exc
-    raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 .onnx "
-                     f".pt2 (torch.export) .pt/.ts (TorchScript)")
+    raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 "
+                     f".json (Keras 2 + weights) .onnx .pt2 (torch.export) .pt/.ts (TorchScript)")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` cut at a word boundary (never mid-word) with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def _single(kind: str, items: Sequence[Any], name: str) -> None:
@@ -246,7 +269,26 @@ def _from_keras(km: Any, name: str, path: Path | None) -> Model:
     def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
         return np.asarray(km(x, training=False))
 
-    return Model(km, "keras", ins, outs, fp, name, path, _ref=ref)
+    return Model(km, "keras", ins, outs, fp, name, path, meta=_keras_batch(km, ins[0], ref),
+                 _ref=ref)
+
+
+def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+    """A Keras model built with ``keras.Input(..., batch_size=N)`` usually still runs at any
+    batch (Keras layers take the batch from the data); check that rather than assume it."""
+    b = km.inputs[0].shape[0]
+    if b is None:
+        return {}
+    b = int(b)
+    try:
+        ok = np.asarray(ref(np.zeros((b + 1, *inp.shape), np.float32))).shape[0] == b + 1
+    except Exception:  # noqa: BLE001 - any failure means it runs only at its batch
+        ok = False
+    if ok:
+        return {"batch": batchdim.BatchInfo(b, batchdim.SYMBOLIC, f"built with batch_size={b}; "
+                                            f"the Keras model runs at any batch").to_dict()}
+    return {"fixed_batch": b, "batch": batchdim.BatchInfo(
+        b, batchdim.FIXED, f"built with batch_size={b} and runs only at it").to_dict()}
 
 
 def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
