@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import batchdim, legacy
-from .errors import ModelError
+from .errors import HwbError, ModelError
 from .specs import TensorSpec
 
 FORMATS = ("keras", "torch", "onnx")
@@ -50,6 +50,16 @@ class Model:
         if self._ref is None:
             self._ref = _reference_fn(self)
         x = np.ascontiguousarray(x, dtype=np.float32)
+        try:
+            return self._reference(x)
+        except HwbError:
+            raise
+        except Exception as exc:  # the source framework itself failed: say so, never raw
+            raise ModelError(f"the source model {self.name!r} ({self.format}) failed to run on a "
+                             f"batch of shape {x.shape}: {type(exc).__name__}: {_clip(str(exc))}. "
+                             f"Check that it runs in its own framework and re-export it") from exc
+
+    def _reference(self, x: np.ndarray) -> np.ndarray:
         fixed = self.meta.get("fixed_batch")
         step = fixed or 1024
         chunks = []
@@ -314,6 +324,20 @@ def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
 
 
 def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, batchdim.BatchInfo]:
+    import onnx
+
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise ModelError(f"ONNX model {name!r} is not a valid ONNX graph ({_clip(str(exc))}); "
+                         f"is the file complete? Re-export it") from exc
+    inits = {i.name for i in proto.graph.initializer}
+    first = next(i for i in proto.graph.input if i.name not in inits)
+    dim0 = first.type.tensor_type.shape.dim
+    if len(dim0) and dim0[0].HasField("dim_value") and dim0[0].dim_value < 1:
+        raise ModelError(f"ONNX model {name!r} declares a batch dimension of "
+                         f"{dim0[0].dim_value}; expected ≥ 1 or symbolic. To fix, "
+                         f"{batchdim.reexport_advice('onnx')}")
     try:
         graph, info = batchdim.relax_onnx(proto, sample)
     except Exception as exc:  # the original graph itself does not run
