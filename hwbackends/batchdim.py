@@ -9,8 +9,10 @@ chunking in ``predict``) or use a copy of the graph whose batch dimension is sym
 symbolic, drops stale intermediate shapes, and rewrites ``Reshape`` shape constants that
 start with the baked-in batch to ``-1`` (or ``0`` where the constant already has a ``-1``).
 The rewrite is only trusted if the rewritten graph reproduces the original on random data
-at the fixed batch *and* row for row at other batch sizes (ONNX Runtime, no optimisation);
-otherwise the model keeps its fixed batch and the reason names the node that bakes it in.
+at the fixed batch *and* row for row at other batch sizes (ONNX Runtime, no optimisation;
+for a batch too large to run the original, that the copy treats rows independently);
+otherwise the model keeps its fixed batch and the reason names the constant-shape Reshape
+nodes that may bake it in.
 
 The outcome is a :class:`BatchInfo` kept in ``Model.meta["batch"]``; ``Model.meta
 ["fixed_batch"]`` is set only when the model must run at its exported batch.

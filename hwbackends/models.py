@@ -248,8 +248,10 @@ def _clip(text: str, limit: int = 300) -> str:
 def _single(kind: str, items: Sequence[Any], name: str) -> None:
     if len(items) != 1:
         raise ModelError(f"model {name!r} has {len(items)} {kind}s; hwbackends serves "
-                         f"single-input, single-output signal models. Concatenate the features "
-                         f"into one input tensor.")
+                         f"single-input, single-output models for now (several inputs/outputs "
+                         f"are planned). Wrap the model so it takes one input tensor and "
+                         f"returns one (e.g. concatenate the heads), or serve each head as "
+                         f"its own model")
 
 
 def _static(shape: Sequence[Any], what: str, name: str) -> tuple[int, ...]:

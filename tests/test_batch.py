@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixed_batch_models import keras_batch1_onnx, run_original, torch_fixed_onnx
 
 import hwbackends as hwb
 from hwbackends.batchdim import FIXED_BATCH_MAX
-
-from fixed_batch_models import keras_batch1_onnx, run_original, torch_fixed_onnx
 
 TARGETS = ("cpu.onnxruntime", "tpu.xla", "ref")
 pytest.importorskip("torch")

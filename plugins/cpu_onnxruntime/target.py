@@ -13,6 +13,7 @@ from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import cpu_name, importable, version
 
+
 class _Calibration:
     """ORT's CalibrationDataReader protocol over an array of representative inputs."""
 
@@ -83,7 +84,11 @@ class OnnxRuntimeTarget(Target):
         if options.precision == "fp32":
             fp32.rename(final)
         else:
-            from onnxruntime.quantization import QuantType, quantize_dynamic, quantize_static
+            from onnxruntime.quantization import (
+                QuantType,
+                quantize_dynamic,
+                quantize_static,
+            )
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             pre = workdir / "model.pre.onnx"
