@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import isolate
+from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
 from .fidelity import compare
@@ -100,7 +101,7 @@ def _artifact(path: Path, rec: dict[str, Any], cached: bool) -> Artifact:
 
 
 def compile(model: Any, target: str = "cpu.litert", precision: str | None = None, *,
-            batch_size: int = 1, threads: int | None = None,
+            batch_size: int | None = None, threads: int | None = None,
             options: dict[str, Any] | None = None,
             calibration_data: np.ndarray | None = None,
             validation_data: np.ndarray | None = None,
@@ -123,7 +124,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     m = load_model(model)
     reg = registry or get_registry()
     tgt = reg.target(target)
-    prec = _check_request(m, tgt, precision, batch_size, options)
+    prec, batch_size = _check_request(m, tgt, precision, batch_size, options)
     avail = tgt.probe()
     if not avail.usable:
         raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
@@ -148,27 +149,22 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     return cm
 
 
-def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int,
-                   options: dict[str, Any] | None) -> str:
-    """The precision to build; refuses precisions, batch sizes and options the target lacks."""
+def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int | None,
+                   options: dict[str, Any] | None) -> tuple[str, int]:
+    """The precision and batch size to build; refuses precisions, batch sizes and options the
+    target lacks."""
     prec = precision or tgt.precisions[0]
     if prec not in tgt.precisions:
         raise UnsupportedError(f"target {tgt.name} offers precisions {', '.join(tgt.precisions)}; "
                                f"got {prec!r}")
-    if batch_size < 1:
-        raise UnsupportedError(f"batch_size must be ≥ 1, got {batch_size}")
-    fixed = m.meta.get("fixed_batch")
-    if fixed is not None and fixed != batch_size and tgt.static_batch:
-        raise UnsupportedError(
-            f"model {m.name!r} was exported with a static batch of {fixed}; compile it with "
-            f"batch_size={fixed}, or re-export with a dynamic batch, e.g. torch.export.export(m, "
-            f"(x,), dynamic_shapes=({{0: torch.export.Dim('batch')}},))")
+    # None: the model's fixed batch if it has one (predict() pads/chunks), else 1.
+    batch_size = resolve_batch(m.meta, m.format, m.name, batch_size, tgt.static_batch)
     unknown = sorted(set(options or {}) - set(tgt.option_docs))
     if unknown:
         docs = "; ".join(f"{k}: {v}" for k, v in tgt.option_docs.items()) or "none"
         raise UnsupportedError(f"target {tgt.name} has no option(s) {', '.join(unknown)}; "
                                f"its options: {docs}")
-    return prec
+    return prec, batch_size
 
 
 def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: np.ndarray,

@@ -1,10 +1,42 @@
-"""Numerical fidelity of a compiled variant against the source model's fp32 reference."""
+"""Numerical fidelity of a compiled variant against the source model's fp32 reference.
+
+Which metrics mean something depends on what the output *is*, so :func:`classify` decides
+that from the reference outputs and :func:`compare` records the metric set it gates on:
+
+=============  =====================================  =========================================
+kind           recognised by (reference outputs)      gated metrics
+=============  =====================================  =========================================
+probabilities  ≥ 0 and rows sum to 1 (softmax), or    corr, max_abs/rel_err/mae, decision
+               all in [0, 1] (sigmoid)                (argmax; ``> 0.5`` for one column)
+nonnegative    ≥ 0, unbounded (ReLU, prices, counts)  corr, max_abs/rel_err/mae
+signed         has negative values, one column        corr, max_abs/rel_err/mae, sign
+logits         has negative values, ≥ 2 columns       corr, max_abs/rel_err/mae, sign, argmax
+=============  =====================================  =========================================
+
+Sign and decision agreement use a dead band: a sample whose reference is within
+``DEAD_BAND`` × (output range) of the decision boundary (0 for sign, 0.5 or the runner-up
+for decisions) does not count, because an fp32 → fp16/int8/fixed-point variant may flip it
+without being wrong (a probability that rounds to exactly 0 is not a sign flip).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+#: Share of the reference output's range (peak to peak) around a decision boundary in which
+#: sign/argmax disagreements are not counted.
+DEAD_BAND = 0.01
+#: Every metric a Tolerance can check; a Fidelity's ``gated`` is the subset that applies.
+ALL_METRICS = ("corr", "max_abs", "rel_err", "mae", "sign", "argmax")
+_ERRORS = ("corr", "max_abs", "rel_err", "mae")
+GATED: dict[str, tuple[str, ...]] = {
+    "probabilities": (*_ERRORS, "argmax"),
+    "nonnegative": _ERRORS,
+    "signed": (*_ERRORS, "sign"),
+    "logits": (*_ERRORS, "sign", "argmax"),
+}
 
 
 @dataclass(frozen=True)
@@ -13,8 +45,11 @@ class Fidelity:
 
     ``rel_err`` is the max abs error over the reference's output range (peak to peak), so it
     compares across models with different output scales. ``sign_agree`` is the share of
-    outputs whose sign matches (the trade direction of a signal); ``argmax_agree`` the share of
-    samples whose largest output is the same (class decisions), ``None`` for one output.
+    outputs whose sign matches (the trade direction of a signal), outside the dead band;
+    ``argmax_agree`` the share of samples whose decision is the same (argmax over several
+    outputs, ``> 0.5`` for one probability), ``None`` when there is no decision. ``kind`` is
+    what :func:`classify` made of the output and ``gated`` the metrics a :class:`Tolerance`
+    checks for it (the others are shown, not gated).
     """
 
     n: int
@@ -24,41 +59,87 @@ class Fidelity:
     corr: float
     sign_agree: float
     argmax_agree: float | None
+    kind: str = "signed"
+    gated: tuple[str, ...] = ALL_METRICS
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["gated"] = list(self.gated)
+        return d
 
     def __str__(self) -> str:
         am = "" if self.argmax_agree is None else f" argmax={self.argmax_agree:.4f}"
-        return (f"max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
+        return (f"[{self.kind}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
                 f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n})")
 
 
-def compare(reference: np.ndarray, got: np.ndarray) -> Fidelity:
+def classify(reference: np.ndarray) -> str:
+    """The output kind (see the module table) from reference outputs ``(n, k)``."""
+    ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    if ref.size == 0 or not np.isfinite(ref).all():
+        return "signed"
+    tol = 1e-5
+    if ref.min() >= -tol:
+        if ref.shape[1] > 1 and np.allclose(ref.sum(1), 1.0, atol=1e-3):
+            return "probabilities"
+        if ref.max() <= 1 + tol:
+            return "probabilities"
+        return "nonnegative"
+    return "logits" if ref.shape[1] > 1 else "signed"
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if np.std(a) == 0 or np.std(b) == 0:
+        return 1.0 if np.allclose(a, b) else 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _sign_agree(ref: np.ndarray, out: np.ndarray, band: float) -> float:
+    a, b = ref.ravel(), out.ravel()
+    keep = np.abs(a) > band
+    if not keep.any():
+        return 1.0
+    return float(np.mean(np.sign(a[keep]) == np.sign(b[keep])))
+
+
+def _decision_agree(ref: np.ndarray, out: np.ndarray, band: float, kind: str) -> float | None:
+    if ref.shape[1] == 1:
+        if kind != "probabilities":
+            return None
+        keep = np.abs(ref[:, 0] - 0.5) > band
+        same = (ref[:, 0] > 0.5) == (out[:, 0] > 0.5)
+    else:
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        keep = (top2[:, 1] - top2[:, 0]) > band  # near-ties may go either way
+        same = ref.argmax(1) == out.argmax(1)
+    return float(np.mean(same[keep])) if keep.any() else 1.0
+
+
+def compare(reference: np.ndarray, got: np.ndarray, kind: str | None = None) -> Fidelity:
+    """Fidelity of ``got`` against ``reference`` (both ``(n, *output.shape)``); ``kind``
+    overrides :func:`classify`."""
     ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
     out = np.asarray(got, dtype=np.float64).reshape(len(got), -1)
     if ref.shape != out.shape:
         raise ValueError(f"reference shape {ref.shape} != output shape {out.shape}")
+    kind = kind or classify(ref)
+    if kind not in GATED:
+        raise ValueError(f"unknown output kind {kind!r}; known: {', '.join(GATED)}")
     err = np.abs(ref - out)
-    rng = float(np.ptp(ref)) or 1.0
-    a, b = ref.ravel(), out.ravel()
-    if np.std(a) == 0 or np.std(b) == 0:
-        corr = 1.0 if np.allclose(a, b) else 0.0
-    else:
-        corr = float(np.corrcoef(a, b)[0, 1])
-    argmax = None
-    if ref.shape[1] > 1:
-        argmax = float(np.mean(ref.argmax(1) == out.argmax(1)))
+    rng = float(np.ptp(ref)) if ref.size else 0.0
+    band = DEAD_BAND * (rng or 1.0)
     return Fidelity(
         n=len(ref), max_abs=float(err.max(initial=0.0)), mae=float(err.mean()) if err.size else 0.0,
-        rel_err=float(err.max(initial=0.0)) / rng, corr=corr,
-        sign_agree=float(np.mean(np.sign(a) == np.sign(b))) if a.size else 1.0,
-        argmax_agree=argmax)
+        rel_err=float(err.max(initial=0.0)) / (rng or 1.0), corr=_corr(ref.ravel(), out.ravel()),
+        sign_agree=_sign_agree(ref, out, band),
+        argmax_agree=_decision_agree(ref, out, band, kind) if ref.size else None,
+        kind=kind, gated=GATED[kind])
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """What a variant must meet to be trusted. ``None`` fields are not checked."""
+    """What a variant must meet to be trusted. ``None`` fields are not checked, and neither
+    are metrics the fidelity's output kind does not gate (sign for probabilities)."""
 
     corr_min: float | None = 0.999
     max_abs: float | None = None
@@ -69,18 +150,20 @@ class Tolerance:
 
     def violations(self, f: Fidelity) -> list[str]:
         v = []
-        if self.corr_min is not None and not f.corr >= self.corr_min:
+        g = set(f.gated)
+        if "corr" in g and self.corr_min is not None and not f.corr >= self.corr_min:
             v.append(f"corr {f.corr:.6f} < {self.corr_min}")
-        if self.max_abs is not None and not f.max_abs <= self.max_abs:
+        if "max_abs" in g and self.max_abs is not None and not f.max_abs <= self.max_abs:
             v.append(f"max_abs {f.max_abs:.3g} > {self.max_abs}")
-        if self.rel_err is not None and not f.rel_err <= self.rel_err:
+        if "rel_err" in g and self.rel_err is not None and not f.rel_err <= self.rel_err:
             v.append(f"rel_err {f.rel_err:.3g} > {self.rel_err}")
-        if self.mae is not None and not f.mae <= self.mae:
+        if "mae" in g and self.mae is not None and not f.mae <= self.mae:
             v.append(f"mae {f.mae:.3g} > {self.mae}")
-        if self.sign_min is not None and not f.sign_agree >= self.sign_min:
-            v.append(f"sign agreement {f.sign_agree:.4f} < {self.sign_min}")
-        if self.argmax_min is not None and f.argmax_agree is not None and not f.argmax_agree >= self.argmax_min:
-            v.append(f"argmax agreement {f.argmax_agree:.4f} < {self.argmax_min}")
+        if "sign" in g and self.sign_min is not None and not f.sign_agree >= self.sign_min:
+            v.append(f"sign agreement {f.sign_agree:.4f} < {self.sign_min} ({f.kind} output)")
+        if ("argmax" in g and self.argmax_min is not None and f.argmax_agree is not None
+                and not f.argmax_agree >= self.argmax_min):
+            v.append(f"argmax agreement {f.argmax_agree:.4f} < {self.argmax_min} ({f.kind} output)")
         return v
 
     def passes(self, f: Fidelity) -> bool:

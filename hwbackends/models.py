@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import ModelError
+from . import batchdim, legacy
+from .errors import HwbError, ModelError
 from .specs import TensorSpec
 
 FORMATS = ("keras", "torch", "onnx")
@@ -49,7 +50,25 @@ class Model:
         if self._ref is None:
             self._ref = _reference_fn(self)
         x = np.ascontiguousarray(x, dtype=np.float32)
-        chunks = [self._ref(x[i:i + 1024]) for i in range(0, len(x), 1024)]
+        try:
+            return self._reference(x)
+        except HwbError:
+            raise
+        except Exception as exc:  # the source framework itself failed: say so, never raw
+            raise ModelError(f"the source model {self.name!r} ({self.format}) failed to run on a "
+                             f"batch of shape {x.shape}: {type(exc).__name__}: {_clip(str(exc))}. "
+                             f"Check that it runs in its own framework and re-export it") from exc
+
+    def _reference(self, x: np.ndarray) -> np.ndarray:
+        fixed = self.meta.get("fixed_batch")
+        step = fixed or 1024
+        chunks = []
+        for i in range(0, len(x), step):
+            chunk = x[i:i + step]
+            if fixed and len(chunk) < fixed:  # a fixed-batch graph runs only at its batch: pad
+                pad = np.zeros((fixed - len(chunk), *chunk.shape[1:]), np.float32)
+                chunk = np.concatenate([chunk, pad])
+            chunks.append(np.asarray(self._ref(chunk))[:len(x) - i])
         return np.concatenate(chunks).astype(np.float32, copy=False).reshape(
             (len(x), *self.output.shape))
 
@@ -64,6 +83,7 @@ class Model:
         return {"name": self.name, "format": self.format, "fingerprint": self.fingerprint,
                 "inputs": [s.to_dict() for s in self.inputs],
                 "outputs": [s.to_dict() for s in self.outputs],
+                "batch": self.meta.get("batch"),
                 "source": str(self.source) if self.source else None}
 
     # -- transport to the compile child process ---------------------------------------------
@@ -132,13 +152,18 @@ def _module_of(obj: Any) -> str:
 
 def load_model(source: Any, *, name: str | None = None, example_input: Any = None,
                input_shape: Sequence[int] | None = None,
-               validation_data: np.ndarray | None = None) -> Model:
+               validation_data: np.ndarray | None = None,
+               weights: str | os.PathLike | None = None, trust_pickle: bool = False) -> Model:
     """Load a source model.
 
-    ``source`` is a path (``.keras``/``.h5`` Keras 3, ``.onnx``, ``.pt2`` torch.export,
-    ``.pt``/``.ts`` TorchScript), ``"zoo:NAME"`` for a bundled example, a ``keras.Model``, an
+    ``source`` is a path (``.keras``/``.h5`` Keras, ``.json`` a Keras 2 architecture with its
+    HDF5 ``weights`` (found next to it when not given), ``.onnx``, ``.pt2`` torch.export,
+    ``.pt``/``.ts`` TorchScript, or a whole-module ``torch.save`` pickle with
+    ``trust_pickle=True``: unpickling runs the file's code), ``"zoo:NAME"`` for a bundled
+    example, a ``keras.Model`` (an unbuilt one is built for ``input_shape``), an
     ``onnx.ModelProto``, or a ``torch.nn.Module`` together with ``example_input`` (a tensor of
-    one batch) or ``input_shape`` (per sample, without the batch dimension).
+    one batch) or ``input_shape`` (per sample, without the batch dimension). An
+    ``input_shape`` that contradicts the model's own is refused, never ignored.
     """
     if isinstance(source, Model):
         if validation_data is not None:
@@ -151,11 +176,13 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
             m.validation_data = validation_data
         return m
     if isinstance(source, (str, os.PathLike)):
-        model = _load_path(Path(source), name, example_input, input_shape)
+        model = _load_path(Path(source), name, example_input, input_shape,
+                           Path(weights) if weights is not None else None, trust_pickle)
     else:
         mods = _module_of(source)
         if "keras" in mods and hasattr(source, "get_config"):
-            model = _from_keras(source, name or getattr(source, "name", "model"), None)
+            nm = name or getattr(source, "name", "model")
+            model = _from_keras(legacy.build_keras(source, input_shape, nm), nm, None)
         elif "onnx" in mods and hasattr(source, "graph"):
             model = _from_onnx(source, name or "model", None)
         elif "torch" in mods:
@@ -163,6 +190,10 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         else:
             raise ModelError(f"cannot load a model from {type(source).__qualname__}; expected a file "
                              f"path, 'zoo:NAME', a keras.Model, a torch.nn.Module or an onnx.ModelProto")
+    if input_shape is not None and tuple(input_shape) != model.input.shape:
+        raise ModelError(f"input_shape={tuple(input_shape)} was given but model {model.name!r} "
+                         f"takes samples of shape {model.input.shape}; drop input_shape= or "
+                         f"pass the model's own")
     if validation_data is not None:
         v = np.asarray(validation_data, dtype=np.float32)
         if v.shape[1:] != model.input.shape:
@@ -172,16 +203,22 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
     return model
 
 
-def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None) -> Model:
+def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None,
+               weights: Path | None = None, trust_pickle: bool = False) -> Model:
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
     suffix = path.suffix.lower()
     name = name or path.stem
     try:
+        if suffix in (".h5", ".hdf5") and legacy.h5_kind(path) == "weights":
+            raise legacy.weights_only_error(path)
         if suffix in (".keras", ".h5", ".hdf5"):
             import keras
-            return _from_keras(keras.saving.load_model(path, compile=False), name, path)
+            km = keras.saving.load_model(path, compile=False)
+            return _from_keras(legacy.build_keras(km, input_shape, name), name, path)
+        if suffix == ".json":
+            return _from_keras(legacy.keras2_json(path, weights), name, path)
         if suffix == ".onnx":
             import onnx
             return _from_onnx(onnx.load(str(path)), name, path)
@@ -190,23 +227,31 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
             ep = torch.export.load(str(path))
             return _from_torch(ep, name, path, None, None)
         if suffix in (".pt", ".pth", ".ts"):
-            import torch
-            return _from_torch(torch.jit.load(str(path)), name, path, example, input_shape)
+            return _from_torch(legacy.torch_file(path, trust_pickle), name, path, example, input_shape)
     except ModelError:
         raise
     except Exception as exc:
         raise ModelError(f"could not load {path} as a {suffix} model ({type(exc).__name__}: "
-                         f"{str(exc)[:300]}). Is the file complete? Re-export it from the "
+                         f"{_clip(str(exc))}). Is the file complete? Re-export it from the "
                          f"training code.") from exc
-    raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 .onnx "
-                     f".pt2 (torch.export) .pt/.ts (TorchScript)")
+    raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 "
+                     f".json (Keras 2 + weights) .onnx .pt2 (torch.export) .pt/.ts (TorchScript)")
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` cut at a word boundary (never mid-word) with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def _single(kind: str, items: Sequence[Any], name: str) -> None:
     if len(items) != 1:
         raise ModelError(f"model {name!r} has {len(items)} {kind}s; hwbackends serves "
-                         f"single-input, single-output signal models. Concatenate the features "
-                         f"into one input tensor.")
+                         f"single-input, single-output models for now (several inputs/outputs "
+                         f"are planned). Wrap the model so it takes one input tensor and "
+                         f"returns one (e.g. concatenate the heads), or serve each head as "
+                         f"its own model")
 
 
 def _static(shape: Sequence[Any], what: str, name: str) -> tuple[int, ...]:
@@ -236,7 +281,26 @@ def _from_keras(km: Any, name: str, path: Path | None) -> Model:
     def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
         return np.asarray(km(x, training=False))
 
-    return Model(km, "keras", ins, outs, fp, name, path, _ref=ref)
+    return Model(km, "keras", ins, outs, fp, name, path, meta=_keras_batch(km, ins[0], ref),
+                 _ref=ref)
+
+
+def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+    """A Keras model built with ``keras.Input(..., batch_size=N)`` usually still runs at any
+    batch (Keras layers take the batch from the data); check that rather than assume it."""
+    b = km.inputs[0].shape[0]
+    if b is None:
+        return {}
+    b = int(b)
+    try:
+        ok = np.asarray(ref(np.zeros((b + 1, *inp.shape), np.float32))).shape[0] == b + 1
+    except Exception:  # noqa: BLE001 - any failure means it runs only at its batch
+        ok = False
+    if ok:
+        return {"batch": batchdim.BatchInfo(b, batchdim.SYMBOLIC, f"built with batch_size={b}; "
+                                            f"the Keras model runs at any batch").to_dict()}
+    return {"fixed_batch": b, "batch": batchdim.BatchInfo(
+        b, batchdim.FIXED, f"built with batch_size={b} and runs only at it").to_dict()}
 
 
 def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
@@ -252,8 +316,40 @@ def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
 
     ins = [TensorSpec(real_inputs[0].name, dims(real_inputs[0], "input"))]
     outs = [TensorSpec(g.output[0].name, dims(g.output[0], "output"))]
+    # The fingerprint is the file as the user has it, before any batch rewrite.
     fp = _digest(b"onnx", proto.SerializeToString(deterministic=True))
-    return Model(proto, "onnx", ins, outs, fp, name, path)
+    graph, info = _onnx_batch(proto, ins[0].shape, name)
+    meta: dict[str, Any] = {"batch": info.to_dict()}
+    if info.handling == batchdim.FIXED:
+        meta["fixed_batch"] = info.exported
+    return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)
+
+
+def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, batchdim.BatchInfo]:
+    import onnx
+
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise ModelError(f"ONNX model {name!r} is not a valid ONNX graph ({_clip(str(exc))}); "
+                         f"is the file complete? Re-export it") from exc
+    inits = {i.name for i in proto.graph.initializer}
+    first = next(i for i in proto.graph.input if i.name not in inits)
+    dim0 = first.type.tensor_type.shape.dim
+    if len(dim0) and dim0[0].HasField("dim_value") and dim0[0].dim_value < 1:
+        raise ModelError(f"ONNX model {name!r} declares a batch dimension of "
+                         f"{dim0[0].dim_value}; expected ≥ 1 or symbolic. To fix, "
+                         f"{batchdim.reexport_advice('onnx')}")
+    try:
+        graph, info = batchdim.relax_onnx(proto, sample)
+    except Exception as exc:  # the original graph itself does not run
+        raise ModelError(f"ONNX model {name!r} does not run in ONNX Runtime ({type(exc).__name__}: "
+                         f"{str(exc)[:300]}); check it with onnx.checker.check_model and "
+                         f"re-export it") from exc
+    if info.handling == batchdim.FIXED and "output's first dimension" in info.detail:
+        raise ModelError(f"ONNX model {name!r}: {info.detail}; hwbackends needs one output row "
+                         f"per input sample")
+    return graph, info
 
 
 def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any) -> Model:

@@ -34,8 +34,10 @@ def test_torch_export_and_torchscript_files(tmp_path: Path, store_dir: Path, zoo
     dyn = ({0: torch.export.Dim("batch")},)
     torch.export.save(torch.export.export(module, (ex,), dynamic_shapes=dyn), tmp_path / "lstm.pt2")
     torch.export.save(torch.export.export(module, (ex,)), tmp_path / "static.pt2")
-    with pytest.raises(hwb.UnsupportedError, match="static batch of 2.*batch_size=2"):
-        hwb.compile(tmp_path / "static.pt2", "cpu.onnxruntime", store=store_dir)
+    with pytest.raises(hwb.UnsupportedError, match="exported batch of 2.*batch_size=2"):
+        hwb.compile(tmp_path / "static.pt2", "cpu.onnxruntime", batch_size=1, store=store_dir)
+    static = hwb.compile(tmp_path / "static.pt2", "cpu.onnxruntime", store=store_dir)
+    assert static.batch_size == 2 and static.fidelity.corr > 0.99999
     torch.jit.trace(module, ex).save(str(tmp_path / "lstm.pt"))
     want = zoo_model("lstm")  # the Keras twin: same weights
     x = want.representative(8, seed=4)

@@ -353,13 +353,16 @@ def test_layer_trace_shows_where_precision_is_lost(compiled, zoo_model):
     assert rows["probs"].type.startswith("fixed<38,18")  # the wide inferred type behind it
 
 
-def _compilers_under(marker: str) -> set[int]:
-    """PIDs of live processes whose working directory contains ``marker`` (our g++ runs in
-    the design's directory inside the staged artifact, ``…/.hwb-build/…``)."""
+def _compilers_under(store: Path, marker: str = ".hwb-build") -> set[int]:
+    """PIDs of live processes whose working directory is a build directory (``marker``) in
+    *this* store (our g++ runs in the design's directory inside the staged artifact,
+    ``<store>/tmp/…/.hwb-build/…``); builds of other tests or users are not ours to judge."""
+    root = str(store.resolve()) + os.sep
     pids = set()
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if marker in os.readlink(d / "cwd"):
+            cwd = os.readlink(d / "cwd")
+            if cwd.startswith(root) and marker in cwd:
                 pids.add(int(d.name))
         except OSError:
             continue
@@ -390,7 +393,7 @@ def test_timeout_stops_the_build_and_every_g_plus_plus(zoo_model, tmp_path):
 
     def watch() -> None:
         while not stop.is_set():
-            seen.update(_compilers_under(".hwb-build"))
+            seen.update(_compilers_under(tmp_path))
             time.sleep(0.05)
 
     w = threading.Thread(target=watch, daemon=True)

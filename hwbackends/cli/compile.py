@@ -12,7 +12,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (.keras .h5 .onnx .pt2 .pt) or zoo:NAME")
     p.add_argument("--target", "-t", default="cpu.litert", help="target name (see hwb targets)")
     p.add_argument("--precision", "-p", default=None, help="precision (default: the target's first)")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="compiled batch (default: the model's fixed batch if it has one, else 1)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="target-specific option (repeatable); VALUE parsed as JSON if it can be")

@@ -38,7 +38,9 @@ def torch_to_onnx(model: Model, workdir: Path) -> Model:
     import torch
 
     obj = model.obj
-    example = torch.zeros((1, *model.input.shape), dtype=torch.float32)
+    # A program exported at a fixed batch only runs at that batch (the ONNX keeps it, and
+    # meta["fixed_batch"] has every target compile at it).
+    example = torch.zeros((model.meta.get("fixed_batch") or 1, *model.input.shape), dtype=torch.float32)
     if isinstance(obj, torch.export.ExportedProgram):
         prog = torch.onnx.export(obj, (example,), dynamo=True, opset_version=18)
         return _as_onnx(model, prog.model_proto)

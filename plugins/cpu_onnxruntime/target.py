@@ -10,8 +10,9 @@ from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
 
-from .._shared.onnx_batch import fix_batch
+from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import cpu_name, importable, version
+
 
 class _Calibration:
     """ORT's CalibrationDataReader protocol over an array of representative inputs."""
@@ -83,7 +84,11 @@ class OnnxRuntimeTarget(Target):
         if options.precision == "fp32":
             fp32.rename(final)
         else:
-            from onnxruntime.quantization import QuantType, quantize_dynamic, quantize_static
+            from onnxruntime.quantization import (
+                QuantType,
+                quantize_dynamic,
+                quantize_static,
+            )
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             pre = workdir / "model.pre.onnx"
@@ -103,7 +108,8 @@ class OnnxRuntimeTarget(Target):
                 p.unlink(missing_ok=True)
         ops = sorted({n.op_type for n in onnx.load(str(final)).graph.node})
         return {"file": "model.onnx", "bytes": final.stat().st_size, "ops": ops,
-                "converted_from": model.meta.get("converted_from", "onnx")}
+                "converted_from": model.meta.get("converted_from", "onnx"),
+                **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> OnnxRuntimeExecutor:
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.threads or 1,

@@ -9,6 +9,7 @@ from hwbackends.models import Model, load_saved
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
+from .._shared.onnx_batch import batch_meta
 from .._util import cpu_name, version
 
 
@@ -40,7 +41,7 @@ class RefTarget(Target):
 
     def compile(self, model: Model, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         model.save(workdir)
-        return {"format": model.format}
+        return {"format": model.format, **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> RefExecutor:
         return RefExecutor(load_saved(artifact.path), artifact.batch_size)

@@ -25,6 +25,7 @@ from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
 
+from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version
 
 #: Platforms every artifact is exported for (jax.export lowers once per platform).
@@ -123,8 +124,6 @@ def fixed_batch(proto: Any, batch: int) -> Any:
     """A copy of the ONNX graph with the batch dimension of its inputs/outputs fixed."""
     import onnx
 
-    from hwb_plugins._shared.onnx_batch import fix_batch
-
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     return fix_batch(copy, batch)
@@ -187,7 +186,7 @@ class XlaTarget(Target):
         return {"file": ARTIFACT, "bytes": len(blob), "platforms": list(exp.platforms),
                 "onnx_ops": ops, "compute_dtype": "bfloat16" if options.precision == "bf16" else "float32",
                 "converted_from": model.meta.get("converted_from", "onnx"),
-                "compiled_on": str(jax.devices()[0])}
+                "compiled_on": str(jax.devices()[0]), **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> XlaExecutor:
         expected, why = predicted_platform()
