@@ -228,15 +228,15 @@ def test_probe_names_the_stack_and_what_to_install():
 
 
 def test_handle_extraction_uses_cuda_python_and_falls_back_to_int():
-    from hwb_plugins.gpu_tensorrt.target import _ptr
+    from hwb_plugins.gpu_tensorrt.target import native_handle
 
-    assert _ptr(12345) == 12345  # device/host pointers are plain ints
+    assert native_handle(12345) == 12345  # device/host pointers are plain ints
 
     class Legacy:  # a handle type get_cuda_native_handle does not know: int() it
         def __int__(self) -> int:
             return 77
-    assert _ptr(Legacy()) == 77
+    assert native_handle(Legacy()) == 77
     rt = pytest.importorskip("cuda.bindings.runtime", reason="cuda-python not installed")
     pytest.importorskip("cuda.bindings.utils", reason="cuda-python < 12.9")
-    assert _ptr(rt.cudaStream_t(init_value=0xBEEF)) == 0xBEEF
-    assert _ptr(rt.cudaGraphExec_t(init_value=4096)) == 4096
+    assert native_handle(rt.cudaStream_t(init_value=0xBEEF)) == 0xBEEF
+    assert native_handle(rt.cudaGraphExec_t(init_value=4096)) == 4096

@@ -107,7 +107,7 @@ def _native_handle_fn() -> Callable[[Any], int] | None:
     return get_cuda_native_handle
 
 
-def _ptr(handle: Any) -> int:
+def native_handle(handle: Any) -> int:
     """The value of a cuda-python handle (cudaStream_t, cudaGraphExec_t, …), which is what
     TensorRT and the runtime take. cuda-python 13 deprecates ``int(handle)`` for
     ``cuda.bindings.utils.get_cuda_native_handle``; device/host pointers are plain ints and
@@ -197,7 +197,7 @@ class _Pinned:
     def __init__(self, rt: Any, shape: tuple[int, ...], dtype: Any):
         self.nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.ptr = _ck(rt.cudaMallocHost(self.nbytes))
-        raw = (ctypes.c_byte * self.nbytes).from_address(_ptr(self.ptr))
+        raw = (ctypes.c_byte * self.nbytes).from_address(native_handle(self.ptr))
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
@@ -271,10 +271,10 @@ class TensorRTExecutor(IOGuard):
                 rt.cudaFreeHost(host.ptr)
                 raise
             self._bufs.append((host, dev))
-            self.context.set_tensor_address(name, _ptr(dev))
+            self.context.set_tensor_address(name, native_handle(dev))
         (self._hin, self._din), (self._hout, self._dout) = self._bufs
         self._hx, self._hy = self._hin.array, self._hout.array
-        self._stream_ptr = _ptr(self.stream)
+        self._stream_ptr = native_handle(self.stream)
 
     def _warm_up(self) -> None:
         # One plain run first: TensorRT does lazy initialisation that must not be captured.
