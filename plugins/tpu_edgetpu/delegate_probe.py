@@ -21,13 +21,17 @@ from pathlib import Path
 PROBE_MODEL = Path(__file__).with_name("probe.tflite")
 
 _CHILD = r"""
-import sys
-from ai_edge_litert.interpreter import Interpreter, load_delegate
-delegate = load_delegate(sys.argv[1])
-it = Interpreter(model_path=sys.argv[2], experimental_delegates=[delegate])
-it.allocate_tensors()
-it.invoke()
-print("EDGETPU-DELEGATE-OK")
+import os, sys
+try:
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+    delegate = load_delegate(sys.argv[1])
+    it = Interpreter(model_path=sys.argv[2], experimental_delegates=[delegate])
+    it.allocate_tensors()
+    it.invoke()
+except Exception as exc:  # os._exit: no finalizer noise after the real error
+    print("EDGETPU-DELEGATE-ERROR", f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    os._exit(3)
+print("EDGETPU-DELEGATE-OK", flush=True)
 """
 
 
@@ -64,7 +68,8 @@ def _probe(path: str, size: int, mtime_ns: int, timeout: float) -> str | None:
                 f"invoke: it was built for another TensorFlow Lite ABI than {runtime} "
                 f"(google-coral/edgetpu#812); install the libedgetpu build made for this "
                 f"runtime, or pin the runtime it was built for")
-    last = next((ln for ln in reversed((r.stderr or "").strip().splitlines()) if ln.strip()),
-                f"exit code {r.returncode}")
+    lines = [ln for ln in (r.stderr or "").splitlines() if ln.strip()]
+    last = next((ln.split(" ", 1)[1] for ln in lines if ln.startswith("EDGETPU-DELEGATE-ERROR ")),
+                lines[-1] if lines else f"exit code {r.returncode}")
     return (f"Edge TPU delegate {path} failed to load + invoke in a probe process under "
             f"{runtime}: {last[:300]}")
