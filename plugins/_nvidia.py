@@ -109,6 +109,22 @@ class CudaStack:
     driver: str = ""  # nvidia-smi's driver version
     driver_cuda: str = ""  # the newest CUDA the driver supports (nvidia-smi's header)
 
+    def summary(self) -> str:
+        """What is installed, in words ('' when nothing is): 'TensorRT 11.4.0.106 (CUDA 12),
+        cuda-python 12.9.10, CUDA runtime 12.9.79, driver 570.124.06 (CUDA 12.8)'."""
+        parts = []
+        if self.tensorrt:
+            parts.append(f"TensorRT {self.tensorrt}"
+                         + (f" (CUDA {self.tensorrt_cuda})" if self.tensorrt_cuda else ""))
+        if self.cuda_python:
+            parts.append(f"cuda-python {self.cuda_python}")
+        if self.cuda_runtime:
+            parts.append(f"CUDA runtime {self.cuda_runtime}")
+        if self.driver:
+            parts.append(f"driver {self.driver}"
+                         + (f" (CUDA {self.driver_cuda})" if self.driver_cuda else ""))
+        return ", ".join(parts)
+
     def as_dict(self) -> dict[str, str]:
         return {"tensorrt": self.tensorrt,
                 "tensorrt_cuda": str(self.tensorrt_cuda or ""),

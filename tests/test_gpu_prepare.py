@@ -194,8 +194,11 @@ def _stack(**kw):
 
 
 def test_consistent_cuda12_stack_is_accepted():
-    from hwb_plugins._nvidia import stack_mismatch
+    from hwb_plugins._nvidia import CudaStack, stack_mismatch
     assert stack_mismatch(_stack()) is None
+    assert _stack().summary() == ("TensorRT 11.4.0.106 (CUDA 12), cuda-python 12.9.10, "
+                                  "CUDA runtime 12.9.79, driver 570.124.06 (CUDA 12.8)")
+    assert CudaStack().summary() == ""
     # a newer driver runs older CUDA majors
     assert stack_mismatch(_stack(driver="580.82.07", driver_cuda="13.0")) is None
 
@@ -225,6 +228,8 @@ def test_probe_names_the_stack_and_what_to_install():
     assert set(a.details) >= {"tensorrt", "cuda_python", "cuda_runtime", "driver"}
     if not a.details["tensorrt"]:
         assert "pip install 'hwbackends[gpu]'" in a.reason
+    if a.details["cuda_python"]:  # what is installed is named
+        assert f"cuda-python {a.details['cuda_python']}" in a.reason
 
 
 def test_handle_extraction_uses_cuda_python_and_falls_back_to_int():

@@ -396,12 +396,12 @@ class TensorRTTarget(Target):
         if bad:
             reasons.append(bad)
         if reasons:
-            return Availability.unavailable("; ".join(reasons), **stack.as_dict())
+            found = stack.summary()
+            return Availability.unavailable("; ".join(reasons) + (f" [found: {found}]" if found else ""),
+                                            **stack.as_dict())
         info = gpu_info()
-        return Availability.hardware(info.name if info else "CUDA GPU",
-                                     f"TensorRT {stack.tensorrt} (CUDA {stack.tensorrt_cuda}), "
-                                     f"cuda-python {stack.cuda_python}, driver {stack.driver} "
-                                     f"(CUDA {stack.driver_cuda})", **stack.as_dict())
+        return Availability.hardware(info.name if info else "CUDA GPU", stack.summary(),
+                                     **stack.as_dict())
 
     def toolchain(self) -> dict[str, str]:
         # Light: package metadata and one cached nvidia-smi query; no CUDA context.
