@@ -113,8 +113,11 @@ def to_int8(model: Any, calibration_data: np.ndarray | None, per_channel: bool =
         onnx.save(model, str(src))
         # Shape inference + constant folding first (what ONNX Runtime recommends before
         # quantize_static); the graph optimizer is off so the graph keeps standard ops only.
-        quant_pre_process(str(src), str(pre), skip_optimization=True, skip_onnx_shape=False,
-                          skip_symbolic_shape=False)
+        try:
+            quant_pre_process(str(src), str(pre), skip_optimization=True, skip_onnx_shape=False,
+                              skip_symbolic_shape=False)
+        except Exception:  # symbolic shape inference can fail on exotic graphs: optional
+            pre = src
         quantize_static(
             str(pre), str(dst), _Reader(names[0], data, batch),
             quant_format=QuantFormat.QDQ, op_types_to_quantize=list(INT8_OPS),
