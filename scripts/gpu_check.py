@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""GPU check: on a machine with an NVIDIA GPU and only PyTorch and JAX (TensorFlow not needed),
-run the GPU tests, then measure batch-1 latency of ``gpu.torch`` and ``tpu.xla`` (on the GPU
-XLA backend) for the zoo MLP and LSTM (``mlp_torch``, ``lstm_torch``); write JSON.
+"""GPU check: every GPU variant on the zoo models, on a machine with an NVIDIA GPU; one JSON out.
 
-    python scripts/gpu_check.py [--out gpu_check.json] [--calls 2000] [--budget 280]
+    python scripts/gpu_check.py [--out gpu_check.json] [--calls 10000] [--budget 540]
 
-Latency, per variant: wall-clock p50/p99 of ``cm.predict_into(x, out)`` (numpy in, numpy out:
-what a caller pays), and device-side time:
-  gpu.torch  CUDA events around the whole call (H2D copy, graph replay, D2H copy) and around
-             the bare ``CUDAGraph.replay()``;
-  tpu.xla    JAX exposes no CUDA events: the wall clock of the bare compiled executable on a
-             device-resident input (``block_until_ready``), which bounds the device time.
+Variants (target:precision × model; the model each target takes in brackets):
+{variants}
 
-Needs: numpy, pluggy, torch (CUDA build), jax (CUDA plugin), onnx (the XLA path reads ONNX);
-pytest for the test step (skipped, and said so, without it). Without an installed hwbackends
-the script makes the repository importable itself (a temporary ``hwb_plugins`` link and entry
-points), so a checkout is enough. The whole run stays under ``--budget`` seconds (default 280):
-a variant that would end past it (judged by the slowest variant so far) is recorded as
-skipped, and a test run past its share is killed with its compile workers.
+Per variant and for CUDA-graph replay on and off: p50/p99/p99.9 of ``cm.predict_into(x, out)``
+at batch 1 (numpy in, numpy out: what a caller pays), compile+load seconds, the fidelity
+against the fp32 reference (and whether it meets the router's default gate), the mode and
+device. The JSON also holds the versions (TensorRT, CUDA runtime, cuda-python, driver, torch)
+and, unless ``--skip-tests``, the result of the GPU tests. It is printed on stdout (progress
+goes to stderr) and written to ``--out``.
+
+Exit codes: 0 every variant built and ran; 1 some variant failed to build or run (or the GPU
+tests failed); 2 no usable NVIDIA GPU here (nothing is attempted; the reason is printed).
+
+Needs: numpy, pluggy, onnx, torch (CUDA build) for gpu.torch; tensorrt + cuda-python (the
+``gpu`` extra) for gpu.tensorrt; tensorflow + tf2onnx to take the Keras models to TensorRT
+(without them gpu.tensorrt builds the torch twins of mlp and lstm, and signal is reported as
+not runnable). Without an installed hwbackends the script makes the checkout importable
+itself. The run stays under ``--budget`` seconds: a variant that would end past it (judged by
+the slowest so far) is recorded as skipped, which also exits 1.
 """
 from __future__ import annotations
 
@@ -38,8 +42,29 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = time.monotonic()
-MODELS = ("mlp_torch", "lstm_torch")
-VARIANTS = (("gpu.torch", "fp32"), ("gpu.torch", "fp16"), ("tpu.xla", "fp32"), ("tpu.xla", "bf16"))
+VARIANTS = (("gpu.tensorrt", "fp32"), ("gpu.tensorrt", "fp16"), ("gpu.tensorrt", "int8"),
+            ("gpu.torch", "fp32"), ("gpu.torch", "fp16"))
+MODELS = ("mlp", "lstm", "signal")
+#: The zoo model each target is given for a model: TensorRT takes ONNX (from Keras through
+#: tf2onnx, or from torch), gpu.torch takes torch models only; signal is a Keras model, so
+#: gpu.torch gets its torch twin (signal_torch below, the same trained weights).
+SOURCES = {"gpu.tensorrt": {"mlp": ("mlp", "mlp_torch"), "lstm": ("lstm", "lstm_torch"),
+                            "signal": ("signal",)},
+           "gpu.torch": {"mlp": ("mlp_torch",), "lstm": ("lstm_torch",),
+                         "signal": ("signal_torch",)}}
+KERAS_ONLY = {"mlp", "lstm", "signal", "signal_torch"}  # need tensorflow (+ tf2onnx)
+EXIT_NO_GPU = 2
+
+
+def variant_lines() -> str:
+    out = []
+    for target, prec in VARIANTS:
+        models = ", ".join(f"{m} [{' or '.join(SOURCES[target][m])}]" for m in MODELS)
+        out.append(f"  {target}:{prec:<5} on {models}")
+    return "\n".join(out)
+
+
+__doc__ = __doc__.format(variants=variant_lines())
 
 
 def elapsed() -> float:
@@ -47,7 +72,7 @@ def elapsed() -> float:
 
 
 def say(msg: str) -> None:
-    print(f"[{elapsed():6.1f}s] {msg}", flush=True)
+    print(f"[{elapsed():6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def bootstrap() -> dict[str, Any]:
@@ -81,27 +106,33 @@ def bootstrap() -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
+    from hwb_plugins._nvidia import cuda_stack, gpu_info
+
     env: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
-    for mod in ("numpy", "pluggy", "torch", "jax", "jaxlib", "onnx", "pytest", "tensorflow", "tensorrt"):
-        try:
-            env[mod] = importlib.metadata.version(mod) if importlib.util.find_spec(mod) else None
-        except Exception:
-            env[mod] = None
+    from hwb_plugins._util import version
+
+    for dist in ("numpy", "pluggy", "torch", "onnx", "onnxruntime", "onnxconverter-common",
+                 "tensorflow", "tf2onnx", "pytest"):
+        env[dist] = version(dist) or (version("tensorflow-cpu") if dist == "tensorflow" else "") or None
+    info = gpu_info()
+    env["gpu"] = info.as_dict() if info else None
+    env["cuda_stack"] = cuda_stack().as_dict()
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total",
-                            "--format=csv,noheader", "-i", "0"], capture_output=True, text=True, timeout=20)
-        env["nvidia_smi"] = r.stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        env["nvidia_smi"] = f"unavailable: {exc}"
+        from hwb_plugins._nvidia import torch_cuda_build
+        env["torch_cuda"] = torch_cuda_build()
+    except Exception as exc:  # informative only
+        env["torch_cuda"] = f"unknown: {exc}"
     return env
 
 
 def run_tests(store: Path, timeout: float) -> dict[str, Any]:
     if importlib.util.find_spec("pytest") is None:
         return {"ran": False, "reason": "pytest not installed (carry its wheel to run the GPU tests)"}
-    cmd = [sys.executable, "-m", "pytest", str(REPO / "tests" / "test_accelerators.py"), "-q",
-           "-p", "no:cacheprovider", "-rs", "-k",
-           "gpu or without_tensorflow or code_path or mlp_torch or lstm_torch"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+           str(REPO / "tests" / "test_gpu_torch_path.py"),
+           str(REPO / "tests" / "test_gpu_prepare.py"),
+           str(REPO / "tests" / "test_accelerators.py"), "-k",
+           "gpu or tensorrt or torch or without_tensorflow or code_path"]
     say("GPU tests: " + " ".join(cmd[2:]))
     # Own session: on timeout the whole group goes (pytest and its compile workers), so no
     # orphaned worker keeps the GPU and CPUs busy during the latency runs that follow.
@@ -127,10 +158,12 @@ def percentiles(values_us: list[float]) -> dict[str, float]:
 
     a = np.asarray(values_us)
     return {"p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
-            "mean_us": float(a.mean()), "n": int(a.size)}
+            "p99_9_us": float(np.percentile(a, 99.9)), "mean_us": float(a.mean()),
+            "n": int(a.size)}
 
 
 def measure(cm: Any, calls: int, warmup: int) -> dict[str, Any]:
+    """Wall-clock percentiles of predict_into at the compiled batch."""
     import numpy as np
 
     x = np.random.default_rng(0).standard_normal(cm.input.batched(1)).astype(np.float32)
@@ -139,120 +172,180 @@ def measure(cm: Any, calls: int, warmup: int) -> dict[str, Any]:
     for _ in range(warmup):
         fn(x, out)
     clock = time.perf_counter_ns
-    wall = []
-    for _ in range(calls):
+    wall = [0.0] * calls
+    for i in range(calls):
         t = clock()
         fn(x, out)
-        wall.append((clock() - t) / 1e3)
-    res: dict[str, Any] = {"wall": percentiles(wall)}
+        wall[i] = (clock() - t) / 1e3
     ex = cm.executor
-    if cm.target == "gpu.torch":
-        import torch
-
-        stream = torch.cuda.current_stream()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-        for s, e in zip(starts, ends):
-            s.record(stream)
-            fn(x, out)
-            e.record(stream)
-        torch.cuda.synchronize()
-        res["cuda_event_call"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
-        if ex.graph is not None:
-            for s, e in zip(starts, ends):
-                s.record(stream)
-                ex.graph.replay()
-                e.record(stream)
-            torch.cuda.synchronize()
-            res["cuda_event_graph_replay"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
-    elif cm.target == "tpu.xla":
-        import jax
-
-        compiled, xd = ex.compiled, jax.device_put(x, ex.device)
-        for _ in range(warmup):
-            compiled(xd).block_until_ready()
-        bare = []
-        for _ in range(calls):
-            t = clock()
-            compiled(xd).block_until_ready()
-            bare.append((clock() - t) / 1e3)
-        res["bare_executable_wall"] = percentiles(bare)
-        res["cuda_event_call"] = None
-        res["note"] = "JAX has no CUDA-event API; bare_executable_wall bounds the device time"
-    return res
+    graph = getattr(ex, "graph_exec", getattr(ex, "graph", None)) is not None
+    return {"predict_into": percentiles(wall), "cuda_graph_captured": graph}
 
 
-def latency(store: Path, calls: int, warmup: int, budget: float,
-            torch_mode: str | None = None) -> list[dict[str, Any]]:
+def source_model(target: str, model: str) -> str | None:
+    """The zoo model ``target`` is given for ``model`` here, or None when none can be."""
+    from hwb_plugins._util import importable
+
+    keras_ok = importable("tensorflow") and importable("tf2onnx")
+    for name in SOURCES[target][model]:
+        if name not in KERAS_ONLY or keras_ok:
+            return name
+    return None
+
+
+def signal_torch() -> Any:
+    """The zoo signal model's torch twin: its trained Keras Dense weights in torch Linear layers
+    (the same function: x @ W + b, relu, relu, tanh), with its validation data."""
+    import torch
+    from torch import nn
+
     import hwbackends as hwb
     from hwbackends import zoo
 
+    keras_model = zoo.get("signal")
+    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+    layers: list[Any] = []
+    for layer in keras_model.obj.layers:
+        w, b = layer.get_weights()
+        lin = nn.Linear(*w.shape)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w.T.copy()))
+            lin.bias.copy_(torch.from_numpy(b))
+        layers.append(lin)
+        act = layer.get_config().get("activation", "linear")
+        if act != "linear":
+            layers.append(acts[act]())
+    return hwb.load_model(nn.Sequential(*layers).eval(), name="signal_torch",
+                          input_shape=keras_model.input.shape,
+                          validation_data=keras_model.validation_data)
+
+
+def zoo_model(name: str) -> Any:
+    from hwbackends import zoo
+
+    return signal_torch() if name == "signal_torch" else zoo.get(name)
+
+
+def run_variant(store: Path, target: str, prec: str, model: str, calls: int,
+                warmup: int) -> dict[str, Any]:
+    import hwbackends as hwb
+    from hwbackends.config import FidelityConfig
+
+    row: dict[str, Any] = {"model": model, "target": target, "precision": prec}
+    src = source_model(target, model)
+    if src is None:
+        row["error"] = (f"cannot build: {target} is given {' or '.join(SOURCES[target][model])} "
+                        f"for {model}, which needs tensorflow and tf2onnx (not installed)")
+        return row
+    row["source"] = src
+    for graph in (True, False):
+        key = "cuda_graph" if graph else "no_cuda_graph"
+        t = time.monotonic()
+        try:
+            cm = hwb.compile(zoo_model(src), target, prec, store=store,
+                             options={"cuda_graph": graph})
+        except Exception as exc:
+            row["error"] = f"{key}: build failed: {type(exc).__name__}: {str(exc)[:800]}"
+            return row
+        try:
+            res = {"compile_and_load_s": round(time.monotonic() - t, 2)}
+            res.update(measure(cm, calls, warmup))
+            row[key] = res
+            if graph:  # fidelity and device once: the graph does not change the numbers
+                f = cm.fidelity
+                row.update(mode=cm.mode.value, device=cm.availability.device,
+                           fidelity=f.to_dict() if f else None,
+                           fidelity_violations=FidelityConfig().tolerance().violations(f) if f else
+                           ["no fidelity measured"])
+                if target == "gpu.tensorrt":
+                    meta = cm.artifact.meta
+                    row.update(qdq_nodes=meta.get("qdq_nodes"), build_plan=meta.get("build_plan"))
+        except Exception as exc:
+            row["error"] = f"{key}: run failed: {type(exc).__name__}: {str(exc)[:800]}"
+            return row
+        finally:
+            cm.close()
+        p = res["predict_into"]
+        say(f"{model:<7} {target}:{prec:<5} {key:<13} p50 {p['p50_us']:8.1f} p99 {p['p99_us']:8.1f} "
+            f"p99.9 {p['p99_9_us']:8.1f} µs (graph captured: {res['cuda_graph_captured']})")
+    return row
+
+
+def latency(store: Path, calls: int, warmup: int, budget: float) -> list[dict[str, Any]]:
     rows = []
     worst = 0.0  # the slowest variant so far: one that would end past the budget is skipped
-    for name in MODELS:
-        model = zoo.get(name)
+    for model in MODELS:
         for target, prec in VARIANTS:
-            row: dict[str, Any] = {"model": name, "target": target, "precision": prec}
             if elapsed() + worst > budget:
-                row["skipped"] = (f"time budget ({budget:.0f} s): {elapsed():.0f} s spent, the "
-                                  f"slowest variant so far took {worst:.0f} s")
-                rows.append(row)
+                rows.append({"model": model, "target": target, "precision": prec,
+                             "skipped": f"time budget ({budget:.0f} s): {elapsed():.0f} s spent, "
+                                        f"the slowest variant so far took {worst:.0f} s"})
                 continue
             t = time.monotonic()
-            try:
-                opts = {"mode": torch_mode} if (torch_mode and target == "gpu.torch") else None
-                cm = hwb.compile(model, target, prec, store=store, options=opts)
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
-                say(f"{name} {target}:{prec}: {row['error']}")
-                rows.append(row)
-                worst = max(worst, time.monotonic() - t)
-                continue
-            row.update(mode=cm.mode.value, device=cm.availability.device,
-                       compile_and_load_s=round(time.monotonic() - t, 2),
-                       fidelity=cm.fidelity.to_dict() if cm.fidelity else None)
-            row.update(measure(cm, calls, warmup))
-            w = row["wall"]
-            ev = row.get("cuda_event_call") or row.get("bare_executable_wall") or {}
-            say(f"{name:<10} {target}:{prec:<5} {row['mode']:<9} wall p50 {w['p50_us']:7.1f} "
-                f"p99 {w['p99_us']:7.1f} µs | device p50 {ev.get('p50_us', float('nan')):7.1f} µs "
-                f"[{row['device']}]")
+            row = run_variant(store, target, prec, model, calls, warmup)
+            if "error" in row:
+                say(f"{model} {target}:{prec}: {row['error']}")
             rows.append(row)
-            cm.close()
             worst = max(worst, time.monotonic() - t)
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="gpu_check.json")
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--budget", type=float, default=280.0, help="seconds for the whole run")
-    ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--torch-mode", default=None,
-                    help="gpu.torch compile mode for the latency runs (default: the target's, "
-                         "max-autotune-no-cudagraphs; 'default' compiles faster)")
-    a = ap.parse_args()
+def failures(rows: list[dict[str, Any]]) -> list[str]:
+    """The variants that failed to build or run (or were not run)."""
+    bad = []
+    for r in rows:
+        name = f"{r['model']} {r['target']}:{r['precision']}"
+        if "skipped" in r:
+            bad.append(f"{name}: {r['skipped']}")
+        elif "error" in r:
+            bad.append(f"{name}: {r['error']}")
+    return bad
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="variants:\n" + variant_lines(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu_check.json", help="where the JSON is written too")
+    ap.add_argument("--calls", type=int, default=10000, help="timed calls per variant and mode")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    ap.add_argument("--skip-tests", action="store_true", help="do not run the GPU tests first")
+    a = ap.parse_args(argv)
+
+    boot = bootstrap()
+    from hwb_plugins._nvidia import no_gpu_reason
+
+    why = no_gpu_reason()
+    if why:
+        print(f"gpu_check: no GPU: {why}. Run this on a machine with an NVIDIA GPU and its "
+              f"driver (nvidia-smi must list it); nothing was measured.", file=sys.stderr)
+        return EXIT_NO_GPU
     report: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                              "bootstrap": bootstrap(), "environment": environment()}
-    say(f"GPU: {report['environment']['nvidia_smi'] or 'none visible'}")
+                              "bootstrap": boot, "environment": environment(),
+                              "variants": [f"{t}:{p}" for t, p in VARIANTS], "models": list(MODELS)}
+    say(f"GPU: {report['environment']['gpu']}; stack {report['environment']['cuda_stack']}")
     store = Path(tempfile.mkdtemp(prefix="hwb-gpucheck-store-"))
     os.environ.setdefault("HWB_CACHE_DIR", str(store))
     report["tests"] = ({"ran": False, "reason": "--skip-tests"} if a.skip_tests
-                       else run_tests(store, timeout=max(30.0, a.budget * 0.45)))
+                       else run_tests(store, timeout=max(30.0, a.budget * 0.3)))
     try:
-        report["latency"] = latency(store, a.calls, a.warmup, a.budget, a.torch_mode)
+        report["latency"] = latency(store, a.calls, a.warmup, a.budget)
+        report["failures"] = failures(report["latency"])
+        report["fidelity_failures"] = [f"{r['model']} {r['target']}:{r['precision']}: "
+                                       + ", ".join(r["fidelity_violations"])
+                                       for r in report["latency"] if r.get("fidelity_violations")]
     except Exception as exc:  # e.g. pluggy/onnx missing: say so in the JSON
         report["latency_error"] = f"{type(exc).__name__}: {exc}"
-        say(report["latency_error"])
+        report["failures"] = [report["latency_error"]]
     report["seconds"] = round(elapsed(), 1)
-    Path(a.out).write_text(json.dumps(report, indent=2, default=str))
-    say(f"wrote {a.out}")
+    text = json.dumps(report, indent=2, default=str)
+    Path(a.out).write_text(text)
+    print(text, flush=True)
     tests_ok = not report["tests"].get("ran") or report["tests"].get("rc") == 0
-    ok = tests_ok and "latency_error" not in report
-    return 0 if ok else 1
+    for f in report["failures"]:
+        say(f"FAILED {f}")
+    return 0 if tests_ok and not report["failures"] else 1
 
 
 if __name__ == "__main__":

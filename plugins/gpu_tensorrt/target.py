@@ -1,10 +1,13 @@
-"""``gpu.tensorrt``: ONNX → TensorRT engine (Python API, TensorRT 10), replayed as a CUDA graph.
+"""``gpu.tensorrt``: ONNX → TensorRT engine (Python API, TensorRT 10 and 11), replayed as a CUDA graph.
 
-Compile (child, on the GPU machine): parse the ONNX graph (unsupported nodes are named),
-one optimization profile pinned to the compiled batch size, ``FP16`` / ``INT8`` builder
-flags, INT8 calibrated by an ``IInt8EntropyCalibrator2`` fed from the representative data
-(``options.calibration``). The serialized engine is the artifact; it is bound to the GPU
-model, compute capability, TensorRT and driver versions, which are all in ``toolchain()``
+Compile (child, on the GPU machine): the precision is put *in the ONNX graph* first
+(:func:`.precision.prepare_onnx`: fp16 tensors with fp32 I/O, or a symmetric int8 Q/DQ graph
+calibrated on ``options.calibration``), then the graph is parsed into a strongly typed
+network (the only kind TensorRT 11 builds: it has no FP16/INT8 builder flags and no
+calibrators) with one optimization profile pinned to the compiled batch size where an input
+is still dynamic. :func:`build_plan` says, per TensorRT version, how the network is created;
+no version sets a precision flag. The serialized engine is the artifact; it is bound to the
+GPU model, compute capability, TensorRT and driver versions, which are all in ``toolchain()``
 (so in the cache key) and in the artifact's metadata (checked again at load: an engine from
 another GPU or TensorRT is rebuilt, never loaded).
 
@@ -16,8 +19,11 @@ that is launched per call (one launch + one sync from Python). CUDA calls go thr
 from __future__ import annotations
 
 import ctypes
+import functools
+import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,20 +31,46 @@ from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
 
-from .._nvidia import gpu_info, no_gpu_reason
-from .._util import importable, version
+from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
+from .._util import importable
+from .precision import prepare_onnx, qdq_zero_points
 
 ENGINE = "model.engine"
+#: The ONNX graph the engine was built from (precision already in it).
+GRAPH = "engine_input.onnx"
 
 _F32 = np.dtype(np.float32)
 
 
 def trt_version() -> str:
-    for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_cu12_libs"):
-        v = version(dist)
-        if v:
-            return v
-    return ""
+    """The installed TensorRT's version, from package metadata (no import)."""
+    return cuda_stack().tensorrt
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """How the network is built on one TensorRT version. Precision never comes from here:
+    the builder flags stay empty on every version (the graph carries fp16 / Q/DQ int8)."""
+
+    trt_major: int
+    network_flags: tuple[str, ...]  # NetworkDefinitionCreationFlag members to set
+    builder_flags: tuple[str, ...] = ()  # BuilderFlag members to set
+
+
+def build_plan(trt_version: str) -> BuildPlan:
+    """The build for a TensorRT version string ('10.16.1.11', '11.4.0.106')."""
+    m = re.match(r"(\d+)\.", trt_version or "")
+    major = int(m.group(1)) if m else 0
+    if major < 10:
+        raise UnavailableError(f"gpu.tensorrt needs TensorRT 10 or 11, found "
+                               f"{trt_version or 'none'} (pip install 'hwbackends[gpu]')")
+    if major == 10:
+        # 10.x defaults to weak typing (the builder may pick any precision per layer):
+        # STRONGLY_TYPED makes it build exactly the types of the graph, as 11.x always does.
+        return BuildPlan(major, ("STRONGLY_TYPED",))
+    # 11.x: every network is strongly typed; EXPLICIT_BATCH is gone and STRONGLY_TYPED is
+    # accepted and ignored, so no flag is set.
+    return BuildPlan(major, ())
 
 
 def cudart() -> Any:
@@ -66,10 +98,29 @@ def _ck(result: Any) -> Any:
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
-def _ptr(handle: Any) -> int:
-    # int() of a cuda-python handle (cudaStream_t, ...) is the handle's value, which is what
-    # TensorRT and the runtime take; getPtr() is the address *of* the handle (&stream), never
-    # a valid stream, so there is deliberately no fallback to it.
+@functools.lru_cache(maxsize=1)
+def _native_handle_fn() -> Callable[[Any], int] | None:
+    try:
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:  # cuda-python before 12.9
+        return None
+    return get_cuda_native_handle
+
+
+def native_handle(handle: Any) -> int:
+    """The value of a cuda-python handle (cudaStream_t, cudaGraphExec_t, …), which is what
+    TensorRT and the runtime take. cuda-python 13 deprecates ``int(handle)`` for
+    ``cuda.bindings.utils.get_cuda_native_handle``; device/host pointers are plain ints and
+    older releases lack the function, so ``int()`` stays the fallback. ``getPtr()`` is the
+    address *of* the handle (&stream), never a valid stream: deliberately not used."""
+    if isinstance(handle, int):
+        return handle
+    fn = _native_handle_fn()
+    if fn is not None:
+        try:
+            return int(fn(handle))
+        except TypeError:  # a type the function does not know
+            pass
     return int(handle)
 
 
@@ -96,52 +147,10 @@ def current_binding() -> dict[str, str]:
     return {"tensorrt": trt_version(), **(info.as_dict() if info else {"gpu": "none"})}
 
 
-class EntropyCalibrator:
-    """Factory for an ``IInt8EntropyCalibrator2`` over representative inputs (TensorRT is
-    imported lazily, so the class is built at compile time)."""
-
-    @staticmethod
-    def create(data: np.ndarray, batch: int, cache: Path) -> Any:
-        import tensorrt as trt
-
-        rt = cudart()
-
-        class _Calib(trt.IInt8EntropyCalibrator2):
-            def __init__(self) -> None:
-                trt.IInt8EntropyCalibrator2.__init__(self)
-                self.data = np.ascontiguousarray(data, dtype=np.float32)
-                self.batch = batch
-                self.i = 0
-                self.nbytes = self.data[:batch].nbytes
-                self.dptr = _ck(rt.cudaMalloc(self.nbytes))
-
-            def get_batch_size(self) -> int:
-                return self.batch
-
-            def get_batch(self, names: list[str]) -> list[int] | None:
-                if self.i + self.batch > len(self.data):
-                    return None
-                chunk = np.ascontiguousarray(self.data[self.i:self.i + self.batch])
-                _ck(rt.cudaMemcpy(self.dptr, chunk.ctypes.data, self.nbytes,
-                                  rt.cudaMemcpyKind.cudaMemcpyHostToDevice))
-                self.i += self.batch
-                return [_ptr(self.dptr)]
-
-            def read_calibration_cache(self) -> bytes | None:
-                return cache.read_bytes() if cache.exists() else None
-
-            def write_calibration_cache(self, blob: Any) -> None:
-                cache.write_bytes(bytes(blob))
-
-            def free(self) -> None:
-                _ck(rt.cudaFree(self.dptr))
-
-        return _Calib()
-
-
-def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], precision: str,
-                 calibration: np.ndarray | None, workdir: Path, workspace: int = 1 << 30) -> tuple[bytes, str]:
-    """The serialized engine and the builder's log."""
+def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], plan: BuildPlan,
+                 workspace: int = 1 << 30, precision: str = "") -> tuple[bytes, str]:
+    """The serialized engine and the builder's log. ``onnx_bytes`` already carries the
+    precision (:func:`.precision.prepare_onnx`)."""
     import tensorrt as trt
 
     class _Log(trt.ILogger):
@@ -155,38 +164,27 @@ def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], pre
 
     logger = _Log()
     builder = trt.Builder(logger)
-    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
+    flags = 0
+    for name in plan.network_flags:
+        flags |= 1 << int(getattr(trt.NetworkDefinitionCreationFlag, name))
+    network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse(onnx_bytes):
         errs = [_parser_error(parser.get_error(k)) for k in range(parser.num_errors)]
         raise UnsupportedError("gpu.tensorrt cannot parse the ONNX graph: " + "; ".join(errs))
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
+    for name in plan.builder_flags:
+        config.set_flag(getattr(trt.BuilderFlag, name))
     # The ONNX graph had its batch fixed, so usually no input is dynamic and no profile is
     # needed; a profile is required only when some input dimension is still -1 (e.g. a
     # sequence axis), and then it is pinned to the one shape we run.
-    profile = None
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
     if any(int(d) < 0 for t in inputs for d in t.shape):
         profile = builder.create_optimization_profile()
         profile.set_shape(input_name, shape, shape, shape)
         config.add_optimization_profile(profile)
-    calib = None
-    if precision in ("fp16", "int8"):
-        config.set_flag(trt.BuilderFlag.FP16)
-    if precision == "int8":
-        if calibration is None or len(calibration) < shape[0]:
-            raise UnsupportedError("gpu.tensorrt:int8 needs calibration data (calibration_data=…)")
-        config.set_flag(trt.BuilderFlag.INT8)
-        calib = EntropyCalibrator.create(calibration, shape[0], workdir / "calibration.cache")
-        config.int8_calibrator = calib  # implicit quantization: deprecated in TRT 10.1, still built
-        if profile is not None:
-            config.set_calibration_profile(profile)
-    try:
-        blob = builder.build_serialized_network(network, config)
-    finally:
-        if calib is not None:
-            calib.free()
+    blob = builder.build_serialized_network(network, config)
     if blob is None:
         raise CompileError("TensorRT failed to build the engine:\n" + "\n".join(logger.lines[-30:]),
                            target="gpu.tensorrt", precision=precision)
@@ -199,17 +197,34 @@ class _Pinned:
     def __init__(self, rt: Any, shape: tuple[int, ...], dtype: Any):
         self.nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         self.ptr = _ck(rt.cudaMallocHost(self.nbytes))
-        raw = (ctypes.c_byte * self.nbytes).from_address(_ptr(self.ptr))
+        raw = (ctypes.c_byte * self.nbytes).from_address(native_handle(self.ptr))
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 class TensorRTExecutor(IOGuard):
     def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
                  cuda_graph: bool = True):
+        self._rt = cudart()
+        self._init_io(inp, out, batch)
+        self._bufs: list[tuple[_Pinned, Any]] = []
+        self.stream = self.graph_exec = self._graph = None
+        try:
+            self._open_engine(engine_bytes)
+            names = self._io_names()
+            self._check_shapes(names)
+            self._allocate(names)
+            self._warm_up()
+            if cuda_graph:
+                self._capture()
+        except BaseException:
+            self.close()  # nothing allocated so far outlives a failed load
+            raise
+        self._launch = self._make_launch()
+
+    def _open_engine(self, engine_bytes: bytes) -> None:
         import tensorrt as trt
 
-        rt = self._rt = cudart()
-        self._init_io(inp, out, batch)
+        self._trt = trt
         self._logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self._logger)
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
@@ -217,52 +232,76 @@ class TensorRTExecutor(IOGuard):
             raise UnavailableError("gpu.tensorrt: TensorRT refused the engine (built for another "
                                    "GPU or TensorRT version); it will be rebuilt")
         self.context = self.engine.create_execution_context()
+
+    def _io_names(self) -> tuple[str, str]:
+        """The engine's one input and one output tensor."""
+        mode = self._trt.TensorIOMode.INPUT
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        ins = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        ins = [n for n in names if self.engine.get_tensor_mode(n) == mode]
         outs = [n for n in names if n not in ins]
         if len(ins) != 1 or len(outs) != 1:
             raise UnsupportedError(f"gpu.tensorrt: engine has inputs {ins} and outputs {outs}; "
                                    f"one of each is supported")
-        if not self.context.set_input_shape(ins[0], inp.batched(batch)):
+        return ins[0], outs[0]
+
+    def _check_shapes(self, names: tuple[str, str]) -> None:
+        batched = self._in_spec.batched(self.batch_size)
+        if not self.context.set_input_shape(names[0], batched):
             raise UnsupportedError(f"gpu.tensorrt: the engine refuses input shape "
-                                   f"{inp.batched(batch)} for {ins[0]!r}")
+                                   f"{batched} for {names[0]!r}")
         # The host/device buffers are sized from the declared specs: an engine whose I/O
         # tensor holds more elements would read/write past them, so refuse it here.
-        for name, spec in ((ins[0], inp), (outs[0], out)):
+        for name, spec in zip(names, (self._in_spec, self._out_spec), strict=True):
             got = tuple(int(d) for d in self.context.get_tensor_shape(name))
-            if int(np.prod(got)) != int(np.prod(spec.batched(batch))):
+            if int(np.prod(got)) != int(np.prod(spec.batched(self.batch_size))):
                 raise UnsupportedError(f"gpu.tensorrt: engine tensor {name!r} has shape {got}, "
-                                       f"the model declares {tuple(spec.batched(batch))}")
+                                       f"the model declares {tuple(spec.batched(self.batch_size))}")
+
+    def _allocate(self, names: tuple[str, str]) -> None:
+        """Pinned host + device buffer per I/O tensor, in the engine's I/O dtype (float32 for
+        every prepared graph: fp16 and int8 keep fp32 I/O), bound once."""
+        rt = self._rt
         self.stream = _ck(rt.cudaStreamCreate())
-        self._bufs = []
-        for name, spec in ((ins[0], inp), (outs[0], out)):
-            dtype = trt.nptype(self.engine.get_tensor_dtype(name))
-            host = _Pinned(rt, spec.batched(batch), dtype)
-            dev = _ck(rt.cudaMalloc(host.nbytes))
-            self.context.set_tensor_address(name, _ptr(dev))
+        for name, spec in zip(names, (self._in_spec, self._out_spec), strict=True):
+            dtype = self._trt.nptype(self.engine.get_tensor_dtype(name))
+            host = _Pinned(rt, spec.batched(self.batch_size), dtype)
+            try:
+                dev = _ck(rt.cudaMalloc(host.nbytes))
+            except BaseException:
+                rt.cudaFreeHost(host.ptr)
+                raise
             self._bufs.append((host, dev))
+            self.context.set_tensor_address(name, native_handle(dev))
         (self._hin, self._din), (self._hout, self._dout) = self._bufs
         self._hx, self._hy = self._hin.array, self._hout.array
-        self._stream_ptr = _ptr(self.stream)
+        self._stream_ptr = native_handle(self.stream)
+
+    def _warm_up(self) -> None:
         # One plain run first: TensorRT does lazy initialisation that must not be captured.
         self._enqueue()
-        _ck(rt.cudaStreamSynchronize(self.stream))
-        self.graph_exec = self._graph = None
-        if cuda_graph:
-            _ck(rt.cudaStreamBeginCapture(self.stream,
-                                          rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
-            try:
-                self._enqueue()
-            finally:  # always end the capture, or the stream stays unusable
-                ended = rt.cudaStreamEndCapture(self.stream)
-            try:
-                graph = _ck(ended)
-            except RuntimeError as exc:
-                raise UnsupportedError(f"gpu.tensorrt: this engine cannot be captured in a CUDA "
-                                       f"graph ({exc}); compile with options={{'cuda_graph': "
-                                       f"False}}") from exc
-            self._graph = graph
-            self.graph_exec = _instantiate(rt, graph)
+        _ck(self._rt.cudaStreamSynchronize(self.stream))
+
+    def _capture(self) -> None:
+        """copy in + execute_async_v3 + copy out, captured once as a CUDA graph."""
+        rt = self._rt
+        _ck(rt.cudaStreamBeginCapture(self.stream,
+                                      rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+        try:
+            self._enqueue()
+        finally:  # always end the capture, or the stream stays unusable
+            ended = rt.cudaStreamEndCapture(self.stream)
+        try:
+            graph = _ck(ended)
+        except RuntimeError as exc:
+            raise UnsupportedError(f"gpu.tensorrt: this engine cannot be captured in a CUDA "
+                                   f"graph ({exc}); compile with options={{'cuda_graph': "
+                                   f"False}}") from exc
+        self._graph = graph
+        self.graph_exec = _instantiate(rt, graph)
+
+    def _make_launch(self) -> Callable[[], None]:
+        """The per-call launch with every attribute bound to a local (no lookups per call)."""
+        rt = self._rt
         launch, sync, gexec, stream = rt.cudaGraphLaunch, rt.cudaStreamSynchronize, self.graph_exec, self.stream
         enqueue = self._enqueue
 
@@ -277,7 +316,7 @@ class TensorRTExecutor(IOGuard):
             if _code(err) != 0:
                 raise RuntimeError(f"CUDA error in the TensorRT graph (device lost?): "
                                    f"{getattr(err, 'name', err)}")
-        self._run = run
+        return run
 
     def _enqueue(self) -> None:
         rt = self._rt
@@ -288,21 +327,27 @@ class TensorRTExecutor(IOGuard):
         _ck(rt.cudaMemcpyAsync(self._hout.ptr, self._dout, self._hout.nbytes,
                                rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
 
+    @property
+    def cuda_graph(self) -> bool:
+        return self.graph_exec is not None
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._hx[...] = x
+        self._launch()
+        out[...] = self._hy
+
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         self._guard(x, out)
         try:
-            self._hx[...] = x
-            self._run()
-            out[...] = self._hy
+            self._run(x, out)
         except Exception:
             check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
             raise
 
     def close(self) -> None:
         rt = self._rt
-        if not self._bufs:
-            return
-        rt.cudaStreamSynchronize(self.stream)
+        if self.stream is not None:
+            rt.cudaStreamSynchronize(self.stream)
         if self.graph_exec is not None:
             rt.cudaGraphExecDestroy(self.graph_exec)
         if self._graph is not None:
@@ -313,14 +358,16 @@ class TensorRTExecutor(IOGuard):
             rt.cudaFreeHost(host.ptr)
             rt.cudaFree(dev)
         self._bufs = []
-        rt.cudaStreamDestroy(self.stream)
+        if self.stream is not None:
+            rt.cudaStreamDestroy(self.stream)
+        self.stream = None
         # The numpy views pointed at the freed pinned memory: a call after close must fail
         # cleanly, not write into freed memory.
         self._hx, self._hy = np.empty(self._xshape, _F32), np.empty(self._yshape, _F32)
 
         def closed() -> None:
             raise RuntimeError("gpu.tensorrt executor is closed")
-        self._run = closed
+        self._launch = closed
 
 
 class TensorRTTarget(Target):
@@ -338,17 +385,23 @@ class TensorRTTarget(Target):
     def probe(self) -> Availability:
         reasons = []
         if not importable("tensorrt"):
-            reasons.append("tensorrt not importable (pip install tensorrt)")
+            reasons.append("tensorrt not importable (pip install 'hwbackends[gpu]')")
         if not (importable("cuda.bindings") or importable("cuda.cudart")):
-            reasons.append("cuda-python not importable (pip install cuda-python)")
+            reasons.append("cuda-python not importable (pip install 'hwbackends[gpu]')")
         gpu = no_gpu_reason()
         if gpu:
             reasons.append(gpu)
+        stack = cuda_stack()
+        bad = stack_mismatch(stack)
+        if bad:
+            reasons.append(bad)
         if reasons:
-            return Availability.unavailable("; ".join(reasons))
+            found = stack.summary()
+            return Availability.unavailable("; ".join(reasons) + (f" [found: {found}]" if found else ""),
+                                            **stack.as_dict())
         info = gpu_info()
-        return Availability.hardware(info.name if info else "CUDA GPU",
-                                     f"TensorRT {trt_version()} on the GPU")
+        return Availability.hardware(info.name if info else "CUDA GPU", stack.summary(),
+                                     **stack.as_dict())
 
     def toolchain(self) -> dict[str, str]:
         # Light: package metadata and one cached nvidia-smi query; no CUDA context.
@@ -356,20 +409,26 @@ class TensorRTTarget(Target):
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         import onnx
-
         from hwb_plugins._shared.onnx_batch import fix_batch
 
+        plan = build_plan(trt_version())
         copy = onnx.ModelProto()
         copy.CopyFrom(model.obj)
         proto = fix_batch(copy, options.batch_size)
         inits = {i.name for i in proto.graph.initializer}
         in_name = next(i.name for i in proto.graph.input if i.name not in inits)
+        # The precision is in the graph TensorRT parses (it is the only place TensorRT 11
+        # takes it from); the graph is kept in the artifact for inspection.
+        graph = prepare_onnx(proto, options.precision, options.calibration)
+        onnx.save(graph, str(workdir / GRAPH))
         mb = int(options.extra.get("workspace_mb", 1024))
-        blob, log = build_engine(proto.SerializeToString(), in_name,
-                                 model.input.batched(options.batch_size), options.precision,
-                                 options.calibration, workdir, mb << 20)
+        blob, log = build_engine(graph.SerializeToString(), in_name,
+                                 model.input.batched(options.batch_size), plan, mb << 20,
+                                 precision=options.precision)
         (workdir / ENGINE).write_bytes(blob)
         return {"file": ENGINE, "bytes": len(blob), "bound_to": current_binding(),
+                "graph": GRAPH, "qdq_nodes": len(qdq_zero_points(graph)),
+                "build_plan": asdict(plan),
                 "build_log": log[-4000:], "converted_from": model.meta.get("converted_from", "onnx")}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> TensorRTExecutor:

@@ -1,17 +1,24 @@
 """``gpu.torch``: a PyTorch model on an NVIDIA GPU, ``torch.compile``d and replayed as a CUDA
 graph.
 
-Compile (child): ``torch.export`` with the static batch → ``model.pt2`` (the artifact; an
-exported program is portable across GPUs, the compiled kernels are not, so they are made at
-load). Load: ``torch.compile(mode="max-autotune-no-cudagraphs", dynamic=False,
-fullgraph=True)`` on the GPU, warm-up on a side stream, then the whole forward pass (fp16
-cast included) is captured once in a ``torch.cuda.CUDAGraph`` over fixed device buffers.
+Compile (child): ``torch.export`` with the static batch, in the variant's precision (fp16 is
+exported from a half copy of the model with an fp16 example, so the program's weights and
+every tensor it creates are fp16) → ``model.pt2`` (the artifact; an exported program is
+portable across GPUs, the compiled kernels are not, so they are made at load). Load:
+``torch.export.passes.move_to_device_pass`` moves the *program* to the GPU — ``torch.export``
+specializes on device, so tensors the graph creates itself (an LSTM's zero state) carry
+``device=cpu`` and ``.module().to("cuda")`` would leave them there (pytorch#151010) — then
+``torch.compile(mode="max-autotune-no-cudagraphs", dynamic=False, fullgraph=True)`` on the
+GPU, warm-up on a side stream, then the whole forward pass (cast of the fp32 input to the
+program's dtype included) is captured once in a ``torch.cuda.CUDAGraph`` over fixed device
+buffers.
 Per call: copy into a pinned host buffer, one async H2D copy, ``graph.replay()``, one async
 D2H copy into pinned memory, one stream sync, copy out. No allocation, no kernel launches
 from Python beyond the graph.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +34,13 @@ from .._util import version
 ARTIFACT = "model.pt2"
 MODES = ("max-autotune-no-cudagraphs", "default", "none")
 
-def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
-    """``torch.export`` of the model with every dimension static (batch included)."""
+def static_program(obj: Any, input_shape: tuple[int, ...], precision: str = "fp32") -> Any:
+    """``torch.export`` of the model with every dimension static (batch included), in
+    ``precision``: fp16 exports a half copy with an fp16 example (the caller's model is not
+    touched), so the program computes in fp16 end to end."""
     import torch
 
+    dtype = torch.float16 if precision == "fp16" else torch.float32
     if isinstance(obj, torch.export.ExportedProgram):
         # The unlifted module of an exported program refuses .eval() (NotImplementedError
         # "Calling eval() is not supported yet."); it already carries the mode it was
@@ -40,9 +50,24 @@ def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
         module = obj
         if hasattr(module, "eval"):
             module.eval()
-    example = torch.zeros(input_shape, dtype=torch.float32)
+    if dtype != torch.float32:
+        module = copy.deepcopy(module).to(dtype)
+    example = torch.zeros(input_shape, dtype=dtype)
     with torch.no_grad():
         return torch.export.export(module, (example,))
+
+
+def program_on(path: Path, device: str) -> tuple[Any, Any]:
+    """The saved program moved to ``device`` with ``move_to_device_pass`` (parameters,
+    buffers, constants *and* the device of every tensor the graph creates), as a module, with
+    the dtype of its input."""
+    import torch
+    from torch.export.passes import move_to_device_pass
+
+    ep = move_to_device_pass(torch.export.load(str(path)), device)
+    spec = next(s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT")
+    node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
+    return ep.module(), node.meta["val"].dtype
 
 
 class TorchCudaExecutor(IOGuard):
@@ -60,10 +85,12 @@ class TorchCudaExecutor(IOGuard):
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
         self._init_io(inp, out, batch)
         self.device = torch.device(device)
-        dtype = torch.float16 if precision == "fp16" else torch.float32
-        module = torch.export.load(str(path)).module().to(self.device)
-        if dtype != torch.float32:
-            module = module.to(dtype)
+        # The program's own dtype (fp16 programs are exported as fp16); an artifact from
+        # before fp16 export is an fp32 program, cast here as it used to be.
+        module, dtype = program_on(path, device)
+        if precision == "fp16" and dtype == torch.float32:
+            module, dtype = module.to(torch.float16), torch.float16
+        self.dtype = dtype
         if mode != "none":
             module = torch.compile(module, mode=None if mode == "default" else mode,
                                    dynamic=False, fullgraph=True)
@@ -116,15 +143,18 @@ class TorchCudaExecutor(IOGuard):
         with self._torch.inference_mode():
             self._dy = self._forward(self._dx)
 
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._hx[...] = x
+        self._copy_in(self._hx_t, non_blocking=True)
+        self._replay()
+        self._copy_out(self._dy, non_blocking=True)
+        self._sync()
+        out[...] = self._hy
+
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         self._guard(x, out)
         try:
-            self._hx[...] = x
-            self._copy_in(self._hx_t, non_blocking=True)
-            self._replay()
-            self._copy_out(self._dy, non_blocking=True)
-            self._sync()
-            out[...] = self._hy
+            self._run(x, out)
         except Exception:
             check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
             raise
@@ -163,7 +193,8 @@ class TorchCudaTarget(Target):
         if mode not in MODES:
             raise UnsupportedError(f"gpu.torch option mode must be one of {', '.join(MODES)}; got {mode!r}")
         try:
-            ep = static_program(model.obj, model.input.batched(options.batch_size))
+            ep = static_program(model.obj, model.input.batched(options.batch_size),
+                                options.precision)
         except Exception as exc:
             raise UnsupportedError(f"gpu.torch cannot export {model.name!r} with torch.export at "
                                    f"static shape {model.input.batched(options.batch_size)}: "
@@ -171,6 +202,7 @@ class TorchCudaTarget(Target):
         torch.export.save(ep, workdir / ARTIFACT)
         ops = sorted({str(n.target) for n in ep.graph.nodes if n.op == "call_function"})
         return {"file": ARTIFACT, "bytes": (workdir / ARTIFACT).stat().st_size, "aten_ops": ops,
+                "exported_dtype": "float16" if options.precision == "fp16" else "float32",
                 "mode": mode, "cuda_graph": bool(options.extra.get("cuda_graph", True))}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> TorchCudaExecutor:

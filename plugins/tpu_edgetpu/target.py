@@ -33,6 +33,7 @@ from hwbackends.target import Artifact, CompileOptions, Target, check_io
 
 from .._util import importable, version
 from .._shared.litert import LiteRTExecutor
+from .delegate_probe import probe_delegate
 
 COMPILER = "edgetpu_compiler"
 DELEGATE = "libedgetpu.so.1"
@@ -171,9 +172,15 @@ class EdgeTpuTarget(Target):
         dev = find_device()
         if dev is None:
             missing.append("no Edge TPU device (/dev/apex_0 absent)")
-        if not missing and find_delegate() is None:
+        delegate = find_delegate() if not missing else None
+        if not missing and delegate is None:
             missing.append(f"{DELEGATE} not found (install libedgetpu1-std)")
         if not missing:
+            # Load + one invoke in a child first: a delegate built for another TFLite ABI
+            # segfaults whoever loads it, and that must not be the caller.
+            crashed = probe_delegate(delegate)
+            if crashed:
+                return Availability.unavailable(crashed)
             return Availability.hardware(f"Edge TPU ({dev})", "LiteRT with the libedgetpu delegate")
         return Availability.emulated("CPU LiteRT interpreter (int8)", "; ".join(missing))
 
