@@ -57,7 +57,7 @@ def main() -> None:
     print(f"direct predict_into      {pct(direct)}")
     with Engine(cm, EngineConfig.preset("single")) as eng:
         o = np.empty(1, np.float32)
-        inproc = timed(lambda x: eng.predict_into(x, o), xs, n)
+        inproc = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"engine (in-process)      {pct(inproc)}")
         with ShmServer(eng, slots=2) as srv, ShmClient(srv.name) as c:
             shm = timed(lambda x: c.predict_into(x, o), xs, n)
@@ -98,14 +98,14 @@ def main() -> None:
             print(f"shm, engine {label:15s} {r.stdout.strip() or r.stderr[-500:]}")
     with Engine(cm, EngineConfig.preset("single", inline=True)) as eng:
         o = np.empty(1, np.float32)
-        inl = timed(lambda x: eng.predict_into(x, o), xs, n)
+        inl = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"(in-process engine, inline   {pct(inl)})")
 
     print("\n== inference cache ==")
     with Engine(cm, EngineConfig.preset("single", cache_entries=1024)) as eng:
         o = np.empty(1, np.float32)
-        miss = timed(lambda x: eng.predict_into(x, o), xs, 512)
-        hit = timed(lambda x: eng.predict_into(x, o), xs, n)
+        miss = timed(lambda x: eng.try_predict_into(x, o), xs, 512)
+        hit = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"miss {pct(miss)}\nhit  {pct(hit)}  (hit rate {eng.cache.stats().hit_rate:.2f})")
 
     batching(m, xs, a.quick, a.scales, a.trace_s)
