@@ -6,6 +6,10 @@ layer that runs a backend — the engine's serving thread, an inline call, a swa
 shadow replay, a second engine serving the same compiled model — takes the backend's lock
 from here, so sharing one object between them is safe. Uncontended it costs about 0.1 µs a
 batch; the router's lanes are single-caller by contract and do not take it.
+
+A wrapper around another backend (a test double, a router strategy) names what it runs in
+``exclusive_key`` so it shares the lock of the thing it wraps; a
+:class:`~hwbackends.compiled.CompiledModel` is keyed by its executor.
 """
 from __future__ import annotations
 
@@ -18,8 +22,22 @@ _STRONG: dict[int, tuple[Any, threading.Lock]] = {}  # objects that cannot be we
 _GUARD = threading.Lock()
 
 
+def key_of(backend: Any) -> Any:
+    """What ``backend`` actually runs: its ``exclusive_key``, else its ``executor``, else
+    itself — followed through wrappers."""
+    for _ in range(8):  # a wrapper of a wrapper of a compiled model → its executor
+        key = getattr(backend, "exclusive_key", None)
+        if key is None:
+            key = getattr(backend, "executor", None)
+        if key is None or key is backend:
+            return backend
+        backend = key
+    return backend
+
+
 def lock_for(backend: Any) -> threading.Lock:
-    """The process-wide lock of ``backend`` (the same object → the same lock)."""
+    """The process-wide lock of what ``backend`` runs (:func:`key_of`)."""
+    backend = key_of(backend)
     with _GUARD:
         try:
             lk = _LOCKS.get(backend)

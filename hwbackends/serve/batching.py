@@ -62,7 +62,7 @@ class Slot:
         self.fn: Callable[[np.ndarray, np.ndarray], None] = backend.predict_into
         # Held around every call of the backend, wherever it comes from (serving thread,
         # inline caller, swap warm-up/shadow, another engine): executors are single-threaded.
-        self.lock = lock_for(getattr(backend, "exclusive_key", backend))
+        self.lock = lock_for(backend)
         self.x = np.zeros(backend.input.batched(size), dtype=np.float32)
         self.y = np.zeros(backend.output.batched(size), dtype=np.float32)
         self.variant = label(backend)
@@ -144,7 +144,7 @@ class BatchPlan:
         for b in self.backends:
             w = getattr(b, "warmup", None)
             if w is not None:
-                lk = lock_for(getattr(b, "exclusive_key", b))
+                lk = lock_for(b)
                 for _ in range(n):  # one call at a time, so live traffic interleaves
                     with lk:
                         w(1)

@@ -152,7 +152,12 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
     version = Version(number, plan, label(plan.slots[0].backend))
     ticket.phase = "warm-up"
     t0 = time.perf_counter()
-    plan.warmup(warmup)
+    try:
+        plan.warmup(warmup)
+    except Exception as exc:  # a backend that fails on zeros will not serve either
+        on_reject()
+        return SwapResult(False, number, active.number, f"the new version failed its warm-up: "
+                          f"{type(exc).__name__}: {exc}")
     t["warmup_s"] = time.perf_counter() - t0
 
     fid: Fidelity | None = None
@@ -176,7 +181,12 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
 
         def take(start: int, _x: np.ndarray, y: np.ndarray) -> None:
             ny[start:start + len(y)] = y
-        plan.run([sh.x[i] for i in range(got)], take)
+        try:
+            plan.run([sh.x[i] for i in range(got)], take)
+        except Exception as exc:
+            on_reject()
+            return SwapResult(False, number, versions.active.number, f"the new version failed on "
+                              f"the shadow inputs: {type(exc).__name__}: {exc}", shadow_samples=got)
         fid = compare(sh.y[:got], ny)
         violations = tolerance.violations(fid)
         t["shadow_s"] = time.perf_counter() - t0
