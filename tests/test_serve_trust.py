@@ -66,7 +66,7 @@ def test_swap_of_a_backend_already_serving_gives_no_wrong_answer(litert, xs, ref
     """Repro: ``eng.swap(v1)`` while v1 serves three threads gave outputs equal to f(zeros)
     (the warm-up ran on the interpreter the serving thread was using) and the shadow check
     rejected the identical model."""
-    cfg = EngineConfig.preset("latency", shadow_samples=64, warmup=200)
+    cfg = EngineConfig.preset("latency", shadow_samples=64, warmup=2000)
     bad: list[tuple[int, object]] = []
     stop = threading.Event()
 
@@ -79,16 +79,21 @@ def test_swap_of_a_backend_already_serving_gives_no_wrong_answer(litert, xs, ref
                 bad.append((k, y))
             j += 1
 
-    with Engine(litert, cfg) as eng:
-        ts = [threading.Thread(target=client, args=(i,)) for i in range(3)]
-        for t in ts:
-            t.start()
-        try:
-            results = [eng.swap(litert, nice=0) for _ in range(3)]
-        finally:
-            stop.set()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # GIL hand-overs between "set input" and "invoke" are likely
+    try:
+        with Engine(litert, cfg) as eng:
+            ts = [threading.Thread(target=client, args=(i,)) for i in range(3)]
             for t in ts:
-                t.join(30)
+                t.start()
+            try:
+                results = [eng.swap(litert, nice=0) for _ in range(3)]
+            finally:
+                stop.set()
+                for t in ts:
+                    t.join(30)
+    finally:
+        sys.setswitchinterval(old)
     assert not bad, f"{len(bad)} wrong answers, e.g. input {bad[0][0]}"
     assert all(r.accepted for r in results), [r.reason for r in results]
     assert all(r.fidelity.max_abs == 0.0 for r in results)  # the same model: identical outputs
