@@ -40,8 +40,18 @@ from .batching import PRESETS, BatchPlan, BatchPolicy
 from .cache import InferenceCache
 from .lifecycle import SwapError, SwapResult, SwapTicket, run_swap
 from .metrics import EngineMetrics, PromMetrics
-from .request import (ABANDONED, BREAKER_OPEN, DEADLINE, DONE, OK, PENDING, STOPPED, Request,
-                      Unavailable, check_deadline_us)
+from .request import (
+    ABANDONED,
+    BREAKER_OPEN,
+    DEADLINE,
+    DONE,
+    OK,
+    PENDING,
+    STOPPED,
+    Request,
+    Unavailable,
+    check_deadline_us,
+)
 from .versions import Version, Versions
 
 log = logging.getLogger("hwbackends.serve")
