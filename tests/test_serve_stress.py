@@ -174,7 +174,7 @@ engine_cases = st.tuples(st.sampled_from(["single", "batching"]), st.integers(2,
                          st.sampled_from([None, 5e6]), st.booleans())
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(case=engine_cases)
 def test_engine_every_answer_is_its_own(world, case):
     preset, threads, script, deadline_us, inline = case

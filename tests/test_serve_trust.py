@@ -156,6 +156,16 @@ def test_invalid_deadline_is_input_error_and_never_counts(litert, xs, bad):
         assert isinstance(eng.predict(xs[1]), np.ndarray)
 
 
+def test_config_deadlines_are_checked() -> None:
+    from hwbackends.errors import ConfigError
+
+    for bad in (-5, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="deadline_us"):
+            EngineConfig(deadline_us=bad)
+    with pytest.raises(ConfigError, match="swap_timeout_s"):
+        EngineConfig(swap_timeout_s=0)
+
+
 def test_a_clients_too_small_budget_does_not_open_the_shared_breaker(litert, xs, ref):
     cfg = EngineConfig.preset("single", breaker_failures=2, breaker_reset_s=5.0)
     with Engine(litert, cfg) as eng:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..breaker import Breaker
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..fidelity import Tolerance
 from ..inputs import as_sample
 from .backend import label, normalise
@@ -95,8 +95,11 @@ class EngineConfig:
     inline: bool = False
 
     def __post_init__(self) -> None:
-        check_deadline_us(self.deadline_us, "EngineConfig.deadline_us")
-        check_deadline_us(self.breaker_min_deadline_us, "EngineConfig.breaker_min_deadline_us")
+        try:
+            check_deadline_us(self.deadline_us, "EngineConfig.deadline_us")
+            check_deadline_us(self.breaker_min_deadline_us, "EngineConfig.breaker_min_deadline_us")
+        except InputError as exc:  # a configuration mistake, not a request's
+            raise ConfigError(str(exc)) from None
         if not (self.swap_timeout_s > 0 and math.isfinite(self.swap_timeout_s)):
             raise ConfigError(f"swap_timeout_s must be a finite number of seconds > 0, "
                               f"got {self.swap_timeout_s}")
