@@ -3,7 +3,7 @@
     .venv/bin/python bench/router_overhead.py [--rounds 30] [--calls 20000]
 
 Interleaves rounds of N back-to-back calls (direct ``cm.predict_into``, ``router.handle(name)``,
-``router.predict_into(name, …)``) and prints the median per-call time of each and the
+``router.route_into(name, …)``) and prints the median per-call time of each and the
 median added cost; the issue's bound is ≤ 1 µs added at the median. Each call through the
 router also does the live-p99 bookkeeping (two clock reads and a list store per call).
 """
@@ -54,17 +54,17 @@ def main() -> None:
     h = router.handle("s")
     x = np.ascontiguousarray(np.random.default_rng(0).standard_normal((1, 32)), np.float32)
     out = np.zeros((1, 1), np.float32)
-    runs = {"direct": [], "handle": [], "predict_into(name)": []}
+    runs = {"direct": [], "handle": [], "route_into(name)": []}
     for _ in range(3):  # warm
         per_call_ns(cm.predict_into, x, out, a.calls)
     for _ in range(a.rounds):
         runs["direct"].append(per_call_ns(cm.predict_into, x, out, a.calls))
         runs["handle"].append(per_call_ns(h, x, out, a.calls))
         t0 = time.perf_counter_ns()
-        rp = router.predict_into
+        rp = router.route_into
         for _ in range(a.calls):
             rp("s", x, out)
-        runs["predict_into(name)"].append((time.perf_counter_ns() - t0) / a.calls)
+        runs["route_into(name)"].append((time.perf_counter_ns() - t0) / a.calls)
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"variant {cm.variant} ({cm.mode.value}), {a.rounds} rounds × {a.calls} calls, "
           f"{os.cpu_count()} CPUs")
@@ -86,7 +86,7 @@ def main() -> None:
         laned.append(per_call_ns(lane.predict_into, x, out, a.calls))
     print(f"  dispatch mechanics alone (no-op variant): {statistics.median(laned) - statistics.median(bare):.0f} ns "
           f"added per call (sample_every={lane.sample_every}, window={lane.window})")
-    worst = max(med["handle"], med["predict_into(name)"]) - med["direct"]
+    worst = max(med["handle"], med["route_into(name)"]) - med["direct"]
     print(f"router overhead (median, worst of the two entry points): {worst:.0f} ns "
           f"({'OK' if worst <= 1000 else 'OVER'} vs the 1 µs bound)")
 

@@ -57,10 +57,11 @@ def main() -> None:
     print(f"direct predict_into      {pct(direct)}")
     with Engine(cm, EngineConfig.preset("single")) as eng:
         o = np.empty(1, np.float32)
-        inproc = timed(lambda x: eng.predict_into(x, o), xs, n)
+        inproc = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"engine (in-process)      {pct(inproc)}")
         with ShmServer(eng, slots=2) as srv, ShmClient(srv.name) as c:
-            shm = timed(lambda x: c.predict_into(x, o), xs, n)
+            shm_call = getattr(c, "try_predict_into", None) or c.predict_into  # renamed (issue 15)
+            shm = timed(lambda x: shm_call(x, o), xs, n)
         print(f"shared memory (same proc){pct(shm)}")
         with GrpcServer(eng, insecure_loopback=True) as g, GrpcClient(g.address, insecure=True) as gc:
             grpc_ = timed(lambda x: gc.predict("default", x), xs, n // 2)
@@ -86,8 +87,9 @@ def main() -> None:
         "xs = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)\n"
         "o = np.empty(1, np.float32); lat = []\n"
         "with ShmClient(sys.argv[1]) as c:\n"
+        "    call = getattr(c, 'try_predict_into', None) or c.predict_into\n"
         "    for i in range(int(sys.argv[2])):\n"
-        "        t0 = time.perf_counter(); c.predict_into(xs[i % 256], o); lat.append(time.perf_counter() - t0)\n"
+        "        t0 = time.perf_counter(); call(xs[i % 256], o); lat.append(time.perf_counter() - t0)\n"
         "v = np.array(lat[100:]) * 1e6\n"
         "print(f'p50 {np.percentile(v, 50):7.1f} µs  p99 {np.percentile(v, 99):8.1f} µs')\n")
     for label, cfg in (("single", EngineConfig.preset("single")),
@@ -98,14 +100,14 @@ def main() -> None:
             print(f"shm, engine {label:15s} {r.stdout.strip() or r.stderr[-500:]}")
     with Engine(cm, EngineConfig.preset("single", inline=True)) as eng:
         o = np.empty(1, np.float32)
-        inl = timed(lambda x: eng.predict_into(x, o), xs, n)
+        inl = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"(in-process engine, inline   {pct(inl)})")
 
     print("\n== inference cache ==")
     with Engine(cm, EngineConfig.preset("single", cache_entries=1024)) as eng:
         o = np.empty(1, np.float32)
-        miss = timed(lambda x: eng.predict_into(x, o), xs, 512)
-        hit = timed(lambda x: eng.predict_into(x, o), xs, n)
+        miss = timed(lambda x: eng.try_predict_into(x, o), xs, 512)
+        hit = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"miss {pct(miss)}\nhit  {pct(hit)}  (hit rate {eng.cache.stats().hit_rate:.2f})")
 
     batching(m, xs, a.quick, a.scales, a.trace_s)

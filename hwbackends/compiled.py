@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from .batches import predict_in_batches
 from .inputs import NAN_POLICIES, as_batch
 from .fidelity import Fidelity
 from .specs import Availability, Mode, TensorSpec
@@ -105,19 +106,8 @@ class CompiledModel:
         """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``.
         Validates shape, dtype and (by default) NaN/Inf; returns a new array."""
         arr, single = self.validate(x)
-        n, b = len(arr), self.batch_size
-        out = np.empty((n, *self.output.shape), dtype=np.float32)
-        if n == b or not self.static_batch:
-            self.predict_into(arr, out)
-        else:
-            for i in range(0, n, b):
-                chunk = arr[i:i + b]
-                k = len(chunk)
-                self._x[:k] = chunk
-                if k < b:
-                    self._x[k:] = 0.0  # pad the last partial batch
-                self.predict_into(self._x, self._y)
-                out[i:i + k] = self._y[:k]
+        out = predict_in_batches(self.predict_into, arr, self.batch_size, self.input, self.output,
+                                 static_batch=self.static_batch, xbuf=self._x, ybuf=self._y)
         return out[0] if single else out
 
     def warmup(self, n: int = 20) -> None:

@@ -1,16 +1,18 @@
 """Plugin discovery on pluggy, with isolation: one broken plugin never takes the others down."""
 from __future__ import annotations
 
+import fnmatch
 import importlib.metadata
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import pluggy
 
 from . import hookspecs
 from .errors import PluginError, UnknownTargetError
+from .specs import Availability
 from .target import CONTRACT_VERSION, Converter, Target
 
 ENTRY_POINT_GROUP = "hwbackends"
@@ -92,6 +94,46 @@ class Registry:
             else:
                 self.problems.append(PluginProblem(plugin_name, "contract",
                                                    f"hwb_converters returned {c!r}, not a Converter"))
+
+
+def safe_probe(target: Target) -> Availability:
+    """``target.probe()``, or an *unavailable* answer naming what went wrong: a probe that
+    raises or returns something else is reported as that target's reason, never raised
+    (``hwb targets``, ``hwb bench`` and the router all ask through here)."""
+    try:
+        av = target.probe()
+    except Exception as exc:  # the contract says probe never raises; a plugin's bug is a reason
+        return Availability.unavailable(f"probe raised {type(exc).__name__}: {exc}")
+    if not isinstance(av, Availability):
+        return Availability.unavailable(f"probe returned {av!r}, not an Availability (plugin bug)")
+    return av
+
+
+def is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def select_targets(reg: "Registry", patterns: Sequence[str], where: str = "targets") -> list[str]:
+    """Registered target names matching ``patterns`` (exact names or globs), in pattern order
+    then name order, each once. The one selector ``hwb bench`` and the router use:
+
+    * an exact name that is not registered is a typo → :class:`UnknownTargetError`;
+    * a glob may match nothing on this installation (``fpga.*`` without the FPGA plugin), but
+      if *nothing* matches at all → :class:`UnknownTargetError`;
+
+    both errors name the targets that are registered."""
+    names = sorted(reg.targets)
+    listed = ", ".join(names) or "none"
+    chosen: list[str] = []
+    for pat in patterns:
+        hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+        if not hit and not is_glob(pat):
+            raise UnknownTargetError(f"{where}: unknown target {pat!r}; registered: {listed}")
+        chosen += [n for n in hit if n not in chosen]
+    if not chosen:
+        raise UnknownTargetError(f"{where}: {', '.join(map(repr, patterns)) or 'no pattern'} "
+                                 f"matches no registered target; registered: {listed}")
+    return chosen
 
 
 def _short(exc: BaseException) -> str:

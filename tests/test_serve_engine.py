@@ -47,7 +47,7 @@ def test_single_requests_match_the_compiled_model(litert, xs):
             assert isinstance(y, np.ndarray)
             np.testing.assert_array_equal(y, litert.predict(x))
         out = np.empty(litert.output.shape, np.float32)
-        assert eng.predict_into(xs[3], out) is True
+        assert eng.try_predict_into(xs[3], out) is True
         np.testing.assert_array_equal(out, litert.predict(xs[3]))
         assert eng.stats()["batch_sizes"] == {1: 21}
 
@@ -135,10 +135,10 @@ def test_cache_byte_bound_and_version_key():
 
 def test_deadline_returns_unavailable_not_an_exception(litert, xs):
     with Engine(litert, EngineConfig.preset("single", breaker_failures=1000)) as eng:
-        r = eng.predict(xs[0], deadline_us=0.001)
+        r = eng.predict(xs[0], deadline_us=1)
         assert isinstance(r, Unavailable) and not r and r.reason == "deadline"
         out = np.zeros(litert.output.shape, np.float32)
-        assert eng.predict_into(xs[0], out, deadline_us=0.001) is DEADLINE
+        assert eng.try_predict_into(xs[0], out, deadline_us=1) is DEADLINE
         assert eng.stats()["deadline_misses"] == 2
         # a generous deadline is met
         assert isinstance(eng.predict(xs[0], deadline_us=5e6), np.ndarray)
@@ -231,19 +231,19 @@ def test_inline_mode_runs_in_the_caller_thread(litert, xs):
     cfg = EngineConfig.preset("single", inline=True)
     with Engine(litert, cfg) as eng:
         seen = []
-        orig = eng._run
+        orig = eng.batcher.run
 
-        def spy(batch, clock):
+        def spy(batch):
             seen.append(threading.current_thread() is threading.main_thread())
-            orig(batch, clock)
-        eng._run = spy
+            orig(batch)
+        eng.batcher.run = spy
         for x in xs[:10]:
             np.testing.assert_array_equal(eng.predict(x), litert.predict(x))
         assert seen == [True] * 10  # no hand-off
         # a call with a deadline still goes through the (preemptible) serving thread
         assert isinstance(eng.predict(xs[0], deadline_us=5e6), np.ndarray)
         assert seen[-1] is False
-        assert eng.predict(xs[0], deadline_us=0.001).reason == "deadline"
+        assert eng.predict(xs[0], deadline_us=1).reason == "deadline"
         res = _hammer(eng, xs, threads=4, per=50)  # concurrent inline callers are serialised
         assert all(np.allclose(y, litert.predict(xs[(i * 31 + j) % len(xs)]))
                    for i, r in enumerate(res) for j, y in r)

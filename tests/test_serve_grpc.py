@@ -110,7 +110,7 @@ def test_bad_requests_get_clear_statuses(server, tls, token, litert, xs):
 
 def test_deadlines_are_honoured(server, tls, token, litert, xs):
     with GrpcClient(server.address, token=token, root_cert=tls.cert_pem) as c:
-        r = c.predict("mom", xs[0], deadline_us=0.001)
+        r = c.predict("mom", xs[0], deadline_us=1)
         assert isinstance(r, Unavailable) and r.reason == "deadline"
         np.testing.assert_array_equal(c.predict("mom", xs[2]), litert.predict(xs[2]))
 

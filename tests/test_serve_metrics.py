@@ -41,7 +41,7 @@ def test_prometheus_endpoint_reports_engine_metrics(compiled, xs):
             for x in xs[:20]:
                 eng.predict(x)
             eng.predict(xs[0])  # a cache hit
-            eng.predict(xs[50], deadline_us=0.001)  # a deadline miss (not cached)
+            eng.predict(xs[50], deadline_us=1)  # a deadline miss (not cached)
             eng.stats()
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert server.server_address[0] == "127.0.0.1"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import HwbError, UnknownTargetError, UnsupportedError
+from ..errors import HwbError, UnsupportedError
+from ..registry import safe_probe, select_targets
 from . import machine as machine_mod
 from .cache import ProfileCache, profile_key
 from .profile import LatencyProfile, summarize
@@ -185,20 +185,6 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
     return [o for o in out if o is not None]
 
 
-def select_targets(reg: "Registry", patterns: Sequence[str]) -> list[str]:
-    """Registered target names matching any glob in ``patterns`` (error if a pattern matches
-    nothing: a typo must not silently bench nothing)."""
-    names = sorted(reg.targets)
-    chosen: list[str] = []
-    for pat in patterns:
-        hit = [n for n in names if fnmatch.fnmatchcase(n, pat)]
-        if not hit:
-            raise UnknownTargetError(f"target pattern {pat!r} matches no registered target; "
-                                     f"registered: {', '.join(names) or 'none'}")
-        chosen += [n for n in hit if n not in chosen]
-    return chosen
-
-
 def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequence[str] | None = None,
                 scenarios: Sequence[Scenario] = (SingleStream(),), *, store: Any = None,
                 pin: Sequence[int] | None = None, progress: bool = True,
@@ -232,16 +218,11 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     try:
         for name in names:
             tgt = reg.targets[name]
-            try:
-                av = tgt.probe()
-                avd = av.to_dict()
-            except Exception as exc:  # probe must not raise; if it does, that is the reason
-                avd = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
-                       "device": "", "details": {}}
+            avail = safe_probe(tgt).to_dict()
             res.availability.append({"target": name, "family": tgt.family,
-                                     "precisions": list(tgt.precisions), **avd})
-            if avd["mode"] == "unavailable":
-                say(f"{name}: unavailable ({avd['reason']})")
+                                     "precisions": list(tgt.precisions), **avail})
+            if avail["mode"] == "unavailable":
+                say(f"{name}: unavailable ({avail['reason']})")
                 continue
             for prec in tgt.precisions:
                 if precisions and prec not in precisions:
@@ -252,7 +233,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 except HwbError as exc:
                     say(f"{variant}: {type(exc).__name__}: {exc}")
                     res.variants.append({"variant": variant, "target": name, "precision": prec,
-                                         "mode": avd["mode"], "error": f"{type(exc).__name__}: {exc}"})
+                                         "mode": avail["mode"], "error": f"{type(exc).__name__}: {exc}"})
                     continue
                 d = cm.describe()
                 res.variants.append({k: d[k] for k in ("variant", "target", "precision", "mode",
@@ -286,7 +267,7 @@ def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
     cache.put(key, prof)
 
 
-def _sweep(res: BenchResults, m: "Model", cm1: "CompiledModel", sc: Batch, data: np.ndarray,
+def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, data: np.ndarray,
            store: Any, pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None,
            use_cache: bool, say: Say) -> None:
     """The batch scenario: one profile per batch size (static-batch targets compile a variant
@@ -294,17 +275,17 @@ def _sweep(res: BenchResults, m: "Model", cm1: "CompiledModel", sc: Batch, data:
     from .. import compile as hwb_compile
 
     for size in sc.sizes:
-        if not cm1.static_batch or size == cm1.batch_size:
-            cm = cm1
+        if not base_cm.static_batch or size == base_cm.batch_size:
+            cm = base_cm
         else:
             try:
-                cm = hwb_compile(m, cm1.target, cm1.precision, batch_size=size, store=store,
+                cm = hwb_compile(m, base_cm.target, base_cm.precision, batch_size=size, store=store,
                                  progress=say)
             except HwbError as exc:
-                say(f"{cm1.variant} batch {size}: {type(exc).__name__}: {exc}")
-                res.variants.append({"variant": cm1.variant, "target": cm1.target,
-                                     "precision": cm1.precision, "batch_size": size,
-                                     "mode": cm1.mode.value, "error": f"{type(exc).__name__}: {exc}"})
+                say(f"{base_cm.variant} batch {size}: {type(exc).__name__}: {exc}")
+                res.variants.append({"variant": base_cm.variant, "target": base_cm.target,
+                                     "precision": base_cm.precision, "batch_size": size,
+                                     "mode": base_cm.mode.value, "error": f"{type(exc).__name__}: {exc}"})
                 continue
         prof, _ = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress,
                                  batch_size=size)

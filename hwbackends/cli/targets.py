@@ -14,22 +14,16 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..registry import get_registry
+    from ..registry import get_registry, safe_probe
 
     reg = get_registry()
     rows = []
     for name in sorted(reg.targets):
         t = reg.targets[name]
-        try:
-            av = t.probe()
-            avd = av.to_dict()
-        except Exception as exc:  # probe must not raise; if it does, report it as a reason
-            avd = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
-                   "device": "", "details": {}}
         rows.append({"name": name, "family": t.family, "precisions": list(t.precisions),
                      "formats": list(t.formats), "description": t.description,
                      "plugin": reg.target_plugin[name], "options": t.option_docs,
-                     "availability": avd})
+                     "availability": safe_probe(t).to_dict()})
     data = {"targets": rows, "problems": [p.to_dict() for p in reg.problems],
             "plugin_import_seconds": reg.import_seconds,
             "converters": [{"name": c.name, "src": c.src, "dst": c.dst,

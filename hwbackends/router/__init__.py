@@ -2,7 +2,7 @@
 
     router = hwbackends.Router.from_config("strategies.toml")
     y = router.predict("momentum", x)             # validates, allocates
-    router.predict_into("momentum", x, out)       # the hot path
+    router.route_into("momentum", x, out)         # the hot path
     f = router.handle("momentum"); f(x, out)      # the hot path without the name lookup
     print(router.explain())
 
@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..batches import predict_in_batches
 from ..bench import ProfileCache
 from ..config import StrategiesFile, load_config, resolve_model
 from ..errors import ConfigError, InputError
@@ -90,7 +91,9 @@ class Router:
         return router
 
     # -- run time ---------------------------------------------------------------------------
-    def _lane(self, name: str) -> Lane:
+    def lane(self, name: str) -> Lane:
+        """The lane serving strategy ``name`` (its candidates' compiled models in ``cms``,
+        their live state in ``variants``); a clear error for an unknown or unroutable one."""
         try:
             return self._lanes[name]
         except KeyError:
@@ -103,38 +106,29 @@ class Router:
     def handle(self, name: str) -> Callable[[np.ndarray, np.ndarray], None]:
         """The strategy's hot-path callable ``f(x, out)``: keep it and call it per tick (the
         same dispatch, failover and tracking as :meth:`predict_into`, minus the name lookup)."""
-        return self._lane(name).predict_into
+        return self.lane(name).predict_into
 
-    def predict_into(self, name: str, x: np.ndarray, out: np.ndarray) -> None:
+    def route_into(self, strategy: str, x: np.ndarray, out: np.ndarray) -> None:
         """Hot path: ``x`` of shape ``(batch_size, *input)`` float32, ``out`` preallocated."""
         try:
-            h = self._handles[name]
+            h = self._handles[strategy]
         except KeyError:
-            self._lane(name)  # raises the explanation
+            self.lane(strategy)  # raises the explanation
             raise
         h(x, out)
 
     def predict(self, name: str, x: Any) -> np.ndarray:
         """Validated, allocating predict (one sample or a batch) through the lane."""
-        lane = self._lane(name)
+        lane = self.lane(name)
         cm = lane.cms[0]
         arr, single = cm.validate(x)
-        b = cm.batch_size
-        out = np.empty((len(arr), *cm.output.shape), np.float32)
-        xb = np.zeros(cm.input.batched(b), np.float32)
-        yb = np.zeros(cm.output.batched(b), np.float32)
-        for i in range(0, len(arr), b):
-            chunk = arr[i:i + b]
-            k = len(chunk)
-            xb[:k] = chunk
-            xb[k:] = 0.0
-            lane.predict_into(xb, yb)
-            out[i:i + k] = yb[:k]
+        # Every candidate is compiled at the lane's batch size, so the lane chunks like one.
+        out = predict_in_batches(lane.predict_into, arr, cm.batch_size, cm.input, cm.output)
         return out[0] if single else out
 
     def serving(self, name: str) -> str:
         """The variant serving ``name`` right now."""
-        return self._lane(name).serving
+        return self.lane(name).serving
 
     def status(self) -> dict[str, Any]:
         return {n: lane.status() for n, lane in self._lanes.items()}

@@ -8,7 +8,6 @@ lowest p99 within the tier's budget, and when none meets it say so and name the 
 """
 from __future__ import annotations
 
-import fnmatch
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
 from ..errors import HwbError
+from ..registry import safe_probe, select_targets
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..compiled import CompiledModel
@@ -138,18 +138,11 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
     tol = s.fidelity.tolerance()
     bench = SingleStream(n=cfg.router.bench.n, warmup=cfg.router.bench.warmup,
                          max_s=cfg.router.bench.max_s)
-    names: list[str] = []
-    for pat in s.targets:
-        names += [n for n in sorted(reg.targets) if fnmatch.fnmatchcase(n, pat) and n not in names]
+    names = select_targets(reg, s.targets, where=f"strategy {name!r} targets")
     cands: list[Candidate] = []
     for tname in names:
         tgt = reg.targets[tname]
-        try:
-            av = tgt.probe()
-        except Exception as exc:
-            cands.append(Candidate(name, tname, "", "unavailable", "unavailable",
-                                   [f"probe raised {type(exc).__name__}: {exc}"]))
-            continue
+        av = safe_probe(tgt)
         if not av.usable:
             cands.append(Candidate(name, tname, "", "unavailable", "unavailable", [av.reason]))
             continue
@@ -182,7 +175,7 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             f"({bench.n} calls each in {cfg.router.bench.rounds} rounds)")
         profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
                                     cache, refresh)
-        for c, (prof, hit) in zip(todo, profs):
+        for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
 

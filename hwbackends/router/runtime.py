@@ -24,6 +24,7 @@ A lane serves one caller thread (one strategy's hot loop); it is not locked.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..breaker import Breaker, BreakerState
 from ..errors import HwbError
 
 log = logging.getLogger("hwbackends.router")
@@ -40,8 +42,14 @@ class NoRouteError(HwbError):
     """No candidate could serve a request or a strategy (the message says why for each)."""
 
 
-class _Deadline:
-    """One variant behind a worker thread, so a stalled call can be abandoned."""
+class DeadlineWorker:
+    """One variant behind a worker thread, so a stalled call can be abandoned.
+
+    Every hand-off carries a sequence number and the worker tags its reply with it: the
+    caller takes only the reply to its own call. (Without it, a late reply to an abandoned
+    call could be taken as the answer to the next one — seen under a short GIL switch
+    interval.) A worker still busy with an abandoned call takes no new one, so the variant
+    never runs on two threads."""
 
     def __init__(self, fn: Callable[[np.ndarray, np.ndarray], None], x_shape: tuple[int, ...],
                  y_shape: tuple[int, ...], name: str):
@@ -49,64 +57,94 @@ class _Deadline:
         self.x = np.zeros(x_shape, np.float32)
         self.y = np.zeros(y_shape, np.float32)
         self.busy = False
-        self.exc: BaseException | None = None
-        self._go = threading.Event()
-        self._done = threading.Event()
+        self._seq = 0            # last call handed to the worker
+        self._done_seq = 0       # last call the worker finished
+        self._exc: BaseException | None = None
+        self._cv = threading.Condition(threading.Lock())
+        self._go: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=f"hwb-deadline-{name}", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while True:
-            self._go.wait()
-            self._go.clear()
+            seq = self._go.get()
+            exc: BaseException | None = None
             try:
                 self.fn(self.x, self.y)
-            except BaseException as exc:  # handed to the caller
-                self.exc = exc
-            self.busy = False
-            self._done.set()
+            except BaseException as e:  # handed to the caller of this sequence number
+                exc = e
+            with self._cv:
+                self._exc = exc
+                self._done_seq = seq
+                self.busy = False
+                self._cv.notify_all()
 
     def call(self, x: np.ndarray, out: np.ndarray, timeout_s: float) -> bool:
         """Run one call; ``True`` when it completed in time (``out`` filled), ``False`` when it
         missed the deadline or the worker is still stuck on an earlier call."""
-        if self.busy:
-            return False
-        self.x[...] = x
-        self.busy = True
-        self._done.clear()
-        self._go.set()
-        if not self._done.wait(timeout_s):
-            return False
-        if self.exc is not None:
-            exc, self.exc = self.exc, None
-            raise exc
-        out[...] = self.y
+        with self._cv:
+            if self.busy:
+                return False
+            self.busy = True
+            self._seq += 1
+            seq = self._seq
+        self.x[...] = x  # the worker is idle: nothing reads x until the hand-off below
+        self._go.put(seq)
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._done_seq == seq, timeout_s):
+                return False
+            exc, self._exc = self._exc, None
+            if exc is not None:
+                raise exc
+            out[...] = self.y  # under the lock: no later call can be writing y yet
         return True
 
 
 @dataclass
 class VariantState:
-    """Live state of one candidate in a lane."""
+    """Live state of one candidate in a lane: its breaker (failures) and whether it was taken
+    out for its latency (``degraded``) or is serving a probe window (``probing``)."""
 
     variant: str
     mode: str
     fn: Callable[[np.ndarray, np.ndarray], None]
     rank: int
-    state: str = "closed"          # closed | open (breaker) | degraded (over budget) | probing
-    failures: int = 0              # consecutive
-    retry_at: float = 0.0
+    breaker: Breaker
+    degraded: bool = False
+    degraded_until: float = 0.0
+    probing: bool = False
     over: int = 0                  # consecutive windows over budget
     calls: int = 0
     errors: int = 0
     timeouts: int = 0
     window_p99_us: list[float] = field(default_factory=list)
     last_error: str = ""
-    deadline: _Deadline | None = None
+    worker: DeadlineWorker | None = None
+
+    @property
+    def state(self) -> str:
+        """closed | open (breaker) | probing (half-open or a latency probe) | degraded."""
+        b = self.breaker.state
+        if b is BreakerState.OPEN:
+            return "open"
+        if self.probing or b is BreakerState.HALF_OPEN:
+            return "probing" if self.probing else "open"
+        return "degraded" if self.degraded else "closed"
+
+    @property
+    def failures(self) -> int:
+        return self.breaker.consecutive
+
+    def may_serve(self, now: float) -> bool:
+        """Closed, or out but due for another try (breaker half-open / latency retry)."""
+        if not self.breaker.allows():
+            return False
+        return not self.degraded or now >= self.degraded_until
 
     def to_dict(self) -> dict[str, Any]:
         return {"variant": self.variant, "mode": self.mode, "rank": self.rank, "state": self.state,
-                "calls": self.calls, "errors": self.errors, "timeouts": self.timeouts,
-                "consecutive_failures": self.failures,
+                "breaker": self.breaker.state.value, "calls": self.calls, "errors": self.errors,
+                "timeouts": self.timeouts, "consecutive_failures": self.failures,
                 "recent_window_p99_us": self.window_p99_us[-10:], "last_error": self.last_error}
 
 
@@ -130,12 +168,14 @@ class Lane:
         self.sample_every = max(1, int(sample_every))
         self.events: list[dict[str, Any]] = []
         self._on_event = on_event
-        self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i) for i, c in enumerate(order)]
+        self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i,
+                                      Breaker(breaker_failures, probe_after_s))
+                         for i, c in enumerate(order)]
         self.cms = [c.cm for c in order]
         if self.timeout_s is not None:
-            for v, cm in zip(self.variants, self.cms):
-                v.deadline = _Deadline(v.fn, cm.input.batched(cm.batch_size),
-                                       cm.output.batched(cm.batch_size), v.variant)
+            for v, cm in zip(self.variants, self.cms, strict=True):
+                v.worker = DeadlineWorker(v.fn, cm.input.batched(cm.batch_size),
+                                          cm.output.batched(cm.batch_size), v.variant)
         self.cur = 0
         self.fn = self.variants[0].fn
         self._lat: list[int] = []  # this window's latencies (ns) of the serving variant
@@ -214,75 +254,78 @@ class Lane:
         """Best-ranked candidate that may serve now (closed, or due for a probe)."""
         now = time.monotonic()
         for j, v in enumerate(self.variants):
-            if j != exclude and (v.state == "closed" or now >= v.retry_at):
+            if j != exclude and v.may_serve(now):
                 return j
         return None
 
     def _record_failure(self, j: int, what: str, timeout: bool = False) -> None:
         v = self.variants[j]
-        v.failures += 1
         v.last_error = what
         if timeout:
             v.timeouts += 1
         else:
             v.errors += 1
-        if v.state == "probing" or (v.state == "closed" and v.failures >= self.breaker_failures):
-            v.state = "open"
-            v.retry_at = time.monotonic() + self.probe_after_s
-            if j == self.cur:
-                nxt = self._healthy(exclude=j)
-                if nxt is not None:
-                    self._switch(nxt, "breaker-open", f"{v.failures} consecutive failure(s), last: "
-                                 f"{what}", failures=v.failures, retry_in_s=self.probe_after_s)
-                else:
-                    self._event("breaker-open", v.variant, v.variant, f"no other candidate; last: {what}")
-
-    def _failover(self, x: np.ndarray, out: np.ndarray, exc: BaseException) -> None:
-        failed = self.cur
-        self._record_failure(failed, f"{type(exc).__name__}: {exc}")
-        errors = [f"{self.variants[failed].variant}: {type(exc).__name__}: {exc}"]
-        for j, v in enumerate(self.variants):
-            if j == failed or (v.state == "open" and time.monotonic() < v.retry_at):
-                continue
-            try:
-                v.fn(x, out)
-            except Exception as exc2:
-                self._record_failure(j, f"{type(exc2).__name__}: {exc2}")
-                errors.append(f"{v.variant}: {type(exc2).__name__}: {exc2}")
-                continue
-            v.failures = 0
+        failures = v.breaker.consecutive + 1
+        if not v.breaker.failure():
             return
-        raise NoRouteError(f"strategy {self.strategy}: every candidate failed this request: "
-                           + "; ".join(errors))
+        v.probing = False
+        if j != self.cur:
+            return
+        nxt = self._healthy(exclude=j)
+        if nxt is not None:
+            self._switch(nxt, "breaker-open", f"{failures} consecutive failure(s), last: {what}",
+                         failures=failures, retry_in_s=self.probe_after_s)
+        else:
+            self._event("breaker-open", v.variant, v.variant, f"no other candidate; last: {what}")
 
-    def _deadline_call(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _call_direct(self, v: VariantState, x: np.ndarray, out: np.ndarray) -> bool:
+        v.fn(x, out)
+        return True
+
+    def _call_with_deadline(self, v: VariantState, x: np.ndarray, out: np.ndarray) -> bool:
+        return v.worker.call(x, out, self.timeout_s)  # type: ignore[union-attr,arg-type]
+
+    def _serve_by_candidates(self, x: np.ndarray, out: np.ndarray, call: Callable[..., bool],
+                             skip: int | None, errors: list[str]) -> None:
+        """Serve this request by the first candidate that can: the serving one first (unless it
+        is ``skip``, which just failed), then by rank, skipping open breakers. Each failure is
+        recorded; when every candidate failed, :class:`NoRouteError` names each reason."""
         clock = time.perf_counter_ns
-        errors = []
-        n = len(self.variants)
-        for j in [self.cur] + [k for k in range(n) if k != self.cur]:
+        order = [self.cur] + [k for k in range(len(self.variants)) if k != self.cur]
+        for j in order:
             v = self.variants[j]
-            if j != self.cur and v.state == "open" and time.monotonic() < v.retry_at:
+            if j == skip or (j != self.cur and not v.breaker.allows()):
                 continue
             t0 = clock()
             try:
-                ok = v.deadline.call(x, out, self.timeout_s)  # type: ignore[union-attr]
+                ok = call(v, x, out)
             except Exception as exc:
                 self._record_failure(j, f"{type(exc).__name__}: {exc}")
                 errors.append(f"{v.variant}: {type(exc).__name__}: {exc}")
                 continue
             if not ok:
-                self._record_failure(j, f"missed the {self.timeout_s * 1e6:.0f} µs deadline",
+                self._record_failure(j, f"missed the {self.timeout_s * 1e6:.0f} µs deadline",  # type: ignore[operator]
                                      timeout=True)
                 errors.append(f"{v.variant}: deadline")
                 continue
-            v.failures = 0
-            if j == self.cur:
+            v.breaker.consecutive = 0  # a clean call; closing is the probe window's job
+            if j == self.cur and skip is None:
                 self._lat.append(clock() - t0)
                 if len(self._lat) >= self.window:
                     self._end_window()
             return
         raise NoRouteError(f"strategy {self.strategy}: every candidate failed this request: "
                            + "; ".join(errors))
+
+    def _failover(self, x: np.ndarray, out: np.ndarray, exc: BaseException) -> None:
+        """The direct hot path's slow path: the serving variant raised on this request."""
+        failed = self.cur
+        self._record_failure(failed, f"{type(exc).__name__}: {exc}")
+        self._serve_by_candidates(x, out, self._call_direct, failed,
+                                  [f"{self.variants[failed].variant}: {type(exc).__name__}: {exc}"])
+
+    def _deadline_call(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._serve_by_candidates(x, out, self._call_with_deadline, None, [])
 
     def _end_window(self) -> None:
         v = self.variants[self.cur]
@@ -292,27 +335,17 @@ class Lane:
         v.calls += self.window * self.sample_every
         v.window_p99_us.append(round(p99, 2))
         del v.window_p99_us[:-50]
-        v.failures = 0
+        v.breaker.consecutive = 0
         now = time.monotonic()
-        if v.state in ("probing", "open", "degraded"):  # a probe window just finished
-            if p99 <= self.budget_us:
-                v.state, v.over = "closed", 0
-                self._event("recovered", v.variant, v.variant,
-                            f"probe window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
-                            window_p99_us=round(p99, 2))
-            else:
-                v.state, v.retry_at = "degraded", now + self.probe_after_s
-                nxt = self._healthy(exclude=self.cur)
-                if nxt is not None:
-                    self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
-                                 f"{self.budget_us:g} µs", window_p99_us=round(p99, 2))
+        if v.probing or v.degraded or v.breaker.state is not BreakerState.CLOSED:
+            self._probe_window_done(v, p99, now)
             return
         v.over = v.over + 1 if p99_ns > self.budget_ns else 0
         if v.over >= self.switch_after:
             nxt = self._healthy(exclude=self.cur)
             if nxt is not None:
                 last = v.window_p99_us[-self.switch_after:]
-                v.state, v.retry_at, v.over = "degraded", now + self.probe_after_s, 0
+                v.degraded, v.degraded_until, v.over = True, now + self.probe_after_s, 0
                 self._switch(nxt, "re-route", f"p99 over budget {self.budget_us:g} µs for "
                              f"{self.switch_after} consecutive windows of {self.window} calls",
                              window_p99_us=last, budget_us=self.budget_us)
@@ -320,11 +353,27 @@ class Lane:
         # A better-ranked variant due for a probe (breaker half-open, or degraded earlier)?
         for j in range(self.cur):
             b = self.variants[j]
-            if b.state in ("open", "degraded") and now >= b.retry_at:
-                b.state = "probing"
+            if (b.degraded or b.breaker.state is not BreakerState.CLOSED) and b.may_serve(now):
+                b.probing = True
+                b.breaker.probe()  # one failure in the probe window takes it out again
                 self._switch(j, "probe", f"{self.probe_after_s:g} s after it was taken out "
                              f"(half-open): serving one window to check it")
                 return
+
+    def _probe_window_done(self, v: VariantState, p99: float, now: float) -> None:
+        v.probing = False
+        v.breaker.close()
+        if p99 <= self.budget_us:
+            v.degraded, v.over = False, 0
+            self._event("recovered", v.variant, v.variant,
+                        f"probe window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
+                        window_p99_us=round(p99, 2))
+            return
+        v.degraded, v.degraded_until = True, now + self.probe_after_s
+        nxt = self._healthy(exclude=self.cur)
+        if nxt is not None:
+            self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
+                         f"{self.budget_us:g} µs", window_p99_us=round(p99, 2))
 
     def status(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "serving": self.serving, "budget_us": self.budget_us,

@@ -6,9 +6,10 @@ from __future__ import annotations
 from .backend import Backend, RouterStrategy, compile_batch_variants
 from .batching import PRESETS, BatchPolicy
 from .cache import InferenceCache
-from .engine import BREAKER_OPEN, DEADLINE, OK, STOPPED, Engine, EngineConfig, Unavailable
+from .engine import Engine, EngineConfig
 from .lifecycle import SwapError, SwapResult
+from .request import BREAKER_OPEN, DEADLINE, OK, STOPPED, Unavailable, check_deadline_us
 
 __all__ = ["BREAKER_OPEN", "Backend", "BatchPolicy", "DEADLINE", "Engine", "EngineConfig",
            "InferenceCache", "OK", "PRESETS", "RouterStrategy", "STOPPED", "SwapError",
-           "SwapResult", "Unavailable", "compile_batch_variants"]
+           "SwapResult", "Unavailable", "check_deadline_us", "compile_batch_variants"]

@@ -46,8 +46,11 @@ class RouterStrategy:
     def __init__(self, router: Any, name: str):
         self.router = router
         self.name = name
-        lane = router._lane(name)  # raises the router's own clear error for unknown strategies
-        self._lane = lane
+        lane = router.lane(name)  # raises the router's own clear error for unknown strategies
+        self.lane = lane
+        #: What the engine locks around a call (see hwbackends.exclusive): the lane, so two
+        #: RouterStrategy objects over one strategy never run it on two threads.
+        self.exclusive_key = lane
         cm = lane.cms[0]
         self.input: TensorSpec = cm.input
         self.output: TensorSpec = cm.output
@@ -60,14 +63,14 @@ class RouterStrategy:
 
     @property
     def variant(self) -> str:
-        return f"router:{self.name}→{self._lane.serving}"
+        return f"router:{self.name}→{self.lane.serving}"
 
     def failovers(self) -> int:
         """Calls a candidate failed or timed out on (each one was served by the next)."""
-        return sum(v.errors + v.timeouts for v in self._lane.variants)
+        return sum(v.errors + v.timeouts for v in self.lane.variants)
 
     def warmup(self, n: int = 20) -> None:
-        for cm in self._lane.cms:
+        for cm in self.lane.cms:
             cm.warmup(n)
 
 

@@ -9,12 +9,14 @@ throughput while pushing p99 up is the classic failure (see docs/serving.md).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import ConfigError
+from ..exclusive import lock_for
 from .backend import label
 
 
@@ -52,12 +54,15 @@ PRESETS: dict[str, BatchPolicy] = {
 class Slot:
     """One allowed batch size: the backend that runs it and its fixed input/output buffers."""
 
-    __slots__ = ("size", "backend", "fn", "x", "y", "variant")
+    __slots__ = ("size", "backend", "fn", "x", "y", "variant", "lock")
 
     def __init__(self, size: int, backend: Any):
         self.size = size
         self.backend = backend
         self.fn: Callable[[np.ndarray, np.ndarray], None] = backend.predict_into
+        # Held around every call of the backend, wherever it comes from (serving thread,
+        # inline caller, swap warm-up/shadow, another engine): executors are single-threaded.
+        self.lock = lock_for(backend)
         self.x = np.zeros(backend.input.batched(size), dtype=np.float32)
         self.y = np.zeros(backend.output.batched(size), dtype=np.float32)
         self.variant = label(backend)
@@ -116,28 +121,42 @@ class BatchPlan:
     def run(self, xs: list[np.ndarray], on_rows: Callable[[int, np.ndarray, np.ndarray], None]) -> None:
         """Run ``xs`` (one sample each) in as few calls as the slots allow; ``on_rows(start,
         x_rows, y_rows)`` receives each chunk's inputs and outputs (views into the buffers,
-        valid only during the callback)."""
+        valid only during the callback, which runs under the slot's lock)."""
         n = len(xs)
         start = 0
         while start < n:
             k = min(n - start, self.max_slot.size)
             slot = self.slot_for(k)
             x, y = slot.x, slot.y
-            for i in range(k):
-                x[i] = xs[start + i]
-            if k < slot.size:
-                x[k:] = 0.0  # padding rows: their outputs are discarded
-            slot.fn(x, y)
-            on_rows(start, x[:k], y[:k])
+            with slot.lock:  # the buffers and the executor are this thread's until released
+                for i in range(k):
+                    x[i] = xs[start + i]
+                if k < slot.size:
+                    x[k:] = 0.0  # padding rows: their outputs are discarded
+                slot.fn(x, y)
+                on_rows(start, x[:k], y[:k])
             start += k
 
-    def warmup(self, n: int) -> None:
-        """Every slot ``n`` times on zeros, plus the backends' own warm-up."""
+    def warmup(self, n: int) -> float:
+        """Every slot ``n`` times on zeros, plus the backends' own warm-up; each call holds the
+        backend's lock, so warming a backend that is already serving elsewhere is safe.
+        Returns the median seconds of one call of the largest slot (0.0 when ``n`` is 0)."""
         for b in self.backends:
             w = getattr(b, "warmup", None)
             if w is not None:
-                w(n)
+                lk = lock_for(b)
+                for _ in range(n):  # one call at a time, so live traffic interleaves
+                    with lk:
+                        w(1)
+        times: list[float] = []
+        clock = time.perf_counter
         for s in self.slots:
-            s.x[...] = 0.0
             for _ in range(n):
-                s.fn(s.x, s.y)
+                with s.lock:
+                    s.x[...] = 0.0
+                    t0 = clock()
+                    s.fn(s.x, s.y)
+                    dt = clock() - t0
+                if s is self.max_slot:
+                    times.append(dt)
+        return float(np.median(times)) if times else 0.0

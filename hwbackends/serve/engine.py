@@ -2,64 +2,61 @@
 cache, per-call deadlines with a breaker, optional core pinning, hot swap.
 
     eng = Engine(hwb.compile(model, "cpu.litert"), EngineConfig.preset("latency"), strategy="mom")
-    eng.start()                                   # warms up, then serves
-    r = eng.predict_into(x, out, deadline_us=200) # True, or an Unavailable (falsy) result
+    eng.start()                                       # warms up, then serves
+    r = eng.try_predict_into(x, out, deadline_us=200) # True, or an Unavailable (falsy) result
     if not r: skip_this_tick(r.reason)
 
-Callers (any number of threads) hand requests to the serving thread through a C-implemented
-queue and wait on a per-request lock; the serving thread gathers what arrives within
-``batch_timeout_us`` of the first waiting request (up to ``max_batch_size``), copies the rows
-into the preallocated buffers of the smallest allowed batch size, runs the backend once and
-hands each caller its row. A deadline miss is a *result* (:class:`Unavailable`), not an
-exception: a strategy skips the tick and carries on.
+The pieces: :mod:`.batcher` (queue, serving thread, batch execution), :mod:`..breaker`
+(the one breaker), :mod:`.versions` and :mod:`.lifecycle` (versions, swap, rollback),
+:mod:`.request` (requests, :class:`Unavailable`, deadline validation). This module wires
+them together behind the caller-facing API.
+
+Trust model (docs/serving.md): a client can make its own calls fail (a bad array or deadline
+is an :class:`~hwbackends.errors.InputError`; a budget too small to meet is answered
+"deadline"), but nothing a client sends counts toward the breaker every client shares — only
+backend failures and deadline misses on budgets the backend should have met do.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..breaker import Breaker
+from ..errors import ConfigError, InputError
 from ..fidelity import Tolerance
 from ..inputs import as_sample
 from .backend import label, normalise
+from .batcher import Batcher
 from .batching import PRESETS, BatchPlan, BatchPolicy
 from .cache import InferenceCache
-from .lifecycle import ShadowCollector, SwapError, SwapResult, Version, run_swap
+from .lifecycle import SwapError, SwapResult, SwapTicket, run_swap
 from .metrics import EngineMetrics, PromMetrics
+from .request import (
+    ABANDONED,
+    BREAKER_OPEN,
+    DEADLINE,
+    DONE,
+    OK,
+    PENDING,
+    STOPPED,
+    Request,
+    Unavailable,
+    check_deadline_us,
+)
+from .versions import Version, Versions
 
 log = logging.getLogger("hwbackends.serve")
 
-
-class Unavailable:
-    """"Signal unavailable" for this call: falsy, with the reason. Not an exception, so the
-    hot path of a strategy stays a branch: ``if not engine.predict_into(x, out): ...``."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"Unavailable({self.reason!r})"
-
-
-DEADLINE = Unavailable("deadline")
-BREAKER_OPEN = Unavailable("breaker-open")
-STOPPED = Unavailable("engine-stopped")
-OK = True
-
-_PENDING, _DONE, _ABANDONED = 0, 1, 2
+__all__ = ["BREAKER_OPEN", "DEADLINE", "OK", "STOPPED", "Engine", "EngineConfig", "Unavailable"]
 
 
 @dataclass(frozen=True)
@@ -77,16 +74,35 @@ class EngineConfig:
     #: Consecutive deadline misses/errors that open the breaker, and how long it stays open.
     breaker_failures: int = 5
     breaker_reset_s: float = 1.0
+    #: A deadline miss counts toward the breaker only when the request's budget was at least
+    #: this many µs (a budget the backend should have met). A client's own too-small budget
+    #: is answered "deadline" to that client and counted as ``client_deadline_misses``, but
+    #: cannot open the breaker for everyone. ``None``: the engine's own ``deadline_us`` when
+    #: set, else 20× the warm-up call time + ``batch_timeout_us``, and at least 200 µs.
+    breaker_min_deadline_us: float | None = None
     #: Swap validation: tolerance of the new version against the serving one on live inputs.
     tolerance: Tolerance | None = field(default_factory=lambda: Tolerance(corr_min=0.999, rel_err=0.01))
     shadow_samples: int = 256
     shadow_timeout_s: float = 30.0
+    #: A whole swap (factory, warm-up, shadow) that takes longer ends rejected; the engine
+    #: is then free for the next swap (a factory that hangs cannot block swaps forever).
+    swap_timeout_s: float = 600.0
     #: Check each request's shape/dtype/finiteness (a wrong array raises InputError).
     validate: bool = True
     #: Run calls *without a deadline* in the caller's thread (needs max_batch_size == 1): no
     #: thread hand-off (about 20 µs of the engine's latency here), but such a call is neither
     #: pinned nor preemptible. Calls with a deadline still go through the serving thread.
     inline: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            check_deadline_us(self.deadline_us, "EngineConfig.deadline_us")
+            check_deadline_us(self.breaker_min_deadline_us, "EngineConfig.breaker_min_deadline_us")
+        except InputError as exc:  # a configuration mistake, not a request's
+            raise ConfigError(str(exc)) from None
+        if not (self.swap_timeout_s > 0 and math.isfinite(self.swap_timeout_s)):
+            raise ConfigError(f"swap_timeout_s must be a finite number of seconds > 0, "
+                              f"got {self.swap_timeout_s}")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "EngineConfig":
@@ -102,21 +118,6 @@ class EngineConfig:
         return replace(self, policy=replace(self.policy, **kw))
 
 
-class _Req:
-    __slots__ = ("x", "y", "t0", "deadline", "done", "state", "err", "key")
-
-    def __init__(self, x: np.ndarray, t0: float, deadline: float):
-        self.x = x
-        self.y: np.ndarray | None = None
-        self.t0 = t0
-        self.deadline = deadline
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.state = _PENDING
-        self.err: str | None = None
-        self.key: bytes | None = None
-
-
 class Engine:
     """Serves one strategy's model (see the module docstring)."""
 
@@ -128,9 +129,6 @@ class Engine:
             raise ConfigError(f"inline serving runs one call at a time; it needs max_batch_size=1 "
                               f"(got {cfg.policy.max_batch_size}): use the 'single' preset")
         self._inline = cfg.inline
-        # Serialises executions: backends (a LiteRT interpreter) are not thread-safe, and inline
-        # calls share the slots with the serving thread. Uncontended it costs ~0.1 µs a batch.
-        self._exec_lock = threading.Lock()
         if cfg.pin_cores is not None:
             allowed = os.sched_getaffinity(0)
             bad = sorted(set(cfg.pin_cores) - allowed)
@@ -139,58 +137,38 @@ class Engine:
                                   f"not available to this process (allowed: {sorted(allowed)})")
         self.metrics = EngineMetrics(strategy, prom)
         self.cache = InferenceCache(cfg.cache_entries, cfg.cache_bytes) if cfg.cache_entries > 0 else None
-        self._version_counter = 0
-        self._active = Version(self._next_version(), BatchPlan(normalise(backends), cfg.policy),
-                               "initial")
-        self._active.source = label(self._active.plan.slots[0].backend)
-        self._previous: Version | None = None
-        self.history: list[dict[str, Any]] = [self._active.to_dict()]
-        self._in_shape = tuple(self._active.plan.input.shape)
-        self._shadow: ShadowCollector | None = None
-        self._q: queue.SimpleQueue[_Req | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._start_error: BaseException | None = None
+        plan = BatchPlan(normalise(backends), cfg.policy)
+        self.versions = Versions(plan, label(plan.slots[0].backend), self._version_changed)
+        self._in_shape = tuple(plan.input.shape)
+        self.batcher = Batcher(strategy, self.versions, cfg.policy, self.metrics,
+                               pin_cores=cfg.pin_cores, warmup=cfg.warmup)
+        self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_reset_s)
+        self._fair_budget_us = cfg.breaker_min_deadline_us or cfg.deadline_us or 200.0
         self._running = False
-        self._fails = 0
-        self._open_until = 0.0
-        self._half_open = False
         self._swap_lock = threading.Lock()
-        self.metrics.set_version(self._active.number)
+        self.metrics.set_version(self.versions.active.number)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.versions.history
 
     # -- lifecycle of the engine ------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> "Engine":
         """Start the serving thread; returns once it is pinned and warm."""
         if self._running:
             return self
-        self._ready.clear()
-        self._start_error = None
-        self._thread = threading.Thread(target=self._serve, name=f"hwb-serve-{self.strategy}",
-                                        daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise ConfigError(f"engine {self.strategy!r} did not finish warming up in {timeout:g} s")
-        if self._start_error is not None:
-            raise self._start_error
+        self.batcher.start(timeout)
+        cfg = self.config
+        if cfg.breaker_min_deadline_us is None and cfg.deadline_us is None:
+            self._fair_budget_us = max(200.0, 20 * self.batcher.warm_call_s * 1e6
+                                       + cfg.policy.batch_timeout_us)
         self._running = True
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving; requests still queued are answered ``engine-stopped``."""
-        if self._thread is None:
-            return
         self._running = False
-        self._q.put(None)
-        self._thread.join(timeout)
-        self._thread = None
-        while True:
-            try:
-                r = self._q.get_nowait()
-            except queue.Empty:
-                break
-            if r is not None:
-                r.err = STOPPED.reason
-                r.done.release()
+        self.batcher.stop(timeout)
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -204,11 +182,11 @@ class Engine:
 
     @property
     def version(self) -> int:
-        return self._active.number
+        return self.versions.active.number
 
     @property
     def variant(self) -> str:
-        return self._active.variant
+        return self.versions.active.variant
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -216,180 +194,103 @@ class Engine:
 
     @property
     def output_shape(self) -> tuple[int, ...]:
-        return tuple(self._active.plan.output.shape)
+        return tuple(self.versions.active.plan.output.shape)
 
-    # -- the serving thread -----------------------------------------------------------------
-    def _serve(self) -> None:
-        try:
-            if self.config.pin_cores is not None:
-                os.sched_setaffinity(0, self.config.pin_cores)  # pid 0 = this thread on Linux
-                self.metrics.set_pinned(tuple(sorted(os.sched_getaffinity(0))))
-            self._active.plan.warmup(self.config.warmup)
-        except BaseException as exc:
-            self._start_error = ConfigError(f"engine {self.strategy!r} failed to start: "
-                                            f"{type(exc).__name__}: {exc}")
-            self._ready.set()
-            return
-        self._ready.set()
-        q = self._q
-        get, get_nowait = q.get, q.get_nowait
-        Empty = queue.Empty
-        clock = time.perf_counter
-        while True:
-            first = get()
-            if first is None:
-                return
-            batch = [first]
-            pol = self.config.policy
-            max_b = pol.max_batch_size
-            stop = False
-            if max_b > 1:
-                # The batch closes batch_timeout_us after the first request *arrived*, so a
-                # request that queued behind a running batch waits no longer than that.
-                t_end = first.t0 + pol.batch_timeout_us * 1e-6
-                while len(batch) < max_b:
-                    try:
-                        r = get_nowait()
-                    except Empty:
-                        rem = t_end - clock()
-                        if rem <= 0:
-                            break
-                        try:
-                            r = get(timeout=rem)
-                        except Empty:
-                            break
-                    if r is None:
-                        stop = True
-                        break
-                    batch.append(r)
-            self._run(batch, clock)
-            if stop:
-                return
-
-    def _run(self, batch: list[_Req], clock: Any) -> None:
-        with self._exec_lock:
-            self._run_locked(batch, clock)
-
-    def _run_locked(self, batch: list[_Req], clock: Any) -> None:
-        now = clock()
-        live = []
-        for r in batch:
-            if r.state != _PENDING:
-                continue
-            if now > r.deadline:  # already too late: don't spend the model on it
-                r.err = DEADLINE.reason
-                r.done.release()
-                continue
-            live.append(r)
-        if not live:
-            return
-        v = self._active  # read once: a swap between batches never splits one
-        self.metrics.batch(len(live), [now - r.t0 for r in live])
-        shadow = self._shadow
-        number = v.number
-
-        def deliver(start: int, xr: np.ndarray, yr: np.ndarray) -> None:
-            for i in range(len(yr)):
-                live[start + i].y = yr[i].copy()
-            if shadow is not None:
-                shadow.offer(number, xr, yr)
-        try:
-            v.plan.run([r.x for r in live], deliver)
-        except Exception as exc:  # the backend failed this batch: each caller gets "unavailable"
-            msg = f"backend {v.variant} failed: {type(exc).__name__}: {exc}"
-            log.warning("%s: %s", self.strategy, msg)
-            for r in live:
-                if r.y is None:
-                    r.err = msg
-        for r in live:
-            r.done.release()
+    @property
+    def breaker_min_deadline_us(self) -> float:
+        """Budgets below this are the client's own: their misses never open the breaker."""
+        return self._fair_budget_us
 
     # -- callers ----------------------------------------------------------------------------
     def _check(self, x: Any) -> np.ndarray:
-        return as_sample(x, self._active.plan.input, "reject" if self.config.validate else "pass",
+        return as_sample(x, self.versions.active.plan.input,
+                         "reject" if self.config.validate else "pass",
                          where=f"engine {self.strategy!r} (requests are batched for you)")
 
     def _breaker_blocks(self) -> bool:
-        if self._open_until:
-            if time.monotonic() < self._open_until:
-                return True
-            self._open_until = 0.0
-            self._half_open = True  # the next failure re-opens at once
-            self.metrics.set_breaker(False)
-        return False
+        br = self.breaker
+        if br.allows():
+            if br.retry_at:  # it just turned half-open: the next failure re-opens it
+                self.metrics.set_breaker(False)
+            return False
+        return True
 
     def _failed(self) -> None:
-        self._fails += 1
-        if self._half_open or self._fails >= self.config.breaker_failures:
-            self._open_until = time.monotonic() + self.config.breaker_reset_s
-            self._fails = 0
-            self._half_open = False
+        if self.breaker.failure():
             self.metrics.set_breaker(True)
             log.warning("%s: breaker open for %g s", self.strategy, self.config.breaker_reset_s)
 
-    def submit(self, x: Any, deadline_us: float | None = None) -> _Req | Unavailable:
-        """Queue one sample; pass the handle to :meth:`wait`. (``predict_into`` = both.)"""
+    def _missed(self, r: Request) -> Unavailable:
+        """A deadline miss: the breaker counts it only when the budget was a fair one."""
+        if r.budget_us is not None and r.budget_us < self._fair_budget_us:
+            self.metrics.client_deadline_miss()
+        else:
+            self.metrics.deadline_miss()
+            self._failed()
+        return DEADLINE
+
+    def submit(self, x: Any, deadline_us: float | None = None) -> Request | Unavailable:
+        """Queue one sample; pass the handle to :meth:`wait` (``try_predict_into`` = both).
+        Raises :class:`~hwbackends.errors.InputError` for a bad sample or deadline."""
         if not self._running:
             return STOPPED
+        x = self._check(x)
+        d = check_deadline_us(deadline_us) if deadline_us is not None else self.config.deadline_us
         if self._breaker_blocks():
             self.metrics.breaker_reject()
             return BREAKER_OPEN
-        x = self._check(x)
-        t0 = time.perf_counter()
-        d = deadline_us if deadline_us is not None else self.config.deadline_us
-        r = _Req(x, t0, t0 + d * 1e-6 if d is not None else float("inf"))
+        r = Request(x, time.perf_counter(), d)
         if self.cache is not None:
-            key = self.cache.key(x, self._active.number)
+            key = self.cache.key(x, self.versions.active.number)
             y = self.cache.get(key)
             self.metrics.cache(y is not None)
             if y is not None:
                 r.y = y
-                r.state = _DONE
+                r.state = DONE
                 return r
             r.key = key
         if self._inline and d is None:
-            self._run([r], time.perf_counter)  # in this thread; r.done is released on return
+            self.batcher.run([r])  # in this thread; r.done is released on return
             return r
-        self._q.put(r)
+        self.batcher.put(r)
         return r
 
-    def wait(self, r: _Req | Unavailable, out: np.ndarray | None = None) -> np.ndarray | Unavailable:
+    def wait(self, r: Request | Unavailable, out: np.ndarray | None = None) -> np.ndarray | Unavailable:
         """The outputs of a submitted request (written into ``out`` too when given), or
         :class:`Unavailable`."""
         if isinstance(r, Unavailable):
             return r
-        if r.state == _PENDING:
+        if r.state == PENDING:
             rem = r.deadline - time.perf_counter()
             if rem == float("inf"):
                 got = r.done.acquire()
             else:
                 got = r.done.acquire(timeout=rem) if rem > 0 else r.done.acquire(blocking=False)
             if not got:
-                r.state = _ABANDONED
-                self.metrics.deadline_miss()
-                self._failed()
-                return DEADLINE
-            r.state = _DONE
+                r.state = ABANDONED
+                return self._missed(r)
+            r.state = DONE
             if r.err is not None:
-                if r.err == DEADLINE.reason:
-                    self.metrics.deadline_miss()
-                    self._failed()
-                    return DEADLINE
-                if r.err == STOPPED.reason:
-                    return STOPPED
-                self.metrics.error()
-                self._failed()
-                return Unavailable(r.err)
+                return self._failure_result(r)
             if r.key is not None and self.cache is not None:
                 self.cache.put(r.key, r.y)
-        self._fails = 0
-        self._half_open = False
-        self.metrics.served(time.perf_counter() - r.t0, self._active.variant)
+        self.breaker.success()
+        self.metrics.served(time.perf_counter() - r.t0, self.versions.active.variant)
         if out is not None:
             out[...] = r.y
         return r.y
 
-    def predict_into(self, x: Any, out: np.ndarray, deadline_us: float | None = None) -> bool | Unavailable:
+    def _failure_result(self, r: Request) -> Unavailable:
+        if r.err == DEADLINE.reason:
+            return self._missed(r)
+        if r.err == STOPPED.reason:
+            return STOPPED
+        self.metrics.error()
+        self._failed()
+        return Unavailable(r.err or "unknown error")
+
+    def try_predict_into(self, x: Any, out: np.ndarray,
+                         deadline_us: float | None = None) -> bool | Unavailable:
         """Hot path: one sample in, its outputs written into ``out``; ``True`` or an
         :class:`Unavailable` (falsy) when the deadline passed, the breaker is open, the
         backend failed or the engine is stopped."""
@@ -402,74 +303,92 @@ class Engine:
         return res if isinstance(res, Unavailable) else np.array(res)
 
     # -- versions ---------------------------------------------------------------------------
-    def _next_version(self) -> int:
-        self._version_counter += 1
-        return self._version_counter
-
-    def _install(self, v: Version) -> None:
-        self._previous, self._active = self._active, v
+    def _version_changed(self, kind: str, v: Version) -> None:
         if self.cache is not None:
             self.cache.clear()  # keys carry the version; clearing frees the old entries now
-        self.history.append(v.to_dict())
-        self.metrics.swap("accepted", v.number)
-        log.info("%s: now serving version %d (%s)", self.strategy, v.number, v.variant)
+        self.metrics.swap(kind, v.number)
+        log.info("%s: %s: now serving version %d (%s)", self.strategy, kind, v.number, v.variant)
 
     def swap(self, new: Any, *, tolerance: Tolerance | None | str = "config",
              shadow_samples: int | None = None, shadow_timeout_s: float | None = None,
-             wait: bool = True, nice: int = 10) -> SwapResult | "Future[SwapResult]":
+             wait: bool = True, nice: int = 10,
+             timeout_s: float | None = None) -> SwapResult | "Future[SwapResult]":
         """Replace the serving model without a pause (see :mod:`.lifecycle`).
 
         ``new``: a backend, ``{batch_size: backend}``, or a zero-argument factory returning one
         (run in the background, e.g. ``lambda: hwb.compile(model, "cpu.litert")``).
         ``tolerance``: the strategy's (a :class:`RouterStrategy` carries it), else the config's;
-        ``None`` switches without shadow validation.
+        ``None`` switches without shadow validation. ``timeout_s`` (default the config's
+        ``swap_timeout_s``): a swap still running then is rejected and the engine is free.
         Returns the :class:`SwapResult` (or a Future of it with ``wait=False``)."""
         if not self._swap_lock.acquire(blocking=False):
             raise SwapError(f"a swap of {self.strategy!r} is already in progress; wait for it")
+        active = self.versions.active
         if tolerance == "config":  # the strategy's own tolerance when the backend carries one
-            tol = getattr(self._active.plan.slots[0].backend, "tolerance", None) or self.config.tolerance
+            tol = getattr(active.plan.slots[0].backend, "tolerance", None) or self.config.tolerance
         else:
             tol = tolerance
+        limit = timeout_s if timeout_s is not None else self.config.swap_timeout_s
+        ticket = SwapTicket()
+        inner: Future[SwapResult] = Future()
         fut: Future[SwapResult] = Future()
 
         def job() -> None:
             try:
-                res = run_swap(self, new, tolerance=tol,  # type: ignore[arg-type]
-                               shadow_samples=shadow_samples or self.config.shadow_samples,
-                               shadow_timeout_s=shadow_timeout_s or self.config.shadow_timeout_s,
-                               warmup=self.config.warmup, policy=self.config.policy, nice=nice)
+                inner.set_result(run_swap(
+                    self.versions, new, tolerance=tol,  # type: ignore[arg-type]
+                    shadow_samples=shadow_samples or self.config.shadow_samples,
+                    shadow_timeout_s=shadow_timeout_s or self.config.shadow_timeout_s,
+                    warmup=self.config.warmup, policy=self.config.policy, nice=nice,
+                    on_reject=lambda: self.metrics.swap("rejected"), ticket=ticket))
+            except BaseException as exc:
+                inner.set_exception(exc)
+
+        def supervise() -> None:
+            # The job runs in its own thread so a factory or backend that hangs can be
+            # abandoned: the ticket is cancelled (it can never install) and the lock freed.
+            try:
+                try:
+                    res = inner.result(timeout=limit)
+                except FutureTimeout:
+                    ticket.cancel()
+                    self.versions.shadow = None
+                    self.metrics.swap("rejected")
+                    res = SwapResult(False, None, self.versions.active.number,
+                                     f"the swap did not finish in {limit:g} s (stuck in its "
+                                     f"{ticket.phase} phase); the serving version is unchanged "
+                                     f"and the next swap may start")
                 if not res.accepted:
                     log.warning("%s: swap rejected: %s", self.strategy, res.reason)
                 fut.set_result(res)
             except BaseException as exc:
                 fut.set_exception(exc)
             finally:
-                self._shadow = None
                 self._swap_lock.release()
         threading.Thread(target=job, name=f"hwb-swap-{self.strategy}", daemon=True).start()
+        threading.Thread(target=supervise, name=f"hwb-swap-watch-{self.strategy}", daemon=True).start()
         return fut.result() if wait else fut
 
     def rollback(self) -> int:
         """Serve the previous version again (atomically); returns its number."""
         with self._swap_lock:
-            if self._previous is None:
+            v = self.versions.rollback()
+            if v is None:
                 raise SwapError(f"{self.strategy!r} has no previous version to roll back to")
-            self._previous, self._active = self._active, self._previous
-            if self.cache is not None:
-                self.cache.clear()
-            self.history.append({**self._active.to_dict(), "rollback": True})
-            self.metrics.swap("rollback", self._active.number)
-            return self._active.number
+            return v.number
 
     # -- reporting --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         s = self.metrics.snapshot()
-        fo = [getattr(b, "failovers", None) for b in self._active.plan.backends]
+        plan = self.versions.active.plan
+        fo = [getattr(b, "failovers", None) for b in plan.backends]
         failovers = sum(f() for f in fo if f is not None)
         self.metrics.set_failovers(failovers)
         s.update({"version": self.version, "variant": self.variant, "failovers": failovers,
-                  "batch_sizes_allowed": self._active.plan.sizes,
-                  "breaker_open": bool(self._open_until and time.monotonic() < self._open_until),
+                  "batch_sizes_allowed": plan.sizes,
+                  "breaker_open": self.breaker.is_open,
+                  "breaker_state": self.breaker.state.value,
+                  "breaker_min_deadline_us": self._fair_budget_us,
                   "cache": None if self.cache is None else vars(self.cache.stats()) | {
                       "hit_rate": self.cache.stats().hit_rate}})
         return s

@@ -22,7 +22,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from .engine import Engine, Unavailable
+from .engine import Engine
+from .request import MIN_DEADLINE_US, Unavailable, check_deadline_us
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -143,12 +144,19 @@ class _Servicer:
                           f"features has {nbytes} bytes; expected a positive multiple of {per} "
                           f"(n samples × {list(eng.input_shape)} float32)")
         xs = np.frombuffer(request.features, dtype="<f4").reshape(-1, *eng.input_shape)
+        # A deadline that is no deadline (negative, NaN, inf, sub-µs) is the client's mistake:
+        # INVALID_ARGUMENT, never a miss that could open the breaker other clients share.
+        try:
+            asked = check_deadline_us(request.deadline_us or None, "deadline_us")
+        except InputError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()  # None without a client deadline
         # 90% of the gRPC time left: the "unavailable" answer must reach the client in time
-        budget = [v for v in (request.deadline_us or None,
-                              remaining * 0.9e6 if remaining is not None else None) if v]
+        budget = [v for v in (asked, remaining * 0.9e6 if remaining is not None else None)
+                  if v is not None]
         deadline_us = min(budget) if budget else None
-        if remaining is not None and remaining <= 0:
+        if deadline_us is not None and deadline_us < MIN_DEADLINE_US:
+            # The client's gRPC deadline has (all but) passed: answer at once, count nothing.
             return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason="deadline",
                                       model_version=eng.version, variant=eng.variant)
         try:

@@ -15,6 +15,13 @@
    only if it passes; the old version stays for :meth:`Engine.rollback`.
 
 A request is never lost: batches in flight finish on the version they started with.
+
+Every backend call of a swap (warm-up, shadow replay) holds that backend's
+:func:`~hwbackends.exclusive.lock_for` lock, so swapping in an object that is already serving
+(the same compiled model, or one shared with another engine) never runs it on two threads.
+A swap has a time limit (``EngineConfig.swap_timeout_s``): a factory or a backend that hangs
+ends the swap as rejected and frees the engine for the next swap; the abandoned thread can
+never install its version afterwards (:class:`SwapTicket`).
 """
 from __future__ import annotations
 
@@ -31,30 +38,13 @@ from ..errors import HwbError
 from ..fidelity import Fidelity, Tolerance, compare
 from .backend import label, normalise
 from .batching import BatchPlan, BatchPolicy
+from .versions import ShadowCollector, Version, Versions
 
 log = logging.getLogger("hwbackends.serve")
 
 
 class SwapError(HwbError):
     """A swap or rollback cannot run (another is in progress, nothing to roll back to)."""
-
-
-@dataclass
-class Version:
-    """One model version an engine can serve."""
-
-    number: int
-    plan: BatchPlan
-    source: str
-    created: float = field(default_factory=time.time)
-
-    @property
-    def variant(self) -> str:
-        return self.plan.variant
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": self.number, "variant": self.variant, "source": self.source,
-                "batch_sizes": self.plan.sizes, "created": self.created}
 
 
 @dataclass
@@ -73,29 +63,6 @@ class SwapResult:
                 "reason": self.reason, "violations": self.violations,
                 "fidelity": self.fidelity.to_dict() if self.fidelity else None,
                 "shadow_samples": self.shadow_samples, "seconds": self.seconds}
-
-
-class ShadowCollector:
-    """Live inputs and the serving version's outputs, copied by the serving thread."""
-
-    def __init__(self, version: int, n: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
-        self.version = version
-        self.n = n
-        self.x = np.empty((n, *in_shape), np.float32)
-        self.y = np.empty((n, *out_shape), np.float32)
-        self.k = 0
-        self.full = threading.Event()
-
-    def offer(self, version: int, x_rows: np.ndarray, y_rows: np.ndarray) -> None:
-        """Serving thread only (single writer)."""
-        if version != self.version or self.k >= self.n:
-            return
-        m = min(len(x_rows), self.n - self.k)
-        self.x[self.k:self.k + m] = x_rows[:m]
-        self.y[self.k:self.k + m] = y_rows[:m]
-        self.k += m
-        if self.k >= self.n:
-            self.full.set()
 
 
 def lower_thread_priority(nice: int = 10) -> None:
@@ -132,11 +99,35 @@ def lower_worker_priority(nice: int = 10) -> Callable[[], None]:
     return restore
 
 
-def run_swap(engine: Any, new: Any, *, tolerance: Tolerance | None, shadow_samples: int,
-             shadow_timeout_s: float, warmup: int, policy: BatchPolicy, nice: int = 10) -> SwapResult:
+class SwapTicket:
+    """One swap's right to install: the engine cancels it when the swap times out, and a
+    cancelled ticket never installs (checked and set under one lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self.phase = "build"
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+
+    def install(self, versions: Versions, version: Version) -> bool:
+        with self._lock:
+            if self.cancelled:
+                return False
+            versions.install(version)
+            return True
+
+
+def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shadow_samples: int,
+             shadow_timeout_s: float, warmup: int, policy: BatchPolicy, nice: int = 10,
+             on_reject: Callable[[], None] = lambda: None,
+             ticket: SwapTicket | None = None) -> SwapResult:
     """The background half of :meth:`Engine.swap` (see the module docstring)."""
+    ticket = ticket or SwapTicket()
     t: dict[str, float] = {}
-    active = engine._active
+    active = versions.active
     factory = callable(new) and not hasattr(new, "predict_into")
     # Only a factory builds anything (a compile in the worker process); a ready backend needs
     # no priority games.
@@ -157,25 +148,32 @@ def run_swap(engine: Any, new: Any, *, tolerance: Tolerance | None, shadow_sampl
         return SwapResult(False, None, active.number,
                           f"the new version takes {plan.input.shape} → {plan.output.shape}; the "
                           f"serving one {active.plan.input.shape} → {active.plan.output.shape}")
-    number = engine._next_version()
+    number = versions.next_number()
     version = Version(number, plan, label(plan.slots[0].backend))
+    ticket.phase = "warm-up"
     t0 = time.perf_counter()
-    plan.warmup(warmup)
+    try:
+        plan.warmup(warmup)
+    except Exception as exc:  # a backend that fails on zeros will not serve either
+        on_reject()
+        return SwapResult(False, number, active.number, f"the new version failed its warm-up: "
+                          f"{type(exc).__name__}: {exc}")
     t["warmup_s"] = time.perf_counter() - t0
 
     fid: Fidelity | None = None
     violations: list[str] = []
     got = 0
     if tolerance is not None and shadow_samples > 0:
+        ticket.phase = "shadow"
         t0 = time.perf_counter()
         sh = ShadowCollector(active.number, shadow_samples, plan.input.shape, plan.output.shape)
-        engine._shadow = sh
+        versions.shadow = sh
         sh.full.wait(shadow_timeout_s)
-        engine._shadow = None
+        versions.shadow = None
         got = sh.k
         if got < min(shadow_samples, 16):
-            engine.metrics.swap("rejected")
-            return SwapResult(False, number, engine._active.number,
+            on_reject()
+            return SwapResult(False, number, versions.active.number,
                               f"shadow saw {got} live request(s) in {shadow_timeout_s:g} s (need "
                               f"{min(shadow_samples, 16)}); swap when traffic flows, or pass "
                               f"tolerance=None to switch without shadow validation", shadow_samples=got)
@@ -183,16 +181,23 @@ def run_swap(engine: Any, new: Any, *, tolerance: Tolerance | None, shadow_sampl
 
         def take(start: int, _x: np.ndarray, y: np.ndarray) -> None:
             ny[start:start + len(y)] = y
-        plan.run([sh.x[i] for i in range(got)], take)
+        try:
+            plan.run([sh.x[i] for i in range(got)], take)
+        except Exception as exc:
+            on_reject()
+            return SwapResult(False, number, versions.active.number, f"the new version failed on "
+                              f"the shadow inputs: {type(exc).__name__}: {exc}", shadow_samples=got)
         fid = compare(sh.y[:got], ny)
         violations = tolerance.violations(fid)
         t["shadow_s"] = time.perf_counter() - t0
         if violations:
-            engine.metrics.swap("rejected")
-            return SwapResult(False, number, engine._active.number,
+            on_reject()
+            return SwapResult(False, number, versions.active.number,
                               f"shadow comparison against version {active.number} failed: "
                               f"{'; '.join(violations)}", fid, violations, got, t)
     # The switch: one reference assignment; in-flight batches finish on the old version.
-    engine._install(version)
+    if not ticket.install(versions, version):
+        return SwapResult(False, number, versions.active.number, "the swap timed out before it "
+                          "could switch; the serving version is unchanged", fid, [], got, t)
     return SwapResult(True, number, number, "accepted" + ("" if fid else " without shadow validation"),
                       fid, [], got, t)

@@ -80,6 +80,9 @@ class EngineMetrics:
         self._lock = threading.Lock()
         self.requests = self.ok = self.errors = 0
         self.deadline_misses = self.breaker_rejects = 0
+        #: The part of ``deadline_misses`` on budgets too small to be fair to the backend
+        #: (they never count toward the breaker).
+        self.client_deadline_misses = 0
         self.cache_hits = self.cache_misses = 0
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
@@ -117,6 +120,11 @@ class EngineMetrics:
         if self.prom is not None:
             self._p_dl.inc()
             self._p_unav.inc()
+
+    def client_deadline_miss(self) -> None:
+        with self._lock:
+            self.client_deadline_misses += 1
+        self.deadline_miss()
 
     def breaker_reject(self) -> None:
         with self._lock:
@@ -184,7 +192,9 @@ class EngineMetrics:
             return float(np.percentile(a, q) * 1e6) if a.size else None
 
         return {"strategy": self.strategy, "requests_ok": self.ok, "errors": self.errors,
-                "deadline_misses": self.deadline_misses, "breaker_rejects": self.breaker_rejects,
+                "deadline_misses": self.deadline_misses,
+                "client_deadline_misses": self.client_deadline_misses,
+                "breaker_rejects": self.breaker_rejects,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "batches": self.batches, "batch_sizes": dict(sorted(self.batch_sizes.items())),
                 "latency_us": {"p50": pct(lat, 50), "p99": pct(lat, 99), "p99.9": pct(lat, 99.9),
