@@ -29,6 +29,16 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", default=None, help="comma-separated cores for the serving thread")
     p.add_argument("--shm", default=None, metavar="NAME", help="shared-memory endpoint name")
     p.add_argument("--shm-slots", type=int, default=8)
+    p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
+                   help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
+                        "batch: through the engine's micro-batching; auto: direct for --preset single")
+    p.add_argument("--shm-spin-us", type=float, default=50.0,
+                   help="busy-poll budget of the shm polling thread before it sleeps on a futex")
+    p.add_argument("--shm-pin", type=int, default=None, metavar="CORE", help="pin the shm polling thread")
+    p.add_argument("--shm-group", default=None,
+                   help="open the shm endpoint to this group (default: owner-only)")
+    p.add_argument("--print-include", action="store_true",
+                   help="print the directory of hwb_shm.h (the C/C++ shm client) and exit")
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
     p.add_argument("--tls-cert", help="PEM certificate file")
@@ -47,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import Engine, EngineConfig, RouterStrategy
     from ..serve.grpc_server import GrpcServer, TLSFiles
     from ..serve.metrics import PromMetrics
-    from ..serve.shm import ShmServer
+    from ..serve.shm import INCLUDE_DIR, ShmServer
 
+    if args.print_include:
+        print(INCLUDE_DIR)
+        return 0
     if args.grpc_port is None and args.shm is None:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
     if not args.config and not args.model:
@@ -84,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
             stops.insert(0, srv.shutdown)
             info["metrics"] = f"http://{args.metrics_host}:{port}/metrics"
         if args.shm:
-            shm = ShmServer(eng, args.shm, slots=args.shm_slots)
+            shm = ShmServer(eng, args.shm, slots=args.shm_slots, mode=args.shm_mode,
+                            spin_us=args.shm_spin_us, pin_core=args.shm_pin, group=args.shm_group)
             stops.insert(0, shm.close)
             info["shm"] = shm.name
+            info["shm_mode"] = shm.mode
         if args.grpc_port is not None:
             tls = None
             if args.tls_cert or args.tls_key:
