@@ -128,7 +128,7 @@ def _shm_call(name: str) -> Callable[[], Call]:
         out = np.empty(c.out_shape, np.float32)
 
         def call(x: np.ndarray) -> Any:
-            return c.predict_into(x, out)
+            return c.try_predict_into(x, out)
         call.close = c.close  # type: ignore[attr-defined]
         return call
     return make

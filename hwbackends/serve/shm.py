@@ -225,7 +225,7 @@ class ShmServer:
     # -- the poll thread --------------------------------------------------------------------
     def _loop(self) -> None:
         native = _native()
-        args = tuple((x, y) for x, y in zip(self._xs, self._ys))
+        args = tuple((x, y) for x, y in zip(self._xs, self._ys, strict=True))
         batch = self._batch if self.mode == "batch" else None
         try:
             native.serve(self._mm, self._slots_fd, self.engine.run_direct, args, batch, InputError,
@@ -247,7 +247,7 @@ class ShmServer:
             except InputError as exc:
                 hs.append(Unavailable(str(exc)))
         res: list[str | None] = []
-        for i, h in zip(idx, hs):
+        for i, h in zip(idx, hs, strict=True):
             r = eng.wait(h, self._ys[i][0])
             res.append(r.reason if isinstance(r, Unavailable) else None)
         return res
