@@ -94,9 +94,12 @@ def _check_name(name: str) -> None:
                           f"[A-Za-z0-9._-], not starting with '.'")
 
 
-def _private_dir(path: Path, mode: int, gid: int | None) -> None:
+def _private_dir(path: Path, mode: int, gid: int | None, *, exact: bool = True) -> None:
     """Create ``path`` with ``mode`` (and group ``gid``), or check an existing one is ours,
-    a real directory and not writable by others — as OpenSSH treats ~/.ssh."""
+    a real directory and not writable by others — as OpenSSH treats ~/.ssh. ``exact``: set
+    the mode; else (the per-user root, shared by endpoints) only add what ``mode`` needs and
+    take away write access of group and others, so one endpoint's group stays able to
+    traverse it when another endpoint starts owner-only."""
     try:
         os.mkdir(path, mode)
     except FileExistsError:
@@ -110,8 +113,9 @@ def _private_dir(path: Path, mode: int, gid: int | None) -> None:
                           f"HWB_SHM_DIR to a directory of your own")
     if gid is not None and st.st_gid != gid:
         os.chown(path, -1, gid)
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)  # ours: tighten (or open to the named group) rather than refuse
+    want = mode if exact else (stat.S_IMODE(st.st_mode) | mode) & ~0o022 & ~0o005
+    if stat.S_IMODE(st.st_mode) != want:
+        os.chmod(path, want)  # ours: tighten (or open to the named group) rather than refuse
 
 
 def _group_id(group: str | int | None) -> int | None:
@@ -156,7 +160,7 @@ class ShmServer:
         self.in_shape, self.out_shape = tuple(engine.input_shape), tuple(engine.output_shape)
         gid = _group_id(group)
         fmode = 0o600 if gid is None else 0o660
-        _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid)
+        _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid, exact=False)
         self.dir = runtime_root() / self.name
         _private_dir(self.dir, 0o700 if gid is None else 0o750, gid)
         self._lock_fd = self._take_name()
