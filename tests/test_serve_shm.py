@@ -439,3 +439,51 @@ def test_same_process_clients_on_many_threads(linear_server):
     for t in ts:
         t.join(60)
     assert errors == []
+
+
+class Probe(Linear):
+    """Records whether two threads were ever inside the executor at once."""
+
+    def __init__(self):
+        self.inside = 0
+        self.overlaps = 0
+        self.threads: set[str] = set()
+
+    def predict_into(self, x, out):
+        self.inside += 1
+        if self.inside > 1:
+            self.overlaps += 1
+        self.threads.add(threading.current_thread().name)
+        time.sleep(20e-6)  # widen the window a second thread would need
+        super().predict_into(x, out)
+        self.inside -= 1
+
+
+def test_direct_mode_never_runs_the_executor_beside_the_serving_thread():
+    """Issue 16 #3 for the shm path: the polling thread and the engine's serving thread take
+    turns on one executor (Engine.run_direct holds the engine's executor lock)."""
+    probe = Probe()
+    eng = Engine(probe, EngineConfig.preset("single", warmup=1)).start()
+    stop = time.monotonic() + 1.5
+    x = np.ones(32, np.float32)
+
+    def engine_caller():
+        while time.monotonic() < stop:
+            assert not isinstance(eng.predict(x), Unavailable)
+    try:
+        with ShmServer(eng, slots=2) as srv:
+            ts = [threading.Thread(target=engine_caller) for _ in range(2)]
+            for t in ts:
+                t.start()
+            n = 0
+            with ShmClient(srv.name) as c:
+                while time.monotonic() < stop:
+                    assert not isinstance(c.predict(x), Unavailable)
+                    n += 1
+            for t in ts:
+                t.join(10)
+        assert n > 10 and any(t.startswith("hwb-shm-") for t in probe.threads)
+        assert any(t.startswith("hwb-serve-") for t in probe.threads)
+        assert probe.overlaps == 0
+    finally:
+        eng.stop()
