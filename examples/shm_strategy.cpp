@@ -113,6 +113,13 @@ int main(int argc, char **argv) {
         int64_t start = hwb_now_ns() + 1000000;
         for (size_t i = 0; i < n; i++) {
             int64_t due = start + static_cast<int64_t>(at[i] * 1e9);
+            int64_t ahead = due - hwb_now_ns();
+            if (ahead > 300000) {  // sleep until shortly before the tick, then spin
+                struct timespec ts = {0, static_cast<long>(ahead - 250000)};
+                ts.tv_sec = ts.tv_nsec / 1000000000L;
+                ts.tv_nsec %= 1000000000L;
+                nanosleep(&ts, nullptr);
+            }
             while (hwb_now_ns() < due) hwb_cpu_relax();
             x[i % ni] += 1e-3f;
             rc = hwb_shm_predict(&c, x.data(), ni, out.data(), no, 0);
