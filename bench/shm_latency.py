@@ -83,12 +83,15 @@ def client_main(argv: list[str]) -> None:
             print(json.dumps(stats(lat, lost)))
 
 
-def _summary(v: list) -> dict:
-    if isinstance(v[0], dict):  # child rounds: median of the rounds' percentiles
-        s = {f: float(np.median([r[f] for r in v])) for f in ("p50_us", "p99_us", "p999_us")}
-        s["n"] = sum(r["n"] for r in v)
-        return s
-    return stats(v)
+def _summary(v: list[dict]) -> dict:
+    """Median over the rounds of each percentile, and the best round's p50: on a shared
+    machine a round either catches both processes on a core or not (bimodal), so the best
+    round shows the protocol's cost and the median what the load allowed."""
+    s = {f: float(np.median([r[f] for r in v])) for f in ("p50_us", "p99_us", "p999_us")}
+    s["best_p50_us"] = float(min(r["p50_us"] for r in v))
+    s["best_p99_us"] = float(min(r["p99_us"] for r in v))
+    s["n"] = sum(r["n"] for r in v)
+    return s
 
 
 def single_rows(paths: dict, xs: np.ndarray, n: int, rounds: int) -> dict[str, dict]:
@@ -97,16 +100,18 @@ def single_rows(paths: dict, xs: np.ndarray, n: int, rounds: int) -> dict[str, d
     for _ in range(rounds):
         for k, p in paths.items():
             if callable(p):
-                rows[k] += single(p, xs, n)
+                rows[k].append(stats(single(p, xs, n)))
             else:
                 rows[k].append(_child(p + ["single" if "--client" in p else "bench", str(n)]))
     res = {f"single/{k}": _summary(v) for k, v in rows.items()}
-    print("\n== single stream, batch 1 (µs) ==")
+    print(f"\n== single stream, batch 1 (µs; median of {rounds} interleaved rounds | best round) ==")
     for k, s in res.items():
-        print(f"{k[7:]:8s} p50 {s['p50_us']:8.2f}  p99 {s['p99_us']:8.2f}  p99.9 {s['p999_us']:9.2f}")
-    d50 = res["single/direct"]["p50_us"]
-    print("ratios to direct p50: " + ", ".join(
-        f"{k[7:]} {v['p50_us'] / d50:.2f}x" for k, v in res.items()))
+        print(f"{k[7:]:8s} p50 {s['p50_us']:8.2f}  p99 {s['p99_us']:8.2f}  p99.9 {s['p999_us']:9.2f}"
+              f"  | best p50 {s['best_p50_us']:7.2f}  best p99 {s['best_p99_us']:8.2f}")
+    for f in ("p50_us", "best_p50_us"):
+        d = res["single/direct"][f]
+        print(f"ratios to direct ({f}): " + ", ".join(
+            f"{k[7:]} {v[f] / d:.2f}x" for k, v in res.items()))
     return res
 
 
