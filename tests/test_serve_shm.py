@@ -487,3 +487,35 @@ def test_direct_mode_never_runs_the_executor_beside_the_serving_thread():
         assert probe.overlaps == 0
     finally:
         eng.stop()
+
+
+def test_one_client_used_from_two_threads_is_refused_not_crossed(linear_server):
+    """A client is one slot: a second thread calling it while a call is in flight gets a clear
+    error instead of sharing the slot (which could swap answers), and close() under a running
+    call is refused instead of unmapping it."""
+    gate = threading.Event()
+
+    class Slow(Linear):
+        def predict_into(self, x, out):
+            gate.wait(5)
+            super().predict_into(x, out)
+    eng = Engine(Slow(), EngineConfig.preset("single", warmup=0)).start()
+    gate.set()
+    try:
+        with ShmServer(eng, slots=1) as srv, ShmClient(srv.name) as c:
+            gate.clear()
+            x = np.ones(32, np.float32)
+            first: list = []
+            t = threading.Thread(target=lambda: first.append(c.predict(x)))
+            t.start()
+            time.sleep(0.2)  # the first call now waits inside the server
+            with pytest.raises(ConfigError, match="another thread"):
+                c.predict(x)
+            with pytest.raises(ConfigError, match="cannot close"):
+                c.close()
+            gate.set()
+            t.join(10)
+            np.testing.assert_allclose(first[0], x @ Linear.w, atol=1e-5)
+    finally:
+        gate.set()
+        eng.stop()

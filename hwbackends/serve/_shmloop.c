@@ -21,6 +21,7 @@
 
 #define MAX_SLOTS 1024
 #define RC_BAD_BUFFER (-100) /* call(): x/out are not float32 C-contiguous of the right size */
+#define RC_BUSY (-102)       /* call(): the client is in use by another thread */
 
 /* ---- server ------------------------------------------------------------------------- */
 
@@ -355,6 +356,7 @@ static PyObject *py_counters(PyObject *self, PyObject *args) {
 typedef struct {
     PyObject_HEAD
     hwb_shm_client c;
+    int busy; /* a call is in flight (set and cleared with the GIL held) */
 } ClientObject;
 
 static void Client_dealloc(ClientObject *o) {
@@ -418,15 +420,18 @@ static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t 
     dl = PyLong_AsLongLong(args[2]);
     if (dl == -1 && PyErr_Occurred()) return NULL;
     if (!o->c.slot) return PyLong_FromLong(HWB_SHM_E_CLOSED);
+    if (o->busy) return PyLong_FromLong(RC_BUSY); /* one slot serves one thread at a time */
     if (float_buffer(args[0], &bx, 0, o->c.in_count)) return PyLong_FromLong(RC_BAD_BUFFER);
     if (float_buffer(args[1], &by, 1, o->c.out_count)) {
         PyBuffer_Release(&bx);
         return PyLong_FromLong(RC_BAD_BUFFER - 1);
     }
+    o->busy = 1;
     Py_BEGIN_ALLOW_THREADS
     rc = hwb_shm_predict(&o->c, (const float *)bx.buf, o->c.in_count, (float *)by.buf,
                          o->c.out_count, (int64_t)dl);
     Py_END_ALLOW_THREADS
+    o->busy = 0;
     PyBuffer_Release(&bx);
     PyBuffer_Release(&by);
     return PyLong_FromLong(rc);
@@ -437,6 +442,10 @@ static PyObject *Client_message(ClientObject *o, PyObject *unused) {
 }
 
 static PyObject *Client_detach(ClientObject *o, PyObject *unused) {
+    if (o->busy) { /* unmapping under a running call would crash it */
+        PyErr_SetString(PyExc_RuntimeError, "a call is in flight on this client (another thread)");
+        return NULL;
+    }
     hwb_shm_detach(&o->c);
     Py_RETURN_NONE;
 }
@@ -504,5 +513,6 @@ PyMODINIT_FUNC PyInit__shmloop(void) {
     PyModule_AddIntConstant(m, "HEADER_BYTES", HWB_SHM_HEADER_BYTES);
     PyModule_AddIntConstant(m, "SLOT_CTL", HWB_SHM_SLOT_CTL);
     PyModule_AddIntConstant(m, "RC_BAD_BUFFER", RC_BAD_BUFFER);
+    PyModule_AddIntConstant(m, "RC_BUSY", RC_BUSY);
     return m;
 }

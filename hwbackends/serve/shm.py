@@ -360,6 +360,9 @@ class ShmClient:
             raise InputError(f"shm endpoint {self.name!r}: {which} must be a float32 C-contiguous "
                              f"array with {int(np.prod(shape))} elements (shape {shape}), got "
                              f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+        if rc == native.RC_BUSY:
+            raise ConfigError(f"ShmClient {self.name!r} is in use by another thread: a client is "
+                              f"one slot for one thread; give each thread its own ShmClient")
         if rc == BAD_INPUT:
             raise InputError(f"shm endpoint {self.name!r}: {self._c.message()}")
         if rc == UNAVAILABLE:
@@ -382,7 +385,10 @@ class ShmClient:
         return out if r is True else r
 
     def close(self) -> None:
-        self._c.detach()
+        try:
+            self._c.detach()
+        except RuntimeError as exc:
+            raise ConfigError(f"ShmClient {self.name!r}: cannot close: {exc}") from None
 
     def __enter__(self) -> "ShmClient":
         return self
