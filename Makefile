@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast setup bench clean
 
-$(STAMP): pyproject.toml
+# The shm endpoint's C extension is built by the editable install: rebuild when its sources change.
+$(STAMP): pyproject.toml setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,serve,fleet]'
@@ -29,4 +30,4 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info hwbackends/serve/_shmloop*.so

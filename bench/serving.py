@@ -60,8 +60,7 @@ def main() -> None:
         inproc = timed(lambda x: eng.try_predict_into(x, o), xs, n)
         print(f"engine (in-process)      {pct(inproc)}")
         with ShmServer(eng, slots=2) as srv, ShmClient(srv.name) as c:
-            shm_call = getattr(c, "try_predict_into", None) or c.predict_into  # renamed (issue 15)
-            shm = timed(lambda x: shm_call(x, o), xs, n)
+            shm = timed(lambda x: c.try_predict_into(x, o), xs, n)
         print(f"shared memory (same proc){pct(shm)}")
         with GrpcServer(eng, insecure_loopback=True) as g, GrpcClient(g.address, insecure=True) as gc:
             grpc_ = timed(lambda x: gc.predict("default", x), xs, n // 2)
@@ -87,9 +86,8 @@ def main() -> None:
         "xs = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)\n"
         "o = np.empty(1, np.float32); lat = []\n"
         "with ShmClient(sys.argv[1]) as c:\n"
-        "    call = getattr(c, 'try_predict_into', None) or c.predict_into\n"
         "    for i in range(int(sys.argv[2])):\n"
-        "        t0 = time.perf_counter(); call(xs[i % 256], o); lat.append(time.perf_counter() - t0)\n"
+        "        t0 = time.perf_counter(); c.try_predict_into(xs[i % 256], o); lat.append(time.perf_counter() - t0)\n"
         "v = np.array(lat[100:]) * 1e6\n"
         "print(f'p50 {np.percentile(v, 50):7.1f} µs  p99 {np.percentile(v, 99):8.1f} µs')\n")
     for label, cfg in (("single", EngineConfig.preset("single")),

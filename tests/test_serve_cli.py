@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import pytest
 pytest.importorskip("grpc", reason="the serve extra is not installed")
 
 from hwbackends.serve.grpc_server import GrpcClient, free_port, self_signed_cert  # noqa: E402
-from hwbackends.serve.shm import ShmClient  # noqa: E402
+from hwbackends.serve.shm import ShmClient, endpoint_dir  # noqa: E402
 
 
 @pytest.mark.slow
@@ -52,7 +51,7 @@ def test_hwb_serve_end_to_end(tmp_path, store_dir, compiled, zoo_model):
         assert p.returncode == 0, err
         stats = json.loads(out.strip().splitlines()[-1])
         assert stats["requests_ok"] == 2
-        assert not Path("/dev/shm", name).exists()
+        assert not endpoint_dir(name).exists()
     finally:
         if p.poll() is None:
             p.kill()

@@ -72,9 +72,6 @@ def test_loadtest_replays_a_trace_against_engine_and_shm(compiled, xs):
         assert rep.offered <= 600 and rep.completed + rep.unavailable + rep.errors == rep.offered
         assert rep.errors == 0 and rep.completed > 0.9 * rep.offered
         assert 0 < rep.p50_us <= rep.p99_us <= rep.p999_us <= rep.max_us
-        import platform
-        if platform.machine().lower() not in ("x86_64", "amd64"):
-            return  # the shared-memory endpoint is x86-64 only
         from hwbackends.serve.loadtest import _shm_call
         with ShmServer(eng, slots=2) as srv:
             rep2 = replay(_shm_call(srv.name), xs, duration_s=0.5, seed=3, workers=2,

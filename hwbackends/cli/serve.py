@@ -12,6 +12,15 @@ from . import stderr_progress
 from .compile import add_model_args, compile_from_args
 
 
+class _PrintInclude(argparse.Action):
+    """Like --version: print the header directory (``-I$(hwb serve --print-include)``), exit."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *a: object, **k: object) -> None:
+        from ..serve.shm import INCLUDE_DIR  # no model, no heavy imports
+        print(INCLUDE_DIR)
+        parser.exit(0)
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model over shared memory and/or gRPC, with metrics")
     add_model_args(p)
@@ -29,6 +38,16 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", default=None, help="comma-separated cores for the serving thread")
     p.add_argument("--shm", default=None, metavar="NAME", help="shared-memory endpoint name")
     p.add_argument("--shm-slots", type=int, default=8)
+    p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
+                   help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
+                        "batch: through the engine's micro-batching; auto: direct for --preset single")
+    p.add_argument("--shm-spin-us", type=float, default=50.0,
+                   help="busy-poll budget of the shm polling thread before it sleeps on a futex")
+    p.add_argument("--shm-pin", type=int, default=None, metavar="CORE", help="pin the shm polling thread")
+    p.add_argument("--shm-group", default=None,
+                   help="open the shm endpoint to this group (default: owner-only)")
+    p.add_argument("--print-include", action=_PrintInclude, nargs=0,
+                   help="print the directory of hwb_shm.h (the C/C++ shm client) and exit")
     p.add_argument("--grpc-port", type=int, default=None)
     p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
     p.add_argument("--tls-cert", help="PEM certificate file")
@@ -47,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import Engine, EngineConfig, RouterStrategy
     from ..serve.grpc_server import GrpcServer, TLSFiles
     from ..serve.metrics import PromMetrics
-    from ..serve.shm import ShmServer
-
     if args.grpc_port is None and args.shm is None:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
     if not args.config and not args.model:
@@ -84,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
             stops.insert(0, srv.shutdown)
             info["metrics"] = f"http://{args.metrics_host}:{port}/metrics"
         if args.shm:
-            shm = ShmServer(eng, args.shm, slots=args.shm_slots)
-            stops.insert(0, shm.close)
-            info["shm"] = shm.name
+            _serve_shm(args, eng, stops, info)
         if args.grpc_port is not None:
             tls = None
             if args.tls_cert or args.tls_key:
@@ -112,3 +127,13 @@ def run(args: argparse.Namespace) -> int:
         for s in stops:
             s()
     return 0
+
+
+def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -> None:
+    from ..serve.shm import ShmServer
+
+    shm = ShmServer(eng, args.shm, slots=args.shm_slots, mode=args.shm_mode,  # type: ignore[arg-type]
+                    spin_us=args.shm_spin_us, pin_core=args.shm_pin, group=args.shm_group)
+    stops.insert(0, shm.close)
+    info["shm"] = shm.name
+    info["shm_mode"] = shm.mode

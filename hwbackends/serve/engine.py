@@ -302,6 +302,25 @@ class Engine:
         res = self.wait(self.submit(x, deadline_us))
         return res if isinstance(res, Unavailable) else np.array(res)
 
+    # -- direct calls for co-located transports (the shm endpoint's poll thread) -------------
+    def run_direct(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Run one already-validated sample ``x`` (shape ``(1, *input_shape)``, float32) on the
+        active version in the *caller's* thread, outputs into ``out`` (``(1, *output_shape)``).
+
+        It holds the engine's executor lock, so it never runs concurrently with the serving
+        thread or inline calls (one thread per executor at a time). No queue, breaker, cache
+        or deadline: the caller (the shm poll loop) checks deadlines and input itself.
+        Exceptions of the backend propagate."""
+        with self._exec_lock:
+            slot = self._active.plan.slot_for(1)  # read once: a swap never splits a call
+            if slot.size == 1:
+                slot.fn(x, out)
+            else:  # a static-batch backend: pad to its batch size
+                slot.x[0] = x[0]
+                slot.x[1:] = 0.0
+                slot.fn(slot.x, slot.y)
+                out[0] = slot.y[0]
+
     # -- versions ---------------------------------------------------------------------------
     def _version_changed(self, kind: str, v: Version) -> None:
         if self.cache is not None:

@@ -126,12 +126,8 @@ def _shm_call(name: str) -> Callable[[], Call]:
     def make() -> Call:
         c = ShmClient(name)
         out = np.empty(c.out_shape, np.float32)
-        # ShmClient.predict_into is being renamed try_predict_into (the engine's name for the
-        # same call shape); accept either until both branches are merged.
-        try_into = getattr(c, "try_predict_into", None) or c.predict_into
-
         def call(x: np.ndarray) -> Any:
-            return try_into(x, out)
+            return c.try_predict_into(x, out)
         call.close = c.close  # type: ignore[attr-defined]
         return call
     return make
