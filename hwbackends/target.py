@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
@@ -75,83 +75,129 @@ class Artifact:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
 
-@runtime_checkable
-class Executor(Protocol):
-    """A loaded artifact. ``predict_into`` is the hot path: ``x`` is a C-contiguous array of
-    shape ``(batch_size, *input.shape)`` in the input dtype, ``out`` a preallocated array of
-    shape ``(batch_size, *output.shape)``; it allocates nothing and does no Python work beyond
-    the library call. On a wrong array it raises :class:`~hwbackends.errors.InputError`
-    before calling the library (NumPy assignment would silently broadcast or cast it): a few
-    cheap attribute checks first, then :func:`check_io` to build the message.
-
-    An executor may carry an ``availability`` attribute (an
-    :class:`~hwbackends.specs.Availability`): it then overrides ``Target.probe()``'s answer for
-    this variant, because only ``load`` knows whether it found the device (an FPGA board with a
-    matching bitstream) or fell back to the stand-in (the C-simulation)."""
-
-    batch_size: int
-
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Run the variant on ``x`` and write the result into ``out``; allocate nothing."""
-        ...
-
-
 _F32 = np.dtype(np.float32)
 
 
-class IOGuard:
-    """The input guard every executor needs: numpy (and JAX, torch) would otherwise *silently*
-    broadcast a wrong shape (a ``(1, 1)`` array into a ``(1, 32)`` buffer) or cast a wrong
-    dtype. Executors call :meth:`_init_io` once and :meth:`_guard` first thing in
-    ``predict_into``. Contiguity is not required: executors copy ``x`` into their own buffer
-    (or hand it to a framework that copies), which handles strided arrays correctly."""
+class Executor:
+    """A loaded variant: what :meth:`Target.load` returns. Subclass it, call
+    :meth:`_init_io` once in ``__init__`` and implement :meth:`_run`; the inherited
+    :meth:`predict_into` is the hot path and holds the contract's one input guard and one
+    error path, so a subclass writes only the model call.
 
+    **The call.** ``predict_into(x, out)`` takes ``x`` of shape ``(batch_size, *input.shape)``
+    and ``out`` of shape ``(batch_size, *output.shape)``, both ``float32`` numpy arrays, writes
+    the result into ``out`` and returns ``None``. A wrong array raises
+    :class:`~hwbackends.errors.InputError` saying what was expected (numpy, JAX and torch would
+    otherwise *silently* broadcast a ``(1, 1)`` array into a ``(1, 32)`` buffer, or cast a
+    float64): the guard compares shape and dtype by identity before :meth:`_run`, and when
+    :meth:`_run` raises, :func:`check_io` turns a wrong array into the InputError (a right
+    array's failure propagates unchanged).
+
+    **Contiguity.** Not required: an executor gives the right result for strided ``x``/``out``
+    (numpy assignment and framework copies handle strides). An executor that hands raw
+    pointers to a library (ctypes, DMA) sets :attr:`contiguous` ``= True``; the guard then
+    refuses a non-C-contiguous or read-only array with InputError instead.
+
+    **Allocation.** ``predict_into`` allocates nothing per call, not even a temporary: write
+    through buffers made in ``__init__`` (``np.matmul(..., out=)``, in-place ufuncs). The kit
+    measures the *peak* traced memory of a call, so a per-call scratch array fails it.
+
+    **Threads.** An executor is never run on two threads at once: the engine and the router
+    serialise calls per executor, so ``_run`` need not lock. It may be called from different
+    threads one after another. ``CompileOptions.threads`` says how many threads *inside* one
+    call the runtime may use (see :class:`CompileOptions`).
+
+    **Dynamic batch.** ``_init_io(..., batch=None)`` accepts any batch size (``out`` must have
+    as many rows as ``x``); for targets with ``static_batch = False`` that serve any size.
+
+    An executor may set ``availability`` (an :class:`~hwbackends.specs.Availability`): it then
+    overrides ``Target.probe()``'s answer for this variant, because only ``load`` knows whether
+    it found the device (an FPGA board with a matching bitstream) or fell back to the stand-in
+    (the C-simulation). An optional ``close()`` releases device resources."""
+
+    #: Whether ``_run`` needs C-contiguous, writeable arrays (raw pointers); see above.
+    contiguous: ClassVar[bool] = False
     batch_size: int
+    availability: Availability | None = None
 
-    def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int) -> None:
-        self.batch_size = batch
+    def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int | None) -> None:
+        """Record the compiled input/output specs and batch size (``None``: any batch)."""
+        self.batch_size = batch if batch is not None else 1
+        self._dynamic = batch is None
         self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+        # A dynamic-batch executor never matches these (0 rows), so every call takes the
+        # checked path of _check, which accepts any row count.
+        self._xshape = inp.batched(batch if batch is not None else 0)
+        self._yshape = out.batched(batch if batch is not None else 0)
+        self._strict = self.contiguous
 
-    def _guard(self, x: Any, out: Any) -> None:
-        """Return if ``x``/``out`` have the compiled shapes and float32; else raise InputError."""
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Run the variant on ``x`` and write the result into ``out``; allocate nothing.
+        Raises :class:`~hwbackends.errors.InputError` for a wrong array."""
         try:
-            if (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                    and out.dtype is _F32):
-                return
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32)
+            if self._strict and ok:
+                ok = x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable
         except AttributeError:
-            pass
-        check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
+            ok = False
+        if not ok:
+            self._check(x, out)
+        try:
+            self._run(x, out)
+        except Exception:
+            self._check(x, out)
+            raise
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The model call: write the outputs for ``x`` into ``out``. ``x``/``out`` already
+        passed the guard (shape and dtype; contiguity when :attr:`contiguous`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _run(x, out)")
+
+    def _check(self, x: Any, out: Any) -> None:
+        """The one error path: raise InputError if ``x``/``out`` are wrong; return if they are
+        fine (an equal dtype that is not the canonical object, a dynamic batch)."""
+        batch = self.batch_size
+        if self._dynamic:
+            batch = len(x) if getattr(x, "ndim", 0) == len(self._xshape) else self.batch_size
+        check_io(x, out, self._in_spec, self._out_spec, batch, contiguous=self._strict)
 
 
-class BufferedExecutor(IOGuard):
-    """The shared hot path of executors over runtime-owned buffers (LiteRT tensor views, ONNX
-    Runtime's bound OrtValues, …): the guard, copy ``x`` in, run, copy the output out.
-    Subclasses call :meth:`_init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads
-    and writes) and ``_run`` (a zero-argument callable that runs the model once). The guard is
-    inlined here rather than calling :meth:`_guard`: this is the sub-2-µs CPU path, where one
-    more Python call is a measurable share (docs/performance.md)."""
+class BufferedExecutor(Executor):
+    """An executor over runtime-owned buffers (LiteRT tensor views, ONNX Runtime's bound
+    OrtValues, …): copy ``x`` in, invoke, copy the output out. Subclasses call
+    :meth:`~Executor._init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads and
+    writes) and ``_invoke`` (a zero-argument callable that runs the model once).
+
+    :meth:`predict_into` is :meth:`Executor.predict_into` with the guard and :meth:`_run`
+    inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
+    (docs/performance.md). It is the only copy of that path; the error path is the same
+    :meth:`~Executor._check`. Strided arrays are handled by the copies."""
 
     _in: np.ndarray
     _out: np.ndarray
-    _run: Callable[[], Any]
+    _invoke: Callable[[], Any]
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # Contiguity is not checked: the copies below handle strided arrays correctly.
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
                   and out.dtype is _F32)
         except AttributeError:
             ok = False
         if not ok:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
+            self._check(x, out)
         try:
             self._in[...] = x
-            self._run()
+            self._invoke()
             out[...] = self._out
         except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            self._check(x, out)
             raise
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._in[...] = x
+        self._invoke()
+        out[...] = self._out
 
 
 class Target:

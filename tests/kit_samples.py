@@ -41,7 +41,7 @@ class Leaky(NumpyDenseTarget):
 class _LaxExecutor(NumpyDenseExecutor):
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         # the unguarded idiom: numpy casts float64 and broadcasts (1, 1) silently
-        buf = np.zeros(self._xs, np.float32)
+        buf = np.zeros(self._xshape, np.float32)
         buf[...] = x
         NumpyDenseExecutor.predict_into(self, buf, out)
 

@@ -46,8 +46,8 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         binding.bind_ortvalue_input(self.session.get_inputs()[0].name, self._xv)
         binding.bind_ortvalue_output(self.session.get_outputs()[0].name, self._yv)
         self._binding = binding
-        self._run = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
-        self._run()
+        self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
+        self._invoke()
 
 
 class OnnxRuntimeTarget(Target):

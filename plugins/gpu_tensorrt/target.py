@@ -23,7 +23,7 @@ import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import gpu_info, no_gpu_reason
 from .._util import importable, version
@@ -203,7 +203,7 @@ class _Pinned:
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-class TensorRTExecutor(IOGuard):
+class TensorRTExecutor(Executor):
     def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
                  cuda_graph: bool = True):
         import tensorrt as trt
@@ -277,7 +277,7 @@ class TensorRTExecutor(IOGuard):
             if _code(err) != 0:
                 raise RuntimeError(f"CUDA error in the TensorRT graph (device lost?): "
                                    f"{getattr(err, 'name', err)}")
-        self._run = run
+        self._launch = run
 
     def _enqueue(self) -> None:
         rt = self._rt
@@ -288,15 +288,10 @@ class TensorRTExecutor(IOGuard):
         _ck(rt.cudaMemcpyAsync(self._hout.ptr, self._dout, self._hout.nbytes,
                                rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            self._hx[...] = x
-            self._run()
-            out[...] = self._hy
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._hx[...] = x
+        self._launch()
+        out[...] = self._hy
 
     def close(self) -> None:
         rt = self._rt
@@ -320,7 +315,7 @@ class TensorRTExecutor(IOGuard):
 
         def closed() -> None:
             raise RuntimeError("gpu.tensorrt executor is closed")
-        self._run = closed
+        self._launch = closed
 
 
 class TensorRTTarget(Target):

@@ -19,7 +19,7 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
@@ -45,7 +45,7 @@ def static_program(obj: Any, input_shape: tuple[int, ...]) -> Any:
         return torch.export.export(module, (example,))
 
 
-class TorchCudaExecutor(IOGuard):
+class TorchCudaExecutor(Executor):
     """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
     load/compile path on the CPU so it can be exercised without a GPU (never reported as a
     GPU result: the target is unavailable there)."""
@@ -116,18 +116,13 @@ class TorchCudaExecutor(IOGuard):
         with self._torch.inference_mode():
             self._dy = self._forward(self._dx)
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            self._hx[...] = x
-            self._copy_in(self._hx_t, non_blocking=True)
-            self._replay()
-            self._copy_out(self._dy, non_blocking=True)
-            self._sync()
-            out[...] = self._hy
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._hx[...] = x
+        self._copy_in(self._hx_t, non_blocking=True)
+        self._replay()
+        self._copy_out(self._dy, non_blocking=True)
+        self._sync()
+        out[...] = self._hy
 
 
 class TorchCudaTarget(Target):
