@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--store", default=None)
     a = ap.parse_args()
-    from hwbackends.bench.machine import describe
+    from hwbackends.machine import describe
 
     rows = fidelity_table([s for s in a.models.split(",") if s], a.store)
     print(f"\nmachine: {describe()}; mode: emulated (hls4ml C-simulation, g++ -O3)\n")

@@ -6,6 +6,10 @@ from enum import Enum
 from typing import Any
 
 
+#: Target families: the first part of a target's dotted name (``cpu.litert``).
+FAMILIES: tuple[str, ...] = ("cpu", "gpu", "tpu", "fpga", "ref")
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output of a model, *per sample*: the batch dimension is not in ``shape``."""

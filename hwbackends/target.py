@@ -211,6 +211,12 @@ class Target:
     family: ClassVar[str] = ""
     #: Precisions offered; the first is the default.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: The precisions (of ``precisions``) that need calibration data: for them the core passes
+    #: representative inputs in ``CompileOptions.calibration`` and hashes them into the cache key.
+    calibrated: ClassVar[tuple[str, ...]] = ()
+    #: The target's own version: bump it when ``compile()`` writes different files for the same
+    #: model and options. Part of the cache key, so a bump rebuilds every artifact.
+    version: ClassVar[str] = "1"
     #: Source formats ``compile`` accepts (``keras``, ``torch``, ``onnx``); the core converts
     #: the model into the first reachable one through the registered converters.
     formats: ClassVar[tuple[str, ...]] = ()

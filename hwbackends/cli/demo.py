@@ -34,7 +34,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench import (Batch, Burst, ProfileCache, Server, SingleStream, bench_model)
-    from ..bench.machine import describe
+    from ..machine import describe
     from ..config import load_config
     from ..report import write_report
     from ..router import Router
