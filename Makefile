@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup bench clean
+.PHONY: demo test test-fast lint setup bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,15 @@ demo: $(STAMP)
 	$(VENV)/bin/hwb demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m 'not slow'
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py

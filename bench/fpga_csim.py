@@ -44,7 +44,7 @@ def warm_load_ms(cm, n: int = 5) -> float:
     times = []
     x = np.zeros(cm.input.batched(1), np.float32)
     y = np.zeros(cm.output.batched(1), np.float32)
-    for i in range(n):
+    for _ in range(n):
         d = Path(tempfile.mkdtemp(prefix="hwb-load-"))
         shutil.copytree(cm.artifact.path, d / "a")
         art = type(cm.artifact)(**{**cm.artifact.__dict__, "path": d / "a"})

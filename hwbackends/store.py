@@ -122,7 +122,7 @@ class ArtifactStore:
             shutil.rmtree(staged, ignore_errors=True)
             existing = self.get(key)
             if existing is None:
-                raise CacheError(f"could not place artifact {key[:12]} into {final}")
+                raise CacheError(f"could not place artifact {key[:12]} into {final}") from None
             return existing
         return record
 

@@ -11,6 +11,11 @@ hook. The lifecycle, driven by :func:`hwbackends.compile`:
    them on every later load;
 3. ``load(artifact, options)`` (parent process) returns an :class:`Executor`;
 4. ``Executor.predict_into(x, out)`` is the hot path.
+
+Each rule is stated once, where it applies, and the conformance kit checks exactly that:
+light imports and probing in :class:`Target`; what ``compile`` receives in
+:meth:`Target.compile`; threads in :class:`CompileOptions`; contiguity, allocation and
+thread-safety of the hot path in :class:`Executor`.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .specs import Availability, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +38,15 @@ CONTRACT_VERSION = 1
 @dataclass
 class CompileOptions:
     """What the caller asked for. ``extra`` holds target-specific options (documented by
-    each target in :attr:`Target.option_docs`)."""
+    each target in :attr:`Target.option_docs`).
+
+    **Threads.** ``threads`` is how many threads the runtime may use *inside one call*
+    (intra-op parallelism), read by ``load()`` (it is not part of the cache key).
+    ``None``, the default, means **one thread**: batch-1 latency is what this project serves,
+    and waking a thread pool per call costs more than it saves at batch 1 (one plugin measured
+    p99 13 µs on one thread vs 1.3 ms with the runtime's default pool). ``N >= 1`` allows up to
+    ``N``. Targets read it through :meth:`runtime_threads`; a runtime with no such setting
+    (XLA, GPUs, FPGAs) ignores it and says so in its docs."""
 
     precision: str
     batch_size: int = 1
@@ -42,6 +55,15 @@ class CompileOptions:
     #: Representative inputs for calibration (full-int8, fixed-point); never part of the
     #: options' JSON, but its hash is part of the cache key.
     calibration: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be None (one thread) or an integer >= 1; got "
+                              f"{self.threads!r}")
+
+    def runtime_threads(self) -> int:
+        """The thread count to give the runtime: ``threads``, or 1 when it is ``None``."""
+        return 1 if self.threads is None else self.threads
 
     def key_dict(self) -> dict[str, Any]:
         """The options as they enter the cache key (``threads`` is a load-time option)."""
@@ -102,10 +124,12 @@ class Executor:
     through buffers made in ``__init__`` (``np.matmul(..., out=)``, in-place ufuncs). The kit
     measures the *peak* traced memory of a call, so a per-call scratch array fails it.
 
-    **Threads.** An executor is never run on two threads at once: the engine and the router
-    serialise calls per executor, so ``_run`` need not lock. It may be called from different
-    threads one after another. ``CompileOptions.threads`` says how many threads *inside* one
-    call the runtime may use (see :class:`CompileOptions`).
+    **Thread-safety.** An executor is never run on two threads at once, so ``_run`` need not
+    lock: the serving engine calls each executor from its one worker thread, a router lane
+    serves one caller thread, and a router deadline worker never starts a call while an
+    abandoned one still runs. Calls may come from different threads one after another (do
+    not keep thread-local state). ``CompileOptions.threads`` is a different thing: how many
+    threads the runtime may use *inside* one call (see :class:`CompileOptions`).
 
     **Dynamic batch.** ``_init_io(..., batch=None)`` accepts any batch size (``out`` must have
     as many rows as ``x``); for targets with ``static_batch = False`` that serve any size.
@@ -169,8 +193,7 @@ class BufferedExecutor(Executor):
     :meth:`~Executor._init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads and
     writes) and ``_invoke`` (a zero-argument callable that runs the model once).
 
-    :meth:`predict_into` is :meth:`Executor.predict_into` with the guard and :meth:`_run`
-    inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
+    Its ``predict_into`` is the base class's template with :meth:`_run` inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
     (docs/performance.md). It is the only copy of that path; the error path is the same
     :meth:`~Executor._check`. Strided arrays are handled by the copies."""
 
@@ -179,6 +202,7 @@ class BufferedExecutor(Executor):
     _invoke: Callable[[], Any]
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The base class's template with ``_run`` inlined (same guard, same error path)."""
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
                   and out.dtype is _F32)
@@ -195,15 +219,26 @@ class BufferedExecutor(Executor):
             raise
 
     def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Copy ``x`` into ``_in``, invoke, copy ``_out`` into ``out`` (what
+        :meth:`predict_into` inlines; a subclass that overrides ``predict_into`` with the
+        general template, like an int8-IO one, calls it)."""
         self._in[...] = x
         self._invoke()
         out[...] = self._out
 
 
 class Target:
-    """Base class of every target. Subclasses set the class attributes and implement the four
-    methods. Keep module-level imports light: heavy frameworks are imported inside
-    ``compile``/``load``/``toolchain`` so that ``hwb targets`` stays fast."""
+    """Base class of every target. Subclasses set the class attributes and implement
+    ``probe``, ``compile`` and ``load`` (required: the kit fails a target without them);
+    ``toolchain`` is optional but belongs in every target whose output depends on a library
+    version.
+
+    **Light imports.** ``hwb targets`` imports every installed plugin and calls every
+    ``probe()``: the plugin module, ``hwb_targets()`` and ``probe()`` import only the standard
+    library, the core and its light dependencies (numpy, pluggy, pydantic), and no single module
+    may take over 200 ms to import. Frameworks and vendor SDKs are imported inside
+    ``compile``/``load``/``toolchain``. The kit measures this in a fresh interpreter
+    (``python -X importtime``), so it holds for any package, not a list of known heavy ones."""
 
     #: Unique dotted name, ``family.runtime``: ``cpu.litert``, ``fpga.hls4ml``.
     name: ClassVar[str] = ""
@@ -243,11 +278,33 @@ class Target:
     def compile(self, model: "Model", options: CompileOptions, workdir: Path) -> dict[str, Any]:
         """Write the artifact's files into ``workdir``; return JSON-able metadata.
         Raise :class:`~hwbackends.errors.UnsupportedError` naming the layer/op that cannot be
-        compiled. Runs in a child process."""
+        compiled. Runs in a child process (the compile worker), never in the caller's.
+
+        **What ``model`` is** (a :class:`hwbackends.models.Model`):
+
+        - ``model.format`` is one of this target's ``formats``: the core converted the user's
+          model through the registered converters first;
+        - ``model.obj`` is the model in that format: a ``keras.Model``, an
+          ``onnx.ModelProto``, or a torch module / ``torch.export.ExportedProgram``;
+        - ``model.inputs`` / ``model.outputs`` are :class:`~hwbackends.specs.TensorSpec` lists
+          *per sample* (no batch dimension); the built-in formats have one of each,
+          ``model.input`` / ``model.output``;
+        - the batch dimension of ``model.obj`` is **dynamic** (``None`` in Keras, a symbolic
+          dim in ONNX and torch.export). A target with ``static_batch = True`` must fix it to
+          ``options.batch_size`` itself (for ONNX: set ``dim[0]`` of every graph input and
+          output), and its executor then serves exactly that batch;
+        - ``model.representative(n)`` gives realistic inputs (the model's validation data when
+          it has some); the core already puts them in ``options.calibration`` for the
+          precisions listed in ``calibrated``;
+        - ``model.reference(x)`` runs the source framework in fp32 (slow; for checks only);
+        - ``model.name`` and ``model.fingerprint`` identify it (the fingerprint is part of
+          the cache key: do not hash the model yourself)."""
         raise NotImplementedError
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        """Load a stored artifact and return a warmed-up-ready executor."""
+        """Load a stored artifact and return a ready executor (buffers allocated, I/O bound,
+        graphs captured); runs in the caller's process on every cache hit, so keep it fast.
+        Read ``options.runtime_threads()`` here."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -270,11 +327,12 @@ class Converter:
 
 
 def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
-             contiguous: bool = True) -> None:
+             contiguous: bool = False) -> None:
     """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
-    ``contiguous=False`` for executors that copy (and so accept strided arrays correctly).
-    Executors call it only after their cheap shape/dtype/contiguity checks failed (or the
-    library raised), so the hot path never pays for building the message."""
+    ``contiguous=True`` also refuses non-C-contiguous arrays (for executors that hand raw
+    pointers to a library; see :attr:`Executor.contiguous`). :meth:`Executor.predict_into`
+    calls it only after its cheap shape/dtype checks failed (or the model call raised), so
+    the hot path never pays for building the message."""
     want_x = inp.batched(batch)
     want_o = outp.batched(batch)
     for label, arr, shape, dtype in (("input", x, want_x, inp.dtype), ("out", out, want_o, outp.dtype)):

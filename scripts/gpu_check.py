@@ -152,19 +152,19 @@ def measure(cm: Any, calls: int, warmup: int) -> dict[str, Any]:
         stream = torch.cuda.current_stream()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
-        for s, e in zip(starts, ends):
+        for s, e in zip(starts, ends, strict=True):
             s.record(stream)
             fn(x, out)
             e.record(stream)
         torch.cuda.synchronize()
-        res["cuda_event_call"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+        res["cuda_event_call"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)])
         if ex.graph is not None:
-            for s, e in zip(starts, ends):
+            for s, e in zip(starts, ends, strict=True):
                 s.record(stream)
                 ex.graph.replay()
                 e.record(stream)
             torch.cuda.synchronize()
-            res["cuda_event_graph_replay"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
+            res["cuda_event_graph_replay"] = percentiles([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)])
     elif cm.target == "tpu.xla":
         import jax
 

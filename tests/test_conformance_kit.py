@@ -12,14 +12,23 @@ import sys
 import types
 from pathlib import Path
 
+import kit_samples
 import pytest
 
-import kit_samples
 from hwbackends import hookimpl
 from hwbackends.registry import build_registry
-from hwbackends.testing import (TARGET_CHECKS, VARIANT_CHECKS, Conformance, ConformanceError,
-                                NotApplicable, Variant, names_layer, precision_family,
-                                run_target_check, run_variant_check)
+from hwbackends.testing import (
+    TARGET_CHECKS,
+    VARIANT_CHECKS,
+    Conformance,
+    ConformanceError,
+    NotApplicable,
+    Variant,
+    names_layer,
+    precision_family,
+    run_target_check,
+    run_variant_check,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -182,7 +182,7 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             f"({bench.n} calls each in {cfg.router.bench.rounds} rounds)")
         profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
                                     cache, refresh)
-        for c, (prof, hit) in zip(todo, profs):
+        for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
 

@@ -133,7 +133,7 @@ class Lane:
         self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i) for i, c in enumerate(order)]
         self.cms = [c.cm for c in order]
         if self.timeout_s is not None:
-            for v, cm in zip(self.variants, self.cms):
+            for v, cm in zip(self.variants, self.cms, strict=True):
                 v.deadline = _Deadline(v.fn, cm.input.batched(cm.batch_size),
                                        cm.output.batched(cm.batch_size), v.variant)
         self.cur = 0

@@ -11,6 +11,7 @@ from ..errors import InputError
 from ..target import Target
 from .context import Conformance, ConformanceError, Variant, io_arrays
 
+
 def bad_input_cases(cm: CompiledModel, target: Target) -> dict[str, tuple[Any, Any]]:
     """Wrong calls of ``predict_into`` that must raise :class:`InputError`."""
     b = cm.batch_size

@@ -9,6 +9,7 @@ import numpy as np
 
 from .context import Conformance, ConformanceError, io_arrays
 
+
 def check_store_roundtrip(ctx: Conformance) -> str:
     """The artifact holds files; a second compile is a cached load with identical outputs; a
     corrupted artifact file is detected and rebuilt, with identical outputs again. Uses the

@@ -10,6 +10,7 @@ from ..fidelity import compare
 from .context import Conformance, ConformanceError, Variant
 from .tolerances import TOLERANCES, precision_family
 
+
 def check_compile(ctx: Conformance, v: Variant) -> str:
     """The zoo model compiles (or is refused with an UnsupportedError naming the layer/op),
     and the result is labelled with the mode the probe reported."""

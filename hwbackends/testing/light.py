@@ -113,8 +113,8 @@ def check_probe_is_light(ctx: Conformance) -> str:
     bad = violations(imports, child["package"], child["loaded"])
     if bad:
         raise ConformanceError(f"{name}: " + "; ".join(bad) + ". Move heavy imports into "
-                               f"compile()/load()/toolchain(); probe with importlib.util.find_spec "
-                               f"or shutil.which")
+                               "compile()/load()/toolchain(); probe with importlib.util.find_spec "
+                               "or shutil.which")
     worst = max((i for i in imports if i.phase in ("import", "probe")),
                 key=lambda i: i.cumulative_ms, default=None)
     return (f"plugin {ep!r}: {sum(i.phase in ('import', 'probe') for i in imports)} modules imported, "

@@ -11,7 +11,8 @@ import importlib.metadata
 import json
 import sys
 
-import hwbackends  # noqa: F401  (the core is imported by every plugin: not the plugin's cost)
+# The core (and so the package root) is imported by every plugin: not the plugin's cost.
+import hwbackends.target  # noqa: F401
 
 PHASE = "hwb-phase:"
 

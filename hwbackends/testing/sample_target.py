@@ -41,7 +41,7 @@ class NumpyDenseExecutor(Executor):
         # reshaped into a fresh array per call.
         self._x2d = np.zeros((batch, int(np.prod(inp.shape))), np.float32)
         self._layers = []
-        for (w, b), act in zip(weights, activations):
+        for (w, b), act in zip(weights, activations, strict=True):
             buf = np.zeros((batch, w.shape[1]), np.float32)
             # softmax needs a per-row scratch column; allocated once here, not per call
             scratch = np.zeros((batch, 1), np.float32)

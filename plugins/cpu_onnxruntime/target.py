@@ -13,6 +13,7 @@ from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
 from .._shared.onnx_batch import fix_batch
 from .._util import cpu_name, importable, version
 
+
 class _Calibration:
     """ORT's CalibrationDataReader protocol over an array of representative inputs."""
 
@@ -106,5 +107,5 @@ class OnnxRuntimeTarget(Target):
                 "converted_from": model.meta.get("converted_from", "onnx")}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> OnnxRuntimeExecutor:
-        return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.threads or 1,
+        return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),
                                    artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.specs import TensorSpec
+from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Executor
 
 from .bitstreams import BitstreamEntry
@@ -43,8 +43,6 @@ class PynqExecutor(Executor):
     def __init__(self, entry: BitstreamEntry, batch: int, inp: TensorSpec, out: TensorSpec):
         from pynq import Overlay, allocate
 
-        from hwbackends.specs import Availability
-
         self.availability = Availability.hardware(
             f"FPGA board {entry.manifest.get('board', '?')} ({entry.manifest.get('part', '?')}) via PYNQ",
             f"bitstream {entry.bit.name} for this model's fingerprint")
@@ -52,7 +50,7 @@ class PynqExecutor(Executor):
         self._init_io(inp, out, batch)
         io = entry.manifest["io"]
         self.overlay = Overlay(str(entry.bit))  # PYNQ finds design.hwh next to the .bit
-        dma = getattr(getattr(self.overlay, "hier_0", self.overlay), "axi_dma_0")
+        dma = getattr(self.overlay, "hier_0", self.overlay).axi_dma_0
         self._send, self._recv = dma.sendchannel, dma.recvchannel
         self._in_fx, self._out_fx = _fixed(io.get("input_type", "float")), _fixed(io.get("output_type", "float"))
         n_in, n_out = int(np.prod(inp.shape)) * batch, int(np.prod(out.shape)) * batch

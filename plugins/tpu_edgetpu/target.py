@@ -32,8 +32,9 @@ from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._util import importable, version
 from .._shared.litert import LiteRTExecutor
+from .._shared.tflite import has_recurrent, op_names, to_tflite
+from .._util import importable, version
 
 COMPILER = "edgetpu_compiler"
 DELEGATE = "libedgetpu.so.1"
@@ -184,8 +185,6 @@ class EdgeTpuTarget(Target):
                 "edgetpu_compiler": compiler_version() or "absent"}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from hwb_plugins._shared.tflite import has_recurrent, op_names, to_tflite
-
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
             raise UnsupportedError(f"{self.name} option recurrent must be 'unroll' or 'loop', "
@@ -226,4 +225,4 @@ class EdgeTpuTarget(Target):
                                    artifact.outputs[0], delegate=True)
         return EdgeTpuExecutor(artifact.file("model.tflite"), artifact.batch_size,
                                artifact.inputs[0], artifact.outputs[0], delegate=False,
-                               threads=options.threads or 1)
+                               threads=options.runtime_threads())

@@ -25,6 +25,7 @@ from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
+from .._shared.onnx_batch import fix_batch
 from .._util import importable, version
 
 #: Platforms every artifact is exported for (jax.export lowers once per platform).
@@ -118,8 +119,6 @@ def fixed_batch(proto: Any, batch: int) -> Any:
     """A copy of the ONNX graph with the batch dimension of its inputs/outputs fixed."""
     import onnx
 
-    from hwb_plugins._shared.onnx_batch import fix_batch
-
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
     return fix_batch(copy, batch)
@@ -154,7 +153,7 @@ class XlaTarget(Target):
         import jax
         from jax import export
 
-        from .onnx_jax import to_jax
+        from .onnx_jax import to_jax  # a large module: not imported by `hwb targets`
 
         proto = fixed_batch(model.obj, options.batch_size)
         fn = jax.jit(to_jax(proto, options.precision, self.name))
