@@ -23,19 +23,26 @@ class Good(NumpyDenseTarget):
     name = "cpu.kit_good"
 
 
+class _OtherExecutor(NumpyDenseTarget):
+    """The sample target, loaded into a subclass of its executor that breaks one rule."""
+
+    executor_class: type[NumpyDenseExecutor] = NumpyDenseExecutor
+
+    def load(self, artifact: Any, options: Any) -> Any:
+        ex = super().load(artifact, options)
+        ex.__class__ = self.executor_class
+        return ex
+
+
 class _LeakyExecutor(NumpyDenseExecutor):
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         super().predict_into(x, out)
         _KEPT.append(float(out.flat[0]))  # keeps one float per call: a leak
 
 
-class Leaky(NumpyDenseTarget):
+class Leaky(_OtherExecutor):
     name = "cpu.kit_leaky"
-
-    def load(self, artifact: Any, options: Any) -> Any:
-        ex = super().load(artifact, options)
-        ex.__class__ = _LeakyExecutor
-        return ex
+    executor_class = _LeakyExecutor
 
 
 class _GreedyExecutor(NumpyDenseExecutor):
@@ -45,13 +52,9 @@ class _GreedyExecutor(NumpyDenseExecutor):
         out += scratch[0] - 1.0  # uses it (the result is unchanged)
 
 
-class Greedy(NumpyDenseTarget):
+class Greedy(_OtherExecutor):
     name = "cpu.kit_greedy"
-
-    def load(self, artifact: Any, options: Any) -> Any:
-        ex = super().load(artifact, options)
-        ex.__class__ = _GreedyExecutor
-        return ex
+    executor_class = _GreedyExecutor
 
 
 class _LaxExecutor(NumpyDenseExecutor):
@@ -62,13 +65,9 @@ class _LaxExecutor(NumpyDenseExecutor):
         NumpyDenseExecutor.predict_into(self, buf, out)
 
 
-class Lax(NumpyDenseTarget):
+class Lax(_OtherExecutor):
     name = "cpu.kit_lax"
-
-    def load(self, artifact: Any, options: Any) -> Any:
-        ex = super().load(artifact, options)
-        ex.__class__ = _LaxExecutor
-        return ex
+    executor_class = _LaxExecutor
 
 
 class Sloppy(NumpyDenseTarget):
