@@ -189,7 +189,8 @@ def probes_registry(tmp_path_factory):
     pkg = site / "hwb_kit_probes"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(_PROBES_PLUGIN)
-    (pkg / "slow_sdk.py").write_text("import time\n\ntime.sleep(0.3)  # the import cost\n")
+    (pkg / "slow_sdk.py").write_text(  # ~300 ms of CPU at import, like a vendor SDK's
+        "import time\n\nt0 = time.process_time()\nwhile time.process_time() - t0 < 0.3:\n    pass\n")
     (site / "hwb_kit_vendor_runtime.py").write_text("VERSION = '1.0'\n")
     info = site / "hwb_kit_probes-0.1.dist-info"
     info.mkdir()
