@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup bench clean
+.PHONY: demo test test-fast lint setup bench clean
 
 # The shm endpoint's C extension is built by the editable install: rebuild when its sources change.
 $(STAMP): pyproject.toml setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h
@@ -21,10 +21,15 @@ demo: $(STAMP)
 	$(VENV)/bin/hwb demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -m 'not slow'
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py

@@ -68,7 +68,7 @@ def latency_table(models: list[str], rounds: int, calls: int) -> list[dict[str, 
                 continue  # LiteRT and the Edge TPU take Keras models
             cm = hwb.compile(m, target, prec)
             key = f"{target}:{prec}"
-            fns[key] = (lambda cm=cm: cm.predict_into(x, out))
+            fns[key] = (lambda cm=cm, x=x, out=out: cm.predict_into(x, out))
             info[key] = cm
         res = interleaved(fns, rounds, calls)
         for key, ns in res.items():

@@ -44,7 +44,7 @@ def warm_load_ms(cm, n: int = 5) -> float:
     times = []
     x = np.zeros(cm.input.batched(1), np.float32)
     y = np.zeros(cm.output.batched(1), np.float32)
-    for i in range(n):
+    for _ in range(n):
         d = Path(tempfile.mkdtemp(prefix="hwb-load-"))
         shutil.copytree(cm.artifact.path, d / "a")
         art = type(cm.artifact)(**{**cm.artifact.__dict__, "path": d / "a"})
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--store", default=None)
     a = ap.parse_args()
-    from hwbackends.bench.machine import describe
+    from hwbackends.machine import describe
 
     rows = fidelity_table([s for s in a.models.split(",") if s], a.store)
     print(f"\nmachine: {describe()}; mode: emulated (hls4ml C-simulation, g++ -O3)\n")

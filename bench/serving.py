@@ -65,8 +65,9 @@ def main() -> None:
         with GrpcServer(eng, insecure_loopback=True) as g, GrpcClient(g.address, insecure=True) as gc:
             grpc_ = timed(lambda x: gc.predict("default", x), xs, n // 2)
         print(f"gRPC loopback (no TLS)   {pct(grpc_)}")
-        from hwbackends.serve.grpc_server import self_signed_cert
         import secrets
+
+        from hwbackends.serve.grpc_server import self_signed_cert
         tls, tok = self_signed_cert(), secrets.token_urlsafe(24)
         with GrpcServer(eng, tls=tls, token=tok) as g, \
                 GrpcClient(g.address, token=tok, root_cert=tls.cert_pem) as gc:
@@ -113,10 +114,10 @@ def main() -> None:
 
 def batching(m, xs: np.ndarray, quick: bool, scales: str | None = None,
              trace_s: float | None = None) -> None:
+    import threading
+
     from hwbackends.serve import Engine, EngineConfig, compile_batch_variants
     from hwbackends.serve.loadtest import replay
-
-    import threading
 
     variants = compile_batch_variants(m, "cpu.litert", None, (1, 2, 4, 8, 16), fidelity=False)
     print("\n== closed loop: 8 threads calling as fast as they can (3000 calls) ==")

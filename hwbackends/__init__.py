@@ -11,10 +11,21 @@ Importing this package imports no ML framework; each target imports its own when
 """
 from __future__ import annotations
 
+from . import zoo  # noqa: F401  (registers the "zoo:NAME" model source; light)
 from .compiled import CompiledModel
 from .compiler import compile
-from .errors import (CacheError, CompileError, ConfigError, HwbError, InputError, ModelError,
-                     PluginError, UnavailableError, UnknownTargetError, UnsupportedError)
+from .errors import (
+    CacheError,
+    CompileError,
+    ConfigError,
+    HwbError,
+    InputError,
+    ModelError,
+    PluginError,
+    UnavailableError,
+    UnknownTargetError,
+    UnsupportedError,
+)
 from .fidelity import Fidelity, Tolerance
 from .hookspecs import hookimpl
 from .models import Model, load_model

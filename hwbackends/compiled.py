@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 
 from .batches import predict_in_batches
-from .inputs import NAN_POLICIES, as_batch
 from .fidelity import Fidelity
+from .inputs import NAN_POLICIES, as_batch
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io
 
@@ -117,7 +117,8 @@ class CompiledModel:
 
     def check(self, x: Any, out: Any) -> None:
         """Raise :class:`InputError` if ``x``/``out`` are not what ``predict_into`` takes."""
-        check_io(x, out, self.input, self.output, self.batch_size)
+        check_io(x, out, self.input, self.output, self.batch_size,
+                 contiguous=getattr(self.executor, "contiguous", False))
 
     def close(self) -> None:
         close = getattr(self.executor, "close", None)

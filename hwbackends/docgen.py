@@ -22,6 +22,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
+from . import errors, hookspecs, specs, target
+from .target import CONTRACT_VERSION, Target
+
 BEGIN = ("<!-- BEGIN GENERATED REFERENCE: written by `python -m hwbackends.docgen` from "
          "hwbackends/hookspecs.py and the contract docstrings; edit those, not this section -->")
 END = "<!-- END GENERATED REFERENCE -->"
@@ -30,9 +33,8 @@ DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 def contract_objects() -> list[Any]:
     """The public contract a plugin author works with, in the order the reference lists it."""
-    from . import errors, specs, target
-
-    objs: list[Any] = [target.Target, target.Executor, target.CompileOptions, target.Artifact,
+    objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor,
+                       target.CompileOptions, target.Artifact,
                        target.Converter, target.check_io, specs.Availability, specs.Mode,
                        specs.TensorSpec]
     errs = [c for _, c in inspect.getmembers(errors, inspect.isclass)
@@ -42,8 +44,6 @@ def contract_objects() -> list[Any]:
 
 def hook_specs(module: ModuleType | None = None) -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
     """``(name, function, options)`` of every hook spec in ``module`` (default: hookspecs)."""
-    from . import hookspecs
-
     mod = module or hookspecs
     marker = f"{hookspecs.PROJECT}_spec"
     out = []
@@ -70,11 +70,16 @@ def target_attributes(cls: type) -> list[tuple[str, str, str]]:
     return out
 
 
+#: Underscored methods that are part of the contract: what an executor subclass calls or
+#: implements (they are underscored so they stay out of the executor's public surface).
+SUBCLASS_API = ("_init_io", "_run", "_check")
+
+
 def _public_methods(cls: type) -> list[tuple[str, Any]]:
     out = []
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     for name, obj in vars(cls).items():
-        if name.startswith("_") or name in fields:
+        if (name.startswith("_") and name not in SUBCLASS_API) or name in fields:
             continue
         fn = obj.__func__ if isinstance(obj, (classmethod, staticmethod)) else obj
         if isinstance(fn, property):
@@ -87,8 +92,6 @@ def _public_methods(cls: type) -> list[tuple[str, Any]]:
 def missing_docs(hooks_module: ModuleType | None = None,
                  objects: Iterable[Any] | None = None) -> list[str]:
     """Everything of the plugin contract that has no documentation (empty = complete)."""
-    from .target import Target
-
     missing = [f"hook {name}" for name, fn, _ in hook_specs(hooks_module) if not inspect.getdoc(fn)]
     for obj in objects if objects is not None else contract_objects():
         label = obj.__name__
@@ -147,8 +150,6 @@ def _indent_code(doc: str) -> str:
 
 def render() -> str:
     """The generated reference (Markdown, without the markers)."""
-    from .target import CONTRACT_VERSION, Target
-
     parts = [f"Contract version: **{CONTRACT_VERSION}** (`hwbackends.CONTRACT_VERSION`).", "",
              "### Hooks", ""]
     for name, fn, opts in hook_specs():

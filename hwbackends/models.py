@@ -150,6 +150,17 @@ def _module_of(obj: Any) -> str:
     return " ".join(c.__module__ for c in type(obj).__mro__)
 
 
+#: Named model sources, by prefix: ``"zoo:NAME"`` → ``SOURCES["zoo"]("NAME")``. Filled by the
+#: modules that provide them (:mod:`hwbackends.zoo` registers ``zoo``), so this module imports
+#: none of them.
+SOURCES: dict[str, Callable[[str], Model]] = {}
+
+
+def register_source(prefix: str, get: Callable[[str], Model]) -> None:
+    """Make ``load_model("PREFIX:NAME")`` return ``get("NAME")``."""
+    SOURCES[prefix] = get
+
+
 def load_model(source: Any, *, name: str | None = None, example_input: Any = None,
                input_shape: Sequence[int] | None = None,
                validation_data: np.ndarray | None = None,
@@ -169,9 +180,9 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         if validation_data is not None:
             source.validation_data = validation_data
         return source
-    if isinstance(source, str) and source.startswith("zoo:"):
-        from . import zoo
-        m = zoo.get(source[4:])
+    if isinstance(source, str) and source.partition(":")[0] in SOURCES:
+        prefix, _, rest = source.partition(":")
+        m = SOURCES[prefix](rest)
         if validation_data is not None:
             m.validation_data = validation_data
         return m

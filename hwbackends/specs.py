@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+#: Target families: the first part of a target's dotted name (``cpu.litert``).
+FAMILIES: tuple[str, ...] = ("cpu", "gpu", "tpu", "fpga", "ref")
+
 
 @dataclass(frozen=True)
 class TensorSpec:

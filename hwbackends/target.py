@@ -11,16 +11,21 @@ hook. The lifecycle, driven by :func:`hwbackends.compile`:
    them on every later load;
 3. ``load(artifact, options)`` (parent process) returns an :class:`Executor`;
 4. ``Executor.predict_into(x, out)`` is the hot path.
+
+Each rule is stated once, where it applies, and the conformance kit checks exactly that:
+light imports and probing in :class:`Target`; what ``compile`` receives in
+:meth:`Target.compile`; threads in :class:`CompileOptions`; contiguity, allocation and
+thread-safety of the hot path in :class:`Executor`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .specs import Availability, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +38,15 @@ CONTRACT_VERSION = 1
 @dataclass
 class CompileOptions:
     """What the caller asked for. ``extra`` holds target-specific options (documented by
-    each target in :attr:`Target.option_docs`)."""
+    each target in :attr:`Target.option_docs`).
+
+    **Threads.** ``threads`` is how many threads the runtime may use *inside one call*
+    (intra-op parallelism), read by ``load()`` (it is not part of the cache key).
+    ``None``, the default, means **one thread**: batch-1 latency is what this project serves,
+    and waking a thread pool per call costs more than it saves at batch 1 (one plugin measured
+    p99 13 µs on one thread vs 1.3 ms with the runtime's default pool). ``N >= 1`` allows up to
+    ``N``. Targets read it through :meth:`runtime_threads`; a runtime with no such setting
+    (XLA, GPUs, FPGAs) ignores it and says so in its docs."""
 
     precision: str
     batch_size: int = 1
@@ -42,6 +55,15 @@ class CompileOptions:
     #: Representative inputs for calibration (full-int8, fixed-point); never part of the
     #: options' JSON, but its hash is part of the cache key.
     calibration: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"threads must be None (one thread) or an integer >= 1; got "
+                              f"{self.threads!r}")
+
+    def runtime_threads(self) -> int:
+        """The thread count to give the runtime: ``threads``, or 1 when it is ``None``."""
+        return 1 if self.threads is None else self.threads
 
     def key_dict(self) -> dict[str, Any]:
         """The options as they enter the cache key (``threads`` is a load-time option)."""
@@ -75,89 +97,149 @@ class Artifact:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
 
-@runtime_checkable
-class Executor(Protocol):
-    """A loaded artifact. ``predict_into`` is the hot path: ``x`` is a C-contiguous array of
-    shape ``(batch_size, *input.shape)`` in the input dtype, ``out`` a preallocated array of
-    shape ``(batch_size, *output.shape)``; it allocates nothing and does no Python work beyond
-    the library call. On a wrong array it raises :class:`~hwbackends.errors.InputError`
-    before calling the library (NumPy assignment would silently broadcast or cast it): a few
-    cheap attribute checks first, then :func:`check_io` to build the message.
-
-    An executor may carry an ``availability`` attribute (an
-    :class:`~hwbackends.specs.Availability`): it then overrides ``Target.probe()``'s answer for
-    this variant, because only ``load`` knows whether it found the device (an FPGA board with a
-    matching bitstream) or fell back to the stand-in (the C-simulation)."""
-
-    batch_size: int
-
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Run the variant on ``x`` and write the result into ``out``; allocate nothing."""
-        ...
-
-
 _F32 = np.dtype(np.float32)
 
 
-class IOGuard:
-    """The input guard every executor needs: numpy (and JAX, torch) would otherwise *silently*
-    broadcast a wrong shape (a ``(1, 1)`` array into a ``(1, 32)`` buffer) or cast a wrong
-    dtype. Executors call :meth:`_init_io` once and :meth:`_guard` first thing in
-    ``predict_into``. Contiguity is not required: executors copy ``x`` into their own buffer
-    (or hand it to a framework that copies), which handles strided arrays correctly."""
+class Executor:
+    """A loaded variant: what :meth:`Target.load` returns. Subclass it, call
+    :meth:`_init_io` once in ``__init__`` and implement :meth:`_run`; the inherited
+    :meth:`predict_into` is the hot path and holds the contract's one input guard and one
+    error path, so a subclass writes only the model call.
 
+    **The call.** ``predict_into(x, out)`` takes ``x`` of shape ``(batch_size, *input.shape)``
+    and ``out`` of shape ``(batch_size, *output.shape)``, both ``float32`` numpy arrays, writes
+    the result into ``out`` and returns ``None``. A wrong array raises
+    :class:`~hwbackends.errors.InputError` saying what was expected (numpy, JAX and torch would
+    otherwise *silently* broadcast a ``(1, 1)`` array into a ``(1, 32)`` buffer, or cast a
+    float64): the guard compares shape and dtype by identity before :meth:`_run`, and when
+    :meth:`_run` raises, :func:`check_io` turns a wrong array into the InputError (a right
+    array's failure propagates unchanged).
+
+    **Contiguity.** Not required: an executor gives the right result for strided ``x``/``out``
+    (numpy assignment and framework copies handle strides). An executor that hands raw
+    pointers to a library (ctypes, DMA) sets :attr:`contiguous` ``= True``; the guard then
+    refuses a non-C-contiguous or read-only array with InputError instead.
+
+    **Allocation.** ``predict_into`` allocates nothing per call, not even a temporary: write
+    through buffers made in ``__init__`` (``np.matmul(..., out=)``, in-place ufuncs). The kit
+    measures the *peak* traced memory of a call, so a per-call scratch array fails it.
+
+    **Thread-safety.** An executor is never run on two threads at once, so ``_run`` need not
+    lock: the serving engine calls each executor from its one worker thread, a router lane
+    serves one caller thread, and a router deadline worker never starts a call while an
+    abandoned one still runs. Calls may come from different threads one after another (do
+    not keep thread-local state). ``CompileOptions.threads`` is a different thing: how many
+    threads the runtime may use *inside* one call (see :class:`CompileOptions`).
+
+    **Dynamic batch.** ``_init_io(..., batch=None)`` accepts any batch size (``out`` must have
+    as many rows as ``x``); for targets with ``static_batch = False`` that serve any size.
+
+    An executor may set ``availability`` (an :class:`~hwbackends.specs.Availability`): it then
+    overrides ``Target.probe()``'s answer for this variant, because only ``load`` knows whether
+    it found the device (an FPGA board with a matching bitstream) or fell back to the stand-in
+    (the C-simulation). An optional ``close()`` releases device resources."""
+
+    #: Whether ``_run`` needs C-contiguous, writeable arrays (raw pointers); see above.
+    contiguous: ClassVar[bool] = False
     batch_size: int
+    availability: Availability | None = None
 
-    def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int) -> None:
-        self.batch_size = batch
+    def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int | None) -> None:
+        """Record the compiled input/output specs and batch size (``None``: any batch)."""
+        self.batch_size = batch if batch is not None else 1
+        self._dynamic = batch is None
         self._in_spec, self._out_spec = inp, out
-        self._xshape, self._yshape = inp.batched(batch), out.batched(batch)
+        # A dynamic-batch executor never matches these (0 rows), so every call takes the
+        # checked path of _check, which accepts any row count.
+        self._xshape = inp.batched(batch if batch is not None else 0)
+        self._yshape = out.batched(batch if batch is not None else 0)
+        self._strict = self.contiguous
 
-    def _guard(self, x: Any, out: Any) -> None:
-        """Return if ``x``/``out`` have the compiled shapes and float32; else raise InputError."""
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Run the variant on ``x`` and write the result into ``out``; allocate nothing.
+        Raises :class:`~hwbackends.errors.InputError` for a wrong array."""
         try:
-            if (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
-                    and out.dtype is _F32):
-                return
+            ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
+                  and out.dtype is _F32)
+            if self._strict and ok:
+                ok = x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable
         except AttributeError:
-            pass
-        check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
+            ok = False
+        if not ok:
+            self._check(x, out)
+        try:
+            self._run(x, out)
+        except Exception:
+            self._check(x, out)
+            raise
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The model call: write the outputs for ``x`` into ``out``. ``x``/``out`` already
+        passed the guard (shape and dtype; contiguity when :attr:`contiguous`)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _run(x, out)")
+
+    def _check(self, x: Any, out: Any) -> None:
+        """The one error path: raise InputError if ``x``/``out`` are wrong; return if they are
+        fine (an equal dtype that is not the canonical object, a dynamic batch)."""
+        batch = self.batch_size
+        if self._dynamic:
+            batch = len(x) if getattr(x, "ndim", 0) == len(self._xshape) else self.batch_size
+        check_io(x, out, self._in_spec, self._out_spec, batch, contiguous=self._strict)
 
 
-class BufferedExecutor(IOGuard):
-    """The shared hot path of executors over runtime-owned buffers (LiteRT tensor views, ONNX
-    Runtime's bound OrtValues, …): the guard, copy ``x`` in, run, copy the output out.
-    Subclasses call :meth:`_init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads
-    and writes) and ``_run`` (a zero-argument callable that runs the model once). The guard is
-    inlined here rather than calling :meth:`_guard`: this is the sub-2-µs CPU path, where one
-    more Python call is a measurable share (docs/performance.md)."""
+class BufferedExecutor(Executor):
+    """An executor over runtime-owned buffers (LiteRT tensor views, ONNX Runtime's bound
+    OrtValues, …): copy ``x`` in, invoke, copy the output out. Subclasses call
+    :meth:`~Executor._init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads and
+    writes) and ``_invoke`` (a zero-argument callable that runs the model once).
+
+    Its ``predict_into`` is the base class's template with :meth:`_run` inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
+    (docs/performance.md). It is the only copy of that path; the error path is the same
+    :meth:`~Executor._check`. Strided arrays are handled by the copies."""
 
     _in: np.ndarray
     _out: np.ndarray
-    _run: Callable[[], Any]
+    _invoke: Callable[[], Any]
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # Contiguity is not checked: the copies below handle strided arrays correctly.
+        """The base class's template with ``_run`` inlined (same guard, same error path)."""
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
                   and out.dtype is _F32)
         except AttributeError:
             ok = False
         if not ok:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size, contiguous=False)
+            self._check(x, out)
         try:
             self._in[...] = x
-            self._run()
+            self._invoke()
             out[...] = self._out
         except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+            self._check(x, out)
             raise
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        """Copy ``x`` into ``_in``, invoke, copy ``_out`` into ``out`` (what
+        :meth:`predict_into` inlines; a subclass that overrides ``predict_into`` with the
+        general template, like an int8-IO one, calls it)."""
+        self._in[...] = x
+        self._invoke()
+        out[...] = self._out
 
 
 class Target:
-    """Base class of every target. Subclasses set the class attributes and implement the four
-    methods. Keep module-level imports light: heavy frameworks are imported inside
-    ``compile``/``load``/``toolchain`` so that ``hwb targets`` stays fast."""
+    """Base class of every target. Subclasses set the class attributes and implement
+    ``probe``, ``compile`` and ``load`` (required: the kit fails a target without them);
+    ``toolchain`` is optional but belongs in every target whose output depends on a library
+    version.
+
+    **Light imports.** ``hwb targets`` imports every installed plugin and calls every
+    ``probe()``: the plugin module, ``hwb_targets()`` and ``probe()`` import only the standard
+    library, the core and its light dependencies (numpy, pluggy, pydantic), and no single module
+    may cost over 150 ms of CPU to import (with what it imports). Frameworks and vendor SDKs are
+    imported inside ``compile``/``load``/``toolchain``. The kit measures this in a fresh
+    interpreter, timing every import, so it holds for any package, not a list of known heavy
+    ones."""
 
     #: Unique dotted name, ``family.runtime``: ``cpu.litert``, ``fpga.hls4ml``.
     name: ClassVar[str] = ""
@@ -165,6 +247,12 @@ class Target:
     family: ClassVar[str] = ""
     #: Precisions offered; the first is the default.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: The precisions (of ``precisions``) that need calibration data: for them the core passes
+    #: representative inputs in ``CompileOptions.calibration`` and hashes them into the cache key.
+    calibrated: ClassVar[tuple[str, ...]] = ()
+    #: The target's own version: bump it when ``compile()`` writes different files for the same
+    #: model and options. Part of the cache key, so a bump rebuilds every artifact.
+    version: ClassVar[str] = "1"
     #: Source formats ``compile`` accepts (``keras``, ``torch``, ``onnx``); the core converts
     #: the model into the first reachable one through the registered converters.
     formats: ClassVar[tuple[str, ...]] = ()
@@ -191,11 +279,33 @@ class Target:
     def compile(self, model: "Model", options: CompileOptions, workdir: Path) -> dict[str, Any]:
         """Write the artifact's files into ``workdir``; return JSON-able metadata.
         Raise :class:`~hwbackends.errors.UnsupportedError` naming the layer/op that cannot be
-        compiled. Runs in a child process."""
+        compiled. Runs in a child process (the compile worker), never in the caller's.
+
+        **What ``model`` is** (a :class:`hwbackends.models.Model`):
+
+        - ``model.format`` is one of this target's ``formats``: the core converted the user's
+          model through the registered converters first;
+        - ``model.obj`` is the model in that format: a ``keras.Model``, an
+          ``onnx.ModelProto``, or a torch module / ``torch.export.ExportedProgram``;
+        - ``model.inputs`` / ``model.outputs`` are :class:`~hwbackends.specs.TensorSpec` lists
+          *per sample* (no batch dimension); the built-in formats have one of each,
+          ``model.input`` / ``model.output``;
+        - the batch dimension of ``model.obj`` is **dynamic** (``None`` in Keras, a symbolic
+          dim in ONNX and torch.export). A target with ``static_batch = True`` must fix it to
+          ``options.batch_size`` itself (for ONNX: set ``dim[0]`` of every graph input and
+          output), and its executor then serves exactly that batch;
+        - ``model.representative(n)`` gives realistic inputs (the model's validation data when
+          it has some); the core already puts them in ``options.calibration`` for the
+          precisions listed in ``calibrated``;
+        - ``model.reference(x)`` runs the source framework in fp32 (slow; for checks only);
+        - ``model.name`` and ``model.fingerprint`` identify it (the fingerprint is part of
+          the cache key: do not hash the model yourself)."""
         raise NotImplementedError
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        """Load a stored artifact and return a warmed-up-ready executor."""
+        """Load a stored artifact and return a ready executor (buffers allocated, I/O bound,
+        graphs captured); runs in the caller's process on every cache hit, so keep it fast.
+        Read ``options.runtime_threads()`` here."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -218,11 +328,12 @@ class Converter:
 
 
 def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
-             contiguous: bool = True) -> None:
+             contiguous: bool = False) -> None:
     """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
-    ``contiguous=False`` for executors that copy (and so accept strided arrays correctly).
-    Executors call it only after their cheap shape/dtype/contiguity checks failed (or the
-    library raised), so the hot path never pays for building the message."""
+    ``contiguous=True`` also refuses non-C-contiguous arrays (for executors that hand raw
+    pointers to a library; see :attr:`Executor.contiguous`). :meth:`Executor.predict_into`
+    calls it only after its cheap shape/dtype checks failed (or the model call raised), so
+    the hot path never pays for building the message."""
     want_x = inp.batched(batch)
     want_o = outp.batched(batch)
     for label, arr, shape, dtype in (("input", x, want_x, inp.dtype), ("out", out, want_o, outp.dtype)):

@@ -23,7 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .models import Model, load_model
+from .errors import ModelError
+from .models import Model, load_model, register_source
+from .store import default_root
 
 log = logging.getLogger("hwbackends.zoo")
 
@@ -102,7 +104,7 @@ def torch_mlp() -> Any:
                       nn.Linear(32, 3), nn.Softmax(dim=-1))
     ws = mlp_weights()
     with torch.no_grad():
-        for layer, (w, b) in zip([m[0], m[2], m[4]], zip(ws[0::2], ws[1::2])):
+        for layer, (w, b) in zip([m[0], m[2], m[4]], zip(ws[0::2], ws[1::2], strict=True), strict=True):
             layer.weight.copy_(torch.from_numpy(w.T.copy()))
             layer.bias.copy_(torch.from_numpy(b))
     return m.eval()
@@ -243,9 +245,12 @@ _BUILDERS: dict[str, Callable[[], Model]] = {
 
 def get(name: str) -> Model:
     """A zoo model by name (see the module docstring)."""
-    from .errors import ModelError
     try:
         build = _BUILDERS[name]
     except KeyError:
         raise ModelError(f"no zoo model {name!r}; available: {', '.join(NAMES)}") from None
     return build()
+
+
+# "zoo:NAME" in load_model (and everywhere a model is named: CLI, strategies.toml).
+register_source("zoo", get)

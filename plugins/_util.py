@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
+from hwbackends.machine import cpu_model
+
 
 def version(dist: str) -> str:
     """Installed version of a distribution without importing it ('' when absent)."""
@@ -21,5 +23,5 @@ def importable(module: str) -> bool:
 
 
 def cpu_name() -> str:
-    from hwbackends.bench.machine import cpu_model
+    """The CPU's model name, for ``Availability.device`` (reads /proc/cpuinfo; no import)."""
     return cpu_model()

@@ -23,36 +23,51 @@ class Good(NumpyDenseTarget):
     name = "cpu.kit_good"
 
 
+class _OtherExecutor(NumpyDenseTarget):
+    """The sample target, loaded into a subclass of its executor that breaks one rule."""
+
+    executor_class: type[NumpyDenseExecutor] = NumpyDenseExecutor
+
+    def load(self, artifact: Any, options: Any) -> Any:
+        ex = super().load(artifact, options)
+        ex.__class__ = self.executor_class
+        return ex
+
+
 class _LeakyExecutor(NumpyDenseExecutor):
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         super().predict_into(x, out)
         _KEPT.append(float(out.flat[0]))  # keeps one float per call: a leak
 
 
-class Leaky(NumpyDenseTarget):
+class Leaky(_OtherExecutor):
     name = "cpu.kit_leaky"
+    executor_class = _LeakyExecutor
 
-    def load(self, artifact: Any, options: Any) -> Any:
-        ex = super().load(artifact, options)
-        ex.__class__ = _LeakyExecutor
-        return ex
+
+class _GreedyExecutor(NumpyDenseExecutor):
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        scratch = np.ones(1 << 18, np.float32)  # a 1 MB temporary per call, freed on return
+        super()._run(x, out)
+        out += scratch[0] - 1.0  # uses it (the result is unchanged)
+
+
+class Greedy(_OtherExecutor):
+    name = "cpu.kit_greedy"
+    executor_class = _GreedyExecutor
 
 
 class _LaxExecutor(NumpyDenseExecutor):
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
         # the unguarded idiom: numpy casts float64 and broadcasts (1, 1) silently
-        buf = np.zeros(self._xs, np.float32)
+        buf = np.zeros(self._xshape, np.float32)
         buf[...] = x
         NumpyDenseExecutor.predict_into(self, buf, out)
 
 
-class Lax(NumpyDenseTarget):
+class Lax(_OtherExecutor):
     name = "cpu.kit_lax"
-
-    def load(self, artifact: Any, options: Any) -> Any:
-        ex = super().load(artifact, options)
-        ex.__class__ = _LaxExecutor
-        return ex
+    executor_class = _LaxExecutor
 
 
 class Sloppy(NumpyDenseTarget):
@@ -124,4 +139,4 @@ class InCaller(NumpyDenseTarget):
     name = "cpu.kit_in_caller"
 
 
-ALL = (Good, Leaky, Lax, Sloppy, Mute, Reasonless, Slow, Bodiless, Unpicklable, InCaller)
+ALL = (Good, Leaky, Greedy, Lax, Sloppy, Mute, Reasonless, Slow, Bodiless, Unpicklable, InCaller)

@@ -8,9 +8,21 @@ import time
 import numpy as np
 import pytest
 
-from hwbackends.bench import (Batch, BenchResults, Burst, ProfileCache, ResultsError, Server,
-                              SingleStream, bench_model, cached_measure, measure, parse, pinned,
-                              summarize)
+from hwbackends.bench import (
+    Batch,
+    BenchResults,
+    Burst,
+    ProfileCache,
+    ResultsError,
+    Server,
+    SingleStream,
+    bench_model,
+    cached_measure,
+    measure,
+    parse,
+    pinned,
+    summarize,
+)
 from hwbackends.bench.scenarios import closed_loop, open_loop
 from hwbackends.errors import ConfigError, InputError, UnknownTargetError
 

@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from hwbackends.registry import get_registry
-from hwbackends.testing.kit import (TARGET_CHECKS, VARIANT_CHECKS, WHEN_UNAVAILABLE, Conformance,
-                                    NotApplicable, Variant, run_target_check, run_variant_check)
+from hwbackends.testing.kit import (
+    TARGET_CHECKS,
+    VARIANT_CHECKS,
+    WHEN_UNAVAILABLE,
+    Conformance,
+    NotApplicable,
+    Variant,
+    run_target_check,
+    run_variant_check,
+)
 
 FAST_FAMILIES = ("cpu", "ref")
 MODELS = ("mlp",)

@@ -12,14 +12,23 @@ import sys
 import types
 from pathlib import Path
 
+import kit_samples
 import pytest
 
-import kit_samples
 from hwbackends import hookimpl
 from hwbackends.registry import build_registry
-from hwbackends.testing import (TARGET_CHECKS, VARIANT_CHECKS, Conformance, ConformanceError,
-                                NotApplicable, Variant, names_layer, precision_family,
-                                run_target_check, run_variant_check)
+from hwbackends.testing import (
+    TARGET_CHECKS,
+    VARIANT_CHECKS,
+    Conformance,
+    ConformanceError,
+    NotApplicable,
+    Variant,
+    names_layer,
+    precision_family,
+    run_target_check,
+    run_variant_check,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,6 +73,7 @@ def test_a_correct_target_passes_every_check(ctx_for):
 
 @pytest.mark.parametrize("cls,check,expect", [
     (kit_samples.Leaky, "no_allocation", "predict_into keeps memory"),
+    (kit_samples.Greedy, "no_allocation", "predict_into allocates per call: peak"),
     (kit_samples.Lax, "bad_inputs", "x float64: accepted"),
     (kit_samples.Lax, "bad_inputs", r"x with last dimension 1 \(broadcastable\): accepted"),
     (kit_samples.Sloppy, "fidelity", "rel_err"),
@@ -84,7 +94,7 @@ def test_the_kit_catches_a_broken_rule(ctx_for, cls, check, expect):
 
 def test_the_kit_notices_a_compile_in_the_callers_process(ctx_for):
     ctx = ctx_for(kit_samples.InCaller)
-    cm = ctx._compile(Variant("mlp", "fp32"), ctx.store, fidelity=False, isolate_compile=False)
+    cm = ctx.compile_variant(Variant("mlp", "fp32"), ctx.store, fidelity=False, isolate_compile=False)
     assert not cm.artifact.cached
     with pytest.raises(ConformanceError, match="ran in the caller's process"):
         run_target_check(ctx, "compile_isolated")
@@ -136,3 +146,79 @@ def test_pytest_one_liner_from_any_directory(tmp_path):
     assert " passed" in out
     if "gpu.tensorrt" in build_registry().targets:
         assert "gpu.tensorrt is unavailable here" in out  # skip reason carried through
+
+
+# -- the light-probe check, on real installed plugins ---------------------------------------
+_PROBES_PLUGIN = '''\
+"""Three targets whose probe() differs only in what it imports (for the kit's own tests)."""
+from hwbackends import hookimpl
+from hwbackends.testing.sample_target import NumpyDenseTarget
+
+
+class LightProbe(NumpyDenseTarget):
+    name = "cpu.kit_light_probe"
+
+
+class SlowImportProbe(NumpyDenseTarget):
+    name = "cpu.kit_slow_import_probe"
+
+    def probe(self):
+        from . import slow_sdk  # noqa: F401  (takes ~300 ms to import, like a vendor SDK)
+        return super().probe()
+
+
+class ForeignPackageProbe(NumpyDenseTarget):
+    name = "cpu.kit_foreign_probe"
+
+    def probe(self):
+        import hwb_kit_vendor_runtime  # noqa: F401  (a package of its own, not a light one)
+        return super().probe()
+
+
+@hookimpl
+def hwb_targets():
+    return [LightProbe(), SlowImportProbe(), ForeignPackageProbe()]
+'''
+
+
+@pytest.fixture(scope="module")
+def probes_registry(tmp_path_factory):
+    """A real distribution on sys.path (dist-info + entry point), so a fresh interpreter finds
+    the plugin exactly as it finds a pip-installed one."""
+    site = tmp_path_factory.mktemp("site")
+    pkg = site / "hwb_kit_probes"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(_PROBES_PLUGIN)
+    (pkg / "slow_sdk.py").write_text(  # ~300 ms of CPU at import, like a vendor SDK's
+        "import time\n\nt0 = time.process_time()\nwhile time.process_time() - t0 < 0.3:\n    pass\n")
+    (site / "hwb_kit_vendor_runtime.py").write_text("VERSION = '1.0'\n")
+    info = site / "hwb_kit_probes-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hwb-kit-probes\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[hwbackends]\nkit_probes = hwb_kit_probes\n")
+    sys.path.insert(0, str(site))
+    try:
+        import importlib
+
+        reg = build_registry(entry_points=False)
+        reg.register(importlib.import_module("hwb_kit_probes"), "kit_probes")
+        assert not reg.problems, reg.problems
+        yield reg
+    finally:
+        sys.path.remove(str(site))
+        for m in [m for m in sys.modules if m.startswith(("hwb_kit_probes", "hwb_kit_vendor"))]:
+            del sys.modules[m]
+
+
+@pytest.mark.parametrize("target, expect", [
+    ("cpu.kit_light_probe", None),
+    ("cpu.kit_slow_import_probe", r"probe\(\) imports hwb_kit_probes.slow_sdk \(\d+ ms\): over the"),
+    ("cpu.kit_foreign_probe", r"probe\(\) imports hwb_kit_vendor_runtime \(\d+ ms\): not a light package"),
+])
+def test_the_light_probe_check_measures_imports(probes_registry, tmp_path, target, expect):
+    ctx = Conformance(target, tmp_path, models=("mlp",), registry=probes_registry)
+    if expect is None:
+        assert "slowest" in run_target_check(ctx, "probe_is_light")
+    else:
+        with pytest.raises(ConformanceError, match=expect):
+            run_target_check(ctx, "probe_is_light")

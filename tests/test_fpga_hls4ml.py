@@ -112,7 +112,7 @@ def test_integer_bits_and_search_logic():
         for start in (4, 11, 13, 16, 22):
             calls = []
 
-            def evaluate(f, slope=slope):
+            def evaluate(f, slope=slope, calls=calls):
                 calls.append(f)
                 err = 2.0 ** (-f * slope) * 40
                 return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0

@@ -34,7 +34,10 @@ def test_new_writes_an_installable_package(tmp_path):
     assert classes == {"MynpuTarget", "MynpuExecutor"}
     assert 'name = "tpu.mynpu"' in src and 'family = "tpu"' in src and "scaffold:" not in src
     assert "from .target import MynpuTarget" in (d / "hwb_mynpu" / "__init__.py").read_text()
-    assert 'TARGET = "tpu.mynpu"' in (d / "tests" / "test_conformance.py").read_text()
+    assert meta["tool"]["pytest"]["ini_options"]["hwb_target"] == ["tpu.mynpu"]
+    # the generated tests are the kit's own: the same suite as `hwb plugin check`
+    assert "from hwbackends.testing.test_contract import test_target, test_variant" in (
+        d / "tests" / "test_conformance.py").read_text()
     readme = (d / "README.md").read_text()
     assert "Keras models made of `Dense` layers" in readme and "UnsupportedError" in readme
     for f in d.rglob("*.py"):
@@ -69,7 +72,7 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
     d = tmp_path / dist
     r = _run([HWB, "plugin", "new", name, "--family", "cpu", "--dir", str(d)])
     assert r.returncode == 0, r.stderr
-    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache"), HWB_KIT_MODELS="mlp,lstm")
+    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache"))
     try:
         r = _run([str(BIN / "pip"), "install", "-q", "-e", str(d), "--no-deps", "--no-build-isolation"])
         assert r.returncode == 0, r.stderr[-2000:]
@@ -80,12 +83,16 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
         assert row["plugin"] == name and row["availability"]["mode"] == "hardware"
         assert not [p for p in data["problems"] if p["plugin"] == name]
         # the generated tests: the whole kit, probe_is_light included (it is an entry point now)
-        r = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"], cwd=d, env=env)
+        r = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                  "--hwb-models", "mlp,lstm"], cwd=d, env=env)
         out = r.stdout + r.stderr
         assert r.returncode == 0, out[-4000:]
-        assert "10 passed" in out, out[-2000:]           # 5 target checks + 5 on the mlp
+        assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
         assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
-        # and the one-liner through the CLI
+        # the CLI runs the same suite: same counts; arguments after -- go to pytest
+        r = _run([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], env=env)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        assert "10 passed, 5 skipped" in r.stdout, r.stdout[-2000:]
         r = _run([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], env=env)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         assert "3 passed" in r.stdout
@@ -111,3 +118,12 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
         _run([str(BIN / "pip"), "uninstall", "-y", "-q", dist])
     r = _run([HWB, "targets", "--json"], env=env)
     assert target not in {t["name"] for t in json.loads(r.stdout)["targets"]}
+
+
+def test_plugin_check_hands_arguments_after_double_dash_to_pytest():
+    r = _run([HWB, "plugin", "check", "ref", "--models", "mlp", "-k", "metadata", "--", "-v",
+              "--co"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert "test_target[ref-metadata]" in r.stdout  # -v --co: the collected test, by name
+    r = _run([HWB, "targets", "--", "-v"])
+    assert r.returncode == 2 and "only taken by hwb plugin check" in r.stderr

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from hwbackends.errors import ConfigError, InputError
-from hwbackends.serve import (DEADLINE, BatchPolicy, Engine, EngineConfig, InferenceCache,
-                              Unavailable)
+from hwbackends.serve import DEADLINE, BatchPolicy, Engine, EngineConfig, InferenceCache, Unavailable
 
 
 @pytest.fixture(scope="module")

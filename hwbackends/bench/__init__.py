@@ -6,9 +6,9 @@
 """
 from __future__ import annotations
 
+from ..machine import fingerprint
 from .cache import ProfileCache, profile_key
 from .harness import bench_model, cached_measure, measure, pinned, select_targets
-from .machine import fingerprint
 from .profile import LatencyProfile, summarize, table
 from .results import BenchResults, ResultsError
 from .scenarios import Batch, Burst, Server, SingleStream, parse

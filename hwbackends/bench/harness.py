@@ -16,8 +16,18 @@ from . import machine as machine_mod
 from .cache import ProfileCache, profile_key
 from .profile import LatencyProfile, summarize
 from .results import BenchResults
-from .scenarios import (Batch, Burst, Progress, Scenario, Server, SingleStream, Timing,
-                        closed_loop, open_loop, timeline)
+from .scenarios import (
+    Batch,
+    Burst,
+    Progress,
+    Scenario,
+    Server,
+    SingleStream,
+    Timing,
+    closed_loop,
+    open_loop,
+    timeline,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..compiled import CompiledModel
@@ -142,7 +152,7 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
                         cm.batch_size) for cm in cms]
     out: list[tuple[LatencyProfile, bool] | None] = [None] * len(cms)
     todo = []
-    for i, (cm, key) in enumerate(zip(cms, keys)):
+    for i, (cm, key) in enumerate(zip(cms, keys, strict=True)):
         hit = None if (cache is None or refresh) else cache.get(key)
         if hit is not None:
             hit.fidelity = cm.fidelity.to_dict() if cm.fidelity else hit.fidelity

@@ -102,4 +102,4 @@ def summarize(latency_ns: np.ndarray) -> dict[str, Any]:
     return {"n": int(us.size), "p50_us": float(q[0]), "p90_us": float(q[1]), "p99_us": float(q[2]),
             "p999_us": float(q[3]), "max_us": float(us.max()), "mean_us": float(us.mean()),
             "min_us": float(us.min()),
-            "cdf": [[float(a), float(b)] for a, b in zip(CDF_QUANTILES, cdf)]}
+            "cdf": [[float(a), float(b)] for a, b in zip(CDF_QUANTILES, cdf, strict=True)]}

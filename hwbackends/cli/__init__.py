@@ -39,10 +39,25 @@ def stderr_progress(msg: str) -> None:
     print(f"  · {msg}", file=sys.stderr, flush=True)
 
 
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``hwb … -- rest``: the arguments before the first ``--``, and ``rest`` (handed on
+    unparsed, e.g. to pytest by ``hwb plugin check``)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]  # hwb fleet re-executes itself
+    argv_list = list(argv) if argv is not None else sys.argv[1:]
+    own, rest = split_passthrough(argv_list)
+    args = parser.parse_args(own)
+    if rest and not getattr(args, "passthrough", False):
+        parser.error(f"arguments after -- ({' '.join(rest)}) are only taken by hwb plugin check")
+    args.rest = rest
+    args.argv = argv_list  # hwb fleet re-executes itself
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):

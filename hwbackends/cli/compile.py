@@ -37,7 +37,7 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 
 
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
-    from .. import compile as hwb_compile
+    from ..compiler import compile as hwb_compile
 
     return hwb_compile(args.model, args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),

@@ -33,9 +33,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import (Batch, Burst, ProfileCache, Server, SingleStream, bench_model)
-    from ..bench.machine import describe
+    from ..bench import Batch, Burst, ProfileCache, Server, SingleStream, bench_model
     from ..config import load_config
+    from ..machine import describe
     from ..report import write_report
     from ..router import Router
 

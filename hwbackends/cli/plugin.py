@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import ConfigError
+from ..registry import get_registry
+from ..scaffold import new_plugin
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plugin", help="write a new target plugin, or check one against the contract")
@@ -25,14 +29,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--precisions", default="all", help="all, default, or a comma-separated list")
     c.add_argument("--store", default=None, help="artifact store (default: a temporary one)")
     c.add_argument("-k", default=None, help="only checks matching this pytest -k expression")
-    c.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
-    c.set_defaults(func=run_check)
+    c.set_defaults(func=run_check, passthrough=True)  # hwb plugin check NAME ... -- PYTEST_ARGS
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
 def run_new(args: argparse.Namespace) -> int:
-    from ..scaffold import new_plugin
-
     d = new_plugin(args.name, args.family, args.dir, force=args.force)
     target = args.name if "." in args.name else f"{args.family}.{args.name}"
     print(f"wrote plugin for target {target} in {d}\n"
@@ -43,9 +44,6 @@ def run_new(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
-    from ..registry import get_registry
-
     get_registry().target(args.target)  # an unknown name fails here, listing the known ones
     try:
         import pytest
@@ -59,6 +57,6 @@ def run_check(args: argparse.Namespace) -> int:
         argv += ["--hwb-store", args.store]
     if args.k:
         argv += ["-k", args.k]
-    argv += args.pytest_args
+    argv += getattr(args, "rest", [])
     print(f"pytest {' '.join(argv)}", file=sys.stderr)
     return int(pytest.main(argv))

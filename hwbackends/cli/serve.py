@@ -7,6 +7,7 @@ import argparse
 import json
 import signal
 import threading
+from typing import Any
 
 from . import stderr_progress
 from .compile import add_model_args, compile_from_args
@@ -61,6 +62,26 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
+    """What the engine serves: a router strategy (--config), one compiled model per batch size
+    (--batch-sizes), or one compiled model."""
+    from ..errors import ConfigError
+
+    if args.config:
+        from ..router import Router
+        if not args.strategy:
+            raise ConfigError("--config needs --strategy NAME")
+        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress)
+        return strategy_cls(router, args.strategy)
+    if args.batch_sizes:
+        backends = {}
+        for s in (int(s) for s in args.batch_sizes.split(",")):
+            args.batch_size = s
+            backends[s] = compile_from_args(args, fidelity=False)
+        return backends
+    return compile_from_args(args, fidelity=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..serve import Engine, EngineConfig, RouterStrategy
@@ -70,20 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
     if not args.config and not args.model:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
-    if args.config:
-        from ..router import Router
-        if not args.strategy:
-            raise ConfigError("--config needs --strategy NAME")
-        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress)
-        backends = RouterStrategy(router, args.strategy)
-    elif args.batch_sizes:
-        sizes = [int(s) for s in args.batch_sizes.split(",")]
-        backends = {}
-        for s in sizes:
-            args.batch_size = s
-            backends[s] = compile_from_args(args, fidelity=False)
-    else:
-        backends = compile_from_args(args, fidelity=False)
+    backends = _backends(args, RouterStrategy)
     pin = tuple(int(c) for c in args.pin.split(",")) if args.pin else None
     cfg = EngineConfig.preset(args.preset, deadline_us=args.deadline_us,
                               cache_entries=args.cache_entries, pin_cores=pin)

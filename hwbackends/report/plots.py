@@ -110,7 +110,7 @@ def burst(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
         if not p.timeline:
             continue
         tl = p.timeline
-        pts = [(x, y) for x, y in zip(tl["t_s"], tl["p99_us"]) if y == y and y > 0]
+        pts = [(x, y) for x, y in zip(tl["t_s"], tl["p99_us"], strict=True) if y == y and y > 0]
         if pts:
             a2.plot([x for x, _ in pts], [y for _, y in pts], _style(p), color=col.get(p.variant),
                     label=_label(p), lw=1.2)

@@ -17,14 +17,31 @@ framework.
 """
 from __future__ import annotations
 
-from .kit import (ALLOC_BOUND_BYTES, ALLOC_CALLS, HEAVY_MODULES, PROBE_BUDGET_S, TARGET_CHECKS,
-                  TOLERANCES, VARIANT_CHECKS, WHEN_UNAVAILABLE, Conformance, ConformanceError,
-                  NotApplicable, Variant, bad_input_cases, names_layer, precision_family,
-                  run_target_check, run_variant_check)
+from .kit import (
+                  ALLOC_BOUND_BYTES,
+                  ALLOC_CALLS,
+                  IMPORT_BUDGET_MS,
+                  LIGHT_PACKAGES,
+                  PEAK_BOUND_BYTES,
+                  PROBE_BUDGET_S,
+                  TARGET_CHECKS,
+                  TOLERANCES,
+                  VARIANT_CHECKS,
+                  WHEN_UNAVAILABLE,
+                  Conformance,
+                  ConformanceError,
+                  NotApplicable,
+                  Variant,
+                  bad_input_cases,
+                  names_layer,
+                  precision_family,
+                  run_target_check,
+                  run_variant_check,
+)
 
 __all__ = [
-    "ALLOC_BOUND_BYTES", "ALLOC_CALLS", "Conformance", "ConformanceError", "HEAVY_MODULES",
-    "NotApplicable", "PROBE_BUDGET_S", "TARGET_CHECKS", "TOLERANCES", "VARIANT_CHECKS",
-    "Variant", "WHEN_UNAVAILABLE", "bad_input_cases", "names_layer", "precision_family",
-    "run_target_check", "run_variant_check",
+    "ALLOC_BOUND_BYTES", "ALLOC_CALLS", "Conformance", "ConformanceError", "IMPORT_BUDGET_MS",
+    "LIGHT_PACKAGES", "NotApplicable", "PEAK_BOUND_BYTES", "PROBE_BUDGET_S", "TARGET_CHECKS",
+    "TOLERANCES", "VARIANT_CHECKS", "Variant", "WHEN_UNAVAILABLE", "bad_input_cases",
+    "names_layer", "precision_family", "run_target_check", "run_variant_check",
 ]

@@ -1,7 +1,7 @@
 """pytest plugin of the conformance kit (entry point ``pytest11``: ``hwbackends``).
 
-Adds ``--hwb-target NAME`` (repeatable), ``--hwb-models``, ``--hwb-precisions`` and
-``--hwb-store``, and the fixtures ``hwb_target_ctx`` (one :class:`Conformance` per selected
+Adds ``--hwb-target NAME`` (repeatable; or the ``hwb_target`` ini setting), ``--hwb-models``,
+``--hwb-precisions`` and ``--hwb-store``, and the fixtures ``hwb_target_ctx`` (one :class:`Conformance` per selected
 target) and ``hwb_variant`` (``(Conformance, Variant)`` per zoo model × precision). When
 ``--hwb-target`` is given without test paths, the kit's own test module is what runs, so
 ``pytest --hwb-target NAME`` works from any directory. Without ``--hwb-target`` the plugin
@@ -30,6 +30,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="precisions to check (default: all the target offers)")
     g.addoption("--hwb-store", default=None, metavar="PATH",
                 help="artifact store for the kit's compiles (default: a fresh temporary one)")
+    # A plugin project names its target once in its pytest configuration; its tests then
+    # import the kit's test functions (what `hwb plugin new` generates), so `pytest` there and
+    # `hwb plugin check NAME` run the same suite.
+    parser.addini("hwb_target", type="args", default=[],
+                  help="targets the kit's tests run against when --hwb-target is not given")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,8 +64,13 @@ def conformance(config: pytest.Config, target: str, store_root: Path) -> Conform
     return cache[target]
 
 
+def selected_targets(config: pytest.Config) -> list[str]:
+    """``--hwb-target`` values, else the ``hwb_target`` ini setting."""
+    return list(config.getoption("hwb_target") or config.getini("hwb_target"))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    targets = metafunc.config.getoption("hwb_target")
+    targets = selected_targets(metafunc.config)
     if "hwb_target_ctx" in metafunc.fixturenames:
         metafunc.parametrize("hwb_target_ctx", targets or [None], indirect=True,
                              ids=[t or "no-target" for t in targets or [None]])

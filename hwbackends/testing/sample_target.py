@@ -23,40 +23,34 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid", "softmax")
-_F32 = np.dtype(np.float32)
 
 
-class NumpyDenseExecutor:
-    """Dense layers on preallocated buffers. Every call writes into the same arrays."""
+class NumpyDenseExecutor(Executor):
+    """Dense layers on preallocated buffers. Every call writes into the same arrays.
+
+    The base class's ``predict_into`` guards ``x``/``out`` (shape, dtype) and turns any
+    failure on a wrong array into ``InputError``; this class only implements ``_run``."""
 
     def __init__(self, weights: list[tuple[np.ndarray, np.ndarray]], activations: list[str],
                  batch: int, inp: TensorSpec, out: TensorSpec):
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xs, self._os = inp.batched(batch), out.batched(batch)
+        self._init_io(inp, out, batch)
+        # The first layer reads x through this buffer: a strided x is copied here, never
+        # reshaped into a fresh array per call.
+        self._x2d = np.zeros((batch, int(np.prod(inp.shape))), np.float32)
         self._layers = []
-        for (w, b), act in zip(weights, activations):
+        for (w, b), act in zip(weights, activations, strict=True):
             buf = np.zeros((batch, w.shape[1]), np.float32)
             # softmax needs a per-row scratch column; allocated once here, not per call
             scratch = np.zeros((batch, 1), np.float32)
             self._layers.append((np.ascontiguousarray(w, np.float32),
                                  np.ascontiguousarray(b, np.float32), act, buf, scratch))
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # Refuse what numpy would silently broadcast or cast (cheap attribute checks first;
-        # check_io builds the detailed message only on the error path).
-        try:
-            ok = (x.shape == self._xs and out.shape == self._os and x.dtype is _F32
-                  and out.dtype is _F32 and x.flags.c_contiguous and out.flags.c_contiguous
-                  and out.flags.writeable)
-        except AttributeError:
-            ok = False
-        if not ok:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-        h = x.reshape(self.batch_size, -1)  # a view, not a copy (x is C-contiguous)
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        h = self._x2d
+        np.copyto(h.reshape(x.shape), x)  # h is contiguous: the reshape is a view
         for w, b, act, buf, scratch in self._layers:
             np.matmul(h, w, out=buf)
             np.add(buf, b, out=buf)
@@ -76,7 +70,7 @@ class NumpyDenseExecutor:
                 np.sum(buf, axis=1, keepdims=True, out=scratch)
                 np.divide(buf, scratch, out=buf)
             h = buf
-        np.copyto(out.reshape(h.shape), h)
+        np.copyto(out, h.reshape(out.shape))  # out may be strided: write through it
 
 
 def dense_layers(km: Any, target: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[str]]:

@@ -27,4 +27,4 @@ class LiteRTExecutor(BufferedExecutor):
         # Views stay valid because allocate_tensors() is never called again.
         self._in = self.interpreter.tensor(self.input_details["index"])()
         self._out = self.interpreter.tensor(self.output_details["index"])()
-        self._run = self.interpreter._interpreter.Invoke
+        self._invoke = self.interpreter._interpreter.Invoke

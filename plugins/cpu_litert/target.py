@@ -3,10 +3,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
 from .._shared.litert import LiteRTExecutor
+from .._shared.tflite import has_recurrent, op_names, to_tflite
 from .._util import cpu_name, importable, version
 
 
@@ -35,11 +37,8 @@ class LiteRTTarget(Target):
                 "keras": version("keras"), "ai-edge-litert": version("ai-edge-litert")}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from .._shared.tflite import has_recurrent, op_names, to_tflite
-
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
-            from hwbackends.errors import UnsupportedError
             raise UnsupportedError(f"cpu.litert option recurrent must be 'unroll' or 'loop', got {recurrent!r}")
         blob = to_tflite(model.obj, options.precision, options.batch_size, options.calibration,
                          recurrent=recurrent)
@@ -48,5 +47,5 @@ class LiteRTTarget(Target):
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> LiteRTExecutor:
-        return LiteRTExecutor(artifact.file("model.tflite"), options.threads or 1,
+        return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),
                               artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

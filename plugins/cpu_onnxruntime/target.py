@@ -47,8 +47,8 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         binding.bind_ortvalue_input(self.session.get_inputs()[0].name, self._xv)
         binding.bind_ortvalue_output(self.session.get_outputs()[0].name, self._yv)
         self._binding = binding
-        self._run = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
-        self._run()
+        self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
+        self._invoke()
 
 
 class OnnxRuntimeTarget(Target):
@@ -112,5 +112,5 @@ class OnnxRuntimeTarget(Target):
                 **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> OnnxRuntimeExecutor:
-        return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.threads or 1,
+        return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),
                                    artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

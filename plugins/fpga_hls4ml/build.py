@@ -118,9 +118,9 @@ def build(project: Path, name: str, tag: str) -> BuiltLib:
     objs = [f"{name}.hwb.o", f"{name}_bridge.hwb.o"]
     srcs = [f"firmware/{name}.cpp", f"{name}_bridge.cpp"]
     procs = [subprocess.Popen([*common, "-c", s, "-o", o], cwd=project, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for s, o in zip(srcs, objs)]
+                              stderr=subprocess.STDOUT, text=True) for s, o in zip(srcs, objs, strict=True)]
     logs = [p.communicate()[0] for p in procs]
-    for p, s, log in zip(procs, srcs, logs):
+    for p, s, log in zip(procs, srcs, logs, strict=True):
         if p.returncode != 0:
             errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()[-20:]
             raise CompileError(f"g++ failed on hls4ml's {s} (exit {p.returncode}):\n"

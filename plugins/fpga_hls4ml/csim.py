@@ -14,7 +14,7 @@ import numpy as np
 
 from hwbackends.errors import CacheError
 from hwbackends.specs import TensorSpec
-from hwbackends.target import check_io
+from hwbackends.target import Executor
 
 
 class CsimLibrary:
@@ -53,31 +53,20 @@ class CsimLibrary:
         return y
 
 
-class CsimExecutor:
+class CsimExecutor(Executor):
     """The ``fpga.hls4ml`` executor in mode *emulated*: hls4ml's C-simulation.
 
-    ``predict_into`` checks the two shapes (a wrong shape would make the C loop read or write
-    out of bounds: a pointer carries no size) and makes one foreign call."""
+    The C loop takes raw pointers (a pointer carries no size or strides), so the guard also
+    requires C-contiguous, writeable arrays (``contiguous = True``); ``_run`` makes one
+    foreign call."""
+
+    contiguous = True
 
     def __init__(self, lib: CsimLibrary, batch: int, inp: TensorSpec, out: TensorSpec):
         self.lib = lib
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
-        self._xs = inp.batched(batch)
-        self._os = out.batched(batch)
+        self._init_io(inp, out, batch)
         self._fn = lib.batch_fn
         self._n = ctypes.c_long(batch)
-        self._f32 = np.dtype(np.float32)
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        try:  # zero-cost when nothing is raised (CPython 3.11+)
-            bad = (x.shape != self._xs or out.shape != self._os or x.dtype is not self._f32
-                   or out.dtype is not self._f32 or not x.flags.c_contiguous
-                   or not out.flags.c_contiguous or not out.flags.writeable)
-        except AttributeError:  # not an ndarray at all
-            bad = True
-        if bad:
-            # Raises InputError on a real problem; returns for an equal dtype that is not the
-            # canonical object (e.g. from a pickle), which is safe to call with.
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
         self._fn(x.ctypes.data, out.ctypes.data, self._n)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hwbackends.errors import UnsupportedError
 from hwbackends.fidelity import Fidelity, Tolerance, compare
 
 F_MIN, F_MAX = 2, 24
@@ -52,7 +53,6 @@ class FidelityTarget:
 
     @classmethod
     def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
-        from hwbackends.errors import UnsupportedError
         d = dict(d or {})
         bad = sorted(set(d) - set(cls.__dataclass_fields__))
         if bad:

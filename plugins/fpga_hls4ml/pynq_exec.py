@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.specs import TensorSpec
-from hwbackends.target import check_io
+from hwbackends.specs import Availability, TensorSpec
+from hwbackends.target import Executor
 
 from .bitstreams import BitstreamEntry
 
@@ -35,7 +35,7 @@ def _int_dtype(width: int) -> np.dtype:
     raise ValueError(f"stream word of {width} bits is wider than 64")
 
 
-class PynqExecutor:
+class PynqExecutor(Executor):
     """``predict_into`` through the FPGA: encode → DMA send/receive → decode."""
 
     mode = "hardware"
@@ -43,17 +43,14 @@ class PynqExecutor:
     def __init__(self, entry: BitstreamEntry, batch: int, inp: TensorSpec, out: TensorSpec):
         from pynq import Overlay, allocate
 
-        from hwbackends.specs import Availability
-
         self.availability = Availability.hardware(
             f"FPGA board {entry.manifest.get('board', '?')} ({entry.manifest.get('part', '?')}) via PYNQ",
             f"bitstream {entry.bit.name} for this model's fingerprint")
         self.entry = entry
-        self.batch_size = batch
-        self._in_spec, self._out_spec = inp, out
+        self._init_io(inp, out, batch)
         io = entry.manifest["io"]
         self.overlay = Overlay(str(entry.bit))  # PYNQ finds design.hwh next to the .bit
-        dma = getattr(getattr(self.overlay, "hier_0", self.overlay), "axi_dma_0")
+        dma = getattr(self.overlay, "hier_0", self.overlay).axi_dma_0
         self._send, self._recv = dma.sendchannel, dma.recvchannel
         self._in_fx, self._out_fx = _fixed(io.get("input_type", "float")), _fixed(io.get("output_type", "float"))
         n_in, n_out = int(np.prod(inp.shape)) * batch, int(np.prod(out.shape)) * batch
@@ -65,27 +62,24 @@ class PynqExecutor:
         self._out_scale = float(2.0 ** -(self._out_fx[0] - self._out_fx[1])) if self._out_fx else 1.0
         self._tmp = np.empty(n_in, dtype=np.float32)
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        try:
-            flat = x.reshape(-1)
-            if self._in_fx:
-                np.multiply(flat, self._in_scale, out=self._tmp)
-                np.rint(self._tmp, out=self._tmp)
-                self._ibuf[:] = self._tmp
-            else:
-                self._ibuf[:] = flat
-            self._send.transfer(self._ibuf)
-            self._recv.transfer(self._obuf)
-            self._send.wait()
-            self._recv.wait()
-            o = out.reshape(-1)
-            if self._out_fx:
-                np.multiply(self._obuf, self._out_scale, out=o)
-            else:
-                o[:] = self._obuf
-        except (ValueError, AttributeError, TypeError):
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        # Work on flat views of the fixed-shape buffers; x and out keep their own strides
+        # (reshaping a strided array would copy it, and a write into the copy would be lost).
+        flat_in = self._tmp.reshape(x.shape)
+        np.copyto(flat_in, x)
+        if self._in_fx:
+            np.multiply(self._tmp, self._in_scale, out=self._tmp)
+            np.rint(self._tmp, out=self._tmp)
+        self._ibuf[:] = self._tmp
+        self._send.transfer(self._ibuf)
+        self._recv.transfer(self._obuf)
+        self._send.wait()
+        self._recv.wait()
+        o = self._obuf.reshape(out.shape)
+        if self._out_fx:
+            np.multiply(o, self._out_scale, out=out)
+        else:
+            out[...] = o
 
     def close(self) -> None:
         for buf in (self._ibuf, self._obuf):

@@ -15,6 +15,12 @@ from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
 from .._util import cpu_name, importable, version
+from .build import build, gxx, gxx_version, patch_bridge
+from .csim import CsimExecutor, CsimLibrary
+
+# The compile-side modules (convert, precision, synth, bitstreams, pynq_exec: ~150 ms together
+# on a loaded machine) are imported in the functions that use them, not here: `hwb targets`
+# imports this module for every command (the light-import rule, hwbackends.target.Target).
 
 #: ``ap_fixed<W,I>`` (C++ spelling) or ``fixed<W,I>`` (hls4ml's), optionally with modes.
 _FIXED = re.compile(r"^(ap_)?(u?fixed)<\s*(\d+)\s*,\s*(-?\d+)\s*(,\s*[A-Z_]+\s*)*>$")
@@ -74,7 +80,6 @@ class Hls4mlTarget(Target):
 
     # -- availability -----------------------------------------------------------------------
     def probe(self) -> Availability:
-        from .build import gxx
         if not importable("hls4ml"):
             return Availability.unavailable("hls4ml not installed (pip install hls4ml==1.3.0)")
         if not gxx():
@@ -90,101 +95,53 @@ class Hls4mlTarget(Target):
             synthesis=bool(synth), board=importable("pynq"))
 
     def toolchain(self) -> dict[str, str]:
-        from .build import gxx_version
         return {"hls4ml": version("hls4ml"), "g++": gxx_version(), "keras": version("keras"),
                 "torch": version("torch")}
 
     # -- compile (isolated child process) -------------------------------------------------
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from . import convert, precision as P
-        from .build import build, patch_bridge
-        from .csim import CsimLibrary
         from hwbackends.fidelity import compare
+
+        from . import convert
+        from . import precision as P
 
         opts = convert.HlsOptions.from_extra(options.extra)
         target = P.FidelityTarget.from_option(opts.fidelity)
-        n_in, n_out = int(np.prod(model.input.shape)), int(np.prod(model.output.shape))
         calib = options.calibration if options.calibration is not None else model.representative(256)
         calib = np.ascontiguousarray(calib, dtype=np.float32)
         ref = model.reference(calib)
         # Scratch inside the staged artifact directory: removed below on success, and with
         # the staging directory by the core when the worker is killed (timeout, crash).
-        scratch = workdir / ".hwb-build"
-        scratch.mkdir(parents=True, exist_ok=True)
+        builder = _Builder(model, opts, workdir / ".hwb-build")
         t0 = time.perf_counter()
-        builds: dict[str, tuple[Any, Path, Any]] = {}
-
-        def make(cfg: dict[str, Any], tag: str) -> Any:
-            outdir = scratch / tag
-            hm = convert.convert(model, cfg, opts, outdir)
-            hm.write()
-            patch_bridge(outdir, convert.PROJECT, n_in, n_out)
-            built = build(outdir, convert.PROJECT, tag)
-            lib = CsimLibrary(built.lib, built.weights_dir, n_in, n_out)
-            builds[tag] = (hm, outdir, built)
-            return lib
-
         try:
-            search_meta: dict[str, Any] = {}
             if options.precision == "auto":
-                base = convert.hls_config(model, opts, "fixed<16,6>")
-                tcfg = convert.hls_config(model, opts, P.TRACE_PRECISION)
-                tcfg["Model"]["TraceOutput"] = True
-                for lc in tcfg.get("LayerName", {}).values():
-                    lc["Trace"] = True
-                t1 = time.perf_counter()
-                thm = convert.convert(model, tcfg, opts, scratch / "trace")
-                ranges = P.measure_ranges(thm, calib)
-                trace_s = time.perf_counter() - t1
-                start = P.first_guess(target, float(np.ptp(ref)))
-                evaluate = P.evaluate_fn(lambda f: (make(P.assign(base, ranges, f), f"f{f}"), None),
-                                         calib, ref)
-                best, probes = P.search(evaluate, target, start)
-                if best is None:
-                    closest = probes[-1]
-                    raise CompileError(
-                        f"precision='auto' found no fixed-point design meeting {target.to_dict()} "
-                        f"with up to {P.F_MAX} fractional bits (best: {closest.fidelity}; "
-                        f"{'; '.join(closest.violations)}). Loosen option fidelity, or compile an "
-                        f"explicit precision such as ap_fixed<32,12>")
-                wevaluate = P.evaluate_fn(
-                    lambda fw: (make(P.assign(base, ranges, best, fw), f"f{best}w{fw}"), None), calib, ref)
-                best_w, wprobes = P.narrow_weights(wevaluate, target, best)
-                tag = f"f{best}" if best_w == best else f"f{best}w{best_w}"
-                cfg = P.assign(base, ranges, best, best_w)
-                search_meta = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
-                               "trace_seconds": round(trace_s, 2),
-                               "probes": [p.__dict__ for p in probes],
-                               "weight_probes": [p.__dict__ for p in wprobes], "target": target.to_dict(),
-                               "ranges": {k: list(v) for k, v in ranges.results.items()}}
+                cfg, tag, search_meta = _auto_precision(builder, target, calib, ref)
             else:
                 fx = parse_fixed(options.precision)
                 if fx is None:
                     raise UnsupportedError(f"fpga.hls4ml precision must be 'auto' or ap_fixed<W,I>; "
                                            f"got {options.precision!r}")
-                cfg = convert.hls_config(model, opts, fx)
-                tag = "fixed"
-                make(cfg, tag)
-            hm, project, built = builds[tag]
-            lib = CsimLibrary(built.lib, built.weights_dir, n_in, n_out)
+                cfg, tag, search_meta = convert.hls_config(model, opts, fx), "fixed", {}
+                builder.make(cfg, tag)
+            hm, project, built = builder.builds[tag]
+            lib = CsimLibrary(built.lib, built.weights_dir, builder.n_in, builder.n_out)
             fid = compare(ref, lib.run(calib).reshape(ref.shape))
-            bits = P.design_bits(hm)
             self._store(workdir, project, built)
-            synth = _synthesis(hm, opts, workdir)
             return {
                 "mode": "emulated: hls4ml C-simulation (g++), bit-accurate for the fixed-point types",
-                "n_in": n_in, "n_out": n_out, "lib": LIB, "weights": WEIGHTS,
+                "n_in": builder.n_in, "n_out": builder.n_out, "lib": LIB, "weights": WEIGHTS,
                 "hls4ml_config": _jsonable(cfg), "options": opts.to_dict(),
-                "types": _types(hm), "bits": bits,
+                "types": _types(hm), "bits": P.design_bits(hm),
                 "calibration_fidelity": fid.to_dict(),
                 "meets_target": not target.tolerance(P.SEARCH_MARGIN if search_meta else 1.0).violations(fid),
-                "search": search_meta, "builds": len(builds),
-                "build_seconds": round(sum(b[2].seconds for b in builds.values()), 2),
+                "search": search_meta, "builds": len(builder.builds),
+                "build_seconds": round(sum(b[2].seconds for b in builder.builds.values()), 2),
                 "compile_seconds": round(time.perf_counter() - t0, 2),
-                "synthesis": synth,
+                "synthesis": _synthesis(hm, opts, workdir),
             }
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(builder.scratch, ignore_errors=True)
 
     @staticmethod
     def _store(workdir: Path, project: Path, built: Any) -> None:
@@ -199,8 +156,6 @@ class Hls4mlTarget(Target):
 
     # -- load (parent process) --------------------------------------------------------------
     def load(self, artifact: Artifact, options: CompileOptions) -> Any:
-        from .csim import CsimExecutor, CsimLibrary
-
         meta = artifact.meta
         lib_path = artifact.file(meta.get("lib", LIB))
         if not lib_path.exists():
@@ -213,19 +168,82 @@ class Hls4mlTarget(Target):
         return CsimExecutor(lib, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
 
 
+class _Builder:
+    """Builds C-simulation libraries of one model for several hls4ml configurations, each in
+    a scratch directory of its own, and keeps every build (the search compares many)."""
+
+    def __init__(self, model: Any, opts: Any, scratch: Path):
+        self.model, self.opts, self.scratch = model, opts, scratch
+        self.n_in, self.n_out = int(np.prod(model.input.shape)), int(np.prod(model.output.shape))
+        self.builds: dict[str, tuple[Any, Path, Any]] = {}
+        scratch.mkdir(parents=True, exist_ok=True)
+
+    def make(self, cfg: dict[str, Any], tag: str) -> CsimLibrary:
+        """Convert with ``cfg``, build, and load the library (recorded under ``tag``)."""
+        from . import convert
+
+        outdir = self.scratch / tag
+        hm = convert.convert(self.model, cfg, self.opts, outdir)
+        hm.write()
+        patch_bridge(outdir, convert.PROJECT, self.n_in, self.n_out)
+        built = build(outdir, convert.PROJECT, tag)
+        self.builds[tag] = (hm, outdir, built)
+        return CsimLibrary(built.lib, built.weights_dir, self.n_in, self.n_out)
+
+
+def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
+                    ref: np.ndarray) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """precision='auto': trace the layer ranges, search the fewest fractional bits that meet
+    ``target``, then narrow the weights'. Returns (hls4ml config, build tag, search record)."""
+    from . import convert
+    from . import precision as P
+
+    model, opts = builder.model, builder.opts
+    base = convert.hls_config(model, opts, "fixed<16,6>")
+    tcfg = convert.hls_config(model, opts, P.TRACE_PRECISION)
+    tcfg["Model"]["TraceOutput"] = True
+    for lc in tcfg.get("LayerName", {}).values():
+        lc["Trace"] = True
+    t1 = time.perf_counter()
+    thm = convert.convert(model, tcfg, opts, builder.scratch / "trace")
+    ranges = P.measure_ranges(thm, calib)
+    trace_s = time.perf_counter() - t1
+    start = P.first_guess(target, float(np.ptp(ref)))
+    evaluate = P.evaluate_fn(lambda f: (builder.make(P.assign(base, ranges, f), f"f{f}"), None),
+                             calib, ref)
+    best, probes = P.search(evaluate, target, start)
+    if best is None:
+        closest = probes[-1]
+        raise CompileError(
+            f"precision='auto' found no fixed-point design meeting {target.to_dict()} "
+            f"with up to {P.F_MAX} fractional bits (best: {closest.fidelity}; "
+            f"{'; '.join(closest.violations)}). Loosen option fidelity, or compile an "
+            f"explicit precision such as ap_fixed<32,12>")
+    evaluate_weights = P.evaluate_fn(
+        lambda fw: (builder.make(P.assign(base, ranges, best, fw), f"f{best}w{fw}"), None), calib, ref)
+    best_w, wprobes = P.narrow_weights(evaluate_weights, target, best)
+    tag = f"f{best}" if best_w == best else f"f{best}w{best_w}"
+    search = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
+              "trace_seconds": round(trace_s, 2), "probes": [p.__dict__ for p in probes],
+              "weight_probes": [p.__dict__ for p in wprobes], "target": target.to_dict(),
+              "ranges": {k: list(v) for k, v in ranges.results.items()}}
+    return P.assign(base, ranges, best, best_w), tag, search
+
+
 def _hardware_executor(artifact: Artifact) -> Any:
     """A PYNQ overlay executor when pynq is importable and a bitstream for this model's
     fingerprint and the detected board exists; else None (the C-sim serves)."""
     if not importable("pynq"):
         return None
     from .bitstreams import BitstreamStore, detect_board
+    from .pynq_exec import PynqExecutor
+
     board = detect_board()
     if board is None:
         return None
     entry = BitstreamStore().find(board, artifact.fingerprint)
     if entry is None:
         return None
-    from .pynq_exec import PynqExecutor
     return PynqExecutor(entry, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
 
 
@@ -241,6 +259,7 @@ def _synthesis(hm: Any, opts: Any, workdir: Path) -> dict[str, Any]:
                 "reason": f"{'vitis_hls' if opts.backend == 'Vitis' else 'vivado_hls'} not on PATH: "
                           f"no synthesis report (nothing estimated in its place)"}
     from .synth import find_report, parse_csynth_report
+
     proj = workdir / "project"
     hm.config.config["OutputDir"] = str(proj)
     hm.build(csim=False, synth=True, vsynth=False)

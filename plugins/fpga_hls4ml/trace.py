@@ -24,6 +24,8 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
+from . import convert
+
 
 @dataclass(frozen=True)
 class LayerDiff:
@@ -48,8 +50,6 @@ class LayerDiff:
 def trace_layers(model: Any, compiled: Any, x: np.ndarray) -> list[LayerDiff]:
     """Per-layer comparison for a :class:`CompiledModel` of ``fpga.hls4ml`` built from the
     Keras ``model`` (a :class:`hwbackends.models.Model`)."""
-    from . import convert
-
     if getattr(model, "format", None) != "keras":
         raise UnsupportedError("the per-layer trace compares with Keras layer outputs; pass the "
                                "Keras model (PyTorch/ONNX layer outputs are not mapped)")

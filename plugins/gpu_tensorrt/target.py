@@ -29,7 +29,7 @@ import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
 from .._util import importable
@@ -201,7 +201,7 @@ class _Pinned:
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-class TensorRTExecutor(IOGuard):
+class TensorRTExecutor(Executor):
     def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
                  cuda_graph: bool = True):
         self._rt = cudart()
@@ -335,14 +335,6 @@ class TensorRTExecutor(IOGuard):
         self._hx[...] = x
         self._launch()
         out[...] = self._hy
-
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            self._run(x, out)
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
 
     def close(self) -> None:
         rt = self._rt

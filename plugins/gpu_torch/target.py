@@ -26,7 +26,7 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
@@ -70,7 +70,7 @@ def program_on(path: Path, device: str) -> tuple[Any, Any]:
     return ep.module(), node.meta["val"].dtype
 
 
-class TorchCudaExecutor(IOGuard):
+class TorchCudaExecutor(Executor):
     """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
     load/compile path on the CPU so it can be exercised without a GPU (never reported as a
     GPU result: the target is unavailable there)."""
@@ -150,14 +150,6 @@ class TorchCudaExecutor(IOGuard):
         self._copy_out(self._dy, non_blocking=True)
         self._sync()
         out[...] = self._hy
-
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            self._run(x, out)
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
 
 
 class TorchCudaTarget(Target):

@@ -7,21 +7,21 @@ import numpy as np
 
 from hwbackends.models import Model, load_saved
 from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta
 from .._util import cpu_name, version
 
 
-class RefExecutor:
+class RefExecutor(Executor):
+    """The source framework itself, any batch size. Not a hot path: the reference allocates."""
+
     def __init__(self, model: Model, batch_size: int):
         self.model = model
+        self._init_io(model.input, model.output, None)
         self.batch_size = batch_size
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        # Not a hot path (it runs the source framework): validate first, any batch size.
-        check_io(x, out, self.model.input, self.model.output,
-                 len(x) if getattr(x, "ndim", 0) else 1)
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
         out[...] = self.model.reference(x)
 
 

@@ -23,16 +23,18 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._util import importable, version
 from .._shared.litert import LiteRTExecutor
+from .._shared.tflite import has_recurrent, op_names, to_tflite
+from .._util import importable, version
 from .delegate_probe import probe_delegate
 
 COMPILER = "edgetpu_compiler"
@@ -128,23 +130,22 @@ class EdgeTpuExecutor(LiteRTExecutor):
             self._inv_scale_in, self._zp_in = np.float32(1.0 / s_in), np.float32(z_in)
             self._scale_out, self._zp_out = np.float32(s_out), np.int32(z_out)
             self._f = np.zeros(self._in.shape, np.float32)
-            self.predict_into = self._predict_int8io  # type: ignore[method-assign]
+            # The buffered float copy would cast into the int8 tensor: take the general
+            # template (same guard and error path), whose _run below quantizes.
+            self.predict_into = MethodType(Executor.predict_into, self)  # type: ignore[method-assign]
 
-    def _predict_int8io(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            f = self._f
-            np.multiply(x, self._inv_scale_in, out=f)
-            np.rint(f, out=f)
-            np.add(f, self._zp_in, out=f)
-            np.clip(f, -128, 127, out=f)
-            self._in[...] = f
-            self._run()
-            np.subtract(self._out, self._zp_out, out=out, casting="unsafe")
-            np.multiply(out, self._scale_out, out=out)
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        if not self.int8_io:
+            return super()._run(x, out)
+        f = self._f
+        np.multiply(x, self._inv_scale_in, out=f)
+        np.rint(f, out=f)
+        np.add(f, self._zp_in, out=f)
+        np.clip(f, -128, 127, out=f)
+        self._in[...] = f
+        self._invoke()
+        np.subtract(self._out, self._zp_out, out=out, casting="unsafe")
+        np.multiply(out, self._scale_out, out=out)
 
 
 class EdgeTpuTarget(Target):
@@ -191,8 +192,6 @@ class EdgeTpuTarget(Target):
                 "edgetpu_compiler": compiler_version() or "absent"}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from hwb_plugins._shared.tflite import has_recurrent, op_names, to_tflite
-
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
             raise UnsupportedError(f"{self.name} option recurrent must be 'unroll' or 'loop', "
@@ -233,4 +232,4 @@ class EdgeTpuTarget(Target):
                                    artifact.outputs[0], delegate=True)
         return EdgeTpuExecutor(artifact.file("model.tflite"), artifact.batch_size,
                                artifact.inputs[0], artifact.outputs[0], delegate=False,
-                               threads=options.threads or 1)
+                               threads=options.runtime_threads())

@@ -239,7 +239,7 @@ def _slice(c, i, a):
     axes = np.asarray(i[3]).reshape(-1) if len(i) > 3 and i[3] is not None else np.arange(len(starts))
     steps = np.asarray(i[4]).reshape(-1) if len(i) > 4 and i[4] is not None else np.ones(len(starts), np.int64)
     idx = [slice(None)] * np.ndim(x)
-    for s, e, ax, st in zip(starts, ends, axes, steps):
+    for s, e, ax, st in zip(starts, ends, axes, steps, strict=True):
         # ONNX clamps huge sentinels (INT64_MAX); Python slicing does the same for in-range ints.
         dim = np.shape(x)[int(ax)]
         idx[int(ax)] = slice(int(max(min(s, dim), -dim - 1)), int(max(min(e, dim), -dim - 1)), int(st))
@@ -277,7 +277,7 @@ def _pads(a: dict[str, Any], nsp: int, in_sp: tuple[int, ...], k: list[int], s: 
     auto = _s(a.get("auto_pad", "NOTSET"))
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         pads = []
-        for n, kk, ss, dd in zip(in_sp, k, s, d):
+        for n, kk, ss, dd in zip(in_sp, k, s, d, strict=True):
             out = -(-n // ss)
             total = max((out - 1) * ss + (kk - 1) * dd + 1 - n, 0)
             lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
@@ -478,7 +478,7 @@ def _loop(c, i, a):
         env.update(inits)
         env[ins[0]] = np.array(it, np.int64)
         env[ins[1]] = np.array(go)
-        env.update(zip(ins[2:], carried))
+        env.update(zip(ins[2:], carried, strict=True))
         _run(c, nodes, env)
         res = [env[n] for n in outs]
         if not _const(res[0]):
@@ -509,7 +509,8 @@ def _run(c: _Ctx, nodes: list[tuple[str, list[str], list[str], dict[str, Any], s
             if str(exc).startswith(c.target):
                 raise
             raise UnsupportedError(f"{c.target}: node {name or op} ({op}): {exc}") from None
-        for n, v in zip(outs, res):
+        # Not strict: an op may return optional outputs the node leaves unnamed.
+        for n, v in zip(outs, res, strict=False):
             if n:
                 env[n] = v
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, IOGuard, Target, check_io
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version
@@ -82,7 +82,7 @@ def sync_cpu_dispatch() -> bool:
     return not jax.config.read("jax_cpu_enable_async_dispatch")
 
 
-class XlaExecutor(IOGuard):
+class XlaExecutor(Executor):
     """The hot path is the compiled XLA executable called on the caller's array: one
     host→device transfer in, one device→host copy into ``out``; no tracing, no dispatch
     through ``jax.jit``'s cache (the executable is called directly)."""
@@ -111,13 +111,8 @@ class XlaExecutor(IOGuard):
         self.compiled = jax.jit(exported.call).lower(spec).compile()
         self._call = self.compiled
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        try:
-            out[...] = self._call(x)
-        except Exception:
-            check_io(x, out, self._in_spec, self._out_spec, self.batch_size)
-            raise
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        out[...] = self._call(x)
 
 
 def fixed_batch(proto: Any, batch: int) -> Any:
@@ -158,7 +153,7 @@ class XlaTarget(Target):
         import jax
         from jax import export
 
-        from .onnx_jax import to_jax
+        from .onnx_jax import to_jax  # a large module: not imported by `hwb targets`
 
         proto = fixed_batch(model.obj, options.batch_size)
         fn = jax.jit(to_jax(proto, options.precision, self.name))
