@@ -25,7 +25,6 @@ import numpy as np
 
 from .errors import ModelError
 from .models import Model, load_model, register_source
-from .store import default_root
 
 log = logging.getLogger("hwbackends.zoo")
 

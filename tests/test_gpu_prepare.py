@@ -75,6 +75,7 @@ def _io_types(proto) -> list[int]:
 @pytest.mark.parametrize("name", MODELS)
 def test_fp16_graph_passes_the_fidelity_gate(onnx_zoo, name):
     import onnx
+
     from hwb_plugins.gpu_tensorrt.precision import prepare_onnx
 
     proto, _, val, ref = onnx_zoo(name)
@@ -91,6 +92,7 @@ def test_fp16_graph_passes_the_fidelity_gate(onnx_zoo, name):
 @pytest.mark.parametrize("name", MODELS)
 def test_int8_qdq_graph_passes_the_fidelity_gate_with_zero_points_0(onnx_zoo, name):
     import onnx
+
     from hwb_plugins.gpu_tensorrt.precision import prepare_onnx, qdq_zero_points
 
     proto, cal, val, ref = onnx_zoo(name)

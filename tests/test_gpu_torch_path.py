@@ -15,6 +15,7 @@ BATCH = 2
 def saved(tmp_path, zoo_model):
     """``saved(name, precision)`` → (model, path of the exported program), as compile() writes it."""
     import torch
+
     from hwb_plugins.gpu_torch.target import ARTIFACT, static_program
 
     def save(name: str, precision: str):
@@ -52,6 +53,7 @@ def _graph_devices(module) -> set[str]:
 @pytest.mark.parametrize("precision", ("fp32", "fp16"))
 def test_program_moves_whole_to_another_device(saved, name, precision):
     import torch
+
     from hwb_plugins.gpu_torch.target import program_on
 
     m, path = saved(name, precision)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
 from ..registry import safe_probe, select_targets
 from . import machine as machine_mod
@@ -206,7 +207,6 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     their reason, never raised. Ctrl-C stops the run and returns what was measured
     (``results.interrupted``). ``max_ref_s`` caps each scenario's time on the slow ``ref``
     target (the source framework; a baseline, not a contender)."""
-    from .. import compile as hwb_compile
     from ..models import load_model
     from ..registry import get_registry
 
@@ -282,8 +282,6 @@ def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, d
            use_cache: bool, say: Say) -> None:
     """The batch scenario: one profile per batch size (static-batch targets compile a variant
     per size; those are cached artifacts like any other)."""
-    from .. import compile as hwb_compile
-
     for size in sc.sizes:
         if not base_cm.static_batch or size == base_cm.batch_size:
             cm = base_cm

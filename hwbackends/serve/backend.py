@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..compiler import compile as hwb_compile
 from ..errors import ConfigError
 from ..specs import TensorSpec
 
@@ -78,9 +79,7 @@ def compile_batch_variants(model: Any, target: str, precision: str | None = None
                            sizes: Sequence[int] = (1,), **kw: Any) -> dict[int, Any]:
     """One compiled variant per allowed batch size (static-batch targets such as LiteRT fix the
     batch at compile time; TF Serving's ``allowed_batch_sizes`` needs one program per size)."""
-    import hwbackends as hwb
-
-    return {int(s): hwb.compile(model, target, precision, batch_size=int(s), **kw) for s in sizes}
+    return {int(s): hwb_compile(model, target, precision, batch_size=int(s), **kw) for s in sizes}
 
 
 def normalise(backends: Any) -> dict[int, Any] | Any:

@@ -401,6 +401,7 @@ class TensorRTTarget(Target):
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         import onnx
+
         from hwb_plugins._shared.onnx_batch import fix_batch
 
         plan = build_plan(trt_version())
