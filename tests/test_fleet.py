@@ -5,6 +5,7 @@ namespace holding only loopback (Ray binds the host's external interface otherwi
 with the reason where namespaces are refused."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -264,8 +265,16 @@ def test_artifact_import_keeps_only_files_the_manifest_lists(tmp_path) -> None:
     a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
     key = "ef" * 32
     _entry(a, key)
-    (a.path_for(key) / "extra.sig").write_text("not in the manifest")
     p = pack(a, key)
+    # a file smuggled into the package on the way (the sender's own store would refuse an
+    # entry with an unlisted file before packing it)
+    buf = io.BytesIO(p.blob)
+    with tarfile.open(fileobj=buf, mode="a") as tar:
+        data = b"not in the manifest"
+        info = tarfile.TarInfo("./extra.sig")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    p = dataclasses.replace(p, blob=buf.getvalue())
     assert import_packed(b, p) == "imported"
     assert not (b.path_for(key) / "extra.sig").exists()
     assert b.get(key)["files"] == a.get(key)["files"]

@@ -21,7 +21,8 @@ from ..store import MANIFEST, ArtifactStore
 log = logging.getLogger("hwbackends.fleet")
 
 #: Fields of a manifest that the store writes itself on commit.
-_STORE_FIELDS = ("key", "store_format", "files", "created")
+#: Written by the receiving store itself on commit (the signature is the receiver's own key).
+_STORE_FIELDS = ("key", "store_format", "files", "created", "hmac")
 
 
 @dataclass

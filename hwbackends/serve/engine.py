@@ -307,12 +307,13 @@ class Engine:
         """Run one already-validated sample ``x`` (shape ``(1, *input_shape)``, float32) on the
         active version in the *caller's* thread, outputs into ``out`` (``(1, *output_shape)``).
 
-        It holds the engine's executor lock, so it never runs concurrently with the serving
-        thread or inline calls (one thread per executor at a time). No queue, breaker, cache
-        or deadline: the caller (the shm poll loop) checks deadlines and input itself.
+        It holds the backend's lock, so it never runs concurrently with the serving thread,
+        inline calls, a swap's warm-up or another engine on the same model (one thread per
+        executor at a time). No queue, breaker, cache or deadline: the caller (the shm poll
+        loop) checks deadlines and input itself.
         Exceptions of the backend propagate."""
-        with self._exec_lock:
-            slot = self._active.plan.slot_for(1)  # read once: a swap never splits a call
+        slot = self.versions.active.plan.slot_for(1)  # read once: a swap never splits a call
+        with slot.lock:  # the backend's own lock (hwbackends.exclusive): one thread at a time
             if slot.size == 1:
                 slot.fn(x, out)
             else:  # a static-batch backend: pad to its batch size
