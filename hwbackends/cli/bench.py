@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..bench import BenchResults
 
 
-def _csv(items: list[str] | None) -> list[str]:
+def csv_list(items: list[str] | None) -> list[str]:
+    """Repeatable comma-separated options (``-t a,b -t c``) as one list."""
     return [s.strip() for item in items or [] for s in item.split(",") if s.strip()]
 
 
@@ -34,25 +35,34 @@ def parse_pin(spec: str | None) -> list[int] | None:
     return cpus
 
 
-def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure a model's variants: single-stream, server, burst, batch")
-    p.add_argument("model", help="model file (.keras .onnx .pt2 …) or zoo:NAME")
+def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_output: str,
+                        targets_default: str) -> None:
+    """The options ``hwb bench`` and ``hwb fleet`` share: what to measure, how, and where the
+    results go. ``where`` says where the measuring happens ("" here, " on each node")."""
     p.add_argument("--targets", "-t", action="append", default=None, metavar="GLOB[,GLOB]",
-                   help="targets to measure (globs, e.g. 'cpu.*'); default: all registered")
+                   help=f"targets to measure (globs, e.g. 'cpu.*'); default: {targets_default}")
     p.add_argument("--precisions", "-p", action="append", default=None, metavar="P[,P]",
                    help="precisions (default: every precision each target offers)")
     p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
                    help="single-stream | server[:rate_hz=R,n=N] | burst[:trace=FILE,unit=ms] | "
                         "batch[:sizes=1/8/32]; repeatable (default: single-stream)")
     p.add_argument("--n", type=int, default=None, help="timed calls per single-stream/server/batch run")
-    p.add_argument("--pin", default=None, metavar="CPUS", help="pin the measuring thread, e.g. 1 or 0-1")
-    p.add_argument("--output", "-o", default="hwb-results.json", help="results JSON (default %(default)s)")
+    p.add_argument("--pin", default=None, metavar="CPUS",
+                   help=f"pin the measuring thread{where}, e.g. 1 or 0-1")
+    p.add_argument("--output", "-o", default=default_output, help="results JSON (default %(default)s)")
     p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
                    help="also write the HTML report (default name hwb-report.html)")
+    p.add_argument("--use-cache", action="store_true",
+                   help=f"reuse cached profiles{where} for the same artifact, machine and scenario")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure a model's variants: single-stream, server, burst, batch")
+    p.add_argument("model", help="model file (.keras .onnx .pt2 …) or zoo:NAME")
+    add_measure_options(p, where="", default_output="hwb-results.json",
+                        targets_default="all registered")
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
                    help="also compute the routing decisions of this strategies file into the results")
-    p.add_argument("--use-cache", action="store_true",
-                   help="reuse cached profiles for the same artifact, machine and scenario")
     p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
@@ -74,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     res = BenchResults(model={}, machine={})
     res.command = "hwb " + " ".join(sys.argv[1:])
     try:
-        bench_model(args.model, _csv(args.targets) or ["*"], _csv(args.precisions) or None,
+        bench_model(args.model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
                     progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
                     say=say, results=res)

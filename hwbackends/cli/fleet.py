@@ -7,11 +7,7 @@ import os
 import sys
 
 from . import emit, stderr_progress
-from .bench import parse_pin
-
-
-def _csv(items: list[str] | None) -> list[str]:
-    return [s.strip() for item in items or [] for s in item.split(",") if s.strip()]
+from .bench import add_measure_options, csv_list, parse_pin
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -20,22 +16,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fleet", required=True, metavar="ADDRESS|local",
                    help="Ray cluster address (host:port, ray://…), or 'local' for an embedded Ray "
                         "on this machine (run in a loopback-only network namespace)")
-    p.add_argument("--targets", "-t", action="append", default=None, metavar="GLOB[,GLOB]",
-                   help="targets to measure (globs, e.g. 'cpu.*'); default: all the fleet advertises")
-    p.add_argument("--precisions", "-p", action="append", default=None, metavar="P[,P]",
-                   help="precisions (default: every precision each target offers)")
-    p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
-                   help="as hwb bench: single-stream | server[:rate_hz=R] | burst[:trace=FILE] | "
-                        "batch[:sizes=1/8/32] (a trace file must exist on every node)")
-    p.add_argument("--n", type=int, default=None, help="timed calls per single-stream/server/batch run")
-    p.add_argument("--pin", default=None, metavar="CPUS", help="pin the measuring thread on each node")
-    p.add_argument("--output", "-o", default="hwb-fleet.json", help="results JSON (default %(default)s)")
-    p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
-                   help="also write the HTML report")
+    add_measure_options(p, where=" on each node", default_output="hwb-fleet.json",
+                        targets_default="all the fleet advertises")
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
                    help="also compute placement advice (per machine) for this strategies file")
-    p.add_argument("--use-cache", action="store_true",
-                   help="reuse each node's cached profiles for the same artifact, machine and scenario")
     p.add_argument("--cache-dir", default=None,
                    help="artifact store root on every node (default: each node's HWB_CACHE_DIR)")
     p.add_argument("--task-timeout", type=float, default=1800.0,
@@ -75,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     _isolate_local(args)
     quiet = args.quiet or args.json
-    res = run_fleet(args.model, args.fleet, _csv(args.targets) or ["*"], _csv(args.precisions) or None,
+    res = run_fleet(args.model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     args.scenario or ["single-stream"], n=args.n, pin=parse_pin(args.pin),
                     use_cache=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,

@@ -9,10 +9,7 @@ import subprocess
 import sys
 
 from . import emit
-
-
-def _csv(items: list[str] | None) -> list[str]:
-    return [s.strip() for item in items or [] for s in item.split(",") if s.strip()]
+from .bench import csv_list
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UnavailableError
     from ..fleet.resources import local_targets, resources_for
 
-    targets = local_targets(_csv(args.targets) or ["*"], include_emulated=not args.hardware_only)
+    targets = local_targets(csv_list(args.targets) or ["*"], include_emulated=not args.hardware_only)
     if not targets:
         raise UnavailableError("no target matching the patterns can run on this machine "
                                "(see `hwb targets`); nothing to advertise")
