@@ -131,3 +131,27 @@ def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTa
         if guess in probes:
             guess = (lo + hi) // 2 if hi is not None else min(F_MAX, lo + 2)
         f = guess
+
+
+def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
+                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
+    """Second phase: weights are most of a design's bits (every multiplier's constant), so
+    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
+    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
+    when none did). Deliberately coarse: each probe is a build."""
+    tol = target.tolerance(margin)
+    probes: list[Probe] = []
+
+    def ok(fw: int) -> bool:
+        fid, secs = evaluate(fw)
+        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
+        return probes[-1].passed
+
+    best = f
+    first = f - 4
+    if first >= F_MIN:
+        if ok(first):
+            best = first
+        elif ok(f - 2):
+            best = f - 2
+    return best, probes

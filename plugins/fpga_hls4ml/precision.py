@@ -41,6 +41,7 @@ from .._shared.fixed_point import (  # noqa: F401 — re-exported: the search li
     error_ratio,
     first_guess,
     int_bits,
+    narrow_weights,
     search,
 )
 
@@ -212,30 +213,6 @@ def design_bits(hmodel: Any) -> dict[str, int]:
         obits += width * int(np.prod(var.shape))
     return {"weight_bits": wbits, "activation_bits": obits, "total_bits": wbits + obits,
             "result_widths": widths}
-
-
-def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
-    """Second phase: weights are most of a design's bits (every multiplier's constant), so
-    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
-    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
-    when none did). Deliberately coarse: each probe is a g++ build."""
-    tol = target.tolerance(margin)
-    probes: list[Probe] = []
-
-    def ok(fw: int) -> bool:
-        fid, secs = evaluate(fw)
-        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
-        return probes[-1].passed
-
-    best = f
-    first = f - 4
-    if first >= F_MIN:
-        if ok(first):
-            best = first
-        elif ok(f - 2):
-            best = f - 2
-    return best, probes
 
 
 def evaluate_fn(build: Callable[[int], Any], x: np.ndarray, ref: np.ndarray
