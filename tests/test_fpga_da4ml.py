@@ -137,3 +137,31 @@ def test_warm_load_is_a_dlopen(signal, zoo_model, store_dir):
     assert again.artifact.cached
     x = zoo_model("signal").representative(32)
     assert np.array_equal(again.predict(x), signal.predict(x))
+
+
+@pytest.mark.slow
+def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
+    from hwbackends.router.modelled import modelled_estimate, modelled_profile
+    from hwbackends.specs import MODELLED
+    est = modelled_estimate(signal)
+    assert est is not None
+    prof = modelled_profile(signal, est)
+    assert prof.mode == MODELLED and prof.scenario == "modelled"
+    assert prof.p99_us == pytest.approx(est["end_to_end"]["total_ns"] / 1000)
+    from hwbackends.config import StrategyConfig
+    assert StrategyConfig(model="zoo:signal", tier="t").allow_modelled is False
+
+
+@pytest.mark.slow
+def test_report_fpga_section_labels_modelled_figures(signal):
+    from hwbackends.bench.harness import _fpga_meta
+    from hwbackends.report.fpga import section
+
+    class Res:  # the two fields section() reads, from a real describe()
+        d = signal.describe()
+        variants = [{"variant": d["variant"], "target": d["target"], "fidelity": d["fidelity"],
+                     "fpga": _fpga_meta(d), "error": None}]
+    html = section(Res())  # type: ignore[arg-type]
+    est = signal.describe()["hardware_estimate"]
+    assert "Modelled, not measured on hardware" in html and f"{est['luts']:,}" in html
+    assert "I/O assumption" in html
