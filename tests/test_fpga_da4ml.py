@@ -51,6 +51,7 @@ def test_options_and_precisions_are_validated():
 
 def test_lstm_is_refused_with_the_reason_and_what_would_make_it_possible():
     from hwb_plugins.fpga_da4ml.network import extract
+
     from hwbackends import zoo
     with pytest.raises(UnsupportedError) as e:
         extract(zoo.get("lstm"))
