@@ -92,13 +92,21 @@ def test_estimate_relations():
 
 # -- slow: the real toolchain end to end ----------------------------------------------------
 @pytest.fixture(scope="module")
-def signal(compiled):
+def signal(store_dir, zoo_model):
+    """zoo:signal, auto precision, without yosys (the RTL, Verilator model and testbench)."""
+    return hwb.compile(zoo_model("signal"), TARGET, "auto", store=store_dir, options={"synth": False})
+
+
+@pytest.fixture(scope="module")
+def signal_synth(compiled):
+    """zoo:signal with resources and the stage bound from yosys (the expensive build)."""
     return compiled("signal", TARGET, "auto")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_signal_auto_is_bit_exact_meets_the_gate_and_carries_a_consistent_estimate(signal):
+def test_signal_auto_is_bit_exact_meets_the_gate_and_carries_a_consistent_estimate(signal_synth):
+    signal = signal_synth
     meta = signal.artifact.meta
     assert signal.mode is Mode.EMULATED
     assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
@@ -122,6 +130,18 @@ def test_signal_auto_is_bit_exact_meets_the_gate_and_carries_a_consistent_estima
 
 
 @pytest.mark.slow
+def test_signal_without_synthesis_is_bit_exact_with_measured_cycles(signal):
+    meta = signal.artifact.meta
+    assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
+    assert meta["meets_target"] and meta["synthesis"]["reason"] == "option synth=false"
+    est = signal.describe()["hardware_estimate"]
+    assert est["latency_cycles"] == est["pipeline_depth"] == meta["latency_cycles"] >= 1
+    assert est["luts"] is None  # not run: nothing invented in its place
+    assert est["effective_mhz"] == est["clock_mhz"] == 200.0
+    assert est["latency_ns"] == pytest.approx(est["latency_cycles"] * 1000.0 / 200.0)
+
+
+@pytest.mark.slow
 def test_signal_executor_predicts_and_guards(signal, zoo_model):
     m = zoo_model("signal")
     x = m.representative(64)
@@ -134,7 +154,8 @@ def test_signal_executor_predicts_and_guards(signal, zoo_model):
 
 @pytest.mark.slow
 def test_warm_load_is_a_dlopen(signal, zoo_model, store_dir):
-    again = hwb.compile(zoo_model("signal"), TARGET, "auto", store=store_dir, fidelity=False)
+    again = hwb.compile(zoo_model("signal"), TARGET, "auto", store=store_dir, fidelity=False,
+                        options={"synth": False})
     assert again.artifact.cached
     x = zoo_model("signal").representative(32)
     assert np.array_equal(again.predict(x), signal.predict(x))
@@ -164,5 +185,5 @@ def test_report_fpga_section_labels_modelled_figures(signal):
                      "fpga": _fpga_meta(d), "error": None}]
     html = section(Res())  # type: ignore[arg-type]
     est = signal.describe()["hardware_estimate"]
-    assert "Modelled, not measured on hardware" in html and f"{est['luts']:,}" in html
+    assert "Modelled, not measured on hardware" in html and f"<td>{est['latency_cycles']}</td>" in html
     assert "I/O assumption" in html

@@ -150,7 +150,8 @@ class Da4mlTarget(Target):
         synth = _synth(w, opts)
         tools = {"simulation": f"Verilator {rtl.verilator_version()} (testbench: hwbackends)",
                  "rtl": f"da4ml {version('da4ml')}",
-                 "synthesis": synth.get("tool", "none") + " synth_xilinx -family xcup"}
+                 "synthesis": (synth["tool"] + " synth_xilinx -family xcup") if synth.get("tool")
+                 else f"not run ({synth.get('reason', '')})"}
         est = hardware_estimate(cycles=timing.latency_cycles, ii=timing.initiation_interval,
                                 depth=w.stages, synth=synth, part=opts.part, clock_mhz=opts.clock_mhz,
                                 io_ns=float(opts.io_ns), tools=tools,
