@@ -37,8 +37,10 @@ def hardware_estimate(*, cycles: int, ii: int, depth: int, synth: dict[str, Any]
     latency_ns = cycles * 1000.0 / eff
     est: dict[str, Any] = {
         "label": LABEL,
-        "basis": "RTL simulation (Verilator testbench, one vector per clock) + open synthesis "
-                 "(yosys synth_xilinx, logic-only per-stage delay); no board, no place-and-route",
+        "basis": "RTL simulation (Verilator testbench, one vector per clock)"
+                 + (" + open synthesis (yosys synth_xilinx, logic-only per-stage delay)"
+                    if synth.get("luts") is not None else " (synthesis not run: no resources, no delay bound)")
+                 + "; no board, no place-and-route",
         "latency_cycles": int(cycles), "initiation_interval": int(ii), "pipeline_depth": int(depth),
         "luts": synth.get("luts"), "ffs": synth.get("ffs"), "dsps": synth.get("dsps"),
         "brams": synth.get("brams"), "carry": synth.get("carry"),
