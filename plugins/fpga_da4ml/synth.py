@@ -77,8 +77,12 @@ def script(project: Path, top: str, stages: int) -> str:
     src = project / "src"
     files = sorted(str(p) for p in (src / "static").glob("*.v"))
     files += [str(src / f"{top}_stage{i}.v") for i in range(stages)] + [str(src / f"{top}.v")]
+    # Stage modules stay separate (each is timed on its own); everything inside a stage (da4ml's
+    # shift_adder/lookup_table cells) is flattened into it, else sta cannot see through them.
     lines = [f"read_verilog -defer {' '.join(files)}",
-             f"synth_xilinx -family {FAMILY} -top {top}",
+             f"hierarchy -top {top}",
+             f"setattr -mod -set keep_hierarchy 1 {top}_stage*",
+             f"synth_xilinx -family {FAMILY} -top {top} -flatten",
              f"tee -o {project / 'reports/stat.txt'} stat -top {top}"]
     for i in range(stages):
         lines.append(f"tee -o {project / f'reports/sta_stage{i}.txt'} sta {top}_stage{i}")
