@@ -21,7 +21,7 @@ _RECURRENT_HINT = (
     "recurrent layers are outside da4ml's scope (it compiles feed-forward graphs). What would "
     "make it possible: unrolling the fixed window by hand (per tick: the gate matmuls as adder "
     "trees, sigmoid/tanh as lookup tables, the cell state as a fixed-point add/multiply); for "
-    "zoo:lstm (16 ticks × 32 units) that is 16 copies of a 40→128 matmul plus 4,096 table "
+    "zoo:lstm (16 ticks × 32 units) that is 16 copies of a 40→128 matmul plus 2,560 table "
     "lookups, well beyond one FPGA's LUTs at full parallelism. Use fpga.hls4ml for the LSTM's "
     "numerics, or a smaller window/hidden size")
 
