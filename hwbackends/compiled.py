@@ -89,6 +89,8 @@ class CompiledModel:
             "artifact_bytes": self.artifact.size_bytes(), "toolchain": self.toolchain,
             "compile_seconds": self.artifact.compile_seconds, "cached": self.artifact.cached,
             "meta": self.artifact.meta,
+            # Modelled FPGA figures (fpga.da4ml): labelled "modelled", never hardware.
+            "hardware_estimate": self.artifact.meta.get("hardware_estimate"),
             "fidelity": self.fidelity.to_dict() if self.fidelity else None,
         }
 

@@ -74,6 +74,9 @@ class StrategyConfig(_Strict):
     #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
     timeout_us: float | None = Field(None, gt=0)
     allow_emulated: bool | None = None
+    #: Rank variants with a *modelled* hardware latency (fpga.da4ml's end-to-end estimate)
+    #: beside measured ones, labelled "modelled" (hwbackends/router/modelled.py).
+    allow_modelled: bool = False
 
     @field_validator("pin")
     @classmethod

@@ -50,6 +50,12 @@ class Mode(str, Enum):
         return self.value
 
 
+#: Label of figures computed from a model of the hardware (RTL simulation + open synthesis:
+#: ``fpga.da4ml``'s ``hardware_estimate``), never measured on it. Reports and the router
+#: (``allow_modelled``) show it wherever such a figure appears.
+MODELLED = "modelled"
+
+
 @dataclass(frozen=True)
 class Availability:
     """The answer of ``Target.probe()``: can this target run here, how, and why not."""

@@ -249,7 +249,8 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 res.variants.append({k: d[k] for k in ("variant", "target", "precision", "mode",
                                                        "device", "mode_reason", "fidelity",
                                                        "compile_seconds", "cached", "artifact_bytes",
-                                                       "batch_size", "toolchain")} | {"error": None})
+                                                       "batch_size", "toolchain")} | {"error": None,
+                                                                                      "fpga": _fpga_meta(d)})
                 for sc in scenarios:
                     if name == "ref" and max_ref_s is not None:
                         sc = dataclasses.replace(sc, max_s=min(sc.max_s, max_ref_s))
@@ -302,3 +303,13 @@ def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, d
         res.profiles.append(prof)
         if prof.interrupted:
             raise KeyboardInterrupt
+
+
+def _fpga_meta(d: dict[str, Any]) -> dict[str, Any] | None:
+    """What the report's FPGA section shows of an FPGA variant (hwbackends/report/fpga.py):
+    its modelled hardware estimate (fpga.da4ml), bits, bit-exactness, chosen fraction."""
+    if not str(d.get("target", "")).startswith("fpga."):
+        return None
+    meta = d.get("meta") or {}
+    return {"hardware_estimate": d.get("hardware_estimate"), "bits": meta.get("bits"),
+            "bit_exact": meta.get("bit_exact"), "frac_bits": (meta.get("search") or {}).get("frac_bits")}

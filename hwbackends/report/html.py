@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..bench.machine import describe as machine_line
 from ..bench.profile import LatencyProfile
@@ -144,112 +145,164 @@ def _routing(res: BenchResults) -> str:
     return out
 
 
+@dataclass
+class _Ctx:
+    """What the sections share: the results and one colour per variant."""
+
+    res: BenchResults
+    col: dict[str, str]
+
+
 def render(res: BenchResults) -> str:
-    """The report as one HTML string."""
-    profiles = res.profiles
-    variants = list(dict.fromkeys(p.variant for p in profiles))
-    col = plots.colors(variants) if variants else {}
-    m = res.model
+    """The report as one HTML string: the sections of :data:`SECTIONS`, in order. A section is
+    ``f(ctx) -> str`` ("" to leave it out); modules that add one (hwbackends/report/fpga.py)
+    plug in here rather than into each other."""
+    variants = list(dict.fromkeys(p.variant for p in res.profiles))
+    ctx = _Ctx(res, plots.colors(variants) if variants else {})
+    return "".join(section(ctx) for section in SECTIONS)
+
+
+def _head(ctx: _Ctx) -> str:
+    res, m = ctx.res, ctx.res.model
     when = _dt.datetime.fromtimestamp(res.created, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    emulated = sorted({p.variant for p in profiles if p.emulated})
-    parts = [f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
+    out = f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <title>Hardware evaluation: {_e(m.get('name'))}</title><style>{CSS}</style></head><body>
 <header><h1>Hardware evaluation — model <i>{_e(m.get('name'))}</i></h1>
 <div class="sub">fingerprint {_e(str(m.get('fingerprint', ''))[:16])} · {_e(m.get('format', ''))} ·
-measured {when} on {_e(machine_line(res.machine))}</div></header><main>"""]
+measured {when} on {_e(machine_line(res.machine))}</div></header><main>"""
     if res.interrupted:
-        parts.append('<div class="emu-banner"><b>Interrupted run.</b> This report holds what was '
-                     'measured before the run was stopped.</div>')
-    parts.append(f"<section><h2>Summary</h2>{_cards(res)}")
+        out += ('<div class="emu-banner"><b>Interrupted run.</b> This report holds what was '
+                'measured before the run was stopped.</div>')
+    return out
+
+
+def _summary(ctx: _Ctx) -> str:
+    emulated = sorted({p.variant for p in ctx.res.profiles if p.emulated})
+    out = f"<section><h2>Summary</h2>{_cards(ctx.res)}"
     if emulated:
-        parts.append(f'<div class="emu-banner"><b>Emulated figures</b> ({_e(", ".join(emulated))}) '
-                     'come from a stand-in for the accelerator (C-simulation, the CPU instead of a '
-                     'TPU, a CPU interpreter instead of an Edge TPU). They show that the artifact '
-                     'works and how accurate it is, <b>not</b> how fast the hardware would be; they '
-                     'are drawn dashed and never ranked against hardware by the router unless '
-                     'a config allows it.</div>')
-    parts.append("</section>")
-    if res.fleet:  # several machines: the cross-machine sections (report/fleet.py)
-        from .fleet import sections
-        parts.append(sections(res))
-    parts.append(f"<section><h2>Routing decision per tier</h2>{_routing(res)}</section>")
+        out += (f'<div class="emu-banner"><b>Emulated figures</b> ({_e(", ".join(emulated))}) '
+                'come from a stand-in for the accelerator (C-simulation, the CPU instead of a '
+                'TPU, a CPU interpreter instead of an Edge TPU). They show that the artifact '
+                'works and how accurate it is, <b>not</b> how fast the hardware would be; they '
+                'are drawn dashed and never ranked against hardware by the router unless '
+                'a config allows it.</div>')
+    return out + "</section>"
 
-    # availability
+
+def _fleet(ctx: _Ctx) -> str:
+    """Several machines: the cross-machine sections (hwbackends/report/fleet.py)."""
+    if not ctx.res.fleet:
+        return ""
+    from .fleet import sections  # only fleet results need it
+
+    return sections(ctx.res)
+
+
+def _routing_section(ctx: _Ctx) -> str:
+    return f"<section><h2>Routing decision per tier</h2>{_routing(ctx.res)}</section>"
+
+
+def _availability(ctx: _Ctx) -> str:
     rows = [[f"<b>{_e(a['target'])}</b>", _e(a.get("family", "")), _badge(a["mode"]),
-             _e(a.get("device", "") or "—"), _e(a.get("reason", ""))] for a in res.availability]
-    parts.append("<section><h2>Availability on this machine</h2>"
-                 + _table(["target", "family", "mode", "device", "why / how"], rows)
-                 + '<p class="note"><b>hardware</b>: runs on the real device. <b>emulated</b>: the '
-                   'same artifact on a stand-in. <b>unavailable</b>: what to install or attach.</p>'
-                   "</section>")
+             _e(a.get("device", "") or "—"), _e(a.get("reason", ""))] for a in ctx.res.availability]
+    return ("<section><h2>Availability on this machine</h2>"
+            + _table(["target", "family", "mode", "device", "why / how"], rows)
+            + '<p class="note"><b>hardware</b>: runs on the real device. <b>emulated</b>: the '
+              'same artifact on a stand-in. <b>unavailable</b>: what to install or attach.</p>'
+              "</section>")
 
-    # single-stream CDF + latency table
-    ss = [p for p in profiles if p.scenario == "single-stream"]
-    if ss:
-        parts.append('<section><h2>Latency distribution (single stream, closed loop)</h2><div class="plot">'
-                     + plots.cdf(ss, col, "CDF of per-call latency, batch 1") + "</div>"
-                     + _profile_table(ss) + "</section>")
-    sv = [p for p in profiles if p.scenario == "server"]
-    if sv:
-        rates: dict[str, set] = {}
-        for p in sv:
-            rates.setdefault(p.variant, set()).add(p.params.get("rate_hz"))
-        swept = [p for p in sv if len(rates[p.variant]) > 1]
-        base = sorted({p.params.get("rate_hz") for p in sv}, key=lambda r: -sum(
-            1 for q in sv if q.params.get("rate_hz") == r))[0]
-        plot = plots.cdf([p for p in sv if p.params.get("rate_hz") == base], col,
-                         f"CDF of latency from scheduled arrival, Poisson {base:g}/s")
-        if swept:
-            plot += plots.server_load(swept, col)
-        parts.append('<section><h2>Server scenario (open loop, Poisson arrivals)</h2><div class="plot">'
-                     + plot + "</div>" + _profile_table(sv, server=True)
-                     + '<p class="note">Latency is counted from each request\'s <i>scheduled</i> arrival, '
-                       'so time spent queued behind a slow call is included (no coordinated omission).</p>'
-                     + _load_note(sv, res) + "</section>")
-    bu = [p for p in profiles if p.scenario == "burst" and p.timeline]
-    if bu:
-        tr = bu[0].params.get("trace") or {}
-        # A timeline per variant is unreadable past a handful: plot the best few, list all.
-        shown = sorted(bu, key=lambda p: (p.emulated, p.p99_us))[:4]
-        more = (f" The plot shows {len(shown)} variants (hardware first, lowest burst p99); the table "
-                f"lists all {len(bu)}.") if len(shown) < len(bu) else ""
-        parts.append('<section><h2>Burst replay (tick-arrival trace)</h2><div class="plot">'
-                     + plots.burst(shown, col) + "</div>" + _profile_table(bu, server=True)
-                     + f'<p class="note">Trace: {_e(tr.get("ticks", "?"))} ticks over '
-                       f'{float(tr.get("duration_s", 0)):.2f} s, mean {float(tr.get("mean_rate_hz", 0)):.0f}/s, '
-                       f'peak {float(tr.get("peak_rate_hz_10ms", 0)):.0f}/s over 10 ms '
-                       f'({_e(tr.get("source", ""))}, {_e(tr.get("bursts", "?"))} bursts).{_e(more)}</p>'
-                     + _load_note(bu, res) + "</section>")
-    ba = [p for p in profiles if p.scenario == "batch"]
-    if ba:
-        parts.append('<section><h2>Batching: N symbols per tick</h2><div class="plot">'
-                     + plots.batch(ba, col) + "</div>" + _profile_table(ba)
-                     + "</section>")
 
-    # fidelity + build cost
-    rows = []
-    for v in res.variants:
-        f = v.get("fidelity") or {}
-        if v.get("error"):
-            rows.append([_e(v["variant"]) + (f" (batch {v['batch_size']})" if v.get("batch_size", 1) != 1 else ""),
-                         _badge("failed"), "—", "—", "—", "—", "—", "—",
-                         f'<span class="note">{_e(v["error"][:200])}</span>'])
-            continue
-        rows.append([f"<b>{_e(v['variant'])}</b>", _badge(v["mode"]),
-                     f"{f.get('corr', math.nan):.6f}", f"{f.get('max_abs', math.nan):.2g}",
-                     f"{f.get('mae', math.nan):.2g}", f"{f.get('sign_agree', math.nan):.4f}",
-                     f"{v.get('compile_seconds', 0):.1f} s" + (" (cached)" if v.get("cached") else ""),
-                     _bytes(v.get("artifact_bytes")), ""])
-    parts.append("<section><h2>Fidelity against the fp32 source model, build cost</h2>"
-                 + _table(["variant", "mode", "corr", "max abs err", "MAE", "sign agree",
-                           "compile time", "artifact", ""], rows, {2, 3, 4, 5, 6, 7})
-                 + f'<p class="note">Compared on {_e((res.variants[0].get("fidelity") or {}).get("n", "?") if res.variants else "?")} '
-                   "held-out validation samples. <i>sign agree</i> is the share of outputs whose sign "
-                   "(trade direction) matches the reference. Compile time is the first build; "
-                   "“cached” variants were loaded from the artifact store.</p></section>")
+def _single_stream(ctx: _Ctx) -> str:
+    ss = [p for p in ctx.res.profiles if p.scenario == "single-stream"]
+    if not ss:
+        return ""
+    return ('<section><h2>Latency distribution (single stream, closed loop)</h2><div class="plot">'
+            + plots.cdf(ss, ctx.col, "CDF of per-call latency, batch 1") + "</div>"
+            + _profile_table(ss) + "</section>")
 
-    parts.append(f"""<section><h2>How this was measured</h2><p class="note">
+
+def _server(ctx: _Ctx) -> str:
+    sv = [p for p in ctx.res.profiles if p.scenario == "server"]
+    if not sv:
+        return ""
+    rates: dict[str, set] = {}
+    for p in sv:
+        rates.setdefault(p.variant, set()).add(p.params.get("rate_hz"))
+    swept = [p for p in sv if len(rates[p.variant]) > 1]
+    base = sorted({p.params.get("rate_hz") for p in sv}, key=lambda r: -sum(
+        1 for q in sv if q.params.get("rate_hz") == r))[0]
+    plot = plots.cdf([p for p in sv if p.params.get("rate_hz") == base], ctx.col,
+                     f"CDF of latency from scheduled arrival, Poisson {base:g}/s")
+    if swept:
+        plot += plots.server_load(swept, ctx.col)
+    return ('<section><h2>Server scenario (open loop, Poisson arrivals)</h2><div class="plot">'
+            + plot + "</div>" + _profile_table(sv, server=True)
+            + '<p class="note">Latency is counted from each request\'s <i>scheduled</i> arrival, '
+              'so time spent queued behind a slow call is included (no coordinated omission).</p>'
+            + _load_note(sv, ctx.res) + "</section>")
+
+
+def _burst(ctx: _Ctx) -> str:
+    bu = [p for p in ctx.res.profiles if p.scenario == "burst" and p.timeline]
+    if not bu:
+        return ""
+    tr = bu[0].params.get("trace") or {}
+    # A timeline per variant is unreadable past a handful: plot the best few, list all.
+    shown = sorted(bu, key=lambda p: (p.emulated, p.p99_us))[:4]
+    more = (f" The plot shows {len(shown)} variants (hardware first, lowest burst p99); the table "
+            f"lists all {len(bu)}.") if len(shown) < len(bu) else ""
+    return ('<section><h2>Burst replay (tick-arrival trace)</h2><div class="plot">'
+            + plots.burst(shown, ctx.col) + "</div>" + _profile_table(bu, server=True)
+            + f'<p class="note">Trace: {_e(tr.get("ticks", "?"))} ticks over '
+              f'{float(tr.get("duration_s", 0)):.2f} s, mean {float(tr.get("mean_rate_hz", 0)):.0f}/s, '
+              f'peak {float(tr.get("peak_rate_hz_10ms", 0)):.0f}/s over 10 ms '
+              f'({_e(tr.get("source", ""))}, {_e(tr.get("bursts", "?"))} bursts).{_e(more)}</p>'
+            + _load_note(bu, ctx.res) + "</section>")
+
+
+def _batch(ctx: _Ctx) -> str:
+    ba = [p for p in ctx.res.profiles if p.scenario == "batch"]
+    if not ba:
+        return ""
+    return ('<section><h2>Batching: N symbols per tick</h2><div class="plot">'
+            + plots.batch(ba, ctx.col) + "</div>" + _profile_table(ba) + "</section>")
+
+
+def _fidelity_row(v: dict[str, Any]) -> list[str]:
+    f = v.get("fidelity") or {}
+    if v.get("error"):
+        return [_e(v["variant"]) + (f" (batch {v['batch_size']})" if v.get("batch_size", 1) != 1 else ""),
+                _badge("failed"), "—", "—", "—", "—", "—", "—",
+                f'<span class="note">{_e(v["error"][:200])}</span>']
+    return [f"<b>{_e(v['variant'])}</b>", _badge(v["mode"]),
+            f"{f.get('corr', math.nan):.6f}", f"{f.get('max_abs', math.nan):.2g}",
+            f"{f.get('mae', math.nan):.2g}", f"{f.get('sign_agree', math.nan):.4f}",
+            f"{v.get('compile_seconds', 0):.1f} s" + (" (cached)" if v.get("cached") else ""),
+            _bytes(v.get("artifact_bytes")), ""]
+
+
+def _fidelity(ctx: _Ctx) -> str:
+    res = ctx.res
+    rows = [_fidelity_row(v) for v in res.variants]
+    n = (res.variants[0].get("fidelity") or {}).get("n", "?") if res.variants else "?"
+    return ("<section><h2>Fidelity against the fp32 source model, build cost</h2>"
+            + _table(["variant", "mode", "corr", "max abs err", "MAE", "sign agree",
+                      "compile time", "artifact", ""], rows, {2, 3, 4, 5, 6, 7})
+            + f'<p class="note">Compared on {_e(n)} '
+              "held-out validation samples. <i>sign agree</i> is the share of outputs whose sign "
+              "(trade direction) matches the reference. Compile time is the first build; "
+              "“cached” variants were loaded from the artifact store.</p></section>")
+
+
+def _fpga(ctx: _Ctx) -> str:
+    from .fpga import section
+    return section(ctx.res)
+
+
+def _method(ctx: _Ctx) -> str:
+    res = ctx.res
+    return f"""<section><h2>How this was measured</h2><p class="note">
 Each variant runs its compiled artifact through <code>predict_into</code> (preallocated buffers,
 no allocation per call), timed with <code>perf_counter_ns</code> around each call, after a
 warm-up, with the garbage collector paused. <b>single-stream</b>: closed loop, one call after
@@ -259,8 +312,14 @@ Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.
 (fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
 </p></section>
 <footer>hwbackends hardware-evaluation report · results format v1 · generated
-{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</footer></main></body></html>""")
-    return "".join(parts)
+{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</footer></main></body></html>"""
+
+
+#: The report's sections in order (each ``f(ctx) -> str``; "" leaves it out).
+SECTIONS: list[Callable[[_Ctx], str]] = [
+    _head, _summary, _fleet, _routing_section, _availability, _single_stream, _server, _burst, _batch,
+    _fidelity, _fpga, _method,
+]
 
 
 def _load_note(ps: list[LatencyProfile], res: BenchResults) -> str:

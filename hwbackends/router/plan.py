@@ -17,6 +17,9 @@ from ..bench.harness import measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
 from ..registry import safe_probe, select_targets
+from ..specs import MODELLED
+from .modelled import modelled_estimate, modelled_profile
+from .modelled import reason as modelled_reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..compiled import CompiledModel
@@ -161,6 +164,11 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             if bad:
                 c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
                 continue
+            est = modelled_estimate(c.cm) if s.allow_modelled else None
+            if est is not None:  # ranked by its modelled latency, labelled (router/modelled.py)
+                c.profile, c.mode = modelled_profile(c.cm, est), MODELLED
+                c.status, c.reasons = "candidate", [modelled_reason(est)]
+                continue
             if c.mode == "emulated" and not allow_emulated:
                 c.status = "rejected"
                 c.reasons = [f"emulated ({av.reason}): its latency is not this hardware's; "
@@ -215,7 +223,8 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
     chosen.status = "chosen"
     why = {"pin": "pinned in the config", "policy": "lowest measured p99"
            + (" within budget" if d.meets_budget else "")}.get(d.chosen_by, f"chosen by {d.chosen_by}")
-    chosen.reasons = [why]
+    # A modelled latency (allow_modelled) keeps its label next to the verdict.
+    chosen.reasons = [why] + [r for r in chosen.reasons if chosen.mode == MODELLED and r.startswith(MODELLED)]
     for c in eligible:
         if c is not chosen and c.status == "fallback":
             c.reasons = [f"p99 {_fmt(c.p99_us)} ≥ chosen {_fmt(chosen.p99_us)}"]

@@ -25,64 +25,30 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.fidelity import Fidelity, Tolerance, compare
+from hwbackends.fidelity import Fidelity, compare
 
-F_MIN, F_MAX = 2, 24
+from .._shared.fixed_point import (  # noqa: F401 — re-exported: the search lives in _shared
+    F_MAX,
+    F_MIN,
+    SEARCH_MARGIN,
+    FidelityTarget,
+    Probe,
+    error_ratio,
+    first_guess,
+    int_bits,
+    narrow_weights,
+    search,
+)
+
 WEIGHT_KEYS = ("weight", "bias", "recurrent_weight", "recurrent_bias")
 RECURRENT = ("LSTM", "GRU", "SimpleRNN")
 TABLE_ACTIVATIONS = ("sigmoid", "tanh", "hard_sigmoid", "softsign", "elu", "selu", "softplus")
 TRACE_PRECISION = "fixed<40,20>"
-#: Error budgets the calibration data must meet, as a share of the target's (see tolerance()).
-SEARCH_MARGIN = 0.5
-
-
-@dataclass(frozen=True)
-class FidelityTarget:
-    """What ``auto`` must meet on the calibration data (option ``fidelity``)."""
-
-    corr_min: float = 0.999
-    rel_err: float = 0.01
-    sign_min: float = 0.995
-    argmax_min: float = 0.995
-
-    @classmethod
-    def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
-        d = dict(d or {})
-        bad = sorted(set(d) - set(cls.__dataclass_fields__))
-        if bad:
-            raise UnsupportedError(f"option fidelity has unknown key(s) {', '.join(bad)}; known: "
-                                   f"{', '.join(cls.__dataclass_fields__)}")
-        return cls(**{k: float(v) for k, v in d.items()})
-
-    def tolerance(self, margin: float = 1.0) -> Tolerance:
-        """The target as a :class:`Tolerance`; ``margin`` < 1 tightens the error budgets (the
-        search uses 0.5 on calibration data so that unseen validation data still passes:
-        one more fractional bit roughly halves the error)."""
-        return Tolerance(corr_min=1 - (1 - self.corr_min) * margin, rel_err=self.rel_err * margin,
-                         sign_min=self.sign_min, argmax_min=self.argmax_min)
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-@dataclass
-class Probe:
-    """One candidate design the search built and measured."""
-
-    frac_bits: int
-    fidelity: dict[str, Any]
-    violations: list[str]
-    build_seconds: float
-
-    @property
-    def passed(self) -> bool:
-        return not self.violations
 
 
 @dataclass
@@ -97,14 +63,6 @@ class Ranges:
     inputs: dict[str, str] = field(default_factory=dict)
     #: Input elements per output element (pooling windows), for accumulator sizing.
     fan_in: dict[str, int] = field(default_factory=dict)
-
-
-def int_bits(maxabs: float, signed: bool = True, headroom: int = 0) -> int:
-    """Integer bits (sign included when ``signed``) that hold ±``maxabs``."""
-    if not maxabs > 0 or not math.isfinite(maxabs):
-        return 1
-    bits = math.floor(math.log2(maxabs)) + 1 + headroom + (1 if signed else 0)
-    return max(1, bits)
 
 
 def fixed(integer: int, frac: int, signed: bool = True, quant: str = "RND", ovf: str = "SAT") -> str:
@@ -255,94 +213,6 @@ def design_bits(hmodel: Any) -> dict[str, int]:
         obits += width * int(np.prod(var.shape))
     return {"weight_bits": wbits, "activation_bits": obits, "total_bits": wbits + obits,
             "result_widths": widths}
-
-
-def first_guess(target: FidelityTarget, out_range: float) -> int:
-    """Fractional bits whose rounding step is ~1/8 of the allowed error (errors compound
-    through layers), clamped to the search interval."""
-    budget = max(target.rel_err * SEARCH_MARGIN * max(out_range, 1e-6), 1e-9)
-    return int(min(F_MAX, max(F_MIN + 2, math.ceil(math.log2(8.0 / budget)))))
-
-
-def error_ratio(fid: Fidelity, tol: Tolerance) -> float:
-    """How far a probe is from the budget (> 1: over it), for the scalable metrics: rounding
-    error roughly halves per fractional bit, so log2 of this is the number of bits to add
-    (or, below 1, that could be removed)."""
-    r = 0.0
-    if tol.rel_err:
-        r = max(r, fid.rel_err / tol.rel_err)
-    if tol.corr_min is not None and tol.corr_min < 1:
-        r = max(r, (1 - fid.corr) / (1 - tol.corr_min))
-    if tol.violations(fid) and r <= 1:  # only sign/argmax fail: one bit at a time
-        r = 2.0
-    return r
-
-
-def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-           start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Probe]]:
-    """Smallest ``f`` in [F_MIN, F_MAX] that passes, probing as few values as possible.
-
-    ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds). Each
-    probe's error predicts the next ``f`` (error ∝ 2^-f); the known pass/fail bracket keeps
-    it honest, and bisection finishes when a prediction lands on a probed value. Assumes
-    fidelity improves monotonically with ``f``."""
-    tol = target.tolerance(margin)
-    probes: dict[int, Probe] = {}
-    ratios: dict[int, float] = {}
-
-    def ok(f: int) -> bool:
-        if f not in probes:
-            fid, secs = evaluate(f)
-            probes[f] = Probe(f, fid.to_dict(), tol.violations(fid), secs)
-            ratios[f] = error_ratio(fid, tol)
-        return probes[f].passed
-
-    lo, hi = F_MIN - 1, None  # lo: largest known failure; hi: smallest known pass
-    f = min(max(start, F_MIN), F_MAX)
-    while True:
-        if ok(f):
-            hi = f if hi is None else min(hi, f)
-        else:
-            lo = max(lo, f)
-        if lo >= F_MAX:
-            return None, sorted(probes.values(), key=lambda p: p.frac_bits)
-        if hi is not None and hi - lo <= 1:
-            return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
-        r = ratios[f]
-        if probes[f].passed:
-            step = math.floor(math.log2(1 / r)) if r > 0 else 4
-            guess = f - max(1, step)
-        else:
-            guess = f + max(1, math.ceil(math.log2(r)) if r > 0 else 2)
-        upper = F_MAX if hi is None else hi - 1
-        guess = min(max(guess, lo + 1), upper)
-        if guess in probes:
-            guess = (lo + hi) // 2 if hi is not None else min(F_MAX, lo + 2)
-        f = guess
-
-
-def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
-    """Second phase: weights are most of a design's bits (every multiplier's constant), so
-    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
-    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
-    when none did). Deliberately coarse: each probe is a g++ build."""
-    tol = target.tolerance(margin)
-    probes: list[Probe] = []
-
-    def ok(fw: int) -> bool:
-        fid, secs = evaluate(fw)
-        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
-        return probes[-1].passed
-
-    best = f
-    first = f - 4
-    if first >= F_MIN:
-        if ok(first):
-            best = first
-        elif ok(f - 2):
-            best = f - 2
-    return best, probes
 
 
 def evaluate_fn(build: Callable[[int], Any], x: np.ndarray, ref: np.ndarray

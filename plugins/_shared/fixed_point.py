@@ -1,0 +1,157 @@
+"""Fixed-point precision search shared by the FPGA targets (``fpga.hls4ml``, ``fpga.da4ml``).
+
+The fidelity target an ``auto`` precision must meet, and the search for the fewest
+fractional bits meeting it: each probe builds and measures one design, the error of a probe
+predicts the next (rounding error ∝ 2^-f), and a pass/fail bracket keeps the search honest.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from hwbackends.fidelity import Fidelity, Tolerance
+
+F_MIN, F_MAX = 2, 24
+#: Error budgets the calibration data must meet, as a share of the target's (see tolerance()).
+SEARCH_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class FidelityTarget:
+    """What ``auto`` must meet on the calibration data (option ``fidelity``)."""
+
+    corr_min: float = 0.999
+    rel_err: float = 0.01
+    sign_min: float = 0.995
+    argmax_min: float = 0.995
+
+    @classmethod
+    def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
+        from hwbackends.errors import UnsupportedError
+        d = dict(d or {})
+        bad = sorted(set(d) - set(cls.__dataclass_fields__))
+        if bad:
+            raise UnsupportedError(f"option fidelity has unknown key(s) {', '.join(bad)}; known: "
+                                   f"{', '.join(cls.__dataclass_fields__)}")
+        return cls(**{k: float(v) for k, v in d.items()})
+
+    def tolerance(self, margin: float = 1.0) -> Tolerance:
+        """The target as a :class:`Tolerance`; ``margin`` < 1 tightens the error budgets (the
+        search uses 0.5 on calibration data so that unseen validation data still passes:
+        one more fractional bit roughly halves the error)."""
+        return Tolerance(corr_min=1 - (1 - self.corr_min) * margin, rel_err=self.rel_err * margin,
+                         sign_min=self.sign_min, argmax_min=self.argmax_min)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class Probe:
+    """One candidate design the search built and measured."""
+
+    frac_bits: int
+    fidelity: dict[str, Any]
+    violations: list[str]
+    build_seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+def int_bits(maxabs: float, signed: bool = True, headroom: int = 0) -> int:
+    """Integer bits (sign included when ``signed``) that hold ±``maxabs``."""
+    if not maxabs > 0 or not math.isfinite(maxabs):
+        return 1
+    bits = math.floor(math.log2(maxabs)) + 1 + headroom + (1 if signed else 0)
+    return max(1, bits)
+
+
+def first_guess(target: FidelityTarget, out_range: float) -> int:
+    """Fractional bits whose rounding step is ~1/8 of the allowed error (errors compound
+    through layers), clamped to the search interval."""
+    budget = max(target.rel_err * SEARCH_MARGIN * max(out_range, 1e-6), 1e-9)
+    return int(min(F_MAX, max(F_MIN + 2, math.ceil(math.log2(8.0 / budget)))))
+
+
+def error_ratio(fid: Fidelity, tol: Tolerance) -> float:
+    """How far a probe is from the budget (> 1: over it), for the scalable metrics: rounding
+    error roughly halves per fractional bit, so log2 of this is the number of bits to add
+    (or, below 1, that could be removed)."""
+    r = 0.0
+    if tol.rel_err:
+        r = max(r, fid.rel_err / tol.rel_err)
+    if tol.corr_min is not None and tol.corr_min < 1:
+        r = max(r, (1 - fid.corr) / (1 - tol.corr_min))
+    if tol.violations(fid) and r <= 1:  # only sign/argmax fail: one bit at a time
+        r = 2.0
+    return r
+
+
+def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
+           start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Probe]]:
+    """Smallest ``f`` in [F_MIN, F_MAX] that passes, probing as few values as possible.
+
+    ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds). Each
+    probe's error predicts the next ``f`` (error ∝ 2^-f); the known pass/fail bracket keeps
+    it honest, and bisection finishes when a prediction lands on a probed value. Assumes
+    fidelity improves monotonically with ``f``."""
+    tol = target.tolerance(margin)
+    probes: dict[int, Probe] = {}
+    ratios: dict[int, float] = {}
+
+    def ok(f: int) -> bool:
+        if f not in probes:
+            fid, secs = evaluate(f)
+            probes[f] = Probe(f, fid.to_dict(), tol.violations(fid), secs)
+            ratios[f] = error_ratio(fid, tol)
+        return probes[f].passed
+
+    lo, hi = F_MIN - 1, None  # lo: largest known failure; hi: smallest known pass
+    f = min(max(start, F_MIN), F_MAX)
+    while True:
+        if ok(f):
+            hi = f if hi is None else min(hi, f)
+        else:
+            lo = max(lo, f)
+        if lo >= F_MAX:
+            return None, sorted(probes.values(), key=lambda p: p.frac_bits)
+        if hi is not None and hi - lo <= 1:
+            return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
+        r = ratios[f]
+        if probes[f].passed:
+            step = math.floor(math.log2(1 / r)) if r > 0 else 4
+            guess = f - max(1, step)
+        else:
+            guess = f + max(1, math.ceil(math.log2(r)) if r > 0 else 2)
+        upper = F_MAX if hi is None else hi - 1
+        guess = min(max(guess, lo + 1), upper)
+        if guess in probes:
+            guess = (lo + hi) // 2 if hi is not None else min(F_MAX, lo + 2)
+        f = guess
+
+
+def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
+                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
+    """Second phase: weights are most of a design's bits (every multiplier's constant), so
+    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
+    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
+    when none did). Deliberately coarse: each probe is a build."""
+    tol = target.tolerance(margin)
+    probes: list[Probe] = []
+
+    def ok(fw: int) -> bool:
+        fid, secs = evaluate(fw)
+        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
+        return probes[-1].passed
+
+    best = f
+    first = f - 4
+    if first >= F_MIN:
+        if ok(first):
+            best = first
+        elif ok(f - 2):
+            best = f - 2
+    return best, probes

