@@ -15,7 +15,7 @@ import numpy as np
 
 from hwbackends.errors import CacheError
 from hwbackends.specs import TensorSpec
-from hwbackends.target import IOGuard
+from hwbackends.target import Executor
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class RtlLibrary:
             self._close(h)
 
 
-class RtlExecutor(IOGuard):
+class RtlExecutor(Executor):
     """``fpga.da4ml`` in mode *emulated*: the pipelined RTL, cycle-accurate under Verilator.
 
     A batch of ``b`` vectors takes ``b + latency`` simulated clocks (one vector per clock)."""
@@ -97,11 +97,8 @@ class RtlExecutor(IOGuard):
         self._fn = lib.cdll.hwb_stream
         self._args = (lib.handle, self._words.ctypes.data, self._trace.ctypes.data, batch, batch + latency)
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._guard(x, out)
-        self._run(x, out)
-
     def _run(self, x: np.ndarray, out: np.ndarray) -> None:
         self.fmt.encode(x, self._words)
         self._fn(*self._args)
-        out.reshape(self.batch_size, -1)[...] = self.fmt.decode(self._trace[self.latency:])
+        # assigned through out's own shape, so a strided ``out`` is written correctly too
+        out[...] = self.fmt.decode(self._trace[self.latency:]).reshape(out.shape)
