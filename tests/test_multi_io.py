@@ -14,7 +14,7 @@ from hwbackends.fidelity import MultiFidelity
 from hwbackends.inputs import as_batches
 from hwbackends.specs import TensorSpec
 
-MULTI_TARGETS = ("ref", "cpu.onnxruntime", "tpu.xla")
+MULTI_TARGETS = ("ref", "cpu.onnxruntime", "tpu.xla", "cpu.litert")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_cached_multi_io_artifact_reloads_and_is_checked(store_dir, two_head, da
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("target", ["fpga.hls4ml", "tpu.edgetpu", "cpu.litert", "fpga.da4ml"])
+@pytest.mark.parametrize("target", ["fpga.hls4ml", "tpu.edgetpu", "fpga.da4ml", "gpu.torch"])
 def test_single_io_targets_refuse_before_building(target, two_head, store_dir):
     if target not in hwb.get_registry().targets:
         pytest.skip(f"{target} is not installed here")
@@ -90,6 +90,22 @@ def test_single_io_targets_refuse_before_building(target, two_head, store_dir):
     assert target in msg and "features" in msg and "state" in msg
     for able in MULTI_TARGETS:
         assert able in msg  # says where it does run
+
+
+@pytest.mark.parametrize("target, precision", [("cpu.onnxruntime", "int8-dynamic"),
+                                               ("tpu.xla", "bf16"), ("cpu.litert", "fp16")])
+def test_reduced_precisions_meet_a_per_output_gate(target, precision, compiled):
+    from hwbackends.fidelity import Tolerance
+
+    f = compiled("two_head", target, precision, batch_size=4).fidelity
+    assert set(f.outputs) == {"signal", "confidence"}
+    assert Tolerance(corr_min=0.999, max_abs=0.05).passes(f), str(f)
+
+
+@pytest.mark.parametrize("target", ["cpu.onnxruntime", "cpu.litert"])
+def test_calibrated_int8_is_refused_for_several_inputs(target, two_head, store_dir):
+    with pytest.raises(UnsupportedError, match="calibrates on one input tensor.*int8-dynamic"):
+        hwb.compile(two_head, target, "int8", store=store_dir)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +183,7 @@ def _onnx_two_io(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("target", MULTI_TARGETS)
+@pytest.mark.parametrize("target", ["ref", "cpu.onnxruntime", "tpu.xla"])
 def test_onnx_file_with_two_inputs_and_outputs(target, tmp_path, store_dir):
     path = _onnx_two_io(tmp_path / "two_io.onnx")
     m = hwb.load_model(path)
