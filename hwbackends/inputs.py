@@ -105,7 +105,8 @@ def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
         items = [x]
     else:
         raise InputError(f"this model takes {len(specs)} inputs ({', '.join(names)}); pass a "
-                         f"tuple of {len(specs)} arrays in that order, or a dict keyed by name; "
+                         f"tuple of {len(specs)} arrays in that order, or a dict keyed by name (to "
+                         f"hwb predict: a .npz with one array per name); "
                          f"got one {type(x).__name__}")
     if len(items) != len(specs):
         raise InputError(f"got {len(items)} input arrays; the model takes {len(specs)} "

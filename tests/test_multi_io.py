@@ -221,3 +221,22 @@ def test_single_io_models_keep_one_array(compiled):
     assert not cm.multi_io and cm.inputs == [cm.input] and cm.outputs == [cm.output]
     y = cm.predict(np.zeros((3, 64), np.float32))
     assert isinstance(y, np.ndarray) and y.shape == (3, 3)
+
+
+def test_cli_predict_takes_an_npz_keyed_by_input_name(tmp_path, store_dir, two_head, data):
+    import subprocess
+    import sys
+
+    np.savez(tmp_path / "x.npz", state=data[1][:3], features=data[0][:3])
+    args = [sys.executable, "-m", "hwbackends", "predict", "zoo:two_head", "-t", "cpu.onnxruntime",
+            "--batch-size", "4", "--cache-dir", str(store_dir)]
+    subprocess.run([*args, "-i", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")],
+                   check=True, capture_output=True, text=True, timeout=300)
+    y = np.load(tmp_path / "y.npz")
+    want = two_head.reference((data[0][:3], data[1][:3]))
+    np.testing.assert_allclose(y["signal"], want[0], atol=1e-5)
+    np.testing.assert_allclose(y["confidence"], want[1], atol=1e-5)
+    np.save(tmp_path / "one.npy", data[0][:3])
+    r = subprocess.run([*args, "-i", str(tmp_path / "one.npy")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1 and "takes 2 inputs (features, state)" in r.stderr and ".npz" in r.stderr
