@@ -16,6 +16,7 @@ import numpy as np
 
 from . import batchdim, legacy
 from .errors import HwbError, ModelError
+from .inputs import as_batches
 from .specs import TensorSpec
 
 FORMATS = ("keras", "torch", "onnx")
@@ -257,8 +258,6 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
                          f"takes samples of shape {model.input.shape}; drop input_shape= or "
                          f"pass the model's own")
     if validation_data is not None and len(model.inputs) > 1:
-        from .inputs import as_batches  # inputs imports nothing of models; no cycle
-
         model.validation_data = as_batches(validation_data, model.inputs, "pass")
     elif validation_data is not None:
         v = np.asarray(validation_data, dtype=np.float32)

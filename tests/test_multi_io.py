@@ -240,3 +240,17 @@ def test_cli_predict_takes_an_npz_keyed_by_input_name(tmp_path, store_dir, two_h
     r = subprocess.run([*args, "-i", str(tmp_path / "one.npy")], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 1 and "takes 2 inputs (features, state)" in r.stderr and ".npz" in r.stderr
+
+
+def test_validation_data_as_a_tuple_or_dict(store_dir, data):
+    from hwbackends import zoo
+
+    m = hwb.load_model(zoo.keras_two_head(), name="two_head_val",
+                       validation_data={"features": data[0], "state": data[1]})
+    assert isinstance(m.validation_data, tuple) and m.validation_data[1].shape == (10, 4)
+    cm = hwb.compile(m, "ref", store=store_dir)  # the model travels to the worker and back
+    assert cm.fidelity.n == 5  # the held-out half of the 10 given samples
+    cm = hwb.compile(m, "cpu.onnxruntime", store=store_dir, validation_data=(data[0][:6], data[1][:6]))
+    assert cm.fidelity.n == 3
+    with pytest.raises(InputError, match="input 'state' has shape"):
+        hwb.load_model(zoo.keras_two_head(), validation_data=(data[0], data[1][:, :2]))
