@@ -254,3 +254,16 @@ def test_validation_data_as_a_tuple_or_dict(store_dir, data):
     assert cm.fidelity.n == 3
     with pytest.raises(InputError, match="input 'state' has shape"):
         hwb.load_model(zoo.keras_two_head(), validation_data=(data[0], data[1][:, :2]))
+
+
+@pytest.mark.parametrize("target", ["cpu.onnxruntime", "cpu.litert"])
+def test_multi_io_hot_path_allocates_no_arrays(target, compiled, data):
+    """The tuple guard and copies stay within the conformance kit's per-call bounds."""
+    from hwbackends.testing.alloc import ALLOC_BOUND_BYTES, PEAK_BOUND_BYTES, measure
+
+    cm = compiled("two_head", target, batch_size=4)
+    xs = (np.ascontiguousarray(data[0][:4]), np.ascontiguousarray(data[1][:4]))
+    outs = tuple(np.zeros(s.batched(4), np.float32) for s in cm.outputs)
+    best = min((measure(cm.predict_into, xs, outs, 1000, 200) for _ in range(3)),
+               key=lambda p: (p.peak, p.net))
+    assert best.peak <= PEAK_BOUND_BYTES and best.net <= ALLOC_BOUND_BYTES, best
