@@ -65,6 +65,11 @@ def reexport_advice(fmt: str) -> str:
     }.get(fmt, "re-export the model with a dynamic batch dimension")
 
 
+def dim0(vi: Any) -> int | None:
+    """The declared batch (first) dimension of an ONNX ValueInfo, ``None`` when symbolic."""
+    return _dim0(vi)
+
+
 def _dim0(vi: Any) -> int | None:
     dims = vi.type.tensor_type.shape.dim
     if not len(dims) or not dims[0].HasField("dim_value"):

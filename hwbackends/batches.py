@@ -7,7 +7,7 @@ dropped.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -37,3 +37,30 @@ def predict_in_batches(predict_into: Callable[[np.ndarray, np.ndarray], None], x
         predict_into(xb, yb)
         out[i:i + k] = yb[:k]
     return out
+
+
+def predict_in_batches_multi(predict_into: Callable[[tuple, tuple], None],
+                             xs: tuple[np.ndarray, ...], batch_size: int,
+                             inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
+                             static_batch: bool = True,
+                             xbufs: tuple[np.ndarray, ...] | None = None,
+                             ybufs: tuple[np.ndarray, ...] | None = None) -> tuple[np.ndarray, ...]:
+    """:func:`predict_in_batches` for a multi-IO ``predict_into(xs, outs)``: every input
+    tensor is chunked and padded alike, every output gets its ``(n, *spec.shape)`` array."""
+    n, b = len(xs[0]), batch_size
+    res = tuple(np.empty((n, *s.shape), dtype=np.float32) for s in outputs)
+    if n == b or not static_batch:
+        predict_into(xs, res)
+        return res
+    xb = xbufs if xbufs is not None else tuple(np.zeros(s.batched(b), np.float32) for s in inputs)
+    yb = ybufs if ybufs is not None else tuple(np.zeros(s.batched(b), np.float32) for s in outputs)
+    for i in range(0, n, b):
+        k = min(b, n - i)
+        for buf, x in zip(xb, xs, strict=True):
+            buf[:k] = x[i:i + k]
+            if k < b:
+                buf[k:] = 0.0
+        predict_into(xb, yb)
+        for r, y in zip(res, yb, strict=True):
+            r[i:i + k] = y[:k]
+    return res

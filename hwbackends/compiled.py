@@ -5,11 +5,12 @@ from typing import Any
 
 import numpy as np
 
-from .batches import predict_in_batches
+from .batches import predict_in_batches, predict_in_batches_multi
+from .errors import UnsupportedError
 from .fidelity import Fidelity
-from .inputs import NAN_POLICIES, as_batch
+from .inputs import NAN_POLICIES, as_batch, as_batches, is_single
 from .specs import Availability, Mode, TensorSpec
-from .target import Artifact, Executor, check_io
+from .target import Artifact, Executor, check_io, check_io_multi
 
 
 class CompiledModel:
@@ -18,6 +19,11 @@ class CompiledModel:
     ``predict(x)`` validates and allocates: any batch size, one sample or many.
     ``predict_into(x, out)`` is the hot path: it *is* the executor's bound method (no wrapper
     frame), takes exactly ``(batch_size, *input.shape)`` float32 and writes into ``out``.
+
+    **Several inputs or outputs** (:attr:`multi_io`): ``predict`` takes a tuple (one array
+    per input, ``inputs`` order), a dict keyed by input name, and returns one array when the
+    model has one output, else a tuple in ``outputs`` order; ``predict_into(xs, outs)`` takes
+    tuples, one buffer per tensor (see :class:`hwbackends.target.MultiExecutor`).
     """
 
     def __init__(self, executor: Executor, artifact: Artifact, availability: Availability,
@@ -35,8 +41,14 @@ class CompiledModel:
         self.static_batch = static_batch
         # The hot path: the executor's own bound method, so a call costs what the library costs.
         self.predict_into = executor.predict_into
-        self._x = np.zeros(self.input.batched(self.batch_size), dtype=np.float32)
-        self._y = np.zeros(self.output.batched(self.batch_size), dtype=np.float32)
+        #: Whether the model has several inputs or outputs (tuples in ``predict_into``).
+        self.multi_io = len(artifact.inputs) > 1 or len(artifact.outputs) > 1
+        if self.multi_io:
+            self._xs = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.inputs)
+            self._ys = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.outputs)
+        else:
+            self._x = np.zeros(self.input.batched(self.batch_size), dtype=np.float32)
+            self._y = np.zeros(self.output.batched(self.batch_size), dtype=np.float32)
 
     # -- metadata -------------------------------------------------------------------------------
     @property
@@ -68,7 +80,18 @@ class CompiledModel:
         return self.artifact.batch_size
 
     @property
+    def inputs(self) -> list[TensorSpec]:
+        """Every input, in the order ``predict``/``predict_into`` take them."""
+        return self.artifact.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """Every output, in the order ``predict``/``predict_into`` give them."""
+        return self.artifact.outputs
+
+    @property
     def input(self) -> TensorSpec:
+        """The first (for most models the only) input."""
         return self.artifact.inputs[0]
 
     @property
@@ -85,7 +108,9 @@ class CompiledModel:
             "variant": self.variant, "mode": self.mode.value, "device": self.availability.device,
             "mode_reason": self.availability.reason, "fingerprint": self.fingerprint,
             "batch_size": self.batch_size, "input": self.input.to_dict(),
-            "output": self.output.to_dict(), "artifact_path": self.artifact_path,
+            "output": self.output.to_dict(),
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs], "artifact_path": self.artifact_path,
             "artifact_bytes": self.artifact.size_bytes(), "toolchain": self.toolchain,
             "compile_seconds": self.artifact.compile_seconds, "cached": self.artifact.cached,
             "meta": self.artifact.meta,
@@ -99,26 +124,47 @@ class CompiledModel:
                 f"batch {self.batch_size}>")
 
     # -- prediction -----------------------------------------------------------------------------
-    def validate(self, x: Any) -> tuple[np.ndarray, bool]:
+    def validate(self, x: Any) -> tuple[Any, bool]:
         """``x`` as a float32 batch for this variant and whether it was one sample; raises
-        :class:`InputError` (shape, dtype, NaN/Inf per ``nan_policy``)."""
+        :class:`InputError` (shape, dtype, NaN/Inf per ``nan_policy``). A multi-input
+        variant gives a tuple of batches (see :func:`hwbackends.inputs.as_batches`)."""
+        if self.multi_io:
+            xs = as_batches(x, self.inputs, self.nan_policy)
+            return xs, is_single(x, self.inputs)
         return as_batch(x, self.input, self.nan_policy)
 
-    def predict(self, x: Any) -> np.ndarray:
+    def predict(self, x: Any) -> Any:
         """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``.
-        Validates shape, dtype and (by default) NaN/Inf; returns a new array."""
+        Validates shape, dtype and (by default) NaN/Inf; returns a new array (a tuple of
+        arrays for several outputs)."""
+        if self.multi_io:
+            return self._predict_multi(x)
         arr, single = self.validate(x)
         out = predict_in_batches(self.predict_into, arr, self.batch_size, self.input, self.output,
                                  static_batch=self.static_batch, xbuf=self._x, ybuf=self._y)
         return out[0] if single else out
 
+    def _predict_multi(self, x: Any) -> Any:
+        xs, single = self.validate(x)
+        ys = predict_in_batches_multi(self.predict_into, xs, self.batch_size, self.inputs,
+                                      self.outputs, static_batch=self.static_batch,
+                                      xbufs=self._xs, ybufs=self._ys)
+        if single:
+            ys = tuple(y[0] for y in ys)
+        return ys[0] if len(ys) == 1 else ys
+
     def warmup(self, n: int = 20) -> None:
         """Run ``n`` calls so first-call costs (allocation, JIT, caches) are paid before traffic."""
+        x, y = (self._xs, self._ys) if self.multi_io else (self._x, self._y)
         for _ in range(n):
-            self.predict_into(self._x, self._y)
+            self.predict_into(x, y)
 
     def check(self, x: Any, out: Any) -> None:
         """Raise :class:`InputError` if ``x``/``out`` are not what ``predict_into`` takes."""
+        if self.multi_io:
+            check_io_multi(x, out, self.inputs, self.outputs, self.batch_size,
+                           contiguous=getattr(self.executor, "contiguous", False))
+            return
         check_io(x, out, self.input, self.output, self.batch_size,
                  contiguous=getattr(self.executor, "contiguous", False))
 
@@ -126,3 +172,17 @@ class CompiledModel:
         close = getattr(self.executor, "close", None)
         if close:
             close()
+
+
+def require_single_io(obj: Any, where: str) -> None:
+    """Raise :class:`UnsupportedError` when ``obj`` (a :class:`CompiledModel` or a
+    :class:`~hwbackends.models.Model`) has several inputs or outputs: ``where`` (the router,
+    the serving engine, the benchmark harness) serves single-IO models only, for now."""
+    if not getattr(obj, "multi_io", False):
+        return
+    ins = ", ".join(s.name for s in obj.inputs)
+    outs = ", ".join(s.name for s in obj.outputs)
+    name = getattr(obj, "model_name", None) or getattr(obj, "name", "model")
+    raise UnsupportedError(f"{where} serves models with one input and one output; {name!r} has "
+                           f"inputs ({ins}) and outputs ({outs}). Call predict()/predict_into() "
+                           f"on its CompiledModel directly (tuples, one array per tensor)")

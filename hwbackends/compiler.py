@@ -23,7 +23,8 @@ from . import isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
-from .fidelity import compare
+from .fidelity import compare, compare_outputs
+from .inputs import as_batches
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
 from .specs import Availability, TensorSpec
@@ -61,9 +62,16 @@ def conversion_path(reg: Registry, src: str, dst_formats: Sequence[str],
                            f"target or export the model to {dst_formats[0]}")
 
 
-def _split_data(model: Model) -> tuple[np.ndarray, np.ndarray]:
-    """Calibration and validation inputs, disjoint where the model carries its own data."""
+def _split_data(model: Model) -> tuple[Any, Any]:
+    """Calibration and validation inputs, disjoint where the model carries its own data
+    (tuples, one array per input, for a multi-input model)."""
     v = model.validation_data
+    if isinstance(v, tuple):
+        if len(v[0]) >= 2:
+            half = len(v[0]) // 2
+            return (tuple(np.ascontiguousarray(a[:half][:256], np.float32) for a in v),
+                    tuple(np.ascontiguousarray(a[half:][:512], np.float32) for a in v))
+        return model.representative(256, seed=0), model.representative(512, seed=1)
     if v is not None and len(v) >= 2:
         half = len(v) // 2
         return (np.ascontiguousarray(v[:half][:256], dtype=np.float32),
@@ -125,11 +133,15 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     reg = registry or get_registry()
     tgt = reg.target(target)
     prec, batch_size = _check_request(m, tgt, precision, batch_size, options)
+    if m.multi_io:
+        _check_multi_io(m, tgt, prec, reg)
     avail = tgt.probe()
     if not avail.usable:
         raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
     chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
-    if validation_data is not None:
+    if validation_data is not None and len(m.inputs) > 1:
+        m.validation_data = as_batches(validation_data, m.inputs, "pass")
+    elif validation_data is not None:
         m.validation_data = np.asarray(validation_data, dtype=np.float32)
     calib, val = _split_data(m)
     opts, key = _plan(m, tgt, prec, chain, calib, calibration_data,
@@ -143,7 +155,11 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
                         timeout or tgt.compile_timeout, say, val)
     executor, art = loaded
     cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
-    if fidelity:
+    if fidelity and m.multi_io:
+        ref, got = _as_tuple(m.reference(val)), _as_tuple(cm.predict(val))
+        cm.fidelity = compare_outputs(ref, got, [s.name for s in m.outputs])
+        say(f"{cm.variant} fidelity: {cm.fidelity}")
+    elif fidelity:
         cm.fidelity = compare(m.reference(val), cm.predict(val))
         say(f"{cm.variant} fidelity: {cm.fidelity}")
     return cm
@@ -167,7 +183,35 @@ def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int
     return prec, batch_size
 
 
-def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: np.ndarray,
+def _check_multi_io(m: Model, tgt: Target, prec: str, reg: Registry) -> None:
+    """Refuse a model with several inputs/outputs, before any worker starts, on a target that
+    does not take them (and calibrated precisions, which feed one calibration tensor)."""
+    ins = ", ".join(str(s) for s in m.inputs)
+    outs = ", ".join(str(s) for s in m.outputs)
+    if not getattr(tgt, "multi_io", False):
+        able = sorted(n for n, t in reg.targets.items() if getattr(t, "multi_io", False))
+        raise UnsupportedError(f"target {tgt.name} takes models with one input and one output; "
+                               f"{m.name!r} has {len(m.inputs)} input(s) ({ins}) and "
+                               f"{len(m.outputs)} output(s) ({outs}). Targets that take several: "
+                               f"{', '.join(able) or 'none installed'}")
+    if prec in getattr(tgt, "calibrated", ()):
+        raise UnsupportedError(f"{tgt.name}:{prec} calibrates on one input tensor; {m.name!r} has "
+                               f"several inputs/outputs. Use an uncalibrated precision of "
+                               f"{tgt.name} ({', '.join(p for p in tgt.precisions if p not in tgt.calibrated)})")
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _digest_inputs(x: Any) -> str:
+    h = hashlib.sha256()
+    for a in _as_tuple(x):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: Any,
           calibration_data: np.ndarray | None, opts: CompileOptions) -> tuple[CompileOptions, str]:
     """The compile options (with calibration data where the precision uses it) and the cache key."""
     uses_calib = prec in getattr(tgt, "calibrated", ())
@@ -177,7 +221,7 @@ def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: np.nd
     key = cache_key({
         "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
         "target_version": getattr(tgt, "version", "1"), "options": opts.key_dict(),
-        "calibration": hashlib.sha256(calib.tobytes()).hexdigest() if uses_calib else None,
+        "calibration": _digest_inputs(calib) if uses_calib else None,
         "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
     })
     return opts, key
@@ -238,25 +282,38 @@ def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.ndar
     """A few inputs, the artifact's outputs for them and the tolerance a reload must meet:
     ``max(1e-3·(1+max|out|), ½·max|out − reference|)`` — the build's own error against the
     fp32 reference bounds how far a faithful reload may drift; another model is far outside."""
-    x = np.ascontiguousarray(val[:PROBE_ROWS], dtype=np.float32)
     cm = CompiledModel(executor, art, Availability.hardware("probe"), m.name, "pass",
                        tgt.static_batch)
+    if cm.multi_io:  # several tensors: stored one per entry, outputs compared flattened
+        xs = tuple(np.ascontiguousarray(a[:PROBE_ROWS], dtype=np.float32) for a in _as_tuple(val))
+        out = _flat(cm.predict(xs))
+        err = float(np.nanmax(np.abs(out - _flat(m.reference(xs))))) if out.size else 0.0
+        tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
+        return {"xs": [_pack(a) for a in xs], "out": _pack(out), "tol": tol}
+    x = np.ascontiguousarray(val[:PROBE_ROWS], dtype=np.float32)
     out = cm.predict(x)
     err = float(np.nanmax(np.abs(out - m.reference(x)))) if out.size else 0.0
     tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
     return {"x": _pack(x), "out": _pack(out), "tol": tol}
 
 
+def _flat(ys: Any) -> np.ndarray:
+    """Several outputs as one ``(n, total)`` array (for the stored probe outputs)."""
+    parts = _as_tuple(ys)
+    return np.concatenate([np.asarray(p, np.float32).reshape(len(p), -1) for p in parts], axis=1)
+
+
 def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | None:
     """``None`` when the loaded artifact reproduces its stored outputs, else what differs."""
     try:
-        x, out, tol = _unpack(probe["x"]), _unpack(probe["out"]), float(probe["tol"])
+        x = (tuple(_unpack(d) for d in probe["xs"]) if "xs" in probe else _unpack(probe["x"]))
+        out, tol = _unpack(probe["out"]), float(probe["tol"])
     except (TypeError, KeyError, ValueError) as exc:
         return f"no usable stored outputs ({type(exc).__name__}: {exc})"
     cm = CompiledModel(executor, art, Availability.hardware("probe"), "probe", "pass",
                        tgt.static_batch)
     try:
-        pred = cm.predict(x)
+        pred = _flat(cm.predict(x)) if cm.multi_io else cm.predict(x)
     except Exception as exc:
         return f"predict on the stored inputs raised {type(exc).__name__}: {exc}"
     if pred.shape != out.shape:

@@ -300,7 +300,7 @@ def _check_strategy(cfg: StrategiesFile, base: tuple[str, ...], s: StrategyConfi
         bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(cfg.tiers)}")
     if s.model.startswith("zoo:"):
         from . import zoo
-        if s.model[4:] not in zoo.NAMES:
+        if s.model[4:] not in zoo.NAMES + zoo.MULTI_IO_NAMES:
             bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
                                    f"{', '.join('zoo:' + n for n in zoo.NAMES)}")
     elif not resolve_model(s.model, p).exists():

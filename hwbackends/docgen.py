@@ -33,9 +33,10 @@ DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 def contract_objects() -> list[Any]:
     """The public contract a plugin author works with, in the order the reference lists it."""
-    objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor,
+    objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor, target.MultiExecutor,
                        target.CompileOptions, target.Artifact,
-                       target.Converter, target.check_io, specs.Availability, specs.Mode,
+                       target.Converter, target.check_io, target.check_io_multi,
+                       specs.Availability, specs.Mode,
                        specs.TensorSpec]
     errs = [c for _, c in inspect.getmembers(errors, inspect.isclass)
             if issubclass(c, errors.HwbError) and c.__module__ == errors.__name__]

@@ -21,7 +21,7 @@ without being wrong (a probability that rounds to exactly 0 is not a sign flip).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -168,3 +168,31 @@ class Tolerance:
 
     def passes(self, f: Fidelity) -> bool:
         return not self.violations(f)
+
+
+@dataclass(frozen=True)
+class MultiFidelity(Fidelity):
+    """Fidelity of a variant with several outputs: its own metrics are those of the *worst*
+    output (``output`` names it: lowest corr, then largest rel_err), so a :class:`Tolerance`
+    gates every output at once; ``outputs`` holds each output's own :class:`Fidelity`."""
+
+    output: str = ""
+    outputs: dict[str, Fidelity] | None = None
+
+    def __str__(self) -> str:
+        return (f"worst output {self.output!r}: {Fidelity.__str__(self)}; "
+                + "; ".join(f"{k}: corr={f.corr:.6f} rel={f.rel_err:.3g}"
+                            for k, f in (self.outputs or {}).items()))
+
+
+def compare_outputs(references: Sequence[np.ndarray], got: Sequence[np.ndarray],
+                    names: Sequence[str]) -> MultiFidelity:
+    """Per-output :func:`compare` (each output classified on its own) and the worst one."""
+    if not (len(references) == len(got) == len(names)):
+        raise ValueError(f"{len(references)} reference outputs, {len(got)} outputs, "
+                         f"{len(names)} names")
+    each = {n: compare(r, g) for n, r, g in zip(names, references, got, strict=True)}
+    worst = min(each, key=lambda n: (each[n].corr, -each[n].rel_err))
+    base = {k: v for k, v in asdict(each[worst]).items()}
+    base["gated"] = each[worst].gated
+    return MultiFidelity(**base, output=worst, outputs=each)

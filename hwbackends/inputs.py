@@ -72,3 +72,64 @@ def as_sample(x: Any, spec: TensorSpec, nan_policy: str = "reject", *,
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     _check_finite(arr, nan_policy)
     return arr
+
+
+def _named(e: InputError, spec: TensorSpec) -> InputError:
+    """``e`` with its message starting ``input 'NAME'`` instead of ``input``."""
+    msg = str(e)
+    if msg.startswith("input "):
+        msg = f"input {spec.name!r} " + msg[len("input "):]
+    return InputError(msg)
+
+
+def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
+               nan_policy: str = "reject") -> tuple[np.ndarray, ...]:
+    """Several inputs as a tuple of C-contiguous float32 batches, one per spec, all with the
+    same number of samples ``n`` (one sample per tensor gives ``n == 1``).
+
+    ``x`` is a tuple/list with one array per input in ``specs`` order, a dict keyed by input
+    name, or (one input only) a single array. Raises :class:`InputError` naming the tensor
+    (``input 'state' has shape …``)."""
+    names = [s.name for s in specs]
+    if isinstance(x, dict):
+        missing = [n for n in names if n not in x]
+        extra = sorted(str(k) for k in x if k not in names)
+        if missing or extra:
+            raise InputError(f"inputs are keyed {sorted(map(str, x))}; the model takes "
+                             f"{names}" + (f" (missing {missing})" if missing else "")
+                             + (f" (unknown {extra})" if extra else ""))
+        items = [x[n] for n in names]
+    elif isinstance(x, (tuple, list)):
+        items = list(x)
+    elif len(specs) == 1:
+        items = [x]
+    else:
+        raise InputError(f"this model takes {len(specs)} inputs ({', '.join(names)}); pass a "
+                         f"tuple of {len(specs)} arrays in that order, or a dict keyed by name (to "
+                         f"hwb predict: a .npz with one array per name); "
+                         f"got one {type(x).__name__}")
+    if len(items) != len(specs):
+        raise InputError(f"got {len(items)} input arrays; the model takes {len(specs)} "
+                         f"({', '.join(names)}), in that order")
+    arrays: list[np.ndarray] = []
+    singles: list[bool] = []
+    for item, spec in zip(items, specs, strict=True):
+        try:
+            arr, single = as_batch(item, spec, nan_policy)
+        except InputError as e:
+            raise _named(e, spec) from None
+        arrays.append(arr)
+        singles.append(single)
+    counts = {len(a) for a in arrays}
+    if len(counts) > 1 or len(set(singles)) > 1:
+        got = ", ".join(f"{s.name}: {tuple(np.shape(i))}" for s, i in zip(specs, items, strict=True))
+        raise InputError(f"inputs have different numbers of samples ({got}); every input needs "
+                         f"the same n (or all one sample each)")
+    return tuple(arrays)
+
+
+def is_single(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> bool:
+    """Whether validated multi-input ``x`` was one sample per tensor (no batch axis)."""
+    first = x.get(specs[0].name) if isinstance(x, dict) else (
+        x[0] if isinstance(x, (tuple, list)) else x)
+    return tuple(np.shape(first)) == tuple(specs[0].shape)

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import batchdim, legacy
 from .errors import HwbError, ModelError
+from .inputs import as_batches
 from .specs import TensorSpec
 
 FORMATS = ("keras", "torch", "onnx")
@@ -35,7 +36,13 @@ class Model:
     #: Representative inputs (calibration and fidelity); generated from the spec when absent.
     validation_data: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
-    _ref: Callable[[np.ndarray], np.ndarray] | None = field(default=None, repr=False)
+    _ref: Callable[..., Any] | None = field(default=None, repr=False)
+
+    @property
+    def multi_io(self) -> bool:
+        """Whether the model has several inputs or several outputs: its ``reference`` and
+        ``representative`` then take and give tuples, one array per tensor."""
+        return len(self.inputs) > 1 or len(self.outputs) > 1
 
     @property
     def input(self) -> TensorSpec:
@@ -45,19 +52,46 @@ class Model:
     def output(self) -> TensorSpec:
         return self.outputs[0]
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        """The source framework's fp32 output for ``x`` of shape ``(n, *input.shape)``."""
+    def reference(self, x: Any) -> Any:
+        """The source framework's fp32 output for ``x`` of shape ``(n, *input.shape)``.
+
+        A multi-IO model (:attr:`multi_io`) takes a tuple with one ``(n, *spec.shape)`` array
+        per input, in ``inputs`` order, and returns a tuple with one array per output."""
         if self._ref is None:
             self._ref = _reference_fn(self)
-        x = np.ascontiguousarray(x, dtype=np.float32)
         try:
+            if self.multi_io:
+                xs = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in _as_tuple(x))
+                return self._reference_multi(xs)
+            x = np.ascontiguousarray(x, dtype=np.float32)
             return self._reference(x)
         except HwbError:
             raise
         except Exception as exc:  # the source framework itself failed: say so, never raw
+            shape = [np.shape(a) for a in x] if isinstance(x, (tuple, list)) else np.shape(x)
             raise ModelError(f"the source model {self.name!r} ({self.format}) failed to run on a "
-                             f"batch of shape {x.shape}: {type(exc).__name__}: {_clip(str(exc))}. "
+                             f"batch of shape {shape}: {type(exc).__name__}: {_clip(str(exc))}. "
                              f"Check that it runs in its own framework and re-export it") from exc
+
+    def _reference_multi(self, xs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """:meth:`_reference` for tuples: same chunking and fixed-batch padding, per tensor."""
+        if len(xs) != len(self.inputs):
+            raise ModelError(f"model {self.name!r} takes {len(self.inputs)} inputs "
+                             f"({', '.join(s.name for s in self.inputs)}); got {len(xs)}")
+        n = len(xs[0])
+        fixed = self.meta.get("fixed_batch")
+        step = fixed or 1024
+        parts: list[list[np.ndarray]] = [[] for _ in self.outputs]
+        for i in range(0, n, step):
+            chunk = [a[i:i + step] for a in xs]
+            if fixed and len(chunk[0]) < fixed:
+                chunk = [np.concatenate([c, np.zeros((fixed - len(c), *c.shape[1:]), np.float32)])
+                         for c in chunk]
+            ys = _as_tuple(self._ref(*chunk))
+            for j, y in enumerate(ys):
+                parts[j].append(np.asarray(y)[:n - i])
+        return tuple(np.concatenate(p).astype(np.float32, copy=False).reshape((n, *s.shape))
+                     for p, s in zip(parts, self.outputs, strict=True))
 
     def _reference(self, x: np.ndarray) -> np.ndarray:
         fixed = self.meta.get("fixed_batch")
@@ -72,8 +106,16 @@ class Model:
         return np.concatenate(chunks).astype(np.float32, copy=False).reshape(
             (len(x), *self.output.shape))
 
-    def representative(self, n: int = 256, seed: int = 0) -> np.ndarray:
-        """Inputs for calibration/fidelity: the model's own validation data, else seeded N(0,1)."""
+    def representative(self, n: int = 256, seed: int = 0) -> Any:
+        """Inputs for calibration/fidelity: the model's own validation data, else seeded N(0,1)
+        (a tuple, one array per input, for a multi-input model)."""
+        if len(self.inputs) > 1:
+            if self.validation_data is not None:
+                return tuple(np.ascontiguousarray(a[:n], dtype=np.float32)
+                             for a in self.validation_data)
+            rng = np.random.default_rng(seed)
+            return tuple(rng.standard_normal((n, *s.shape)).astype(np.float32)
+                         for s in self.inputs)
         if self.validation_data is not None:
             return np.ascontiguousarray(self.validation_data[:n], dtype=np.float32)
         rng = np.random.default_rng(seed)
@@ -99,7 +141,10 @@ class Model:
             (directory / fname).write_bytes(self.obj.SerializeToString())
         else:
             fname = _save_torch(self, directory)
-        if self.validation_data is not None:
+        if isinstance(self.validation_data, tuple):
+            for i, a in enumerate(self.validation_data):
+                np.save(directory / f"validation.{i}.npy", a)
+        elif self.validation_data is not None:
             np.save(directory / "validation.npy", self.validation_data)
         info = self.describe() | {"file": fname, "meta": self.meta}
         (directory / "model.json").write_text(json.dumps(info, default=str))
@@ -142,7 +187,14 @@ def load_saved(directory: Path) -> Model:
     val = directory / "validation.npy"
     if val.exists():
         m.validation_data = np.load(val)
+    elif (directory / "validation.0.npy").exists():
+        m.validation_data = tuple(np.load(directory / f"validation.{i}.npy")
+                                  for i in range(len(m.inputs)))
     return m
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -205,7 +257,9 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         raise ModelError(f"input_shape={tuple(input_shape)} was given but model {model.name!r} "
                          f"takes samples of shape {model.input.shape}; drop input_shape= or "
                          f"pass the model's own")
-    if validation_data is not None:
+    if validation_data is not None and len(model.inputs) > 1:
+        model.validation_data = as_batches(validation_data, model.inputs, "pass")
+    elif validation_data is not None:
         v = np.asarray(validation_data, dtype=np.float32)
         if v.shape[1:] != model.input.shape:
             raise ModelError(f"validation_data has samples of shape {v.shape[1:]}; the model "
@@ -257,12 +311,18 @@ def _clip(text: str, limit: int = 300) -> str:
 
 
 def _single(kind: str, items: Sequence[Any], name: str) -> None:
+    """Refuse several inputs/outputs where a loader does not handle them (torch for now)."""
     if len(items) != 1:
-        raise ModelError(f"model {name!r} has {len(items)} {kind}s; hwbackends serves "
-                         f"single-input, single-output models for now (several inputs/outputs "
-                         f"are planned). Wrap the model so it takes one input tensor and "
-                         f"returns one (e.g. concatenate the heads), or serve each head as "
-                         f"its own model")
+        raise ModelError(f"model {name!r} has {len(items)} {kind}s; several inputs/outputs are "
+                         f"supported for Keras and ONNX models, not yet for PyTorch ones. "
+                         f"Export it to ONNX (torch.onnx.export with one name per tensor) and "
+                         f"load the .onnx, or wrap it to take and return one tensor")
+
+
+def _unique(kind: str, names: Sequence[str], name: str) -> None:
+    if len(set(names)) != len(names):
+        raise ModelError(f"model {name!r} has {kind}s with the same name ({', '.join(names)}); "
+                         f"give each {kind} its own name (keras.Input(name=...))")
 
 
 def _static(shape: Sequence[Any], what: str, name: str) -> tuple[int, ...]:
@@ -280,14 +340,35 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:32]
 
 
+def _keras_names(km: Any, kind: str) -> list[str]:
+    """Tensor names: ``input``/``output`` for a single tensor (as before multi-IO), else the
+    Keras layer names (``keras.Input(name=...)``, the output layers' names)."""
+    tensors = km.inputs if kind == "input" else km.outputs
+    if len(tensors) == 1:
+        return [kind]
+    names = list(getattr(km, f"{kind}_names", None) or [])
+    if len(names) != len(tensors):
+        names = [getattr(t, "name", "") or f"{kind}_{i}" for i, t in enumerate(tensors)]
+    return [str(n) for n in names]
+
+
 def _from_keras(km: Any, name: str, path: Path | None) -> Model:
-    _single("input", km.inputs, name)
-    _single("output", km.outputs, name)
-    ins = [TensorSpec("input", _static(km.inputs[0].shape[1:], "input", name))]
-    outs = [TensorSpec("output", _static(km.outputs[0].shape[1:], "output", name))]
+    _unique("input", _keras_names(km, "input"), name)
+    ins = [TensorSpec(n, _static(t.shape[1:], "input", name))
+           for n, t in zip(_keras_names(km, "input"), km.inputs, strict=True)]
+    outs = [TensorSpec(n, _static(t.shape[1:], "output", name))
+            for n, t in zip(_keras_names(km, "output"), km.outputs, strict=True)]
     arch = json.dumps(km.get_config(), sort_keys=True, default=str).encode()
     weights = [np.ascontiguousarray(w).tobytes() for w in km.get_weights()]
     fp = _digest(b"keras", arch, *weights)
+
+    if len(ins) > 1 or len(outs) > 1:
+        def ref_multi(*xs: np.ndarray, km: Any = km) -> tuple[np.ndarray, ...]:
+            y = km(list(xs) if len(xs) > 1 else xs[0], training=False)
+            return tuple(np.asarray(t) for t in (y if isinstance(y, (list, tuple)) else [y]))
+
+        meta = {} if km.inputs[0].shape[0] is None else {"fixed_batch": int(km.inputs[0].shape[0])}
+        return Model(km, "keras", ins, outs, fp, name, path, meta=meta, _ref=ref_multi)
 
     def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
         return np.asarray(km(x, training=False))
@@ -318,22 +399,52 @@ def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
     g = proto.graph
     inits = {i.name for i in g.initializer}
     real_inputs = [i for i in g.input if i.name not in inits]
-    _single("input", real_inputs, name)
-    _single("output", g.output, name)
+    if not real_inputs or not len(g.output):
+        raise ModelError(f"ONNX model {name!r} has {len(real_inputs)} inputs and {len(g.output)} "
+                         f"outputs; it needs at least one of each")
 
     def dims(vi: Any, what: str) -> tuple[int, ...]:
         d = [x.dim_value if x.HasField("dim_value") else None for x in vi.type.tensor_type.shape.dim]
         return _static(d[1:], what, name)
 
-    ins = [TensorSpec(real_inputs[0].name, dims(real_inputs[0], "input"))]
-    outs = [TensorSpec(g.output[0].name, dims(g.output[0], "output"))]
+    ins = [TensorSpec(i.name, dims(i, "input")) for i in real_inputs]
+    outs = [TensorSpec(o.name, dims(o, "output")) for o in g.output]
     # The fingerprint is the file as the user has it, before any batch rewrite.
     fp = _digest(b"onnx", proto.SerializeToString(deterministic=True))
-    graph, info = _onnx_batch(proto, ins[0].shape, name)
+    if len(ins) > 1 or len(outs) > 1:
+        graph, info = _onnx_batch_multi(proto, real_inputs, name)
+    else:
+        graph, info = _onnx_batch(proto, ins[0].shape, name)
     meta: dict[str, Any] = {"batch": info.to_dict()}
     if info.handling == batchdim.FIXED:
         meta["fixed_batch"] = info.exported
     return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)
+
+
+def _onnx_batch_multi(proto: Any, real_inputs: list[Any], name: str) -> tuple[Any, batchdim.BatchInfo]:
+    """A multi-IO graph keeps its batch dimension as exported: symbolic runs at any batch; a
+    fixed one is compiled at (``predict`` pads/chunks). The rewrite to symbolic that
+    single-input graphs get is not tried here (it verifies with one input)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise ModelError(f"ONNX model {name!r} is not a valid ONNX graph ({_clip(str(exc))}); "
+                         f"is the file complete? Re-export it") from exc
+    batches = {batchdim.dim0(i) for i in real_inputs}
+    if len(batches) > 1:
+        raise ModelError(f"ONNX model {name!r} declares different batch dimensions on its "
+                         f"inputs ({sorted(map(str, batches))}); every input needs the same "
+                         f"batch. {batchdim.reexport_advice('onnx')}")
+    b = batches.pop()
+    if b is None:
+        return proto, batchdim.BatchInfo(None, batchdim.DYNAMIC, "the batch dimension is symbolic")
+    if b < 1:
+        raise ModelError(f"ONNX model {name!r} declares a batch dimension of {b}; expected ≥ 1 "
+                         f"or symbolic. To fix, {batchdim.reexport_advice('onnx')}")
+    return proto, batchdim.BatchInfo(b, batchdim.FIXED, f"exported with batch {b} (several "
+                                     f"inputs/outputs: compiled at it, not made symbolic)")
 
 
 def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, batchdim.BatchInfo]:
@@ -419,7 +530,12 @@ def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         sess = ort.InferenceSession(model.obj.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        iname = sess.get_inputs()[0].name
+        names = [i.name for i in sess.get_inputs()]
+        if model.multi_io:
+            def run_multi(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+                return tuple(sess.run(None, dict(zip(names, xs, strict=True))))
+            return run_multi
+        iname = names[0]
 
         def run(x: np.ndarray) -> np.ndarray:
             return sess.run(None, {iname: x})[0]

@@ -10,7 +10,8 @@ hook. The lifecycle, driven by :func:`hwbackends.compile`:
    JSON-able ``dict`` of metadata. The core stores the files content-addressed and verifies
    them on every later load;
 3. ``load(artifact, options)`` (parent process) returns an :class:`Executor`;
-4. ``Executor.predict_into(x, out)`` is the hot path.
+4. ``Executor.predict_into(x, out)`` is the hot path (``MultiExecutor.predict_into(xs, outs)``,
+   tuples with one array per tensor, for models with several inputs or outputs).
 
 Each rule is stated once, where it applies, and the conformance kit checks exactly that:
 light imports and probing in :class:`Target`; what ``compile`` receives in
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -187,6 +188,60 @@ class Executor:
         check_io(x, out, self._in_spec, self._out_spec, batch, contiguous=self._strict)
 
 
+class MultiExecutor(Executor):
+    """An executor for a model with several inputs or outputs (:attr:`Target.multi_io`).
+
+    **The call.** ``predict_into(xs, outs)`` takes a tuple with one ``(batch_size,
+    *spec.shape)`` float32 array per input (``artifact.inputs`` order) and a tuple with one
+    buffer per output (``artifact.outputs`` order), writes every output and returns ``None``.
+    The guard checks each tensor's shape and dtype (and contiguity when :attr:`contiguous`);
+    a wrong one raises :class:`~hwbackends.errors.InputError` naming it (``input 'state' has
+    shape …``). Allocation, thread-safety and dynamic batch rules are those of
+    :class:`Executor`. Subclasses call :meth:`_init_multi` in ``__init__`` and implement
+    ``_run(xs, outs)``. Single-IO models never come here: their executors keep the one-array
+    :class:`Executor` path, which pays nothing for this one."""
+
+    def _init_multi(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                    batch: int | None) -> None:
+        """Record the compiled specs (one per tensor) and batch size (``None``: any batch)."""
+        self._init_io(inputs[0], outputs[0], batch)
+        self._in_specs, self._out_specs = tuple(inputs), tuple(outputs)
+        self._xshapes = tuple(s.batched(batch if batch is not None else 0) for s in inputs)
+        self._yshapes = tuple(s.batched(batch if batch is not None else 0) for s in outputs)
+
+    def predict_into(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        """Run the variant on the tuple ``xs`` and write into the tuple ``outs``."""
+        try:
+            ok = (len(xs) == len(self._xshapes) and len(outs) == len(self._yshapes)
+                  and all(a.shape == s and a.dtype is _F32 for a, s in zip(xs, self._xshapes, strict=False))
+                  and all(a.shape == s and a.dtype is _F32 for a, s in zip(outs, self._yshapes, strict=False)))
+            if self._strict and ok:
+                ok = (all(a.flags.c_contiguous for a in (*xs, *outs))
+                      and all(a.flags.writeable for a in outs))
+        except (AttributeError, TypeError):
+            ok = False
+        if not ok:
+            self._check(xs, outs)
+        try:
+            self._run(xs, outs)
+        except Exception:
+            self._check(xs, outs)
+            raise
+
+    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        """The model call: write one output per buffer of ``outs`` for the inputs ``xs``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _run(xs, outs)")
+
+    def _check(self, xs: Any, outs: Any) -> None:
+        """The one error path of the multi-IO call: InputError naming the wrong tensor."""
+        batch = self.batch_size
+        if self._dynamic and isinstance(xs, (tuple, list)) and xs:
+            first = xs[0]
+            if getattr(first, "ndim", 0) == len(self._xshapes[0]):
+                batch = len(first)
+        check_io_multi(xs, outs, self._in_specs, self._out_specs, batch, contiguous=self._strict)
+
+
 class BufferedExecutor(Executor):
     """An executor over runtime-owned buffers (LiteRT tensor views, ONNX Runtime's bound
     OrtValues, …): copy ``x`` in, invoke, copy the output out. Subclasses call
@@ -266,6 +321,10 @@ class Target:
     contract_version: ClassVar[int] = CONTRACT_VERSION
     #: Seconds a compile may take before the child is killed.
     compile_timeout: ClassVar[float] = 600.0
+    #: Whether the target compiles models with several inputs or outputs; its ``load`` then
+    #: returns a :class:`MultiExecutor` for them (tuples in, tuples out). The core refuses a
+    #: multi-IO model before the compile worker starts when this is False.
+    multi_io: ClassVar[bool] = False
 
     def probe(self) -> Availability:
         """Whether and how this target can run here. Fast; never raises."""
@@ -288,8 +347,9 @@ class Target:
         - ``model.obj`` is the model in that format: a ``keras.Model``, an
           ``onnx.ModelProto``, or a torch module / ``torch.export.ExportedProgram``;
         - ``model.inputs`` / ``model.outputs`` are :class:`~hwbackends.specs.TensorSpec` lists
-          *per sample* (no batch dimension); the built-in formats have one of each,
-          ``model.input`` / ``model.output``;
+          *per sample* (no batch dimension); ``model.input`` / ``model.output`` are the
+          first. Several of either (``model.multi_io``) reach only targets with
+          :attr:`multi_io` ``= True``;
         - the batch dimension of ``model.obj`` is **dynamic** (``None`` in Keras, a symbolic
           dim in ONNX and torch.export). A target with ``static_batch = True`` must fix it to
           ``options.batch_size`` itself (for ONNX: set ``dim[0]`` of every graph input and
@@ -334,20 +394,43 @@ def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
     pointers to a library; see :attr:`Executor.contiguous`). :meth:`Executor.predict_into`
     calls it only after its cheap shape/dtype checks failed (or the model call raised), so
     the hot path never pays for building the message."""
-    want_x = inp.batched(batch)
-    want_o = outp.batched(batch)
-    for label, arr, shape, dtype in (("input", x, want_x, inp.dtype), ("out", out, want_o, outp.dtype)):
-        if not isinstance(arr, np.ndarray):
-            raise InputError(f"{label} must be a numpy.ndarray of shape {shape} and dtype {dtype}; "
-                             f"got {type(arr).__name__}")
-        if tuple(arr.shape) != tuple(shape):
-            raise InputError(f"{label} has shape {tuple(arr.shape)}; this variant was compiled "
-                             f"for {shape} (batch_size={batch}). Use predict() for other batch "
-                             f"sizes, or compile with batch_size={arr.shape[0] if arr.ndim else 1}.")
-        if arr.dtype != np.dtype(dtype):
-            raise InputError(f"{label} has dtype {arr.dtype}; expected {dtype}. "
-                             f"Convert once outside the hot path: x.astype(np.{dtype}).")
-        if contiguous and not arr.flags.c_contiguous:
-            raise InputError(f"{label} must be C-contiguous; use np.ascontiguousarray() once.")
+    _check_array("input", x, inp, batch, contiguous)
+    _check_array("out", out, outp, batch, contiguous)
     if not out.flags.writeable:
         raise InputError("out is read-only; pass a writeable preallocated array")
+
+
+def check_io_multi(xs: Any, outs: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                   batch: int, contiguous: bool = False) -> None:
+    """:func:`check_io` for a multi-IO variant: ``xs``/``outs`` are tuples (or lists) with one
+    array per input/output, in spec order; the message names the tensor."""
+    for label, arrs, specs in (("inputs", xs, inputs), ("outs", outs, outputs)):
+        names = ", ".join(s.name for s in specs)
+        if not isinstance(arrs, (tuple, list)):
+            raise InputError(f"this variant has several inputs/outputs: {label} must be a tuple "
+                             f"of {len(specs)} numpy arrays ({names}); got {type(arrs).__name__}")
+        if len(arrs) != len(specs):
+            raise InputError(f"got {len(arrs)} {label}; this variant takes {len(specs)} ({names}), "
+                             f"in that order")
+    for x, spec in zip(xs, inputs, strict=True):
+        _check_array(f"input {spec.name!r}", x, spec, batch, contiguous)
+    for o, spec in zip(outs, outputs, strict=True):
+        _check_array(f"out {spec.name!r}", o, spec, batch, contiguous)
+        if not o.flags.writeable:
+            raise InputError(f"out {spec.name!r} is read-only; pass a writeable preallocated array")
+
+
+def _check_array(label: str, arr: Any, spec: TensorSpec, batch: int, contiguous: bool) -> None:
+    shape, dtype = spec.batched(batch), spec.dtype
+    if not isinstance(arr, np.ndarray):
+        raise InputError(f"{label} must be a numpy.ndarray of shape {shape} and dtype {dtype}; "
+                         f"got {type(arr).__name__}")
+    if tuple(arr.shape) != tuple(shape):
+        raise InputError(f"{label} has shape {tuple(arr.shape)}; this variant was compiled "
+                         f"for {shape} (batch_size={batch}). Use predict() for other batch "
+                         f"sizes, or compile with batch_size={arr.shape[0] if arr.ndim else 1}.")
+    if arr.dtype != np.dtype(dtype):
+        raise InputError(f"{label} has dtype {arr.dtype}; expected {dtype}. "
+                         f"Convert once outside the hot path: x.astype(np.{dtype}).")
+    if contiguous and not arr.flags.c_contiguous:
+        raise InputError(f"{label} must be C-contiguous; use np.ascontiguousarray() once.")

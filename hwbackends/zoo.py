@@ -8,7 +8,14 @@ lstm      LSTM 32 over a window → Dense 1             (16, 8)  16 ticks × 8 f
 conv1d    Conv1D 16 k3 ×2 → global avg pool → Dense 1 (32, 8)
 signal    Dense 32→32 relu →16 relu →1 tanh, trained  (32,)    order-book features
           in seconds on synthetic order-book data
+two_head  features →Dense 32 relu, state →Dense 8     features (16,) + state (4,)
+          relu, concat →Dense 16 relu → signal (1,
+          tanh) and confidence (1, sigmoid)
 ========  =========================================  ===========================
+
+``two_head`` has two inputs and two outputs (Keras functional API); only the targets with
+``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
+conformance kit runs on every target).
 
 ``mlp_torch`` and ``lstm_torch`` are PyTorch modules with *the same weights* as their Keras
 twins (same seeds, gate order mapped), so both frameworks compute the same function. Weights
@@ -29,6 +36,8 @@ from .models import Model, load_model, register_source
 log = logging.getLogger("hwbackends.zoo")
 
 NAMES = ("mlp", "lstm", "conv1d", "signal", "mlp_torch", "lstm_torch")
+#: Zoo models with several inputs/outputs (see the module docstring).
+MULTI_IO_NAMES = ("two_head",)
 DEFAULT = "signal"
 SIGNAL_VERSION = "v1"
 
@@ -65,6 +74,25 @@ def keras_mlp() -> Any:
         keras.layers.Dense(3, activation="softmax", name="probs"),
     ], name="zoo_mlp")
     m.set_weights(mlp_weights())
+    return m
+
+
+def keras_two_head() -> Any:
+    """features (16,) + state (4,) → signal (1,) + confidence (1,); seeded weights."""
+    import keras
+    rng = np.random.default_rng(11)
+    feats = keras.Input((16,), name="features")
+    state = keras.Input((4,), name="state")
+    h = keras.layers.Dense(32, activation="relu", name="feat_dense")(feats)
+    s = keras.layers.Dense(8, activation="relu", name="state_dense")(state)
+    z = keras.layers.Dense(16, activation="relu", name="trunk")(
+        keras.layers.Concatenate(name="concat")([h, s]))
+    signal = keras.layers.Dense(1, activation="tanh", name="signal")(z)
+    conf = keras.layers.Dense(1, activation="sigmoid", name="confidence")(z)
+    m = keras.Model([feats, state], [signal, conf], name="zoo_two_head")
+    m.set_weights([_glorot(rng, w.shape[0], w.shape[-1], tuple(w.shape)) if len(w.shape) == 2
+                   else rng.uniform(-0.1, 0.1, tuple(w.shape)).astype(np.float32)
+                   for w in m.get_weights()])
     return m
 
 
@@ -239,6 +267,7 @@ _BUILDERS: dict[str, Callable[[], Model]] = {
                                  validation_data=orderbook_features(2048, seed=1)[0]),
     "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
     "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
+    "two_head": lambda: load_model(keras_two_head(), name="two_head"),
 }
 
 
@@ -247,7 +276,8 @@ def get(name: str) -> Model:
     try:
         build = _BUILDERS[name]
     except KeyError:
-        raise ModelError(f"no zoo model {name!r}; available: {', '.join(NAMES)}") from None
+        raise ModelError(f"no zoo model {name!r}; available: "
+                         f"{', '.join(NAMES + MULTI_IO_NAMES)}") from None
     return build()
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..compiled import require_single_io
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
 from ..registry import safe_probe, select_targets
@@ -79,6 +80,7 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: np.ndarray | None = N
     """Measure ``cm`` in ``scenario`` and return its profile. ``batch_size`` only applies to
     variants without a static batch (others run at their compiled batch). ``predict_into``
     overrides the callable timed (the router's own dispatch, in its overhead benchmark)."""
+    require_single_io(cm, "the benchmark harness")
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     xs = input_set(data, cm, batch)
     out = np.zeros(cm.output.batched(batch), np.float32)
@@ -148,6 +150,8 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
     noise (another process, a frequency change) then falls on all candidates alike instead of
     on whichever was measured at the wrong moment, which is what a ranking needs. Variants
     with a cached profile are not re-measured (unless ``refresh``)."""
+    for cm in cms:
+        require_single_io(cm, "the benchmark harness")
     fp = machine_mod.fingerprint()
     keys = [profile_key(cm.artifact.key, fp["id"], scenario.key() | {"rounds": rounds},
                         cm.batch_size) for cm in cms]
@@ -213,6 +217,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     say = say or (lambda msg: log.info(msg))
     reg = registry or get_registry()
     m = load_model(model)
+    require_single_io(m, "hwb bench")
     names = select_targets(reg, targets)
     if precisions:
         offered = {p for n in names for p in reg.targets[n].precisions}

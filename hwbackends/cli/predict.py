@@ -12,8 +12,12 @@ from .compile import add_model_args, compile_from_args
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="run a compiled variant on inputs from a .npy file")
     add_model_args(p)
-    p.add_argument("--input", "-i", required=True, help=".npy file: one sample or (n, ...) batch")
-    p.add_argument("--output", default=None, help="write outputs to this .npy file")
+    p.add_argument("--input", "-i", required=True,
+                   help=".npy file: one sample or (n, ...) batch; for a model with several "
+                        "inputs, a .npz with one array per input name")
+    p.add_argument("--output", default=None,
+                   help="write outputs to this .npy file (.npz keyed by output name for "
+                        "several outputs)")
     p.add_argument("--nan-policy", choices=("reject", "pass"), default="reject")
     p.set_defaults(func=run)
 
@@ -23,10 +27,22 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         x = np.load(args.input, allow_pickle=False)
+        if isinstance(x, np.lib.npyio.NpzFile):  # several inputs, keyed by name
+            x = {k: x[k] for k in x.files}
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read {args.input} as a .npy array: {exc}") from exc
     cm = compile_from_args(args, fidelity=False, nan_policy=args.nan_policy)
     y = cm.predict(x)
+    if isinstance(y, tuple):  # several outputs
+        ys = {s.name: a for s, a in zip(cm.outputs, y, strict=True)}
+        if args.output:
+            np.savez(args.output, **ys)
+        emit(args, {"variant": cm.variant, "mode": cm.mode.value,
+                    "outputs": {k: {"shape": list(a.shape), "values": a.tolist()}
+                                for k, a in ys.items()}},
+             f"{cm.variant} ({cm.mode.value})\n" + "\n".join(
+                 f"{k} shape {a.shape}\n{np.array2string(a, precision=6)}" for k, a in ys.items()))
+        return 0
     if args.output:
         np.save(args.output, y)
     emit(args, {"variant": cm.variant, "mode": cm.mode.value, "shape": list(y.shape),

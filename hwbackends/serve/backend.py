@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..compiled import require_single_io
 from ..compiler import compile as hwb_compile
 from ..errors import ConfigError
 from ..specs import TensorSpec
@@ -32,6 +33,7 @@ def check_backend(obj: Any) -> Any:
         raise ConfigError(f"{type(obj).__name__} cannot be served: it lacks {', '.join(missing)}; "
                           f"pass a CompiledModel (hwb.compile(...)), a RouterStrategy(router, name) "
                           f"or an object with predict_into(x, out), input, output and batch_size")
+    require_single_io(obj, "the serving engine")
     return obj
 
 

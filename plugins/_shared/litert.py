@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from hwbackends.specs import TensorSpec
-from hwbackends.target import BufferedExecutor
+from hwbackends.target import BufferedExecutor, MultiExecutor
+
+from .tflite import multi_io_tensors
 
 
 class LiteRTExecutor(BufferedExecutor):
@@ -28,3 +30,30 @@ class LiteRTExecutor(BufferedExecutor):
         self._in = self.interpreter.tensor(self.input_details["index"])()
         self._out = self.interpreter.tensor(self.output_details["index"])()
         self._invoke = self.interpreter._interpreter.Invoke
+
+
+class LiteRTMultiExecutor(MultiExecutor):
+    """Several inputs/outputs: numpy views of the interpreter's buffers, one per tensor,
+    found by name (see :func:`~plugins._shared.tflite.multi_io_tensors`), and the C++
+    ``Invoke`` called directly, as in :class:`LiteRTExecutor`."""
+
+    def __init__(self, path: Path, threads: int, batch: int, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec]):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        self.interpreter.allocate_tensors()
+        self._init_multi(inputs, outputs, batch)
+        ins, outs = multi_io_tensors(self.interpreter.get_input_details(),
+                                     self.interpreter.get_output_details(), inputs, outputs)
+        # Views stay valid because allocate_tensors() is never called again.
+        self._ins = tuple(self.interpreter.tensor(i)() for i in ins)
+        self._outs = tuple(self.interpreter.tensor(i)() for i in outs)
+        self._invoke = self.interpreter._interpreter.Invoke
+
+    def _run(self, xs: Any, outs: Any) -> None:
+        for buf, x in zip(self._ins, xs, strict=True):
+            buf[...] = x
+        self._invoke()
+        for o, buf in zip(outs, self._outs, strict=True):
+            o[...] = buf

@@ -127,3 +127,62 @@ def op_names(tflite: bytes) -> list[str]:
 
     it = Interpreter(model_content=tflite)
     return sorted({d["op_name"] for d in it._get_ops_details()})
+
+
+def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outputs: list[Any],
+                    target: str = "cpu.litert") -> bytes:
+    """:func:`to_tflite` for a Keras model with several inputs/outputs (fp32, fp16,
+    int8-dynamic). Variables are frozen (no trackable object), which leaves the flatbuffer
+    without a SignatureDef: its input tensors carry the specs' names and its outputs are named
+    ``Identity``, ``Identity_1``, … in the model's output order; :func:`multi_io_tensors`
+    maps them by those names, never by the flatbuffer's tensor order."""
+    import keras
+    import tensorflow as tf
+
+    if precision not in ("fp32", "fp16", "int8-dynamic"):
+        raise UnsupportedError(f"{target}:{precision} is not offered for models with several "
+                               f"inputs/outputs; use fp32, fp16 or int8-dynamic")
+    tensors = [keras.Input(tuple(t.shape[1:]), batch_size=batch, name=s.name)
+               for t, s in zip(km.inputs, inputs, strict=True)]
+    model = keras.models.clone_model(km, input_tensors=tensors)
+    model.set_weights(km.get_weights())
+    sig = [tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in inputs]
+    names = [s.name for s in outputs]
+
+    @tf.function(input_signature=sig)
+    def serve(*xs: Any) -> Any:
+        ys = model(list(xs), training=False)
+        ys = ys if isinstance(ys, (list, tuple)) else [ys]
+        if len(ys) != len(names):
+            raise UnsupportedError(f"{target}: the model returns {len(ys)} tensors, its specs "
+                                   f"declare {len(names)} ({', '.join(names)})")
+        return list(ys)
+
+    concrete = serve.get_concrete_function()
+    # No trackable object: the variables are frozen into constants (as in to_tflite); with
+    # one, the converter keeps them as resource variables and the interpreter returned NaN.
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+    if precision == "fp16":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.target_spec.supported_types = [tf.float16]
+    elif precision == "int8-dynamic":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    try:
+        return conv.convert()
+    except Exception as exc:
+        raise UnsupportedError(_explain(exc, km, concrete, target, precision)) from exc
+
+
+def multi_io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[str, Any]],
+                     inputs: list[Any], outputs: list[Any]) -> tuple[list[int], list[int]]:
+    """Tensor indices for each input/output spec of a :func:`to_tflite_multi` flatbuffer, by
+    name (inputs: the spec's name; outputs: ``Identity``, ``Identity_1``, … in order)."""
+    by_name = {d["name"]: d["index"] for d in [*input_details, *output_details]}
+    want_in = [s.name for s in inputs]
+    want_out = ["Identity" if i == 0 else f"Identity_{i}" for i in range(len(outputs))]
+    missing = [n for n in [*want_in, *want_out] if n not in by_name]
+    if missing:
+        raise UnsupportedError(f"the LiteRT model has no tensor(s) named {missing} (it has "
+                               f"{sorted(by_name)}); it was not built by this version of "
+                               f"cpu.litert: recompile it (hwb compile --rebuild)")
+    return [by_name[n] for n in want_in], [by_name[n] for n in want_out]

@@ -21,6 +21,8 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
     import tf2onnx
 
     km = model.obj
+    if len(model.inputs) > 1 or len(model.outputs) > 1:
+        return _as_onnx(model, _keras_multi(km, model, tf, tf2onnx))
     spec = (tf.TensorSpec([None, *model.input.shape], tf.float32, name="input"),)
 
     @tf.function(input_signature=spec)
@@ -29,6 +31,21 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
 
     proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
     return _as_onnx(model, proto)
+
+
+def _keras_multi(km: Any, model: Model, tf: Any, tf2onnx: Any) -> Any:
+    """Several inputs/outputs: one input signature per input, named after its spec, and the
+    outputs in the model's order (the ONNX graph's inputs and outputs keep that order)."""
+    batch = model.meta.get("fixed_batch")
+    spec = tuple(tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in model.inputs)
+
+    @tf.function(input_signature=spec)
+    def serve(*xs: Any) -> Any:
+        y = km(list(xs) if len(xs) > 1 else xs[0], training=False)
+        return list(y) if isinstance(y, (list, tuple)) else [y]
+
+    proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
+    return proto
 
 
 def torch_to_onnx(model: Model, workdir: Path) -> Model:

@@ -5,10 +5,10 @@ from typing import Any
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._shared.litert import LiteRTExecutor
-from .._shared.tflite import has_recurrent, op_names, to_tflite
+from .._shared.litert import LiteRTExecutor, LiteRTMultiExecutor
+from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
 from .._util import cpu_name, importable, version
 
 
@@ -19,6 +19,7 @@ class LiteRTTarget(Target):
     calibrated = ("int8",)
     formats = ("keras",)
     description = "LiteRT (TFLite) + XNNPACK on the CPU"
+    multi_io = True
     option_docs = {
         "recurrent": "'unroll' (default: fastest, int8-safe) or 'loop' (a TFLite WHILE loop) "
                      "for LSTM/GRU/SimpleRNN layers",
@@ -40,12 +41,19 @@ class LiteRTTarget(Target):
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
             raise UnsupportedError(f"cpu.litert option recurrent must be 'unroll' or 'loop', got {recurrent!r}")
-        blob = to_tflite(model.obj, options.precision, options.batch_size, options.calibration,
-                         recurrent=recurrent)
+        if len(model.inputs) > 1 or len(model.outputs) > 1:
+            blob = to_tflite_multi(model.obj, options.precision, options.batch_size,
+                                   model.inputs, model.outputs, target=self.name)
+        else:
+            blob = to_tflite(model.obj, options.precision, options.batch_size, options.calibration,
+                             recurrent=recurrent)
         (workdir / "model.tflite").write_bytes(blob)
         return {"file": "model.tflite", "bytes": len(blob), "ops": op_names(blob),
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> LiteRTExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            return LiteRTMultiExecutor(artifact.file("model.tflite"), options.runtime_threads(),
+                                       artifact.batch_size, artifact.inputs, artifact.outputs)
         return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),
                               artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

@@ -8,7 +8,14 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Target
+from hwbackends.target import (
+    Artifact,
+    BufferedExecutor,
+    CompileOptions,
+    Executor,
+    MultiExecutor,
+    Target,
+)
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import cpu_name, importable, version
@@ -51,6 +58,53 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         self._invoke()
 
 
+def _bind_order(names: list[str], specs: list[TensorSpec]) -> list[str]:
+    """The session's tensor names in spec order: by name when the specs carry the graph's
+    names (ONNX models), else by position (converted models keep their source's names)."""
+    if sorted(names) == sorted(s.name for s in specs):
+        return [s.name for s in specs]
+    return names
+
+
+class OnnxRuntimeMultiExecutor(MultiExecutor):
+    """Several inputs/outputs: one IOBinding OrtValue per input and output name, over fixed
+    buffers, run through the C++ session like :class:`OnnxRuntimeExecutor`."""
+
+    def __init__(self, path: Path, threads: int, batch: int, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec]):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self._init_multi(inputs, outputs, batch)
+        self._ins = tuple(np.zeros(s.batched(batch), np.float32) for s in inputs)
+        self._outs = tuple(np.zeros(s.batched(batch), np.float32) for s in outputs)
+        binding = self.session.io_binding()
+        in_names = _bind_order([i.name for i in self.session.get_inputs()], inputs)
+        out_names = _bind_order([o.name for o in self.session.get_outputs()], outputs)
+        self._values = []  # the OrtValues must live as long as the binding
+        for name, arr in zip(in_names, self._ins, strict=True):
+            self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
+            binding.bind_ortvalue_input(name, self._values[-1])
+        for name, arr in zip(out_names, self._outs, strict=True):
+            self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
+            binding.bind_ortvalue_output(name, self._values[-1])
+        self._binding = binding
+        self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
+        self._invoke()
+
+    def _run(self, xs: Any, outs: Any) -> None:
+        for buf, x in zip(self._ins, xs, strict=True):
+            buf[...] = x
+        self._invoke()
+        for o, buf in zip(outs, self._outs, strict=True):
+            o[...] = buf
+
+
 class OnnxRuntimeTarget(Target):
     name = "cpu.onnxruntime"
     family = "cpu"
@@ -60,6 +114,7 @@ class OnnxRuntimeTarget(Target):
     version = "2"
     formats = ("onnx",)
     description = "ONNX Runtime, CPU execution provider"
+    multi_io = True
 
     def probe(self) -> Availability:
         if not importable("onnxruntime"):
@@ -118,6 +173,9 @@ class OnnxRuntimeTarget(Target):
                 "converted_from": model.meta.get("converted_from", "onnx"),
                 **batch_meta(model, options.batch_size)}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> OnnxRuntimeExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            return OnnxRuntimeMultiExecutor(artifact.file("model.onnx"), options.runtime_threads(),
+                                            artifact.batch_size, artifact.inputs, artifact.outputs)
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),
                                    artifact.batch_size, artifact.inputs[0], artifact.outputs[0])

@@ -7,7 +7,7 @@ import numpy as np
 
 from hwbackends.models import Model, load_saved
 from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
 
 from .._shared.onnx_batch import batch_meta
 from .._util import cpu_name, version
@@ -25,6 +25,19 @@ class RefExecutor(Executor):
         out[...] = self.model.reference(x)
 
 
+class RefMultiExecutor(MultiExecutor):
+    """:class:`RefExecutor` for a model with several inputs/outputs: tuples in, tuples out."""
+
+    def __init__(self, model: Model, batch_size: int):
+        self.model = model
+        self._init_multi(model.inputs, model.outputs, None)
+        self.batch_size = batch_size
+
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        for o, y in zip(outs, self.model.reference(tuple(xs)), strict=True):
+            o[...] = y
+
+
 class RefTarget(Target):
     name = "ref"
     family = "ref"
@@ -32,6 +45,7 @@ class RefTarget(Target):
     formats = ("keras", "torch", "onnx")
     description = "the source framework in fp32: the golden outputs (Keras, PyTorch, ONNX)"
     static_batch = False
+    multi_io = True
 
     def probe(self) -> Availability:
         return Availability.hardware(f"CPU ({cpu_name()})", "runs the source framework on the CPU")
@@ -43,5 +57,8 @@ class RefTarget(Target):
         model.save(workdir)
         return {"format": model.format, **batch_meta(model, options.batch_size)}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> RefExecutor:
-        return RefExecutor(load_saved(artifact.path), artifact.batch_size)
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
+        model = load_saved(artifact.path)
+        if model.multi_io:
+            return RefMultiExecutor(model, artifact.batch_size)
+        return RefExecutor(model, artifact.batch_size)

@@ -587,3 +587,31 @@ def to_jax(proto: Any, compute: str = "fp32", target: str = "tpu.xla") -> Callab
         return jnp.asarray(y).astype(jnp.float32)
 
     return f
+
+
+def to_jax_multi(proto: Any, compute: str = "fp32",
+                 target: str = "tpu.xla") -> Callable[..., tuple[Any, ...]]:
+    """The ONNX graph as ``f(*xs) -> (y0, y1, …)``: one argument per graph input (graph
+    order, initializers excluded) and one float32 result per graph output, for models with
+    several inputs or outputs. Same lowering and ``compute`` as :func:`to_jax`."""
+    import jax.numpy as jnp
+    from onnx import numpy_helper
+
+    check_ops(proto, target)
+    g = proto.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    in_names = [v.name for v in g.input if v.name not in inits]
+    out_names = [o.name for o in g.output]
+    nodes = _prep(g)
+    dtype = jnp.bfloat16 if compute == "bf16" else jnp.float32
+
+    def f(*xs: Any) -> tuple[Any, ...]:
+        ctx = _Ctx(dtype)
+        ctx.target = target
+        env: dict[str, Value] = dict(inits)
+        for name, x in zip(in_names, xs, strict=True):
+            env[name] = x.astype(dtype)
+        _run(ctx, nodes, env)
+        return tuple(jnp.asarray(env[n]).astype(jnp.float32) for n in out_names)
+
+    return f

@@ -23,7 +23,7 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version
@@ -115,6 +115,41 @@ class XlaExecutor(Executor):
         out[...] = self._call(x)
 
 
+def _device_for(blob: bytes) -> tuple[Any, Any, str]:
+    """Deserialize an artifact and pick the device it runs on (refusing a platform mismatch)."""
+    import jax
+    from jax import export
+
+    share_gpu_memory()
+    sync_cpu_dispatch()
+    exported = export.deserialize(bytearray(blob))
+    device = jax.devices()[0]
+    plat = "cuda" if device.platform == "gpu" else device.platform
+    if plat not in exported.platforms:
+        raise UnavailableError(f"tpu.xla artifact was exported for {', '.join(exported.platforms)} "
+                               f"but this machine's XLA device is {device.platform}; recompile "
+                               f"(hwb compile --rebuild)")
+    return exported, device, device.platform
+
+
+class XlaMultiExecutor(MultiExecutor):
+    """Several inputs/outputs: the compiled executable takes one array per input and returns
+    a tuple, copied into the caller's buffers (same direct call as :class:`XlaExecutor`)."""
+
+    def __init__(self, blob: bytes, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+        import jax
+
+        exported, self.device, self.platform = _device_for(blob)
+        self._init_multi(inputs, outputs, batch)
+        specs = [jax.ShapeDtypeStruct(s.batched(batch), np.float32) for s in inputs]
+        self.compiled = jax.jit(exported.call).lower(*specs).compile()
+        self._call = self.compiled
+
+    def _run(self, xs: Any, outs: Any) -> None:
+        for o, y in zip(outs, self._call(*xs), strict=True):
+            o[...] = y
+
+
 def fixed_batch(proto: Any, batch: int) -> Any:
     """A copy of the ONNX graph with the batch dimension of its inputs/outputs fixed."""
     import onnx
@@ -130,6 +165,7 @@ class XlaTarget(Target):
     precisions = ("fp32", "bf16")
     formats = ("onnx",)
     description = "XLA via JAX (AOT): TPU = hardware; GPU/CPU XLA backend = emulated"
+    multi_io = True
     option_docs: dict[str, str] = {}
 
     def probe(self) -> Availability:
@@ -153,40 +189,46 @@ class XlaTarget(Target):
         import jax
         from jax import export
 
-        from .onnx_jax import to_jax  # a large module: not imported by `hwb targets`
+        from .onnx_jax import to_jax, to_jax_multi  # large: not imported by `hwb targets`
 
         proto = fixed_batch(model.obj, options.batch_size)
-        fn = jax.jit(to_jax(proto, options.precision, self.name))
-        spec = jax.ShapeDtypeStruct(model.input.batched(options.batch_size), np.float32)
+        multi = len(model.inputs) > 1 or len(model.outputs) > 1
+        fn = jax.jit((to_jax_multi if multi else to_jax)(proto, options.precision, self.name))
+        specs = [jax.ShapeDtypeStruct(s.batched(options.batch_size), np.float32)
+                 for s in (model.inputs if multi else [model.input])]
         try:
-            exp = export.export(fn, platforms=EXPORT_PLATFORMS)(spec)
+            exp = export.export(fn, platforms=EXPORT_PLATFORMS)(*specs)
         except UnsupportedError:
             raise
         except Exception as first:  # a platform whose lowering fails: keep the local one
             local = jax.devices()[0].platform.replace("gpu", "cuda")
             try:
-                exp = export.export(fn, platforms=(local,))(spec)
+                exp = export.export(fn, platforms=(local,))(*specs)
             except Exception:
                 raise first from None
-        out_shape = tuple(exp.out_avals[0].shape)
-        want = model.output.batched(options.batch_size)
-        if out_shape != want:
-            raise UnsupportedError(f"{self.name}: the JAX function returns shape {out_shape}, "
+        got = [tuple(a.shape) for a in exp.out_avals]
+        want = [s.batched(options.batch_size) for s in (model.outputs if multi else [model.output])]
+        if got != want:
+            raise UnsupportedError(f"{self.name}: the JAX function returns shape(s) {got}, "
                                    f"the model declares {want}")
         blob = exp.serialize()
         (workdir / ARTIFACT).write_bytes(blob)
         # Compile once here too: an XLA compile failure then happens in the isolated child.
-        jax.jit(exp.call).lower(spec).compile()
+        jax.jit(exp.call).lower(*specs).compile()
         ops = sorted({n.op_type for n in proto.graph.node})
         return {"file": ARTIFACT, "bytes": len(blob), "platforms": list(exp.platforms),
                 "onnx_ops": ops, "compute_dtype": "bfloat16" if options.precision == "bf16" else "float32",
                 "converted_from": model.meta.get("converted_from", "onnx"),
                 "compiled_on": str(jax.devices()[0]), **batch_meta(model, options.batch_size)}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> XlaExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         expected, why = predicted_platform()
-        ex = XlaExecutor(artifact.file(ARTIFACT).read_bytes(), artifact.batch_size,
-                         artifact.inputs[0], artifact.outputs[0])
+        blob = artifact.file(ARTIFACT).read_bytes()
+        ex: XlaExecutor | XlaMultiExecutor
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            ex = XlaMultiExecutor(blob, artifact.batch_size, artifact.inputs, artifact.outputs)
+        else:
+            ex = XlaExecutor(blob, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
         if expected == "tpu" and ex.platform != "tpu":
             # probe() promised a TPU (mode hardware): never label a CPU latency as TPU.
             raise UnavailableError(f"tpu.xla expected a TPU ({why}) but jax.devices()[0] is "
