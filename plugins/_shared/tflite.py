@@ -56,13 +56,8 @@ def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | Non
 
     # Without a trackable object the variables are frozen into constants: no VAR_HANDLE ops.
     concrete = serve.get_concrete_function()
-    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
-    if precision == "fp16":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.target_spec.supported_types = [tf.float16]
-    elif precision == "int8-dynamic":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    elif precision == "int8":
+    conv = _converter(tf, concrete, precision)
+    if precision == "int8":
         if calibration is None or len(calibration) == 0:
             raise UnsupportedError(f"{target}:int8 needs representative calibration data")
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -71,7 +66,7 @@ def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | Non
         if int8_io:
             conv.inference_input_type = tf.int8
             conv.inference_output_type = tf.int8
-    elif precision != "fp32":
+    elif precision not in ("fp32", "fp16", "int8-dynamic"):
         raise UnsupportedError(f"{target} has no precision {precision!r}")
     try:
         return conv.convert()
@@ -161,12 +156,7 @@ def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outp
     concrete = serve.get_concrete_function()
     # No trackable object: the variables are frozen into constants (as in to_tflite); with
     # one, the converter keeps them as resource variables and the interpreter returned NaN.
-    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
-    if precision == "fp16":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.target_spec.supported_types = [tf.float16]
-    elif precision == "int8-dynamic":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv = _converter(tf, concrete, precision)
     try:
         return conv.convert()
     except Exception as exc:
@@ -186,3 +176,14 @@ def multi_io_tensors(input_details: list[dict[str, Any]], output_details: list[d
                                f"{sorted(by_name)}); it was not built by this version of "
                                f"cpu.litert: recompile it (hwb compile --rebuild)")
     return [by_name[n] for n in want_in], [by_name[n] for n in want_out]
+
+
+def _converter(tf: Any, concrete: Any, precision: str) -> Any:
+    """A TFLite converter for ``concrete`` with the weight-only precisions set (fp16,
+    int8-dynamic); full int8 needs calibration and is set up by the caller."""
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+    if precision in ("fp16", "int8-dynamic"):
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    if precision == "fp16":
+        conv.target_spec.supported_types = [tf.float16]
+    return conv

@@ -21,6 +21,18 @@ from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import cpu_name, importable, version
 
 
+def _session(path: Path, threads: int) -> Any:
+    """One sequential CPU session with every graph optimisation (both executors use it)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
 class _Calibration:
     """ORT's CalibrationDataReader protocol over an array of representative inputs."""
 
@@ -38,12 +50,7 @@ class OnnxRuntimeExecutor(BufferedExecutor):
     def __init__(self, path: Path, threads: int, batch: int, inp: TensorSpec, out: TensorSpec):
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.session = _session(path, threads)
         self._init_io(inp, out, batch)
         self._in = np.zeros(inp.batched(batch), dtype=np.float32)
         self._out = np.zeros(out.batched(batch), dtype=np.float32)
@@ -74,12 +81,7 @@ class OnnxRuntimeMultiExecutor(MultiExecutor):
                  outputs: list[TensorSpec]):
         import onnxruntime as ort
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.session = _session(path, threads)
         self._init_multi(inputs, outputs, batch)
         self._ins = tuple(np.zeros(s.batched(batch), np.float32) for s in inputs)
         self._outs = tuple(np.zeros(s.batched(batch), np.float32) for s in outputs)
