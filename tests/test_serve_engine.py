@@ -92,7 +92,7 @@ def test_a_lone_request_is_never_held_past_the_batch_timeout(litert, xs):
             assert isinstance(eng.predict(x), np.ndarray)
             took = time.perf_counter() - t0
             # it waits for company up to the timeout, then runs alone (+ scheduling slack)
-            assert 0.8 * timeout_us * 1e-6 <= took < timeout_us * 1e-6 + 0.05
+            assert 0.8 * timeout_us * 1e-6 <= took < timeout_us * 1e-6 + 0.15
         qw = eng.stats()["queue_wait_us"]
         assert qw["p99"] <= timeout_us + 50_000
 
