@@ -6,7 +6,6 @@ from typing import Any
 import numpy as np
 
 from .batches import predict_in_batches, predict_in_batches_multi
-from .errors import UnsupportedError
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batch, as_batches, is_single
 from .specs import Availability, Mode, TensorSpec
@@ -172,17 +171,3 @@ class CompiledModel:
         close = getattr(self.executor, "close", None)
         if close:
             close()
-
-
-def require_single_io(obj: Any, where: str) -> None:
-    """Raise :class:`UnsupportedError` when ``obj`` (a :class:`CompiledModel` or a
-    :class:`~hwbackends.models.Model`) has several inputs or outputs: ``where`` (the router,
-    the serving engine, the benchmark harness) serves single-IO models only, for now."""
-    if not getattr(obj, "multi_io", False):
-        return
-    ins = ", ".join(s.name for s in obj.inputs)
-    outs = ", ".join(s.name for s in obj.outputs)
-    name = getattr(obj, "model_name", None) or getattr(obj, "name", "model")
-    raise UnsupportedError(f"{where} serves models with one input and one output; {name!r} has "
-                           f"inputs ({ins}) and outputs ({outs}). Call predict()/predict_into() "
-                           f"on its CompiledModel directly (tuples, one array per tensor)")

@@ -196,26 +196,6 @@ def test_onnx_file_with_two_inputs_and_outputs(target, tmp_path, store_dir):
     np.testing.assert_allclose(p, b * 2, atol=1e-6)
 
 
-def test_router_bench_and_engine_refuse_multi_io(ort_cm, two_head, tmp_path, store_dir):
-    from hwbackends.bench import SingleStream
-    from hwbackends.bench.harness import bench_model, measure
-    from hwbackends.router import Router
-    from hwbackends.serve.engine import Engine
-
-    with pytest.raises(UnsupportedError, match="serving engine serves models with one input"):
-        Engine(ort_cm)
-    with pytest.raises(UnsupportedError, match="benchmark harness"):
-        measure(ort_cm, SingleStream(n=10, warmup=1))
-    with pytest.raises(UnsupportedError, match="hwb bench"):
-        bench_model(two_head, ["cpu.onnxruntime"], store=store_dir, progress=False)
-    cfg = tmp_path / "strategies.toml"
-    cfg.write_text('[tiers.t]\np99_us = 2000\n\n[router]\nisolate_compile = false\n\n'
-                   '[strategies.s]\nmodel = "zoo:two_head"\ntier = "t"\n'
-                   'targets = ["cpu.onnxruntime"]\nprecisions = ["fp32"]\n')
-    with pytest.raises(UnsupportedError, match="router \\(strategy 's'\\).*features"):
-        Router.from_config(cfg, store=store_dir)
-
-
 def test_single_io_models_keep_one_array(compiled):
     cm = compiled("mlp", "cpu.onnxruntime")
     assert not cm.multi_io and cm.inputs == [cm.input] and cm.outputs == [cm.output]

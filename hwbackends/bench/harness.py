@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..compiled import require_single_io
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
 from ..registry import safe_probe, select_targets
@@ -60,10 +59,19 @@ def pinned(cpus: Sequence[int] | None) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def input_set(data: np.ndarray | None, cm: "CompiledModel", batch: int, k: int = 32) -> list[np.ndarray]:
+def input_set(data: Any, cm: "CompiledModel", batch: int, k: int = 32) -> list[Any]:
     """``k`` preallocated, C-contiguous inputs of shape ``(batch, *input)``, cycled through
-    by the loops so the variant sees varying real data, not one cached array."""
-    shape = cm.input.shape
+    by the loops so the variant sees varying real data, not one cached array. A model with
+    several inputs gets tuples (one array per input, ``data`` a tuple likewise), as its
+    ``predict_into`` takes them."""
+    if getattr(cm, "multi_io", False):
+        per = data if data is not None else (None,) * len(cm.inputs)
+        cols = [_input_set(d, s.shape, batch, k) for d, s in zip(per, cm.inputs, strict=True)]
+        return [tuple(c[j] for c in cols) for j in range(k)]
+    return _input_set(data, cm.input.shape, batch, k)
+
+
+def _input_set(data: np.ndarray | None, shape: tuple[int, ...], batch: int, k: int) -> list[np.ndarray]:
     if data is None or len(data) == 0:
         data = np.random.default_rng(0).standard_normal((256, *shape)).astype(np.float32)
     data = np.asarray(data, dtype=np.float32)
@@ -74,16 +82,22 @@ def input_set(data: np.ndarray | None, cm: "CompiledModel", batch: int, k: int =
     return xs
 
 
-def measure(cm: "CompiledModel", scenario: Scenario, data: np.ndarray | None = None,
+def output_buffer(cm: "CompiledModel", batch: int) -> Any:
+    """Where the loops write outputs: one ``(batch, *output)`` array, or a tuple of them."""
+    if getattr(cm, "multi_io", False):
+        return tuple(np.zeros(s.batched(batch), np.float32) for s in cm.outputs)
+    return np.zeros(cm.output.batched(batch), np.float32)
+
+
+def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
             batch_size: int | None = None, pin: Sequence[int] | None = None,
             progress: bool = False, predict_into: Callable[..., None] | None = None) -> LatencyProfile:
     """Measure ``cm`` in ``scenario`` and return its profile. ``batch_size`` only applies to
     variants without a static batch (others run at their compiled batch). ``predict_into``
     overrides the callable timed (the router's own dispatch, in its overhead benchmark)."""
-    require_single_io(cm, "the benchmark harness")
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     xs = input_set(data, cm, batch)
-    out = np.zeros(cm.output.batched(batch), np.float32)
+    out = output_buffer(cm, batch)
     fn = predict_into or cm.predict_into
     label = f"{cm.variant} b{batch} {scenario.name}"
     trace_info = None
@@ -124,7 +138,7 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: np.ndarray | None = N
 
 
 def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache | None,
-                   data: np.ndarray | None = None, pin: Sequence[int] | None = None,
+                   data: Any = None, pin: Sequence[int] | None = None,
                    progress: bool = False, refresh: bool = False,
                    batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
     """:func:`measure` through the profile cache: ``(profile, was_cached)``."""
@@ -144,14 +158,12 @@ def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache 
 
 def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, rounds: int = 5,
                         cache: ProfileCache | None = None, refresh: bool = False,
-                        data: np.ndarray | None = None) -> list[tuple[LatencyProfile, bool]]:
+                        data: Any = None) -> list[tuple[LatencyProfile, bool]]:
     """Single-stream profiles of several variants measured *interleaved*: ``rounds`` rounds,
     each running every variant for ``n / rounds`` calls, samples pooled per variant. Machine
     noise (another process, a frequency change) then falls on all candidates alike instead of
     on whichever was measured at the wrong moment, which is what a ranking needs. Variants
     with a cached profile are not re-measured (unless ``refresh``)."""
-    for cm in cms:
-        require_single_io(cm, "the benchmark harness")
     fp = machine_mod.fingerprint()
     keys = [profile_key(cm.artifact.key, fp["id"], scenario.key() | {"rounds": rounds},
                         cm.batch_size) for cm in cms]
@@ -167,7 +179,7 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
     if todo:
         per = max(scenario.n // rounds, 1)
         bufs = {i: (input_set(data, cms[i], cms[i].batch_size),
-                    np.zeros(cms[i].output.batched(cms[i].batch_size), np.float32)) for i in todo}
+                    output_buffer(cms[i], cms[i].batch_size)) for i in todo}
         pools: dict[int, list[np.ndarray]] = {i: [] for i in todo}
         walls = {i: 0.0 for i in todo}
         for r in range(rounds):
@@ -217,7 +229,6 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     say = say or (lambda msg: log.info(msg))
     reg = registry or get_registry()
     m = load_model(model)
-    require_single_io(m, "hwb bench")
     names = select_targets(reg, targets)
     if precisions:
         offered = {p for n in names for p in reg.targets[n].precisions}
@@ -283,7 +294,7 @@ def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
     cache.put(key, prof)
 
 
-def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, data: np.ndarray,
+def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, data: Any,
            store: Any, pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None,
            use_cache: bool, say: Say) -> None:
     """The batch scenario: one profile per batch size (static-batch targets compile a variant

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import threading
 from typing import Any
@@ -102,7 +103,11 @@ def run(args: argparse.Namespace) -> int:
     name = args.strategy or "default"
     eng = Engine(backends, cfg, strategy=name, prom=prom).start()
     stops = [eng.stop]
-    info: dict = {"strategy": name, "variant": eng.variant, "preset": args.preset}
+    info: dict = {"strategy": name, "variant": eng.variant, "preset": args.preset,
+                  "input_size": math.prod(eng.input_shape),
+                  "output_size": math.prod(eng.output_shape)}
+    if eng.layout is not None:  # several tensors: where each sits in the float32 record
+        info["layout"] = {"inputs": eng.layout[0].to_dict(), "outputs": eng.layout[1].to_dict()}
     try:
         if prom is not None:
             srv, port = prom.serve_http(args.metrics_port, args.metrics_host)

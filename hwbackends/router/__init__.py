@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..batches import predict_in_batches
+from ..batches import predict_in_batches, predict_in_batches_multi
 from ..bench import ProfileCache
 from ..config import StrategiesFile, load_config, resolve_model
 from ..errors import ConfigError, InputError
@@ -108,8 +108,10 @@ class Router:
         same dispatch, failover and tracking as :meth:`predict_into`, minus the name lookup)."""
         return self.lane(name).predict_into
 
-    def route_into(self, strategy: str, x: np.ndarray, out: np.ndarray) -> None:
-        """Hot path: ``x`` of shape ``(batch_size, *input)`` float32, ``out`` preallocated."""
+    def route_into(self, strategy: str, x: Any, out: Any) -> None:
+        """Hot path: ``x`` of shape ``(batch_size, *input)`` float32, ``out`` preallocated (a
+        model with several inputs/outputs: tuples, one array per tensor, as its
+        ``CompiledModel.predict_into`` takes them)."""
         try:
             h = self._handles[strategy]
         except KeyError:
@@ -123,6 +125,12 @@ class Router:
         cm = lane.cms[0]
         arr, single = cm.validate(x)
         # Every candidate is compiled at the lane's batch size, so the lane chunks like one.
+        if getattr(cm, "multi_io", False):  # tuples in and out, one array per tensor
+            ys = predict_in_batches_multi(lane.predict_into, arr, cm.batch_size, cm.inputs,
+                                          cm.outputs)
+            if single:
+                ys = tuple(y[0] for y in ys)
+            return ys[0] if len(ys) == 1 else ys
         out = predict_in_batches(lane.predict_into, arr, cm.batch_size, cm.input, cm.output)
         return out[0] if single else out
 

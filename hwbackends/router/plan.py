@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
-from ..compiled import require_single_io
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
 from ..registry import safe_probe, select_targets
@@ -135,7 +134,6 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                   reg: "Registry", *, store: Any = None, cache: ProfileCache | None = None,
                   refresh: bool = False, say: Callable[[str], None] | None = None) -> Decision:
     """Compile, check, measure and rank every candidate for strategy ``name``."""
-    require_single_io(model, f"the router (strategy {name!r})")
     say = say or (lambda m: log.info(m))
     tier = cfg.tiers[s.tier]
     allow_emulated = cfg.router.allow_emulated if s.allow_emulated is None else s.allow_emulated

@@ -42,6 +42,21 @@ class NoRouteError(HwbError):
     """No candidate could serve a request or a strategy (the message says why for each)."""
 
 
+def _buffers(shape: tuple[int, ...] | list[tuple[int, ...]]) -> Any:
+    if isinstance(shape, list):
+        return tuple(np.zeros(s, np.float32) for s in shape)
+    return np.zeros(shape, np.float32)
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` for an array, or tensor by tensor for tuples (multi-IO)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = src
+        return
+    for d, x in zip(dst, src, strict=True):
+        d[...] = x
+
+
 class DeadlineWorker:
     """One variant behind a worker thread, so a stalled call can be abandoned.
 
@@ -51,11 +66,12 @@ class DeadlineWorker:
     interval.) A worker still busy with an abandoned call takes no new one, so the variant
     never runs on two threads."""
 
-    def __init__(self, fn: Callable[[np.ndarray, np.ndarray], None], x_shape: tuple[int, ...],
-                 y_shape: tuple[int, ...], name: str):
+    def __init__(self, fn: Callable[[Any, Any], None], x_shape: tuple[int, ...] | list[tuple[int, ...]],
+                 y_shape: tuple[int, ...] | list[tuple[int, ...]], name: str):
         self.fn = fn
-        self.x = np.zeros(x_shape, np.float32)
-        self.y = np.zeros(y_shape, np.float32)
+        # A list of shapes (a model with several inputs/outputs): one buffer per tensor.
+        self.x: Any = _buffers(x_shape)
+        self.y: Any = _buffers(y_shape)
         self.busy = False
         self._seq = 0            # last call handed to the worker
         self._done_seq = 0       # last call the worker finished
@@ -88,7 +104,7 @@ class DeadlineWorker:
             self.busy = True
             self._seq += 1
             seq = self._seq
-        self.x[...] = x  # the worker is idle: nothing reads x until the hand-off below
+        _copy(self.x, x)  # the worker is idle: nothing reads x until the hand-off below
         self._go.put(seq)
         with self._cv:
             if not self._cv.wait_for(lambda: self._done_seq == seq, timeout_s):
@@ -96,7 +112,7 @@ class DeadlineWorker:
             exc, self._exc = self._exc, None
             if exc is not None:
                 raise exc
-            out[...] = self.y  # under the lock: no later call can be writing y yet
+            _copy(out, self.y)  # under the lock: no later call can be writing y yet
         return True
 
 
@@ -174,8 +190,12 @@ class Lane:
         self.cms = [c.cm for c in order]
         if self.timeout_s is not None:
             for v, cm in zip(self.variants, self.cms, strict=True):
-                v.worker = DeadlineWorker(v.fn, cm.input.batched(cm.batch_size),
-                                          cm.output.batched(cm.batch_size), v.variant)
+                b = cm.batch_size
+                v.worker = (DeadlineWorker(v.fn, [s.batched(b) for s in cm.inputs],
+                                           [s.batched(b) for s in cm.outputs], v.variant)
+                            if getattr(cm, "multi_io", False) else
+                            DeadlineWorker(v.fn, cm.input.batched(b), cm.output.batched(b),
+                                           v.variant))
         self.cur = 0
         self.fn = self.variants[0].fn
         self._lat: list[int] = []  # this window's latencies (ns) of the serving variant

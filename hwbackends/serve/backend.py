@@ -7,9 +7,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..compiled import require_single_io
 from ..compiler import compile as hwb_compile
 from ..errors import ConfigError
+from ..packing import Packed
 from ..specs import TensorSpec
 
 
@@ -27,13 +27,16 @@ class Backend(Protocol):
 
 
 def check_backend(obj: Any) -> Any:
-    """``obj`` if it quacks like a :class:`Backend`, else a :class:`ConfigError` naming what lacks."""
+    """``obj`` if it quacks like a :class:`Backend` (a model with several inputs or outputs
+    comes back wrapped in :class:`~hwbackends.packing.Packed`: one float32 record each way),
+    else a :class:`ConfigError` naming what lacks."""
     missing = [a for a in ("predict_into", "input", "output", "batch_size") if not hasattr(obj, a)]
     if missing:
         raise ConfigError(f"{type(obj).__name__} cannot be served: it lacks {', '.join(missing)}; "
                           f"pass a CompiledModel (hwb.compile(...)), a RouterStrategy(router, name) "
                           f"or an object with predict_into(x, out), input, output and batch_size")
-    require_single_io(obj, "the serving engine")
+    if getattr(obj, "multi_io", False):
+        return Packed(obj)
     return obj
 
 
@@ -57,6 +60,10 @@ class RouterStrategy:
         cm = lane.cms[0]
         self.input: TensorSpec = cm.input
         self.output: TensorSpec = cm.output
+        self.inputs: list[TensorSpec] = list(cm.inputs)
+        self.outputs: list[TensorSpec] = list(cm.outputs)
+        #: Several inputs/outputs: the engine serves it packed (hwbackends.packing).
+        self.multi_io: bool = bool(getattr(cm, "multi_io", False))
         self.batch_size: int = cm.batch_size
         # Every candidate of a lane is compiled at the same batch size (the router's plan).
         self.static_batch = True

@@ -34,6 +34,7 @@ from ..breaker import Breaker
 from ..errors import ConfigError, InputError
 from ..fidelity import Tolerance
 from ..inputs import as_sample
+from ..packing import Layout, Packed
 from .backend import label, normalise
 from .batcher import Batcher
 from .batching import PRESETS, BatchPlan, BatchPolicy
@@ -201,10 +202,26 @@ class Engine:
         """Budgets below this are the client's own: their misses never open the breaker."""
         return self._fair_budget_us
 
+    @property
+    def layout(self) -> tuple[Layout, Layout] | None:
+        """For a model with several inputs/outputs, where each tensor sits in the packed
+        float32 record the engine (and shm/gRPC) carries: ``(inputs, outputs)``
+        (:mod:`hwbackends.packing`); ``None`` for a one-input, one-output model."""
+        b = self.versions.active.plan.slots[0].backend
+        return (b.inputs_layout, b.outputs_layout) if isinstance(b, Packed) else None
+
     # -- callers ----------------------------------------------------------------------------
     def _check(self, x: Any) -> np.ndarray:
-        return as_sample(x, self.versions.active.plan.input,
-                         "reject" if self.config.validate else "pass",
+        nan = "reject" if self.config.validate else "pass"
+        if isinstance(x, (tuple, list, dict)):
+            lay = self.layout
+            if lay is not None:  # one array per tensor: pack them into the record
+                rec = lay[0].pack(x, nan)
+                if len(rec) != 1:
+                    raise InputError(f"engine {self.strategy!r} takes one sample per call; got "
+                                     f"{len(rec)} (requests are batched for you)")
+                return rec[0]
+        return as_sample(x, self.versions.active.plan.input, nan,
                          where=f"engine {self.strategy!r} (requests are batched for you)")
 
     def _breaker_blocks(self) -> bool:
@@ -255,7 +272,7 @@ class Engine:
         self.batcher.put(r)
         return r
 
-    def wait(self, r: Request | Unavailable, out: np.ndarray | None = None) -> np.ndarray | Unavailable:
+    def wait(self, r: Request | Unavailable, out: Any = None) -> np.ndarray | Unavailable:
         """The outputs of a submitted request (written into ``out`` too when given), or
         :class:`Unavailable`."""
         if isinstance(r, Unavailable):
@@ -277,8 +294,18 @@ class Engine:
         self.breaker.success()
         self.metrics.served(time.perf_counter() - r.t0, self.versions.active.variant)
         if out is not None:
-            out[...] = r.y
+            if isinstance(out, np.ndarray):
+                out[...] = r.y
+            else:  # one buffer per output tensor (a multi-IO model)
+                self._layout_or_refuse(out)[1].into(r.y, out)
         return r.y
+
+    def _layout_or_refuse(self, what: Any) -> tuple[Layout, Layout]:
+        lay = self.layout
+        if lay is None:
+            raise InputError(f"engine {self.strategy!r} serves a model with one output; pass one "
+                             f"array, not a {type(what).__name__}")
+        return lay
 
     def _failure_result(self, r: Request) -> Unavailable:
         if r.err == DEADLINE.reason:
@@ -289,18 +316,27 @@ class Engine:
         self._failed()
         return Unavailable(r.err or "unknown error")
 
-    def try_predict_into(self, x: Any, out: np.ndarray,
+    def try_predict_into(self, x: Any, out: Any,
                          deadline_us: float | None = None) -> bool | Unavailable:
-        """Hot path: one sample in, its outputs written into ``out``; ``True`` or an
+        """Hot path: one sample in, its outputs written into ``out`` (a multi-IO model: the
+        packed record, or a tuple/dict with one buffer per output); ``True`` or an
         :class:`Unavailable` (falsy) when the deadline passed, the breaker is open, the
         backend failed or the engine is stopped."""
         res = self.wait(self.submit(x, deadline_us), out)
         return res if isinstance(res, Unavailable) else OK
 
     def predict(self, x: Any, deadline_us: float | None = None) -> np.ndarray | Unavailable:
-        """Outputs for one sample (a new array), or :class:`Unavailable`."""
+        """Outputs for one sample (a new array; a tuple, one per output, for a model with
+        several outputs), or :class:`Unavailable`. A multi-input model takes a tuple or dict
+        of arrays, or the packed record (:attr:`layout`)."""
         res = self.wait(self.submit(x, deadline_us))
-        return res if isinstance(res, Unavailable) else np.array(res)
+        if isinstance(res, Unavailable):
+            return res
+        lay = self.layout
+        if lay is None:
+            return np.array(res)
+        ys = lay[1].split(res)
+        return ys[0] if len(ys) == 1 else ys
 
     # -- direct calls for co-located transports (the shm endpoint's poll thread) -------------
     def run_direct(self, x: np.ndarray, out: np.ndarray) -> None:

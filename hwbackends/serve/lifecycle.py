@@ -148,6 +148,11 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
         return SwapResult(False, None, active.number,
                           f"the new version takes {plan.input.shape} → {plan.output.shape}; the "
                           f"serving one {active.plan.input.shape} → {active.plan.output.shape}")
+    new_io, old_io = _tensors(plan), _tensors(active.plan)
+    if new_io != old_io:  # same record size, different tensors: callers would mis-read it
+        return SwapResult(False, None, active.number,
+                          f"the new version's tensors {new_io} differ from the serving one's "
+                          f"{old_io}")
     number = versions.next_number()
     version = Version(number, plan, label(plan.slots[0].backend))
     ticket.phase = "warm-up"
@@ -201,3 +206,10 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
                           "could switch; the serving version is unchanged", fid, [], got, t)
     return SwapResult(True, number, number, "accepted" + ("" if fid else " without shadow validation"),
                       fid, [], got, t)
+
+
+def _tensors(plan: BatchPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The packed layout of a multi-IO version (hwbackends.packing), else ``None``."""
+    b = plan.slots[0].backend
+    lay_in, lay_out = getattr(b, "inputs_layout", None), getattr(b, "outputs_layout", None)
+    return (lay_in.to_dict(), lay_out.to_dict()) if lay_in is not None and lay_out is not None else None

@@ -1,0 +1,200 @@
+"""Several tensors as one float32 vector: how the serving engine, the shared-memory endpoint
+and gRPC serve models with several inputs or outputs.
+
+Those transports move one fixed-size float32 record per request (a shared-memory slot, a
+``features`` byte string), and the engine batches such records. A model that takes
+``features (32,)`` and ``state (4,)`` and returns ``signal (1,)`` and ``confidence (1,)``
+is served as one record of 36 floats in and 2 out: each tensor, flattened in C order, at a
+fixed offset, in the model's input (output) order. :class:`Layout` is that map — printed by
+``hwb serve``, returned by :meth:`Layout.to_dict` — so a C or C++ strategy can fill and read
+the record without Python. :class:`Packed` wraps a multi-IO compiled model (or router
+strategy) so the engine sees one input and one output; the copies in and out cost well under
+a microsecond for trading-sized tensors. Callers of the engine can still pass a tuple or dict
+per tensor (:meth:`Layout.pack`) and get a tuple back (:meth:`Layout.split`).
+
+The router and the benchmark harness do not pack: they call the model's own
+``predict_into(xs, outs)`` with tuples (no copies on that hot path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import InputError, UnsupportedError
+from .inputs import as_batches
+from .specs import TensorSpec
+
+
+@dataclass(frozen=True)
+class Field:
+    """One tensor's place in the packed record: ``record[offset:offset + size]``."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "offset": self.offset,
+                "size": self.size}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor of one side (inputs or outputs) sits in the packed record."""
+
+    fields: tuple[Field, ...]
+    specs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def of(cls, specs: Sequence[TensorSpec], side: str = "input") -> "Layout":
+        """The layout of ``specs`` in order; :class:`UnsupportedError` for a non-float32
+        tensor (the transports carry float32 only)."""
+        bad = [f"{s.name} ({s.dtype})" for s in specs if s.dtype != "float32"]
+        if bad:
+            raise UnsupportedError(f"the serving engine packs float32 tensors only; {side}(s) "
+                                   f"{', '.join(bad)} are not. Cast them in the model (or serve "
+                                   f"it with CompiledModel.predict_into directly)")
+        fields, off = [], 0
+        for s in specs:
+            n = int(np.prod(s.shape, dtype=np.int64))
+            fields.append(Field(s.name, tuple(s.shape), off, n))
+            off += n
+        return cls(tuple(fields), tuple(specs))
+
+    @property
+    def size(self) -> int:
+        """Floats per sample in the packed record."""
+        return self.fields[-1].offset + self.fields[-1].size if self.fields else 0
+
+    def spec(self, name: str) -> TensorSpec:
+        """The packed record as a one-tensor spec named ``name``."""
+        return TensorSpec(name, (self.size,))
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self.fields]
+
+    def describe(self) -> str:
+        """``features[0:32] (32,), state[32:36] (4,)`` — for logs and ``hwb serve``."""
+        return ", ".join(f"{f.name}[{f.offset}:{f.offset + f.size}] {f.shape}" for f in self.fields)
+
+    # -- per call ---------------------------------------------------------------------------
+    def pack(self, x: Any, nan_policy: str = "reject") -> np.ndarray:
+        """Tensors (a tuple/list in order, or a dict by name; one sample or a batch each) as
+        one C-contiguous ``(n, size)`` float32 record batch. Validated tensor by tensor
+        (:func:`hwbackends.inputs.as_batches`: errors name the tensor)."""
+        arrays = as_batches(x, list(self.specs), nan_policy)
+        out = np.empty((len(arrays[0]), self.size), np.float32)
+        self.write(out, arrays)
+        return out
+
+    def write(self, record: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
+        """Copy ``arrays`` (one ``(n, *shape)`` per field) into the ``(n, size)`` ``record``."""
+        n = len(record)
+        for f, a in zip(self.fields, arrays, strict=True):
+            record[:, f.offset:f.offset + f.size] = np.reshape(a, (n, f.size))
+
+    def read(self, record: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
+        """Copy the ``(n, size)`` ``record`` out into ``arrays`` (one ``(n, *shape)`` each;
+        strided arrays are fine)."""
+        for f, a in zip(self.fields, arrays, strict=True):
+            a[...] = record[:, f.offset:f.offset + f.size].reshape(a.shape)
+
+    def split(self, record: np.ndarray) -> tuple[np.ndarray, ...]:
+        """New arrays, one per field, from a packed record: ``(size,)`` → one sample each
+        (no batch axis), ``(n, size)`` → ``(n, *shape)`` each."""
+        rec = np.asarray(record, np.float32)
+        if rec.ndim not in (1, 2) or rec.shape[-1] != self.size:
+            raise InputError(f"packed record has shape {rec.shape}; expected ({self.size},) or "
+                             f"(n, {self.size})")
+        lead = rec.shape[:-1]
+        return tuple(rec[..., f.offset:f.offset + f.size].reshape((*lead, *f.shape)).copy()
+                     for f in self.fields)
+
+    def into(self, record: np.ndarray, outs: Any) -> None:
+        """Write one packed output ``record`` (``(size,)`` or ``(1, size)``) into caller
+        buffers ``outs`` (a tuple in order or a dict by name; each of the tensor's shape, with
+        or without a leading batch axis of 1)."""
+        rec = np.asarray(record).reshape(-1)
+        items = [outs.get(f.name) for f in self.fields] if isinstance(outs, dict) else list(outs)
+        if len(items) != len(self.fields):
+            raise InputError(f"got {len(items)} output buffers; the model has "
+                             f"{len(self.fields)} outputs ({', '.join(f.name for f in self.fields)})")
+        for f, buf in zip(self.fields, items, strict=True):
+            if not isinstance(buf, np.ndarray) or buf.size != f.size or not buf.flags.writeable:
+                raise InputError(f"output buffer for {f.name!r} is {type(buf).__name__} of shape "
+                                 f"{np.shape(buf)}; expected a writeable float32 array of shape "
+                                 f"{f.shape} (or (1, …))")
+            buf[...] = rec[f.offset:f.offset + f.size].reshape(buf.shape)
+
+
+def is_tensors(x: Any) -> bool:
+    """Whether ``x`` is given per tensor (a tuple, list or dict) rather than one record."""
+    return isinstance(x, (tuple, list, dict))
+
+
+class Packed:
+    """A multi-IO model (a :class:`~hwbackends.compiled.CompiledModel` or a router strategy)
+    as a one-input, one-output backend for the serving engine: ``predict_into(x, out)`` with
+    ``x`` of ``(batch, inputs.size)`` and ``out`` of ``(batch, outputs.size)`` float32 (see
+    the module docstring)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.inputs_layout = Layout.of(inner.inputs, "input")
+        self.outputs_layout = Layout.of(inner.outputs, "output")
+        self.input = self.inputs_layout.spec("packed_inputs")
+        self.output = self.outputs_layout.spec("packed_outputs")
+        self.inputs = [self.input]
+        self.outputs = [self.output]
+        self.multi_io = False
+        self.batch_size: int = inner.batch_size
+        self.static_batch: bool = getattr(inner, "static_batch", True)
+        #: Shares the lock of what it wraps (hwbackends.exclusive): its buffers are per object,
+        #: and the engine never runs one executor on two threads.
+        self.exclusive_key = inner
+        self.tolerance = getattr(inner, "tolerance", None)
+        self._bufs: dict[int, tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] = {}
+        self._buffers(self.batch_size)
+
+    def _buffers(self, b: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        got = self._bufs.get(b)
+        if got is None:
+            got = self._bufs[b] = (
+                tuple(np.zeros(s.batched(b), np.float32) for s in self.inputs_layout.specs),
+                tuple(np.zeros(s.batched(b), np.float32) for s in self.outputs_layout.specs))
+        return got
+
+    @property
+    def variant(self) -> str:
+        return str(getattr(self.inner, "variant", type(self.inner).__name__))
+
+    @property
+    def fidelity(self) -> Any:
+        return getattr(self.inner, "fidelity", None)
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        xs, ys = self._buffers(len(x))
+        self.inputs_layout.read(x, xs)
+        self.inner.predict_into(xs, ys)
+        self.outputs_layout.write(out, ys)
+
+    def warmup(self, n: int = 20) -> None:
+        xs, ys = self._buffers(self.batch_size)
+        for _ in range(n):
+            self.inner.predict_into(xs, ys)
+
+    def failovers(self) -> int:
+        f = getattr(self.inner, "failovers", None)
+        return int(f()) if f else 0
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close:
+            close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"inputs": self.inputs_layout.to_dict(), "outputs": self.outputs_layout.to_dict(),
+                "input_size": self.inputs_layout.size, "output_size": self.outputs_layout.size}
