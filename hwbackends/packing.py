@@ -157,6 +157,7 @@ class Packed:
         self.exclusive_key = inner
         self.tolerance = getattr(inner, "tolerance", None)
         self._bufs: dict[int, tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]] = {}
+        self._routes: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._buffers(self.batch_size)
 
     def _buffers(self, b: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
@@ -176,10 +177,42 @@ class Packed:
         return getattr(self.inner, "fidelity", None)
 
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        xs, ys = self._buffers(len(x))
-        self.inputs_layout.read(x, xs)
+        # The engine passes the same few slot buffers every call: their per-tensor views are
+        # made once. At batch 1 a slice of a C-contiguous record is itself C-contiguous, so
+        # the model reads and writes the records in place (no copy); larger batches copy.
+        route = self._routes.get((id(x), id(out)))
+        if route is None or route[0] is not x or route[1] is not out:
+            route = self._route(x, out)
+        _, _, xs, ys, copies_in, copies_out = route
+        for dst, src in copies_in:
+            np.copyto(dst, src)
         self.inner.predict_into(xs, ys)
-        self.outputs_layout.write(out, ys)
+        for dst, src in copies_out:
+            np.copyto(dst, src)
+
+    def _route(self, x: np.ndarray, out: np.ndarray) -> tuple[Any, ...]:
+        n = len(x)
+        if x.shape != self.input.batched(n) or out.shape != self.output.batched(n):
+            raise InputError(f"packed call got {x.shape} → {out.shape}; expected "
+                             f"{self.input.batched(n)} → {self.output.batched(n)}")
+        if n == 1 and x.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable:
+            xs = tuple(x[:, f.offset:f.offset + f.size].reshape((1, *f.shape))
+                       for f in self.inputs_layout.fields)
+            ys = tuple(out[:, f.offset:f.offset + f.size].reshape((1, *f.shape))
+                       for f in self.outputs_layout.fields)
+            copies_in: list[tuple[np.ndarray, np.ndarray]] = []
+            copies_out: list[tuple[np.ndarray, np.ndarray]] = []
+        else:
+            xs, ys = self._buffers(n)
+            copies_in = [(b.reshape(n, f.size), x[:, f.offset:f.offset + f.size])
+                         for b, f in zip(xs, self.inputs_layout.fields, strict=True)]
+            copies_out = [(out[:, f.offset:f.offset + f.size], b.reshape(n, f.size))
+                          for b, f in zip(ys, self.outputs_layout.fields, strict=True)]
+        route = (x, out, xs, ys, copies_in, copies_out)
+        if len(self._routes) >= 16:  # callers with fresh arrays each call: keep it bounded
+            self._routes.clear()
+        self._routes[(id(x), id(out))] = route
+        return route
 
     def warmup(self, n: int = 20) -> None:
         xs, ys = self._buffers(self.batch_size)
