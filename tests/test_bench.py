@@ -150,6 +150,35 @@ def test_profile_cache_hit_and_miss(compiled, tmp_path) -> None:
     assert p2.p99_us == p1.p99_us and p2.created == p1.created
 
 
+def test_profile_cache_ignores_edited_planted_and_moved_entries(compiled, tmp_path) -> None:
+    # Cached profiles decide routing: a faster-looking p99 written into the file, an entry
+    # copied under another key or one planted without the user's key is never believed.
+    cm = compiled("signal", "cpu.onnxruntime", "fp32")
+    cache = ProfileCache(tmp_path / "profiles")
+    sc = SingleStream(n=100, warmup=5)
+    p1, _ = cached_measure(cm, sc, cache)
+    files = list((tmp_path / "profiles").glob("*/*.json"))
+    assert len(files) == 1
+    rec = json.loads(files[0].read_text())
+    key = files[0].stem
+    assert cache.get(key) is not None and rec["key"] == key and rec["hmac"]
+    rec["profile"]["p99_us"] = 0.001  # "this variant is the fastest"
+    files[0].write_text(json.dumps(rec))
+    assert cache.get(key) is None
+    _, hit = cached_measure(cm, sc, cache)
+    assert not hit  # measured again and re-signed
+    assert cache.get(key) is not None
+    other = "ab" + key[2:]
+    moved = tmp_path / "profiles" / other[:2] / f"{other}.json"
+    moved.parent.mkdir(parents=True, exist_ok=True)
+    moved.write_text(files[0].read_text())  # a valid entry under another key
+    assert cache.get(other) is None
+    rec = json.loads(files[0].read_text())
+    del rec["hmac"]
+    files[0].write_text(json.dumps(rec))  # planted: no signature
+    assert cache.get(key) is None
+
+
 def test_bench_model_and_results_roundtrip(store_dir, tmp_path) -> None:
     res = bench_model("zoo:signal", ["cpu.onnxruntime", "ref"], ["fp32"],
                       [SingleStream(n=200, warmup=10), Batch(sizes=(1, 4), n=100, warmup=10)],
