@@ -194,13 +194,15 @@ class ArtifactStore:
             shutil.rmtree(trash, ignore_errors=True)
 
     def entries(self) -> Iterator[dict[str, Any]]:
+        """Every entry's manifest, each verified as :meth:`get` does (an invalid entry is
+        removed and skipped, never listed)."""
         if not self.objects.exists():
             return
+        self.check_root()
         for d in sorted(self.objects.glob("*/*")):
-            try:
-                yield json.loads((d / MANIFEST).read_text())
-            except (OSError, ValueError):
-                continue
+            record = self.get(d.name)
+            if record is not None:
+                yield record
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -193,6 +193,17 @@ def test_an_extra_file_in_an_entry_invalidates_it(tmp_path: Path):
     assert st.get("ab" * 32) is None and not d.exists()
 
 
+def test_listing_entries_shows_only_verified_manifests(tmp_path: Path):
+    st = ArtifactStore(tmp_path / "store")
+    _commit(st, "ab" * 32)
+    bad = _commit(st, "cd" * 32)
+    rec = json.loads((bad / MANIFEST).read_text())
+    rec["target"] = "gpu.tensorrt"  # edited after signing
+    (bad / MANIFEST).write_text(json.dumps(rec))
+    listed = list(st.entries())
+    assert [e["target"] for e in listed] == ["t"] and not bad.exists()
+
+
 # -- the zoo's trained model --------------------------------------------------------------------
 def test_a_planted_zoo_model_is_not_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Issue 16.1: a planted zoo/signal-v1.keras was served with fidelity 1.0."""
