@@ -114,6 +114,10 @@ def test_shm_and_grpc_carry_the_packed_record(cm, data):
                 rec = c.predict(ins.pack((data[0][i], data[1][i]))[0])
                 _close(outs.split(rec), tuple(w[i] for w in want))
         with GrpcServer(eng, insecure_loopback=True) as srv, GrpcClient(srv.address, insecure=True) as g:
+            info = g.info(eng.strategy)  # what a client in another language reads the layout from
+            assert [(f.name, list(f.shape), f.offset, f.size) for f in info.inputs] == \
+                [("features", [16], 0, 16), ("state", [4], 16, 4)]
+            assert [(f.name, f.offset) for f in info.outputs] == [("signal", 0), ("confidence", 1)]
             recs = g.predict(eng.strategy, ins.pack((data[0][:5], data[1][:5])), batch=True)
             _close(outs.split(recs), tuple(w[:5] for w in want))
 

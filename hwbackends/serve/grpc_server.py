@@ -124,9 +124,13 @@ class _Servicer:
 
     def Info(self, request: Any, context: Any) -> Any:
         eng = self._engine(request.strategy, context)
+        lay = eng.layout
+        fields = [[self.pb.TensorField(name=f.name, shape=f.shape, offset=f.offset, size=f.size)
+                   for f in side.fields] for side in lay] if lay is not None else [[], []]
         return self.pb.InfoResponse(input_shape=eng.input_shape, output_shape=eng.output_shape,
                                     model_version=eng.version, variant=eng.variant,
-                                    strategies=list(self.engines))
+                                    strategies=list(self.engines), inputs=fields[0],
+                                    outputs=fields[1])
 
     def Predict(self, request: Any, context: Any) -> Any:
         grpc = _grpc()
