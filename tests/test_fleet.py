@@ -213,7 +213,9 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
     first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
     _netns_or_skip()
     zoo_model("signal")
-    env = dict(os.environ, HWB_CACHE_DIR=str(store_dir))
+    # RAY_ADDRESS naming a cluster that is not there (or a stale /tmp/ray/ray_current_cluster)
+    # must not make the embedded Ray try to join it
+    env = dict(os.environ, HWB_CACHE_DIR=str(store_dir), RAY_ADDRESS="127.0.0.1:9")
     hwb = [sys.executable, "-c", "import sys; from hwbackends.cli import main; sys.exit(main())"]
     # server scenario, 5000 arrivals at 1 kHz: each variant measures for ≥ 5 s, time to interrupt
     proc = subprocess.Popen(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime", "-p",

@@ -72,7 +72,9 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
         say(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
         for attempt in (1, 2):
             try:
-                ray.init(resources=resources_for(targets), include_dashboard=False,
+                # address="local": a new instance even when RAY_ADDRESS or a stale
+                # /tmp/ray/ray_current_cluster names another (Ray would try to join it).
+                ray.init(address="local", resources=resources_for(targets), include_dashboard=False,
                          _node_ip_address="127.0.0.1", num_cpus=num_cpus or os.cpu_count() or 1,
                          log_to_driver=False, configure_logging=False)
                 return "local"
