@@ -567,8 +567,8 @@ def _torch_examples(example: Any, input_shape: Any, name: str) -> tuple[Any, ...
         if input_shape is None:
             raise ModelError(f"a torch model needs example_input= (one batch: a tensor, or a tuple "
                              f"with one per forward argument) or input_shape= (per sample; a list "
-                             f"of shapes for several inputs) to know its inputs; got neither for "
-                             f"{name!r}")
+                             f"of shapes for several inputs; on the command line --input-shape, "
+                             f"once per input) to know its inputs; got neither for {name!r}")
         shapes = input_shape if _is_shape_list(input_shape) else [input_shape]
         return tuple(torch.zeros((1, *s), dtype=torch.float32) for s in shapes)
     items = example if isinstance(example, (tuple, list)) else (example,)
