@@ -1,14 +1,13 @@
 """Keras and torch models as users have them (issue 14, item 3)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from legacy_models import numpy_mlp, write_keras2_pair
 
 import hwbackends as hwb
-from legacy_models import numpy_mlp, write_keras2_pair
 
 X16 = np.random.default_rng(5).standard_normal((6, 16)).astype(np.float32)
 
