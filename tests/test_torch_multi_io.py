@@ -180,12 +180,41 @@ def test_module_compiles_on_multi_io_targets(target, module, data, want, store_d
 
 def test_single_io_targets_refuse_torch_multi_io(module, store_dir):
     m = hwb.load_model(module, input_shape=[(16,), (4,)])
-    for target in ("gpu.torch", "fpga.hls4ml"):
+    for target in ("fpga.hls4ml", "fpga.da4ml"):
         if target not in hwb.get_registry().targets:
             continue
         with pytest.raises(hwb.UnsupportedError, match=f"{target} takes models with one input.*"
                                                        "features.*state.*cpu.onnxruntime"):
             hwb.compile(m, target, store=store_dir)
+
+
+@pytest.mark.parametrize("precision, atol", [("fp32", 1e-6), ("fp16", 5e-3)])
+def test_gpu_torch_path_takes_several_tensors_on_the_cpu(precision, atol, module, data, want,
+                                                          tmp_path):
+    """gpu.torch's export → save → move → fixed-buffer executor for two inputs and two
+    outputs, run on the CPU without torch.compile or a CUDA graph (the plumbing, not a GPU
+    result), and moved whole to "meta" (nothing left on the export device)."""
+    import torch
+
+    from hwb_plugins.gpu_torch.target import (ARTIFACT, TorchCudaMultiExecutor, program_on,
+                                              static_program)
+
+    m = hwb.load_model(module, input_shape=[(16,), (4,)])
+    b = 2
+    torch.export.save(static_program(m.obj, [s.batched(b) for s in m.inputs], precision),
+                      tmp_path / ARTIFACT)
+    meta, dtype = program_on(tmp_path / ARTIFACT, "meta")
+    ys = meta(*(torch.zeros(s.batched(b), dtype=dtype, device="meta") for s in m.inputs))
+    assert [(y.device.type, tuple(y.shape)) for y in ys] == [("meta", (b, 1)), ("meta", (b, 3))]
+    ex = TorchCudaMultiExecutor(tmp_path / ARTIFACT, b, m.inputs, m.outputs, precision,
+                                mode="none", cuda_graph=False, device="cpu")
+    outs = tuple(np.full(s.batched(b), np.nan, np.float32) for s in m.outputs)
+    ex.predict_into(tuple(a[:b] for a in data), outs)
+    _close(outs, tuple(w[:b] for w in want), atol=atol)
+    ex.predict_into(tuple(a[b:2 * b] for a in data), outs)  # buffers reused: the next rows
+    _close(outs, tuple(w[b:2 * b] for w in want), atol=atol)
+    with pytest.raises(hwb.InputError, match="input 'state' has shape"):
+        ex.predict_into((data[0][:b], data[1][:b, :3]), outs)
 
 
 def test_outputs_that_are_not_a_flat_tuple_of_tensors_are_refused():
