@@ -196,8 +196,7 @@ def test_gpu_torch_path_takes_several_tensors_on_the_cpu(precision, atol, module
     result), and moved whole to "meta" (nothing left on the export device)."""
     import torch
 
-    from hwb_plugins.gpu_torch.target import (ARTIFACT, TorchCudaMultiExecutor, program_on,
-                                              static_program)
+    from hwb_plugins.gpu_torch.target import ARTIFACT, TorchCudaMultiExecutor, program_on, static_program
 
     m = hwb.load_model(module, input_shape=[(16,), (4,)])
     b = 2
