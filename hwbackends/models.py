@@ -499,7 +499,6 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
             module.eval()
     with torch.no_grad():
         ys = _torch_outputs(module(*examples), name)
-    _unique("input", in_names, name)
     multi = len(examples) > 1 or len(ys) > 1
     ins = [TensorSpec(n if multi else "input", _static(tuple(e.shape[1:]), "input", name))
            for n, e in zip(in_names, examples, strict=True)]

@@ -117,7 +117,8 @@ def test_fingerprint_covers_every_tensor_and_weight(module):
     assert hwb.load_model(wider, input_shape=[(16,), (4,)]).fingerprint != base
 
 
-def test_pt2_and_torchscript_files_load_the_same_specs(pt2, module, data, want, tmp_path):
+def test_pt2_and_torchscript_files_load_the_same_specs(pt2, module, data, want, tmp_path,
+                                                        store_dir):
     import torch
 
     m = hwb.load_model(pt2)
@@ -130,6 +131,8 @@ def test_pt2_and_torchscript_files_load_the_same_specs(pt2, module, data, want, 
     ts = hwb.load_model(traced, input_shape=[(16,), (4,)])
     assert _specs(ts) == SPECS  # TorchScript: names from forward's schema
     _close(ts.reference(data), want)
+    # ref stores the TorchScript file and reloads it in its worker with every input's shape
+    _close(hwb.compile(ts, "ref", store=store_dir).predict(data), want)
     with pytest.raises(hwb.ModelError, match=r"input_shape=\[\(16,\), \(5,\)\].*takes samples"):
         hwb.load_model(pt2, input_shape=[(16,), (5,)])
 
