@@ -219,6 +219,20 @@ def test_gpu_torch_path_takes_several_tensors_on_the_cpu(precision, atol, module
         ex.predict_into((data[0][:b], data[1][:b, :3]), outs)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision, atol", [("fp32", 1e-4), ("fp16", 5e-3)])
+def test_gpu_torch_compiles_several_tensors_on_a_gpu(precision, atol, module, data, want,
+                                                     store_dir):
+    """The real thing: torch.compile + CUDA-graph replay with two inputs and two outputs."""
+    avail = hwb.get_registry().target("gpu.torch").probe()
+    if not avail.usable:
+        pytest.skip(f"gpu.torch unavailable: {avail.reason}")
+    m = hwb.load_model(module, input_shape=[(16,), (4,)])
+    cm = hwb.compile(m, "gpu.torch", precision, batch_size=4, store=store_dir)
+    assert cm.mode.value == "hardware"
+    _close(cm.predict(data), want, atol=atol)
+
+
 def test_outputs_that_are_not_a_flat_tuple_of_tensors_are_refused():
     import torch
 
