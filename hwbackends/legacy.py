@@ -37,7 +37,8 @@ def weights_only_error(path: Path) -> ModelError:
     return ModelError(
         f"{path} is a weights-only HDF5 file (written by model.save_weights): it has no "
         f"architecture. Load it with its architecture: pass the Keras 2 JSON "
-        f"(load_model('model.json', weights='{path.name}')), or build the model in code, call "
+        f"(load_model('model.json', weights='{path.name}'); on the command line: hwb compile "
+        f"model.json --weights {path.name}), or build the model in code, call "
         f"model.load_weights('{path}') and pass the model object")
 
 
@@ -63,7 +64,8 @@ def keras2_json(path: Path, weights: Path | None) -> Any:
     if weights is None:
         tried = ", ".join(w.format(stem=path.stem) for w in WEIGHT_NAMES)
         raise ModelError(f"{path} is a Keras architecture (JSON) without weights: none of {tried} "
-                         f"is next to it. Pass weights='path/to/weights.h5'")
+                         f"is next to it. Pass weights='path/to/weights.h5' (command line: "
+                         f"--weights path/to/weights.h5)")
     try:
         cfg = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -87,7 +89,7 @@ def keras2_json(path: Path, weights: Path | None) -> Any:
     except Exception as exc:
         raise ModelError(f"the weights {weights} do not fit the architecture in {path} "
                          f"({type(exc).__name__}: {str(exc)[:200]}); pass the weights file saved "
-                         f"with that model (weights=)") from exc
+                         f"with that model (weights=, or --weights on the command line)") from exc
     return km
 
 
@@ -139,7 +141,8 @@ def torch_file(path: Path, trust_pickle: bool) -> Any:
                 f"{path} is a torch.save pickle of a whole module (not TorchScript or "
                 f"torch.export): loading it runs code from the file, and needs the module's "
                 f"class importable. If you trust the file, pass trust_pickle=True "
-                f"(load_model(path, trust_pickle=True, input_shape=...)); better, re-export it: "
+                f"(load_model(path, trust_pickle=True, input_shape=...); on the command line: "
+                f"--trust-pickle --input-shape D[,D...]); better, re-export it: "
                 f"torch.export.save(torch.export.export(model, (x,)), 'model.pt2')") from exc
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as exc:

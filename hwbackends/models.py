@@ -154,8 +154,6 @@ class Model:
 def _save_torch(model: Model, directory: Path) -> str:
     import torch
 
-    # Batch 2 in the example: torch.export specialises a dimension of size 1 to a constant.
-    example = torch.zeros((2, *model.input.shape), dtype=torch.float32)
     obj = model.obj
     if isinstance(obj, torch.export.ExportedProgram):
         torch.export.save(obj, directory / "model.pt2")
@@ -163,12 +161,16 @@ def _save_torch(model: Model, directory: Path) -> str:
     if isinstance(obj, torch.jit.ScriptModule):
         obj.save(str(directory / "model.ts"))
         return "model.ts"
+    # Batch 2 in the example: torch.export specialises a dimension of size 1 to a constant.
+    examples = tuple(torch.zeros((2, *s.shape), dtype=torch.float32) for s in model.inputs)
     try:
-        # Dynamic batch so converters downstream can fix any batch size they need.
+        # Dynamic batch (one Dim shared by every input) so converters downstream can fix any
+        # batch size they need.
         batch = torch.export.Dim("batch", min=1, max=65536)
-        ep = torch.export.export(obj.eval(), (example,), dynamic_shapes=({0: batch},))
+        ep = torch.export.export(obj.eval(), examples,
+                                 dynamic_shapes=tuple({0: batch} for _ in examples))
     except Exception:
-        ep = torch.export.export(obj.eval(), (example,))
+        ep = torch.export.export(obj.eval(), examples)
     torch.export.save(ep, directory / "model.pt2")
     return "model.pt2"
 
@@ -176,8 +178,9 @@ def _save_torch(model: Model, directory: Path) -> str:
 def load_saved(directory: Path) -> Model:
     """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data."""
     info = json.loads((directory / "model.json").read_text())
+    shapes = [tuple(d["shape"]) for d in info["inputs"]]
     m = load_model(directory / info["file"], name=info["name"],
-                   input_shape=tuple(info["inputs"][0]["shape"]))
+                   input_shape=shapes[0] if len(shapes) == 1 else shapes)
     m.fingerprint = info["fingerprint"]
     m.inputs = [TensorSpec.from_dict(d) for d in info["inputs"]]
     m.outputs = [TensorSpec.from_dict(d) for d in info["outputs"]]
@@ -253,10 +256,8 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         else:
             raise ModelError(f"cannot load a model from {type(source).__qualname__}; expected a file "
                              f"path, 'zoo:NAME', a keras.Model, a torch.nn.Module or an onnx.ModelProto")
-    if input_shape is not None and tuple(input_shape) != model.input.shape:
-        raise ModelError(f"input_shape={tuple(input_shape)} was given but model {model.name!r} "
-                         f"takes samples of shape {model.input.shape}; drop input_shape= or "
-                         f"pass the model's own")
+    if input_shape is not None:
+        _check_input_shape(model, input_shape)
     if validation_data is not None and len(model.inputs) > 1:
         model.validation_data = as_batches(validation_data, model.inputs, "pass")
     elif validation_data is not None:
@@ -266,6 +267,17 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
                              f"takes {model.input.shape}")
         model.validation_data = v
     return model
+
+
+def _check_input_shape(model: Model, input_shape: Any) -> None:
+    """Refuse an ``input_shape`` (one shape, or one per input) that contradicts the model's."""
+    given = [tuple(x) for x in input_shape] if _is_shape_list(input_shape) else [tuple(input_shape)]
+    own = [s.shape for s in model.inputs]
+    if given != own[:len(given)] or (len(given) > 1 and len(given) != len(own)):
+        shown = given[0] if len(given) == 1 else given
+        theirs = own[0] if len(own) == 1 else own
+        raise ModelError(f"input_shape={shown} was given but model {model.name!r} takes samples "
+                         f"of shape {theirs}; drop input_shape= or pass the model's own")
 
 
 def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None,
@@ -308,15 +320,6 @@ def _clip(text: str, limit: int = 300) -> str:
     if len(text) <= limit:
         return text
     return text[:limit].rsplit(" ", 1)[0] + " …"
-
-
-def _single(kind: str, items: Sequence[Any], name: str) -> None:
-    """Refuse several inputs/outputs where a loader does not handle them (torch for now)."""
-    if len(items) != 1:
-        raise ModelError(f"model {name!r} has {len(items)} {kind}s; several inputs/outputs are "
-                         f"supported for Keras and ONNX models, not yet for PyTorch ones. "
-                         f"Export it to ONNX (torch.onnx.export with one name per tensor) and "
-                         f"load the .onnx, or wrap it to take and return one tensor")
 
 
 def _unique(kind: str, names: Sequence[str], name: str) -> None:
@@ -475,43 +478,47 @@ def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, ba
 
 
 def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any) -> Model:
+    """A torch model: an ``nn.Module``/TorchScript module with ``example`` (one batch: a
+    tensor, or a tuple with one tensor per ``forward`` argument) or ``input_shape``, or a
+    ``torch.export`` program. Several inputs are named after ``forward``'s arguments, several
+    outputs (a tuple return) ``output_0``, ``output_1``, … (a single one stays ``input`` /
+    ``output``, as before multi-IO)."""
     import torch
 
     if isinstance(obj, torch.export.ExportedProgram):
-        spec = obj.graph_signature.user_inputs
-        if len(spec) != 1:
-            _single("input", spec, name)
-        ph = [n for n in obj.graph.nodes if n.op == "placeholder" and n.name in spec][0]
-        dims = ph.meta["val"].shape
-        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else 1 for s in dims)
-        fixed_batch = None if isinstance(dims[0], torch.SymInt) else int(dims[0])
-        module = obj.module()
-        example = torch.zeros(shape)
+        module, examples, in_names, fixed_batch = _exported_inputs(obj, name)
         arch = str(obj.graph).encode()
         state = obj.state_dict
     else:
-        module = obj
-        fixed_batch = None
-        if example is None:
-            if input_shape is None:
-                raise ModelError(f"a torch model needs example_input= (one batch) or input_shape= "
-                                 f"(per sample) to know its input; got neither for {name!r}")
-            example = torch.zeros((1, *input_shape), dtype=torch.float32)
-        example = torch.as_tensor(example, dtype=torch.float32)
+        module, fixed_batch = obj, None
+        examples = _torch_examples(example, input_shape, name)
+        in_names = _torch_arg_names(obj, len(examples))
         arch = repr(obj).encode()
         state = obj.state_dict()
         if hasattr(module, "eval"):
             module.eval()
     with torch.no_grad():
-        y = module(example)
-    if isinstance(y, (tuple, list)):
-        _single("output", y, name)
-        y = y[0]
-    ins = [TensorSpec("input", _static(tuple(example.shape[1:]), "input", name))]
-    outs = [TensorSpec("output", _static(tuple(y.shape[1:]), "output", name))]
+        ys = _torch_outputs(module(*examples), name)
+    multi = len(examples) > 1 or len(ys) > 1
+    ins = [TensorSpec(n if multi else "input", _static(tuple(e.shape[1:]), "input", name))
+           for n, e in zip(in_names, examples, strict=True)]
+    out_names = [f"output_{i}" for i in range(len(ys))] if len(ys) > 1 else ["output"]
+    outs = [TensorSpec(n, _static(tuple(y.shape[1:]), "output", name))
+            for n, y in zip(out_names, ys, strict=True)]
     wb = [k.encode() + v.detach().cpu().contiguous().numpy().tobytes() for k, v in sorted(state.items())]
-    fp = _digest(b"torch", arch, repr(ins).encode(), *wb)
+    # Single-IO fingerprints are unchanged from before multi-IO (cached artifacts stay valid);
+    # a multi-IO one covers every output spec as well.
+    specs = repr(ins).encode() + (repr(outs).encode() if multi else b"")
+    fp = _digest(b"torch", arch, specs, *wb)
     meta = {"fixed_batch": fixed_batch} if fixed_batch is not None else {}
+
+    if multi:
+        def ref_multi(*xs: np.ndarray, m: Any = module) -> tuple[np.ndarray, ...]:
+            with torch.no_grad():
+                r = m(*(torch.from_numpy(x) for x in xs))
+            return tuple(t.numpy() for t in _torch_outputs(r, name))
+
+        return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref_multi)
 
     def ref(x: np.ndarray, m: Any = module) -> np.ndarray:
         with torch.no_grad():
@@ -521,6 +528,94 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         return r.numpy()
 
     return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref)
+
+
+def _exported_inputs(ep: Any, name: str) -> tuple[Any, tuple[Any, ...], list[str], int | None]:
+    """A ``torch.export`` program's module, one zero example per user input (batch 1 when the
+    batch is symbolic), the inputs' names (``forward``'s arguments) and its fixed batch."""
+    import torch
+
+    names = list(ep.graph_signature.user_inputs)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    examples, batches = [], set()
+    for n in names:
+        val = placeholders[n].meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() < 1:
+            raise ModelError(f"torch.export program {name!r}: input {n!r} is not a tensor with "
+                             f"a batch dimension ({type(val).__name__}); every input must be a "
+                             f"float tensor of shape (batch, ...)")
+        dims = val.shape
+        batches.add(None if isinstance(dims[0], torch.SymInt) else int(dims[0]))
+        examples.append(torch.zeros(tuple(1 if isinstance(s, torch.SymInt) else int(s) for s in dims)))
+    if len(batches) > 1:
+        raise ModelError(f"torch.export program {name!r} has inputs with different batch "
+                         f"dimensions ({sorted(map(str, batches))}); export every input with "
+                         f"the same batch Dim: {batchdim.reexport_advice('torch')}")
+    fixed = batches.pop()
+    if fixed is not None:  # a fixed-batch program runs only at its batch
+        examples = [torch.zeros((fixed, *e.shape[1:])) for e in examples]
+    return ep.module(), tuple(examples), [str(n) for n in names], fixed
+
+
+def _torch_examples(example: Any, input_shape: Any, name: str) -> tuple[Any, ...]:
+    """One float32 example batch per input: ``example`` (a tensor or a tuple/list of them),
+    else zeros of ``input_shape`` (one shape, or one per input)."""
+    import torch
+
+    if example is None:
+        if input_shape is None:
+            raise ModelError(f"a torch model needs example_input= (one batch: a tensor, or a tuple "
+                             f"with one per forward argument) or input_shape= (per sample; a list "
+                             f"of shapes for several inputs; on the command line --input-shape, "
+                             f"once per input) to know its inputs; got neither for {name!r}")
+        shapes = input_shape if _is_shape_list(input_shape) else [input_shape]
+        return tuple(torch.zeros((1, *s), dtype=torch.float32) for s in shapes)
+    items = example if isinstance(example, (tuple, list)) else (example,)
+    try:
+        return tuple(torch.as_tensor(e, dtype=torch.float32) for e in items)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"example_input for {name!r} must be a tensor or array of one batch, "
+                         f"or a tuple with one per forward argument; got {type(example).__name__} "
+                         f"({exc})") from exc
+
+
+def _is_shape_list(shape: Any) -> bool:
+    """Whether ``shape`` is a list of per-input shapes (``[(16,), (4,)]``), not one shape."""
+    return (isinstance(shape, (tuple, list)) and len(shape) > 0
+            and all(isinstance(s, (tuple, list)) for s in shape))
+
+
+def _torch_arg_names(module: Any, n: int) -> list[str]:
+    """The names of ``forward``'s first ``n`` arguments (TorchScript: from its schema), or
+    ``input_0``, … when they cannot be read. A single input is ``input`` anyway."""
+    import inspect
+
+    names: list[str] = []
+    schema = getattr(getattr(module, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript
+        names = [a.name for a in schema.arguments if a.name != "self"]
+    else:
+        try:
+            params = inspect.signature(module.forward).parameters.values()
+            names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError, AttributeError):
+            names = []
+    if len(names) < n:
+        return [f"input_{i}" for i in range(n)]
+    return names[:n]
+
+
+def _torch_outputs(y: Any, name: str) -> tuple[Any, ...]:
+    """A torch model's result as a tuple of tensors: one tensor, or a flat tuple/list of them."""
+    import torch
+
+    ys = tuple(y) if isinstance(y, (tuple, list)) else (y,)
+    bad = [type(t).__name__ for t in ys if not isinstance(t, torch.Tensor)]
+    if bad or not ys:
+        raise ModelError(f"torch model {name!r} returns {type(y).__name__} "
+                         f"({', '.join(bad) or 'empty'}); expected a tensor or a flat tuple of "
+                         f"tensors, one per output (not dicts or nested tuples)")
+    return ys
 
 
 def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:

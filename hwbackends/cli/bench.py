@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import emit, stderr_progress
+from .source import add_source_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..bench import BenchResults
@@ -66,6 +67,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    add_source_args(p)
     p.set_defaults(func=run)
 
 
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     res = BenchResults(model={}, machine={})
     res.command = "hwb " + " ".join(sys.argv[1:])
     try:
-        bench_model(args.model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
+        bench_model(model_from_args(args), csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
                     progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
                     say=say, results=res)

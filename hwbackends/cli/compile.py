@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from . import emit, stderr_progress
+from .source import add_source_args, model_from_args
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model file (.keras .h5 .onnx .pt2 .pt) or zoo:NAME")
+    p.add_argument("model", help="model file (.keras .h5 .json .onnx .pt2 .pt) or zoo:NAME")
     p.add_argument("--target", "-t", default="cpu.litert", help="target name (see hwb targets)")
     p.add_argument("--precision", "-p", default=None, help="precision (default: the target's first)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -19,6 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target-specific option (repeatable); VALUE parsed as JSON if it can be")
     p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_source_args(p)
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -39,7 +41,7 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     from ..compiler import compile as hwb_compile
 
-    return hwb_compile(args.model, args.target, args.precision, batch_size=args.batch_size,
+    return hwb_compile(model_from_args(args), args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),
                        store=args.cache_dir, progress=None if args.json else stderr_progress, **kw)
 

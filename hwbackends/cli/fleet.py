@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from . import emit, stderr_progress
 from .bench import add_measure_options, csv_list, parse_pin
+from .source import add_source_args, portable_model_file
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +35,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "(Ray then also listens on the host's external interfaces)")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    add_source_args(p)
     p.set_defaults(func=run)
 
 
@@ -55,11 +58,19 @@ def _isolate_local(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..fleet import run_fleet
+    import tempfile
 
     _isolate_local(args)
+    # A model that needs a loading option is loaded here and shipped re-saved as one file.
+    with tempfile.TemporaryDirectory(prefix="hwb-fleet-model-") as tmp:
+        return _run(args, portable_model_file(args, Path(tmp)))
+
+
+def _run(args: argparse.Namespace, model: str) -> int:
+    from ..fleet import run_fleet
+
     quiet = args.quiet or args.json
-    res = run_fleet(args.model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
+    res = run_fleet(model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     args.scenario or ["single-stream"], n=args.n, pin=parse_pin(args.pin),
                     use_cache=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,

@@ -10,6 +10,7 @@ import argparse
 
 from . import emit
 from .compile import add_model_args, compile_from_args
+from .source import model_from_args
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from hwb_plugins.fpga_hls4ml.trace import trace_layers
 
     cm = compile_from_args(args, fidelity=False)
-    m = load_model(args.model)
+    m = load_model(model_from_args(args))
     rows = trace_layers(m, cm, m.representative(args.samples, seed=7))
     human = "\n".join([f"{cm.variant} on {m.name} ({cm.mode.value}: C-simulation), "
                        f"{args.samples} samples"] + [str(r) for r in rows])

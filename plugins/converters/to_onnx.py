@@ -49,6 +49,9 @@ def _keras_multi(km: Any, model: Model, tf: Any, tf2onnx: Any) -> Any:
 
 
 def torch_to_onnx(model: Model, workdir: Path) -> Model:
+    """Every input and output of the ONNX graph is named after the model's spec (``input`` /
+    ``output`` for one tensor; ``forward``'s argument names and ``output_0``, … for several),
+    in the spec order, with a symbolic batch unless the model has a fixed one."""
     import io
 
     import onnx
@@ -57,12 +60,16 @@ def torch_to_onnx(model: Model, workdir: Path) -> Model:
     obj = model.obj
     # A program exported at a fixed batch only runs at that batch (the ONNX keeps it, and
     # meta["fixed_batch"] has every target compile at it).
-    example = torch.zeros((model.meta.get("fixed_batch") or 1, *model.input.shape), dtype=torch.float32)
+    batch = model.meta.get("fixed_batch") or 1
+    examples = tuple(torch.zeros((batch, *s.shape), dtype=torch.float32) for s in model.inputs)
+    in_names = [s.name for s in model.inputs]
+    out_names = [s.name for s in model.outputs]
     if isinstance(obj, torch.export.ExportedProgram):
-        prog = torch.onnx.export(obj, (example,), dynamo=True, opset_version=18)
+        prog = torch.onnx.export(obj, examples, dynamo=True, opset_version=18,
+                                 input_names=in_names, output_names=out_names)
         return _as_onnx(model, prog.model_proto)
     buf = io.BytesIO()
-    torch.onnx.export(obj.eval(), (example,), buf, dynamo=False, opset_version=OPSET,
-                      input_names=["input"], output_names=["output"],
-                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+    torch.onnx.export(obj.eval(), examples, buf, dynamo=False, opset_version=OPSET,
+                      input_names=in_names, output_names=out_names,
+                      dynamic_axes={n: {0: "batch"} for n in (*in_names, *out_names)})
     return _as_onnx(model, onnx.load_from_string(buf.getvalue()))

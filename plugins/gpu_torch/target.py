@@ -26,7 +26,7 @@ import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
@@ -34,10 +34,11 @@ from .._util import version
 ARTIFACT = "model.pt2"
 MODES = ("max-autotune-no-cudagraphs", "default", "none")
 
-def static_program(obj: Any, input_shape: tuple[int, ...], precision: str = "fp32") -> Any:
+def static_program(obj: Any, input_shape: Any, precision: str = "fp32") -> Any:
     """``torch.export`` of the model with every dimension static (batch included), in
     ``precision``: fp16 exports a half copy with an fp16 example (the caller's model is not
-    touched), so the program computes in fp16 end to end."""
+    touched), so the program computes in fp16 end to end. ``input_shape`` is one batched
+    shape, or a list with one per input (a model with several inputs)."""
     import torch
 
     dtype = torch.float16 if precision == "fp16" else torch.float32
@@ -52,9 +53,10 @@ def static_program(obj: Any, input_shape: tuple[int, ...], precision: str = "fp3
             module.eval()
     if dtype != torch.float32:
         module = copy.deepcopy(module).to(dtype)
-    example = torch.zeros(input_shape, dtype=dtype)
+    shapes = input_shape if isinstance(input_shape[0], (tuple, list)) else [input_shape]
+    examples = tuple(torch.zeros(tuple(s), dtype=dtype) for s in shapes)
     with torch.no_grad():
-        return torch.export.export(module, (example,))
+        return torch.export.export(module, examples)
 
 
 def program_on(path: Path, device: str) -> tuple[Any, Any]:
@@ -70,20 +72,20 @@ def program_on(path: Path, device: str) -> tuple[Any, Any]:
     return ep.module(), node.meta["val"].dtype
 
 
-class TorchCudaExecutor(Executor):
-    """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
-    load/compile path on the CPU so it can be exercised without a GPU (never reported as a
-    GPU result: the target is unavailable there)."""
+class _Graphed:
+    """The loaded program's forward pass over fixed buffers, shared by the one-tensor and the
+    several-tensor executor: pinned host buffers (with numpy views), device inputs, the
+    device outputs the forward pass (or the captured CUDA graph) writes, ``replay`` and
+    ``sync``. ``device="cpu", cuda_graph=False`` runs the same path on the CPU."""
 
-    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec, precision: str,
-                 mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
-                 device: str = "cuda", warmup: int = 3):
+    def __init__(self, path: Path, in_shapes: list[tuple[int, ...]],
+                 out_shapes: list[tuple[int, ...]], precision: str, mode: str, cuda_graph: bool,
+                 device: str, warmup: int):
         import torch
 
         if device == "cuda" and not torch.cuda.is_available():
             raise UnavailableError("gpu.torch: torch.cuda.is_available() is False at load "
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
-        self._init_io(inp, out, batch)
         self.device = torch.device(device)
         # The program's own dtype (fp16 programs are exported as fp16); an artifact from
         # before fp16 export is an fp32 program, cast here as it used to be.
@@ -94,62 +96,109 @@ class TorchCudaExecutor(Executor):
         if mode != "none":
             module = torch.compile(module, mode=None if mode == "default" else mode,
                                    dynamic=False, fullgraph=True)
+        n_out = len(out_shapes)
 
-        def forward(x32: Any) -> Any:  # the cast to fp16 and back runs inside the graph
-            y = module(x32.to(dtype))
-            return (y[0] if isinstance(y, (tuple, list)) else y).float()
+        def forward(*xs32: Any) -> tuple[Any, ...]:  # the casts to fp16 and back run in the graph
+            ys = module(*(x.to(dtype) for x in xs32))
+            ys = tuple(ys) if isinstance(ys, (tuple, list)) else (ys,)
+            return tuple(y.float() for y in ys[:n_out])
 
         pin = device == "cuda"
-        shape_x, shape_y = inp.batched(batch), out.batched(batch)
-        self._hx_t = torch.zeros(shape_x, dtype=torch.float32, pin_memory=pin)
-        self._hy_t = torch.zeros(shape_y, dtype=torch.float32, pin_memory=pin)
-        self._hx, self._hy = self._hx_t.numpy(), self._hy_t.numpy()  # views: no copy per call
-        self._dx = torch.zeros(shape_x, dtype=torch.float32, device=self.device)
+        self.hx_t = [torch.zeros(s, dtype=torch.float32, pin_memory=pin) for s in in_shapes]
+        self.hy_t = [torch.zeros(s, dtype=torch.float32, pin_memory=pin) for s in out_shapes]
+        self.hx = [t.numpy() for t in self.hx_t]  # views: no copy per call
+        self.hy = [t.numpy() for t in self.hy_t]
+        self.dx = [torch.zeros(s, dtype=torch.float32, device=self.device) for s in in_shapes]
         self.graph = None
+        self._torch, self._forward = torch, forward
         with torch.inference_mode():
             if device == "cuda":
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # warm-up: compile, autotune, cuDNN/cuBLAS init
-                    for _ in range(max(warmup, 1)):
-                        self._dy = forward(self._dx)
-                torch.cuda.current_stream().wait_stream(side)
-                torch.cuda.synchronize()
-                if cuda_graph:
-                    self.graph = torch.cuda.CUDAGraph()
-                    # Capture on the warm-up stream: per-stream library state (cuBLAS/cuBLASLt
-                    # workspaces and handles) is then created before capture, not during it
-                    # (what torch.cuda.make_graphed_callables does too).
-                    with torch.cuda.graph(self.graph, stream=side):
-                        self._dy = forward(self._dx)  # static output buffer owned by the graph
-                    self.graph.replay()
-                    torch.cuda.synchronize()
-                self._stream = torch.cuda.current_stream()
-                self._sync = self._stream.synchronize
+                self._capture(warmup, cuda_graph)
             else:
                 for _ in range(max(warmup, 1)):
-                    self._dy = forward(self._dx)
-                self._sync = lambda: None
-        if tuple(self._dy.shape) != tuple(shape_y):
-            raise UnsupportedError(f"gpu.torch: the model returns {tuple(self._dy.shape)}, "
-                                   f"declared {shape_y}")
-        self._forward = forward
-        self._replay = self.graph.replay if self.graph is not None else self._eager
-        self._copy_in = self._dx.copy_
-        self._copy_out = self._hy_t.copy_
-        self._torch = torch
+                    self.dy = forward(*self.dx)
+                self.sync = lambda: None
+        got = [tuple(y.shape) for y in self.dy]
+        if len(self.dy) != n_out or got != [tuple(s) for s in out_shapes]:
+            raise UnsupportedError(f"gpu.torch: the model returns {got}, declared "
+                                   f"{[tuple(s) for s in out_shapes]}")
+        self.replay = self.graph.replay if self.graph is not None else self._eager
+
+    def _capture(self, warmup: int, cuda_graph: bool) -> None:
+        torch, forward = self._torch, self._forward
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: compile, autotune, cuDNN/cuBLAS init
+            for _ in range(max(warmup, 1)):
+                self.dy = forward(*self.dx)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if cuda_graph:
+            self.graph = torch.cuda.CUDAGraph()
+            # Capture on the warm-up stream: per-stream library state (cuBLAS/cuBLASLt
+            # workspaces and handles) is then created before capture, not during it
+            # (what torch.cuda.make_graphed_callables does too).
+            with torch.cuda.graph(self.graph, stream=side):
+                self.dy = forward(*self.dx)  # static output buffers owned by the graph
+            self.graph.replay()
+            torch.cuda.synchronize()
+        self.sync = torch.cuda.current_stream().synchronize
 
     def _eager(self) -> None:
         with self._torch.inference_mode():
-            self._dy = self._forward(self._dx)
+            self.dy = self._forward(*self.dx)
+
+
+class TorchCudaExecutor(Executor):
+    """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
+    load/compile path on the CPU so it can be exercised without a GPU (never reported as a
+    GPU result: the target is unavailable there)."""
+
+    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec, precision: str,
+                 mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
+                 device: str = "cuda", warmup: int = 3):
+        self._init_io(inp, out, batch)
+        g = _Graphed(path, [inp.batched(batch)], [out.batched(batch)], precision, mode,
+                     cuda_graph, device, warmup)
+        self._g, self.graph, self.dtype, self.device = g, g.graph, g.dtype, g.device
+        self._hx, self._hy, self._hx_t = g.hx[0], g.hy[0], g.hx_t[0]
+        self._copy_in = g.dx[0].copy_
+        self._copy_out = g.hy_t[0].copy_
 
     def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        g = self._g
         self._hx[...] = x
         self._copy_in(self._hx_t, non_blocking=True)
-        self._replay()
-        self._copy_out(self._dy, non_blocking=True)
-        self._sync()
+        g.replay()
+        self._copy_out(g.dy[0], non_blocking=True)  # g.dy: read per call (eager replaces it)
+        g.sync()
         out[...] = self._hy
+
+
+class TorchCudaMultiExecutor(MultiExecutor):
+    """:class:`TorchCudaExecutor` for a model with several inputs/outputs: one pinned host
+    buffer and one device buffer per tensor, one graph replay, one sync per call."""
+
+    def __init__(self, path: Path, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 precision: str, mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
+                 device: str = "cuda", warmup: int = 3):
+        self._init_multi(inputs, outputs, batch)
+        g = _Graphed(path, [s.batched(batch) for s in inputs], [s.batched(batch) for s in outputs],
+                     precision, mode, cuda_graph, device, warmup)
+        self._g, self.graph, self.dtype, self.device = g, g.graph, g.dtype, g.device
+        self._ins = list(zip(g.hx, g.hx_t, g.dx, strict=True))
+
+    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        g = self._g
+        for x, (hx, hx_t, dx) in zip(xs, self._ins, strict=True):
+            hx[...] = x
+            dx.copy_(hx_t, non_blocking=True)
+        g.replay()
+        for hy_t, dy in zip(g.hy_t, g.dy, strict=True):
+            hy_t.copy_(dy, non_blocking=True)
+        g.sync()
+        for o, hy in zip(outs, g.hy, strict=True):
+            o[...] = hy
 
 
 class TorchCudaTarget(Target):
@@ -157,6 +206,7 @@ class TorchCudaTarget(Target):
     family = "gpu"
     precisions = ("fp32", "fp16")
     formats = ("torch",)
+    multi_io = True
     description = "PyTorch on an NVIDIA GPU: torch.compile + CUDA-graph replay, pinned buffers"
     option_docs = {
         "mode": "torch.compile mode: 'max-autotune-no-cudagraphs' (default), 'default', or "
@@ -184,12 +234,13 @@ class TorchCudaTarget(Target):
         mode = options.extra.get("mode", MODES[0])
         if mode not in MODES:
             raise UnsupportedError(f"gpu.torch option mode must be one of {', '.join(MODES)}; got {mode!r}")
+        shapes = [s.batched(options.batch_size) for s in model.inputs]
         try:
-            ep = static_program(model.obj, model.input.batched(options.batch_size),
-                                options.precision)
+            ep = static_program(model.obj, shapes, options.precision)
         except Exception as exc:
+            shown = shapes[0] if len(shapes) == 1 else shapes
             raise UnsupportedError(f"gpu.torch cannot export {model.name!r} with torch.export at "
-                                   f"static shape {model.input.batched(options.batch_size)}: "
+                                   f"static shape {shown}: "
                                    f"{type(exc).__name__}: {str(exc)[:500]}") from exc
         torch.export.save(ep, workdir / ARTIFACT)
         ops = sorted({str(n.target) for n in ep.graph.nodes if n.op == "call_function"})
@@ -197,10 +248,15 @@ class TorchCudaTarget(Target):
                 "exported_dtype": "float16" if options.precision == "fp16" else "float32",
                 "mode": mode, "cuda_graph": bool(options.extra.get("cuda_graph", True))}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> TorchCudaExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         reason = torch_cuda_reason()
         if reason:
             raise UnavailableError(f"gpu.torch cannot load here: {reason}")
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            return TorchCudaMultiExecutor(artifact.file(ARTIFACT), artifact.batch_size,
+                                          artifact.inputs, artifact.outputs, artifact.precision,
+                                          mode=options.extra.get("mode", MODES[0]),
+                                          cuda_graph=bool(options.extra.get("cuda_graph", True)))
         return TorchCudaExecutor(artifact.file(ARTIFACT), artifact.batch_size, artifact.inputs[0],
                                  artifact.outputs[0], artifact.precision,
                                  mode=options.extra.get("mode", MODES[0]),
