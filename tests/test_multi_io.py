@@ -102,12 +102,6 @@ def test_reduced_precisions_meet_a_per_output_gate(target, precision, compiled):
     assert Tolerance(corr_min=0.999, max_abs=0.05).passes(f), str(f)
 
 
-@pytest.mark.parametrize("target", ["cpu.onnxruntime", "cpu.litert"])
-def test_calibrated_int8_is_refused_for_several_inputs(target, two_head, store_dir):
-    with pytest.raises(UnsupportedError, match="calibrates on one input tensor.*int8-dynamic"):
-        hwb.compile(two_head, target, "int8", store=store_dir)
-
-
 @pytest.fixture(scope="module")
 def ort_cm(compiled):
     return compiled("two_head", "cpu.onnxruntime", batch_size=4)

@@ -34,10 +34,17 @@ def _session(path: Path, threads: int) -> Any:
 
 
 class _Calibration:
-    """ORT's CalibrationDataReader protocol over an array of representative inputs."""
+    """ORT's CalibrationDataReader protocol over representative inputs: one dict per batch,
+    keyed by graph input name (``names[i]`` takes ``data[i]``; one array for one input)."""
 
-    def __init__(self, name: str, data: np.ndarray, batch: int):
-        self._it = iter([{name: data[i:i + batch]} for i in range(0, len(data) - batch + 1, batch)])
+    def __init__(self, names: list[str], data: np.ndarray | tuple[np.ndarray, ...], batch: int):
+        arrays = data if isinstance(data, tuple) else (data,)
+        if len(arrays) != len(names):
+            raise UnsupportedError(f"cpu.onnxruntime:int8 got calibration data for {len(arrays)} "
+                                   f"input(s); the graph takes {len(names)} ({', '.join(names)})")
+        n = min(len(a) for a in arrays)
+        self._it = iter([{name: a[i:i + batch] for name, a in zip(names, arrays, strict=True)}
+                         for i in range(0, n - batch + 1, batch)])
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._it, None)
@@ -117,6 +124,8 @@ class OnnxRuntimeTarget(Target):
     formats = ("onnx",)
     description = "ONNX Runtime, CPU execution provider"
     multi_io = True
+    #: int8 calibrates every input: one dict per batch, keyed by input name.
+    multi_io_calibrated = True
 
     def probe(self) -> Availability:
         if not importable("onnxruntime"):
@@ -166,7 +175,10 @@ class OnnxRuntimeTarget(Target):
             else:
                 if options.calibration is None:
                     raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
-                reader = _Calibration(proto.graph.input[0].name, options.calibration, options.batch_size)
+                inits = {i.name for i in proto.graph.initializer}
+                names = [i.name for i in proto.graph.input if i.name not in inits]
+                reader = _Calibration(_bind_order(names, model.inputs), options.calibration,
+                                      options.batch_size)
                 quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
                                 weight_type=QuantType.QInt8, reduce_range=True)
             for p in (fp32, workdir / "model.pre.onnx"):
