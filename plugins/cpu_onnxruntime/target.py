@@ -18,6 +18,7 @@ from hwbackends.target import (
 )
 
 from .._shared.onnx_batch import batch_meta, fix_batch
+from .._shared.onnx_io import graph_inputs, spec_order
 from .._util import cpu_name, importable, version
 
 
@@ -72,14 +73,6 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         self._invoke()
 
 
-def _bind_order(names: list[str], specs: list[TensorSpec]) -> list[str]:
-    """The session's tensor names in spec order: by name when the specs carry the graph's
-    names (ONNX models), else by position (converted models keep their source's names)."""
-    if sorted(names) == sorted(s.name for s in specs):
-        return [s.name for s in specs]
-    return names
-
-
 class OnnxRuntimeMultiExecutor(MultiExecutor):
     """Several inputs/outputs: one IOBinding OrtValue per input and output name, over fixed
     buffers, run through the C++ session like :class:`OnnxRuntimeExecutor`."""
@@ -93,8 +86,8 @@ class OnnxRuntimeMultiExecutor(MultiExecutor):
         self._ins = tuple(np.zeros(s.batched(batch), np.float32) for s in inputs)
         self._outs = tuple(np.zeros(s.batched(batch), np.float32) for s in outputs)
         binding = self.session.io_binding()
-        in_names = _bind_order([i.name for i in self.session.get_inputs()], inputs)
-        out_names = _bind_order([o.name for o in self.session.get_outputs()], outputs)
+        in_names = spec_order([i.name for i in self.session.get_inputs()], inputs)
+        out_names = spec_order([o.name for o in self.session.get_outputs()], outputs)
         self._values = []  # the OrtValues must live as long as the binding
         for name, arr in zip(in_names, self._ins, strict=True):
             self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
@@ -175,9 +168,7 @@ class OnnxRuntimeTarget(Target):
             else:
                 if options.calibration is None:
                     raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
-                inits = {i.name for i in proto.graph.initializer}
-                names = [i.name for i in proto.graph.input if i.name not in inits]
-                reader = _Calibration(_bind_order(names, model.inputs), options.calibration,
+                reader = _Calibration(spec_order(graph_inputs(proto), model.inputs), options.calibration,
                                       options.batch_size)
                 quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
                                 weight_type=QuantType.QInt8, reduce_range=True)
