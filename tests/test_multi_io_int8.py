@@ -129,3 +129,23 @@ def test_targets_without_multi_io_calibration_refuse_before_building(zoo_model, 
     assert "calibrates on one input tensor" in msg and "fp32" in msg
     for able in ("cpu.onnxruntime:int8", "cpu.litert:int8"):
         assert able in msg, msg
+
+
+def test_conformance_kit_refuses_multi_io_calibrated_without_multi_io(tmp_path):
+    import types
+
+    from hwbackends.hookspecs import hookimpl
+    from hwbackends.testing.check_target import check_metadata
+    from hwbackends.testing.context import Conformance, ConformanceError
+
+    class Inconsistent(_OneTensorCalibration):
+        name = "cpu.hwbt_inconsistent"
+        multi_io = False
+        multi_io_calibrated = True
+
+    reg = build_registry(entry_points=False)
+    plugin = types.ModuleType("hwbt_inconsistent")
+    plugin.hwb_targets = hookimpl(lambda: [Inconsistent()])
+    reg.register(plugin, "hwbt_inconsistent")
+    with pytest.raises(ConformanceError, match="multi_io_calibrated is True but multi_io is False"):
+        check_metadata(Conformance("cpu.hwbt_inconsistent", tmp_path, registry=reg))
