@@ -80,7 +80,7 @@ def test_cached_multi_io_artifact_reloads_and_is_checked(store_dir, two_head, da
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("target", ["fpga.hls4ml", "tpu.edgetpu", "fpga.da4ml", "gpu.torch"])
+@pytest.mark.parametrize("target", ["fpga.hls4ml", "fpga.da4ml", "gpu.torch"])
 def test_single_io_targets_refuse_before_building(target, two_head, store_dir):
     if target not in hwb.get_registry().targets:
         pytest.skip(f"{target} is not installed here")

@@ -149,3 +149,26 @@ def test_conformance_kit_refuses_multi_io_calibrated_without_multi_io(tmp_path):
     reg.register(plugin, "hwbt_inconsistent")
     with pytest.raises(ConformanceError, match="multi_io_calibrated is True but multi_io is False"):
         check_metadata(Conformance("cpu.hwbt_inconsistent", tmp_path, registry=reg))
+
+
+@pytest.mark.slow  # converts with TensorFlow and quantizes
+@pytest.mark.parametrize("int8_io", [False, True])
+def test_edgetpu_int8_with_several_inputs_runs_emulated(int8_io, zoo_model, store_dir):
+    """tpu.edgetpu shares the multi-IO conversion: the full-int8 model (float or int8 IO
+    tensors) runs on the CPU interpreter here, labelled emulated (no Edge TPU on this machine);
+    with int8 IO the executor quantizes every input and dequantizes every output."""
+    if "tpu.edgetpu" not in hwb.get_registry().targets:
+        pytest.skip("tpu.edgetpu is not installed here")
+    m = zoo_model("two_head")
+    cm = hwb.compile(m, "tpu.edgetpu", "int8", batch_size=4, options={"int8_io": int8_io},
+                     store=store_dir)
+    if cm.mode.value == "hardware":
+        pytest.skip("an Edge TPU is attached: this checks the emulated path")
+    assert cm.mode.value == "emulated" and cm.multi_io
+    assert cm.executor.int8_io is int8_io
+    assert cm.fidelity.corr >= INT8_CORR, str(cm.fidelity)
+    xs = m.representative(4, seed=2)
+    outs = tuple(np.full(s.batched(4), np.nan, np.float32) for s in cm.outputs)
+    cm.predict_into(xs, outs)
+    for o, w in zip(outs, m.reference(xs), strict=True):
+        np.testing.assert_allclose(o, w, atol=0.15)

@@ -126,7 +126,8 @@ def op_names(tflite: bytes) -> list[str]:
 
 def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outputs: list[Any],
                     target: str = "cpu.litert",
-                    calibration: tuple[np.ndarray, ...] | None = None) -> bytes:
+                    calibration: tuple[np.ndarray, ...] | None = None,
+                    int8_io: bool = False) -> bytes:
     """:func:`to_tflite` for a Keras model with several inputs/outputs (fp32, fp16,
     int8-dynamic, and full int8 with float32 IO calibrated on ``calibration``: one array per
     input, in ``inputs`` order). Variables are frozen (no trackable object), which leaves the
@@ -165,6 +166,9 @@ def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outp
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
         conv.representative_dataset = _representative_multi(data, order, batch)
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if int8_io:
+            conv.inference_input_type = tf.int8
+            conv.inference_output_type = tf.int8
     try:
         return conv.convert()
     except Exception as exc:
