@@ -121,7 +121,10 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
-    ``model`` is anything :func:`load_model` takes. The artifact is cached in ``store``
+    ``model`` is anything :func:`load_model` takes. ``calibration_data`` (for the target's
+    ``calibrated`` precisions; default: the model's own data) is one array, or for a
+    multi-input model a tuple/list in input order or a dict keyed by input name, accepted by
+    the targets with ``multi_io_calibrated``. The artifact is cached in ``store``
     (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
     toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
     inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
