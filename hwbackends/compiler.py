@@ -111,7 +111,7 @@ def _artifact(path: Path, rec: dict[str, Any], cached: bool) -> Artifact:
 def compile(model: Any, target: str = "cpu.litert", precision: str | None = None, *,
             batch_size: int | None = None, threads: int | None = None,
             options: dict[str, Any] | None = None,
-            calibration_data: np.ndarray | None = None,
+            calibration_data: Any = None,
             validation_data: np.ndarray | None = None,
             fidelity: bool = True, nan_policy: str = "reject",
             store: ArtifactStore | str | Path | None = None,
@@ -121,7 +121,10 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
-    ``model`` is anything :func:`load_model` takes. The artifact is cached in ``store``
+    ``model`` is anything :func:`load_model` takes. ``calibration_data`` (for the target's
+    ``calibrated`` precisions; default: the model's own data) is one array, or for a
+    multi-input model a tuple/list in input order or a dict keyed by input name, accepted by
+    the targets with ``multi_io_calibrated``. The artifact is cached in ``store``
     (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
     toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
     inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
@@ -185,7 +188,8 @@ def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int
 
 def _check_multi_io(m: Model, tgt: Target, prec: str, reg: Registry) -> None:
     """Refuse a model with several inputs/outputs, before any worker starts, on a target that
-    does not take them (and calibrated precisions, which feed one calibration tensor)."""
+    does not take them (and its calibrated precisions unless it declares
+    ``multi_io_calibrated``: they would be fed one calibration tensor)."""
     ins = ", ".join(str(s) for s in m.inputs)
     outs = ", ".join(str(s) for s in m.outputs)
     if not getattr(tgt, "multi_io", False):
@@ -194,10 +198,14 @@ def _check_multi_io(m: Model, tgt: Target, prec: str, reg: Registry) -> None:
                                f"{m.name!r} has {len(m.inputs)} input(s) ({ins}) and "
                                f"{len(m.outputs)} output(s) ({outs}). Targets that take several: "
                                f"{', '.join(able) or 'none installed'}")
-    if prec in getattr(tgt, "calibrated", ()):
+    if prec in getattr(tgt, "calibrated", ()) and not getattr(tgt, "multi_io_calibrated", False):
+        able = sorted(f"{n}:{'/'.join(t.calibrated)}" for n, t in reg.targets.items()
+                      if getattr(t, "multi_io_calibrated", False) and getattr(t, "multi_io", False))
         raise UnsupportedError(f"{tgt.name}:{prec} calibrates on one input tensor; {m.name!r} has "
                                f"several inputs/outputs. Use an uncalibrated precision of "
-                               f"{tgt.name} ({', '.join(p for p in tgt.precisions if p not in tgt.calibrated)})")
+                               f"{tgt.name} ({', '.join(p for p in tgt.precisions if p not in tgt.calibrated)})"
+                               f", or a target whose calibrated precisions take several inputs: "
+                               f"{', '.join(able) or 'none installed'}")
 
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
@@ -212,10 +220,14 @@ def _digest_inputs(x: Any) -> str:
 
 
 def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: Any,
-          calibration_data: np.ndarray | None, opts: CompileOptions) -> tuple[CompileOptions, str]:
-    """The compile options (with calibration data where the precision uses it) and the cache key."""
+          calibration_data: Any, opts: CompileOptions) -> tuple[CompileOptions, str]:
+    """The compile options (with calibration data where the precision uses it) and the cache
+    key. A multi-input model's calibration data is a tuple, one array per input (the caller's
+    tuple/list/dict is checked and ordered by :func:`as_batches`)."""
     uses_calib = prec in getattr(tgt, "calibrated", ())
-    if calibration_data is not None:
+    if calibration_data is not None and len(m.inputs) > 1:
+        calib = as_batches(calibration_data, m.inputs, "pass")
+    elif calibration_data is not None:
         calib = np.ascontiguousarray(calibration_data, dtype=np.float32)
     opts = dataclasses.replace(opts, calibration=calib if uses_calib else None)
     key = cache_key({

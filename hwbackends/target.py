@@ -54,8 +54,10 @@ class CompileOptions:
     threads: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: Representative inputs for calibration (full-int8, fixed-point); never part of the
-    #: options' JSON, but its hash is part of the cache key.
-    calibration: np.ndarray | None = None
+    #: options' JSON, but its hash is part of the cache key. For a model with several inputs
+    #: (only on targets with :attr:`Target.multi_io_calibrated`): a tuple with one
+    #: ``(n, *spec.shape)`` float32 array per input, in ``model.inputs`` order.
+    calibration: np.ndarray | tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -325,6 +327,11 @@ class Target:
     #: returns a :class:`MultiExecutor` for them (tuples in, tuples out). The core refuses a
     #: multi-IO model before the compile worker starts when this is False.
     multi_io: ClassVar[bool] = False
+    #: Whether its :attr:`calibrated` precisions also take models with several inputs/outputs
+    #: (needs :attr:`multi_io`): ``options.calibration`` is then a tuple with one array per
+    #: input, in ``model.inputs`` order. The core refuses a calibrated precision for a multi-IO
+    #: model, before the worker starts, on a target that leaves this False.
+    multi_io_calibrated: ClassVar[bool] = False
 
     def probe(self) -> Availability:
         """Whether and how this target can run here. Fast; never raises."""

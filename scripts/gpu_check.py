@@ -6,6 +6,9 @@
 Variants (target:precision × model; the model each target takes in brackets):
 {variants}
 
+Multi-IO (several inputs and outputs, tuples through ``predict_into(xs, outs)``):
+{multi_io}
+
 Per variant and for CUDA-graph replay on and off: p50/p99/p99.9 of ``cm.predict_into(x, out)``
 at batch 1 (numpy in, numpy out: what a caller pays), compile+load seconds, the fidelity
 against the fp32 reference (and whether it meets the router's default gate), the mode and
@@ -45,14 +48,17 @@ T0 = time.monotonic()
 VARIANTS = (("gpu.tensorrt", "fp32"), ("gpu.tensorrt", "fp16"), ("gpu.tensorrt", "int8"),
             ("gpu.torch", "fp32"), ("gpu.torch", "fp16"))
 MODELS = ("mlp", "lstm", "signal")
+#: Models with several inputs/outputs and the variants that take them (gpu.torch is single-IO).
+MULTI_IO_VARIANTS = (("gpu.tensorrt", "fp32"), ("gpu.tensorrt", "fp16"), ("gpu.tensorrt", "int8"))
+MULTI_IO_MODELS = ("two_head",)
 #: The zoo model each target is given for a model: TensorRT takes ONNX (from Keras through
 #: tf2onnx, or from torch), gpu.torch takes torch models only; signal is a Keras model, so
 #: gpu.torch gets its torch twin (signal_torch below, the same trained weights).
 SOURCES = {"gpu.tensorrt": {"mlp": ("mlp", "mlp_torch"), "lstm": ("lstm", "lstm_torch"),
-                            "signal": ("signal",)},
+                            "signal": ("signal",), "two_head": ("two_head",)},
            "gpu.torch": {"mlp": ("mlp_torch",), "lstm": ("lstm_torch",),
                          "signal": ("signal_torch",)}}
-KERAS_ONLY = {"mlp", "lstm", "signal", "signal_torch"}  # need tensorflow (+ tf2onnx)
+KERAS_ONLY = {"mlp", "lstm", "signal", "signal_torch", "two_head"}  # need tensorflow (+ tf2onnx)
 EXIT_NO_GPU = 2
 
 
@@ -64,7 +70,12 @@ def variant_lines() -> str:
     return "\n".join(out)
 
 
-__doc__ = __doc__.format(variants=variant_lines())
+def multi_io_lines() -> str:
+    return "\n".join(f"  {t}:{p:<5} on {m} [{' or '.join(SOURCES[t][m])}] (features + state → "
+                     f"signal + confidence)" for t, p in MULTI_IO_VARIANTS for m in MULTI_IO_MODELS)
+
+
+__doc__ = __doc__.format(variants=variant_lines(), multi_io=multi_io_lines())
 
 
 def elapsed() -> float:
@@ -131,6 +142,7 @@ def run_tests(store: Path, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
            str(REPO / "tests" / "test_gpu_torch_path.py"),
            str(REPO / "tests" / "test_gpu_prepare.py"),
+           str(REPO / "tests" / "test_gpu_multi_io.py"),
            str(REPO / "tests" / "test_accelerators.py"), "-k",
            "gpu or tensorrt or torch or without_tensorflow or code_path"]
     say("GPU tests: " + " ".join(cmd[2:]))
@@ -166,8 +178,13 @@ def measure(cm: Any, calls: int, warmup: int) -> dict[str, Any]:
     """Wall-clock percentiles of predict_into at the compiled batch."""
     import numpy as np
 
-    x = np.random.default_rng(0).standard_normal(cm.input.batched(1)).astype(np.float32)
-    out = np.zeros(cm.output.batched(1), np.float32)
+    rng = np.random.default_rng(0)
+    if cm.multi_io:  # one array per input, one buffer per output
+        x: Any = tuple(rng.standard_normal(s.batched(1)).astype(np.float32) for s in cm.inputs)
+        out: Any = tuple(np.zeros(s.batched(1), np.float32) for s in cm.outputs)
+    else:
+        x = rng.standard_normal(cm.input.batched(1)).astype(np.float32)
+        out = np.zeros(cm.output.batched(1), np.float32)
     fn = cm.predict_into
     for _ in range(warmup):
         fn(x, out)
@@ -274,19 +291,20 @@ def run_variant(store: Path, target: str, prec: str, model: str, calls: int,
 def latency(store: Path, calls: int, warmup: int, budget: float) -> list[dict[str, Any]]:
     rows = []
     worst = 0.0  # the slowest variant so far: one that would end past the budget is skipped
-    for model in MODELS:
-        for target, prec in VARIANTS:
-            if elapsed() + worst > budget:
-                rows.append({"model": model, "target": target, "precision": prec,
-                             "skipped": f"time budget ({budget:.0f} s): {elapsed():.0f} s spent, "
-                                        f"the slowest variant so far took {worst:.0f} s"})
-                continue
-            t = time.monotonic()
-            row = run_variant(store, target, prec, model, calls, warmup)
-            if "error" in row:
-                say(f"{model} {target}:{prec}: {row['error']}")
-            rows.append(row)
-            worst = max(worst, time.monotonic() - t)
+    plan = [(m, v) for m in MODELS for v in VARIANTS]
+    plan += [(m, v) for m in MULTI_IO_MODELS for v in MULTI_IO_VARIANTS]
+    for model, (target, prec) in plan:
+        if elapsed() + worst > budget:
+            rows.append({"model": model, "target": target, "precision": prec,
+                         "skipped": f"time budget ({budget:.0f} s): {elapsed():.0f} s spent, "
+                                    f"the slowest variant so far took {worst:.0f} s"})
+            continue
+        t = time.monotonic()
+        row = run_variant(store, target, prec, model, calls, warmup)
+        if "error" in row:
+            say(f"{model} {target}:{prec}: {row['error']}")
+        rows.append(row)
+        worst = max(worst, time.monotonic() - t)
     return rows
 
 
@@ -304,7 +322,8 @@ def failures(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="variants:\n" + variant_lines(),
+                                 epilog="variants:\n" + variant_lines() + "\nmulti-IO:\n"
+                                 + multi_io_lines(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.json", help="where the JSON is written too")
     ap.add_argument("--calls", type=int, default=10000, help="timed calls per variant and mode")
@@ -323,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_GPU
     report: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                               "bootstrap": boot, "environment": environment(),
-                              "variants": [f"{t}:{p}" for t, p in VARIANTS], "models": list(MODELS)}
+                              "variants": [f"{t}:{p}" for t, p in VARIANTS], "models": list(MODELS),
+                              "multi_io": {"variants": [f"{t}:{p}" for t, p in MULTI_IO_VARIANTS],
+                                           "models": list(MULTI_IO_MODELS)}}
     say(f"GPU: {report['environment']['gpu']}; stack {report['environment']['cuda_stack']}")
     store = Path(tempfile.mkdtemp(prefix="hwb-gpucheck-store-"))
     os.environ.setdefault("HWB_CACHE_DIR", str(store))

@@ -55,3 +55,22 @@ def test_signal_torch_twin_is_the_keras_signal_model(store_dir):
     x = keras_model.validation_data[:64]
     np.testing.assert_allclose(twin.reference(x), keras_model.reference(x), atol=1e-5)
     assert twin.format == "torch" and twin.input.shape == keras_model.input.shape
+
+
+def test_help_lists_the_multi_io_variants():
+    r = _run("--help")
+    assert r.returncode == 0, r.stderr
+    tail = r.stdout.split("multi-IO:", 1)[1]
+    for v in ("gpu.tensorrt:fp32", "gpu.tensorrt:fp16", "gpu.tensorrt:int8"):
+        assert any(ln.strip().startswith(v + " ") and "two_head" in ln for ln in tail.splitlines()), tail
+
+
+@pytest.mark.slow
+def test_measure_takes_a_multi_io_variant(compiled):
+    """The script's timing loop with tuples, on a CPU multi-IO variant (plumbing only: the
+    numbers of record come from the GPU run)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    res = gc.measure(compiled("two_head", "cpu.onnxruntime"), calls=20, warmup=2)
+    assert res["predict_into"]["n"] == 20 and res["cuda_graph_captured"] is False

@@ -35,6 +35,9 @@ def check_metadata(ctx: Conformance) -> str:
     calibrated = t.calibrated
     if set(calibrated) - set(t.precisions):
         bad.append(f"calibrated {calibrated!r} lists precisions the target does not offer")
+    if getattr(t, "multi_io_calibrated", False) and not getattr(t, "multi_io", False):
+        bad.append("multi_io_calibrated is True but multi_io is False (it says the calibrated "
+                   "precisions take multi-IO models, which the target does not take)")
     if t.contract_version != CONTRACT_VERSION:
         bad.append(f"contract_version {t.contract_version} != {CONTRACT_VERSION}")
     if not t.compile_timeout or t.compile_timeout <= 0:

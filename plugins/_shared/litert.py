@@ -38,14 +38,19 @@ class LiteRTMultiExecutor(MultiExecutor):
     ``Invoke`` called directly, as in :class:`LiteRTExecutor`."""
 
     def __init__(self, path: Path, threads: int, batch: int, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec]):
+                 outputs: list[TensorSpec], delegates: list[Any] | None = None):
         from ai_edge_litert.interpreter import Interpreter
 
-        self.interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        self.interpreter = Interpreter(model_path=str(path), num_threads=threads,
+                                       experimental_delegates=delegates)
         self.interpreter.allocate_tensors()
         self._init_multi(inputs, outputs, batch)
-        ins, outs = multi_io_tensors(self.interpreter.get_input_details(),
-                                     self.interpreter.get_output_details(), inputs, outputs)
+        idet, odet = self.interpreter.get_input_details(), self.interpreter.get_output_details()
+        ins, outs = multi_io_tensors(idet, odet, inputs, outputs)
+        by_index = {d["index"]: d for d in [*idet, *odet]}
+        #: The interpreter's details of each input/output, in spec order (dtype, quantization).
+        self.input_details = [by_index[i] for i in ins]
+        self.output_details = [by_index[i] for i in outs]
         # Views stay valid because allocate_tensors() is never called again.
         self._ins = tuple(self.interpreter.tensor(i)() for i in ins)
         self._outs = tuple(self.interpreter.tensor(i)() for i in outs)

@@ -125,18 +125,21 @@ def op_names(tflite: bytes) -> list[str]:
 
 
 def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outputs: list[Any],
-                    target: str = "cpu.litert") -> bytes:
+                    target: str = "cpu.litert",
+                    calibration: tuple[np.ndarray, ...] | None = None,
+                    int8_io: bool = False) -> bytes:
     """:func:`to_tflite` for a Keras model with several inputs/outputs (fp32, fp16,
-    int8-dynamic). Variables are frozen (no trackable object), which leaves the flatbuffer
-    without a SignatureDef: its input tensors carry the specs' names and its outputs are named
-    ``Identity``, ``Identity_1``, … in the model's output order; :func:`multi_io_tensors`
-    maps them by those names, never by the flatbuffer's tensor order."""
+    int8-dynamic, and full int8 with float32 IO calibrated on ``calibration``: one array per
+    input, in ``inputs`` order). Variables are frozen (no trackable object), which leaves the
+    flatbuffer without a SignatureDef: its input tensors carry the specs' names and its
+    outputs are named ``Identity``, ``Identity_1``, … in the model's output order;
+    :func:`multi_io_tensors` maps them by those names, never by the flatbuffer's tensor order."""
     import keras
     import tensorflow as tf
 
-    if precision not in ("fp32", "fp16", "int8-dynamic"):
-        raise UnsupportedError(f"{target}:{precision} is not offered for models with several "
-                               f"inputs/outputs; use fp32, fp16 or int8-dynamic")
+    if precision not in ("fp32", "fp16", "int8-dynamic", "int8"):
+        raise UnsupportedError(f"{target} has no precision {precision!r} for models with several "
+                               f"inputs/outputs; use fp32, fp16, int8-dynamic or int8")
     tensors = [keras.Input(tuple(t.shape[1:]), batch_size=batch, name=s.name)
                for t, s in zip(km.inputs, inputs, strict=True)]
     model = keras.models.clone_model(km, input_tensors=tensors)
@@ -157,10 +160,72 @@ def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outp
     # No trackable object: the variables are frozen into constants (as in to_tflite); with
     # one, the converter keeps them as resource variables and the interpreter returned NaN.
     conv = _converter(tf, concrete, precision)
+    if precision == "int8":
+        data = _multi_calibration(calibration, inputs, batch, target)
+        order = _converter_input_order(tf, concrete, [s.name for s in inputs], target)
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.representative_dataset = _representative_multi(data, order, batch)
+        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if int8_io:
+            conv.inference_input_type = tf.int8
+            conv.inference_output_type = tf.int8
     try:
         return conv.convert()
     except Exception as exc:
         raise UnsupportedError(_explain(exc, km, concrete, target, precision)) from exc
+
+
+def _multi_calibration(calibration: Any, inputs: list[Any], batch: int,
+                       target: str) -> tuple[np.ndarray, ...]:
+    """The calibration tuple checked against the specs: one array per input, same length."""
+    names = [s.name for s in inputs]
+    if not isinstance(calibration, tuple) or len(calibration) != len(inputs):
+        got = (f"{len(calibration)} array(s)" if isinstance(calibration, tuple)
+               else type(calibration).__name__)
+        raise UnsupportedError(f"{target}:int8 needs representative calibration data with one "
+                               f"array per input ({', '.join(names)}); got {got}")
+    data = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in calibration)
+    if len({len(a) for a in data}) != 1 or len(data[0]) < batch:
+        raise UnsupportedError(f"{target}:int8 calibration arrays must all hold the same number "
+                               f"(≥ batch_size {batch}) of samples; got "
+                               f"{[len(a) for a in data]} for {names}")
+    return data
+
+
+def _converter_input_order(tf: Any, concrete: Any, names: list[str], target: str) -> list[int]:
+    """For each of the converter's inputs, in its order, the index of the spec it is.
+
+    The calibrator feeds ``representative_dataset``'s list positionally, in the order of the
+    float model's subgraph inputs — which need not be the function's argument order (the
+    converter may order them by name). So the order is read from the float flatbuffer of the
+    same concrete function, whose input tensors carry the specs' names."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    blob = tf.lite.TFLiteConverter.from_concrete_functions([concrete]).convert()
+    found = [d["name"] for d in Interpreter(model_content=blob).get_input_details()]
+    order = []
+    for n in found:
+        hits = [i for i, want in enumerate(names) if n == want or n.split(":")[0] == want]
+        if len(hits) != 1:
+            raise UnsupportedError(f"{target}:int8 cannot match the converter's input {n!r} to "
+                                   f"one of the model's inputs {names}; rename the Keras inputs "
+                                   f"(keras.Input(name=…)) to distinct plain names")
+        order.append(hits[0])
+    if sorted(order) != list(range(len(names))):
+        raise UnsupportedError(f"{target}:int8: the converter's inputs {found} are not the "
+                               f"model's inputs {names}")
+    return order
+
+
+def _representative_multi(data: tuple[np.ndarray, ...], order: list[int],
+                          batch: int) -> Callable[[], Any]:
+    """Batches of every input, listed in the converter's input order."""
+    n = max(1, len(data[0]) // batch)
+
+    def gen() -> Any:
+        for i in range(n):
+            yield [data[k][i * batch:(i + 1) * batch] for k in order]
+    return gen
 
 
 def multi_io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[str, Any]],

@@ -20,6 +20,8 @@ class LiteRTTarget(Target):
     formats = ("keras",)
     description = "LiteRT (TFLite) + XNNPACK on the CPU"
     multi_io = True
+    #: int8 calibrates every input (one array per input, fed in the converter's input order).
+    multi_io_calibrated = True
     option_docs = {
         "recurrent": "'unroll' (default: fastest, int8-safe) or 'loop' (a TFLite WHILE loop) "
                      "for LSTM/GRU/SimpleRNN layers",
@@ -43,7 +45,8 @@ class LiteRTTarget(Target):
             raise UnsupportedError(f"cpu.litert option recurrent must be 'unroll' or 'loop', got {recurrent!r}")
         if len(model.inputs) > 1 or len(model.outputs) > 1:
             blob = to_tflite_multi(model.obj, options.precision, options.batch_size,
-                                   model.inputs, model.outputs, target=self.name)
+                                   model.inputs, model.outputs, target=self.name,
+                                   calibration=options.calibration)
         else:
             blob = to_tflite(model.obj, options.precision, options.batch_size, options.calibration,
                              recurrent=recurrent)

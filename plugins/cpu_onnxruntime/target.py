@@ -18,6 +18,7 @@ from hwbackends.target import (
 )
 
 from .._shared.onnx_batch import batch_meta, fix_batch
+from .._shared.onnx_io import graph_inputs, spec_order
 from .._util import cpu_name, importable, version
 
 
@@ -34,10 +35,17 @@ def _session(path: Path, threads: int) -> Any:
 
 
 class _Calibration:
-    """ORT's CalibrationDataReader protocol over an array of representative inputs."""
+    """ORT's CalibrationDataReader protocol over representative inputs: one dict per batch,
+    keyed by graph input name (``names[i]`` takes ``data[i]``; one array for one input)."""
 
-    def __init__(self, name: str, data: np.ndarray, batch: int):
-        self._it = iter([{name: data[i:i + batch]} for i in range(0, len(data) - batch + 1, batch)])
+    def __init__(self, names: list[str], data: np.ndarray | tuple[np.ndarray, ...], batch: int):
+        arrays = data if isinstance(data, tuple) else (data,)
+        if len(arrays) != len(names):
+            raise UnsupportedError(f"cpu.onnxruntime:int8 got calibration data for {len(arrays)} "
+                                   f"input(s); the graph takes {len(names)} ({', '.join(names)})")
+        n = min(len(a) for a in arrays)
+        self._it = iter([{name: a[i:i + batch] for name, a in zip(names, arrays, strict=True)}
+                         for i in range(0, n - batch + 1, batch)])
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._it, None)
@@ -65,14 +73,6 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         self._invoke()
 
 
-def _bind_order(names: list[str], specs: list[TensorSpec]) -> list[str]:
-    """The session's tensor names in spec order: by name when the specs carry the graph's
-    names (ONNX models), else by position (converted models keep their source's names)."""
-    if sorted(names) == sorted(s.name for s in specs):
-        return [s.name for s in specs]
-    return names
-
-
 class OnnxRuntimeMultiExecutor(MultiExecutor):
     """Several inputs/outputs: one IOBinding OrtValue per input and output name, over fixed
     buffers, run through the C++ session like :class:`OnnxRuntimeExecutor`."""
@@ -86,8 +86,8 @@ class OnnxRuntimeMultiExecutor(MultiExecutor):
         self._ins = tuple(np.zeros(s.batched(batch), np.float32) for s in inputs)
         self._outs = tuple(np.zeros(s.batched(batch), np.float32) for s in outputs)
         binding = self.session.io_binding()
-        in_names = _bind_order([i.name for i in self.session.get_inputs()], inputs)
-        out_names = _bind_order([o.name for o in self.session.get_outputs()], outputs)
+        in_names = spec_order([i.name for i in self.session.get_inputs()], inputs)
+        out_names = spec_order([o.name for o in self.session.get_outputs()], outputs)
         self._values = []  # the OrtValues must live as long as the binding
         for name, arr in zip(in_names, self._ins, strict=True):
             self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
@@ -117,6 +117,8 @@ class OnnxRuntimeTarget(Target):
     formats = ("onnx",)
     description = "ONNX Runtime, CPU execution provider"
     multi_io = True
+    #: int8 calibrates every input: one dict per batch, keyed by input name.
+    multi_io_calibrated = True
 
     def probe(self) -> Availability:
         if not importable("onnxruntime"):
@@ -166,7 +168,8 @@ class OnnxRuntimeTarget(Target):
             else:
                 if options.calibration is None:
                     raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
-                reader = _Calibration(proto.graph.input[0].name, options.calibration, options.batch_size)
+                reader = _Calibration(spec_order(graph_inputs(proto), model.inputs), options.calibration,
+                                      options.batch_size)
                 quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
                                 weight_type=QuantType.QInt8, reduce_range=True)
             for p in (fp32, workdir / "model.pre.onnx"):

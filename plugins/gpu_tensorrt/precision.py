@@ -54,30 +54,64 @@ def input_names(model: Any) -> list[str]:
 
 
 def _static_batch(model: Any) -> int | None:
-    """The graph input's batch dimension when it is fixed (TensorRT graphs are), else None."""
+    """The graph inputs' batch dimension when it is fixed (TensorRT graphs are), else None."""
     inits = {i.name for i in model.graph.initializer}
-    vi = next(i for i in model.graph.input if i.name not in inits)
-    dims = vi.type.tensor_type.shape.dim
-    return int(dims[0].dim_value) if len(dims) and dims[0].HasField("dim_value") else None
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name not in inits and len(dims) and dims[0].HasField("dim_value"):
+            return int(dims[0].dim_value)
+    return None
 
 
 def to_fp16(model: Any) -> Any:
-    """fp16 weights and activations, fp32 graph inputs and outputs (Cast nodes at the ends)."""
+    """fp16 weights and activations, fp32 graph inputs and outputs (Cast nodes at the ends;
+    every input and output of a multi-IO graph keeps fp32)."""
     from onnxconverter_common import float16
 
     return float16.convert_float_to_float16(_copy(model), keep_io_types=True,
                                             disable_shape_infer=False)
 
 
-class _Reader:
-    """ONNX Runtime's CalibrationDataReader protocol over an array, in the graph's batch size
-    (a static batch takes whole chunks only; a dynamic one takes chunks of 32)."""
+#: What ``calibration_data`` may be: one array (a one-input graph), a tuple/list with one array
+#: per graph input in graph order, or a dict keyed by graph input name.
+Calibration = np.ndarray | tuple[np.ndarray, ...] | list[np.ndarray] | dict[str, np.ndarray]
 
-    def __init__(self, name: str, data: np.ndarray, batch: int | None):
+
+def calibration_by_name(names: list[str], data: Any) -> dict[str, np.ndarray]:
+    """``calibration_data`` as float32 arrays keyed by graph input name, every input present
+    with the same number of samples; refuses anything else saying what was expected."""
+    want = f"one array per graph input ({', '.join(names)}): a tuple in that order or a dict by name"
+    if isinstance(data, dict):
+        missing, extra = [n for n in names if n not in data], sorted(set(data) - set(names))
+        if missing or extra:
+            raise UnsupportedError(f"gpu.tensorrt:int8 calibration_data is keyed {sorted(data)}; "
+                                   f"expected {want}")
+        arrays = [data[n] for n in names]
+    elif isinstance(data, (tuple, list)):
+        arrays = list(data)
+    else:
+        arrays = [data]
+    if len(arrays) != len(names):
+        raise UnsupportedError(f"gpu.tensorrt:int8 got calibration data for {len(arrays)} "
+                               f"input(s); expected {want}")
+    out = {n: np.asarray(a, dtype=np.float32)[:MAX_CALIBRATION] for n, a in zip(names, arrays, strict=True)}
+    counts = {n: len(a) for n, a in out.items()}
+    if len(set(counts.values())) != 1:
+        raise UnsupportedError(f"gpu.tensorrt:int8 calibration arrays hold different numbers of "
+                               f"samples ({counts}); give every input the same samples")
+    return out
+
+
+class _Reader:
+    """ONNX Runtime's CalibrationDataReader protocol over arrays keyed by input name, one dict
+    per batch in the graph's batch size (a static batch takes whole chunks only; a dynamic one
+    takes chunks of 32)."""
+
+    def __init__(self, data: dict[str, np.ndarray], batch: int | None):
         step = batch or 32
-        n = (len(data) // step) * step
+        n = (len(next(iter(data.values()))) // step) * step
         self._it: Iterator[dict[str, np.ndarray]] = (
-            {name: np.ascontiguousarray(data[i:i + step], dtype=np.float32)}
+            {name: np.ascontiguousarray(a[i:i + step]) for name, a in data.items()}
             for i in range(0, n, step))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -87,8 +121,9 @@ class _Reader:
         pass
 
 
-def to_int8(model: Any, calibration_data: np.ndarray | None, per_channel: bool = True) -> Any:
-    """The symmetric int8 Q/DQ graph, calibrated on ``calibration_data``."""
+def to_int8(model: Any, calibration_data: Any, per_channel: bool = True) -> Any:
+    """The symmetric int8 Q/DQ graph, calibrated on ``calibration_data`` (see
+    :data:`Calibration`; every input of a multi-input graph is calibrated)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -99,15 +134,15 @@ def to_int8(model: Any, calibration_data: np.ndarray | None, per_channel: bool =
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     names = input_names(model)
-    if len(names) != 1:
-        raise UnsupportedError(f"gpu.tensorrt:int8 calibrates graphs with one input; this one "
-                               f"has {names}")
     batch = _static_batch(model)
     need = batch or 1
-    if calibration_data is None or len(calibration_data) < need:
+    if calibration_data is None:
         raise UnsupportedError(f"gpu.tensorrt:int8 needs calibration data: at least {need} "
-                               f"sample(s) of the model's input (calibration_data=…)")
-    data = np.asarray(calibration_data, dtype=np.float32)[:MAX_CALIBRATION]
+                               f"sample(s) of each model input (calibration_data=…)")
+    data = calibration_by_name(names, calibration_data)
+    if len(data[names[0]]) < need:
+        raise UnsupportedError(f"gpu.tensorrt:int8 needs calibration data: at least {need} "
+                               f"sample(s) of each model input (calibration_data=…)")
     with tempfile.TemporaryDirectory(prefix="hwb-trt-int8-") as tmp:
         src, pre, dst = (Path(tmp) / f for f in ("in.onnx", "pre.onnx", "int8.onnx"))
         onnx.save(model, str(src))
@@ -119,7 +154,7 @@ def to_int8(model: Any, calibration_data: np.ndarray | None, per_channel: bool =
         except Exception:  # symbolic shape inference can fail on exotic graphs: optional
             pre = src
         quantize_static(
-            str(pre), str(dst), _Reader(names[0], data, batch),
+            str(pre), str(dst), _Reader(data, batch),
             quant_format=QuantFormat.QDQ, op_types_to_quantize=list(INT8_OPS),
             per_channel=per_channel, reduce_range=False,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -131,10 +166,11 @@ def to_int8(model: Any, calibration_data: np.ndarray | None, per_channel: bool =
         return onnx.load(str(dst))
 
 
-def prepare_onnx(model: Any, precision: str, calibration_data: np.ndarray | None = None) -> Any:
+def prepare_onnx(model: Any, precision: str, calibration_data: Any = None) -> Any:
     """The ONNX graph TensorRT builds for ``precision`` (a new ``onnx.ModelProto``; ``model``
     is not modified): fp32 as is, fp16 converted with fp32 I/O, int8 as a symmetric Q/DQ graph
-    calibrated on ``calibration_data``. Needs neither a GPU nor TensorRT."""
+    calibrated on ``calibration_data`` (one array, or for a graph with several inputs a tuple
+    in graph input order or a dict keyed by input name). Needs neither a GPU nor TensorRT."""
     if precision == "fp32":
         return _copy(model)
     if precision == "fp16":

@@ -29,9 +29,10 @@ import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
 
 from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
+from .._shared.onnx_io import graph_inputs, graph_outputs, spec_order
 from .._util import importable
 from .precision import prepare_onnx, qdq_zero_points
 
@@ -147,10 +148,33 @@ def current_binding() -> dict[str, str]:
     return {"tensorrt": trt_version(), **(info.as_dict() if info else {"gpu": "none"})}
 
 
-def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], plan: BuildPlan,
+def profile_shapes(network_inputs: list[tuple[str, tuple[int, ...]]],
+                   shapes: dict[str, tuple[int, ...]]) -> list[tuple[str, tuple[int, ...]]]:
+    """The optimization-profile entries to set: one ``(name, shape)`` per network input that
+    still has a dynamic (-1) dimension, pinned to the one shape it is run at (``shapes``, by
+    graph input name). Empty when every input is static (no profile needed). A dynamic input
+    with no declared shape, or one whose static dimensions disagree, is refused."""
+    entries = []
+    for name, dims in network_inputs:
+        if not any(int(d) < 0 for d in dims):
+            continue
+        want = shapes.get(name)
+        if want is None:
+            raise UnsupportedError(f"gpu.tensorrt: network input {name!r} has dynamic shape "
+                                   f"{tuple(dims)} and the model declares no shape for it "
+                                   f"(declared: {sorted(shapes)})")
+        if len(want) != len(dims) or any(int(d) >= 0 and int(d) != w for d, w in zip(dims, want, strict=True)):
+            raise UnsupportedError(f"gpu.tensorrt: network input {name!r} has shape {tuple(dims)}, "
+                                   f"the model declares {tuple(want)}")
+        entries.append((name, tuple(int(w) for w in want)))
+    return entries
+
+
+def build_engine(onnx_bytes: bytes, shapes: dict[str, tuple[int, ...]], plan: BuildPlan,
                  workspace: int = 1 << 30, precision: str = "") -> tuple[bytes, str]:
     """The serialized engine and the builder's log. ``onnx_bytes`` already carries the
-    precision (:func:`.precision.prepare_onnx`)."""
+    precision (:func:`.precision.prepare_onnx`); ``shapes`` is the batched shape of every
+    graph input, by name (the profile, where one is needed)."""
     import tensorrt as trt
 
     class _Log(trt.ILogger):
@@ -178,11 +202,13 @@ def build_engine(onnx_bytes: bytes, input_name: str, shape: tuple[int, ...], pla
         config.set_flag(getattr(trt.BuilderFlag, name))
     # The ONNX graph had its batch fixed, so usually no input is dynamic and no profile is
     # needed; a profile is required only when some input dimension is still -1 (e.g. a
-    # sequence axis), and then it is pinned to the one shape we run.
+    # sequence axis), and then every such input is pinned to the one shape we run.
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
-    if any(int(d) < 0 for t in inputs for d in t.shape):
+    entries = profile_shapes([(t.name, tuple(t.shape)) for t in inputs], shapes)
+    if entries:
         profile = builder.create_optimization_profile()
-        profile.set_shape(input_name, shape, shape, shape)
+        for name, shape in entries:
+            profile.set_shape(name, shape, shape, shape)
         config.add_optimization_profile(profile)
     blob = builder.build_serialized_network(network, config)
     if blob is None:
@@ -201,18 +227,46 @@ class _Pinned:
         self.array = np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-class TensorRTExecutor(Executor):
-    def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
-                 cuda_graph: bool = True):
+def engine_io(names: list[str], is_input: list[bool], want_in: list[str] | None,
+              want_out: list[str] | None) -> tuple[list[str], list[str]]:
+    """The engine's input and output tensor names in the model's spec order.
+
+    ``names``/``is_input``: the engine's I/O tensors and their modes, in engine order;
+    ``want_in``/``want_out``: the graph names in spec order that ``compile`` recorded (the
+    artifact's ``meta["io"]``), or ``None`` for an artifact without them (then the engine's
+    order, which is the ONNX graph's). A recorded name the engine lacks is refused."""
+    ins = [n for n, i in zip(names, is_input, strict=True) if i]
+    outs = [n for n, i in zip(names, is_input, strict=True) if not i]
+    for label, want, have in (("input", want_in, ins), ("output", want_out, outs)):
+        if want is not None and sorted(want) != sorted(have):
+            raise UnsupportedError(f"gpu.tensorrt: the engine's {label} tensors are {have}, the "
+                                   f"artifact records {want}; rebuild it (hwb compile --rebuild)")
+    return (list(want_in) if want_in is not None else ins,
+            list(want_out) if want_out is not None else outs)
+
+
+class _TensorRTRunner:
+    """What both TensorRT executors share: the engine and its context, one stream, one pinned
+    host + one device buffer per I/O tensor (addresses bound once by name), the copies in,
+    ``execute_async_v3`` and the copies out, captured as one CUDA graph. ``_hins``/``_houts``
+    are the host arrays in spec order; the executor classes add the call (one array or
+    tuples)."""
+
+    _in_specs: tuple[TensorSpec, ...]
+    _out_specs: tuple[TensorSpec, ...]
+    batch_size: int
+
+    def _setup(self, engine_bytes: bytes, io: dict[str, list[str]] | None, cuda_graph: bool) -> None:
         self._rt = cudart()
-        self._init_io(inp, out, batch)
         self._bufs: list[tuple[_Pinned, Any]] = []
+        self._copies_in: list[tuple[Any, _Pinned]] = []
+        self._copies_out: list[tuple[_Pinned, Any]] = []
         self.stream = self.graph_exec = self._graph = None
         try:
             self._open_engine(engine_bytes)
-            names = self._io_names()
-            self._check_shapes(names)
-            self._allocate(names)
+            ins, outs = self._io_names(io)
+            self._check_shapes(ins, outs)
+            self._allocate(ins, outs)
             self._warm_up()
             if cuda_graph:
                 self._capture()
@@ -233,36 +287,38 @@ class TensorRTExecutor(Executor):
                                    "GPU or TensorRT version); it will be rebuilt")
         self.context = self.engine.create_execution_context()
 
-    def _io_names(self) -> tuple[str, str]:
-        """The engine's one input and one output tensor."""
+    def _io_names(self, io: dict[str, list[str]] | None) -> tuple[list[str], list[str]]:
+        """The engine's input and output tensor names, in spec order, one per spec."""
         mode = self._trt.TensorIOMode.INPUT
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        ins = [n for n in names if self.engine.get_tensor_mode(n) == mode]
-        outs = [n for n in names if n not in ins]
-        if len(ins) != 1 or len(outs) != 1:
+        ins, outs = engine_io(names, [self.engine.get_tensor_mode(n) == mode for n in names],
+                              (io or {}).get("inputs"), (io or {}).get("outputs"))
+        if len(ins) != len(self._in_specs) or len(outs) != len(self._out_specs):
             raise UnsupportedError(f"gpu.tensorrt: engine has inputs {ins} and outputs {outs}; "
-                                   f"one of each is supported")
-        return ins[0], outs[0]
+                                   f"the model declares {len(self._in_specs)} input(s) and "
+                                   f"{len(self._out_specs)} output(s)")
+        return ins, outs
 
-    def _check_shapes(self, names: tuple[str, str]) -> None:
-        batched = self._in_spec.batched(self.batch_size)
-        if not self.context.set_input_shape(names[0], batched):
-            raise UnsupportedError(f"gpu.tensorrt: the engine refuses input shape "
-                                   f"{batched} for {names[0]!r}")
+    def _check_shapes(self, ins: list[str], outs: list[str]) -> None:
+        for name, spec in zip(ins, self._in_specs, strict=True):
+            batched = spec.batched(self.batch_size)
+            if not self.context.set_input_shape(name, batched):
+                raise UnsupportedError(f"gpu.tensorrt: the engine refuses input shape "
+                                       f"{batched} for {name!r}")
         # The host/device buffers are sized from the declared specs: an engine whose I/O
         # tensor holds more elements would read/write past them, so refuse it here.
-        for name, spec in zip(names, (self._in_spec, self._out_spec), strict=True):
+        for name, spec in zip([*ins, *outs], [*self._in_specs, *self._out_specs], strict=True):
             got = tuple(int(d) for d in self.context.get_tensor_shape(name))
             if int(np.prod(got)) != int(np.prod(spec.batched(self.batch_size))):
                 raise UnsupportedError(f"gpu.tensorrt: engine tensor {name!r} has shape {got}, "
                                        f"the model declares {tuple(spec.batched(self.batch_size))}")
 
-    def _allocate(self, names: tuple[str, str]) -> None:
+    def _allocate(self, ins: list[str], outs: list[str]) -> None:
         """Pinned host + device buffer per I/O tensor, in the engine's I/O dtype (float32 for
-        every prepared graph: fp16 and int8 keep fp32 I/O), bound once."""
+        every prepared graph: fp16 and int8 keep fp32 I/O), each bound once by name."""
         rt = self._rt
         self.stream = _ck(rt.cudaStreamCreate())
-        for name, spec in zip(names, (self._in_spec, self._out_spec), strict=True):
+        for name, spec in zip([*ins, *outs], [*self._in_specs, *self._out_specs], strict=True):
             dtype = self._trt.nptype(self.engine.get_tensor_dtype(name))
             host = _Pinned(rt, spec.batched(self.batch_size), dtype)
             try:
@@ -272,9 +328,16 @@ class TensorRTExecutor(Executor):
                 raise
             self._bufs.append((host, dev))
             self.context.set_tensor_address(name, native_handle(dev))
-        (self._hin, self._din), (self._hout, self._dout) = self._bufs
-        self._hx, self._hy = self._hin.array, self._hout.array
+        n = len(ins)
+        self._copies_in = [(dev, host) for host, dev in self._bufs[:n]]
+        self._copies_out = list(self._bufs[n:])
+        self._hins = tuple(h.array for h, _ in self._bufs[:n])
+        self._houts = tuple(h.array for h, _ in self._bufs[n:])
         self._stream_ptr = native_handle(self.stream)
+        self._bind_host()
+
+    def _bind_host(self) -> None:
+        """Hook: the executor's own references to the host arrays (after allocate and close)."""
 
     def _warm_up(self) -> None:
         # One plain run first: TensorRT does lazy initialisation that must not be captured.
@@ -282,7 +345,7 @@ class TensorRTExecutor(Executor):
         _ck(self._rt.cudaStreamSynchronize(self.stream))
 
     def _capture(self) -> None:
-        """copy in + execute_async_v3 + copy out, captured once as a CUDA graph."""
+        """copies in + execute_async_v3 + copies out, captured once as a CUDA graph."""
         rt = self._rt
         _ck(rt.cudaStreamBeginCapture(self.stream,
                                       rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
@@ -319,22 +382,19 @@ class TensorRTExecutor(Executor):
         return run
 
     def _enqueue(self) -> None:
+        """One copy in per input tensor, the engine, one copy out per output tensor."""
         rt = self._rt
-        _ck(rt.cudaMemcpyAsync(self._din, self._hin.ptr, self._hin.nbytes,
-                               rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream))
+        h2d, d2h = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        for dev, host in self._copies_in:
+            _ck(rt.cudaMemcpyAsync(dev, host.ptr, host.nbytes, h2d, self.stream))
         if not self.context.execute_async_v3(self._stream_ptr):
             raise RuntimeError("execute_async_v3 failed")
-        _ck(rt.cudaMemcpyAsync(self._hout.ptr, self._dout, self._hout.nbytes,
-                               rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.stream))
+        for host, dev in self._copies_out:
+            _ck(rt.cudaMemcpyAsync(host.ptr, dev, host.nbytes, d2h, self.stream))
 
     @property
     def cuda_graph(self) -> bool:
         return self.graph_exec is not None
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._hx[...] = x
-        self._launch()
-        out[...] = self._hy
 
     def close(self) -> None:
         rt = self._rt
@@ -349,17 +409,56 @@ class TensorRTExecutor(Executor):
         for host, dev in self._bufs:
             rt.cudaFreeHost(host.ptr)
             rt.cudaFree(dev)
-        self._bufs = []
+        self._bufs, self._copies_in, self._copies_out = [], [], []
         if self.stream is not None:
             rt.cudaStreamDestroy(self.stream)
         self.stream = None
         # The numpy views pointed at the freed pinned memory: a call after close must fail
         # cleanly, not write into freed memory.
-        self._hx, self._hy = np.empty(self._xshape, _F32), np.empty(self._yshape, _F32)
+        self._hins = tuple(np.empty(s.batched(self.batch_size), _F32) for s in self._in_specs)
+        self._houts = tuple(np.empty(s.batched(self.batch_size), _F32) for s in self._out_specs)
+        self._bind_host()
 
         def closed() -> None:
             raise RuntimeError("gpu.tensorrt executor is closed")
         self._launch = closed
+
+
+class TensorRTExecutor(_TensorRTRunner, Executor):
+    """One input, one output: ``predict_into(x, out)``."""
+
+    def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
+                 cuda_graph: bool = True, io: dict[str, list[str]] | None = None):
+        self._init_io(inp, out, batch)
+        self._in_specs, self._out_specs = (inp,), (out,)
+        self._setup(engine_bytes, io, cuda_graph)
+
+    def _bind_host(self) -> None:
+        self._hx, self._hy = self._hins[0], self._houts[0]
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+        self._hx[...] = x
+        self._launch()
+        out[...] = self._hy
+
+
+class TensorRTMultiExecutor(_TensorRTRunner, MultiExecutor):
+    """Several inputs/outputs: ``predict_into(xs, outs)`` with tuples in spec order; one
+    pinned + device buffer, one ``set_input_shape``/``set_tensor_address`` and one copy per
+    tensor name, all in the one captured CUDA graph."""
+
+    def __init__(self, engine_bytes: bytes, batch: int, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec], cuda_graph: bool = True,
+                 io: dict[str, list[str]] | None = None):
+        self._init_multi(inputs, outputs, batch)
+        self._setup(engine_bytes, io, cuda_graph)
+
+    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        for h, x in zip(self._hins, xs, strict=True):
+            h[...] = x
+        self._launch()
+        for o, h in zip(outs, self._houts, strict=True):
+            o[...] = h
 
 
 class TensorRTTarget(Target):
@@ -369,6 +468,12 @@ class TensorRTTarget(Target):
     calibrated = ("int8",)
     formats = ("onnx",)
     description = "TensorRT engine on an NVIDIA GPU, CUDA-graph replay, pinned buffers"
+    #: Several inputs/outputs: one profile entry, buffer, address and copy per tensor name.
+    multi_io = True
+    #: int8's Q/DQ graph is calibrated on every input (a dict per batch, keyed by input name).
+    multi_io_calibrated = True
+    #: 2: artifacts record their graph I/O names in spec order (meta["io"]).
+    version = "2"
     option_docs = {
         "workspace_mb": "builder workspace limit in MiB (default 1024)",
         "cuda_graph": "true (default): capture copy + execute_async_v3 + copy in one CUDA graph",
@@ -408,28 +513,50 @@ class TensorRTTarget(Target):
         copy = onnx.ModelProto()
         copy.CopyFrom(model.obj)
         proto = fix_batch(copy, options.batch_size)
-        inits = {i.name for i in proto.graph.initializer}
-        in_name = next(i.name for i in proto.graph.input if i.name not in inits)
+        io = graph_io(proto, model.inputs, model.outputs)
         # The precision is in the graph TensorRT parses (it is the only place TensorRT 11
         # takes it from); the graph is kept in the artifact for inspection.
-        graph = prepare_onnx(proto, options.precision, options.calibration)
+        graph = prepare_onnx(proto, options.precision, calibration_by_input(io, options.calibration))
         onnx.save(graph, str(workdir / GRAPH))
         mb = int(options.extra.get("workspace_mb", 1024))
-        blob, log = build_engine(graph.SerializeToString(), in_name,
-                                 model.input.batched(options.batch_size), plan, mb << 20,
+        shapes = {n: s.batched(options.batch_size) for n, s in zip(io["inputs"], model.inputs, strict=True)}
+        blob, log = build_engine(graph.SerializeToString(), shapes, plan, mb << 20,
                                  precision=options.precision)
         (workdir / ENGINE).write_bytes(blob)
-        return {"file": ENGINE, "bytes": len(blob), "bound_to": current_binding(),
+        return {"file": ENGINE, "bytes": len(blob), "bound_to": current_binding(), "io": io,
                 "graph": GRAPH, "qdq_nodes": len(qdq_zero_points(graph)),
                 "build_plan": asdict(plan),
                 "build_log": log[-4000:], "converted_from": model.meta.get("converted_from", "onnx")}
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> TensorRTExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         bound, here = artifact.meta.get("bound_to", {}), current_binding()
         if bound != here:
             # The core evicts an artifact that fails to load and rebuilds it.
             raise UnavailableError(f"gpu.tensorrt engine was built for {bound}, this machine is "
                                    f"{here}; rebuilding")
-        return TensorRTExecutor(artifact.file(ENGINE).read_bytes(), artifact.batch_size,
-                                artifact.inputs[0], artifact.outputs[0],
-                                cuda_graph=bool(options.extra.get("cuda_graph", True)))
+        engine = artifact.file(ENGINE).read_bytes()
+        graph, io = bool(options.extra.get("cuda_graph", True)), artifact.meta.get("io")
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            return TensorRTMultiExecutor(engine, artifact.batch_size, artifact.inputs,
+                                         artifact.outputs, cuda_graph=graph, io=io)
+        return TensorRTExecutor(engine, artifact.batch_size, artifact.inputs[0],
+                                artifact.outputs[0], cuda_graph=graph, io=io)
+
+
+def graph_io(proto: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[str, list[str]]:
+    """The graph's input and output names in spec order (what the engine's tensors are called:
+    the ONNX parser keeps the graph's names); stored in the artifact's ``meta["io"]``."""
+    ins, outs = graph_inputs(proto), graph_outputs(proto)
+    if len(ins) != len(inputs) or len(outs) != len(outputs):
+        raise UnsupportedError(f"gpu.tensorrt: the ONNX graph has inputs {ins} and outputs {outs}; "
+                               f"the model declares {[s.name for s in inputs]} and "
+                               f"{[s.name for s in outputs]}")
+    return {"inputs": spec_order(ins, inputs), "outputs": spec_order(outs, outputs)}
+
+
+def calibration_by_input(io: dict[str, list[str]], calibration: Any) -> Any:
+    """``options.calibration`` (one array, or a tuple in spec order) keyed by graph input name,
+    which :func:`.precision.prepare_onnx` takes whatever the graph's input order."""
+    if calibration is None or not isinstance(calibration, tuple):
+        return calibration
+    return dict(zip(io["inputs"], calibration, strict=True))

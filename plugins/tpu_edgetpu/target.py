@@ -32,8 +32,8 @@ from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._shared.litert import LiteRTExecutor
-from .._shared.tflite import has_recurrent, op_names, to_tflite
+from .._shared.litert import LiteRTExecutor, LiteRTMultiExecutor
+from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
 from .._util import importable, version
 from .delegate_probe import probe_delegate
 
@@ -148,6 +148,41 @@ class EdgeTpuExecutor(LiteRTExecutor):
         np.multiply(out, self._scale_out, out=out)
 
 
+class EdgeTpuMultiExecutor(LiteRTMultiExecutor):
+    """Several inputs/outputs: the LiteRT multi-IO views (delegate on hardware). With int8 IO
+    tensors each input is quantized into its tensor and each output dequantized out of its
+    own, in place, with that tensor's scale and zero-point."""
+
+    def __init__(self, path: Path, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
+                 delegate: bool, threads: int = 1):
+        from ai_edge_litert.interpreter import load_delegate
+
+        super().__init__(path, threads, batch, inputs, outputs,
+                         [load_delegate(DELEGATE)] if delegate else None)
+        self.int8_io = any(d["dtype"] == np.int8 for d in [*self.input_details, *self.output_details])
+        # (1/scale, zero-point, float scratch) per input; (scale, zero-point) per output
+        # (float IO tensors have scale 0: nothing to precompute).
+        self._qin = [(np.float32(1.0 / d["quantization"][0]), np.float32(d["quantization"][1]),
+                      np.zeros(buf.shape, np.float32))
+                     for d, buf in zip(self.input_details, self._ins, strict=True)] if self.int8_io else []
+        self._qout = [(np.float32(d["quantization"][0]), np.int32(d["quantization"][1]))
+                      for d in self.output_details] if self.int8_io else []
+
+    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        if not self.int8_io:
+            return super()._run(xs, outs)
+        for x, buf, (inv, zp, f) in zip(xs, self._ins, self._qin, strict=True):
+            np.multiply(x, inv, out=f)
+            np.rint(f, out=f)
+            np.add(f, zp, out=f)
+            np.clip(f, -128, 127, out=f)
+            buf[...] = f
+        self._invoke()
+        for o, buf, (scale, zp) in zip(outs, self._outs, self._qout, strict=True):
+            np.subtract(buf, zp, out=o, casting="unsafe")
+            np.multiply(o, scale, out=o)
+
+
 class EdgeTpuTarget(Target):
     name = "tpu.edgetpu"
     family = "tpu"
@@ -155,6 +190,9 @@ class EdgeTpuTarget(Target):
     calibrated = ("int8",)
     formats = ("keras",)
     description = "Coral Edge TPU (full-int8 TFLite + edgetpu_compiler); int8 CPU emulation without one"
+    #: Several inputs/outputs through the multi-IO TFLite conversion, calibrated on every input.
+    multi_io = True
+    multi_io_calibrated = True
     option_docs = {
         "int8_io": "true: int8 input/output tensors (the executor quantizes float32 in and out); "
                    "default false: float32 IO with QUANTIZE/DEQUANTIZE ops at the ends",
@@ -199,8 +237,13 @@ class EdgeTpuTarget(Target):
         int8_io = options.extra.get("int8_io", False)
         if not isinstance(int8_io, bool):
             raise UnsupportedError(f"{self.name} option int8_io must be true or false, got {int8_io!r}")
-        blob = to_tflite(model.obj, "int8", options.batch_size, options.calibration,
-                         recurrent=recurrent, target=self.name, int8_io=int8_io)
+        if len(model.inputs) > 1 or len(model.outputs) > 1:
+            blob = to_tflite_multi(model.obj, "int8", options.batch_size, model.inputs,
+                                   model.outputs, target=self.name,
+                                   calibration=options.calibration, int8_io=int8_io)
+        else:
+            blob = to_tflite(model.obj, "int8", options.batch_size, options.calibration,
+                             recurrent=recurrent, target=self.name, int8_io=int8_io)
         path = workdir / "model.tflite"
         path.write_bytes(blob)
         ops = op_names(blob)
@@ -219,7 +262,7 @@ class EdgeTpuTarget(Target):
         meta["tflite_ops"] = float_ops
         return meta
 
-    def load(self, artifact: Artifact, options: CompileOptions) -> EdgeTpuExecutor:
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         avail = self.probe()
         compiled = artifact.meta.get("edgetpu_file")
         if avail.mode is Mode.HARDWARE:
@@ -228,8 +271,14 @@ class EdgeTpuTarget(Target):
                                        f"built without {COMPILER}; rebuild it (hwb compile --rebuild)")
             if find_device() is None:
                 raise UnavailableError(f"{self.name}: the Edge TPU was removed since probing")
-            return EdgeTpuExecutor(artifact.file(compiled), artifact.batch_size, artifact.inputs[0],
-                                   artifact.outputs[0], delegate=True)
-        return EdgeTpuExecutor(artifact.file("model.tflite"), artifact.batch_size,
-                               artifact.inputs[0], artifact.outputs[0], delegate=False,
-                               threads=options.runtime_threads())
+            return self._executor(artifact, artifact.file(compiled), True, 1)
+        return self._executor(artifact, artifact.file("model.tflite"), False,
+                              options.runtime_threads())
+
+    @staticmethod
+    def _executor(artifact: Artifact, path: Path, delegate: bool, threads: int) -> Executor:
+        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+            return EdgeTpuMultiExecutor(path, artifact.batch_size, artifact.inputs,
+                                        artifact.outputs, delegate=delegate, threads=threads)
+        return EdgeTpuExecutor(path, artifact.batch_size, artifact.inputs[0], artifact.outputs[0],
+                               delegate=delegate, threads=threads)
