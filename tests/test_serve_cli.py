@@ -65,3 +65,38 @@ def test_hwb_serve_config_errors_are_clear(capsys):
     assert "give --shm NAME and/or --grpc-port" in capsys.readouterr().err
     assert main(["serve", "--shm", "x"]) == 1
     assert "give a MODEL" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_hwb_serve_multi_io_prints_the_layout_a_c_client_needs(store_dir, compiled, zoo_model):
+    cm = compiled("two_head", "cpu.onnxruntime", "fp32", batch_size=1)
+    xs = zoo_model("two_head").representative(3, seed=5)
+    name = f"hwb-clitest-{secrets.token_hex(3)}"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "hwbackends", "serve", "zoo:two_head", "-t", "cpu.onnxruntime",
+         "--batch-size", "1", "--cache-dir", str(store_dir), "--preset", "single", "--shm", name,
+         "--duration", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        info = json.loads(line)
+        assert (info["input_size"], info["output_size"]) == (20, 2)
+        lay = info["layout"]
+        assert [(f["name"], f["offset"], f["size"]) for f in lay["inputs"]] == \
+            [("features", 0, 16), ("state", 16, 4)]
+        with ShmClient(name) as c:
+            for i in range(3):
+                rec = np.zeros(info["input_size"], np.float32)  # filled from the printed layout
+                for f, x in zip(lay["inputs"], xs, strict=True):
+                    rec[f["offset"]:f["offset"] + f["size"]] = x[i].ravel()
+                y = c.predict(rec)
+                want = cm.predict((xs[0][i], xs[1][i]))
+                for f, w in zip(lay["outputs"], want, strict=True):
+                    np.testing.assert_allclose(y[f["offset"]:f["offset"] + f["size"]], w, atol=1e-6)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
