@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -52,13 +52,16 @@ class Variant:
 class Conformance:
     """One target under test: its registry, an artifact store of its own and the variants
     (zoo model × precision) to check. ``models=None`` means every zoo model the target claims
-    (its ``formats`` plus the installed converters); ``precisions=None`` means all of them."""
+    (its ``formats`` plus the installed converters); ``precisions=None`` means all of them.
+    ``options``: target options every compile gets (``hwb.compile(..., options=)``), e.g. to
+    skip a slow synthesis step that is not part of the contract."""
 
     target_name: str
     store: Path
     models: Sequence[str] | None = None
     precisions: Sequence[str] | None = None
     registry: Registry | None = None
+    options: Mapping[str, Any] | None = None
     _compiled: dict[Variant, CompiledModel | BaseException] = field(default_factory=dict, repr=False)
     _models: dict[str, Model] = field(default_factory=dict, repr=False)
     _availability: Availability | None = field(default=None, repr=False)
@@ -156,6 +159,8 @@ class Conformance:
 
         cls.compile = spy  # type: ignore[method-assign]
         try:
+            if self.options:
+                kw.setdefault("options", dict(self.options))
             cm = hwb_compile(m, self.target_name, v.precision, store=store,
                              registry=self.registry, **kw)
             if not cm.artifact.cached:
