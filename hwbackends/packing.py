@@ -90,6 +90,24 @@ class Layout:
         self.write(out, arrays)
         return out
 
+    def pack_sample(self, x: Any, nan_policy: str = "reject") -> np.ndarray | None:
+        """One sample per tensor (float32 arrays of exactly each spec's shape, a tuple/list in
+        order or a dict by name) as a ``(size,)`` record, checked for NaN/Inf per
+        ``nan_policy``; ``None`` when ``x`` is anything else (then :meth:`pack` validates it
+        and says what is wrong). The engine's per-request fast path."""
+        items = ([x.get(f.name) for f in self.fields] if isinstance(x, dict) else
+                 list(x) if isinstance(x, (tuple, list)) else None)
+        if items is None or len(items) != len(self.fields):
+            return None
+        rec = np.empty(self.size, np.float32)
+        for f, a in zip(self.fields, items, strict=True):
+            if type(a) is not np.ndarray or a.dtype != np.float32 or a.shape != f.shape:
+                return None
+            rec[f.offset:f.offset + f.size] = a.reshape(-1)
+        if nan_policy == "reject" and not np.isfinite(rec).all():
+            return None  # pack() names the tensor
+        return rec
+
     def write(self, record: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
         """Copy ``arrays`` (one ``(n, *shape)`` per field) into the ``(n, size)`` ``record``."""
         n = len(record)

@@ -82,6 +82,10 @@ def test_engine_serves_tuples_dicts_and_records(cm, data):
         _close(bufs, tuple(w[9] for w in want))
         with pytest.raises(InputError, match="input 'state' has shape"):
             eng.predict((data[0][0], data[1][0][:3]))
+        bad = data[1][0].copy()
+        bad[2] = np.nan
+        with pytest.raises(InputError, match="input 'state' contains 1 NaN/Inf"):
+            eng.predict((data[0][0], bad))
         with pytest.raises(InputError, match="one sample per call"):
             eng.predict((data[0][:2], data[1][:2]))
         with pytest.raises(InputError, match="output buffers"):

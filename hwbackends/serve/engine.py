@@ -216,6 +216,9 @@ class Engine:
         if isinstance(x, (tuple, list, dict)):
             lay = self.layout
             if lay is not None:  # one array per tensor: pack them into the record
+                fast = lay[0].pack_sample(x, nan)
+                if fast is not None:
+                    return fast
                 rec = lay[0].pack(x, nan)
                 if len(rec) != 1:
                     raise InputError(f"engine {self.strategy!r} takes one sample per call; got "
