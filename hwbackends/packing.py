@@ -77,7 +77,7 @@ class Layout:
         return [f.to_dict() for f in self.fields]
 
     def describe(self) -> str:
-        """``features[0:32] (32,), state[32:36] (4,)`` — for logs and ``hwb serve``."""
+        """``features[0:32] (32,), state[32:36] (4,)`` — for logs."""
         return ", ".join(f"{f.name}[{f.offset}:{f.offset + f.size}] {f.shape}" for f in self.fields)
 
     # -- per call ---------------------------------------------------------------------------
@@ -95,6 +95,8 @@ class Layout:
         order or a dict by name) as a ``(size,)`` record, checked for NaN/Inf per
         ``nan_policy``; ``None`` when ``x`` is anything else (then :meth:`pack` validates it
         and says what is wrong). The engine's per-request fast path."""
+        if isinstance(x, dict) and len(x) != len(self.fields):
+            return None  # missing or unknown names: pack() says which
         items = ([x.get(f.name) for f in self.fields] if isinstance(x, dict) else
                  list(x) if isinstance(x, (tuple, list)) else None)
         if items is None or len(items) != len(self.fields):
@@ -113,12 +115,6 @@ class Layout:
         n = len(record)
         for f, a in zip(self.fields, arrays, strict=True):
             record[:, f.offset:f.offset + f.size] = np.reshape(a, (n, f.size))
-
-    def read(self, record: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
-        """Copy the ``(n, size)`` ``record`` out into ``arrays`` (one ``(n, *shape)`` each;
-        strided arrays are fine)."""
-        for f, a in zip(self.fields, arrays, strict=True):
-            a[...] = record[:, f.offset:f.offset + f.size].reshape(a.shape)
 
     def split(self, record: np.ndarray) -> tuple[np.ndarray, ...]:
         """New arrays, one per field, from a packed record: ``(size,)`` → one sample each

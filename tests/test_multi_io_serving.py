@@ -82,6 +82,8 @@ def test_engine_serves_tuples_dicts_and_records(cm, data):
         _close(bufs, tuple(w[9] for w in want))
         with pytest.raises(InputError, match="input 'state' has shape"):
             eng.predict((data[0][0], data[1][0][:3]))
+        with pytest.raises(InputError, match="unknown \\['extra'\\]"):
+            eng.predict({"features": data[0][0], "state": data[1][0], "extra": data[1][0]})
         bad = data[1][0].copy()
         bad[2] = np.nan
         with pytest.raises(InputError, match="input 'state' contains 1 NaN/Inf"):

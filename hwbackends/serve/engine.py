@@ -148,6 +148,9 @@ class Engine:
         self._running = False
         self._swap_lock = threading.Lock()
         self.metrics.set_version(self.versions.active.number)
+        if self.layout is not None:
+            log.info("%s: several inputs/outputs, served as packed float32 records: %s → %s",
+                     strategy, self.layout[0].describe(), self.layout[1].describe())
 
     @property
     def history(self) -> list[dict[str, Any]]:
