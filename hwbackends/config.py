@@ -77,6 +77,26 @@ class StrategyConfig(_Strict):
     #: Rank variants with a *modelled* hardware latency (fpga.da4ml's end-to-end estimate)
     #: beside measured ones, labelled "modelled" (hwbackends/router/modelled.py).
     allow_modelled: bool = False
+    #: How to load a model file that needs more than its path (as ``hwb compile``'s
+    #: ``--weights``, ``--input-shape``, ``--trust-pickle``): Keras 2 JSON weights (relative to
+    #: this file), per-sample input shape(s), and whether a whole-module torch pickle may be
+    #: unpickled (that runs code from the file: only for files you trust).
+    weights: str | None = None
+    input_shape: list[int] | list[list[int]] | None = None
+    trust_pickle: bool = False
+
+    def load_kwargs(self, config_path: Path) -> dict[str, Any]:
+        """Keyword arguments for :func:`hwbackends.models.load_model` (empty by default)."""
+        kw: dict[str, Any] = {}
+        if self.weights:
+            kw["weights"] = resolve_model(self.weights, config_path)
+        if self.input_shape is not None:
+            shapes = self.input_shape
+            kw["input_shape"] = (tuple(shapes) if shapes and isinstance(shapes[0], int)
+                                 else [tuple(x) for x in shapes])  # type: ignore[union-attr]
+        if self.trust_pickle:
+            kw["trust_pickle"] = True
+        return kw
 
     @field_validator("pin")
     @classmethod
@@ -307,6 +327,9 @@ def _check_strategy(cfg: StrategiesFile, base: tuple[str, ...], s: StrategyConfi
         bad(base + ("model",), f"model file {resolve_model(s.model, p)} does not exist "
                                f"(paths are relative to {p.parent}); give a .keras/.onnx/.pt2 "
                                f"file or zoo:NAME")
+    if s.weights and not resolve_model(s.weights, p).exists():
+        bad(base + ("weights",), f"weights file {resolve_model(s.weights, p)} does not exist "
+                                 f"(paths are relative to {p.parent})")
     if reg is None:
         return
     names = sorted(reg.targets)

@@ -129,3 +129,24 @@ def test_fleet_ships_a_self_contained_copy(pickle_file, keras2, tmp_path):
     assert shipped.name == "jet.keras"
     np.testing.assert_allclose(hwb.load_model(shipped).reference(X), numpy_mlp(X, ws),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_strategies_toml_takes_the_loading_options(keras2, store_dir, tmp_path):
+    from hwbackends.errors import ConfigError
+    from hwbackends.router import Router
+
+    js, weights, ws = keras2
+    cfg = tmp_path / "s.toml"
+    body = ('[tiers.t]\np99_us = 100000\n[router]\nisolate_compile = false\n'
+            '[router.bench]\nn = 100\nwarmup = 10\n'
+            f'[strategies.jet]\nmodel = "{js}"\ntier = "t"\ntargets = ["cpu.onnxruntime"]\n'
+            'precisions = ["fp32"]\n')
+    cfg.write_text(body + f'weights = "{weights}"\n')
+    r = Router.from_config(cfg, store=store_dir)
+    try:
+        np.testing.assert_allclose(r.predict("jet", X), numpy_mlp(X, ws), rtol=1e-4, atol=1e-5)
+    finally:
+        r.close()
+    cfg.write_text(body + 'weights = "missing.h5"\n')
+    with pytest.raises(ConfigError, match="weights file .*missing.h5 does not exist"):
+        Router.from_config(cfg, store=store_dir)

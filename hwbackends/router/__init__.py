@@ -69,14 +69,16 @@ class Router:
         reg = registry or get_registry()
         cfg = load_config(p, reg)
         cache = cache if cache is not None else ProfileCache()
-        models: dict[str, Any] = {}
+        models: dict[tuple[str, str], Any] = {}
         decisions: dict[str, Decision] = {}
         for name, s in cfg.strategies.items():
             if strategies and name not in strategies:
                 continue
-            key = s.model if s.model.startswith("zoo:") else str(resolve_model(s.model, p))
+            src = s.model if s.model.startswith("zoo:") else str(resolve_model(s.model, p))
+            kw = s.load_kwargs(p)
+            key = (src, repr(sorted(kw.items())))  # the same file loaded another way is another model
             if key not in models:
-                models[key] = load_model(key)
+                models[key] = load_model(src, **kw)
             decisions[name] = plan_strategy(name, s, cfg, models[key], reg, store=store,
                                             cache=cache, refresh=refresh, say=progress)
         if strategies:
