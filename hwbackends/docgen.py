@@ -34,6 +34,7 @@ DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 def contract_objects() -> list[Any]:
     """The public contract a plugin author works with, in the order the reference lists it."""
     objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor, target.MultiExecutor,
+                       target.BufferedMultiExecutor,
                        target.CompileOptions, target.Artifact,
                        target.Converter, target.check_io, target.check_io_multi,
                        specs.Availability, specs.Mode,

@@ -284,6 +284,26 @@ class BufferedExecutor(Executor):
         out[...] = self._out
 
 
+class BufferedMultiExecutor(MultiExecutor):
+    """:class:`BufferedExecutor` for several inputs/outputs: subclasses call
+    :meth:`~MultiExecutor._init_multi` and set ``_ins`` and ``_outs`` (one runtime-owned array
+    per tensor, in spec order) and ``_invoke``; the copy in, invoke, copy out is written once,
+    here. Strided arrays are handled by the copies."""
+
+    _ins: tuple[np.ndarray, ...]
+    _outs: tuple[np.ndarray, ...]
+    _invoke: Callable[[], Any]
+
+    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+        """Copy each input into its ``_ins`` buffer, invoke once, copy each ``_outs`` buffer
+        into its output."""
+        for buf, x in zip(self._ins, xs, strict=True):
+            buf[...] = x
+        self._invoke()
+        for o, buf in zip(outs, self._outs, strict=True):
+            o[...] = buf
+
+
 class Target:
     """Base class of every target. Subclasses set the class attributes and implement
     ``probe``, ``compile`` and ``load`` (required: the kit fails a target without them);

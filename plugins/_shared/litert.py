@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbackends.specs import TensorSpec
-from hwbackends.target import BufferedExecutor, MultiExecutor
+from hwbackends.target import BufferedExecutor, BufferedMultiExecutor
 
 from .tflite import multi_io_tensors
 
@@ -32,7 +32,7 @@ class LiteRTExecutor(BufferedExecutor):
         self._invoke = self.interpreter._interpreter.Invoke
 
 
-class LiteRTMultiExecutor(MultiExecutor):
+class LiteRTMultiExecutor(BufferedMultiExecutor):
     """Several inputs/outputs: numpy views of the interpreter's buffers, one per tensor,
     found by name (see :func:`~plugins._shared.tflite.multi_io_tensors`), and the C++
     ``Invoke`` called directly, as in :class:`LiteRTExecutor`."""
@@ -55,10 +55,3 @@ class LiteRTMultiExecutor(MultiExecutor):
         self._ins = tuple(self.interpreter.tensor(i)() for i in ins)
         self._outs = tuple(self.interpreter.tensor(i)() for i in outs)
         self._invoke = self.interpreter._interpreter.Invoke
-
-    def _run(self, xs: Any, outs: Any) -> None:
-        for buf, x in zip(self._ins, xs, strict=True):
-            buf[...] = x
-        self._invoke()
-        for o, buf in zip(outs, self._outs, strict=True):
-            o[...] = buf

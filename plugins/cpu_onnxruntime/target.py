@@ -11,9 +11,9 @@ from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import (
     Artifact,
     BufferedExecutor,
+    BufferedMultiExecutor,
     CompileOptions,
     Executor,
-    MultiExecutor,
     Target,
 )
 
@@ -73,7 +73,7 @@ class OnnxRuntimeExecutor(BufferedExecutor):
         self._invoke()
 
 
-class OnnxRuntimeMultiExecutor(MultiExecutor):
+class OnnxRuntimeMultiExecutor(BufferedMultiExecutor):
     """Several inputs/outputs: one IOBinding OrtValue per input and output name, over fixed
     buffers, run through the C++ session like :class:`OnnxRuntimeExecutor`."""
 
@@ -98,13 +98,6 @@ class OnnxRuntimeMultiExecutor(MultiExecutor):
         self._binding = binding
         self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
         self._invoke()
-
-    def _run(self, xs: Any, outs: Any) -> None:
-        for buf, x in zip(self._ins, xs, strict=True):
-            buf[...] = x
-        self._invoke()
-        for o, buf in zip(outs, self._outs, strict=True):
-            o[...] = buf
 
 
 class OnnxRuntimeTarget(Target):
