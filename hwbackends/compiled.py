@@ -41,7 +41,7 @@ class CompiledModel:
         # The hot path: the executor's own bound method, so a call costs what the library costs.
         self.predict_into = executor.predict_into
         #: Whether the model has several inputs or outputs (tuples in ``predict_into``).
-        self.multi_io = len(artifact.inputs) > 1 or len(artifact.outputs) > 1
+        self.multi_io = artifact.multi_io
         if self.multi_io:
             self._xs = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.inputs)
             self._ys = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.outputs)

@@ -95,6 +95,12 @@ class Artifact:
         """Path of one file the target wrote into its ``workdir`` at compile time."""
         return self.path / name
 
+    @property
+    def multi_io(self) -> bool:
+        """Whether the model has several inputs or outputs (``load`` then returns a
+        :class:`MultiExecutor`)."""
+        return len(self.inputs) > 1 or len(self.outputs) > 1
+
     def size_bytes(self) -> int:
         """Total size of the artifact's files on disk."""
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())

@@ -55,7 +55,7 @@ class LiteRTTarget(Target):
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             return LiteRTMultiExecutor(artifact.file("model.tflite"), options.runtime_threads(),
                                        artifact.batch_size, artifact.inputs, artifact.outputs)
         return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),

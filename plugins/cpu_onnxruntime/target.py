@@ -173,7 +173,7 @@ class OnnxRuntimeTarget(Target):
                 **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             return OnnxRuntimeMultiExecutor(artifact.file("model.onnx"), options.runtime_threads(),
                                             artifact.batch_size, artifact.inputs, artifact.outputs)
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),

@@ -536,7 +536,7 @@ class TensorRTTarget(Target):
                                    f"{here}; rebuilding")
         engine = artifact.file(ENGINE).read_bytes()
         graph, io = bool(options.extra.get("cuda_graph", True)), artifact.meta.get("io")
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             return TensorRTMultiExecutor(engine, artifact.batch_size, artifact.inputs,
                                          artifact.outputs, cuda_graph=graph, io=io)
         return TensorRTExecutor(engine, artifact.batch_size, artifact.inputs[0],

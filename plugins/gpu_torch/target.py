@@ -252,7 +252,7 @@ class TorchCudaTarget(Target):
         reason = torch_cuda_reason()
         if reason:
             raise UnavailableError(f"gpu.torch cannot load here: {reason}")
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             return TorchCudaMultiExecutor(artifact.file(ARTIFACT), artifact.batch_size,
                                           artifact.inputs, artifact.outputs, artifact.precision,
                                           mode=options.extra.get("mode", MODES[0]),

@@ -277,7 +277,7 @@ class EdgeTpuTarget(Target):
 
     @staticmethod
     def _executor(artifact: Artifact, path: Path, delegate: bool, threads: int) -> Executor:
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             return EdgeTpuMultiExecutor(path, artifact.batch_size, artifact.inputs,
                                         artifact.outputs, delegate=delegate, threads=threads)
         return EdgeTpuExecutor(path, artifact.batch_size, artifact.inputs[0], artifact.outputs[0],

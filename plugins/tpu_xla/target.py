@@ -225,7 +225,7 @@ class XlaTarget(Target):
         expected, why = predicted_platform()
         blob = artifact.file(ARTIFACT).read_bytes()
         ex: XlaExecutor | XlaMultiExecutor
-        if len(artifact.inputs) > 1 or len(artifact.outputs) > 1:
+        if artifact.multi_io:
             ex = XlaMultiExecutor(blob, artifact.batch_size, artifact.inputs, artifact.outputs)
         else:
             ex = XlaExecutor(blob, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
