@@ -36,7 +36,7 @@ def _interrupt_main_after(seconds: float) -> threading.Timer:
     return t
 
 
-def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply():
+def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply(own_tmp):
     before = _job_dirs()
     w = Worker()
     try:
@@ -82,6 +82,19 @@ def test_worker_log_is_private_unpredictable_and_removed():
         planted.unlink(missing_ok=True)
 
 
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """This test's own private dir and TMPDIR: other hwb processes of the same user (a
+    parallel test run, a compile in another shell) create and remove job dirs and temp files
+    in the shared ones, which would make before/after comparisons flaky."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    (tmp_path / "tmp").mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    yield
+
+
 def _job_dirs() -> set[str]:
     return {p.name for p in private_dir().iterdir() if p.name.startswith("job-")}
 
@@ -98,7 +111,7 @@ def _failing_job() -> None:
     raise RuntimeError("toolchain failed")
 
 
-def test_job_temp_files_are_removed_on_failure():
+def test_job_temp_files_are_removed_on_failure(own_tmp):
     before, tmp_before = _job_dirs(), _tmp_left()
     w = Worker()
     try:
@@ -110,7 +123,8 @@ def test_job_temp_files_are_removed_on_failure():
 
 
 @pytest.mark.slow
-def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, monkeypatch):
+def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, monkeypatch,
+                                                                  own_tmp):
     report = tmp_path / "report"
     monkeypatch.setenv("HWBT_REPORT", str(report))
     reg = build_registry(entry_points=False)
