@@ -78,6 +78,12 @@ class SetsidTarget(Target):
     formats = ("keras",)
     description = "test target: a compiler whose helper escapes the process group"
 
+    def __init__(self, report: str = "") -> None:
+        # Where compile() says what it did. Plain data on the target, which is pickled into
+        # the compile worker: an environment variable would not reach a worker that was
+        # started before the test set it.
+        self.report = report
+
     def probe(self) -> Availability:
         return Availability.hardware("CPU (test)")
 
@@ -85,7 +91,7 @@ class SetsidTarget(Target):
         return {"hwbt": "1"}
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        report = Path(os.environ["HWBT_REPORT"])
+        report = Path(self.report)
         fd, scratch = tempfile.mkstemp(prefix="cc", suffix=".s")  # as g++ does, under TMPDIR
         os.close(fd)
         helper = subprocess.Popen(["setsid", "sleep", "1000"])

@@ -123,12 +123,10 @@ def test_job_temp_files_are_removed_on_failure(own_tmp):
 
 
 @pytest.mark.slow
-def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, monkeypatch,
-                                                                  own_tmp):
+def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, own_tmp):
     report = tmp_path / "report"
-    monkeypatch.setenv("HWBT_REPORT", str(report))
     reg = build_registry(entry_points=False)
-    reg.register(plugin(SetsidTarget()), "hwbt")
+    reg.register(plugin(SetsidTarget(str(report))), "hwbt")
     before = _job_dirs()
     with pytest.raises(CompileError, match="timed out"):
         hwb.compile(zoo_model("mlp"), "cpu.hwbt_setsid", store=tmp_path / "store", timeout=45,
