@@ -144,9 +144,9 @@ class Layout:
             buf[...] = rec[f.offset:f.offset + f.size].reshape(buf.shape)
 
 
-def is_tensors(x: Any) -> bool:
-    """Whether ``x`` is given per tensor (a tuple, list or dict) rather than one record."""
-    return isinstance(x, (tuple, list, dict))
+def layouts(backend: Any) -> tuple[Layout, Layout] | None:
+    """``(inputs, outputs)`` layouts of a :class:`Packed` backend, ``None`` for any other."""
+    return (backend.inputs_layout, backend.outputs_layout) if isinstance(backend, Packed) else None
 
 
 class Packed:
@@ -241,7 +241,3 @@ class Packed:
         close = getattr(self.inner, "close", None)
         if close:
             close()
-
-    def describe(self) -> dict[str, Any]:
-        return {"inputs": self.inputs_layout.to_dict(), "outputs": self.outputs_layout.to_dict(),
-                "input_size": self.inputs_layout.size, "output_size": self.outputs_layout.size}

@@ -34,7 +34,7 @@ from ..breaker import Breaker
 from ..errors import ConfigError, InputError
 from ..fidelity import Tolerance
 from ..inputs import as_sample
-from ..packing import Layout, Packed
+from ..packing import Layout, layouts
 from .backend import label, normalise
 from .batcher import Batcher
 from .batching import PRESETS, BatchPlan, BatchPolicy
@@ -210,8 +210,7 @@ class Engine:
         """For a model with several inputs/outputs, where each tensor sits in the packed
         float32 record the engine (and shm/gRPC) carries: ``(inputs, outputs)``
         (:mod:`hwbackends.packing`); ``None`` for a one-input, one-output model."""
-        b = self.versions.active.plan.slots[0].backend
-        return (b.inputs_layout, b.outputs_layout) if isinstance(b, Packed) else None
+        return layouts(self.versions.active.plan.slots[0].backend)
 
     # -- callers ----------------------------------------------------------------------------
     def _check(self, x: Any) -> np.ndarray:

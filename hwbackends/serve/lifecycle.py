@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import HwbError
 from ..fidelity import Fidelity, Tolerance, compare
+from ..packing import layouts
 from .backend import label, normalise
 from .batching import BatchPlan, BatchPolicy
 from .versions import ShadowCollector, Version, Versions
@@ -210,6 +211,5 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
 
 def _tensors(plan: BatchPlan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     """The packed layout of a multi-IO version (hwbackends.packing), else ``None``."""
-    b = plan.slots[0].backend
-    lay_in, lay_out = getattr(b, "inputs_layout", None), getattr(b, "outputs_layout", None)
-    return (lay_in.to_dict(), lay_out.to_dict()) if lay_in is not None and lay_out is not None else None
+    lay = layouts(plan.slots[0].backend)
+    return (lay[0].to_dict(), lay[1].to_dict()) if lay is not None else None
