@@ -119,13 +119,13 @@ def test_cache_hit_returns_identical_result_and_respects_bounds(litert, xs):
 def test_cache_byte_bound_and_version_key():
     c = InferenceCache(max_entries=1000, max_bytes=2000)
     for i in range(100):
-        c.put(InferenceCache.key(np.full(32, i, np.float32), 1), np.zeros(16, np.float32))
+        c.put(InferenceCache.key(np.full(32, i, np.float32), 1), np.zeros(16, np.float32), 1)
     s = c.stats()
     assert s.bytes <= 2000 and s.entries < 100 and s.evictions == 100 - s.entries
     x = np.ones(32, np.float32)
     assert InferenceCache.key(x, 1) != InferenceCache.key(x, 2)
     y = np.arange(3, dtype=np.float32)
-    c.put(InferenceCache.key(x, 1), y)
+    c.put(InferenceCache.key(x, 1), y, 1)
     hit = c.get(InferenceCache.key(x, 1))
     assert hit is c.get(InferenceCache.key(x, 1)) and not hit.flags.writeable
     with pytest.raises(ConfigError):

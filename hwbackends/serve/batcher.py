@@ -155,7 +155,9 @@ class Batcher:
 def _deliverer(live: list[Request], shadow: Any, number: int) -> Callable[[int, np.ndarray, np.ndarray], None]:
     def deliver(start: int, xr: np.ndarray, yr: np.ndarray) -> None:
         for i in range(len(yr)):
-            live[start + i].y = yr[i].copy()
+            r = live[start + i]
+            r.version = number  # the answer is bound to the version that computed it
+            r.y = yr[i].copy()
         if shadow is not None:
             shadow.offer(number, xr, yr)
     return deliver

@@ -5,6 +5,11 @@ version can skip the model. Off by default; bounded by entries *and* bytes.
 The key is a 128-bit digest (xxh3_128 when ``xxhash`` is installed, else BLAKE2b-128 from
 the standard library) of the raw float32 bytes, so equal arrays hit and any change of one bit
 misses; the model version is part of the key so a swap never serves the old model's outputs.
+
+An entry records the version that computed it, and :meth:`InferenceCache.put` stores it only
+when that is the version its key names: a request keyed under version 1 that a swap let
+version 2 answer is never cached (a rollback to version 1 would otherwise serve version 2's
+output from the cache; issue 19 item 7). Such refusals are counted (``stale_puts``).
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class CacheStats:
     evictions: int
     max_entries: int
     max_bytes: int
+    #: Outputs not stored because another version than the key's computed them.
+    stale_puts: int = 0
     hash: str = HASH_NAME
 
     @property
@@ -57,42 +64,55 @@ class InferenceCache:
                               f"max_bytes={max_bytes}); leave the cache off instead")
         self.max_entries = int(max_entries)
         self.max_bytes = int(max_bytes)
-        self._d: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        #: key → (the version that computed the output, the output)
+        self._d: OrderedDict[bytes, tuple[int, np.ndarray]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = self.evictions = 0
+        self.hits = self.misses = self.evictions = self.stale_puts = 0
 
     @staticmethod
     def key(x: np.ndarray, version: int) -> bytes:
         # x is C-contiguous float32 (validated); memoryview avoids a copy of the bytes.
         return version.to_bytes(8, "little") + _digest(memoryview(x).cast("B"))
 
+    @staticmethod
+    def key_version(key: bytes) -> int:
+        """The model version a key names."""
+        return int.from_bytes(key[:8], "little")
+
     def get(self, key: bytes) -> np.ndarray | None:
         with self._lock:
-            y = self._d.get(key)
-            if y is None:
+            e = self._d.get(key)
+            if e is None or e[0] != self.key_version(key):
                 self.misses += 1
                 return None
             self._d.move_to_end(key)
             self.hits += 1
-            return y
+            return e[1]
 
-    def put(self, key: bytes, y: np.ndarray) -> None:
+    def put(self, key: bytes, y: np.ndarray, version: int) -> bool:
+        """Store ``y``, computed by model ``version``, under ``key``; only when ``version`` is
+        the one ``key`` names (else nothing is stored and ``False`` is returned)."""
+        if version != self.key_version(key):
+            with self._lock:
+                self.stale_puts += 1
+            return False
         size = y.nbytes + len(key) + 100  # + the dict entry's overhead, roughly
         if size > self.max_bytes:
-            return
+            return False
         y = np.array(y, dtype=np.float32, copy=True)
         y.flags.writeable = False  # a hit hands out this object: nobody may change it
         with self._lock:
             old = self._d.pop(key, None)
             if old is not None:
-                self._bytes -= old.nbytes + len(key) + 100
-            self._d[key] = y
+                self._bytes -= old[1].nbytes + len(key) + 100
+            self._d[key] = (version, y)
             self._bytes += size
             while len(self._d) > self.max_entries or self._bytes > self.max_bytes:
-                k, v = self._d.popitem(last=False)
+                k, (_, v) = self._d.popitem(last=False)
                 self._bytes -= v.nbytes + len(k) + 100
                 self.evictions += 1
+        return True
 
     def clear(self) -> None:
         with self._lock:
@@ -102,4 +122,4 @@ class InferenceCache:
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(len(self._d), self._bytes, self.hits, self.misses, self.evictions,
-                              self.max_entries, self.max_bytes)
+                              self.max_entries, self.max_bytes, self.stale_puts)

@@ -268,6 +268,7 @@ class Engine:
             self.metrics.cache(y is not None)
             if y is not None:
                 r.y = y
+                r.version = self.cache.key_version(key)
                 r.state = DONE
                 return r
             r.key = key
@@ -294,8 +295,8 @@ class Engine:
             r.state = DONE
             if r.err is not None:
                 return self._failure_result(r)
-            if r.key is not None and self.cache is not None:
-                self.cache.put(r.key, r.y)
+            if r.key is not None and self.cache is not None and r.version is not None:
+                self.cache.put(r.key, r.y, r.version)  # stored only if r.key's version ran it
         self.breaker.success()
         self.metrics.served(time.perf_counter() - r.t0, self.versions.active.variant)
         if out is not None:

