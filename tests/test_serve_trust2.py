@@ -101,3 +101,22 @@ def test_cache_entry_is_stored_only_under_its_own_version() -> None:
     assert c.get(k1) is None and c.stats().stale_puts == 1
     assert c.put(k1, np.zeros(1, np.float32), version=1)
     assert c.get(k1) is not None and c.get(c.key(x, 2)) is None
+
+
+# -- 8: a gRPC call without a deadline is served --------------------------------------------
+@pytest.mark.parametrize("default_us", [None, 2e6])
+def test_grpc_call_without_any_deadline_is_served(litert, xs, ref, default_us):
+    """Repro: a call with neither a gRPC deadline nor ``deadline_us`` was INVALID_ARGUMENT
+    ("deadline_us = 8.3e+24"): gRPC reports 'no deadline' as ~9.2e18 s remaining."""
+    pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
+    from hwbackends.serve.grpc_server import GrpcClient, GrpcServer
+
+    with Engine(litert, EngineConfig.preset("single", deadline_us=default_us), strategy="mom") as eng, \
+            GrpcServer(eng, insecure_loopback=True) as srv, \
+            GrpcClient(srv.address, insecure=True) as c:
+        for i in range(5):
+            req = c.pb.PredictRequest(strategy="mom", features=xs[i].tobytes(), shape=[32])
+            resp = c.stub.Predict.future(req).result(timeout=60)  # no timeout= : no deadline
+            assert resp.status == c.pb.PredictResponse.OK, resp.reason
+            np.testing.assert_array_equal(np.frombuffer(resp.outputs, "<f4"), ref[i])
+        assert eng.stats()["breaker_state"] == "closed"

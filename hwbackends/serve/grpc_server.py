@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from .engine import Engine
-from .request import MIN_DEADLINE_US, Unavailable, check_deadline_us
+from .request import MAX_DEADLINE_US, MIN_DEADLINE_US, Unavailable, check_deadline_us
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -154,7 +154,12 @@ class _Servicer:
             asked = check_deadline_us(request.deadline_us or None, "deadline_us")
         except InputError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        remaining = context.time_remaining()  # None without a client deadline
+        # Without a client deadline gRPC reports ~9.2e18 s remaining (not None): beyond the
+        # longest deadline the engine takes, the call has none, and the engine's own default
+        # (EngineConfig.deadline_us, else none) applies.
+        remaining = context.time_remaining()
+        if remaining is not None and remaining * 1e6 > MAX_DEADLINE_US:
+            remaining = None
         # Keep back time for the "unavailable" answer to reach the client before its own
         # deadline fires: 10% of what is left, at least 20 ms (a loaded host needs a time
         # slice or two to send it), never more than half.
