@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -18,6 +17,9 @@ import numpy as np
 import pytest
 
 from hwbackends.serve.shm import ShmClient, endpoint_dir
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shm_raw import FakeServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the C++ example")
@@ -85,17 +87,17 @@ def test_cpp_attach_refuses_mismatches_clearly(strategy_bin, hwb_serve, tmp_path
     r = subprocess.run([str(strategy_bin), "hwb-no-such-endpoint", "bench", "1"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 3 and "no such endpoint" in r.stderr
-    import mmap
-    with open(endpoint_dir(hwb_serve) / "seg", "r+b") as f:
-        mm = mmap.mmap(f.fileno(), 0)
+    # an endpoint speaking another protocol version (a planted one, as the server's header is
+    # sealed read-only): refused at attach with the reason
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    fake = FakeServer(root / "ep", hello_version=4)
     try:
-        struct.pack_into("I", mm, 8, 3)  # another protocol version
-        r = subprocess.run([str(strategy_bin), hwb_serve, "bench", "1"], capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run([str(strategy_bin), "ep", "bench", "1"], capture_output=True,
+                           text=True, timeout=30, env=dict(os.environ, HWB_SHM_DIR=str(root)))
         assert r.returncode == 3 and "protocol version mismatch" in r.stderr
     finally:
-        struct.pack_into("I", mm, 8, 2)
-        mm.close()
+        fake.close()
     # a wrong-size buffer is refused by the client before anything is sent
     src = tmp_path / "wrong.cpp"
     src.write_text(f"""#include <hwb_shm.h>

@@ -1,11 +1,14 @@
 /* _shmloop: the native request loop of the shared-memory endpoint (see hwb_shm.h for the
  * protocol, and hwbackends/serve/shm.py for the Python side).
  *
- * serve(): the server's poll loop. It scans the slots with the GIL released, busy-polling for
- * spin_ns after the last request and then sleeping on the header's doorbell futex (clients
- * ring it only when server_sleeping is set). Requests are checked in C (size, deadline,
- * NaN/Inf: refused and counted without touching Python); a valid request takes the GIL just
- * for the model call, in this very thread: no hand-off to another thread.
+ * serve(): the server's poll loop. It scans the attached clients' slots with the GIL
+ * released, busy-polling for spin_ns after the last request and then sleeping in poll() on the
+ * clients' connections (a client writes a doorbell byte only when server_sleeping is set), the
+ * listening socket and a stop eventfd. A new connection gets its own sealed memfd slot; a
+ * hang-up frees it at once. Requests are checked in C (size, deadline, NaN/Inf: refused and
+ * counted without touching Python); a valid request takes the GIL just for the model call, in
+ * this very thread: no hand-off to another thread. Geometry and "what did I answer last" are
+ * the loop's own copies: nothing a client writes is re-read as server state.
  * Client: hwb_shm.h's client as a Python type; call() releases the GIL for the whole round
  * trip (copy in, publish, spin/futex wait, copy out).
  *
@@ -25,8 +28,9 @@
 
 /* ---- server ------------------------------------------------------------------------- */
 
-static void reply(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, uint32_t status,
-                  const char *msg) {
+#define HWB_SHM_SEALS_OK(fd, want) ((fcntl((fd), F_GET_SEALS) & (want)) == (want))
+
+static void reply(hwb_shm_slot *s, uint32_t seq, uint32_t status, const char *msg) {
     if (msg && *msg) {
         size_t n = strlen(msg);
         if (n > HWB_SHM_MSG) n = HWB_SHM_MSG;
@@ -39,18 +43,40 @@ static void reply(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, uint32_t sta
     HWB_STORE_REL(&s->resp, seq); /* publishes status, message and outputs */
     HWB_FENCE();                  /* pairs with the client's fence after client_waiting = 1 */
     if (HWB_LOAD_RLX(&s->client_waiting)) hwb_futex_wake(&s->resp, INT_MAX);
-    (void)h;
 }
 
-/* A request the server refuses without running the model; NULL if it is acceptable. */
-static const char *precheck(hwb_shm_header *h, hwb_shm_slot *s, int64_t now, uint32_t *status,
+/* One attached client. Everything here is the server's own: the slot memory is the client's
+ * to write, so nothing read from it is kept or trusted beyond the one request. */
+typedef struct {
+    int conn;              /* the client's connection; -1: free */
+    hwb_shm_slot *s;       /* the slot mapping (owned by `mm`, a Python mmap) */
+    uint32_t answered;     /* the last sequence the server answered (its own record) */
+    PyObject *mm, *args;   /* mmap object (its buffer held in `view`) and (x, y) views */
+    Py_buffer view;
+} slot_t;
+
+typedef struct {
+    hwb_shm_header *h; /* the server's writable mapping of the header */
+    int hdr_fd, listen_fd, stop_fd;
+    uint32_t nslots, in_count, out_count, slot_bytes; /* own copies; never re-read */
+    uint64_t generation;
+    slot_t *slots;
+    struct pollfd *pfd;
+    PyObject *run, *make_slot, *batch, *input_error;
+} loop_ctx;
+
+static void count(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+
+/* A request the server refuses without running the model; NULL if it is acceptable. Reads
+ * each client-written word once. */
+static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t *status,
                             char *buf, size_t n) {
     uint32_t got = HWB_LOAD_RLX(&s->in_count);
     int64_t dl = HWB_LOAD_RLX(&s->deadline_ns);
     const float *x = hwb_shm_slot_in(s);
-    if (got != h->in_count) {
+    if (got != L->in_count) {
         snprintf(buf, n, "wrong payload size: this endpoint takes %u float32 features, the "
-                 "request carried %u", h->in_count, got);
+                 "request carried %u", L->in_count, got);
         *status = HWB_SHM_BAD_INPUT;
         return buf;
     }
@@ -58,7 +84,7 @@ static const char *precheck(hwb_shm_header *h, hwb_shm_slot *s, int64_t now, uin
         *status = HWB_SHM_DEADLINE;
         return "deadline";
     }
-    for (uint32_t i = 0; i < h->in_count; i++) {
+    for (uint32_t i = 0; i < L->in_count; i++) {
         if (!isfinite(x[i])) {
             snprintf(buf, n, "input has NaN or Inf (feature %u); the endpoint refuses "
                      "non-finite features: clean them in the strategy", i);
@@ -89,11 +115,11 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
         Py_XDECREF(type);
         Py_XDECREF(val);
         Py_XDECREF(tb);
-        __atomic_fetch_add(bad ? &h->bad_payloads : &h->errors, 1, __ATOMIC_RELAXED);
-        reply(h, s, seq, bad ? HWB_SHM_BAD_INPUT : HWB_SHM_UNAVAILABLE, buf);
+        count(bad ? &h->bad_payloads : &h->errors);
+        reply(s, seq, bad ? HWB_SHM_BAD_INPUT : HWB_SHM_UNAVAILABLE, buf);
     } else if (res == Py_None) {
-        __atomic_fetch_add(&h->served, 1, __ATOMIC_RELAXED);
-        reply(h, s, seq, HWB_SHM_OK, NULL);
+        count(&h->served);
+        reply(s, seq, HWB_SHM_OK, NULL);
     } else {
         const char *m = PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
         if (m == NULL) {
@@ -101,58 +127,32 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
             m = "server error: the handler returned neither None nor a reason";
         }
         if (strcmp(m, "deadline") == 0) {
-            __atomic_fetch_add(&h->deadline_missed, 1, __ATOMIC_RELAXED);
-            reply(h, s, seq, HWB_SHM_DEADLINE, m);
+            count(&h->deadline_missed);
+            reply(s, seq, HWB_SHM_DEADLINE, m);
         } else {
-            __atomic_fetch_add(&h->errors, 1, __ATOMIC_RELAXED);
-            reply(h, s, seq, HWB_SHM_UNAVAILABLE, m);
+            count(&h->errors);
+            reply(s, seq, HWB_SHM_UNAVAILABLE, m);
         }
     }
 }
 
-static void reap(hwb_shm_header *h, int lock_fd) {
-    for (uint32_t i = 0; i < h->nslots; i++) {
-        hwb_shm_slot *s = hwb_shm_slot_at(h, i);
-        struct flock fl;
-        if (HWB_LOAD_ACQ(&s->owner_pid) == 0) continue;
-        memset(&fl, 0, sizeof fl);
-        fl.l_type = F_WRLCK;
-        fl.l_whence = SEEK_SET;
-        fl.l_start = (off_t)i;
-        fl.l_len = 1;
-        if (fcntl(lock_fd, F_OFD_SETLK, &fl) != 0) continue; /* a live client holds it */
-        HWB_STORE_REL(&s->owner_pid, 0);
-        /* drop a request the dead client left behind; the next owner starts clean */
-        HWB_STORE_REL(&s->resp, HWB_LOAD_ACQ(&s->req));
-        __atomic_fetch_add(&h->reaped, 1, __ATOMIC_RELAXED);
-        fl.l_type = F_UNLCK;
-        fcntl(lock_fd, F_OFD_SETLK, &fl);
-    }
-}
-
-typedef struct {
-    hwb_shm_header *h;
-    PyObject *run, *slot_args, *batch, *input_error;
-} loop_ctx;
-
 /* Handle the pending slots; called and returns without the GIL. */
-static void handle(loop_ctx *L, const uint32_t *idx, int n) {
+static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n) {
     hwb_shm_header *h = L->h;
-    uint32_t seqs[MAX_SLOTS];
     int valid[MAX_SLOTS], nv = 0;
+    int64_t dls[MAX_SLOTS];
     int64_t now = hwb_now_ns();
     char buf[HWB_SHM_MSG + 1];
     for (int k = 0; k < n; k++) {
-        hwb_shm_slot *s = hwb_shm_slot_at(h, idx[k]);
+        hwb_shm_slot *s = L->slots[idx[k]].s;
         uint32_t status = 0;
-        const char *why;
-        seqs[k] = HWB_LOAD_ACQ(&s->req);
-        why = precheck(h, s, now, &status, buf, sizeof buf);
+        const char *why = precheck(L, s, now, &status, buf, sizeof buf);
+        L->slots[idx[k]].answered = seqs[k];
         if (why) {
-            __atomic_fetch_add(status == HWB_SHM_DEADLINE ? &h->deadline_missed : &h->bad_payloads,
-                               1, __ATOMIC_RELAXED);
-            reply(h, s, seqs[k], status, why);
+            count(status == HWB_SHM_DEADLINE ? &h->deadline_missed : &h->bad_payloads);
+            reply(s, seqs[k], status, why);
         } else {
+            dls[nv] = HWB_LOAD_RLX(&s->deadline_ns);
             valid[nv++] = k;
         }
     }
@@ -160,26 +160,29 @@ static void handle(loop_ctx *L, const uint32_t *idx, int n) {
     PyGILState_STATE g = PyGILState_Ensure();
     if (L->batch == Py_None) {
         for (int j = 0; j < nv; j++) {
-            int k = valid[j];
-            PyObject *res = PyObject_Call(L->run, PyTuple_GET_ITEM(L->slot_args, idx[k]), NULL);
-            reply_py(h, hwb_shm_slot_at(h, idx[k]), seqs[k], res, L->input_error);
+            slot_t *sl = &L->slots[idx[valid[j]]];
+            PyObject *res = PyObject_Call(L->run, sl->args, NULL);
+            reply_py(h, sl->s, seqs[valid[j]], res, L->input_error);
             Py_XDECREF(res);
         }
     } else {
         PyObject *lst = PyList_New(nv), *res;
-        for (int j = 0; j < nv; j++) PyList_SET_ITEM(lst, j, PyLong_FromLong((long)idx[valid[j]]));
+        for (int j = 0; j < nv; j++) {
+            slot_t *sl = &L->slots[idx[valid[j]]];
+            PyList_SET_ITEM(lst, j, Py_BuildValue("(OOL)", PyTuple_GET_ITEM(sl->args, 0),
+                                                  PyTuple_GET_ITEM(sl->args, 1), (long long)dls[j]));
+        }
         res = PyObject_CallOneArg(L->batch, lst);
         for (int j = 0; j < nv; j++) {
             int k = valid[j];
-            hwb_shm_slot *s = hwb_shm_slot_at(h, idx[k]);
+            hwb_shm_slot *s = L->slots[idx[k]].s;
             if (res == NULL && j == 0) {
                 /* the whole batch failed: the first gets the exception, the rest its message */
                 reply_py(h, s, seqs[k], NULL, L->input_error);
-                memcpy(buf, s->msg, s->msg_len);
-                buf[s->msg_len] = 0;
+                snprintf(buf, sizeof buf, "server error: the batch failed");
             } else if (res == NULL) {
-                __atomic_fetch_add(&h->errors, 1, __ATOMIC_RELAXED);
-                reply(h, s, seqs[k], HWB_SHM_UNAVAILABLE, buf);
+                count(&h->errors);
+                reply(s, seqs[k], HWB_SHM_UNAVAILABLE, buf);
             } else {
                 PyObject *item = PyList_Check(res) && j < PyList_GET_SIZE(res)
                                      ? PyList_GET_ITEM(res, j) : Py_None;
@@ -192,146 +195,313 @@ static void handle(loop_ctx *L, const uint32_t *idx, int n) {
     PyGILState_Release(g);
 }
 
-static int scan(hwb_shm_header *h, uint32_t *idx) {
+/* Pending requests: req (client-written, read once) differs from what we answered last. */
+static int scan(loop_ctx *L, uint32_t *idx, uint32_t *seqs) {
     int n = 0;
-    for (uint32_t i = 0; i < h->nslots; i++) {
-        hwb_shm_slot *s = hwb_shm_slot_at(h, i);
-        if (HWB_LOAD_ACQ(&s->req) != HWB_LOAD_RLX(&s->resp)) idx[n++] = i;
+    for (uint32_t i = 0; i < L->nslots; i++) {
+        slot_t *sl = &L->slots[i];
+        uint32_t r;
+        if (sl->conn < 0) continue;
+        r = HWB_LOAD_ACQ(&sl->s->req);
+        if (r != sl->answered) {
+            idx[n] = i;
+            seqs[n++] = r;
+        }
     }
     return n;
 }
 
-static void poll_loop(loop_ctx *L, int lock_fd, int64_t spin_ns, int64_t reap_ns) {
+static void send_hello(int conn, int32_t status, uint32_t index, uint32_t slot_bytes,
+                       uint64_t generation, const int *fds, int nfds) {
+    hwb_shm_hello hello;
+    union { struct cmsghdr h; char buf[CMSG_SPACE(2 * sizeof(int))]; } ctl;
+    struct iovec iov = {&hello, sizeof hello};
+    struct msghdr m;
+    memset(&hello, 0, sizeof hello);
+    hello.magic = HWB_SHM_MAGIC;
+    hello.version = HWB_SHM_VERSION;
+    hello.status = status;
+    hello.slot_index = index;
+    hello.slot_bytes = slot_bytes;
+    hello.generation = generation;
+    memset(&m, 0, sizeof m);
+    memset(&ctl, 0, sizeof ctl);
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    if (nfds) {
+        struct cmsghdr *cm;
+        m.msg_control = ctl.buf;
+        m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+        cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+    }
+    /* a fresh connection's buffer is empty: 32 bytes never block */
+    (void)sendmsg(conn, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Give a new connection its own slot: a sealed memfd, mapped by Python (views) and sent to
+ * the client. Needs the GIL. */
+static void attach_client(loop_ctx *L, int conn) {
+    int free_i = -1, fd = -1;
+    PyObject *pair = NULL;
+    for (uint32_t i = 0; i < L->nslots; i++)
+        if (L->slots[i].conn < 0) { free_i = (int)i; break; }
+    if (free_i < 0) {
+        send_hello(conn, HWB_SHM_E_SLOTS_FULL, 0, 0, L->generation, NULL, 0);
+        close(conn);
+        return;
+    }
+    fd = (int)syscall(SYS_memfd_create, "hwb-slot", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, L->slot_bytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, HWB_SHM_SLOT_SEALS) != 0 || !HWB_SHM_SEALS_OK(fd, HWB_SHM_SLOT_SEALS))
+        goto fail;
+    pair = PyObject_CallFunction(L->make_slot, "i", fd); /* -> (mmap, (x, y)) */
+    if (pair == NULL || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(pair, 1)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(pair, 1)) != 2)
+        goto fail;
+    slot_t *sl = &L->slots[free_i];
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 0), &sl->view, PyBUF_WRITABLE) != 0) goto fail;
+    if ((size_t)sl->view.len < L->slot_bytes) { PyBuffer_Release(&sl->view); goto fail; }
+    sl->mm = PyTuple_GET_ITEM(pair, 0);
+    sl->args = PyTuple_GET_ITEM(pair, 1);
+    Py_INCREF(sl->mm);
+    Py_INCREF(sl->args);
+    Py_DECREF(pair);
+    sl->s = (hwb_shm_slot *)sl->view.buf;
+    sl->answered = 0;
+    sl->conn = conn;
+    {
+        int fds[2] = {L->hdr_fd, fd};
+        send_hello(conn, 0, (uint32_t)free_i, L->slot_bytes, L->generation, fds, 2);
+    }
+    close(fd); /* Python's mmap keeps its own descriptor */
+    return;
+fail:
+    PyErr_Clear();
+    Py_XDECREF(pair);
+    if (fd >= 0) close(fd);
+    count(&L->h->errors);
+    close(conn);
+}
+
+/* The client hung up (or died): free its slot at once. Needs the GIL. */
+static void detach_client(loop_ctx *L, uint32_t i) {
+    slot_t *sl = &L->slots[i];
+    if (sl->conn < 0) return;
+    close(sl->conn);
+    sl->conn = -1;
+    sl->s = NULL;
+    PyBuffer_Release(&sl->view);
+    Py_CLEAR(sl->args);
+    Py_CLEAR(sl->mm); /* unmapped when the last view goes */
+    count(&L->h->detached);
+}
+
+/* Accept new clients, drain doorbell bytes, free slots of clients that hung up. `timeout_ms`:
+ * 0 while spinning, else how long to sleep. Returns 1 when asked to stop. */
+static int housekeep(loop_ctx *L, int timeout_ms) {
+    int n = 0, rc;
+    L->pfd[n].fd = L->stop_fd; L->pfd[n].events = POLLIN; L->pfd[n++].revents = 0;
+    L->pfd[n].fd = L->listen_fd; L->pfd[n].events = POLLIN; L->pfd[n++].revents = 0;
+    for (uint32_t i = 0; i < L->nslots; i++) {
+        L->pfd[n].fd = L->slots[i].conn; /* -1: ignored by poll */
+        L->pfd[n].events = POLLIN;
+        L->pfd[n++].revents = 0;
+    }
+    do rc = poll(L->pfd, (nfds_t)n, timeout_ms);
+    while (rc < 0 && errno == EINTR);
+    if (rc <= 0) return 0;
+    if (L->pfd[0].revents) return 1;
+    int gil = 0;
+    PyGILState_STATE g = PyGILState_UNLOCKED;
+    for (uint32_t i = 0; i < L->nslots; i++) {
+        short ev = L->pfd[2 + i].revents;
+        if (!ev || L->slots[i].conn < 0) continue;
+        int gone = (ev & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+        if (!gone && (ev & POLLIN)) { /* doorbell bytes (their content means nothing) */
+            char junk[256];
+            ssize_t k;
+            while ((k = recv(L->slots[i].conn, junk, sizeof junk, MSG_DONTWAIT)) > 0) {}
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) gone = 1;
+        }
+        if (gone) {
+            if (!gil) { g = PyGILState_Ensure(); gil = 1; }
+            detach_client(L, i);
+        }
+    }
+    if (L->pfd[1].revents & POLLIN) {
+        for (int k = 0; k < 64; k++) { /* bounded: one flood of connects cannot stall serving */
+            int conn = accept4(L->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (conn < 0) break;
+            if (!gil) { g = PyGILState_Ensure(); gil = 1; }
+            attach_client(L, conn);
+        }
+    }
+    if (gil) PyGILState_Release(g);
+    return 0;
+}
+
+static void poll_loop(loop_ctx *L, int64_t spin_ns, int64_t reap_ns) {
     hwb_shm_header *h = L->h;
-    uint32_t idx[MAX_SLOTS];
-    int64_t now = hwb_now_ns(), last_busy = now, next_reap = now + reap_ns;
-    const int64_t max_sleep = reap_ns < 100000000LL ? reap_ns : 100000000LL;
-    while (HWB_LOAD_ACQ(&h->state) == HWB_SHM_STATE_RUNNING) {
-        int n = scan(h, idx);
+    uint32_t idx[MAX_SLOTS], seqs[MAX_SLOTS];
+    int64_t now = hwb_now_ns(), last_busy = now, next_house = now;
+    const int64_t house_ns = 1000000LL; /* look for new clients and hang-ups every 1 ms while busy */
+    const int64_t max_sleep_ms = reap_ns / 1000000LL < 1 ? 1 : (reap_ns / 1000000LL > 100 ? 100 : reap_ns / 1000000LL);
+    for (;;) {
+        int n = scan(L, idx, seqs);
         if (n) {
-            handle(L, idx, n);
+            handle(L, idx, seqs, n);
             last_busy = hwb_now_ns();
-            continue;
+            if (last_busy < next_house) continue;
         }
         now = hwb_now_ns();
-        if (now >= next_reap) {
-            reap(h, lock_fd);
+        if (now >= next_house) {
+            if (housekeep(L, 0)) return;
             HWB_STORE_RLX(&h->heartbeat_ns, (uint64_t)now);
-            next_reap = now + reap_ns;
+            next_house = now + house_ns;
+            continue;
         }
         if (now - last_busy < spin_ns) {
             for (int k = 0; k < 8; k++) hwb_cpu_relax();
             continue;
         }
-        /* idle: sleep on the doorbell; a client rings it only if it sees server_sleeping */
-        uint32_t d = HWB_LOAD_ACQ(&h->doorbell);
+        /* idle: sleep in poll(); a client writes a doorbell byte only if it sees this flag */
         HWB_STORE_RLX(&h->server_sleeping, 1u);
         HWB_FENCE(); /* pairs with the client's fence between publishing req and reading this */
-        if (scan(h, idx) == 0 && HWB_LOAD_ACQ(&h->state) == HWB_SHM_STATE_RUNNING) {
-            int64_t left = next_reap - hwb_now_ns();
-            hwb_futex_wait(&h->doorbell, d, left < 1000 ? 1000 : (left > max_sleep ? max_sleep : left));
-        }
+        int stop = 0;
+        if (scan(L, idx, seqs) == 0) stop = housekeep(L, (int)max_sleep_ms);
         HWB_STORE_RLX(&h->server_sleeping, 0u);
-        last_busy = hwb_now_ns(); /* spin again after a wake-up: requests come in bursts */
+        if (stop) return;
+        now = hwb_now_ns();
+        HWB_STORE_RLX(&h->heartbeat_ns, (uint64_t)now);
+        next_house = now + house_ns;
+        last_busy = now; /* spin again after a wake-up: requests come in bursts */
     }
 }
 
 static PyObject *py_serve(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    int lock_fd, pin;
-    PyObject *run, *slot_args, *batch, *input_error;
+    int hdr_fd, listen_fd, stop_fd, pin;
+    unsigned nslots;
+    PyObject *run, *make_slot, *batch, *input_error;
     long long spin_ns, reap_ns;
     loop_ctx L;
-    if (!PyArg_ParseTuple(args, "w*iOOOOLLi", &buf, &lock_fd, &run, &slot_args, &batch,
-                          &input_error, &spin_ns, &reap_ns, &pin))
+    if (!PyArg_ParseTuple(args, "w*iiiIOOOOLLi", &buf, &hdr_fd, &listen_fd, &stop_fd, &nslots,
+                          &run, &make_slot, &batch, &input_error, &spin_ns, &reap_ns, &pin))
         return NULL;
+    memset(&L, 0, sizeof L);
     L.h = (hwb_shm_header *)buf.buf;
-    if ((size_t)buf.len < HWB_SHM_HEADER_BYTES || L.h->magic != HWB_SHM_MAGIC ||
-        L.h->nslots > MAX_SLOTS || !PyTuple_Check(slot_args) ||
-        PyTuple_GET_SIZE(slot_args) != (Py_ssize_t)L.h->nslots) {
+    if ((size_t)buf.len < HWB_SHM_HEADER_BYTES || L.h->magic != HWB_SHM_MAGIC || nslots == 0 ||
+        nslots > MAX_SLOTS || nslots != L.h->nslots) {
         PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_ValueError, "serve(): not an initialised hwb segment, or slot_args "
-                        "is not a tuple with one argument tuple per slot");
+        PyErr_SetString(PyExc_ValueError, "serve(): not an initialised hwb header, or nslots "
+                        "differs from the one it was initialised with");
         return NULL;
     }
+    /* the server's own copies, taken once from the header it initialised itself */
+    L.hdr_fd = hdr_fd;
+    L.listen_fd = listen_fd;
+    L.stop_fd = stop_fd;
+    L.nslots = nslots;
+    L.in_count = L.h->in_count;
+    L.out_count = L.h->out_count;
+    L.slot_bytes = L.h->slot_bytes;
+    L.generation = L.h->generation;
     L.run = run;
-    L.slot_args = slot_args;
+    L.make_slot = make_slot;
     L.batch = batch;
     L.input_error = input_error;
+    L.slots = (slot_t *)PyMem_RawCalloc(nslots, sizeof(slot_t));
+    L.pfd = (struct pollfd *)PyMem_RawCalloc(nslots + 2, sizeof(struct pollfd));
+    if (!L.slots || !L.pfd) {
+        PyMem_RawFree(L.slots);
+        PyMem_RawFree(L.pfd);
+        PyBuffer_Release(&buf);
+        return PyErr_NoMemory();
+    }
+    for (uint32_t i = 0; i < nslots; i++) L.slots[i].conn = -1;
     if (pin >= 0) {
         cpu_set_t set;
         CPU_ZERO(&set);
         CPU_SET(pin, &set);
         if (sched_setaffinity(0, sizeof set, &set) != 0) { /* 0: this thread */
+            PyMem_RawFree(L.slots);
+            PyMem_RawFree(L.pfd);
             PyBuffer_Release(&buf);
             return PyErr_SetFromErrno(PyExc_OSError);
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    poll_loop(&L, lock_fd, (int64_t)spin_ns, (int64_t)reap_ns);
+    poll_loop(&L, (int64_t)spin_ns, (int64_t)reap_ns);
+    HWB_STORE_REL(&L.h->state, HWB_SHM_STATE_CLOSING);
+    for (uint32_t i = 0; i < nslots; i++) /* blocked clients wake and see server-gone */
+        if (L.slots[i].conn >= 0) hwb_futex_wake(&L.slots[i].s->resp, INT_MAX);
     Py_END_ALLOW_THREADS
+    for (uint32_t i = 0; i < nslots; i++) detach_client(&L, i);
+    PyMem_RawFree(L.slots);
+    PyMem_RawFree(L.pfd);
     PyBuffer_Release(&buf);
     Py_RETURN_NONE;
 }
 
-static PyObject *py_init_segment(PyObject *self, PyObject *args) {
-    Py_buffer buf;
+/* init_header(fd, nslots, in_shape, out_shape, uid, pid, generation): size, write and seal
+ * the header memfd; returns its size. The server maps it writable before the seal; after it,
+ * nobody can map it writable again (F_SEAL_FUTURE_WRITE) or resize it. */
+static PyObject *py_init_header(PyObject *self, PyObject *args) {
+    int fd, pid;
     unsigned nslots, uid;
-    int pid;
     unsigned long long gen;
     PyObject *ins, *outs;
-    if (!PyArg_ParseTuple(args, "w*IOOIiK", &buf, &nslots, &ins, &outs, &uid, &pid, &gen))
+    hwb_shm_header hd;
+    if (!PyArg_ParseTuple(args, "iIOOIiK", &fd, &nslots, &ins, &outs, &uid, &pid, &gen))
         return NULL;
-    hwb_shm_header *h = (hwb_shm_header *)buf.buf;
     Py_ssize_t ni = PyTuple_Size(ins), no = PyTuple_Size(outs);
-    if (ni < 0 || no < 0 || ni > HWB_SHM_MAXDIM || no > HWB_SHM_MAXDIM) {
-        PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_ValueError, "shapes must be tuples of at most 6 dimensions");
+    if (ni < 0 || no < 0 || ni > HWB_SHM_MAXDIM || no > HWB_SHM_MAXDIM || nslots == 0 ||
+        nslots > MAX_SLOTS) {
+        PyErr_SetString(PyExc_ValueError, "shapes must be tuples of at most 6 dimensions, "
+                        "nslots 1..1024");
         return NULL;
     }
-    memset(h, 0, HWB_SHM_HEADER_BYTES);
-    uint32_t ci = 1, co = 1;
-    for (Py_ssize_t i = 0; i < ni; i++) ci *= (h->in_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ins, i)));
-    for (Py_ssize_t i = 0; i < no; i++) co *= (h->out_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outs, i)));
-    if (PyErr_Occurred()) { PyBuffer_Release(&buf); return NULL; }
-    size_t need = HWB_SHM_HEADER_BYTES + (size_t)nslots * hwb_shm_slot_bytes(ci, co);
-    if ((size_t)buf.len < need || nslots == 0 || nslots > MAX_SLOTS) {
-        PyBuffer_Release(&buf);
-        PyErr_Format(PyExc_ValueError, "segment of %zd bytes too small (need %zu) or bad nslots",
-                     buf.len, need);
+    memset(&hd, 0, sizeof hd);
+    uint64_t ci = 1, co = 1;
+    for (Py_ssize_t i = 0; i < ni; i++) ci *= (hd.in_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ins, i)));
+    for (Py_ssize_t i = 0; i < no; i++) co *= (hd.out_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outs, i)));
+    if (PyErr_Occurred()) return NULL;
+    if (ci == 0 || co == 0 || ci > (1u << 24) || co > (1u << 24)) {
+        PyErr_SetString(PyExc_ValueError, "tensor sizes must be 1..16M floats");
         return NULL;
     }
-    memset(buf.buf, 0, need);
-    h->version = HWB_SHM_VERSION;
-    h->header_bytes = HWB_SHM_HEADER_BYTES;
-    h->nslots = nslots;
-    h->slot_bytes = (uint32_t)hwb_shm_slot_bytes(ci, co);
-    h->dtype = HWB_SHM_DTYPE_F32;
-    h->in_count = ci;
-    h->out_count = co;
-    h->in_ndim = (uint32_t)ni;
-    h->out_ndim = (uint32_t)no;
-    for (Py_ssize_t i = 0; i < ni; i++) h->in_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(ins, i));
-    for (Py_ssize_t i = 0; i < no; i++) h->out_shape[i] = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(outs, i));
-    h->owner_uid = uid;
-    h->server_pid = pid;
-    h->generation = gen;
-    HWB_STORE_REL(&h->state, HWB_SHM_STATE_RUNNING);
-    HWB_STORE_REL(&h->magic, HWB_SHM_MAGIC); /* last */
-    PyBuffer_Release(&buf);
-    return PyLong_FromSize_t(need);
+    hd.magic = HWB_SHM_MAGIC;
+    hd.version = HWB_SHM_VERSION;
+    hd.header_bytes = HWB_SHM_HEADER_BYTES;
+    hd.nslots = nslots;
+    hd.slot_bytes = (uint32_t)hwb_shm_slot_bytes((uint32_t)ci, (uint32_t)co);
+    hd.dtype = HWB_SHM_DTYPE_F32;
+    hd.in_count = (uint32_t)ci;
+    hd.out_count = (uint32_t)co;
+    hd.in_ndim = (uint32_t)ni;
+    hd.out_ndim = (uint32_t)no;
+    hd.owner_uid = uid;
+    hd.server_pid = pid;
+    hd.generation = gen;
+    hd.state = HWB_SHM_STATE_RUNNING;
+    if (ftruncate(fd, HWB_SHM_HEADER_BYTES) != 0 ||
+        pwrite(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
 }
 
-static PyObject *py_stop(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "w*", &buf)) return NULL;
-    hwb_shm_header *h = (hwb_shm_header *)buf.buf;
-    HWB_STORE_REL(&h->state, HWB_SHM_STATE_CLOSING);
-    __atomic_fetch_add(&h->doorbell, 1u, __ATOMIC_SEQ_CST);
-    hwb_futex_wake(&h->doorbell, INT_MAX);
-    for (uint32_t i = 0; i < h->nslots && i < MAX_SLOTS; i++)
-        hwb_futex_wake(&hwb_shm_slot_at(h, i)->resp, INT_MAX); /* blocked clients: server-gone */
-    PyBuffer_Release(&buf);
+static PyObject *py_seal_header(PyObject *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd)) return NULL;
+    if (fcntl(fd, F_ADD_SEALS, HWB_SHM_HEADER_SEALS) != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    if (!HWB_SHM_SEALS_OK(fd, HWB_SHM_HEADER_SEALS)) {
+        PyErr_SetString(PyExc_OSError, "the header memfd did not take its seals");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -342,8 +512,8 @@ static PyObject *py_counters(PyObject *self, PyObject *args) {
     PyObject *d = Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:I}", "served", (unsigned long long)HWB_LOAD_RLX(&h->served),
         "bad_payloads", (unsigned long long)HWB_LOAD_RLX(&h->bad_payloads), "deadline_missed",
-        (unsigned long long)HWB_LOAD_RLX(&h->deadline_missed), "reaped",
-        (unsigned long long)HWB_LOAD_RLX(&h->reaped), "errors",
+        (unsigned long long)HWB_LOAD_RLX(&h->deadline_missed), "detached",
+        (unsigned long long)HWB_LOAD_RLX(&h->detached), "errors",
         (unsigned long long)HWB_LOAD_RLX(&h->errors), "heartbeat_ns",
         (unsigned long long)HWB_LOAD_RLX(&h->heartbeat_ns), "generation_lo",
         (unsigned)(h->generation & 0xFFFFFFFFu));
@@ -367,7 +537,7 @@ static void Client_dealloc(ClientObject *o) {
 static PyObject *Client_new(PyTypeObject *t, PyObject *a, PyObject *k) {
     ClientObject *o = (ClientObject *)t->tp_alloc(t, 0);
     if (o) {
-        o->c.lock_fd = -1; /* zeroed memory would name fd 0 */
+        o->c.sock = -1; /* zeroed memory would name fd 0 */
         o->c.slot_index = -1;
     }
     return (PyObject *)o;
@@ -381,7 +551,11 @@ static int Client_init(ClientObject *o, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sIIILL", kws, &name, &uid, &ic, &oc, &spin, &timeout))
         return -1;
     hwb_shm_detach(&o->c);
-    int rc = hwb_shm_attach_as(&o->c, name, uid, ic, oc);
+    int rc;
+    /* without the GIL: an in-process server needs it to set up our slot before its hello */
+    Py_BEGIN_ALLOW_THREADS
+    rc = hwb_shm_attach_as(&o->c, name, uid, ic, oc);
+    Py_END_ALLOW_THREADS
     if (rc) {
         PyObject *e = Py_BuildValue("(isi)", rc, hwb_shm_strerror(rc), o->c.err);
         PyErr_SetObject(PyExc_OSError, e);
@@ -459,11 +633,13 @@ static PyObject *shape_tuple(const uint32_t *s, uint32_t n) {
 static PyObject *Client_info(ClientObject *o, PyObject *unused) {
     hwb_shm_client *c = &o->c;
     if (!c->hdr) Py_RETURN_NONE;
-    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K}", "slot", c->slot_index, "in_shape",
+    /* slot_addr: where this process maps its own slot (diagnostics and tests of stray writes) */
+    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K,s:K,s:n}", "slot", c->slot_index, "in_shape",
                          shape_tuple(c->hdr->in_shape, c->hdr->in_ndim), "out_shape",
                          shape_tuple(c->hdr->out_shape, c->hdr->out_ndim), "server_pid",
                          c->server_pid, "nslots", c->hdr->nslots, "seq", c->seq, "generation",
-                         (unsigned long long)c->hdr->generation);
+                         (unsigned long long)c->hdr->generation, "slot_addr",
+                         (unsigned long long)(uintptr_t)c->slot, "slot_bytes", (Py_ssize_t)c->slot_size);
 }
 
 static PyMethodDef Client_methods[] = {
@@ -492,9 +668,9 @@ static PyObject *py_slot_bytes(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"serve", py_serve, METH_VARARGS, "serve(buf, lock_fd, run, slot_args, batch, input_error, spin_ns, reap_ns, pin)"},
-    {"init_segment", py_init_segment, METH_VARARGS, "init_segment(buf, nslots, in_shape, out_shape, uid, pid, generation) -> bytes used"},
-    {"stop", py_stop, METH_VARARGS, "stop(buf): mark closing and wake everyone"},
+    {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin)"},
+    {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation)"},
+    {"seal_header", py_seal_header, METH_VARARGS, "seal_header(fd): no resize, no new writable mapping"},
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
     {"slot_bytes", py_slot_bytes, METH_VARARGS, "slot_bytes(in_count, out_count)"},
     {NULL, NULL, 0, NULL},
@@ -514,5 +690,6 @@ PyMODINIT_FUNC PyInit__shmloop(void) {
     PyModule_AddIntConstant(m, "SLOT_CTL", HWB_SHM_SLOT_CTL);
     PyModule_AddIntConstant(m, "RC_BAD_BUFFER", RC_BAD_BUFFER);
     PyModule_AddIntConstant(m, "RC_BUSY", RC_BUSY);
+    PyModule_AddIntConstant(m, "HELLO_BYTES", sizeof(hwb_shm_hello));
     return m;
 }

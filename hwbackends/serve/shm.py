@@ -1,24 +1,29 @@
 """Shared-memory endpoint for strategy processes on the same machine.
 
-The protocol, the segment layout and the client are C (``include/hwb_shm.h``); the server's
-poll loop is C too (``_shmloop.c``). This module creates the files, runs the loop in a thread
-and wraps the client for Python. One request:
+The protocol, the layouts and the client are C (``include/hwb_shm.h``); the server's poll
+loop is C too (``_shmloop.c``). This module creates the files, runs the loop in a thread and
+wraps the client for Python. One request:
 
-client: write the features into its slot, publish ``req`` (release), ring the doorbell only
-if the server sleeps; spin on ``resp`` for ``spin_us``, then sleep on it (futex).
-server: a thread scans the slots with the GIL released, busy-polls ``spin_us`` after the last
-request, then sleeps on the doorbell futex. A request is checked in C (size, deadline,
+client: write the features into its own slot, publish ``req`` (release), write a doorbell
+byte to its connection only if the server sleeps; spin on ``resp`` for ``spin_us``, then
+sleep on it (futex).
+server: a thread scans the attached slots with the GIL released, busy-polls ``spin_us`` after
+the last request, then sleeps in ``poll()``. A request is checked in C (size, deadline,
 NaN/Inf: refused with a status and counted); a valid one runs in the polling thread itself
 (``mode="direct"``: :meth:`Engine.run_direct`, the engine's executor lock held, no thread
 hand-off) or through the engine's micro-batching (``mode="batch"``: all pending slots are
 submitted together). Outputs, status, then ``resp`` (release); a futex wake only if the
 client sleeps.
 
-Files (owner-only unless a group is named): ``/dev/shm/hwb-<uid>/NAME/{seg,server.lock,
-slots.lock}`` — plain files, not POSIX shm names, so ``multiprocessing.shared_memory`` can
-neither attach them nor unlink them at exit. Only the server that created a file removes it
-(it checks the inode), and ``server.lock`` stays flock'ed by the live server, so a second
-server is refused and a stale one never removes a newer one's files.
+Trust (docs/serving.md states it in full): each client's slot is a memfd the server made for
+that connection alone; the header is sealed read-only for clients; the server keeps its own
+copy of every geometry and state value; a client checks that the directory and the process
+serving it belong to the expected user (SO_PEERCRED).
+
+Files (owner-only unless a group is named): ``/dev/shm/hwb-<uid>/NAME/{sock,server.lock}``.
+Only the server that created a file removes it (it checks the inode), and ``server.lock``
+stays flock'ed by the live server, so a second server is refused and a stale one never
+removes a newer one's files.
 """
 from __future__ import annotations
 
@@ -30,8 +35,10 @@ import mmap
 import os
 import pwd
 import secrets
+import socket
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,7 @@ INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 OK, UNAVAILABLE, BAD_INPUT, DEADLINE = 0, 1, 2, 3
 E_TIMEOUT, E_SERVER_GONE, E_NOT_RESPONDING, E_SHAPE, E_VERSION, E_DTYPE = -1, -2, -3, -4, -5, -6
 E_NOENT, E_ACCESS, E_SLOTS_FULL, E_SYS, E_CLOSED, E_NOT_HWB, E_NAME = -7, -8, -9, -10, -11, -12, -13
+E_OWNER = -14
 
 
 def _native() -> Any:
@@ -130,13 +138,15 @@ def _group_id(group: str | int | None) -> int | None:
 
 
 class ShmServer:
-    """Serve an engine to co-located processes through a shared-memory segment.
+    """Serve an engine to co-located processes through shared memory.
 
     ``mode``: ``"direct"`` (the polling thread runs each request itself, batch 1),
     ``"batch"`` (requests go through the engine's micro-batching), ``"auto"`` (direct when the
-    engine's policy is batch 1, else batch). ``spin_us``: busy-poll after the last request
-    before sleeping on a futex. ``pin_core``: pin the polling thread. ``group``: open the
-    endpoint to this group (files 0660, dirs 0750/0710) instead of owner-only."""
+    engine's policy is batch 1, else batch). ``slots``: how many clients may be attached at
+    once. ``spin_us``: busy-poll after the last request before sleeping. ``reap_every_s``: the
+    longest sleep between heartbeats (hang-ups and new clients wake the loop at once).
+    ``pin_core``: pin the polling thread. ``group``: open the endpoint to this group (socket
+    0660, dirs 0750/0710) instead of owner-only."""
 
     def __init__(self, engine: Engine, name: str | None = None, slots: int = 8, *,
                  mode: str = "auto", spin_us: float = 50.0, reap_every_s: float = 0.25,
@@ -159,31 +169,24 @@ class ShmServer:
         _check_name(self.name)
         self.in_shape, self.out_shape = tuple(engine.input_shape), tuple(engine.output_shape)
         gid = _group_id(group)
-        fmode = 0o600 if gid is None else 0o660
         _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid, exact=False)
         self.dir = runtime_root() / self.name
         _private_dir(self.dir, 0o700 if gid is None else 0o750, gid)
-        self._lock_fd = self._take_name()
+        # pinned once: every later file operation goes through this descriptor
+        self._dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._dir_ino = os.fstat(self._dirfd).st_ino
+        _raise_nofile(2 * slots + 64)  # each client: its connection and the slot's mapping
+        self._lock_fd, self._lock_ino = self._take_name()
         self._remove_stale()
-        fi, fo = int(np.prod(self.in_shape)), int(np.prod(self.out_shape))
-        size = native.HEADER_BYTES + slots * native.slot_bytes(fi, fo)
-        self._slots_fd, self._slots_ino = self._create(self.dir / "slots.lock", fmode, gid, slots)
-        tmp = self.dir / f"seg.{os.getpid()}.tmp"
-        fd, _ = self._create(tmp, fmode, gid, size)
-        try:
-            self._mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        native.init_segment(self._mm, slots, self.in_shape, self.out_shape, os.geteuid(),
-                            os.getpid(), secrets.randbits(64))
-        os.rename(tmp, self.dir / "seg")  # complete before any client can open it
-        self._seg_ino = os.lstat(self.dir / "seg").st_ino
-        sb, hb, ctl = native.slot_bytes(fi, fo), native.HEADER_BYTES, native.SLOT_CTL
-        self._xs = [np.ndarray((1, *self.in_shape), np.float32, self._mm, hb + i * sb + ctl)
-                    for i in range(slots)]
-        self._ys = [np.ndarray((1, *self.out_shape), np.float32, self._mm, hb + i * sb + ctl + 4 * fi)
-                    for i in range(slots)]
-        self._deadlines = [np.ndarray((), np.int64, self._mm, hb + i * sb + 24) for i in range(slots)]
+        self._fi, self._fo = int(np.prod(self.in_shape)), int(np.prod(self.out_shape))
+        self._slot_bytes = native.slot_bytes(self._fi, self._fo)
+        self._hdr_fd = os.memfd_create("hwb-header", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        native.init_header(self._hdr_fd, slots, self.in_shape, self.out_shape, os.geteuid(),
+                           os.getpid(), secrets.randbits(64))
+        self._mm = mmap.mmap(self._hdr_fd, native.HEADER_BYTES)  # ours, writable: before the seal
+        native.seal_header(self._hdr_fd)  # from here on clients can only map it read-only
+        self._sock, self._sock_ino = self._listen(0o600 if gid is None else 0o660, gid, slots)
+        self._stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._spin_ns, self._reap_ns = int(spin_us * 1e3), int(reap_every_s * 1e9)
         self._pin = -1 if pin_core is None else int(pin_core)
         self._closed = False
@@ -192,73 +195,98 @@ class ShmServer:
         self._thread.start()
 
     # -- files ------------------------------------------------------------------------------
-    def _take_name(self) -> int:
-        fd = os.open(self.dir / "server.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def _at(self, name: str) -> str:
+        """A path through the pinned directory descriptor (short enough for a socket name)."""
+        return f"/proc/self/fd/{self._dirfd}/{name}"
+
+    def _take_name(self) -> tuple[int, int]:
+        fd = os.open("server.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self._dirfd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise ConfigError(f"shared-memory endpoint {self.name!r} is served by a live process; "
                               f"pick another name") from None
-        return fd
+        return fd, os.fstat(fd).st_ino
 
     def _remove_stale(self) -> None:
         """We hold server.lock, so whoever made the files left in the directory is dead."""
-        for f in self.dir.iterdir():
-            if f.name != "server.lock":
-                log.warning("shm %s: removing %s left by a dead server", self.name, f.name)
-                f.unlink(missing_ok=True)
+        for f in os.listdir(self._dirfd):
+            if f != "server.lock":
+                log.warning("shm %s: removing %s left by a dead server", self.name, f)
+                try:
+                    os.unlink(f, dir_fd=self._dirfd)
+                except IsADirectoryError:
+                    raise ConfigError(f"{self.dir / f} is a directory: the endpoint directory "
+                                      f"holds only files hwb made; remove it") from None
+                except FileNotFoundError:
+                    pass
 
-    @staticmethod
-    def _create(path: Path, mode: int, gid: int | None, size: int) -> tuple[int, int]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        os.fchmod(fd, mode)  # the umask must not loosen or tighten it
-        if gid is not None:
-            os.fchown(fd, -1, gid)
-        os.ftruncate(fd, size)
-        return fd, os.fstat(fd).st_ino
+    def _listen(self, mode: int, gid: int | None, slots: int) -> tuple[socket.socket, int]:
+        """Bind under a temporary name, open it to who may connect, listen, then rename into
+        place: a client never finds a socket that is not ready."""
+        tmp = f"sock.{os.getpid()}.tmp"
+        sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sk.bind(self._at(tmp))
+            os.chmod(self._at(tmp), mode)
+            if gid is not None:
+                os.chown(self._at(tmp), -1, gid, follow_symlinks=False)
+            sk.listen(min(slots + 16, socket.SOMAXCONN))
+            sk.setblocking(False)
+            os.rename(tmp, "sock", src_dir_fd=self._dirfd, dst_dir_fd=self._dirfd)
+            return sk, os.stat("sock", dir_fd=self._dirfd, follow_symlinks=False).st_ino
+        except BaseException:
+            sk.close()
+            raise
 
     def _unlink_if_ours(self, name: str, ino: int) -> None:
-        p = self.dir / name
         try:
-            if os.lstat(p).st_ino == ino:
-                p.unlink()
+            if os.stat(name, dir_fd=self._dirfd, follow_symlinks=False).st_ino == ino:
+                os.unlink(name, dir_fd=self._dirfd)
         except FileNotFoundError:
             pass
 
     # -- the poll thread --------------------------------------------------------------------
+    def _make_slot(self, fd: int) -> tuple[mmap.mmap, tuple[np.ndarray, np.ndarray]]:
+        """Views of a new client's slot for the model call (called by the loop, with the GIL)."""
+        mm = mmap.mmap(fd, self._slot_bytes)
+        ctl = _native().SLOT_CTL
+        x = np.ndarray((1, *self.in_shape), np.float32, mm, ctl)
+        y = np.ndarray((1, *self.out_shape), np.float32, mm, ctl + 4 * self._fi)
+        return mm, (x, y)
+
     def _loop(self) -> None:
         native = _native()
-        args = tuple((x, y) for x, y in zip(self._xs, self._ys, strict=True))
         batch = self._batch if self.mode == "batch" else None
         try:
-            native.serve(self._mm, self._slots_fd, self.engine.run_direct, args, batch, InputError,
+            native.serve(self._mm, self._hdr_fd, self._sock.fileno(), self._stop_fd, self.nslots,
+                         self.engine.run_direct, self._make_slot, batch, InputError,
                          self._spin_ns, self._reap_ns, self._pin)
         except BaseException as exc:  # a broken loop must be visible, not a silent hang
             self._error = exc
             log.error("shm %s: poll loop failed: %s", self.name, exc)
-            native.stop(self._mm)
 
-    def _batch(self, idx: list[int]) -> list[str | None]:
+    def _batch(self, items: list[tuple[np.ndarray, np.ndarray, int]]) -> list[str | None]:
         """Micro-batching mode: submit every pending request, then collect them."""
-        eng, now = self.engine, __import__("time").monotonic_ns()
+        eng, now = self.engine, time.monotonic_ns()
         hs = []
-        for i in idx:
-            dl = int(self._deadlines[i])
+        for x, _, dl in items:
             budget = (dl - now) / 1e3 if dl > 0 else None
             try:
-                hs.append(eng.submit(self._xs[i][0].copy(), budget))  # a copy: the engine keeps it
+                hs.append(eng.submit(x[0].copy(), budget))  # a copy: the engine keeps it
             except InputError as exc:
                 hs.append(Unavailable(str(exc)))
         res: list[str | None] = []
-        for i, h in zip(idx, hs, strict=True):
-            r = eng.wait(h, self._ys[i][0])
+        for (_, y, _), h in zip(items, hs, strict=True):
+            r = eng.wait(h, y[0])
             res.append(r.reason if isinstance(r, Unavailable) else None)
         return res
 
     # -- reporting and shutdown -------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """served, bad_payloads, deadline_missed, reaped, errors (counted in the segment)."""
+        """served, bad_payloads, deadline_missed, detached (clients gone), errors."""
         return dict(_native().counters(self._mm), mode=self.mode, slots=self.nslots)
 
     @property
@@ -266,27 +294,27 @@ class ShmServer:
         return int(self.stats()["served"])
 
     @property
-    def reaped(self) -> int:
-        return int(self.stats()["reaped"])
+    def detached(self) -> int:
+        """Clients that hung up or died (their slots were freed at once)."""
+        return int(self.stats()["detached"])
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        native = _native()
-        native.stop(self._mm)
+        os.eventfd_write(self._stop_fd, 1)
         self._thread.join(10)
         # only what this server created: a newer server's files (other inodes) stay
-        self._unlink_if_ours("seg", self._seg_ino)
-        self._unlink_if_ours("slots.lock", self._slots_ino)
+        self._unlink_if_ours("sock", self._sock_ino)
+        self._unlink_if_ours("server.lock", self._lock_ino)
         try:
-            os.unlink(self.dir / "server.lock")  # still flock'ed by us: nobody else owns it
-            os.rmdir(self.dir)
+            if os.lstat(self.dir).st_ino == self._dir_ino:
+                os.rmdir(self.dir)
         except OSError:
-            pass  # a newer server's files are there
-        os.close(self._slots_fd)
-        os.close(self._lock_fd)
-        self._xs = self._ys = self._deadlines = []
+            pass  # a newer server's files are there, or it is gone already
+        self._sock.close()
+        for fd in (self._stop_fd, self._hdr_fd, self._lock_fd, self._dirfd):
+            os.close(fd)
         try:
             self._mm.close()
         except BufferError:  # a view still alive somewhere: the GC unmaps it later
@@ -299,6 +327,18 @@ class ShmServer:
         self.close()
 
 
+def _raise_nofile(need: int) -> None:
+    """Raise the soft descriptor limit towards the hard one when ``need`` more may be used."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = soft + need if hard == resource.RLIM_INFINITY else min(hard, soft + need)
+    if soft != resource.RLIM_INFINITY and want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
+
+
 _ATTACH_ERRORS = {
     E_NOENT: "no shared-memory endpoint {name!r} for uid {uid}; is the server running "
              "(hwb serve --shm {name}) as that user?",
@@ -309,7 +349,14 @@ _ATTACH_ERRORS = {
                "hwbackends (and hwb_shm.h) of the server",
     E_DTYPE: "shared-memory endpoint {name!r} does not serve float32",
     E_SHAPE: "shared-memory endpoint {name!r} has other input/output sizes than expected",
-    E_NOT_HWB: "{name!r} is not an hwb shared-memory segment",
+    E_NOT_HWB: "{name!r} is not an hwb shared-memory endpoint (what answered does not speak "
+               "its protocol)",
+    E_OWNER: "shared-memory endpoint {name!r}: refused — its directory, or the process serving "
+             "it, does not belong to uid {uid} (or the directory is writable by others). Someone "
+             "else may have planted it: check `ls -ld {root} {root}/{name}`; remove it if it is "
+             "not yours, or set HWB_SHM_DIR to a directory of your own",
+    E_NOT_RESPONDING: "shared-memory endpoint {name!r} accepted the connection but sent no "
+                      "hello in time; is its server stuck?",
     E_NAME: "bad shm endpoint name {name!r}: use [A-Za-z0-9._-]",
 }
 
@@ -328,7 +375,8 @@ class ShmClient:
         except OSError as exc:
             rc = exc.args[0] if exc.args and isinstance(exc.args[0], int) else E_SYS
             tmpl = _ATTACH_ERRORS.get(rc, "cannot attach to shared-memory endpoint {name!r}: {err}")
-            raise ConfigError(tmpl.format(name=name, uid=uid, err=exc)) from None
+            raise ConfigError(tmpl.format(name=name, uid=uid, err=exc,
+                                           root=runtime_root(uid))) from None
         info = self._c.info()
         self.slot: int = info["slot"]
         self.in_shape: tuple[int, ...] = info["in_shape"]

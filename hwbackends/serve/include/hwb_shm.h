@@ -1,4 +1,4 @@
-/* hwb_shm.h — header-only C/C++ client of the hwbackends shared-memory endpoint (Linux).
+/* hwb_shm.h — header-only C/C++ client of the hwbackends shared-memory endpoint (Linux ≥ 5.1).
  *
  *   hwb_shm_client c;
  *   int rc = hwb_shm_attach(&c, "hwb-signal", 32, 1);       // 0 = accept any size
@@ -13,32 +13,47 @@
  * The Python client (hwbackends.serve.shm.ShmClient) and the server's poll loop are compiled
  * from this same header, so there is one implementation of the protocol.
  *
+ * TRUST. Nothing one client can write reaches another client or the server's own state:
+ *   - each client gets its OWN slot: a memfd the server creates for that connection, sealed
+ *     against shrinking/growing (the server can never fault on it), mapped by that client and
+ *     the server only. No other client can map, read or write it;
+ *   - the header (geometry, state, counters) is a memfd sealed with F_SEAL_FUTURE_WRITE: a
+ *     client maps it read-only and cannot make it writable; the server keeps its own copy of
+ *     every geometry value and never re-reads what a client could have written;
+ *   - everything the server reads from a slot (req, in_count, deadline, features) is treated
+ *     as untrusted input that can only change that client's own answer; the server keeps its
+ *     own record of which sequence it answered last;
+ *   - the client authenticates the server: the endpoint directory and its parent must be
+ *     owned by the expected uid and not writable by group/others (OpenSSH's StrictModes), and
+ *     the socket's peer credentials (SO_PEERCRED, set by the kernel) must be that uid and the
+ *     pid the header names.
+ *
  * FILES. An endpoint NAME lives in <root>/NAME/, root = $HWB_SHM_DIR or /dev/shm/hwb-<uid>
  * (0700, owned by the server's user; 0710 with a named group). Inside (0700, or 0750 + group):
- *   seg         the mapped segment (0600, or 0660 + group); created under a temporary name and
- *               renamed into place once its header is complete: a client never sees half of it
+ *   sock        a listening Unix stream socket (0600, or 0660 + group); bound under a temporary
+ *               name and renamed into place once it listens
  *   server.lock flock'ed by the live server for its whole life: a second server is refused,
  *               and a server only removes files whose inode is the one it created
- *   slots.lock  one byte per slot; a client holds an OFD write lock on its slot's byte, which
- *               the kernel drops when the client dies (the server then reclaims the slot)
- * These are plain files, not POSIX shm names: multiprocessing.shared_memory cannot attach
- * (and its resource tracker therefore cannot unlink) them.
+ * A client connects to sock; the server answers with one hello message (struct hwb_shm_hello)
+ * carrying two descriptors (SCM_RIGHTS): the header memfd (read-only for the client) and the
+ * client's slot memfd. The connection stays open: it is the doorbell (the client writes one
+ * byte when the server sleeps) and each side's liveness signal (closing it frees the slot at
+ * once; the client sees the server gone through POLLHUP).
  *
- * SEGMENT LAYOUT (native byte order; same machine only). Offsets in bytes.
- *   header, 256 bytes (struct hwb_shm_header below):
- *     0 magic "HWBSHM\0\0"+version check   8 version   12 header_bytes   16 nslots
+ * HEADER LAYOUT (native byte order; same machine only). Offsets in bytes, 256 bytes:
+ *     0 magic "HWBSHM\0\0"   8 version   12 header_bytes   16 nslots (max clients)
  *    20 slot_bytes   24 dtype (1 = float32)   28 in_count   32 out_count   36 in_ndim
  *    40 out_ndim   44 in_shape[6]   68 out_shape[6]   92 owner_uid   96 server_pid
  *   104 generation (random per server start)
- *   128 state (1 running, 2 closing)   132 doorbell (futex)   136 server_sleeping
- *   144 heartbeat_ns   152 served   160 bad_payloads   168 deadline_missed   176 reaped
+ *   128 state (1 running, 2 closing)   132 _unused   136 server_sleeping
+ *   144 heartbeat_ns   152 served   160 bad_payloads   168 deadline_missed   176 detached
  *   184 errors
- *   slot i at 256 + i * slot_bytes (slot_bytes a multiple of 64):
+ * SLOT LAYOUT (slot_bytes, a multiple of 64):
  *     0 req     sequence the client publishes (release) after writing its input
  *     4 resp    sequence the server publishes (release) after writing status and output;
  *               also the futex word a blocked client sleeps on
  *     8 status  HWB_SHM_OK / _UNAVAILABLE / _BAD_INPUT / _DEADLINE (valid when resp == req)
- *    12 client_waiting   16 owner_pid   20 in_count (floats the client wrote)
+ *    12 client_waiting   16 _unused   20 in_count (floats the client wrote)
  *    24 deadline_ns (absolute CLOCK_MONOTONIC, 0 = none)   32 msg_len
  *    64 msg[192]  (server's message for a non-OK status)
  *   256 in[in_count] float32, then out[out_count] float32
@@ -47,16 +62,18 @@
  * memory model): payload stores, then req with release; the server loads req with acquire,
  * so it sees the payload; the same in the other direction through resp. The sleep/wake
  * handshakes (client_waiting, server_sleeping) use a sequentially consistent fence on both
- * sides (Dekker), so no wake-up is lost. This is correct on weakly ordered CPUs (ARM) too.
+ * sides (Dekker); the server's doorbell is a byte in a socket buffer, which cannot be lost.
+ * This is correct on weakly ordered CPUs (ARM) too.
  *
  * WAITING. The client spins (spin_ns, default 50 µs) re-reading resp, then sleeps on a futex
- * in ≤ 10 ms steps, checking that the server process still exists between steps: a dead
- * server is reported within ~10 ms (HWB_SHM_E_SERVER_GONE).
+ * in ≤ 10 ms steps, checking between steps that the server's connection is still open: a dead
+ * (or zombie) server is reported within ~10 ms (HWB_SHM_E_SERVER_GONE).
  *
- * RESYNCHRONISATION. A call that timed out, or a sequence word changed behind the client's
- * back (a stray write), leaves resp != the client's sequence. The next call first lets the
- * server answer whatever stands in req (bounded by timeout_ns), then adopts that value: one
- * call may fail, the client never stays wedged.
+ * RESYNCHRONISATION. Each call publishes one past whatever stands in req (skipping the value
+ * in resp), so it is never the sequence the server answered last: after a call that timed
+ * out, or a sequence word changed behind the client's back (a stray write by the client's own
+ * process), at most one call fails; the client never stays wedged. An answer counts only when
+ * resp equals the sequence this call published: it is bound to this request.
  */
 #ifndef HWB_SHM_H
 #define HWB_SHM_H
@@ -65,6 +82,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,14 +90,34 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-#ifndef F_OFD_SETLK /* Linux ≥ 3.15; glibc hides it without _GNU_SOURCE */
-#define F_OFD_SETLK 37
+/* glibc hides these without _GNU_SOURCE; the values are the kernel's ABI */
+#ifndef O_PATH
+#define O_PATH 010000000
+#endif
+#ifndef POLLRDHUP
+#define POLLRDHUP 0x2000
+#endif
+#ifndef MSG_CMSG_CLOEXEC
+#define MSG_CMSG_CLOEXEC 0x40000000
+#endif
+#ifndef F_ADD_SEALS
+#define F_ADD_SEALS 1033
+#define F_GET_SEALS 1034
+#define F_SEAL_SEAL 0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_SEAL_WRITE 0x0008
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux ≥ 5.1 */
 #endif
 
 #ifdef __cplusplus
@@ -87,7 +125,7 @@ extern "C" {
 #endif
 
 #define HWB_SHM_MAGIC 0x00004D4853425748ULL /* "HWBSHM\0\0" little-endian */
-#define HWB_SHM_VERSION 2u
+#define HWB_SHM_VERSION 3u
 #define HWB_SHM_HEADER_BYTES 256u
 #define HWB_SHM_SLOT_CTL 256u
 #define HWB_SHM_MSG 192u
@@ -95,6 +133,9 @@ extern "C" {
 #define HWB_SHM_DTYPE_F32 1u
 #define HWB_SHM_STATE_RUNNING 1u
 #define HWB_SHM_STATE_CLOSING 2u
+/* seals the server puts on the slot memfd (and the header's, plus F_SEAL_FUTURE_WRITE) */
+#define HWB_SHM_SLOT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define HWB_SHM_HEADER_SEALS (HWB_SHM_SLOT_SEALS | F_SEAL_FUTURE_WRITE)
 
 /* Statuses. ≥ 0: answered by the server; < 0: decided by the client. */
 #define HWB_SHM_OK 0
@@ -103,17 +144,18 @@ extern "C" {
 #define HWB_SHM_DEADLINE 3    /* the deadline had passed when the server reached it */
 #define HWB_SHM_E_TIMEOUT (-1)        /* no answer before the deadline; server alive */
 #define HWB_SHM_E_SERVER_GONE (-2)    /* the server process is gone or closing */
-#define HWB_SHM_E_NOT_RESPONDING (-3) /* could not resynchronise within timeout_ns */
+#define HWB_SHM_E_NOT_RESPONDING (-3) /* attach: connected, but no hello within timeout_ns */
 #define HWB_SHM_E_SHAPE (-4)          /* in/out count differs from the endpoint's */
-#define HWB_SHM_E_VERSION (-5)        /* the segment speaks another protocol version */
+#define HWB_SHM_E_VERSION (-5)        /* the server speaks another protocol version */
 #define HWB_SHM_E_DTYPE (-6)          /* the endpoint's dtype is not float32 */
 #define HWB_SHM_E_NOENT (-7)          /* no endpoint of that name (server not running) */
 #define HWB_SHM_E_ACCESS (-8)         /* permission denied (another user's endpoint) */
 #define HWB_SHM_E_SLOTS_FULL (-9)     /* every slot is taken */
 #define HWB_SHM_E_SYS (-10)           /* a system call failed (errno kept in c->err) */
 #define HWB_SHM_E_CLOSED (-11)        /* the client is detached */
-#define HWB_SHM_E_NOT_HWB (-12)       /* the file is not an hwb segment */
+#define HWB_SHM_E_NOT_HWB (-12)       /* what answered is not an hwb endpoint */
 #define HWB_SHM_E_NAME (-13)          /* the name has characters outside [A-Za-z0-9._-] */
+#define HWB_SHM_E_OWNER (-14)         /* the endpoint is not the expected user's: refused */
 
 typedef struct {
     uint64_t magic;
@@ -124,15 +166,15 @@ typedef struct {
     uint32_t _pad0;
     uint64_t generation;
     uint8_t _pad1[128 - 112];
-    /* shared words (atomics), on their own cache lines */
-    uint32_t state, doorbell, server_sleeping, _pad2;
-    uint64_t heartbeat_ns, served, bad_payloads, deadline_missed, reaped, errors;
+    /* words the server updates (clients only read them), on their own cache line */
+    uint32_t state, _unused, server_sleeping, _pad2;
+    uint64_t heartbeat_ns, served, bad_payloads, deadline_missed, detached, errors;
     uint8_t _pad3[256 - 192];
 } hwb_shm_header;
 
 typedef struct {
     uint32_t req, resp, status, client_waiting;
-    int32_t owner_pid;
+    int32_t _unused;
     uint32_t in_count;
     int64_t deadline_ns;
     uint32_t msg_len;
@@ -140,25 +182,43 @@ typedef struct {
     char msg[HWB_SHM_MSG];
 } hwb_shm_slot;
 
+/* The server's one message on a new connection (with 2 fds on success: header, slot). */
+typedef struct {
+    uint64_t magic;
+    uint32_t version;
+    int32_t status;      /* 0, or HWB_SHM_E_SLOTS_FULL (then no descriptors) */
+    uint32_t slot_index; /* for logs only: the slot is the memfd, not an index into anything */
+    uint32_t slot_bytes;
+    uint64_t generation;
+} hwb_shm_hello;
+
 #if defined(__cplusplus)
 static_assert(sizeof(hwb_shm_header) == 256, "header layout");
 static_assert(sizeof(hwb_shm_slot) == 256, "slot layout");
+static_assert(sizeof(hwb_shm_hello) == 32, "hello layout");
 #else
 _Static_assert(sizeof(hwb_shm_header) == 256, "header layout");
 _Static_assert(sizeof(hwb_shm_slot) == 256, "slot layout");
+_Static_assert(sizeof(hwb_shm_hello) == 32, "hello layout");
 #endif
 
+/* SO_PEERCRED's answer (struct ucred, which glibc hides without _GNU_SOURCE) */
 typedef struct {
-    uint8_t *base;
-    size_t size;
-    hwb_shm_header *hdr;
-    hwb_shm_slot *slot;
+    int32_t pid;
+    uint32_t uid, gid;
+} hwb_shm_ucred;
+
+typedef struct {
+    const hwb_shm_header *hdr; /* read-only mapping */
+    hwb_shm_slot *slot;        /* this client's own slot */
+    size_t hdr_size, slot_size;
     float *in, *out;
     uint32_t seq, in_count, out_count;
-    int dirty, lock_fd, slot_index, err;
+    int sock, slot_index, err;
     int32_t server_pid;
     int64_t spin_ns;    /* busy-poll budget before sleeping (default 50 µs) */
-    int64_t timeout_ns; /* wait for calls without a deadline, and for resynchronising (5 s) */
+    int64_t timeout_ns; /* wait for calls without a deadline, and for the
+                           server's hello at attach (5 s) */
 } hwb_shm_client;
 
 /* ---- small helpers (also used by the server loop) ------------------------------------ */
@@ -199,16 +259,8 @@ static inline size_t hwb_shm_slot_bytes(uint32_t in_count, uint32_t out_count) {
     return (raw + 63u) / 64u * 64u;
 }
 
-static inline hwb_shm_slot *hwb_shm_slot_at(hwb_shm_header *h, uint32_t i) {
-    return (hwb_shm_slot *)((uint8_t *)h + HWB_SHM_HEADER_BYTES + (size_t)i * h->slot_bytes);
-}
-
 static inline float *hwb_shm_slot_in(hwb_shm_slot *s) {
     return (float *)((uint8_t *)s + HWB_SHM_SLOT_CTL);
-}
-
-static inline float *hwb_shm_slot_out(hwb_shm_header *h, hwb_shm_slot *s) {
-    return hwb_shm_slot_in(s) + h->in_count;
 }
 
 static inline int hwb_shm_name_ok(const char *name) {
@@ -223,15 +275,14 @@ static inline int hwb_shm_name_ok(const char *name) {
     return 1;
 }
 
-/* <root>/<name> into buf. root: $HWB_SHM_DIR, else /dev/shm/hwb-<owner_uid>. */
-static inline int hwb_shm_endpoint_dir(char *buf, size_t n, const char *name, unsigned owner_uid) {
+/* The root directory into buf: $HWB_SHM_DIR, else /dev/shm/hwb-<owner_uid>. */
+static inline int hwb_shm_root_dir(char *buf, size_t n, unsigned owner_uid) {
     const char *root = getenv("HWB_SHM_DIR");
     int k;
-    if (!hwb_shm_name_ok(name)) return HWB_SHM_E_NAME;
     if (root && *root)
-        k = snprintf(buf, n, "%s/%s", root, name);
+        k = snprintf(buf, n, "%s", root);
     else
-        k = snprintf(buf, n, "/dev/shm/hwb-%u/%s", owner_uid, name);
+        k = snprintf(buf, n, "/dev/shm/hwb-%u", owner_uid);
     return (k < 0 || (size_t)k >= n) ? HWB_SHM_E_NAME : 0;
 }
 
@@ -252,8 +303,9 @@ static inline const char *hwb_shm_strerror(int rc) {
     case HWB_SHM_E_SLOTS_FULL: return "all slots are taken (start the server with more --shm-slots)";
     case HWB_SHM_E_SYS: return "system call failed";
     case HWB_SHM_E_CLOSED: return "client is detached";
-    case HWB_SHM_E_NOT_HWB: return "not an hwb shared-memory segment";
+    case HWB_SHM_E_NOT_HWB: return "not an hwb shared-memory endpoint";
     case HWB_SHM_E_NAME: return "bad endpoint name (use [A-Za-z0-9._-], at most 100 characters)";
+    case HWB_SHM_E_OWNER: return "refused: the endpoint (its directory, or the process serving it) is not the expected user's";
     default: return "unknown status";
     }
 }
@@ -263,7 +315,7 @@ static inline const char *hwb_shm_message(hwb_shm_client *c) {
     static __thread char msg[HWB_SHM_MSG + 1];
     uint32_t n;
     if (!c->slot) return "";
-    n = c->slot->msg_len;
+    n = HWB_LOAD_RLX(&c->slot->msg_len);
     if (n > HWB_SHM_MSG) n = HWB_SHM_MSG;
     memcpy(msg, c->slot->msg, n);
     msg[n] = 0;
@@ -271,98 +323,165 @@ static inline const char *hwb_shm_message(hwb_shm_client *c) {
 }
 
 static inline int hwb_shm_errno_rc(int e) {
-    if (e == ENOENT) return HWB_SHM_E_NOENT;
+    if (e == ENOENT || e == ECONNREFUSED) return HWB_SHM_E_NOENT; /* refused: a dead server's socket */
     if (e == EACCES || e == EPERM) return HWB_SHM_E_ACCESS;
     return HWB_SHM_E_SYS;
 }
 
 static inline void hwb_shm_detach(hwb_shm_client *c) {
-    if (c->slot) HWB_STORE_REL(&c->slot->owner_pid, 0);
-    if (c->lock_fd >= 0) close(c->lock_fd); /* drops the OFD lock on our slot */
-    if (c->base) munmap(c->base, c->size);
-    c->base = NULL;
+    if (c->slot) munmap(c->slot, c->slot_size);
+    if (c->hdr) munmap((void *)c->hdr, c->hdr_size);
+    if (c->sock >= 0) close(c->sock); /* the server frees our slot when it sees the hang-up */
     c->hdr = NULL;
     c->slot = NULL;
-    c->lock_fd = -1;
+    c->sock = -1;
 }
 
-static inline int hwb_shm__check_header(hwb_shm_client *c, size_t size, uint32_t in_count,
-                                        uint32_t out_count) {
-    hwb_shm_header *h = c->hdr;
-    if (size < HWB_SHM_HEADER_BYTES || (h->magic & 0xFFFFFFFFFFFFULL) != HWB_SHM_MAGIC)
-        return HWB_SHM_E_NOT_HWB;
+/* A directory the endpoint may live in: a real directory (fd opened O_NOFOLLOW), owned by
+ * the expected user and not writable by group or others. */
+static inline int hwb_shm__dir_ok(int fd, unsigned owner_uid) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) return HWB_SHM_E_NOT_HWB;
+    if (st.st_uid != owner_uid || (st.st_mode & 022)) return HWB_SHM_E_OWNER;
+    return 0;
+}
+
+static inline int hwb_shm__check_header(const hwb_shm_header *h, size_t size, uint32_t in_count,
+                                        uint32_t out_count, unsigned owner_uid, pid_t peer) {
+    if (size < HWB_SHM_HEADER_BYTES || h->magic != HWB_SHM_MAGIC) return HWB_SHM_E_NOT_HWB;
     if (h->version != HWB_SHM_VERSION || h->header_bytes != HWB_SHM_HEADER_BYTES)
         return HWB_SHM_E_VERSION;
+    if (h->owner_uid != owner_uid || h->server_pid != (int32_t)peer) return HWB_SHM_E_OWNER;
     if (h->dtype != HWB_SHM_DTYPE_F32) return HWB_SHM_E_DTYPE;
     if ((in_count && h->in_count != in_count) || (out_count && h->out_count != out_count))
         return HWB_SHM_E_SHAPE;
-    if (h->slot_bytes != hwb_shm_slot_bytes(h->in_count, h->out_count) || h->nslots == 0 ||
-        size < HWB_SHM_HEADER_BYTES + (size_t)h->nslots * h->slot_bytes)
-        return HWB_SHM_E_NOT_HWB;
+    if (h->slot_bytes != hwb_shm_slot_bytes(h->in_count, h->out_count)) return HWB_SHM_E_NOT_HWB;
     return 0;
 }
 
-static inline int hwb_shm__claim_slot(hwb_shm_client *c, const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/slots.lock", dir);
-    c->lock_fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (c->lock_fd < 0) { c->err = errno; return hwb_shm_errno_rc(errno); }
-    for (uint32_t i = 0; i < c->hdr->nslots; i++) {
-        struct flock fl;
-        memset(&fl, 0, sizeof fl);
-        fl.l_type = F_WRLCK;
-        fl.l_whence = SEEK_SET;
-        fl.l_start = (off_t)i;
-        fl.l_len = 1;
-        if (fcntl(c->lock_fd, F_OFD_SETLK, &fl) == 0) {
-            c->slot_index = (int)i;
-            return 0;
+/* Receive the hello and its descriptors; fds[0] header, fds[1] slot (-1 where absent). */
+static inline int hwb_shm__recv_hello(hwb_shm_client *c, hwb_shm_hello *hello, int fds[2]) {
+    union { struct cmsghdr h; char buf[CMSG_SPACE(2 * sizeof(int))]; } ctl;
+    struct iovec iov = {hello, sizeof *hello};
+    struct msghdr m;
+    struct cmsghdr *cm;
+    ssize_t n;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl.buf;
+    m.msg_controllen = sizeof ctl.buf;
+    fds[0] = fds[1] = -1;
+    do n = recvmsg(c->sock, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (n < 0 && errno == EINTR);
+    for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            int got[2] = {-1, -1};
+            memcpy(got, CMSG_DATA(cm), (k < 2 ? k : 2) * sizeof(int));
+            for (size_t i = 0; i < k && i < 2; i++) fds[i] = got[i];
         }
-        if (errno != EAGAIN && errno != EACCES) { c->err = errno; return HWB_SHM_E_SYS; }
     }
-    return HWB_SHM_E_SLOTS_FULL;
+    if (n < 0) {
+        c->err = errno;
+        return (errno == EAGAIN || errno == EWOULDBLOCK) ? HWB_SHM_E_NOT_RESPONDING : HWB_SHM_E_SYS;
+    }
+    if ((size_t)n != sizeof *hello || (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+        return HWB_SHM_E_NOT_HWB;
+    if (hello->magic != HWB_SHM_MAGIC) return HWB_SHM_E_NOT_HWB;
+    if (hello->version != HWB_SHM_VERSION) return HWB_SHM_E_VERSION;
+    if (hello->status) return hello->status == HWB_SHM_E_SLOTS_FULL ? HWB_SHM_E_SLOTS_FULL : HWB_SHM_E_NOT_HWB;
+    if (fds[0] < 0 || fds[1] < 0) return HWB_SHM_E_NOT_HWB;
+    return 0;
 }
 
-/* Attach to endpoint `name` of user `owner_uid` (use geteuid() for your own), claiming a
- * slot. in_count/out_count: the float32 counts the caller will use (0: accept the server's).
- * Returns 0 or a negative HWB_SHM_E_* status; on failure nothing stays open. */
+static inline void *hwb_shm__map(int fd, size_t want, int prot, size_t *size) {
+    struct stat st;
+    void *p;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size < want) return NULL;
+    p = mmap(NULL, (size_t)st.st_size, prot, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return NULL;
+    *size = (size_t)st.st_size;
+    return p;
+}
+
+/* Attach to endpoint `name` of user `owner_uid` (use geteuid() for your own): connect, check
+ * who serves it, map the header (read-only) and this client's own slot. in_count/out_count:
+ * the float32 counts the caller will use (0: accept the server's). Returns 0 or a negative
+ * HWB_SHM_E_* status; on failure nothing stays open. */
 static inline int hwb_shm_attach_as(hwb_shm_client *c, const char *name, unsigned owner_uid,
                                     uint32_t in_count, uint32_t out_count) {
-    char dir[4096], path[4200];
-    struct stat st;
-    int fd, rc;
+    char root[4096];
+    struct sockaddr_un addr;
+    hwb_shm_ucred cred;
+    socklen_t clen = sizeof cred;
+    hwb_shm_hello hello;
+    int rootfd = -1, dirfd = -1, fds[2] = {-1, -1}, rc, k;
     memset(c, 0, sizeof *c);
-    c->lock_fd = -1;
+    c->sock = -1;
     c->slot_index = -1;
     c->spin_ns = 50000;
     c->timeout_ns = 5000000000LL;
-    if ((rc = hwb_shm_endpoint_dir(dir, sizeof dir, name, owner_uid))) return rc;
-    snprintf(path, sizeof path, "%s/seg", dir);
-    fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) { c->err = errno; return hwb_shm_errno_rc(errno); }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { close(fd); return HWB_SHM_E_NOT_HWB; }
-    c->size = (size_t)st.st_size;
-    if (c->size < HWB_SHM_HEADER_BYTES) { close(fd); return HWB_SHM_E_NOT_HWB; }
-    c->base = (uint8_t *)mmap(NULL, c->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (c->base == (uint8_t *)MAP_FAILED) { c->base = NULL; c->err = errno; return HWB_SHM_E_SYS; }
-    c->hdr = (hwb_shm_header *)c->base;
-    if ((rc = hwb_shm__check_header(c, c->size, in_count, out_count)) ||
-        (rc = hwb_shm__claim_slot(c, dir))) {
-        hwb_shm_detach(c);
-        return rc;
+    if (!hwb_shm_name_ok(name)) return HWB_SHM_E_NAME;
+    if ((rc = hwb_shm_root_dir(root, sizeof root, owner_uid))) return rc;
+    /* StrictModes: the root and the endpoint directory are the owner's and nobody else can
+     * put anything in them; opened once (O_NOFOLLOW) and used through the fd */
+    rootfd = open(root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (rootfd < 0) { c->err = errno; rc = errno == ELOOP || errno == ENOTDIR ? HWB_SHM_E_OWNER : hwb_shm_errno_rc(errno); goto fail; }
+    if ((rc = hwb_shm__dir_ok(rootfd, owner_uid))) goto fail;
+    dirfd = openat(rootfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dirfd < 0) { c->err = errno; rc = errno == ELOOP || errno == ENOTDIR ? HWB_SHM_E_OWNER : hwb_shm_errno_rc(errno); goto fail; }
+    if ((rc = hwb_shm__dir_ok(dirfd, owner_uid))) goto fail;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    k = snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/sock", dirfd);
+    if (k < 0 || (size_t)k >= sizeof addr.sun_path) { rc = HWB_SHM_E_NAME; goto fail; }
+    c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->sock < 0) { c->err = errno; rc = HWB_SHM_E_SYS; goto fail; }
+    if (connect(c->sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        c->err = errno;
+        rc = hwb_shm_errno_rc(errno);
+        goto fail;
     }
-    c->slot = hwb_shm_slot_at(c->hdr, (uint32_t)c->slot_index);
+    close(dirfd);
+    close(rootfd);
+    dirfd = rootfd = -1;
+    /* the kernel's word on who is listening: a socket another user planted is refused */
+    if (getsockopt(c->sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) { c->err = errno; rc = HWB_SHM_E_SYS; goto fail; }
+    if (cred.uid != owner_uid) { rc = HWB_SHM_E_OWNER; goto fail; }
+    {
+        struct timeval tv;
+        tv.tv_sec = (time_t)(c->timeout_ns / 1000000000LL);
+        tv.tv_usec = (suseconds_t)((c->timeout_ns % 1000000000LL) / 1000);
+        setsockopt(c->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    if ((rc = hwb_shm__recv_hello(c, &hello, fds))) goto fail;
+    c->hdr = (const hwb_shm_header *)hwb_shm__map(fds[0], HWB_SHM_HEADER_BYTES, PROT_READ, &c->hdr_size);
+    if (!c->hdr) { rc = HWB_SHM_E_NOT_HWB; goto fail; }
+    if ((rc = hwb_shm__check_header(c->hdr, c->hdr_size, in_count, out_count, owner_uid, cred.pid)))
+        goto fail;
+    if (hello.slot_bytes != c->hdr->slot_bytes) { rc = HWB_SHM_E_NOT_HWB; goto fail; }
+    c->slot = (hwb_shm_slot *)hwb_shm__map(fds[1], c->hdr->slot_bytes, PROT_READ | PROT_WRITE, &c->slot_size);
+    if (!c->slot) { rc = HWB_SHM_E_NOT_HWB; goto fail; }
+    close(fds[0]);
+    close(fds[1]);
+    /* non-blocking from now on: a doorbell byte that does not fit means one is pending */
+    fcntl(c->sock, F_SETFL, fcntl(c->sock, F_GETFL) | O_NONBLOCK);
+    c->slot_index = (int)hello.slot_index;
     c->in = hwb_shm_slot_in(c->slot);
-    c->out = hwb_shm_slot_out(c->hdr, c->slot);
     c->in_count = c->hdr->in_count;
     c->out_count = c->hdr->out_count;
-    c->server_pid = c->hdr->server_pid;
-    HWB_STORE_REL(&c->slot->owner_pid, (int32_t)getpid());
-    c->seq = HWB_LOAD_ACQ(&c->slot->req);
-    /* a request a dead predecessor left behind: resynchronise before the first call */
-    c->dirty = HWB_LOAD_ACQ(&c->slot->resp) != c->seq;
+    c->out = c->in + c->in_count;
+    c->server_pid = (int32_t)cred.pid;
+    c->seq = 0;
     return 0;
+fail:
+    if (fds[0] >= 0) close(fds[0]);
+    if (fds[1] >= 0) close(fds[1]);
+    if (dirfd >= 0) close(dirfd);
+    if (rootfd >= 0) close(rootfd);
+    hwb_shm_detach(c);
+    return rc;
 }
 
 static inline int hwb_shm_attach(hwb_shm_client *c, const char *name, uint32_t in_count,
@@ -370,9 +489,15 @@ static inline int hwb_shm_attach(hwb_shm_client *c, const char *name, uint32_t i
     return hwb_shm_attach_as(c, name, (unsigned)geteuid(), in_count, out_count);
 }
 
+/* The server is running and its end of our connection is open (it never writes after the
+ * hello, so readable means end-of-file). */
 static inline int hwb_shm_server_alive(hwb_shm_client *c) {
+    struct pollfd p;
     if (HWB_LOAD_ACQ(&c->hdr->state) != HWB_SHM_STATE_RUNNING) return 0;
-    return !(kill(c->server_pid, 0) != 0 && errno == ESRCH);
+    p.fd = c->sock;
+    p.events = POLLIN | POLLRDHUP;
+    p.revents = 0;
+    return poll(&p, 1, 0) == 0;
 }
 
 /* Wait until resp == seq or `until` (CLOCK_MONOTONIC ns). 0, E_TIMEOUT or E_SERVER_GONE. */
@@ -409,25 +534,13 @@ static inline int hwb_shm__wait(hwb_shm_client *c, uint32_t seq, int64_t until) 
     return 0;
 }
 
-static inline void hwb_shm__ring(hwb_shm_header *h) {
+static inline void hwb_shm__ring(hwb_shm_client *c) {
     HWB_FENCE(); /* pairs with the server's fence between server_sleeping = 1 and its scan */
-    if (HWB_LOAD_RLX(&h->server_sleeping)) {
-        __atomic_fetch_add(&h->doorbell, 1u, __ATOMIC_SEQ_CST);
-        hwb_futex_wake(&h->doorbell, 1);
+    if (HWB_LOAD_RLX(&c->hdr->server_sleeping)) {
+        char b = 1;
+        ssize_t n = send(c->sock, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)n; /* EAGAIN: bytes are already pending, the server wakes anyway */
     }
-}
-
-/* Let the server answer whatever stands in req, then adopt it as our sequence. */
-static inline int hwb_shm__resync(hwb_shm_client *c) {
-    uint32_t r = HWB_LOAD_ACQ(&c->slot->req);
-    int rc;
-    hwb_shm__ring(c->hdr);
-    rc = hwb_shm__wait(c, r, hwb_now_ns() + c->timeout_ns);
-    if (rc == HWB_SHM_E_TIMEOUT) return HWB_SHM_E_NOT_RESPONDING;
-    if (rc) return rc;
-    c->seq = r;
-    c->dirty = 0;
-    return 0;
 }
 
 /* One sample: in[n_in] → out[n_out]. deadline_ns: relative budget (≤ 0: none, the client's
@@ -441,23 +554,19 @@ static inline int hwb_shm_predict(hwb_shm_client *c, const float *in, uint32_t n
     int rc;
     if (!s) return HWB_SHM_E_CLOSED;
     if (n_in != c->in_count || n_out != c->out_count) return HWB_SHM_E_SHAPE;
-    if (c->dirty || HWB_LOAD_ACQ(&s->resp) != c->seq) {
-        if ((rc = hwb_shm__resync(c))) return rc;
-    }
     t0 = hwb_now_ns();
     until = deadline_ns > 0 ? t0 + deadline_ns : t0 + c->timeout_ns;
     memcpy(c->in, in, (size_t)n_in * 4u);
     HWB_STORE_RLX(&s->in_count, n_in);
     HWB_STORE_RLX(&s->deadline_ns, deadline_ns > 0 ? until : (int64_t)0);
-    seq = c->seq + 1u;
+    /* one past what stands in req: never the sequence the server answered last, even after
+     * a timed-out call or a stray write (then at most this one call times out) */
+    seq = HWB_LOAD_RLX(&s->req) + 1u;
+    if (seq == HWB_LOAD_RLX(&s->resp)) seq++;
     HWB_STORE_REL(&s->req, seq); /* publishes the payload above */
     c->seq = seq;
-    hwb_shm__ring(c->hdr);
-    rc = hwb_shm__wait(c, seq, until);
-    if (rc) {
-        c->dirty = 1;
-        return rc;
-    }
+    hwb_shm__ring(c);
+    if ((rc = hwb_shm__wait(c, seq, until))) return rc;
     st = HWB_LOAD_RLX(&s->status);
     if (st == HWB_SHM_OK) memcpy(out, c->out, (size_t)n_out * 4u);
     return (int)st;
