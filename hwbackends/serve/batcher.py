@@ -40,6 +40,8 @@ class Batcher:
         self.warmup = warmup
         #: Median seconds of one warm-up call of the largest slot (set when the thread starts).
         self.warm_call_s = 0.0
+        #: Batches the backend completed (it only grows; the breaker's progress test reads it).
+        self.completed = 0
         self._q: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -142,6 +144,7 @@ class Batcher:
         deliver = _deliverer(live, self.versions.shadow, v.number)
         try:
             v.plan.run([r.x for r in live], deliver)
+            self.completed += 1
         except Exception as exc:  # the backend failed this batch: each caller gets "unavailable"
             msg = f"backend {v.variant} failed: {type(exc).__name__}: {exc}"
             log.warning("%s: %s", self.name, msg)

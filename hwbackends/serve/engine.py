@@ -243,9 +243,15 @@ class Engine:
             log.warning("%s: breaker open for %g s", self.strategy, self.config.breaker_reset_s)
 
     def _missed(self, r: Request) -> Unavailable:
-        """A deadline miss: the breaker counts it only when the budget was a fair one."""
+        """A deadline miss. The breaker counts it only when the budget was a fair one *and* the
+        backend completed no batch while the request waited (it stalled or slowed down). A
+        miss while batches kept completing waited behind work queued ahead of it — another
+        client's large request, a burst — which is load, not a backend fault: the budget is
+        normalised by the work the backend was visibly doing (docs/serving.md, trust model)."""
         if r.budget_us is not None and r.budget_us < self._fair_budget_us:
             self.metrics.client_deadline_miss()
+        elif self.batcher.completed != r.progress0:
+            self.metrics.load_deadline_miss()
         else:
             self.metrics.deadline_miss()
             self._failed()
@@ -262,6 +268,7 @@ class Engine:
             self.metrics.breaker_reject()
             return BREAKER_OPEN
         r = Request(x, time.perf_counter(), d)
+        r.progress0 = self.batcher.completed
         if self.cache is not None:
             key = self.cache.key(x, self.versions.active.number)
             y = self.cache.get(key)
@@ -305,6 +312,12 @@ class Engine:
             else:  # one buffer per output tensor (a multi-IO model)
                 self._layout_or_refuse(out)[1].into(r.y, out)
         return r.y
+
+    def abandon(self, r: Request | Unavailable) -> None:
+        """Give up on a submitted request nobody will :meth:`wait` for (the rest of a gRPC
+        batch once one sample missed): the serving thread skips it if it has not run yet."""
+        if isinstance(r, Request) and r.state == PENDING:
+            r.state = ABANDONED
 
     def _layout_or_refuse(self, what: Any) -> tuple[Layout, Layout]:
         lay = self.layout

@@ -180,6 +180,8 @@ class _Servicer:
         for i, h in enumerate(handles):
             res = eng.wait(h, out[i])
             if isinstance(res, Unavailable):
+                for rest in handles[i + 1:]:  # the answer is "unavailable": don't run the rest
+                    eng.abandon(rest)
                 return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=res.reason,
                                           model_version=eng.version, variant=eng.variant)
         if not context.is_active():  # the client left (cancelled / vanished): nothing to send

@@ -83,6 +83,10 @@ class EngineMetrics:
         #: The part of ``deadline_misses`` on budgets too small to be fair to the backend
         #: (they never count toward the breaker).
         self.client_deadline_misses = 0
+        #: The part of ``deadline_misses`` while the backend kept completing batches: the request
+        #: waited behind work queued ahead of it (any client's), so the miss is load, not a
+        #: backend fault, and never counts toward the breaker.
+        self.load_deadline_misses = 0
         self.cache_hits = self.cache_misses = 0
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
@@ -124,6 +128,11 @@ class EngineMetrics:
     def client_deadline_miss(self) -> None:
         with self._lock:
             self.client_deadline_misses += 1
+        self.deadline_miss()
+
+    def load_deadline_miss(self) -> None:
+        with self._lock:
+            self.load_deadline_misses += 1
         self.deadline_miss()
 
     def breaker_reject(self) -> None:
@@ -194,6 +203,7 @@ class EngineMetrics:
         return {"strategy": self.strategy, "requests_ok": self.ok, "errors": self.errors,
                 "deadline_misses": self.deadline_misses,
                 "client_deadline_misses": self.client_deadline_misses,
+                "load_deadline_misses": self.load_deadline_misses,
                 "breaker_rejects": self.breaker_rejects,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "batches": self.batches, "batch_sizes": dict(sorted(self.batch_sizes.items())),

@@ -65,7 +65,7 @@ class Request:
     (a lock the serving thread releases once ``y`` or ``err`` is set)."""
 
     __slots__ = ("x", "y", "t0", "deadline", "budget_us", "done", "state", "err", "key",
-                 "version", "ahead")
+                 "version", "progress0")
 
     def __init__(self, x: np.ndarray, t0: float, budget_us: float | None):
         self.x = x
@@ -81,5 +81,7 @@ class Request:
         self.key: bytes | None = None
         #: The version that computed ``y`` (set by the serving thread with ``y``).
         self.version: int | None = None
-        #: Requests queued ahead of this one when it was submitted (the work it waits behind).
-        self.ahead = 0
+        #: The serving thread's count of completed batches when this request was submitted: if it
+        #: moved by the time the request missed its deadline, the backend was working (on work
+        #: queued ahead), not stalled, and the miss does not count toward the breaker.
+        self.progress0 = 0
