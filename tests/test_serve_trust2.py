@@ -16,6 +16,10 @@ Everything runs the real LiteRT variant of zoo:signal; wrappers only add the mis
 """
 from __future__ import annotations
 
+import os
+import resource
+import secrets
+import socket
 import threading
 import time
 
@@ -164,3 +168,76 @@ def test_one_grpc_clients_large_requests_do_not_open_the_breaker_for_others(lite
         st = eng.stats()
         assert st["breaker_rejects"] == 0 and st["breaker_state"] == "closed"
         assert st["deadline_misses"] > 0  # the flood did miss its own budgets
+
+
+# -- 10: idle connections cannot exhaust the server's fds -----------------------------------
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_idle_unauthenticated_connections_are_capped_and_closed(litert, xs, ref):
+    """Repro: 1,074 idle TCP connections that never spoke TLS each held a server fd (for
+    gRPC's default 120 s handshake timeout) until accept() failed and nobody new was served."""
+    grpc = pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
+    pytest.importorskip("cryptography", reason="the serve extra (cryptography) is not installed")
+    from hwbackends.serve.grpc_server import GrpcClient, GrpcServer, self_signed_cert
+
+    tls, token = self_signed_cert("127.0.0.1"), secrets.token_urlsafe(24)
+    cap, idle_n = 32, 200
+    with Engine(litert, EngineConfig.preset("single"), strategy="mom") as eng, \
+            GrpcServer(eng, tls=tls, token=token, max_connections=cap,
+                       handshake_timeout_s=1.0) as srv, \
+            GrpcClient(srv.address, token=token, root_cert=tls.cert_pem, timeout_s=30) as auth:
+        np.testing.assert_array_equal(auth.predict("mom", xs[0]), ref[0])  # connected
+        base = _fds()
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=30) for _ in range(idle_n)]
+        try:
+            time.sleep(0.3)
+            # the server holds at most `cap` of them (a few fds of slack for gRPC's own)
+            assert _fds() - base - idle_n <= cap + 8
+            for i in range(1, 6):  # the established client is served meanwhile
+                np.testing.assert_array_equal(auth.predict("mom", xs[i]), ref[i])
+            t_end = time.monotonic() + 30
+            for s in idle:  # each is closed by the server: over the cap at once, else at 1 s
+                s.settimeout(max(0.1, t_end - time.monotonic()))
+                try:
+                    while s.recv(4096):
+                        pass
+                except ConnectionResetError:
+                    pass
+        finally:
+            for s in idle:
+                s.close()
+        # a new client (its own connection) is served; a wrong token is still refused
+        opts = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.secure_channel(srv.address, grpc.ssl_channel_credentials(tls.cert_pem),
+                                 options=opts) as ch:
+            from hwbackends.serve.proto import signal_pb2, signal_pb2_grpc
+
+            stub = signal_pb2_grpc.SignalServiceStub(ch)
+            req = signal_pb2.PredictRequest(strategy="mom", features=xs[7].tobytes(), shape=[32])
+            resp = stub.Predict(req, metadata=(("authorization", f"Bearer {token}"),), timeout=30)
+            np.testing.assert_array_equal(np.frombuffer(resp.outputs, "<f4"), ref[7])
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Predict(req, metadata=(("authorization", "Bearer " + "x" * 32),), timeout=30)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_grpc_server_raises_the_soft_fd_limit_and_caps_connections_below_it(litert):
+    pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
+    from hwbackends.serve.grpc_server import FD_RESERVE, GrpcServer, connection_cap
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(1024, hard)
+    if hard != resource.RLIM_INFINITY and hard <= low:
+        pytest.skip(f"the hard fd limit ({hard}) leaves nothing to raise")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        with Engine(litert, EngineConfig.preset("single", warmup=1), strategy="mom") as eng, \
+                GrpcServer(eng, insecure_loopback=True, max_connections=10**6) as srv:
+            now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            assert now > low and srv.fd_limit == now
+            assert srv.max_connections == now - FD_RESERVE  # capped below the fd limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert connection_cap(1000, 1024) == 1024 - FD_RESERVE and connection_cap(50, 1024) == 50

@@ -8,12 +8,20 @@ for local development. Requests over ``max_request_bytes`` are refused by gRPC i
 expected; an unknown strategy NOT_FOUND. The call's gRPC deadline is honoured: the engine
 deadline is the smaller of it and the request's ``deadline_us``, and a miss is an
 ``UNAVAILABLE`` *response* (the strategy skips the tick), not an error.
+
+Connections cannot exhaust the process' file descriptors: the soft ``RLIMIT_NOFILE`` is raised
+towards the hard limit at start (:func:`raise_fd_limit`), gRPC accepts at most
+``max_connections`` (closing any beyond at once, and never more than the fd limit leaves room
+for), closes a connection that has not completed its TLS/HTTP/2 handshake within
+``handshake_timeout_s``, and one without a call in flight for ``idle_timeout_s`` (a real client
+reconnects by itself). Established connections keep being served throughout.
 """
 from __future__ import annotations
 
 import hmac
 import ipaddress
 import logging
+import resource
 import socket
 from concurrent import futures
 from dataclasses import dataclass
@@ -48,6 +56,33 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+#: File descriptors kept back from the connection cap for everything else the server opens
+#: (model files, the shm endpoint, logs, gRPC's own pipes).
+FD_RESERVE = 256
+#: The soft fd limit :func:`raise_fd_limit` aims for (bounded by the hard limit).
+FD_TARGET = 1 << 16
+
+
+def raise_fd_limit(target: int = FD_TARGET) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to ``min(target, hard)`` if it is lower (a default
+    soft limit of 1024 is what ~1,000 idle connections exhausted); returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:  # pragma: no cover - a hard limit lowered meanwhile
+            log.warning("could not raise the soft fd limit from %d to %d: %s", soft, want, exc)
+    return soft
+
+
+def connection_cap(max_connections: int, fd_soft_limit: int) -> int:
+    """The connections gRPC may hold: ``max_connections``, and never so many that the fd
+    limit has less than :data:`FD_RESERVE` left for the rest of the server."""
+    return max(1, min(max_connections, fd_soft_limit - FD_RESERVE))
 
 
 @dataclass(frozen=True)
@@ -197,7 +232,8 @@ class GrpcServer:
     def __init__(self, engines: Mapping[str, Engine] | Engine, *, host: str = "127.0.0.1",
                  port: int = 0, tls: TLSFiles | None = None, token: str | None = None,
                  insecure_loopback: bool = False, max_request_bytes: int = 1 << 20,
-                 workers: int = 8):
+                 workers: int = 8, max_connections: int = 1000,
+                 handshake_timeout_s: float = 5.0, idle_timeout_s: float = 300.0):
         grpc = _grpc()
         _, pbg = _pb()
         if isinstance(engines, Engine):
@@ -214,14 +250,30 @@ class GrpcServer:
                                   f"insecure_loopback=True (hwb serve --insecure-loopback)")
         if token is not None and len(token) < 16:
             raise ConfigError("the token must be at least 16 characters (secrets.token_urlsafe())")
+        for what, v in (("max_connections", max_connections),
+                        ("handshake_timeout_s", handshake_timeout_s),
+                        ("idle_timeout_s", idle_timeout_s)):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e7):
+                raise ConfigError(f"GrpcServer {what} must be a positive number, got {v!r}")
         interceptors = [_auth_interceptor(token)] if token else []
         self.max_request_bytes = max_request_bytes
+        self.fd_limit = raise_fd_limit()
+        self.max_connections = connection_cap(int(max_connections), self.fd_limit)
+        if self.max_connections < max_connections:
+            log.warning("gRPC: at most %d connections (the soft fd limit is %d; %d asked)",
+                        self.max_connections, self.fd_limit, max_connections)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hwb-grpc"),
             interceptors=interceptors,
             options=[("grpc.max_receive_message_length", max_request_bytes),
                      ("grpc.max_send_message_length", 16 << 20),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0),
+                     # fds: a cap on connections (over it, closed at once), a deadline for the
+                     # handshake (a socket that never speaks TLS/HTTP/2 holds no fd for long),
+                     # and an idle limit for connections with no call in flight.
+                     ("grpc.max_allowed_incoming_connections", self.max_connections),
+                     ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
+                     ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000))])
         servicer = _Servicer(engines)
         pbg.add_SignalServiceServicer_to_server(servicer, self._server)
         addr = f"{host}:{port}"
