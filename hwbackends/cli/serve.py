@@ -143,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -> None:
-    from ..serve.shm import ShmServer
+    from ..serve.shm import ShmServer, deny_same_user_inspection
 
+    # clients' slots are mapped in this process: no other process of the user may read it
+    info["shm_non_dumpable"] = deny_same_user_inspection()
     shm = ShmServer(eng, args.shm, slots=args.shm_slots, mode=args.shm_mode,  # type: ignore[arg-type]
                     spin_us=args.shm_spin_us, pin_core=args.shm_pin, group=args.shm_group)
     stops.insert(0, shm.close)

@@ -327,6 +327,20 @@ class ShmServer:
         self.close()
 
 
+def deny_same_user_inspection() -> bool:
+    """Mark this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``, as ssh-agent does): other
+    processes of the same user can then neither ptrace it nor open its ``/proc/PID/fd`` and
+    ``/proc/PID/mem`` — the only ways a same-user client could reach other clients' slots.
+    ``hwb serve --shm`` calls it; a library user serving from a process of their own decides.
+    Returns whether it took effect. No core dumps afterwards."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
 def _raise_nofile(need: int) -> None:
     """Raise the soft descriptor limit towards the hard one when ``need`` more may be used."""
     import resource
