@@ -241,3 +241,24 @@ def test_grpc_server_raises_the_soft_fd_limit_and_caps_connections_below_it(lite
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert connection_cap(1000, 1024) == 1024 - FD_RESERVE and connection_cap(50, 1024) == 50
+
+
+# -- minors ---------------------------------------------------------------------------------
+def test_grpc_undecodable_protobuf_is_invalid_argument(litert, xs, ref):
+    """Repro: bytes that are not a PredictRequest were INTERNAL ('Exception deserializing
+    request!') instead of the client's own INVALID_ARGUMENT."""
+    grpc = pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
+    from hwbackends.serve.grpc_server import GrpcClient, GrpcServer
+
+    with Engine(litert, EngineConfig.preset("single", warmup=1), strategy="mom") as eng, \
+            GrpcServer(eng, insecure_loopback=True) as srv, \
+            GrpcClient(srv.address, insecure=True, timeout_s=30) as c:
+        for method in ("Predict", "Info"):
+            call = c._channel.unary_unary(f"/hwbackends.serve.v1.SignalService/{method}")
+            # a bad tag, invalid UTF-8 in a string field, a truncated bytes field
+            for raw in (b"\xff\xff\xff\xff", b"\x0a\x02\xff\xfe", b"\x12\x10abc"):
+                with pytest.raises(grpc.RpcError) as e:
+                    call(raw, timeout=30)  # raw bytes: no serializer
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+                assert "protobuf" in e.value.details() and "signal.proto" in e.value.details()
+        np.testing.assert_array_equal(c.predict("mom", xs[3]), ref[3])  # others still served

@@ -226,6 +226,36 @@ class _Servicer:
                                   variant=eng.variant)
 
 
+SERVICE = "hwbackends.serve.v1.SignalService"
+
+
+def _add_servicer(servicer: _Servicer, server: Any) -> None:
+    """Register the service with handlers that take the raw request bytes and parse them
+    themselves: bytes that are not a valid message are the client's mistake
+    (INVALID_ARGUMENT saying so), where gRPC's own deserializer answers INTERNAL."""
+    grpc = _grpc()
+    pb, _ = _pb()
+
+    def parsing(method: Any, req_type: Any, resp_type: Any) -> Any:
+        name = req_type.DESCRIPTOR.full_name
+
+        def handler(raw: bytes, context: Any) -> Any:
+            try:
+                req = req_type.FromString(raw)
+            except Exception as exc:  # google.protobuf.message.DecodeError (any runtime)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"the request is not a valid {name} protobuf message ({exc}); "
+                              f"build it from hwbackends/serve/proto/signal.proto")
+            return method(req, context)
+        return grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=None, response_serializer=resp_type.SerializeToString)
+
+    handlers = {"Predict": parsing(servicer.Predict, pb.PredictRequest, pb.PredictResponse),
+                "Info": parsing(servicer.Info, pb.InfoRequest, pb.InfoResponse)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
 class GrpcServer:
     """Serve engines (``{strategy: Engine}``) over gRPC. ``port=0`` picks a free port."""
 
@@ -235,7 +265,6 @@ class GrpcServer:
                  workers: int = 8, max_connections: int = 1000,
                  handshake_timeout_s: float = 5.0, idle_timeout_s: float = 300.0):
         grpc = _grpc()
-        _, pbg = _pb()
         if isinstance(engines, Engine):
             engines = {engines.strategy: engines}
         if insecure_loopback:
@@ -274,8 +303,7 @@ class GrpcServer:
                      ("grpc.max_allowed_incoming_connections", self.max_connections),
                      ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
                      ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000))])
-        servicer = _Servicer(engines)
-        pbg.add_SignalServiceServicer_to_server(servicer, self._server)
+        _add_servicer(_Servicer(engines), self._server)
         addr = f"{host}:{port}"
         if tls is not None:
             creds = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
