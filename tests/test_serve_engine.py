@@ -203,7 +203,8 @@ def test_bad_input_raises_clear_errors_and_engine_survives(litert, xs):
             eng.predict(np.full(32, np.nan, np.float32))
         with pytest.raises(InputError, match="dtype"):
             eng.predict(np.array(["a"] * 32))
-        assert isinstance(eng.predict(xs[0].astype(np.float64)), np.ndarray)  # converted
+        with pytest.raises(InputError, match="float32"):  # refused, not cast (serving.md)
+            eng.predict(xs[0].astype(np.float64))
     assert eng.predict(xs[0]).reason == "engine-stopped"
 
 

@@ -262,3 +262,38 @@ def test_grpc_undecodable_protobuf_is_invalid_argument(litert, xs, ref):
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
                 assert "protobuf" in e.value.details() and "signal.proto" in e.value.details()
         np.testing.assert_array_equal(c.predict("mom", xs[3]), ref[3])  # others still served
+
+
+def test_engine_refuses_non_float32_input_instead_of_casting(litert, xs, ref):
+    """Repro: float64 features were cast to float32 per call although docs/serving.md calls a
+    wrong dtype bad input. The rule now: the engine (like its gRPC and shm endpoints) takes
+    float32 arrays only; ``CompiledModel.predict`` (the batch/evaluation edge) still converts."""
+    from hwbackends.errors import InputError
+
+    with Engine(litert, EngineConfig.preset("single", breaker_failures=1, warmup=1)) as eng:
+        out = np.zeros(litert.output.shape, np.float32)
+        for bad in (xs[0].astype(np.float64), xs[0].astype(np.float16), xs[0].astype(np.int32),
+                    list(map(float, xs[0]))):
+            with pytest.raises(InputError, match=r"float32 numpy arrays only.*astype"):
+                eng.predict(bad)
+            with pytest.raises(InputError, match="float32"):
+                eng.try_predict_into(bad, out)
+        assert eng.try_predict_into(xs[0], out) is True
+        np.testing.assert_array_equal(out, ref[0])
+        assert eng.stats()["breaker_state"] == "closed"
+    np.testing.assert_array_equal(litert.predict(xs[0].astype(np.float64)), ref[0])
+
+
+def test_engine_refuses_non_float32_tensors_of_a_multi_io_model(compiled, zoo_model):
+    from hwbackends.errors import InputError
+
+    cm = compiled("two_head", "cpu.onnxruntime", "fp32")
+    f, st = zoo_model("two_head").representative(2, seed=3)
+    with Engine(cm, EngineConfig.preset("single", warmup=1)) as eng:
+        want = eng.predict((f[0], st[0]))
+        for bad in ((f[0].astype(np.float64), st[0]), {"features": f[0], "state": list(st[0])}):
+            with pytest.raises(InputError, match="input '(features|state)' is .*float32"):
+                eng.predict(bad)
+        got = eng.predict({"features": f[0], "state": st[0]})
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)

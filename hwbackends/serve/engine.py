@@ -213,6 +213,15 @@ class Engine:
         return layouts(self.versions.active.plan.slots[0].backend)
 
     # -- callers ----------------------------------------------------------------------------
+    def _float32(self, x: Any, what: str = "input") -> None:
+        """The engine serves float32 only, as its gRPC and shared-memory transports do: any
+        other dtype (float64 from pandas, ints) is refused, never cast per call."""
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float32):
+            got = f"dtype {x.dtype}" if isinstance(x, np.ndarray) else f"a {type(x).__name__}"
+            raise InputError(f"{what} is {got}; engine {self.strategy!r} takes float32 numpy "
+                             f"arrays only (as its gRPC and shared-memory endpoints do): convert "
+                             f"once where the features are built, x.astype(np.float32)")
+
     def _check(self, x: Any) -> np.ndarray:
         nan = "reject" if self.config.validate else "pass"
         if isinstance(x, (tuple, list, dict)):
@@ -221,11 +230,16 @@ class Engine:
                 fast = lay[0].pack_sample(x, nan)
                 if fast is not None:
                     return fast
+                names = [f.name for f in lay[0].fields]
+                # a wrong count is pack()'s error to name, so zip only as far as both go
+                for name, a in (x.items() if isinstance(x, dict) else zip(names, x, strict=False)):
+                    self._float32(a, f"input {name!r}")  # else pack() would cast it
                 rec = lay[0].pack(x, nan)
                 if len(rec) != 1:
                     raise InputError(f"engine {self.strategy!r} takes one sample per call; got "
                                      f"{len(rec)} (requests are batched for you)")
                 return rec[0]
+        self._float32(x)
         return as_sample(x, self.versions.active.plan.input, nan,
                          where=f"engine {self.strategy!r} (requests are batched for you)")
 
