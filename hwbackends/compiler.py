@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from . import isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CompileError, HwbError, UnavailableError, UnsupportedError
-from .fidelity import compare, compare_outputs
+from .fidelity import Fidelity, compare, compare_outputs
 from .inputs import as_batches
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
@@ -132,6 +133,50 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     timeout raises :class:`CompileError`.
     """
     say = progress or (lambda msg: log.info(msg))
+    req = _request(model, target, precision, batch_size, threads, options, calibration_data,
+                   validation_data, registry)
+    m, tgt, avail, key, val = req.m, req.tgt, req.avail, req.key, req.val
+    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    if rebuild:
+        st.evict(key)
+    loaded = None if rebuild else _load_cached(st, req, say)
+    if loaded is None:
+        loaded = _build(req, st, isolate_compile, timeout or tgt.compile_timeout, say)
+    executor, art = loaded
+    cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
+    if fidelity:
+        cm.fidelity = _fidelity(m, cm, val)
+        say(f"{cm.variant} fidelity: {cm.fidelity}")
+    return cm
+
+
+def _fidelity(m: Model, cm: CompiledModel, val: Any) -> Fidelity:
+    """``cm`` against ``m``'s own fp32 reference on the validation data ``val``."""
+    if m.multi_io:
+        ref, got = _as_tuple(m.reference(val)), _as_tuple(cm.predict(val))
+        return compare_outputs(ref, got, [s.name for s in m.outputs])
+    return compare(m.reference(val), cm.predict(val))
+
+
+@dataclasses.dataclass
+class _Request:
+    """What one compile asks for, resolved: the model, the target, the options and the store
+    key computed from them (``parts``: what the key hashes, signed into the manifest)."""
+
+    m: Model
+    tgt: Target
+    avail: Availability
+    chain: list[Converter]
+    opts: CompileOptions
+    key: str
+    parts: dict[str, Any]
+    val: Any
+
+
+def _request(model: Any, target: str, precision: str | None, batch_size: int | None,
+             threads: int | None, options: dict[str, Any] | None, calibration_data: Any,
+             validation_data: Any, registry: Registry | None) -> _Request:
+    """Load the model, resolve the target, check the request, and compute its key."""
     m = load_model(model)
     reg = registry or get_registry()
     tgt = reg.target(target)
@@ -147,25 +192,9 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     elif validation_data is not None:
         m.validation_data = np.asarray(validation_data, dtype=np.float32)
     calib, val = _split_data(m)
-    opts, key = _plan(m, tgt, prec, chain, calib, calibration_data,
-                      CompileOptions(prec, batch_size, threads, dict(options or {}), None))
-    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
-    if rebuild:
-        st.evict(key)
-    loaded = None if rebuild else _load_cached(st, key, tgt, opts, say)
-    if loaded is None:
-        loaded = _build(m, tgt, chain, opts, key, st, isolate_compile,
-                        timeout or tgt.compile_timeout, say, val)
-    executor, art = loaded
-    cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
-    if fidelity and m.multi_io:
-        ref, got = _as_tuple(m.reference(val)), _as_tuple(cm.predict(val))
-        cm.fidelity = compare_outputs(ref, got, [s.name for s in m.outputs])
-        say(f"{cm.variant} fidelity: {cm.fidelity}")
-    elif fidelity:
-        cm.fidelity = compare(m.reference(val), cm.predict(val))
-        say(f"{cm.variant} fidelity: {cm.fidelity}")
-    return cm
+    opts, key, parts = _plan(m, tgt, prec, chain, calib, calibration_data,
+                             CompileOptions(prec, batch_size, threads, dict(options or {}), None))
+    return _Request(m, tgt, avail, chain, opts, key, parts, val)
 
 
 def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int | None,
@@ -220,23 +249,24 @@ def _digest_inputs(x: Any) -> str:
 
 
 def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: Any,
-          calibration_data: Any, opts: CompileOptions) -> tuple[CompileOptions, str]:
-    """The compile options (with calibration data where the precision uses it) and the cache
-    key. A multi-input model's calibration data is a tuple, one array per input (the caller's
-    tuple/list/dict is checked and ordered by :func:`as_batches`)."""
+          calibration_data: Any, opts: CompileOptions) -> tuple[CompileOptions, str, dict[str, Any]]:
+    """The compile options (with calibration data where the precision uses it), the cache
+    key and what it hashes. A multi-input model's calibration data is a tuple, one array per
+    input (the caller's tuple/list/dict is checked and ordered by :func:`as_batches`)."""
     uses_calib = prec in getattr(tgt, "calibrated", ())
     if calibration_data is not None and len(m.inputs) > 1:
         calib = as_batches(calibration_data, m.inputs, "pass")
     elif calibration_data is not None:
         calib = np.ascontiguousarray(calibration_data, dtype=np.float32)
     opts = dataclasses.replace(opts, calibration=calib if uses_calib else None)
-    key = cache_key({
+    parts = {
         "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
         "target_version": getattr(tgt, "version", "1"), "options": opts.key_dict(),
         "calibration": _digest_inputs(calib) if uses_calib else None,
         "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
-    })
-    return opts, key
+    }
+    parts = json.loads(json.dumps(parts, sort_keys=True, default=str))  # as the manifest holds it
+    return opts, cache_key(parts), parts
 
 
 def _wrap(executor: Any, art: Artifact, avail: Any, name: str, nan_policy: str,
@@ -249,12 +279,42 @@ def _wrap(executor: Any, art: Artifact, avail: Any, name: str, nan_policy: str,
     return cm
 
 
-def _load_cached(st: ArtifactStore, key: str, tgt: Target, opts: CompileOptions,
-                 say: Progress) -> tuple[Any, Artifact] | None:
+def _identity_problem(rec: dict[str, Any], req: _Request) -> str | None:
+    """``None`` when a (signed) manifest is the one ``req`` asked for: its key's parts are
+    this request's and its model, target and precision agree with them; else what differs."""
+    parts = rec.get("key_parts")
+    if not isinstance(parts, dict):
+        return "the manifest signs no key_parts (written before store format 3)"
+    diff = _differences(parts, req.parts)
+    if diff:
+        return f"signed for another request ({diff})"
+    for name, want in (("fingerprint", req.m.fingerprint), ("target", req.tgt.name),
+                       ("precision", req.opts.precision)):
+        if rec.get(name) != want:
+            return f"its {name} is {rec.get(name)!r}, not {want!r}"
+    return None
+
+
+def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:
+    """The key parts that differ, each with both values (shortened), for an error message."""
+    def short(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, default=str)[:60]
+    names = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+    return "; ".join(f"{k}: {short(got.get(k))} there, {short(want.get(k))} here" for k in names)
+
+
+def _load_cached(st: ArtifactStore, req: _Request, say: Progress) -> tuple[Any, Artifact] | None:
     """The stored artifact loaded and checked against its stored outputs, or ``None`` (absent,
     or refused and removed: the caller rebuilds it)."""
+    key, tgt, opts = req.key, req.tgt, req.opts
     rec = st.get(key)
     if rec is None:
+        return None
+    problem = _identity_problem(rec, req)
+    if problem:
+        log.warning("cached artifact %s is not this model's (%s); removing it, it will be "
+                    "rebuilt", key[:12], problem)
+        st.evict(key)
         return None
     art = _artifact(st.path_for(key), rec, cached=True)
     say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
@@ -337,11 +397,25 @@ def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | 
     return None
 
 
-def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, key: str,
-           st: ArtifactStore, isolated: bool, timeout: float, say: Progress,
-           val: np.ndarray) -> tuple[Any, Artifact]:
+def _record(req: _Request, meta: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """The manifest of an artifact built (or imported) for ``req``: everything but the files
+    and the stored outputs, all from this process's own request (never from a peer)."""
+    m, tgt, opts = req.m, req.tgt, req.opts
+    return {
+        "target": tgt.name, "precision": opts.precision, "fingerprint": m.fingerprint,
+        "model": m.name, "batch_size": opts.batch_size,
+        "inputs": [s.to_dict() for s in m.inputs], "outputs": [s.to_dict() for s in m.outputs],
+        "options": opts.key_dict(), "meta": meta, "toolchain": tgt.toolchain(),
+        "chain": [c.name for c in req.chain], "compile_seconds": seconds,
+        "key_parts": req.parts,
+    }
+
+
+def _build(req: _Request, st: ArtifactStore, isolated: bool, timeout: float,
+           say: Progress) -> tuple[Any, Artifact]:
     """Build the artifact, load it from staging, store its probe outputs, commit it. Returns
     the executor (it keeps working after the staging directory is renamed into place)."""
+    m, tgt, chain, opts, key = req.m, req.tgt, req.chain, req.opts, req.key
     what = f"compiling {m.name!r} for {tgt.name}:{opts.precision}"
     say(what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
     staged = st.stage()
@@ -349,16 +423,11 @@ def _build(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions, 
     try:
         meta = _run_compile(m, tgt, chain, opts, staged, st, isolated, timeout, what)
         seconds = time.perf_counter() - t0
-        rec = {
-            "target": tgt.name, "precision": opts.precision, "fingerprint": m.fingerprint,
-            "model": m.name, "batch_size": opts.batch_size,
-            "inputs": [s.to_dict() for s in m.inputs], "outputs": [s.to_dict() for s in m.outputs],
-            "options": opts.key_dict(), "meta": meta, "toolchain": tgt.toolchain(),
-            "chain": [c.name for c in chain], "compile_seconds": seconds,
-        }
+        rec = _record(req, meta, seconds)
         staged_art = _artifact(staged, dict(rec, key=key), cached=False)
         executor = _load_new(tgt, staged_art, opts)
-        rec = st.commit(staged, key, dict(rec, probe=make_probe(executor, staged_art, tgt, m, val)))
+        rec = st.commit(staged, key, dict(rec, probe=make_probe(executor, staged_art, tgt, m,
+                                                                req.val)))
     except CompileError as exc:
         st.discard(staged)
         exc.target, exc.precision = exc.target or tgt.name, exc.precision or opts.precision
@@ -402,3 +471,4 @@ def _load_new(tgt: Target, art: Artifact, opts: CompileOptions) -> Any:
         raise CompileError(f"{tgt.name} built an artifact it cannot load: "
                            f"{type(exc).__name__}: {exc}", target=tgt.name,
                            precision=opts.precision) from exc
+

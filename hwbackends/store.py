@@ -6,12 +6,15 @@ Layout under the root (``HWB_CACHE_DIR``, default ``~/.cache/hwbackends``)::
     objects/ab/abcdef…/<files>         what the target wrote
     tmp/<random>/                      staging; renamed into objects/ atomically
 
-A missing manifest, a missing, extra or changed file, or a manifest whose HMAC does not
-verify with this user's key (:mod:`hwbackends.trust`) makes the entry invalid: it is removed
-and the caller rebuilds it. A root, entry or file that someone else could have written
-(another owner, group/world-writable, a symlink) is refused with :class:`StoreTrustError`
-before anything in it is read. Directories are created 0700, files 0600. Nothing
-half-written is ever visible under ``objects/``.
+A missing manifest, a missing, extra or changed file, a manifest whose HMAC does not
+verify with this user's key (:mod:`hwbackends.trust`), or one signed for another key (an
+entry moved to another key's directory) makes the entry invalid: it is removed and the
+caller rebuilds it. A root, entry or file that someone else could have written (another
+owner, group/world-writable, a symlink) is refused with :class:`StoreTrustError` before
+anything in it is read. The root is resolved and checked once (:func:`trust.resolve_root`)
+and every later path is under that real directory, never through a link again.
+Directories are created 0700, files 0600. Nothing half-written is ever visible under
+``objects/``.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -30,8 +34,12 @@ from .errors import CacheError
 
 log = logging.getLogger("hwbackends.store")
 #: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
-STORE_FORMAT = 2
+#: 3: the manifest signs its key's parts (``key_parts``: fingerprint, target, precision,
+#: options, toolchain…), checked against the key on every load.
+STORE_FORMAT = 3
 MANIFEST = "manifest.json"
+#: What a store key is: the hex sha256 :func:`cache_key` returns (nothing else names a path).
+KEY_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def default_root() -> Path:
@@ -56,14 +64,47 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 
 def private_mkdir(d: Path) -> None:
-    """Create ``d`` (and missing parents) 0700."""
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``d`` and each missing parent 0700 (``Path.mkdir(parents=True)`` would give
+    the parents the umask's mode)."""
+    missing = []
+    p = Path(d)
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    if not Path(d).is_dir():
+        raise CacheError(f"{d} exists and is not a directory")
+
+
+def check_key(key: Any) -> str:
+    """``key`` if it is a store key (64 lowercase hex digits), else :class:`CacheError`: a key
+    names a directory, so ``../`` or a slash in one would reach outside the store."""
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise CacheError(f"{key!r:.80} is not a store key (64 hex digits, a sha256); refused")
+    return key
 
 
 class ArtifactStore:
     def __init__(self, root: Path | str | None = None):
-        self.root = Path(root) if root else default_root()
+        self._given = Path(root) if root else default_root()
+        self._real: Path | None = None
         self._key: bytes | None = None
+
+    @property
+    def root(self) -> Path:
+        """The store root, resolved once through :func:`trust.resolve_root` (created 0700,
+        every component and link on the way checked) and pinned: every path of the store is
+        under this real directory, whatever the given path points at later."""
+        if self._real is None:
+            self._real = trust.resolve_root(self._given, trust.trusted_gid())
+        return self._real
+
+    def _exists(self) -> bool:
+        return os.path.lexists(self._real if self._real is not None else self._given)
 
     @property
     def key(self) -> bytes:
@@ -72,8 +113,10 @@ class ArtifactStore:
         return self._key
 
     def check_root(self) -> None:
-        """Refuse a root someone else could change (:class:`StoreTrustError`); create it 0700."""
-        private_mkdir(self.root)
+        """Refuse a root someone else could change (:class:`StoreTrustError`); create it 0700.
+        The pinned root is re-checked each time; one removed (:meth:`clear`) is resolved anew."""
+        if self._real is not None and not os.path.lexists(self._real):
+            self._real = None
         trust.check_root(self.root, trust.trusted_gid())
 
     @property
@@ -81,6 +124,7 @@ class ArtifactStore:
         return self.root / "objects"
 
     def path_for(self, key: str) -> Path:
+        check_key(key)
         return self.objects / key[:2] / key
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -90,19 +134,22 @@ class ArtifactStore:
         if not d.exists():
             return None
         gid = trust.trusted_gid()
-        for parent in (self.objects, d.parent):
-            trust.check_path(parent, "store directory", gid)
-        trust.check_tree(d, gid)  # before any byte of the entry is read
+        try:
+            for parent in (self.objects, d.parent):
+                trust.check_path(parent, "store directory", gid)
+            trust.check_tree(d, gid)  # before any byte of the entry is read
+        except FileNotFoundError:
+            return None  # evicted meanwhile (another process): absent, rebuilt by the caller
         self.key  # a key problem is refused, not mistaken for a bad entry  # noqa: B018
         try:
-            record = self._verify(d)
+            record = self._verify(d, key)
         except CacheError as exc:
             log.warning("artifact %s is corrupt (%s); removing it, it will be rebuilt", key[:12], exc)
             self.evict(key)
             return None
         return record
 
-    def _verify(self, d: Path) -> dict[str, Any]:
+    def _verify(self, d: Path, key: str) -> dict[str, Any]:
         try:
             record = json.loads((d / MANIFEST).read_text())
         except (OSError, ValueError) as exc:
@@ -113,18 +160,28 @@ class ArtifactStore:
         if not trust.verify(self.key, record):
             raise CacheError(f"manifest signature does not verify with {trust.key_path()} "
                              f"(edited, or written with another key)")
+        if record.get("key") != key:
+            raise CacheError(f"the manifest is signed for key {str(record.get('key'))[:12]}, not "
+                             f"{key[:12]} (an entry moved to another key's directory)")
+        parts = record.get("key_parts")
+        if parts is not None and cache_key(parts) != key:
+            raise CacheError("the manifest's signed key_parts do not hash to its key")
         files = record.get("files")
         if not isinstance(files, dict):
             raise CacheError("manifest has no file list")
-        present = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} - {MANIFEST}
-        if present - set(files):
-            raise CacheError(f"files not in the manifest: {', '.join(sorted(present - set(files)))}")
-        for rel, digest in files.items():
-            p = d / rel
-            if not p.is_file():
-                raise CacheError(f"missing file {rel}")
-            if file_sha256(p) != digest:
-                raise CacheError(f"checksum mismatch for {rel}")
+        try:
+            present = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} - {MANIFEST}
+            if present - set(files):
+                raise CacheError(f"files not in the manifest: "
+                                 f"{', '.join(sorted(present - set(files)))}")
+            for rel, digest in files.items():
+                p = d / rel
+                if not p.is_file():
+                    raise CacheError(f"missing file {rel}")
+                if file_sha256(p) != digest:
+                    raise CacheError(f"checksum mismatch for {rel}")
+        except OSError as exc:  # removed while it was read (a concurrent eviction)
+            raise CacheError(f"entry changed while it was verified ({exc})") from exc
         return record
 
     def stage(self) -> Path:
@@ -146,17 +203,29 @@ class ArtifactStore:
             except OSError:
                 pass
 
-    def commit(self, staged: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
-        """Hash the staged files, write the signed manifest and move the directory into place.
-        What the target wrote is made private (dirs 0700, files 0600); symlinks are refused."""
+    def staged_files(self, staged: Path) -> dict[str, str]:
+        """The sha256 of every file under ``staged`` (but a manifest), made private on the
+        way (dirs 0700, files 0600); a symlink or anything but files and directories is
+        refused."""
         files = {}
         for p in sorted(staged.rglob("*")):
-            if p.is_symlink():
-                raise CacheError(f"the compiled artifact contains a symlink ({p.relative_to(staged)}); "
-                                 f"targets must write regular files")
+            rel = p.relative_to(staged)
+            if p.is_symlink() or not (p.is_dir() or p.is_file()):
+                raise CacheError(f"the artifact contains {'a symlink' if p.is_symlink() else 'a special file'} "
+                                 f"({rel}); targets must write regular files")
             p.chmod(0o700 if p.is_dir() else 0o600)
-            if p.is_file() and p.name != MANIFEST:
-                files[str(p.relative_to(staged))] = file_sha256(p)
+            if p.is_file() and str(rel) != MANIFEST:
+                files[str(rel)] = file_sha256(p)
+        return files
+
+    def commit(self, staged: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Hash the staged files, write the signed manifest and move the directory into place.
+        What the target wrote is made private (dirs 0700, files 0600); symlinks are refused.
+        ``record["key_parts"]``, when given, must hash to ``key`` (it is signed with it)."""
+        check_key(key)
+        if "key_parts" in record and cache_key(record["key_parts"]) != key:
+            raise CacheError(f"key_parts do not hash to the key {key[:12]} they are stored under")
+        files = self.staged_files(staged)
         record = dict(record, key=key, store_format=STORE_FORMAT, files=files, created=time.time())
         record = json.loads(json.dumps(record, default=str))  # sign exactly what is read back
         record["hmac"] = trust.sign(self.key, record)
@@ -195,14 +264,18 @@ class ArtifactStore:
 
     def entries(self) -> Iterator[dict[str, Any]]:
         """Every entry's manifest, each verified as :meth:`get` does (an invalid entry is
-        removed and skipped, never listed)."""
-        if not self.objects.exists():
+        removed and skipped, never listed; a directory whose name is no key is skipped)."""
+        if not self._exists() or not self.objects.exists():
             return
         self.check_root()
         for d in sorted(self.objects.glob("*/*")):
+            if not KEY_RE.fullmatch(d.name) or d.parent.name != d.name[:2]:
+                log.warning("%s is not a store entry (its name is no key); skipped", d)
+                continue
             record = self.get(d.name)
             if record is not None:
                 yield record
 
     def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self._exists():
+            shutil.rmtree(self.root, ignore_errors=True)

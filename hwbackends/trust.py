@@ -4,11 +4,15 @@ records signed with this user's key. Modelled on OpenSSH's ``StrictModes``.
 - **Ownership and modes.** A trusted directory or file is owned by this user (or root) and is
   not group- or world-writable; a symlink inside the store is never followed. With a shared
   group (``HWB_STORE_GROUP=NAME``), paths whose group is ``NAME`` may be group-writable and
-  owned by any member. The store root's ancestors must not be writable by others unless
-  sticky (``/tmp``), else someone could swap the root.
+  owned by any member (a file owned by a non-member is refused). The store root's ancestors
+  must not be writable by others unless sticky (``/tmp``), else someone could swap the root.
+- **The root is pinned.** :func:`resolve_root` follows the root's path component by component
+  (a symlink on the way must be yours or root's) and the store keeps the real path it checked:
+  later loads never go through a link again.
 - **The key.** 32 random bytes in ``$HWB_KEY_FILE``, else
   ``$XDG_CONFIG_HOME/hwbackends/store.key`` (``~/.config/hwbackends/store.key``), created
-  0600 on first use; a key file others can read or write is refused. Manifests carry
+  0600 on first use; a key file others can read or write, or one that is not a regular file
+  (a FIFO, a directory), is refused. Manifests carry
   ``hmac-sha256(key, manifest)``: a manifest edited without the key does not verify.
 """
 from __future__ import annotations
@@ -48,26 +52,64 @@ def _user(uid: int) -> str:
         return str(uid)
 
 
+def _member(uid: int, gid: int) -> bool:
+    """Whether user ``uid`` belongs to group ``gid`` (primary or supplementary)."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False  # no such user: not a member of anything
+    if pw.pw_gid == gid:
+        return True
+    try:
+        return pw.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+def _check_owner(path: Path, st: os.stat_result, what: str, gid: int | None) -> bool:
+    """Refuse ``path`` unless it is owned by this user, root, or (``gid`` shared) a member of
+    ``gid`` with the path's group ``gid``. Returns whether the shared group is what let it in."""
+    me = os.getuid()
+    shared = gid is not None and st.st_gid == gid
+    if st.st_uid in (me, 0):
+        return shared
+    if not shared:
+        raise StoreTrustError(
+            f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you "
+            f"({_user(me)}); nothing in it is loaded. If it is yours: chown -R {_user(me)} {path}; "
+            f"otherwise use a store of your own (HWB_CACHE_DIR), or share one with a group "
+            f"(HWB_STORE_GROUP)")
+    assert gid is not None
+    if not _member(st.st_uid, gid):
+        group = _group(gid)
+        raise StoreTrustError(
+            f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), who is not a member "
+            f"of HWB_STORE_GROUP={group}; nothing in it is loaded. Remove it (rm -r {path}: it "
+            f"is rebuilt), or add that user to the group if they are to be trusted")
+    return shared
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False) -> os.stat_result:
-    """Refuse ``path`` unless only this user (or ``gid``) can change it. Raises
-    :class:`StoreTrustError` naming the path and the fix; returns its ``lstat``."""
+    """Refuse ``path`` unless only this user (or members of ``gid``) can change it. Raises
+    :class:`StoreTrustError` naming the path and the fix; returns its ``lstat``. A path that
+    does not exist raises :class:`FileNotFoundError` (the caller decides what absent means)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise StoreTrustError(f"{what} {path} cannot be inspected ({exc})") from exc
-    me = os.getuid()
-    shared = gid is not None and st.st_gid == gid
     if stat.S_ISLNK(st.st_mode) and not ancestor:
         raise StoreTrustError(f"{what} {path} is a symlink; the store follows none. Remove it "
                               f"(rm {path}) and let hwbackends rebuild it")
-    if st.st_uid not in (me, 0) and not shared:
-        raise StoreTrustError(
-            f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you "
-            f"({_user(me)}); nothing in it is loaded. If it is yours: chown -R {_user(me)} {path}; "
-            f"otherwise use a store of your own (HWB_CACHE_DIR), or share one with a group "
-            f"(HWB_STORE_GROUP)")
+    shared = _check_owner(path, st, what, gid)
     writable = st.st_mode & (0o002 if shared else 0o022)
     if writable and not (ancestor and st.st_mode & stat.S_ISVTX):
         mode = "700" if stat.S_ISDIR(st.st_mode) else "600"
@@ -79,10 +121,79 @@ def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False
     return st
 
 
+#: Symlinks followed while resolving a store root before it is refused as a loop.
+MAX_LINKS = 40
+
+
+def resolve_root(root: Path, gid: int | None) -> Path:
+    """The store root ``root`` as a real path, checked component by component on the way and
+    created (0700) where missing; the caller keeps the result and never goes through ``root``
+    again (the root is *pinned*: no check-then-use).
+
+    Every directory on the way must pass :func:`check_path` (those above the root may be
+    sticky and world-writable, like ``/tmp``); every symlink on the way must be owned by this
+    user or root (a link another user owns can be pointed elsewhere after it is checked) and
+    is followed to a path checked the same way. The result holds no symlink and no directory
+    that another user can change, so what it names cannot be swapped."""
+    p = Path(root).expanduser()
+    if not p.is_absolute():
+        p = Path(os.getcwd()) / p
+    cur = Path(p.anchor)
+    check_path(cur, "directory above the store", gid, ancestor=True)
+    todo, links = list(p.parts[1:]), 0
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / name
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            try:
+                os.mkdir(nxt, 0o700)
+            except FileExistsError:
+                pass  # created meanwhile: examined like any other
+            except OSError as exc:
+                raise StoreTrustError(f"cannot create the store directory {nxt} ({exc}); set "
+                                      f"HWB_CACHE_DIR to a directory you can write") from exc
+            todo.insert(0, name)
+            continue
+        except OSError as exc:
+            raise StoreTrustError(f"store path {nxt} cannot be inspected ({exc})") from exc
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise StoreTrustError(f"store path {root} has more than {MAX_LINKS} symlinks "
+                                      f"(a loop?); set HWB_CACHE_DIR to its real directory")
+            _check_owner(nxt, st, f"symlink on the way to the store {root}:", gid)
+            target = Path(os.readlink(nxt))
+            if target.is_absolute():
+                cur = Path(target.anchor)
+                todo = list(target.parts[1:]) + todo
+            else:
+                todo = list(target.parts) + todo
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise StoreTrustError(f"store path {root}: {nxt} is not a directory; set "
+                                  f"HWB_CACHE_DIR to a directory")
+        check_path(nxt, "directory above the store", gid, ancestor=True)
+        cur = nxt
+    check_path(cur, "store directory", gid)
+    return cur
+
+
 def check_root(root: Path, gid: int | None) -> None:
-    """The store root and every directory above it (``check_path`` rules; ancestors may be
-    sticky and world-writable, like ``/tmp``)."""
+    """A root pinned by :func:`resolve_root`, re-checked: still a real path (no component has
+    become a symlink), and it and every directory above it pass :func:`check_path`
+    (ancestors may be sticky and world-writable, like ``/tmp``)."""
     real = Path(os.path.realpath(root))
+    if real != Path(root):
+        raise StoreTrustError(f"store directory {root} now resolves to {real} (a component was "
+                              f"replaced by a symlink after it was checked); nothing in it is "
+                              f"loaded. Restore the directory or set HWB_CACHE_DIR to {real}")
     check_path(real, "store directory", gid)
     for parent in real.parents:
         check_path(parent, "directory above the store", gid, ancestor=True)
@@ -107,8 +218,8 @@ def key_path() -> Path:
 def load_key() -> bytes:
     """This user's store key, created 0600 on first use; refused if others could read it."""
     p = key_path()
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # O_NONBLOCK: a FIFO planted as the key must not block this process forever
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         try:
             p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -124,8 +235,16 @@ def load_key() -> bytes:
     except OSError as exc:
         raise StoreTrustError(f"store key {p} cannot be opened ({exc}); it must be a regular "
                               f"file (not a symlink) readable by you") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a regular file")
+        raise StoreTrustError(
+            f"store key {p} is {kind}; the key must be a regular file. Remove it (rm -r {p}: "
+            f"a new key is created on first use and every artifact is rebuilt once) or set "
+            f"HWB_KEY_FILE to a regular file only you can read")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
         gid = trusted_gid()
         others = 0o007 if gid is not None and st.st_gid == gid else 0o077
         if st.st_uid != os.getuid() or st.st_mode & others:
