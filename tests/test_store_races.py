@@ -19,6 +19,8 @@ from test_trust import OTHER_UID, _can_chown, _chown_tree, _commit
 import hwbackends as hwb
 from hwbackends import store as store_mod
 from hwbackends import trust, zoo
+from hwbackends.bench.cache import ProfileCache
+from hwbackends.bench.profile import LatencyProfile
 from hwbackends.errors import StoreTrustError
 from hwbackends.registry import get_registry
 from hwbackends.store import ArtifactStore
@@ -198,6 +200,19 @@ def test_a_key_file_that_is_a_directory_is_refused(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("HWB_KEY_FILE", str(d))
     with pytest.raises(StoreTrustError, match=rf"{d} is a directory.*regular file"):
         trust.load_key()
+
+
+def test_profile_cache_files_and_dirs_are_private(tmp_path: Path):
+    root = tmp_path / "cache" / "profiles"
+    pc = ProfileCache(root)
+    prof = LatencyProfile("ref:fp32", "ref", "fp32", 1, "single-stream", {}, "hardware", 10,
+                          1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.1)
+    pc.put("cd" * 32, prof)
+    f = root / "cd" / f"{'cd' * 32}.json"
+    assert pc.get("cd" * 32) is not None
+    assert f.stat().st_mode & 0o777 == 0o600
+    for p in (tmp_path / "cache", root, f.parent):
+        assert p.stat().st_mode & 0o777 == 0o700, p
 
 
 def test_a_group_writable_file_of_a_non_member_is_refused(

@@ -6,7 +6,8 @@ different machine fingerprint or other scenario parameters is a miss.
 
 Profiles decide routing, so an entry is signed like a store manifest (hmac-sha256 under the
 user's store key, :mod:`hwbackends.trust`) and bound to its cache key: an edited, planted or
-moved entry is ignored (and measured again), never believed.
+moved entry is ignored (and measured again), never believed. Like the store, its directories
+are created 0700 and its files 0600 (a profile tells how this machine's hardware behaves).
 """
 from __future__ import annotations
 
@@ -75,13 +76,17 @@ class ProfileCache:
         return prof
 
     def put(self, key: str, prof: LatencyProfile) -> None:
+        from ..store import private_mkdir
+
         p = self._path(key)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        private_mkdir(p.parent)
         # Signed as it will read back (JSON round trip), bound to its key.
         rec = json.loads(json.dumps({"key": key, "profile": prof.to_dict()}, default=str))
         rec["hmac"] = trust.sign(self._key(), rec)
         tmp = p.with_name(f".{os.getpid()}-{p.name}")
-        tmp.write_text(json.dumps(rec))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(rec))
         os.replace(tmp, p)
 
     def clear(self) -> int:
