@@ -5,8 +5,6 @@ namespace holding only loopback (Ray binds the host's external interface otherwi
 with the reason where namespaces are refused."""
 from __future__ import annotations
 
-import dataclasses
-import io
 import json
 import os
 import shlex
@@ -14,18 +12,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
 from hwbackends.bench import BenchResults
-from hwbackends.errors import CacheError
 from hwbackends.fleet import netns
-from hwbackends.fleet.artifacts import Packed, import_packed, pack
 from hwbackends.fleet.resources import advertised, resource_name, target_of
-from hwbackends.store import ArtifactStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,50 +49,11 @@ def _render_in_chromium(html: Path, needle: str) -> None:
 
 # -- small, no Ray cluster -----------------------------------------------------------------
 
+# Importing a peer's artifact (pack / import_packed): tests/test_fleet_import.py.
 def test_targets_map_to_ray_resources() -> None:
     assert resource_name("fpga.hls4ml") == "hwb.fpga.hls4ml"
     assert target_of("hwb.cpu.litert") == "cpu.litert" and target_of("CPU") is None
     assert advertised({"CPU": 4, "hwb.cpu.litert": 1, "hwb.ref": 0, "node:1.2.3.4": 1}) == ["cpu.litert"]
-
-
-def _entry(store: ArtifactStore, key: str) -> None:
-    staged = store.stage()
-    (staged / "model.bin").write_bytes(os.urandom(4096))
-    (staged / "sub").mkdir()
-    (staged / "sub" / "meta.txt").write_text("x")
-    store.commit(staged, key, {"target": "cpu.onnxruntime", "precision": "fp32",
-                               "toolchain": {"onnxruntime": "1"}})
-
-
-def test_artifact_travels_between_stores_verified(tmp_path) -> None:
-    a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
-    key = "ab" * 32
-    _entry(a, key)
-    p = pack(a, key)
-    assert p is not None and p.toolchain == {"onnxruntime": "1"}
-    assert import_packed(b, p) == "imported"
-    assert b.get(key)["files"] == a.get(key)["files"]
-    assert import_packed(b, p) == "present"
-
-
-def test_tampered_artifact_is_refused_and_not_kept(tmp_path) -> None:
-    a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
-    key = "cd" * 32
-    _entry(a, key)
-    p = pack(a, key)
-    src = tarfile.open(fileobj=io.BytesIO(p.blob))
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as dst:  # same files, one flipped byte in transit
-        for m in src.getmembers():
-            data = src.extractfile(m).read() if m.isfile() else None
-            if m.name.endswith("model.bin"):
-                data = bytes([data[0] ^ 1]) + data[1:]
-            dst.addfile(m, io.BytesIO(data) if data is not None else None)
-    with pytest.raises(CacheError, match="sha256"):
-        import_packed(b, Packed(p.key, p.target, p.precision, p.toolchain, out.getvalue()))
-    assert b.get(key) is None
-    with pytest.raises(CacheError, match="malformed"):
-        import_packed(b, Packed(p.key, p.target, p.precision, p.toolchain, b"not a tar"))
 
 
 def test_hwb_node_dry_run_advertises_available_targets(capsys) -> None:
@@ -261,25 +216,6 @@ def test_ray_is_not_imported_by_hwbackends_or_its_cli() -> None:
             "from hwbackends.cli import build_parser; build_parser(); print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_artifact_import_keeps_only_files_the_manifest_lists(tmp_path) -> None:
-    a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b")
-    key = "ef" * 32
-    _entry(a, key)
-    p = pack(a, key)
-    # a file smuggled into the package on the way (the sender's own store would refuse an
-    # entry with an unlisted file before packing it)
-    buf = io.BytesIO(p.blob)
-    with tarfile.open(fileobj=buf, mode="a") as tar:
-        data = b"not in the manifest"
-        info = tarfile.TarInfo("./extra.sig")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    p = dataclasses.replace(p, blob=buf.getvalue())
-    assert import_packed(b, p) == "imported"
-    assert not (b.path_for(key) / "extra.sig").exists()
-    assert b.get(key)["files"] == a.get(key)["files"]
 
 
 @pytest.mark.slow

@@ -2,10 +2,13 @@
 Ray's object store, and imported on another node with the same toolchain, so a fleet of
 identical hosts compiles once.
 
-The receiving node commits the files through :meth:`ArtifactStore.commit` (the store's own
-path, so whatever checks it applies to a new entry apply here too), which hashes every file;
-the entry is kept only if each sha256 equals the sender's manifest, like every store entry is
-verified on load."""
+A package is a peer's claim, never an instruction: the receiving node computes the store key
+itself from what it asks for (its model, target, precision), refuses a package built for any
+other key, takes only the files the package's manifest lists (plain relative names, no
+``..``, no links or devices), and adopts them through
+:func:`hwbackends.compiler.import_artifact`: sha256 of every file, then the artifact loaded
+and checked against this node's own reference model, before it is committed with a manifest
+written and signed here. Whatever is refused leaves nothing in the store (staging included)."""
 from __future__ import annotations
 
 import io
@@ -13,16 +16,13 @@ import json
 import logging
 import tarfile
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import CacheError
-from ..store import MANIFEST, ArtifactStore
+from ..store import MANIFEST, ArtifactStore, check_key
 
 log = logging.getLogger("hwbackends.fleet")
-
-#: Fields of a manifest that the store writes itself on commit.
-#: Written by the receiving store itself on commit (the signature is the receiver's own key).
-_STORE_FIELDS = ("key", "store_format", "files", "created", "hmac")
 
 
 @dataclass
@@ -48,34 +48,69 @@ def pack(store: ArtifactStore, key: str) -> Packed | None:
     return Packed(key, rec["target"], rec["precision"], rec.get("toolchain", {}), buf.getvalue())
 
 
-def import_packed(store: ArtifactStore, p: Packed) -> str:
-    """Import ``p`` into ``store``: ``"present"`` (already there), ``"imported"`` (committed,
-    every sha256 matches the sender's manifest). Raises :class:`CacheError` on a mismatch or
-    a malformed package (nothing is left in the store then)."""
-    if store.get(p.key) is not None:
-        return "present"
+def import_packed(store: ArtifactStore, p: Packed, model: Any, target: str,
+                  precision: str | None = None, *, registry: Any = None) -> str:
+    """Import ``p`` into ``store`` as this node's compile of ``model`` (anything
+    :func:`hwbackends.load_model` takes) for ``target:precision``: ``"present"`` (already
+    there), ``"imported"`` (verified, see the module docstring). Raises :class:`CacheError`
+    naming what is wrong for a package that is malformed, built for another key, altered on
+    the way or not this model; nothing is left in the store then."""
+    from ..compiler import import_artifact
+
+    what = f"artifact package {str(p.key)[:12]!r} from another node"
+    check_key(p.key)
     staged = store.stage()
     try:
-        with tarfile.open(fileobj=io.BytesIO(p.blob), mode="r") as tar:
-            tar.extractall(staged, filter="data")  # no absolute paths, links or devices
-        sent = json.loads((staged / MANIFEST).read_text())
-        (staged / MANIFEST).unlink()
+        sent = _extract(p.blob, staged, what)
+    except BaseException:
+        store.discard(staged)
+        raise
+    return import_artifact(store, staged, sent, model, target, precision, registry=registry)
+
+
+def _name(name: Any, what: str) -> str:
+    """``name`` as a plain relative path inside an entry (``./a/b`` → ``a/b``), else refused."""
+    path = PurePosixPath(name) if isinstance(name, str) else None
+    if (path is None or path.is_absolute() or ".." in path.parts or "\0" in name
+            or "\\" in name or not path.parts):
+        raise CacheError(f"{what} names a file {name!r:.80}, which is not a plain relative path "
+                         f"inside the entry; refused (compiling locally instead)")
+    return str(path)
+
+
+def _extract(blob: bytes, staged: Any, what: str) -> dict[str, Any]:
+    """The package's manifest, and the files it lists extracted into ``staged``."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
+            members = tar.getmembers()
+            mf = next((m for m in members if m.isfile() and str(PurePosixPath(m.name)) == MANIFEST),
+                      None)
+            if mf is None:
+                raise CacheError(f"{what} holds no {MANIFEST}; compiling locally instead")
+            fobj = tar.extractfile(mf)
+            sent = json.loads(fobj.read() if fobj else b"")
+            if not isinstance(sent, dict) or not isinstance(sent.get("files"), dict):
+                got = (f"a JSON {type(sent).__name__}" if not isinstance(sent, dict)
+                       else "an object without a file list")
+                raise CacheError(f"{what} is malformed: its {MANIFEST} is {got}, not a manifest; "
+                                 f"compiling locally instead")
+            listed = {_name(n, what) for n in sent["files"]}
+            if len(listed) != len(sent["files"]) or MANIFEST in listed:
+                raise CacheError(f"{what} is malformed: its file list repeats a name or lists "
+                                 f"{MANIFEST}; compiling locally instead")
+            take = []
+            for m in members:
+                if m is mf or m.isdir() or str(PurePosixPath(m.name)) in (".", ""):
+                    continue
+                if str(PurePosixPath(m.name)) not in listed:
+                    continue  # only what the manifest vouches for (its sha256 is checked)
+                if not m.isfile():
+                    raise CacheError(f"{what} holds {m.name!r} as a link or device, not a file; "
+                                     f"compiling locally instead")
+                take.append(m)
+            tar.extractall(staged, members=take, filter="data")
+    except CacheError:
+        raise
     except (OSError, ValueError, tarfile.TarError) as exc:
-        store.discard(staged)
-        raise CacheError(f"artifact {p.key[:12]} from another node is malformed: {exc}") from exc
-    if sent.get("key") != p.key:
-        store.discard(staged)
-        raise CacheError(f"artifact package says key {sent.get('key')!r}, expected {p.key}")
-    listed = set(sent.get("files", {}))
-    for f in [f for f in staged.rglob("*") if f.is_file()]:
-        if str(f.relative_to(staged)) not in listed:  # only what the sender's manifest vouches for
-            f.unlink()
-    record = {k: v for k, v in sent.items() if k not in _STORE_FIELDS}
-    got = store.commit(staged, p.key, record)
-    if got.get("files") != sent.get("files"):
-        store.evict(p.key)
-        bad = sorted(k for k in set(got.get("files", {})) | set(sent.get("files", {}))
-                     if got.get("files", {}).get(k) != sent.get("files", {}).get(k))
-        raise CacheError(f"artifact {p.key[:12]} from another node failed sha256 verification "
-                         f"({', '.join(bad) or 'file list differs'}); compiling locally instead")
-    return "imported"
+        raise CacheError(f"{what} is malformed: {exc}; compiling locally instead") from exc
+    return sent

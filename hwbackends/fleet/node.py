@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import CacheError, HwbError
+from ..errors import HwbError
 from .artifacts import Packed, import_packed, pack
 
 
@@ -76,7 +76,9 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
     """Compile and measure ``target:precision`` here; return the results (as a
     ``BenchResults`` dict, every row tagged with this machine) and the packed artifact for
     other nodes with the same toolchain. ``artifact``: one compiled elsewhere, imported
-    (sha256-verified) before compiling so the compile becomes a store hit."""
+    before compiling so the compile becomes a store hit — only if it is this node's own
+    request (key computed here) and matches this node's reference model
+    (:func:`.artifacts.import_packed`); otherwise the note says why and it is compiled here."""
     t0 = time.perf_counter()
     from ..bench import ProfileCache, bench_model, parse
     from ..store import ArtifactStore
@@ -85,17 +87,21 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
     notes: list[str] = []
     store = ArtifactStore(cache_dir)
     imported = None
-    if artifact is not None:
-        try:
-            imported = import_packed(store, artifact)
-        except CacheError as exc:
-            notes.append(str(exc))
     sc = [parse(s) for s in scenarios]
     if n:
         sc = [replace(s, n=n) if hasattr(s, "n") else s for s in sc]
     with tempfile.TemporaryDirectory(prefix="hwb-fleet-") as tmp:
+        src: Any = _model_arg(model, model_blob, Path(tmp))
+        if artifact is not None:
+            try:
+                from ..models import load_model
+
+                src = load_model(src)  # loaded once: the import's reference, then the bench's
+                imported = import_packed(store, artifact, src, target, precision)
+            except HwbError as exc:  # refused: compiled here instead, the note says why
+                notes.append(str(exc))
         try:
-            res = bench_model(_model_arg(model, model_blob, Path(tmp)), [target], [precision], sc,
+            res = bench_model(src, [target], [precision], sc,
                               store=store, pin=pin, progress=False, cache=ProfileCache(),
                               use_cache=use_cache, say=notes.append)
         except HwbError as exc:  # bad pattern/precision on this node: a failed row, not a crash
