@@ -19,10 +19,12 @@ at once, each as ``FILE:LINE: where: what is wrong; what is allowed``.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -35,13 +37,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class _Strict(BaseModel):
     # Every number is finite: ``timeout_us = inf`` is refused here, not by every later call.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Strict types: TOML's own types map one to one, so ``batch_size = true`` (a bool is not
+    # an int), ``n = 2.0`` or ``trust_pickle = 1`` are mistakes, not values to coerce.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+#: Bounds of every count and time in a strategies file: TOML integers are unbounded in
+#: ``tomllib`` (``batch_size = 2**70`` parses), so each field says how large it may be.
+MAX_BATCH = 1 << 16
+MAX_COUNT = 10_000_000
+MAX_US = 3600e6      # an hour, as the serving engine's deadlines
+MAX_S = 86400.0      # a day
+_Dim = Annotated[int, Field(ge=1, le=1 << 24)]
 
 
 class TierConfig(_Strict):
     """A latency tier: the p99 budget of one call, in microseconds."""
 
-    p99_us: float = Field(gt=0, description="p99 latency budget per call (µs)")
+    p99_us: float = Field(gt=0, le=MAX_US, description="p99 latency budget per call (µs)")
     description: str = ""
 
 
@@ -69,10 +82,10 @@ class StrategyConfig(_Strict):
     precisions: list[str] | None = None
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
     pin: str | None = None
-    batch_size: int = Field(1, ge=1)
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH)
     #: Hard per-call deadline: calls go through a watchdog thread and a call that misses it is
     #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
-    timeout_us: float | None = Field(None, gt=0)
+    timeout_us: float | None = Field(None, gt=0, le=MAX_US)
     allow_emulated: bool | None = None
     #: Rank variants with a *modelled* hardware latency (fpga.da4ml's end-to-end estimate)
     #: beside measured ones, labelled "modelled" (hwbackends/router/modelled.py).
@@ -82,7 +95,7 @@ class StrategyConfig(_Strict):
     #: this file), per-sample input shape(s), and whether a whole-module torch pickle may be
     #: unpickled (that runs code from the file: only for files you trust).
     weights: str | None = None
-    input_shape: list[int] | list[list[int]] | None = None
+    input_shape: list[_Dim] | list[list[_Dim]] | None = None
     trust_pickle: bool = False
 
     def load_kwargs(self, config_path: Path) -> dict[str, Any]:
@@ -109,11 +122,11 @@ class StrategyConfig(_Strict):
 class BenchConfig(_Strict):
     """How the router measures candidates (cached per artifact, machine and these values)."""
 
-    n: int = Field(2000, ge=50)
-    warmup: int = Field(200, ge=0)
-    max_s: float = Field(5.0, gt=0)
+    n: int = Field(2000, ge=50, le=MAX_COUNT)
+    warmup: int = Field(200, ge=0, le=MAX_COUNT)
+    max_s: float = Field(5.0, gt=0, le=MAX_S)
     #: Candidates are measured interleaved in this many rounds (n/rounds calls each per round).
-    rounds: int = Field(5, ge=1)
+    rounds: int = Field(5, ge=1, le=10_000)
 
 
 class RouterConfig(_Strict):
@@ -121,15 +134,15 @@ class RouterConfig(_Strict):
 
     allow_emulated: bool = False
     #: Timed calls per live latency window (the rolling p99 is computed per window).
-    window: int = Field(200, ge=10)
+    window: int = Field(200, ge=10, le=MAX_COUNT)
     #: Time one call in this many (a uniform sample; the clock reads dominate the lane's cost).
-    sample_every: int = Field(4, ge=1)
+    sample_every: int = Field(4, ge=1, le=MAX_COUNT)
     #: Consecutive windows over budget before switching to the next candidate.
-    switch_after: int = Field(3, ge=1)
+    switch_after: int = Field(3, ge=1, le=MAX_COUNT)
     #: Seconds before a switched-away or broken variant is probed again.
-    probe_after_s: float = Field(2.0, ge=0)
+    probe_after_s: float = Field(2.0, ge=0, le=MAX_S)
     #: Consecutive failures (exceptions, missed deadlines) that open the circuit breaker.
-    breaker_failures: int = Field(3, ge=1)
+    breaker_failures: int = Field(3, ge=1, le=MAX_COUNT)
     isolate_compile: bool = True
     bench: BenchConfig = Field(default_factory=BenchConfig)
 
@@ -257,6 +270,73 @@ def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
     return ""
 
 
+# -- reading files ----------------------------------------------------------------------------
+#: A strategies file is a few KB: anything larger is not one (a log, a device, a mistake).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_small_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``; else a
+    :class:`ConfigError` naming the path, what it is and what to give instead. For every file
+    the user names as configuration (strategies file, token, TLS key): it is opened
+    non-blocking (a FIFO never hangs the reader) and checked on the opened descriptor (no
+    check-then-use), and never read past ``max_bytes`` (``/dev/zero`` is refused unread)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {p} cannot be opened: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {p} is {_kind(st.st_mode)}, not a regular file; give the "
+                              f"path of the file itself")
+        if st.st_size > max_bytes:
+            raise ConfigError(f"{what} {p} is {st.st_size} bytes; a {what} is at most "
+                              f"{max_bytes} bytes")
+        chunks, n = [], 0
+        while n <= max_bytes:
+            b = os.read(fd, max_bytes + 1 - n)
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > max_bytes:  # it grew while being read
+            raise ConfigError(f"{what} {p} is over {max_bytes} bytes; a {what} is at most "
+                              f"{max_bytes} bytes")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"{what} {p} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """``data`` as text; invalid UTF-8 is a ``FILE:LINE`` :class:`ConfigError` naming the byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at "
+                          f"offset {exc.start}); save the file as UTF-8") from None
+
+
+def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """:func:`read_small_file` decoded as UTF-8 (errors point at the line)."""
+    return decode_utf8(read_small_file(path, what, max_bytes), str(path))
+
+
 # -- loading ----------------------------------------------------------------------------------
 def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
     """Parse and schema-validate TOML text (no registry or file-system checks)."""
@@ -284,6 +364,8 @@ def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
                 msg = f"missing required key {str(loc[-1])!r}"
             elif "input" in e and e["type"] != "value_error":
                 msg += f" (got {e['input']!r})"
+                if isinstance(e["input"], bool) and e["type"] in ("int_type", "float_type"):
+                    msg += "; true/false is not a number: write the number itself"
             problems.append(f"{source}:{line or '?'}: {dotted}: {msg}")
         raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems)) from None
 
@@ -292,9 +374,9 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
                 check_targets: bool = True) -> StrategiesFile:
     """Read, parse and fully validate a strategies file (see the module docstring)."""
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         raise ConfigError(f"strategies file {p} does not exist; see examples/strategies.toml")
-    text = p.read_text()
+    text = read_text_file(p, "strategies file")
     cfg = parse_config(text, str(p))
     where = line_index(text, str(p))
     problems: list[str] = []

@@ -297,3 +297,106 @@ def test_engine_refuses_non_float32_tensors_of_a_multi_io_model(compiled, zoo_mo
         got = eng.predict({"features": f[0], "state": st[0]})
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
+
+
+_GOOD_TOML = """\
+[tiers.fast]
+p99_us = 100
+
+[strategies.momentum]
+model = "zoo:signal"
+tier = "fast"
+"""
+
+
+def _bounded(fn, timeout_s: float = 20.0):
+    """``fn()``'s exception (or None), failing the test instead of hanging on a FIFO."""
+    box: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            box.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert box, f"still reading after {timeout_s:g} s (a hang)"
+    return box[0]
+
+
+def _not_regular_files(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "adir").mkdir()
+    return [(fifo, "FIFO"), (tmp_path / "adir", "directory"), ("/dev/zero", "device")]
+
+
+def test_strategies_file_that_is_not_a_small_utf8_regular_file_is_a_clear_error(tmp_path):
+    from hwbackends.config import MAX_CONFIG_BYTES, load_config
+    from hwbackends.errors import ConfigError
+
+    for path, kind in _not_regular_files(tmp_path):
+        exc = _bounded(lambda p=path: load_config(p, check_targets=False))
+        assert isinstance(exc, ConfigError), exc
+        assert str(path) in str(exc) and kind in str(exc) and "regular file" in str(exc)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(_GOOD_TOML.encode() + b'# caf\xe9\n')
+    with pytest.raises(ConfigError, match=rf"{bad}:7: .*not valid UTF-8.*byte 0xe9"):
+        load_config(bad, check_targets=False)
+    big = tmp_path / "big.toml"
+    big.write_bytes(_GOOD_TOML.encode() + b"#" * MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match=rf"{big}.*bytes.*at most {MAX_CONFIG_BYTES}"):
+        load_config(big, check_targets=False)
+    good = tmp_path / "good.toml"
+    good.write_text(_GOOD_TOML)
+    assert load_config(good, check_targets=False).strategies["momentum"].batch_size == 1
+
+
+@pytest.mark.parametrize("line, what", [
+    ("batch_size = true", "valid integer"), ("batch_size = 1180591620717411303424", "less than"),
+    ("batch_size = 2.0", "valid integer"), ("timeout_us = true", "valid number"),
+    ("timeout_us = 1e300", "less than"), ("input_shape = [true, 3]", "integer"),
+    ("trust_pickle = 1", "valid boolean")])
+def test_config_numbers_are_typed_and_bounded(line, what):
+    """Repro: ``batch_size = true`` was read as 1 and ``2**70`` accepted as a batch size."""
+    from hwbackends.config import parse_config
+    from hwbackends.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"x.toml:7: strategies\.momentum\.{line.split()[0]}.*{what}"):
+        parse_config(_GOOD_TOML + line + "\n", "x.toml")
+
+
+def test_router_numbers_are_typed_and_bounded():
+    from hwbackends.config import parse_config
+    from hwbackends.errors import ConfigError
+
+    for line in ("breaker_failures = true", "window = 1180591620717411303424"):
+        with pytest.raises(ConfigError, match=r"x.toml:8: router\."):
+            parse_config(_GOOD_TOML + "[router]\n" + line + "\n", "x.toml")
+
+
+def test_server_token_and_tls_files_that_are_not_regular_files_are_clear_errors(tmp_path):
+    """Repro: ``hwb serve --token-file`` on a FIFO hung at open(); a directory raised a raw
+    IsADirectoryError; /dev/zero was read without end."""
+    from hwbackends.errors import ConfigError
+    from hwbackends.serve.grpc_server import read_tls_files, read_token_file
+
+    good = tmp_path / "tok"
+    good.write_text("  " + "t" * 24 + "\n")
+    assert read_token_file(good) == "t" * 24
+    for path, kind in _not_regular_files(tmp_path):
+        for read in (lambda p=path: read_token_file(p), lambda p=path: read_tls_files(p, good),
+                     lambda p=path: read_tls_files(good, p)):
+            exc = _bounded(read)
+            assert isinstance(exc, ConfigError), exc
+            assert str(path) in str(exc) and kind in str(exc) and "regular file" in str(exc)
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "latin1").write_bytes(b"caf\xe9" * 8)
+    with pytest.raises(ConfigError, match="empty"):
+        read_token_file(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+        read_token_file(tmp_path / "latin1")
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_token_file(tmp_path / "missing")
