@@ -86,7 +86,7 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..serve import Engine, EngineConfig, RouterStrategy
-    from ..serve.grpc_server import GrpcServer, TLSFiles
+    from ..serve.grpc_server import GrpcServer, read_tls_files, read_token_file
     from ..serve.metrics import PromMetrics
     if args.grpc_port is None and args.shm is None:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
             if args.tls_cert or args.tls_key:
                 if not (args.tls_cert and args.tls_key):
                     raise ConfigError("give both --tls-cert and --tls-key")
-                tls = TLSFiles(open(args.tls_cert, "rb").read(), open(args.tls_key, "rb").read())
-            token = open(args.token_file).read().strip() if args.token_file else None
+                tls = read_tls_files(args.tls_cert, args.tls_key)
+            token = read_token_file(args.token_file) if args.token_file else None
             g = GrpcServer(eng, host=args.host, port=args.grpc_port, tls=tls, token=token,
                            insecure_loopback=args.insecure_loopback)
             stops.insert(0, g.stop)

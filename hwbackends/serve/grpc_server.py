@@ -25,10 +25,12 @@ import resource
 import socket
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from ..config import read_small_file, read_text_file
 from ..errors import ConfigError, InputError
 from .engine import Engine
 from .request import MAX_DEADLINE_US, MIN_DEADLINE_US, Unavailable, check_deadline_us
@@ -89,6 +91,29 @@ def connection_cap(max_connections: int, fd_soft_limit: int) -> int:
 class TLSFiles:
     cert_pem: bytes
     key_pem: bytes
+
+
+#: Bounds of the secret files a server reads (a PEM chain is a few KB, a token < 1 KB).
+MAX_PEM_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 64 << 10
+
+
+def read_tls_files(cert: str | Path, key: str | Path) -> TLSFiles:
+    """The server's certificate chain and private key from PEM files (regular files of at most
+    :data:`MAX_PEM_BYTES`; a FIFO, directory or device is a :class:`ConfigError`, never a
+    hang)."""
+    return TLSFiles(read_small_file(cert, "TLS certificate file", MAX_PEM_BYTES),
+                    read_small_file(key, "TLS key file", MAX_PEM_BYTES))
+
+
+def read_token_file(path: str | Path) -> str:
+    """The bearer token from ``path`` (UTF-8, surrounding whitespace stripped; a regular file
+    of at most :data:`MAX_TOKEN_BYTES`, else a :class:`ConfigError`)."""
+    token = read_text_file(path, "token file", MAX_TOKEN_BYTES).strip()
+    if not token:
+        raise ConfigError(f"token file {path} is empty; write a token of at least 16 characters "
+                          f"(python -c 'import secrets; print(secrets.token_urlsafe())')")
+    return token
 
 
 def self_signed_cert(host: str = "127.0.0.1", days: int = 7) -> TLSFiles:
