@@ -167,7 +167,8 @@ def test_one_grpc_clients_large_requests_do_not_open_the_breaker_for_others(lite
             np.testing.assert_array_equal(fair.predict("mom", xs[i], deadline_us=1e6), ref[i])
         st = eng.stats()
         assert st["breaker_rejects"] == 0 and st["breaker_state"] == "closed"
-        assert st["deadline_misses"] > 0  # the flood did miss its own budgets
+        assert st["deadline_misses"] > 0  # the flood did miss its own budgets,
+        assert st["load_deadline_misses"] > 0  # while the backend kept completing batches
 
 
 # -- 10: idle connections cannot exhaust the server's fds -----------------------------------
@@ -221,6 +222,27 @@ def test_idle_unauthenticated_connections_are_capped_and_closed(litert, xs, ref)
             with pytest.raises(grpc.RpcError) as e:
                 stub.Predict(req, metadata=(("authorization", "Bearer " + "x" * 32),), timeout=30)
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_connection_without_calls_is_closed_after_the_idle_timeout(litert, xs, ref):
+    """A peer that completed the handshake but makes no call holds its connection (and fd)
+    only ``idle_timeout_s``; a real client reconnects on its next call."""
+    grpc = pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
+    from hwbackends.serve.grpc_server import GrpcServer
+
+    with Engine(litert, EngineConfig.preset("single", warmup=1), strategy="mom") as eng, \
+            GrpcServer(eng, insecure_loopback=True, idle_timeout_s=1.0) as srv, \
+            grpc.insecure_channel(srv.address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        from hwbackends.serve.proto import signal_pb2, signal_pb2_grpc
+
+        states: list[object] = []
+        ch.subscribe(states.append, try_to_connect=True)
+        stub = signal_pb2_grpc.SignalServiceStub(ch)
+        req = signal_pb2.PredictRequest(strategy="mom", features=xs[2].tobytes(), shape=[32])
+        np.testing.assert_array_equal(np.frombuffer(stub.Predict(req, timeout=30).outputs, "<f4"), ref[2])
+        ready = grpc.ChannelConnectivity.READY
+        _wait_for(lambda: ready in states and states[-1] == grpc.ChannelConnectivity.IDLE)
+        np.testing.assert_array_equal(np.frombuffer(stub.Predict(req, timeout=30).outputs, "<f4"), ref[2])
 
 
 def test_grpc_server_raises_the_soft_fd_limit_and_caps_connections_below_it(litert):
