@@ -3,7 +3,9 @@
 ``failures`` consecutive failures open it; it stays open ``reset_s`` seconds, then it is
 *half-open*: the next call goes through as a probe — a success closes it, a failure re-opens
 it at once. Callers decide what a failure is (the engine counts backend errors and deadline
-misses the backend caused, never a client's own input; see docs/serving.md).
+misses the backend caused — a fair budget during which the backend completed no batch — never
+a client's own input, and never a miss behind work queued ahead while batches kept completing;
+see docs/serving.md).
 
 Not locked: a lost update between two racing callers only shifts the count by one, and
 the state a reader sees is always one of the three.

@@ -272,17 +272,21 @@ def test_grpc_undecodable_protobuf_is_invalid_argument(litert, xs, ref):
     grpc = pytest.importorskip("grpc", reason="the serve extra (grpcio) is not installed")
     from hwbackends.serve.grpc_server import GrpcClient, GrpcServer
 
+    token = secrets.token_urlsafe(24)
     with Engine(litert, EngineConfig.preset("single", warmup=1), strategy="mom") as eng, \
-            GrpcServer(eng, insecure_loopback=True) as srv, \
-            GrpcClient(srv.address, insecure=True, timeout_s=30) as c:
+            GrpcServer(eng, insecure_loopback=True, token=token) as srv, \
+            GrpcClient(srv.address, insecure=True, token=token, timeout_s=30) as c:
         for method in ("Predict", "Info"):
             call = c._channel.unary_unary(f"/hwbackends.serve.v1.SignalService/{method}")
             # a bad tag, invalid UTF-8 in a string field, a truncated bytes field
             for raw in (b"\xff\xff\xff\xff", b"\x0a\x02\xff\xfe", b"\x12\x10abc"):
                 with pytest.raises(grpc.RpcError) as e:
-                    call(raw, timeout=30)  # raw bytes: no serializer
+                    call(raw, metadata=c._meta, timeout=30)  # raw bytes: no serializer
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
                 assert "protobuf" in e.value.details() and "signal.proto" in e.value.details()
+                with pytest.raises(grpc.RpcError) as e:  # without the token: refused unparsed
+                    call(raw, timeout=30)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         np.testing.assert_array_equal(c.predict("mom", xs[3]), ref[3])  # others still served
 
 
@@ -422,3 +426,22 @@ def test_server_token_and_tls_files_that_are_not_regular_files_are_clear_errors(
         read_token_file(tmp_path / "latin1")
     with pytest.raises(ConfigError, match="does not exist"):
         read_token_file(tmp_path / "missing")
+
+
+def test_an_abandoned_request_is_never_run(litert, xs, ref):
+    """What gRPC does with the rest of a batch once one sample missed: the serving thread
+    skips it (no model time spent on an answer nobody reads)."""
+    a = _Wrapped(litert)
+    with Engine(a, EngineConfig.preset("single", warmup=1)) as eng:
+        a.hold.set()
+        busy = threading.Thread(target=eng.predict, args=(xs[0],), daemon=True)
+        busy.start()
+        assert a.entered.wait(30)
+        r = eng.submit(xs[1])
+        eng.abandon(r)
+        batches = eng.stats()["batches"]
+        a.hold.clear()
+        a.go.set()
+        busy.join(30)
+        np.testing.assert_array_equal(eng.predict(xs[2]), ref[2])  # served after r's turn
+        assert r.y is None and eng.stats()["batches"] == batches + 1

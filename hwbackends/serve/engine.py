@@ -11,10 +11,11 @@ The pieces: :mod:`.batcher` (queue, serving thread, batch execution), :mod:`..br
 :mod:`.request` (requests, :class:`Unavailable`, deadline validation). This module wires
 them together behind the caller-facing API.
 
-Trust model (docs/serving.md): a client can make its own calls fail (a bad array or deadline
-is an :class:`~hwbackends.errors.InputError`; a budget too small to meet is answered
-"deadline"), but nothing a client sends counts toward the breaker every client shares — only
-backend failures and deadline misses on budgets the backend should have met do.
+Trust model (docs/serving.md): a client can make its own calls fail (a bad array — wrong
+shape, not float32, NaN — or deadline is an :class:`~hwbackends.errors.InputError`; a budget
+too small to meet is answered "deadline"), but nothing a client sends counts toward the
+breaker every client shares — only backend failures, and deadline misses on fair budgets
+during which the backend completed no batch (a stall, not work queued ahead), do.
 """
 from __future__ import annotations
 
