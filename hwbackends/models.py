@@ -355,6 +355,22 @@ def _keras_names(km: Any, kind: str) -> list[str]:
     return [str(n) for n in names]
 
 
+def keras_call_input(km: Any, flat: Sequence[Any]) -> Any:
+    """``flat`` (one tensor per ``km.inputs``, in order) in the structure of ``km.input``.
+
+    A Keras model keeps the structure it was built with: one tensor (``keras.Model(x, y)``),
+    a list of one (a Keras 2 functional JSON: ``"input_layers": [[name, 0, 0]]``), several,
+    or a dict. ``clone_model(input_tensors=…)`` refuses any other structure ("input_tensors
+    must have the same structure as model.input") and a call warns, so both follow it. A
+    ``Sequential`` has no ``input`` until called; it takes one tensor."""
+    import keras
+
+    flat = list(flat)
+    if isinstance(km, keras.Sequential):
+        return flat[0] if len(flat) == 1 else flat
+    return keras.tree.pack_sequence_as(km.input, flat)
+
+
 def _from_keras(km: Any, name: str, path: Path | None) -> Model:
     _unique("input", _keras_names(km, "input"), name)
     ins = [TensorSpec(n, _static(t.shape[1:], "input", name))
@@ -367,14 +383,14 @@ def _from_keras(km: Any, name: str, path: Path | None) -> Model:
 
     if len(ins) > 1 or len(outs) > 1:
         def ref_multi(*xs: np.ndarray, km: Any = km) -> tuple[np.ndarray, ...]:
-            y = km(list(xs) if len(xs) > 1 else xs[0], training=False)
+            y = km(keras_call_input(km, xs), training=False)
             return tuple(np.asarray(t) for t in (y if isinstance(y, (list, tuple)) else [y]))
 
         meta = {} if km.inputs[0].shape[0] is None else {"fixed_batch": int(km.inputs[0].shape[0])}
         return Model(km, "keras", ins, outs, fp, name, path, meta=meta, _ref=ref_multi)
 
     def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
-        return np.asarray(km(x, training=False))
+        return np.asarray(km(keras_call_input(km, [x]), training=False))
 
     return Model(km, "keras", ins, outs, fp, name, path, meta=_keras_batch(km, ins[0], ref),
                  _ref=ref)

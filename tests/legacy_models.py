@@ -51,3 +51,30 @@ def write_keras2_pair(d: Path, stem: str = "jet",
     with h5py.File(weights, "w") as f:
         legacy_h5_format.save_weights_to_hdf5_group(f, km)
     return d / f"{stem}.json", weights, ws
+
+
+def keras2_functional_json() -> dict:
+    """A Keras 2.x functional ``model.to_json()`` as hls4ml's ``KERAS_1layer.json``:
+    ``class_name`` ``Model``, an explicit ``InputLayer`` and ``input_layers`` /
+    ``output_layers`` as lists of ``[name, node, tensor]`` (Keras 3 rebuilds ``model.input``
+    as a *list* of one tensor from it)."""
+    seq = keras2_json()["config"]["layers"]
+    fc1, out = (dict(layer, name=layer["config"]["name"]) for layer in seq)
+    fc1["config"] = {k: v for k, v in fc1["config"].items() if k != "batch_input_shape"}
+    inp = {"name": "input_1", "class_name": "InputLayer", "inbound_nodes": [],
+           "config": {"batch_input_shape": [None, 16], "dtype": "float32", "sparse": False,
+                      "name": "input_1"}}
+    fc1["inbound_nodes"] = [[["input_1", 0, 0, {}]]]
+    out["inbound_nodes"] = [[["fc1", 0, 0, {}]]]
+    return {"class_name": "Model", "keras_version": "2.1.2", "backend": "tensorflow",
+            "config": {"name": "model_1", "layers": [inp, fc1, out],
+                       "input_layers": [["input_1", 0, 0]],
+                       "output_layers": [["output", 0, 0]]}}
+
+
+def write_keras2_functional(d: Path, stem: str = "KERAS_1layer") -> tuple[Path, list[np.ndarray]]:
+    """``d/STEM.json`` (:func:`keras2_functional_json`) + ``d/STEM_weights.h5`` (the name
+    hls4ml's example-models use, found by the loader); returns the JSON path and the weights."""
+    _, _, ws = write_keras2_pair(d, stem)
+    (d / f"{stem}.json").write_text(json.dumps(keras2_functional_json()))
+    return d / f"{stem}.json", ws

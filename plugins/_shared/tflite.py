@@ -18,12 +18,14 @@ from typing import Any, Callable
 import numpy as np
 
 from hwbackends.errors import UnsupportedError
+from hwbackends.models import keras_call_input
 
 RECURRENT = ("LSTM", "GRU", "SimpleRNN")
 
 
-def static_clone(km: Any, batch: int, unroll: bool) -> Any:
-    """The Keras model with a static batch and, if asked, unrolled recurrent layers."""
+def static_clone(km: Any, batch: int, unroll: bool = False, names: list[str] | None = None) -> Any:
+    """The Keras model with a static batch on every input (named ``names`` when given) and,
+    if asked, unrolled recurrent layers; its inputs have ``km.input``'s structure."""
     import keras
 
     def clone_layer(layer: Any) -> Any:
@@ -32,8 +34,11 @@ def static_clone(km: Any, batch: int, unroll: bool) -> Any:
             cfg["unroll"] = True
         return type(layer).from_config(cfg)
 
-    inp = keras.Input(tuple(km.inputs[0].shape[1:]), batch_size=batch)
-    clone = keras.models.clone_model(km, input_tensors=inp, clone_function=clone_layer)
+    names = names or [None] * len(km.inputs)
+    flat = [keras.Input(tuple(t.shape[1:]), batch_size=batch, name=n)
+            for t, n in zip(km.inputs, names, strict=True)]
+    clone = keras.models.clone_model(km, input_tensors=keras_call_input(km, flat),
+                                     clone_function=clone_layer)
     clone.set_weights(km.get_weights())
     return clone
 
@@ -52,7 +57,7 @@ def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | Non
 
     @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32)])
     def serve(x: Any) -> Any:
-        return model(x, training=False)
+        return model(keras_call_input(model, [x]), training=False)
 
     # Without a trackable object the variables are frozen into constants: no VAR_HANDLE ops.
     concrete = serve.get_concrete_function()
@@ -140,17 +145,16 @@ def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outp
     if precision not in ("fp32", "fp16", "int8-dynamic", "int8"):
         raise UnsupportedError(f"{target} has no precision {precision!r} for models with several "
                                f"inputs/outputs; use fp32, fp16, int8-dynamic or int8")
-    tensors = [keras.Input(tuple(t.shape[1:]), batch_size=batch, name=s.name)
-               for t, s in zip(km.inputs, inputs, strict=True)]
-    model = keras.models.clone_model(km, input_tensors=tensors)
-    model.set_weights(km.get_weights())
+    if len(km.inputs) != len(inputs):
+        raise UnsupportedError(f"{target}: the Keras model has {len(km.inputs)} input(s), its "
+                               f"specs declare {len(inputs)}")
+    model = static_clone(km, batch, names=[s.name for s in inputs])
     sig = [tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in inputs]
     names = [s.name for s in outputs]
 
     @tf.function(input_signature=sig)
     def serve(*xs: Any) -> Any:
-        ys = model(list(xs), training=False)
-        ys = ys if isinstance(ys, (list, tuple)) else [ys]
+        ys = keras.tree.flatten(model(keras_call_input(model, list(xs)), training=False))
         if len(ys) != len(names):
             raise UnsupportedError(f"{target}: the model returns {len(ys)} tensors, its specs "
                                    f"declare {len(names)} ({', '.join(names)})")
@@ -179,6 +183,8 @@ def _multi_calibration(calibration: Any, inputs: list[Any], batch: int,
                        target: str) -> tuple[np.ndarray, ...]:
     """The calibration tuple checked against the specs: one array per input, same length."""
     names = [s.name for s in inputs]
+    if len(inputs) == 1 and isinstance(calibration, np.ndarray):  # one input, several outputs
+        calibration = (calibration,)
     if not isinstance(calibration, tuple) or len(calibration) != len(inputs):
         got = (f"{len(calibration)} array(s)" if isinstance(calibration, tuple)
                else type(calibration).__name__)

@@ -4,7 +4,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hwbackends.models import Model
+from hwbackends.models import Model, keras_call_input
 
 OPSET = 17
 
@@ -27,7 +27,7 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
 
     @tf.function(input_signature=spec)
     def serve(x: Any) -> Any:
-        return km(x, training=False)
+        return km(keras_call_input(km, [x]), training=False)
 
     proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
     return _as_onnx(model, proto)
@@ -41,7 +41,7 @@ def _keras_multi(km: Any, model: Model, tf: Any, tf2onnx: Any) -> Any:
 
     @tf.function(input_signature=spec)
     def serve(*xs: Any) -> Any:
-        y = km(list(xs) if len(xs) > 1 else xs[0], training=False)
+        y = km(keras_call_input(km, xs), training=False)
         return list(y) if isinstance(y, (list, tuple)) else [y]
 
     proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
