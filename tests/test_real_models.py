@@ -72,3 +72,125 @@ def test_one_input_two_outputs(one_in_two_out, store_dir, target, precision):
     tol = 1e-5 if precision == "fp32" else 0.1
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=tol)
+
+
+def _need(target: str) -> None:
+    """Skip with the probe's reason when ``target`` cannot run here."""
+    from hwbackends.registry import get_registry
+    from hwbackends.specs import Mode
+
+    av = get_registry().target(target).probe()
+    if av.mode is Mode.UNAVAILABLE:
+        pytest.skip(f"{target}: {av.reason}")
+
+
+# -- item 3: PyTorch models reach the FPGA targets as torch.export programs -----------------
+def _torch_mlp(*extra):
+    import torch
+
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(8, 6), *extra, torch.nn.ReLU(),
+                               torch.nn.Linear(6, 2)).eval()
+
+
+def test_exported_chain_is_rebuilt_as_its_sequential():
+    """The shared rebuild (plugins/_shared/torch_export.py): Linear, eval BatchNorm1d, Dropout
+    and a no-op Flatten come back as modules with the exported weights; a branch is refused."""
+    import torch
+
+    from hwb_plugins._shared.torch_export import as_sequential
+    from hwbackends.errors import UnsupportedError
+
+    bn = torch.nn.BatchNorm1d(6)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    net = torch.nn.Sequential(torch.nn.Flatten(), *_torch_mlp(bn, torch.nn.Dropout(0.2))).eval()
+    x = torch.randn(4, 8)
+    ep = torch.export.export(net, (x,))
+    seq = as_sequential(ep, "fpga.test", "advice")
+    assert [type(m).__name__ for m in seq] == ["Linear", "BatchNorm1d", "ReLU", "Linear"]
+    with torch.no_grad():
+        torch.testing.assert_close(seq(x), net(x))
+
+    class Skip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.a(x) + x
+
+    with pytest.raises(UnsupportedError, match=r"fpga\.test: op aten\.add.*advice"):
+        as_sequential(torch.export.export(Skip().eval(), (x,)), "fpga.test", "advice")
+
+
+@pytest.mark.slow
+def test_torch_mlp_compiles_on_da4ml(store_dir):
+    import torch
+
+    _need("fpga.da4ml")
+    net = _torch_mlp()
+    m = hwb.load_model(net, input_shape=(8,), name="torch_mlp")
+    cm = hwb.compile(m, "fpga.da4ml", store=store_dir, options={"synth": False})
+    assert cm.fidelity.corr > 0.999, cm.fidelity
+    assert [lyr["activation"] for lyr in cm.artifact.meta["layers"]] == ["relu", "linear"]
+    x = np.random.default_rng(6).standard_normal((5, 8)).astype(np.float32)
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(cm.predict(x), want, atol=0.05)
+
+
+# -- item 4: BatchNormalization folds into the Dense before it (one implementation) ---------
+def _bn_model(functional: bool = False, act: str | None = None):
+    """Dense(4) → BatchNormalization (set statistics) → Softmax over 8 features."""
+    import keras
+
+    keras.utils.set_random_seed(7)
+    bn = keras.layers.BatchNormalization(name="bn")
+    layers = [keras.layers.Dense(4, activation=act, use_bias=functional, name="fc"), bn,
+              keras.layers.Softmax(name="prob")]
+    if functional:
+        x = keras.Input((8,), name="x")
+        h = x
+        for layer in layers:
+            h = layer(h)
+        km = keras.Model(x, h)
+    else:
+        km = keras.Sequential([keras.Input((8,)), *layers])
+    bn.set_weights([np.array(v, np.float32) for v in
+                    ([1.5, 0.5, 2.0, 1.0], [0.2, -0.1, 0.0, 0.3], [0.1, -0.2, 0.0, 0.4],
+                     [2.0, 0.5, 1.0, 3.0])])
+    return km
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_batchnorm_folds_into_the_dense_before_it(functional):
+    from hwb_plugins._shared.batchnorm import fold_keras
+
+    km = _bn_model(functional)
+    folded = fold_keras(km, "fpga.test")
+    assert "BatchNormalization" not in {type(layer).__name__ for layer in folded.layers}
+    x = np.random.default_rng(8).standard_normal((16, 8)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(folded(x)), np.asarray(km(x)), atol=1e-6)
+
+
+def test_batchnorm_that_cannot_fold_is_refused_by_name_before_any_build(store_dir):
+    from hwb_plugins.fpga_hls4ml.convert import supported_layers
+    from hwbackends.errors import UnsupportedError
+
+    _need("fpga.hls4ml")
+    # hls4ml's Keras 3 converter has no BatchNormalization: the list must not promise one
+    assert "BatchNormalization" not in supported_layers("keras")
+    m = hwb.load_model(_bn_model(act="relu"), name="bn_after_relu")
+    with pytest.raises(UnsupportedError, match=r"'bn' \(BatchNormalization\).*activation 'relu'"):
+        hwb.compile(m, "fpga.hls4ml", store=store_dir)
+
+
+@pytest.mark.slow
+def test_batchnorm_before_softmax_compiles_on_hls4ml(store_dir):
+    _need("fpga.hls4ml")
+    m = hwb.load_model(_bn_model(), name="bn_softmax")
+    cm = hwb.compile(m, "fpga.hls4ml", store=store_dir)
+    assert cm.fidelity.argmax_agree > 0.99 and cm.fidelity.corr > 0.999, cm.fidelity
+    assert "bn" not in cm.artifact.meta["types"]  # folded: no layer of its own in the design

@@ -14,6 +14,9 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
+from .._shared import batchnorm
+from .._shared.torch_export import as_sequential
+
 #: Activations this target implements (tables for the nonlinear ones, see design.py).
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid", "softmax")
 _KERAS_SKIP = {"InputLayer", "Dropout", "GaussianNoise", "ActivityRegularization", "Flatten"}
@@ -100,7 +103,7 @@ def _keras(m: Any) -> list[DenseLayer]:
         elif cls == "Softmax":
             _set_activation(out, "softmax", layer.name)
         elif cls == "BatchNormalization":
-            _fold_bn(out, layer)
+            _fold_bn(out, layer.name, *batchnorm.keras_affine(layer))
         elif cls in ("LSTM", "GRU", "SimpleRNN"):
             raise UnsupportedError(f"fpga.da4ml cannot compile layer {layer.name!r} ({cls}): {_RECURRENT_HINT}")
         else:
@@ -114,27 +117,19 @@ def _keras_act(fn: Any) -> str:
     return "linear" if name in ("linear", "None") else name
 
 
-def _fold_bn(layers: list[DenseLayer], bn: Any) -> None:
+def _fold_bn(layers: list[DenseLayer], name: str, scale: np.ndarray, shift: np.ndarray) -> None:
     if not layers or layers[-1].activation != "linear":
-        raise UnsupportedError(f"fpga.da4ml folds BatchNormalization {bn.name!r} into the Dense before "
-                               f"it; it must directly follow a Dense without activation")
-    gamma, beta, mean, var = (np.asarray(a, np.float64) for a in _bn_params(bn))
-    scale = gamma / np.sqrt(var + float(bn.epsilon))
+        raise UnsupportedError(f"fpga.da4ml cannot compile BatchNormalization {name!r}: {batchnorm.WHERE}; "
+                               f"it must directly follow a Dense/Linear without activation")
     last = layers[-1]
-    last.w = last.w * scale
-    last.b = (last.b - mean) * scale + beta
-
-
-def _bn_params(bn: Any) -> list[np.ndarray]:
-    ws = bn.get_weights()
-    n = ws[-1].shape[0]
-    gamma = ws.pop(0) if bn.scale else np.ones(n)
-    beta = ws.pop(0) if bn.center else np.zeros(n)
-    return [gamma, beta, ws[0], ws[1]]
+    last.w, last.b = batchnorm.fold(last.w, last.b, scale, shift)
 
 
 def _torch(m: Any) -> list[DenseLayer]:
     import torch.nn as nn
+
+    # The compile worker receives torch.export programs (the core's transport format).
+    m = as_sequential(m, "fpga.da4ml", "Pass an nn.Sequential of those modules, or its Keras twin")
     mods = list(m.children()) if isinstance(m, nn.Sequential) else None
     if mods is None:
         raise UnsupportedError(f"fpga.da4ml compiles torch.nn.Sequential models; got "
@@ -149,9 +144,11 @@ def _torch(m: Any) -> list[DenseLayer]:
             out.append(DenseLayer(f"linear_{i}", w, b))
         elif type(mod) in acts:
             _set_activation(out, acts[type(mod)], f"module {i}")
+        elif isinstance(mod, nn.BatchNorm1d):
+            _fold_bn(out, f"module {i}", *batchnorm.torch_affine(mod))
         elif isinstance(mod, (nn.Dropout, nn.Identity, nn.Flatten)):
             continue
         else:
             raise UnsupportedError(f"fpga.da4ml cannot compile module {i} ({type(mod).__name__}); "
-                                   f"supported: Linear, ReLU, Tanh, Sigmoid, Softmax, Dropout")
+                                   f"supported: Linear, ReLU, Tanh, Sigmoid, Softmax, BatchNorm1d (folded), Dropout")
     return out

@@ -12,6 +12,9 @@ from typing import Any
 
 from hwbackends.errors import UnsupportedError
 
+from .._shared import batchnorm
+from .._shared.torch_export import as_sequential
+
 BACKENDS = ("Vitis", "Vivado", "Quartus", "oneAPI", "Catapult")
 #: Backends whose generated C++ our g++ build (ap_types + nnet_utils layout) compiles.
 CSIM_BACKENDS = ("Vitis", "Vivado")
@@ -59,11 +62,18 @@ class HlsOptions:
 
 
 def supported_layers(fmt: str) -> list[str]:
-    """hls4ml's own lists of the layers its converters take."""
+    """hls4ml's own list of the layers its converter for the installed framework takes: for
+    Keras 3 its ``keras_v3`` registry only (its Keras 2 handlers are reached only as a
+    fallback that fails on this hls4ml; ``BatchNormalization`` is folded before it, see
+    :func:`for_hls4ml`)."""
     if fmt == "keras":
-        from hls4ml.converters.keras_v2_to_hls import get_supported_keras_layers
-        from hls4ml.converters.keras_v3._base import registry
-        names = {k.rsplit(".", 1)[-1] for k in registry} | set(get_supported_keras_layers())
+        import keras
+        if int(keras.__version__.split(".")[0]) >= 3:
+            from hls4ml.converters.keras_v3._base import registry
+            names = {k.rsplit(".", 1)[-1] for k in registry}
+        else:
+            from hls4ml.converters.keras_v2_to_hls import get_supported_keras_layers
+            names = set(get_supported_keras_layers())
         return sorted(names)
     from hls4ml.converters.pytorch_to_hls import get_supported_pytorch_layers
     return sorted(get_supported_pytorch_layers())
@@ -85,65 +95,41 @@ def check_keras_layers(km: Any) -> None:
     ok = set(supported_layers("keras"))
     for layer in km.layers:
         cls = type(layer).__name__
+        if cls == "BatchNormalization":
+            raise _unsupported(layer.name, cls, "keras", "fpga.hls4ml folds a BatchNormalization "
+                               "into the Dense right before it (for_hls4ml) and builds no "
+                               "separate layer for it")
         if cls not in ok and cls not in _KERAS_SKIP:
             raise _unsupported(layer.name, cls, "keras")
 
 
+def for_hls4ml(model: Any) -> Any:
+    """``model`` as hls4ml's converters take it: a Keras model with every BatchNormalization
+    folded into the Dense before it (and its layers checked), a ``torch.export`` program
+    rebuilt as its ``nn.Sequential``. The reference stays the source model's. Idempotent."""
+    import dataclasses
+
+    if model.format == "keras":
+        obj = batchnorm.fold_keras(model.obj, "fpga.hls4ml")
+        check_keras_layers(obj)
+    else:
+        obj = _torch_module(model.obj)
+    return model if obj is model.obj else dataclasses.replace(model, obj=obj)
+
+
 def _torch_module(obj: Any) -> Any:
-    """An ``nn.Module`` hls4ml's FX-based converter can trace.
-
-    Torch models reach the isolated compile worker as ``torch.export`` programs (the core's
-    transport format), whose unlifted module hls4ml cannot read (its parameters are renamed).
-    A chain of aten linear/activation ops is rebuilt as the ``nn.Sequential`` it came from,
-    with the exported weights; any other op is refused by name."""
-    import torch
-    if not isinstance(obj, torch.export.ExportedProgram):
-        return obj
-    from torch import nn
-
-    params = {**obj.graph_signature.inputs_to_parameters, **obj.graph_signature.inputs_to_buffers}
-    state = obj.state_dict
-    acts = {"aten.relu.default": nn.ReLU, "aten.tanh.default": nn.Tanh,
-            "aten.sigmoid.default": nn.Sigmoid}
-    layers: list[Any] = []
-    prev = None
-    for n in obj.graph.nodes:
-        if n.op in ("placeholder", "output"):
-            continue
-        target = str(n.target)
-        args = list(n.args)
-        if prev is not None and (not args or args[0] is not prev):
-            raise UnsupportedError(f"the exported PyTorch graph branches at op {target} (node "
-                                   f"{n.name!r}); the hls4ml target rebuilds only sequential "
-                                   f"chains from torch.export programs — pass a Keras model")
-        if target == "aten.linear.default":
-            w = state[params[args[1].name]]
-            lin = nn.Linear(w.shape[1], w.shape[0], bias=len(args) > 2 and args[2] is not None)
-            with torch.no_grad():
-                lin.weight.copy_(w)
-                if lin.bias is not None:
-                    lin.bias.copy_(state[params[args[2].name]])
-            layers.append(lin)
-        elif target in acts:
-            layers.append(acts[target]())
-        elif target == "aten.softmax.int" and args[1] in (-1, 1):
-            layers.append(nn.Softmax(dim=-1))
-        else:
-            raise UnsupportedError(
-                f"hls4ml target: op {target} (node {n.name!r}) of the exported PyTorch model "
-                f"cannot be rebuilt for hls4ml's converter (sequential Linear/ReLU/Tanh/Sigmoid/"
-                f"Softmax chains only). hls4ml's supported PyTorch layers: "
-                f"{', '.join(supported_layers('torch'))}. Pass the Keras twin of the model")
-        prev = n
-    return nn.Sequential(*layers).eval()
+    """An ``nn.Module`` hls4ml's FX-based converter can trace (a ``torch.export`` program
+    rebuilt as its ``nn.Sequential``, :func:`as_sequential`)."""
+    return as_sequential(obj, "fpga.hls4ml", f"hls4ml's supported PyTorch layers: "
+                         f"{', '.join(supported_layers('torch'))}. Pass the Keras twin of the model")
 
 
 def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str, Any]:
     """hls4ml's per-layer config for ``model`` (granularity='name')."""
     import hls4ml
 
+    model = for_hls4ml(model)
     if model.format == "keras":
-        check_keras_layers(model.obj)
         cfg = hls4ml.utils.config_from_keras_model(
             model.obj, granularity="name", backend=opts.backend,
             default_precision=default_precision, default_reuse_factor=opts.reuse_factor)
@@ -179,6 +165,7 @@ def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> 
                               hls_config=copy.deepcopy(cfg), write_weights_txt=True)
     if opts.part:
         kw["part"] = opts.part
+    model = for_hls4ml(model)
     if model.format == "keras":
         try:
             return hls4ml.converters.convert_from_keras_model(model.obj, allow_da_fallback=False, **kw)

@@ -110,6 +110,7 @@ class Hls4mlTarget(Target):
         calib = options.calibration if options.calibration is not None else model.representative(256)
         calib = np.ascontiguousarray(calib, dtype=np.float32)
         ref = model.reference(calib)
+        model = convert.for_hls4ml(model)  # BatchNormalization folded, torch rebuilt: refusals first
         # Scratch inside the staged artifact directory: removed below on success, and with
         # the staging directory by the core when the worker is killed (timeout, crash).
         builder = _Builder(model, opts, workdir / ".hwb-build")

@@ -55,6 +55,7 @@ def trace_layers(model: Any, compiled: Any, x: np.ndarray) -> list[LayerDiff]:
                                "Keras model (PyTorch/ONNX layer outputs are not mapped)")
     if compiled.target != "fpga.hls4ml":
         raise UnsupportedError(f"trace_layers needs an fpga.hls4ml variant, got {compiled.variant}")
+    model = convert.for_hls4ml(model)  # the layers hls4ml built (BatchNormalization folded)
     meta = compiled.artifact.meta
     cfg = copy.deepcopy(meta["hls4ml_config"])
     cfg["Model"]["TraceOutput"] = True
