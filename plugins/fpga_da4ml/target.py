@@ -13,7 +13,7 @@ from hwbackends.errors import CacheError, CompileError, UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
-from .._shared.fixed_point import FidelityTarget
+from .._shared.fixed_point import FidelityTarget, FixedPrecisions
 from .._util import importable, version
 
 PROJECT = "rtl"
@@ -21,12 +21,15 @@ DEFAULT_PART = "xcvu13p-flga2577-2-e"
 BIT_EXACT_SAMPLES = 10_000
 
 
-class Precisions(tuple):
+class Precisions(FixedPrecisions):
     """``auto`` (listed) plus any ``fixed<W,I>`` / ``ap_fixed<W,I>`` (accepted)."""
 
-    def __contains__(self, item: object) -> bool:
+    rule = "fixed<W,I> / ap_fixed<W,I> with 2 ≤ W ≤ 32 and 1 ≤ I < W (I counts the sign bit)"
+
+    @staticmethod
+    def parse(p: str) -> tuple[int, int] | None:
         from .precision import parse_fixed
-        return tuple.__contains__(self, item) or (isinstance(item, str) and parse_fixed(item) is not None)
+        return parse_fixed(p)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from hwbackends.errors import CacheError, CompileError, UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
+from .._shared.fixed_point import FixedPrecisions
 from .._util import cpu_name, importable, version
 from .build import build, gxx, gxx_version, patch_bridge
 from .csim import CsimExecutor, CsimLibrary
@@ -28,13 +29,17 @@ LIB = "csim/libmyproject.so"
 WEIGHTS = "csim/weights"
 
 
-class Precisions(tuple):
+class Precisions(FixedPrecisions):
     """The offered precisions: ``auto`` (the default), a few named ones for listings, and any
     ``ap_fixed<W,I>`` — membership accepts every well-formed fixed-point type, so the core's
     ``precision in target.precisions`` check lets explicit types through."""
 
-    def __contains__(self, item: object) -> bool:
-        return tuple.__contains__(self, item) or (isinstance(item, str) and parse_fixed(item) is not None)
+    rule = ("ap_fixed<W,I> / fixed<W,I> with 1 ≤ W ≤ 64 and I ≤ W (also ufixed, and rounding/"
+            "saturation modes: ap_fixed<16,6,AP_RND,AP_SAT>)")
+
+    @staticmethod
+    def parse(p: str) -> str | None:
+        return parse_fixed(p)
 
 
 def parse_fixed(p: str) -> str | None:
