@@ -20,6 +20,10 @@ NAN_POLICIES = ("reject", "pass")
 
 
 def _as_float32(x: Any, spec: TensorSpec) -> np.ndarray:
+    if isinstance(x, dict):
+        raise InputError(f"input is a dict (keys {', '.join(map(str, x))}); this model takes one "
+                         f"input ({spec.name!r}, samples of shape {tuple(spec.shape)}): pass the "
+                         f"array itself")
     try:
         arr = np.asarray(x)
     except Exception as exc:

@@ -20,6 +20,7 @@ from .inputs import as_batches
 from .specs import TensorSpec
 
 FORMATS = ("keras", "torch", "onnx")
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5", ".json")
 
 
 @dataclass
@@ -147,6 +148,8 @@ class Model:
         elif self.validation_data is not None:
             np.save(directory / "validation.npy", self.validation_data)
         info = self.describe() | {"file": fname, "meta": self.meta}
+        if self.format == "keras":  # modules of layer classes not Keras' own, for the worker
+            info["imports"] = legacy.keras_imports(self.obj)
         (directory / "model.json").write_text(json.dumps(info, default=str))
         return directory
 
@@ -178,6 +181,7 @@ def _save_torch(model: Model, directory: Path) -> str:
 def load_saved(directory: Path) -> Model:
     """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data."""
     info = json.loads((directory / "model.json").read_text())
+    legacy.import_modules(info.get("imports", []))
     shapes = [tuple(d["shape"]) for d in info["inputs"]]
     m = load_model(directory / info["file"], name=info["name"],
                    input_shape=shapes[0] if len(shapes) == 1 else shapes)
@@ -308,6 +312,9 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
     except ModelError:
         raise
     except Exception as exc:
+        foreign = legacy.foreign_class_error(path, exc) if suffix in KERAS_SUFFIXES else None
+        if foreign is not None:
+            raise foreign from exc
         raise ModelError(f"could not load {path} as a {suffix} model ({type(exc).__name__}: "
                          f"{_clip(str(exc))}). Is the file complete? Re-export it from the "
                          f"training code.") from exc
@@ -514,7 +521,11 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         if hasattr(module, "eval"):
             module.eval()
     with torch.no_grad():
-        ys = _torch_outputs(module(*examples), name)
+        try:
+            result = module(*examples)
+        except Exception as exc:
+            raise _torch_shape_error(obj, name, examples, example is not None, exc) from exc
+        ys = _torch_outputs(result, name)
     multi = len(examples) > 1 or len(ys) > 1
     ins = [TensorSpec(n if multi else "input", _static(tuple(e.shape[1:]), "input", name))
            for n, e in zip(in_names, examples, strict=True)]
@@ -544,6 +555,26 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         return r.numpy()
 
     return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref)
+
+
+def _torch_shape_error(obj: Any, name: str, examples: tuple[Any, ...], given: bool,
+                       exc: Exception) -> ModelError:
+    """The torch model did not run on the example batch: almost always an input shape that
+    is not the one its forward takes. Name the shape tried, the first layer's, and the fix."""
+    shapes = ", ".join(str(tuple(e.shape)) for e in examples)
+    how = ("example_input" if given else
+           "input_shape= (per sample; --input-shape D[,D...] on the command line)")
+    first = next((m for m in getattr(obj, "modules", lambda: [])()
+                  if hasattr(m, "in_features") or hasattr(m, "input_size")
+                  or hasattr(m, "in_channels")), None)
+    wants = ""
+    if first is not None:
+        n = next(getattr(first, a) for a in ("in_features", "input_size", "in_channels")
+                 if hasattr(first, a))
+        wants = f"; its first layer, {type(first).__name__}, takes {n} features/channels"
+    return ModelError(f"torch model {name!r} does not run on a batch of shape {shapes} made from "
+                      f"{how.split(' ')[0]} ({type(exc).__name__}: {_clip(str(exc), 200)}){wants}. "
+                      f"Pass the per-sample shape its forward takes as {how}")
 
 
 def _exported_inputs(ep: Any, name: str) -> tuple[Any, tuple[Any, ...], list[str], int | None]:

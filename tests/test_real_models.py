@@ -194,3 +194,164 @@ def test_batchnorm_before_softmax_compiles_on_hls4ml(store_dir):
     cm = hwb.compile(m, "fpga.hls4ml", store=store_dir)
     assert cm.fidelity.argmax_agree > 0.99 and cm.fidelity.corr > 0.999, cm.fidelity
     assert "bn" not in cm.artifact.meta["types"]  # folded: no layer of its own in the design
+
+
+# -- item 6: advice that names the real cause and the fix ------------------------------------
+def _no_advice_to_reexport(e: pytest.ExceptionInfo) -> None:
+    assert "Is the file complete" not in str(e.value), str(e.value)
+
+
+def test_torch_input_shape_mismatch_names_the_shape(tmp_path):
+    import torch
+
+    torch.save(torch.nn.Sequential(torch.nn.Linear(16, 2)), tmp_path / "net.pt")
+    with pytest.raises(hwb.ModelError, match=r"does not run on a batch of shape \(1, 10\).*"
+                       r"Linear, takes 16.*input-shape") as e:
+        hwb.load_model(tmp_path / "net.pt", trust_pickle=True, input_shape=(10,))
+    _no_advice_to_reexport(e)
+
+
+def _module(tmp: Path, name: str, code: str) -> None:
+    (tmp / f"{name}.py").write_text(code)
+
+
+def test_pickle_of_a_class_from_a_local_module_says_pythonpath(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    import torch
+
+    _module(tmp_path, "hwbt_net", "import torch\nclass Net(torch.nn.Sequential):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("hwbt_net")
+    torch.save(mod.Net(torch.nn.Linear(16, 2)), tmp_path / "net.pt")
+    monkeypatch.delitem(sys.modules, "hwbt_net")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(hwb.ModelError, match=r"module 'hwbt_net'.*not importable.*PYTHONPATH") as e:
+        hwb.load_model(tmp_path / "net.pt", trust_pickle=True, input_shape=(16,))
+    _no_advice_to_reexport(e)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the fix
+    assert hwb.load_model(tmp_path / "net.pt", trust_pickle=True, input_shape=(16,)).output.shape == (2,)
+
+
+def test_pickle_of_a_class_from_the_training_script_says_so(tmp_path, monkeypatch):
+    import sys
+
+    import torch
+
+    class Script(torch.nn.Sequential):
+        pass
+
+    Script.__module__, Script.__qualname__ = "__main__", "Script"
+    monkeypatch.setattr(sys.modules["__main__"], "Script", Script, raising=False)
+    torch.save(Script(torch.nn.Linear(16, 2)), tmp_path / "net.pt")
+    monkeypatch.delattr(sys.modules["__main__"], "Script")
+    with pytest.raises(hwb.ModelError, match=r"class Script that the training script defined "
+                       r"in itself \(__main__\).*module.*PYTHONPATH.*torch\.export") as e:
+        hwb.load_model(tmp_path / "net.pt", trust_pickle=True, input_shape=(16,))
+    _no_advice_to_reexport(e)
+
+
+def test_custom_keras_layer_not_importable_says_which_and_how(tmp_path, monkeypatch, store_dir,
+                                                            capsys):
+    import importlib
+    import sys
+
+    import keras
+
+    _module(tmp_path, "hwbt_layers", (
+        "import keras\n\n@keras.saving.register_keras_serializable(package='hwbt_layers')\n"
+        "class Twice(keras.layers.Layer):\n    def call(self, x):\n        return 2.0 * x\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("hwbt_layers")
+    km = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="d"), mod.Twice()])
+    km.save(tmp_path / "custom.keras")
+    # as in a fresh process: neither registered nor on the path
+    monkeypatch.delitem(keras.saving.get_custom_objects(), "hwbt_layers>Twice")
+    monkeypatch.delitem(sys.modules, "hwbt_layers")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(hwb.ModelError, match=r"Twice \(module hwbt_layers\).*not importable.*"
+                       r"PYTHONPATH.*--import hwbt_layers") as e:
+        hwb.load_model(tmp_path / "custom.keras")
+    _no_advice_to_reexport(e)
+    # the fix, on the command line; the compile worker imports the module too
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, out, err = _cli(capsys, "compile", str(tmp_path / "custom.keras"), "--import", "hwbt_layers",
+                        "--cache-dir", str(store_dir))
+    assert rc == 0, err
+
+
+def test_quantized_keras2_layer_names_its_package(tmp_path):
+    import json
+
+    from legacy_models import keras2_json
+
+    cfg = keras2_json()
+    cfg["config"]["layers"][0]["class_name"] = "QDense"
+    (tmp_path / "q.json").write_text(json.dumps(cfg))
+    (tmp_path / "q_weights.h5").write_bytes(b"")
+    with pytest.raises(hwb.ModelError, match=r"QDense.*QKeras.*pip install qkeras") as e:
+        hwb.load_model(tmp_path / "q.json")
+    _no_advice_to_reexport(e)
+
+
+@pytest.fixture(scope="module")
+def jet(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
+    from legacy_models import write_keras2_pair
+
+    js, _, ws = write_keras2_pair(tmp_path_factory.mktemp("jet"))
+    return js, ws
+
+
+def test_missing_weights_file_is_called_missing(jet, capsys):
+    rc, _, err = _cli(capsys, "compile", str(jet[0]), "--weights", str(jet[0].parent / "nope.h5"))
+    assert rc == 1
+    assert "weights file not found" in err and "nope.h5" in err and "do not fit" not in err
+
+
+def test_keras3_weights_under_another_name_load(jet, tmp_path):
+    import keras
+
+    km = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8, activation="relu"),
+                           keras.layers.Dense(5, activation="softmax")])
+    km.set_weights(jet[1])
+    km.save_weights(tmp_path / "w.weights.h5")
+    (tmp_path / "w.weights.h5").rename(tmp_path / "params.h5")  # Keras reads it by its name
+    m = hwb.load_model(jet[0], weights=tmp_path / "params.h5")
+    np.testing.assert_allclose(m.reference(X16), numpy_mlp(X16, jet[1]), atol=1e-6)
+
+
+def test_keras21_list_style_sequential_loads(jet, tmp_path):
+    import json
+    import shutil
+
+    from legacy_models import keras2_json
+
+    cfg = keras2_json()
+    cfg["config"] = cfg["config"]["layers"]  # Keras ≤ 2.1: the bare list of layers
+    (tmp_path / "old.json").write_text(json.dumps(cfg))
+    shutil.copy(jet[0].parent / "jet_weights.h5", tmp_path / "old_weights.h5")
+    m = hwb.load_model(tmp_path / "old.json")
+    np.testing.assert_allclose(m.reference(X16), numpy_mlp(X16, jet[1]), atol=1e-6)
+
+
+def test_npz_to_a_one_input_model(jet, tmp_path, store_dir, capsys):
+    np.savez(tmp_path / "one.npz", features=X16)
+    rc, out, err = _cli(capsys, "predict", str(jet[0]), "-i", str(tmp_path / "one.npz"),
+                        "--cache-dir", str(store_dir), "--json")
+    assert rc == 0, err
+    np.savez(tmp_path / "two.npz", a=X16, b=X16)
+    rc, _, err = _cli(capsys, "predict", str(jet[0]), "-i", str(tmp_path / "two.npz"),
+                      "--cache-dir", str(store_dir))
+    assert rc == 1 and "holding 2 arrays (a, b)" in err and ".npy" in err and "dtype object" not in err
+    cm = hwb.compile(jet[0], store=store_dir)
+    with pytest.raises(hwb.InputError, match="is a dict.*one input"):
+        cm.predict({"a": X16})
+
+
+def test_fixed_point_precision_out_of_range_says_which_are_taken(store_dir):
+    from hwbackends.errors import UnsupportedError
+
+    _need("fpga.da4ml")
+    with pytest.raises(UnsupportedError, match=r"auto and any fixed<W,I>.*W ≤ 32.*'fixed<40,8>'"):
+        hwb.compile("zoo:mlp", "fpga.da4ml", "fixed<40,8>", store=store_dir)

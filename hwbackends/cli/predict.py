@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 
@@ -23,15 +24,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import InputError
+    from .source import read_arrays
 
-    try:
-        x = np.load(args.input, allow_pickle=False)
-        if isinstance(x, np.lib.npyio.NpzFile):  # several inputs, keyed by name
-            x = {k: x[k] for k in x.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read {args.input} as a .npy array: {exc}") from exc
+    x = read_arrays(args.input)  # a .npz: its only array, else a dict keyed by input name
     cm = compile_from_args(args, fidelity=False, nan_policy=args.nan_policy)
+    if isinstance(x, dict) and len(cm.inputs) == 1:
+        x = _one_array(x, cm.inputs[0], args.input)
     y = cm.predict(x)
     if isinstance(y, tuple):  # several outputs
         ys = {s.name: a for s, a in zip(cm.outputs, y, strict=True)}
@@ -49,3 +47,18 @@ def run(args: argparse.Namespace) -> int:
                 "outputs": y.tolist()},
          f"{cm.variant} ({cm.mode.value}) → shape {y.shape}\n{np.array2string(y, precision=6)}")
     return 0
+
+
+def _one_array(arrays: dict[str, np.ndarray], spec: Any, path: str) -> np.ndarray:
+    """The array of a ``.npz`` given to a one-input model: its only one, or the one named
+    after the input."""
+    from ..errors import InputError
+
+    if len(arrays) == 1:
+        return next(iter(arrays.values()))
+    if spec.name in arrays:
+        return arrays[spec.name]
+    raise InputError(f"{path} is a .npz holding {len(arrays)} arrays ({', '.join(sorted(arrays))}); "
+                     f"this model takes one input ({spec.name!r}, samples of shape "
+                     f"{tuple(spec.shape)}): pass a .npy file (np.save), or a .npz with one array "
+                     f"or one named {spec.name!r}")

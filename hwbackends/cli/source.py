@@ -1,5 +1,6 @@
 """How every ``hwb`` command that takes a model file loads it: the options that say how
-(``--trust-pickle``, ``--weights``, ``--input-shape``) and the one function that applies them.
+(``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``) and the one function
+that applies them.
 
 Without any of them the model argument is handed on as given (a path or ``zoo:NAME``), so
 the commands behave as before; with one, the model is loaded here with
@@ -23,6 +24,10 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weights", default=None, metavar="PATH",
                    help="HDF5 weights of a Keras 2 JSON architecture (MODEL is the .json; default: "
                         "NAME_weights.h5 or NAME.h5 next to it)")
+    g.add_argument("--import", dest="imports", action="append", default=None, metavar="MODULE",
+                   help="import MODULE before loading the model: the module that defines its "
+                        "custom Keras layer classes (registering them), e.g. qkeras or "
+                        "my_layers (with PYTHONPATH=DIR for your own); repeatable")
     g.add_argument("--input-shape", action="append", default=None, metavar="D[,D...]",
                    help="per-sample input shape of a torch module file (TorchScript .pt/.ts or a "
                         "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order")
@@ -50,6 +55,10 @@ def parse_shapes(items: list[str] | None) -> Any:
 def model_from_args(args: argparse.Namespace) -> Any:
     """``args.model`` as ``compile``/``bench_model`` take it: the path or ``zoo:NAME`` itself,
     or, when a loading option is given, the model loaded with it."""
+    imports = getattr(args, "imports", None)
+    if imports:  # registers layer classes for this process; Model.save names them for the worker
+        from ..legacy import import_modules
+        import_modules(imports)
     shape = parse_shapes(getattr(args, "input_shape", None))
     trust = bool(getattr(args, "trust_pickle", False))
     weights = getattr(args, "weights", None)
@@ -58,6 +67,22 @@ def model_from_args(args: argparse.Namespace) -> Any:
     from ..models import load_model
 
     return load_model(args.model, input_shape=shape, weights=weights, trust_pickle=trust)
+
+
+def read_arrays(path: str) -> Any:
+    """A ``.npy`` array, or a ``.npz``'s arrays: the only one, else a dict keyed by name."""
+    import numpy as np
+
+    from ..errors import ConfigError
+
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path} as a .npy/.npz array file: {exc}") from exc
+    if isinstance(data, np.lib.npyio.NpzFile):
+        arrays = {k: data[k] for k in data.files}
+        return next(iter(arrays.values())) if len(arrays) == 1 else arrays
+    return data
 
 
 def portable_model_file(args: argparse.Namespace, workdir: Path) -> str:
