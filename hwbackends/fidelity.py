@@ -13,6 +13,13 @@ signed         has negative values, one column        corr, max_abs/rel_err/mae,
 logits         has negative values, ≥ 2 columns       corr, max_abs/rel_err/mae, sign, argmax
 =============  =====================================  =========================================
 
+A **degenerate** reference — every output the same for every validation input (the model
+saturates on inputs unlike its training data, e.g. the synthetic N(0,1) used when no
+validation data is given) — makes correlation, sign and decision agreement measure nothing
+(a constant vector correlates perfectly with itself across its columns). :func:`compare`
+flags it (``degenerate``, ``warning``), gates only the errors, takes ``rel_err`` against the
+output's magnitude instead of its (near-zero) range, and the message asks for real data.
+
 Sign and decision agreement use a dead band: a sample whose reference is within
 ``DEAD_BAND`` × (output range) of the decision boundary (0 for sign, 0.5 or the runner-up
 for decisions) does not count, because an fp32 → fp16/int8/fixed-point variant may flip it
@@ -28,6 +35,15 @@ import numpy as np
 #: Share of the reference output's range (peak to peak) around a decision boundary in which
 #: sign/argmax disagreements are not counted.
 DEAD_BAND = 0.01
+#: A reference whose every output column spreads across the validation samples by at most
+#: this share of the output's magnitude (max |ref|) is constant: ``degenerate``.
+DEGENERATE_RTOL = 1e-5
+DEGENERATE_ADVICE = (
+    "the reference output is the same for every validation input, so correlation, sign and "
+    "decision agreement measure nothing (rel_err is taken against the output's magnitude). The "
+    "inputs are not what the model expects (without validation data they are synthetic N(0,1)): "
+    "pass samples of the model's real inputs — load_model(..., validation_data=X), "
+    "compile(..., calibration_data=X); on the command line --validation X.npy")
 #: Every metric a Tolerance can check; a Fidelity's ``gated`` is the subset that applies.
 ALL_METRICS = ("corr", "max_abs", "rel_err", "mae", "sign", "argmax")
 _ERRORS = ("corr", "max_abs", "rel_err", "mae")
@@ -61,6 +77,9 @@ class Fidelity:
     argmax_agree: float | None
     kind: str = "signed"
     gated: tuple[str, ...] = ALL_METRICS
+    #: The reference is constant over the samples (see the module doc); ``warning`` says so.
+    degenerate: bool = False
+    warning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -69,8 +88,9 @@ class Fidelity:
 
     def __str__(self) -> str:
         am = "" if self.argmax_agree is None else f" argmax={self.argmax_agree:.4f}"
+        warn = f"\n  WARNING: degenerate fidelity: {self.warning}" if self.degenerate else ""
         return (f"[{self.kind}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
-                f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n})")
+                f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n}){warn}")
 
 
 def classify(reference: np.ndarray) -> str:
@@ -86,6 +106,16 @@ def classify(reference: np.ndarray) -> str:
             return "probabilities"
         return "nonnegative"
     return "logits" if ref.shape[1] > 1 else "signed"
+
+
+def is_degenerate(reference: np.ndarray) -> bool:
+    """Whether reference outputs ``(n, …)`` are the same for every sample (to
+    :data:`DEGENERATE_RTOL` of their magnitude); one sample is never called degenerate."""
+    ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    if len(ref) < 2 or ref.size == 0 or not np.isfinite(ref).all():
+        return False
+    spread = float(np.ptp(ref, axis=0).max())
+    return spread <= DEGENERATE_RTOL * float(np.abs(ref).max())
 
 
 def _corr(a: np.ndarray, b: np.ndarray) -> float:
@@ -128,12 +158,15 @@ def compare(reference: np.ndarray, got: np.ndarray, kind: str | None = None) -> 
     err = np.abs(ref - out)
     rng = float(np.ptp(ref)) if ref.size else 0.0
     band = DEAD_BAND * (rng or 1.0)
+    degenerate = is_degenerate(ref)
+    scale = float(np.abs(ref).max()) if degenerate else rng
     return Fidelity(
         n=len(ref), max_abs=float(err.max(initial=0.0)), mae=float(err.mean()) if err.size else 0.0,
-        rel_err=float(err.max(initial=0.0)) / (rng or 1.0), corr=_corr(ref.ravel(), out.ravel()),
+        rel_err=float(err.max(initial=0.0)) / (scale or 1.0), corr=_corr(ref.ravel(), out.ravel()),
         sign_agree=_sign_agree(ref, out, band),
         argmax_agree=_decision_agree(ref, out, band, kind) if ref.size else None,
-        kind=kind, gated=GATED[kind])
+        kind=kind, gated=_ERRORS[1:] if degenerate else GATED[kind], degenerate=degenerate,
+        warning=DEGENERATE_ADVICE if degenerate else "")
 
 
 @dataclass(frozen=True)
@@ -182,6 +215,7 @@ class MultiFidelity(Fidelity):
     def __str__(self) -> str:
         return (f"worst output {self.output!r}: {Fidelity.__str__(self)}; "
                 + "; ".join(f"{k}: corr={f.corr:.6f} rel={f.rel_err:.3g}"
+                            + (" (degenerate: constant reference)" if f.degenerate else "")
                             for k, f in (self.outputs or {}).items()))
 
 
@@ -195,4 +229,8 @@ def compare_outputs(references: Sequence[np.ndarray], got: Sequence[np.ndarray],
     worst = min(each, key=lambda n: (each[n].corr, -each[n].rel_err))
     base = {k: v for k, v in asdict(each[worst]).items()}
     base["gated"] = each[worst].gated
+    flat = [n for n, f in each.items() if f.degenerate]
+    if flat:  # any constant output is worth the warning, worst or not
+        base["degenerate"] = True
+        base["warning"] = f"output(s) {', '.join(flat)}: {DEGENERATE_ADVICE}"
     return MultiFidelity(**base, output=worst, outputs=each)

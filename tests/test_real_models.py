@@ -196,6 +196,61 @@ def test_batchnorm_before_softmax_compiles_on_hls4ml(store_dir):
     assert "bn" not in cm.artifact.meta["types"]  # folded: no layer of its own in the design
 
 
+# -- item 5: a constant reference makes fidelity meaningless: flagged, data asked for -------
+def test_compare_flags_a_constant_reference():
+    from hwbackends.fidelity import Tolerance, compare
+
+    ref = np.tile(np.array([[0.196, 0.200, 0.204]], np.float32), (64, 1))  # range 0.008
+    f = compare(ref, ref + 1e-4)
+    assert f.degenerate and "validation" in f.warning and "--validation" in f.warning
+    assert "corr" not in f.gated and "argmax" not in f.gated
+    assert f.rel_err == pytest.approx(1e-4 / 0.204, rel=1e-2)  # against the magnitude, not 0.008
+    assert Tolerance(corr_min=0.999, rel_err=0.01).passes(f)
+    assert "degenerate" in str(f) and f.to_dict()["degenerate"] is True
+    from hwbackends.report.html import _fidelity_row
+    row = _fidelity_row({"variant": "cpu.litert:fp32", "mode": "hardware", "fidelity": f.to_dict()})
+    assert "degenerate" in row[-1] and "validation" in row[-1]
+    moving = ref + np.linspace(0, 1, 64, dtype=np.float32)[:, None]
+    live = compare(moving, ref)
+    assert not live.degenerate and live.warning == ""
+    from hwbackends.fidelity import compare_outputs
+    multi = compare_outputs([moving, ref], [moving, ref], ["ret", "side"])
+    assert multi.degenerate and "output(s) side" in multi.warning
+
+
+def _saturating(tmp: Path) -> Path:
+    """8 → relu(x − 8) → 3 softmax: every hidden unit is dead on N(0,1) inputs (the output is
+    the same vector for each), alive on the inputs it was made for, ~N(10, 1)."""
+    import keras
+
+    keras.utils.set_random_seed(9)
+    km = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu", name="gate"),
+                           keras.layers.Dense(3, activation="softmax", name="prob")])
+    gate, prob = km.layers
+    gate.set_weights([np.eye(8, dtype=np.float32), np.full(8, -8.0, np.float32)])
+    w = np.random.default_rng(1).standard_normal((8, 3)).astype(np.float32)
+    prob.set_weights([w, np.array([0.0, 0.02, 0.04], np.float32)])
+    km.save(tmp / "saturating.keras")
+    return tmp / "saturating.keras"
+
+
+def test_constant_output_model_says_its_fidelity_is_degenerate(tmp_path, store_dir, capsys):
+    path = _saturating(tmp_path)
+    m = hwb.load_model(path)
+    cm = hwb.compile(m, "cpu.onnxruntime", store=store_dir)
+    assert cm.fidelity.degenerate and cm.fidelity.corr == pytest.approx(1.0)
+    rc, out, err = _cli(capsys, "compile", str(path), "-t", "cpu.onnxruntime",
+                        "--cache-dir", str(store_dir))
+    assert rc == 0, err
+    assert "WARNING: degenerate fidelity" in out and "--validation" in out
+    real = np.random.default_rng(2).normal(10, 1, (256, 8)).astype(np.float32)
+    np.save(tmp_path / "real.npy", real)
+    rc, out, err = _cli(capsys, "compile", str(path), "-t", "cpu.onnxruntime", "--validation",
+                        str(tmp_path / "real.npy"), "--cache-dir", str(store_dir), "--json")
+    assert rc == 0, err
+    assert '"degenerate": false' in out
+
+
 # -- item 6: advice that names the real cause and the fix ------------------------------------
 def _no_advice_to_reexport(e: pytest.ExceptionInfo) -> None:
     assert "Is the file complete" not in str(e.value), str(e.value)

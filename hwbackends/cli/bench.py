@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         raise
     path = save_uninterrupted(res, args.output)
     human = res.table() + f"\n\nresults: {path}"
+    flat = [v["variant"] for v in res.variants if (v.get("fidelity") or {}).get("degenerate")]
+    if flat:
+        from ..fidelity import DEGENERATE_ADVICE
+        human += f"\nWARNING: degenerate fidelity for {', '.join(flat)}: {DEGENERATE_ADVICE}"
     if args.report:
         from ..report import write_report
         out = write_report(res, args.report)

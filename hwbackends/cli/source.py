@@ -1,6 +1,6 @@
 """How every ``hwb`` command that takes a model file loads it: the options that say how
-(``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``) and the one function
-that applies them.
+(``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``, ``--validation``) and the
+one function that applies them.
 
 Without any of them the model argument is handed on as given (a path or ``zoo:NAME``), so
 the commands behave as before; with one, the model is loaded here with
@@ -28,6 +28,10 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
                    help="import MODULE before loading the model: the module that defines its "
                         "custom Keras layer classes (registering them), e.g. qkeras or "
                         "my_layers (with PYTHONPATH=DIR for your own); repeatable")
+    g.add_argument("--validation", default=None, metavar="FILE",
+                   help="samples of the model's real inputs for calibration and the fidelity "
+                        "check: a .npy batch (n, ...), or a .npz with one array per input name "
+                        "(default: synthetic N(0,1), which a model may answer with a constant)")
     g.add_argument("--input-shape", action="append", default=None, metavar="D[,D...]",
                    help="per-sample input shape of a torch module file (TorchScript .pt/.ts or a "
                         "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order")
@@ -62,11 +66,13 @@ def model_from_args(args: argparse.Namespace) -> Any:
     shape = parse_shapes(getattr(args, "input_shape", None))
     trust = bool(getattr(args, "trust_pickle", False))
     weights = getattr(args, "weights", None)
-    if args.model is None or (shape is None and not trust and weights is None):
+    validation = getattr(args, "validation", None)
+    if args.model is None or (shape is None and not trust and weights is None and validation is None):
         return args.model
     from ..models import load_model
 
-    return load_model(args.model, input_shape=shape, weights=weights, trust_pickle=trust)
+    return load_model(args.model, input_shape=shape, weights=weights, trust_pickle=trust,
+                      validation_data=read_arrays(validation) if validation else None)
 
 
 def read_arrays(path: str) -> Any:

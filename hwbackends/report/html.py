@@ -279,7 +279,8 @@ def _fidelity_row(v: dict[str, Any]) -> list[str]:
             f"{f.get('corr', math.nan):.6f}", f"{f.get('max_abs', math.nan):.2g}",
             f"{f.get('mae', math.nan):.2g}", f"{f.get('sign_agree', math.nan):.4f}",
             f"{v.get('compile_seconds', 0):.1f} s" + (" (cached)" if v.get("cached") else ""),
-            _bytes(v.get("artifact_bytes")), ""]
+            _bytes(v.get("artifact_bytes")),
+            f'<span class="note">degenerate: {_e(f.get("warning", ""))}</span>' if f.get("degenerate") else ""]
 
 
 def _fidelity(ctx: _Ctx) -> str:
