@@ -60,3 +60,15 @@ def compiled(store_dir: Path, zoo_model):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def hwb_cli(capsys):
+    """``hwb_cli(*args)`` → (exit code, stdout, stderr) of ``hwb ARGS``, run in this process."""
+    from hwbackends.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        rc = main(list(args))
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return run

@@ -12,17 +12,11 @@ import pytest
 from legacy_models import numpy_mlp, write_keras2_pair
 
 from hwbackends.cli import build_parser
-from hwbackends.cli import main as hwb_main
 from hwbackends.cli.source import model_from_args, parse_shapes
 from hwbackends.errors import ConfigError
 
 X = np.random.default_rng(9).standard_normal((5, 16)).astype(np.float32)
 
-
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    rc = hwb_main(list(args))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -44,39 +38,39 @@ def keras2(tmp_path_factory) -> tuple[Path, Path, list[np.ndarray]]:
     return write_keras2_pair(tmp_path_factory.mktemp("keras2"), "jet", "params.h5")
 
 
-def test_pickle_is_refused_without_the_flag_and_says_which(pickle_file, store_dir, capsys):
+def test_pickle_is_refused_without_the_flag_and_says_which(pickle_file, store_dir, hwb_cli):
     path, _ = pickle_file
-    rc, _, err = _cli(capsys, "compile", str(path), "-t", "ref", "--cache-dir", str(store_dir))
+    rc, _, err = hwb_cli("compile", str(path), "-t", "ref", "--cache-dir", str(store_dir))
     assert rc == 1
     assert "ModelError" in err and "runs code" in err
     assert "--trust-pickle" in err and "trust_pickle=True" in err
 
 
-def test_trusted_pickle_compiles_and_predicts(pickle_file, store_dir, tmp_path, capsys):
+def test_trusted_pickle_compiles_and_predicts(pickle_file, store_dir, tmp_path, hwb_cli):
     path, want = pickle_file
     flags = ["--trust-pickle", "--input-shape", "16", "--cache-dir", str(store_dir)]
-    rc, out, err = _cli(capsys, "compile", str(path), "-t", "cpu.onnxruntime", "--json", *flags)
+    rc, out, err = hwb_cli("compile", str(path), "-t", "cpu.onnxruntime", "--json", *flags)
     assert rc == 0, err
     d = json.loads(out)
     assert d["variant"] == "cpu.onnxruntime:fp32" and d["fidelity"]["corr"] > 0.99999
     np.save(tmp_path / "x.npy", X)
-    rc, _, err = _cli(capsys, "predict", str(path), "-t", "ref", "-i", str(tmp_path / "x.npy"),
+    rc, _, err = hwb_cli("predict", str(path), "-t", "ref", "-i", str(tmp_path / "x.npy"),
                       "--output", str(tmp_path / "y.npy"), *flags)
     assert rc == 0, err
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, atol=1e-6)
 
 
-def test_trusted_pickle_without_a_shape_asks_for_input_shape(pickle_file, store_dir, capsys):
-    rc, _, err = _cli(capsys, "compile", str(pickle_file[0]), "-t", "ref", "--trust-pickle",
+def test_trusted_pickle_without_a_shape_asks_for_input_shape(pickle_file, store_dir, hwb_cli):
+    rc, _, err = hwb_cli("compile", str(pickle_file[0]), "-t", "ref", "--trust-pickle",
                       "--cache-dir", str(store_dir))
     assert rc == 1 and "--input-shape" in err
 
 
-def test_keras2_json_needs_and_takes_weights(keras2, store_dir, capsys):
+def test_keras2_json_needs_and_takes_weights(keras2, store_dir, hwb_cli):
     js, weights, ws = keras2
-    rc, _, err = _cli(capsys, "compile", str(js), "-t", "ref", "--cache-dir", str(store_dir))
+    rc, _, err = hwb_cli("compile", str(js), "-t", "ref", "--cache-dir", str(store_dir))
     assert rc == 1 and "without weights" in err and "--weights" in err
-    rc, out, err = _cli(capsys, "compile", str(js), "-t", "cpu.onnxruntime", "--weights",
+    rc, out, err = hwb_cli("compile", str(js), "-t", "cpu.onnxruntime", "--weights",
                         str(weights), "--json", "--cache-dir", str(store_dir))
     assert rc == 0, err
     assert json.loads(out)["fidelity"]["corr"] > 0.99999

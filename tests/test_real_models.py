@@ -12,15 +12,9 @@ import pytest
 from legacy_models import numpy_mlp, write_keras2_functional
 
 import hwbackends as hwb
-from hwbackends.cli import main as hwb_main
 
 X16 = np.random.default_rng(20).standard_normal((6, 16)).astype(np.float32)
 
-
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    rc = hwb_main(list(args))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 # -- item 1: cpu.litert / tpu.edgetpu follow the structure of km.input ------------------------
@@ -30,10 +24,10 @@ def keras1layer(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
     return write_keras2_functional(tmp_path_factory.mktemp("k1"))
 
 
-def test_keras2_functional_json_compiles_on_the_default_target(keras1layer, store_dir, capsys):
+def test_keras2_functional_json_compiles_on_the_default_target(keras1layer, store_dir, hwb_cli):
     """`hwb compile KERAS_1layer.json`: a new user's first command, on cpu.litert."""
     path, ws = keras1layer
-    rc, out, err = _cli(capsys, "compile", str(path), "--cache-dir", str(store_dir))
+    rc, out, err = hwb_cli("compile", str(path), "--cache-dir", str(store_dir))
     assert rc == 0, err
     assert "cpu.litert:fp32" in out
     m = hwb.load_model(path)
@@ -234,18 +228,18 @@ def _saturating(tmp: Path) -> Path:
     return tmp / "saturating.keras"
 
 
-def test_constant_output_model_says_its_fidelity_is_degenerate(tmp_path, store_dir, capsys):
+def test_constant_output_model_says_its_fidelity_is_degenerate(tmp_path, store_dir, hwb_cli):
     path = _saturating(tmp_path)
     m = hwb.load_model(path)
     cm = hwb.compile(m, "cpu.onnxruntime", store=store_dir)
     assert cm.fidelity.degenerate and cm.fidelity.corr == pytest.approx(1.0)
-    rc, out, err = _cli(capsys, "compile", str(path), "-t", "cpu.onnxruntime",
+    rc, out, err = hwb_cli("compile", str(path), "-t", "cpu.onnxruntime",
                         "--cache-dir", str(store_dir))
     assert rc == 0, err
     assert "WARNING: degenerate fidelity" in out and "--validation" in out
     real = np.random.default_rng(2).normal(10, 1, (256, 8)).astype(np.float32)
     np.save(tmp_path / "real.npy", real)
-    rc, out, err = _cli(capsys, "compile", str(path), "-t", "cpu.onnxruntime", "--validation",
+    rc, out, err = hwb_cli("compile", str(path), "-t", "cpu.onnxruntime", "--validation",
                         str(tmp_path / "real.npy"), "--cache-dir", str(store_dir), "--json")
     assert rc == 0, err
     assert '"degenerate": false' in out
@@ -308,7 +302,7 @@ def test_pickle_of_a_class_from_the_training_script_says_so(tmp_path, monkeypatc
 
 
 def test_custom_keras_layer_not_importable_says_which_and_how(tmp_path, monkeypatch, store_dir,
-                                                            capsys):
+                                                            hwb_cli):
     import importlib
     import sys
 
@@ -331,7 +325,7 @@ def test_custom_keras_layer_not_importable_says_which_and_how(tmp_path, monkeypa
     _no_advice_to_reexport(e)
     # the fix, on the command line; the compile worker imports the module too
     monkeypatch.syspath_prepend(str(tmp_path))
-    rc, out, err = _cli(capsys, "compile", str(tmp_path / "custom.keras"), "--import", "hwbt_layers",
+    rc, out, err = hwb_cli("compile", str(tmp_path / "custom.keras"), "--import", "hwbt_layers",
                         "--cache-dir", str(store_dir))
     assert rc == 0, err
 
@@ -358,8 +352,8 @@ def jet(tmp_path_factory) -> tuple[Path, list[np.ndarray]]:
     return js, ws
 
 
-def test_missing_weights_file_is_called_missing(jet, capsys):
-    rc, _, err = _cli(capsys, "compile", str(jet[0]), "--weights", str(jet[0].parent / "nope.h5"))
+def test_missing_weights_file_is_called_missing(jet, hwb_cli):
+    rc, _, err = hwb_cli("compile", str(jet[0]), "--weights", str(jet[0].parent / "nope.h5"))
     assert rc == 1
     assert "weights file not found" in err and "nope.h5" in err and "do not fit" not in err
 
@@ -390,13 +384,13 @@ def test_keras21_list_style_sequential_loads(jet, tmp_path):
     np.testing.assert_allclose(m.reference(X16), numpy_mlp(X16, jet[1]), atol=1e-6)
 
 
-def test_npz_to_a_one_input_model(jet, tmp_path, store_dir, capsys):
+def test_npz_to_a_one_input_model(jet, tmp_path, store_dir, hwb_cli):
     np.savez(tmp_path / "one.npz", features=X16)
-    rc, out, err = _cli(capsys, "predict", str(jet[0]), "-i", str(tmp_path / "one.npz"),
+    rc, out, err = hwb_cli("predict", str(jet[0]), "-i", str(tmp_path / "one.npz"),
                         "--cache-dir", str(store_dir), "--json")
     assert rc == 0, err
     np.savez(tmp_path / "two.npz", a=X16, b=X16)
-    rc, _, err = _cli(capsys, "predict", str(jet[0]), "-i", str(tmp_path / "two.npz"),
+    rc, _, err = hwb_cli("predict", str(jet[0]), "-i", str(tmp_path / "two.npz"),
                       "--cache-dir", str(store_dir))
     assert rc == 1 and "holding 2 arrays (a, b)" in err and ".npy" in err and "dtype object" not in err
     cm = hwb.compile(jet[0], store=store_dir)

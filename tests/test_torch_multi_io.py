@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.cli import main as hwb_main
 
 TARGETS = ("ref", "cpu.onnxruntime", "tpu.xla")
 N = 10  # not a multiple of the compiled batch (4): predict pads and chunks
@@ -244,16 +243,11 @@ def test_outputs_that_are_not_a_flat_tuple_of_tensors_are_refused():
         hwb.load_model(Dicty(), input_shape=(3,))
 
 
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    rc = hwb_main(list(args))
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_pt2_through_hwb_compile_and_predict(target, pt2, data, want, store_dir, tmp_path, capsys):
+def test_pt2_through_hwb_compile_and_predict(target, pt2, data, want, store_dir, tmp_path, hwb_cli):
     batch = [] if target == "ref" else ["--batch-size", "4"]
-    rc, out, err = _cli(capsys, "compile", str(pt2), "-t", target, *batch, "--json",
+    rc, out, err = hwb_cli("compile", str(pt2), "-t", target, *batch, "--json",
                         "--cache-dir", str(store_dir))
     assert rc == 0, err
     d = json.loads(out)
@@ -261,7 +255,7 @@ def test_pt2_through_hwb_compile_and_predict(target, pt2, data, want, store_dir,
     assert [t["name"] for t in d["inputs"]] == ["features", "state"]
     assert set(d["fidelity"]["outputs"]) == {"output_0", "output_1"}
     np.savez(tmp_path / "x.npz", features=data[0], state=data[1])
-    rc, _, err = _cli(capsys, "predict", str(pt2), "-t", target, *batch, "-i",
+    rc, _, err = hwb_cli("predict", str(pt2), "-t", target, *batch, "-i",
                       str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz"),
                       "--cache-dir", str(store_dir))
     assert rc == 0, err
