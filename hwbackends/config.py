@@ -139,6 +139,8 @@ class RouterConfig(_Strict):
     sample_every: int = Field(4, ge=1, le=MAX_COUNT)
     #: Consecutive windows over budget before switching to the next candidate.
     switch_after: int = Field(3, ge=1, le=MAX_COUNT)
+    #: Hysteresis: re-route only to a candidate measured this much better (0.2: 20% lower p99).
+    switch_margin: float = Field(0.2, ge=0, lt=1)
     #: Seconds before a switched-away or broken variant is probed again.
     probe_after_s: float = Field(2.0, ge=0, le=MAX_S)
     #: Consecutive failures (exceptions, missed deadlines) that open the circuit breaker.

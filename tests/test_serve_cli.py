@@ -100,3 +100,56 @@ def test_hwb_serve_multi_io_prints_the_layout_a_c_client_needs(store_dir, compil
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+class _OneB1:
+    """One program at batch 1 (what `hwb serve MODEL -t T` compiles), without a compile."""
+
+    batch_size = 1
+    variant = "fake:fp32"
+
+    def __init__(self) -> None:
+        from hwbackends.specs import TensorSpec
+        self.input, self.output = TensorSpec("x", (4,)), TensorSpec("y", (1,))
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        out[:, 0] = x.sum(axis=1)
+
+
+def _serve_info(monkeypatch, capsys, *extra: str) -> tuple[dict, str]:
+    from hwbackends.cli import main
+    from hwbackends.cli import serve as serve_cli
+    from hwbackends.serve import shm
+
+    monkeypatch.setattr(serve_cli, "_backends", lambda args, cls: _OneB1())
+    # prctl(PR_SET_DUMPABLE, 0) would outlive this test in the pytest process
+    monkeypatch.setattr(shm, "deny_same_user_inspection", lambda: False)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    name = f"hwb-clitest-{secrets.token_hex(3)}"
+    assert main(["serve", "zoo:signal", "--shm", name, "--duration", "0.05", *extra]) == 0
+    out = capsys.readouterr()
+    return json.loads(out.out.splitlines()[0]), out.err
+
+
+def test_hwb_serve_default_for_one_batch1_program_is_direct_shm(monkeypatch, capsys):
+    # issue 20 #8: the default preset was 'latency' (batch mode): p50 191 µs vs 2 µs direct
+    info, err = _serve_info(monkeypatch, capsys)
+    assert info["preset"] == "single" and info["shm_mode"] == "direct"
+    assert "warning" not in err
+
+
+def test_hwb_serve_batching_preset_over_one_batch1_program_warns(monkeypatch, capsys):
+    info, err = _serve_info(monkeypatch, capsys, "--preset", "latency")
+    assert info["preset"] == "latency" and info["shm_mode"] == "batch"  # as asked
+    assert "--preset latency over one batch-1 program batches nothing" in err
+    assert "--preset single" in err
+
+
+def test_hwb_serve_default_preset_batches_with_batch_sizes():
+    import argparse
+
+    from hwbackends.cli.serve import _preset
+
+    args = argparse.Namespace(preset=None, shm="x", shm_mode="auto")
+    assert _preset(args, {1: _OneB1(), 2: _OneB1(), 4: _OneB1()}) == "latency"
+    assert _preset(args, _OneB1()) == "single"

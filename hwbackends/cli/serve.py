@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -32,7 +33,10 @@ def add(sub: argparse._SubParsersAction) -> None:
             act.help = "model file or zoo:NAME (omit with --config)"
     p.add_argument("--config", help="strategies.toml: serve a router strategy instead of MODEL")
     p.add_argument("--strategy", default=None, help="strategy name (with --config), else a label")
-    p.add_argument("--preset", default="latency", choices=("single", "latency", "balanced", "throughput"))
+    p.add_argument("--preset", default=None, choices=("single", "latency", "balanced", "throughput"),
+                   help="batching policy; default: 'single' for one batch-1 program (nothing to "
+                        "batch into: the shm endpoint then answers in its polling thread), "
+                        "'latency' with --batch-sizes")
     p.add_argument("--batch-sizes", default=None,
                    help="comma-separated allowed batch sizes, compiled one variant each (e.g. 1,2,4)")
     p.add_argument("--deadline-us", type=float, default=None, help="default per-call deadline")
@@ -83,6 +87,25 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
     return compile_from_args(args, fidelity=False)
 
 
+def _preset(args: argparse.Namespace, backends: Any) -> str:
+    """The batching preset: the one asked for, else chosen from what is served. One program at
+    batch 1 has nothing to batch into (a gathered batch runs as that many single calls), so a
+    batching window only adds its wait and a thread hand-off per request: measured here, the shm
+    p50 was 191 µs under 'latency' against 2 µs with 'single' (direct). An explicit batching
+    preset over such a program is kept, with a warning saying so."""
+    one_b1 = not isinstance(backends, dict) and int(getattr(backends, "batch_size", 1)) == 1
+    if args.preset is None:
+        return "single" if one_b1 else "latency"
+    if one_b1 and args.preset != "single":
+        where = (" and --shm answers through the engine's queue instead of its polling thread"
+                 if args.shm and args.shm_mode == "auto" else "")
+        print(f"hwb serve: warning: --preset {args.preset} over one batch-1 program batches "
+              f"nothing (a gathered batch runs as single calls): each request waits for the "
+              f"batching window{where}. Give --batch-sizes 1,2,4 to batch, or use --preset "
+              f"single (the default here) for the lowest latency.", file=sys.stderr)
+    return args.preset
+
+
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..serve import Engine, EngineConfig, RouterStrategy
@@ -93,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.config and not args.model:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
     backends = _backends(args, RouterStrategy)
+    args.preset = _preset(args, backends)
     pin = tuple(int(c) for c in args.pin.split(",")) if args.pin else None
     cfg = EngineConfig.preset(args.preset, deadline_us=args.deadline_us,
                               cache_entries=args.cache_entries, pin_cores=pin)

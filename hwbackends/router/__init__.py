@@ -49,7 +49,7 @@ class Router:
             self._lanes[name] = Lane(name, d.order, d.budget_us, window=r.window,
                                      switch_after=r.switch_after, probe_after_s=r.probe_after_s,
                                      breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
-                                     sample_every=r.sample_every,
+                                     sample_every=r.sample_every, switch_margin=r.switch_margin,
                                      on_event=self.events.append)
             self._handles[name] = self._lanes[name].predict_into
 

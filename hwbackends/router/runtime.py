@@ -15,9 +15,15 @@ logging. Everything else (a failure, the end of a latency window) runs on the sl
   closes it, one failure re-opens it.
 * **Live tail**: the serving variant's p99 is computed every ``window`` timed calls (one call
   in ``sample_every`` is timed: the two clock reads are most of the hot path's cost). After
-  ``switch_after`` consecutive windows over the tier budget the lane switches to the next
-  candidate; after ``probe_after_s`` the better-ranked one is probed for a window and taken
-  back if its p99 is within budget again. Every switch is logged with the numbers.
+  ``switch_after`` consecutive windows over the tier budget the lane switches, but only to a
+  candidate *measured* clearly better (hysteresis): its estimate — the p99 of its own last
+  live window when it has served one, else its bench p99 — must be below the serving one's
+  windows by ``switch_margin`` (default 20%). When nothing is measured better (a noisy
+  moment slows every candidate alike) the lane stays (``hold``). After ``probe_after_s`` the
+  better-ranked one is probed for a window and taken back if its p99 is within budget; a
+  failed probe goes back only to a candidate measured better than the probe window, and the
+  rest before the next probe doubles (up to 32× ``probe_after_s``). Every switch is logged
+  with the numbers; :attr:`Lane.failovers` counts the switches off a variant.
 
 A lane serves one caller thread (one strategy's hot loop); it is not locked.
 """
@@ -136,6 +142,14 @@ class VariantState:
     window_p99_us: list[float] = field(default_factory=list)
     last_error: str = ""
     worker: DeadlineWorker | None = None
+    #: The candidate's bench p99 (µs) from the routing decision; None when never measured.
+    bench_p99_us: float | None = None
+    #: Rest before the next latency probe (doubles after each failed probe).
+    rest_s: float = 0.0
+    #: Over budget with nothing measured better: the lane holds on this variant.
+    holding: bool = False
+    #: ``time.monotonic()`` of its last live window (0: it never served one).
+    live_at: float = 0.0
 
     @property
     def state(self) -> str:
@@ -161,7 +175,8 @@ class VariantState:
         return {"variant": self.variant, "mode": self.mode, "rank": self.rank, "state": self.state,
                 "breaker": self.breaker.state.value, "calls": self.calls, "errors": self.errors,
                 "timeouts": self.timeouts, "consecutive_failures": self.failures,
-                "recent_window_p99_us": self.window_p99_us[-10:], "last_error": self.last_error}
+                "recent_window_p99_us": self.window_p99_us[-10:], "last_error": self.last_error,
+                "bench_p99_us": self.bench_p99_us}
 
 
 class Lane:
@@ -170,6 +185,7 @@ class Lane:
     def __init__(self, strategy: str, order: list[Any], budget_us: float, *, window: int = 200,
                  switch_after: int = 3, probe_after_s: float = 2.0, breaker_failures: int = 3,
                  timeout_us: float | None = None, sample_every: int = 1,
+                 switch_margin: float = 0.2,
                  on_event: Callable[[dict[str, Any]], None] | None = None):
         if not order:
             raise NoRouteError(f"strategy {strategy!r} has no candidate to serve it")
@@ -182,10 +198,19 @@ class Lane:
         self.breaker_failures = breaker_failures
         self.timeout_s = timeout_us / 1e6 if timeout_us else None
         self.sample_every = max(1, int(sample_every))
+        self.switch_margin = float(switch_margin)
+        #: A live window older than this no longer stands for the variant (its bench p99 does).
+        self.stale_s = max(10.0, 32 * probe_after_s)
+        #: The longest rest between latency probes (the rest doubles after each failed one).
+        self.max_rest_s = 32 * probe_after_s
         self.events: list[dict[str, Any]] = []
+        #: Switches of the serving variant off one that failed or was too slow (re-route,
+        #: breaker-open, probe-failed); per-call failovers are the variants' errors/timeouts.
+        self.failovers = 0
         self._on_event = on_event
         self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i,
-                                      Breaker(breaker_failures, probe_after_s))
+                                      Breaker(breaker_failures, probe_after_s),
+                                      bench_p99_us=getattr(c, "p99_us", None), rest_s=probe_after_s)
                          for i, c in enumerate(order)]
         self.cms = [c.cm for c in order]
         if self.timeout_s is not None:
@@ -264,6 +289,9 @@ class Lane:
 
     def _switch(self, to: int, kind: str, why: str, **numbers: Any) -> None:
         frm = self.variants[self.cur].variant
+        if kind != "probe":
+            self.failovers += 1
+        self.variants[self.cur].holding = False
         self.cur = to
         self.fn = self.variants[to].fn
         self._set_fn(self.fn)
@@ -277,6 +305,56 @@ class Lane:
             if j != exclude and v.may_serve(now):
                 return j
         return None
+
+    def _inflation(self, exclude: int, now: float) -> float:
+        """How much slower than their bench p99 the *other* variants ran in their recent live
+        windows (the smallest such ratio, at least 1). A bench-only estimate is scaled by it: a
+        moment that slows every candidate alike must not make an unmeasured one look better."""
+        g: float | None = None
+        for j, v in enumerate(self.variants):
+            if (j == exclude or not v.window_p99_us or not v.bench_p99_us
+                    or now - v.live_at > self.stale_s):
+                continue
+            r = self._live(v) / v.bench_p99_us
+            g = r if g is None else min(g, r)
+        return max(1.0, g) if g is not None else 1.0
+
+    def _live(self, v: VariantState) -> float:
+        """A candidate's live tail, pessimistically: the worst of its last ``switch_after``
+        windows (one quiet window is no evidence that it is better)."""
+        return max(v.window_p99_us[-self.switch_after:])
+
+    def _estimate(self, v: VariantState, now: float, inflation: float) -> float | None:
+        """What is known of ``v``'s tail now: its recent live windows (:meth:`_live`, probe
+        windows included), else its bench p99 × ``inflation``; None: never measured."""
+        if v.window_p99_us and now - v.live_at <= self.stale_s:
+            return self._live(v)
+        return None if v.bench_p99_us is None else v.bench_p99_us * inflation
+
+    def _better(self, than_us: float, exclude: int, now: float) -> int | None:
+        """Where to move traffic off variant ``exclude`` whose tail is ``than_us``: only to a
+        candidate that may serve and is *measured* better by the margin (estimate < ``than_us``
+        × (1 − ``switch_margin``)); among those the best-ranked within budget, else the one
+        with the lowest estimate. ``None``: nothing is measured better, stay."""
+        limit = than_us * (1.0 - self.switch_margin)
+        g = self._inflation(exclude, now)
+        best: tuple[float, int] | None = None
+        for j, v in enumerate(self.variants):
+            if j == exclude or not v.may_serve(now):
+                continue
+            e = self._estimate(v, now, g)
+            if e is None or e >= limit:
+                continue
+            if e <= self.budget_us:
+                return j  # variants are in rank order
+            if best is None or e < best[0]:
+                best = (e, j)
+        return best[1] if best else None
+
+    def _estimates(self, exclude: int, now: float) -> dict[str, float | None]:
+        g = self._inflation(exclude, now)
+        return {v.variant: (None if (e := self._estimate(v, now, g)) is None else round(e, 2))
+                for v in self.variants}
 
     def _record_failure(self, j: int, what: str, timeout: bool = False) -> None:
         v = self.variants[j]
@@ -357,22 +435,40 @@ class Lane:
         del v.window_p99_us[:-50]
         v.breaker.consecutive = 0
         now = time.monotonic()
+        v.live_at = now
         if v.probing or v.degraded or v.breaker.state is not BreakerState.CLOSED:
             self._probe_window_done(v, p99, now)
             return
-        v.over = v.over + 1 if p99_ns > self.budget_ns else 0
+        over = p99_ns > self.budget_ns
+        v.over = v.over + 1 if over else 0
+        if not over:
+            v.holding = False
         if v.over >= self.switch_after:
-            nxt = self._healthy(exclude=self.cur)
+            last = v.window_p99_us[-self.switch_after:]
+            v.over = 0
+            nxt = self._better(min(last), self.cur, now)
             if nxt is not None:
-                last = v.window_p99_us[-self.switch_after:]
-                v.degraded, v.degraded_until, v.over = True, now + self.probe_after_s, 0
+                v.degraded, v.degraded_until = True, now + v.rest_s
                 self._switch(nxt, "re-route", f"p99 over budget {self.budget_us:g} µs for "
-                             f"{self.switch_after} consecutive windows of {self.window} calls",
-                             window_p99_us=last, budget_us=self.budget_us)
+                             f"{self.switch_after} consecutive windows of {self.window} calls; "
+                             f"{self.variants[nxt].variant} measured better", window_p99_us=last,
+                             budget_us=self.budget_us, estimates_us=self._estimates(self.cur, now))
                 return
+            if not v.holding:  # said once per episode, not every window
+                v.holding = True
+                self._event("hold", v.variant, v.variant,
+                            f"p99 over budget {self.budget_us:g} µs for {self.switch_after} "
+                            f"windows, but no candidate is measured {self.switch_margin:.0%} "
+                            f"better: staying", window_p99_us=last, budget_us=self.budget_us,
+                            estimates_us=self._estimates(self.cur, now))
         # A better-ranked variant due for a probe (breaker half-open, or degraded earlier)?
+        # One taken out for its latency is not probed while the serving one is over budget too
+        # (a noisy moment: the probe would measure the noise), unless it has rested the longest.
         for j in range(self.cur):
             b = self.variants[j]
+            if (over and b.degraded and b.breaker.state is BreakerState.CLOSED
+                    and now < b.degraded_until + self.max_rest_s):
+                continue
             if (b.degraded or b.breaker.state is not BreakerState.CLOSED) and b.may_serve(now):
                 b.probing = True
                 b.breaker.probe()  # one failure in the probe window takes it out again
@@ -383,18 +479,29 @@ class Lane:
     def _probe_window_done(self, v: VariantState, p99: float, now: float) -> None:
         v.probing = False
         v.breaker.close()
+        v.over = 0
         if p99 <= self.budget_us:
-            v.degraded, v.over = False, 0
+            v.degraded, v.rest_s = False, self.probe_after_s
             self._event("recovered", v.variant, v.variant,
                         f"probe window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
                         window_p99_us=round(p99, 2))
             return
-        v.degraded, v.degraded_until = True, now + self.probe_after_s
-        nxt = self._healthy(exclude=self.cur)
-        if nxt is not None:
-            self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
-                         f"{self.budget_us:g} µs", window_p99_us=round(p99, 2))
+        nxt = self._better(p99, self.cur, now)
+        if nxt is None:  # over budget, but nothing is measured better: it keeps serving
+            v.degraded, v.holding = False, True
+            self._event("hold", v.variant, v.variant,
+                        f"probe window p99 {p99:.1f} µs > budget {self.budget_us:g} µs, but no "
+                        f"candidate is measured {self.switch_margin:.0%} better: it keeps serving",
+                        window_p99_us=round(p99, 2), estimates_us=self._estimates(self.cur, now))
+            return
+        v.rest_s = min(max(v.rest_s, self.probe_after_s) * 2, self.max_rest_s)
+        v.degraded, v.degraded_until = True, now + v.rest_s
+        est = self._estimates(self.cur, now)
+        self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
+                     f"{self.budget_us:g} µs", window_p99_us=round(p99, 2), retry_in_s=v.rest_s,
+                     estimates_us=est)
 
     def status(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "serving": self.serving, "budget_us": self.budget_us,
+                "failovers": self.failovers,
                 "variants": [v.to_dict() for v in self.variants], "events": self.events[-20:]}

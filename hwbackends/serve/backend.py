@@ -68,16 +68,26 @@ class RouterStrategy:
         # Every candidate of a lane is compiled at the same batch size (the router's plan).
         self.static_batch = True
         self.predict_into: Callable[[np.ndarray, np.ndarray], None] = router.handle(name)
+        self._label_for = -1
+        self._label = ""
         # Swaps are validated with the strategy's own fidelity tolerance.
         self.tolerance = router.config.strategies[name].fidelity.tolerance()
 
     @property
     def variant(self) -> str:
-        return f"router:{self.name}→{self.lane.serving}"
+        """``router:STRATEGY→VARIANT``, the variant serving *now* (it follows every switch)."""
+        lane = self.lane
+        cur = lane.cur
+        if cur != self._label_for:  # one string per switch, not per call
+            self._label = f"router:{self.name}→{lane.variants[cur].variant}"
+            self._label_for = cur
+        return self._label
 
     def failovers(self) -> int:
-        """Calls a candidate failed or timed out on (each one was served by the next)."""
-        return sum(v.errors + v.timeouts for v in self.lane.variants)
+        """Calls a candidate failed or timed out on (each one was served by the next), plus the
+        router's switches off a failing or slow variant (re-route, breaker-open, probe-failed)."""
+        lane = self.lane
+        return sum(v.errors + v.timeouts for v in lane.variants) + lane.failovers
 
     def warmup(self, n: int = 20) -> None:
         for cm in self.lane.cms:

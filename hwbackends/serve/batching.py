@@ -101,7 +101,12 @@ class BatchPlan:
         self._lookup: list[Slot] = [slots[0]]
         for n in range(1, self.max_slot.size + 1):
             self._lookup.append(next(s for s in slots if s.size >= n))
-        self.variant = label(first)
+        self._first = first
+
+    @property
+    def variant(self) -> str:
+        """The label of what serves now (a router strategy's follows its switches)."""
+        return label(self._first)
 
     @property
     def sizes(self) -> list[int]:

@@ -149,6 +149,7 @@ class Engine:
         self._running = False
         self._swap_lock = threading.Lock()
         self.metrics.set_version(self.versions.active.number)
+        self.metrics.bind_failovers(self._failovers)
         if self.layout is not None:
             log.info("%s: several inputs/outputs, served as packed float32 records: %s → %s",
                      strategy, self.layout[0].describe(), self.layout[1].describe())
@@ -468,12 +469,15 @@ class Engine:
             return v.number
 
     # -- reporting --------------------------------------------------------------------------
+    def _failovers(self) -> int:
+        """The active version's failovers as its backends count them (a router strategy's)."""
+        fo = [getattr(b, "failovers", None) for b in self.versions.active.plan.backends]
+        return sum(int(f()) for f in fo if f is not None)
+
     def stats(self) -> dict[str, Any]:
         s = self.metrics.snapshot()
         plan = self.versions.active.plan
-        fo = [getattr(b, "failovers", None) for b in plan.backends]
-        failovers = sum(f() for f in fo if f is not None)
-        self.metrics.set_failovers(failovers)
+        failovers = self._failovers()
         s.update({"version": self.version, "variant": self.variant, "failovers": failovers,
                   "batch_sizes_allowed": plan.sizes,
                   "breaker_open": self.breaker.is_open,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -49,7 +49,8 @@ class PromMetrics:
         self.deadline_misses = C("hwb_serve_deadline_misses_total", "Requests past their deadline "
                                  "(answered 'signal unavailable')", ["strategy"], registry=r)
         self.failovers = G("hwb_serve_failovers", "Calls a router candidate failed or timed out on "
-                           "(served by the next candidate), as the router counts them",
+                           "(served by the next candidate) plus the router's switches off a failing "
+                           "or slow variant, as the router counts them (read at each scrape)",
                            ["strategy"], registry=r)
         self.swaps = C("hwb_serve_swaps_total", "Model swaps by outcome (accepted, rejected, "
                        "rollback)", ["strategy", "outcome"], registry=r)
@@ -184,9 +185,10 @@ class EngineMetrics:
         if self.prom is not None:
             self.prom.breaker_open.labels(self.strategy).set(1 if open_ else 0)
 
-    def set_failovers(self, n: int) -> None:
+    def bind_failovers(self, fn: Callable[[], float]) -> None:
+        """The failovers gauge reads ``fn()`` at every scrape (the router's own count, live)."""
         if self.prom is not None:
-            self.prom.failovers.labels(self.strategy).set(n)
+            self.prom.failovers.labels(self.strategy).set_function(fn)
 
     def set_version(self, v: int) -> None:
         if self.prom is not None:
