@@ -36,6 +36,9 @@ class CompiledModel:
         self.model_name = model_name
         self.nan_policy = nan_policy
         self.fidelity: Fidelity | None = None
+        #: Where the calibration and validation inputs came from (``compile`` sets it:
+        #: ``{"calibration": DataSource dict or None, "validation": …}``, hwbackends/samples.py).
+        self.data: dict[str, Any] = {}
         #: False when the executor takes any batch size (``predict`` then makes one call).
         self.static_batch = static_batch
         # The hot path: the executor's own bound method, so a call costs what the library costs.
@@ -116,6 +119,7 @@ class CompiledModel:
             # Modelled FPGA figures (fpga.da4ml): labelled "modelled", never hardware.
             "hardware_estimate": self.artifact.meta.get("hardware_estimate"),
             "fidelity": self.fidelity.to_dict() if self.fidelity else None,
+            "data": self.data,
         }
 
     def __repr__(self) -> str:

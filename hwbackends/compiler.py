@@ -7,16 +7,18 @@ warm it up and measure its fidelity against the reference.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -25,7 +27,6 @@ from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CacheError, CompileError, HwbError, UnavailableError, UnsupportedError
 from .fidelity import Fidelity, compare, compare_outputs
-from .inputs import as_batches
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
 from .specs import Availability, TensorSpec
@@ -63,21 +64,65 @@ def conversion_path(reg: Registry, src: str, dst_formats: Sequence[str],
                            f"target or export the model to {dst_formats[0]}")
 
 
-def _split_data(model: Model) -> tuple[Any, Any]:
-    """Calibration and validation inputs, disjoint where the model carries its own data
-    (tuples, one array per input, for a multi-input model)."""
-    v = model.validation_data
-    if isinstance(v, tuple):
-        if len(v[0]) >= 2:
-            half = len(v[0]) // 2
-            return (tuple(np.ascontiguousarray(a[:half][:256], np.float32) for a in v),
-                    tuple(np.ascontiguousarray(a[half:][:512], np.float32) for a in v))
-        return model.representative(256, seed=0), model.representative(512, seed=1)
-    if v is not None and len(v) >= 2:
-        half = len(v) // 2
-        return (np.ascontiguousarray(v[:half][:256], dtype=np.float32),
-                np.ascontiguousarray(v[half:][:512], dtype=np.float32))
-    return model.representative(256, seed=0), model.representative(512, seed=1)
+def _synthetic(m: Model, n: int, seed: int) -> Any:
+    """Seeded N(0,1) inputs (as :meth:`Model.representative` makes without data)."""
+    rng = np.random.default_rng(seed)
+    if len(m.inputs) > 1:
+        return tuple(rng.standard_normal((n, *s.shape)).astype(np.float32) for s in m.inputs)
+    return rng.standard_normal((n, *m.input.shape)).astype(np.float32)
+
+
+def _data(m: Model, calibration_data: Any, validation_data: Any,
+          uses_calib: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """Calibration inputs, validation inputs, and where each came from (hwbackends/samples.py;
+    tuples, one array per input, for a multi-input model).
+
+    Validation data is ``validation_data``, else the model's own. With explicit calibration
+    data it is all validation data (or, without any, the calibration data itself, labelled
+    *not held out*); without, calibration and validation are the two disjoint halves of the
+    validation data (at most 256/512 samples of a model's own data, as before; up to
+    :data:`~hwbackends.samples.MAX_CALIBRATION`/``MAX_VALIDATION`` of data given here). No
+    data at all: seeded synthetic N(0,1), and the label says so."""
+    from . import samples as S
+
+    cal = S.as_samples(calibration_data, m.inputs, "calibration_data") if calibration_data is not None else None
+    val = S.as_samples(validation_data, m.inputs, "validation_data") if validation_data is not None else None
+    if val is None and m.validation_data is not None:
+        val = S.Samples(m.validation_data, S.own_source(m.meta, S.count(m.validation_data)))
+
+    def capped(x: S.Samples, limit: int) -> tuple[Any, S.DataSource]:
+        n = S.count(x.arrays)
+        if n <= limit:
+            return S.head(x.arrays, n), x.source
+        return S.head(x.arrays, limit), x.source.part(f"the first {limit} samples", limit)
+
+    if cal is not None:
+        calib, csrc = capped(cal, S.MAX_CALIBRATION)
+        if val is not None:
+            v, vsrc = capped(val, S.MAX_VALIDATION)
+        else:
+            v, vsrc = capped(cal, S.MAX_VALIDATION)
+            vsrc = dataclasses.replace(vsrc, label=f"{vsrc.label}: the calibration data itself, "
+                                                   f"not held out (give validation data for a "
+                                                   f"held-out check)")
+    elif val is not None and S.count(val.arrays) >= 2:
+        n = S.count(val.arrays)
+        half = n // 2
+        own = val.source.kind == "model"
+        kc, kv = (256, 512) if own else (S.MAX_CALIBRATION, S.MAX_VALIDATION)
+        calib = S.rows(val.arrays, 0, min(half, kc))
+        v = S.rows(val.arrays, half, half + min(n - half, kv))
+        nc, nv = S.count(calib), S.count(v)
+        csrc = val.source.part(f"samples 0–{nc - 1}", nc)
+        vsrc = val.source.part(f"samples {half}–{half + nv - 1} (held out from calibration)", nv)
+    else:
+        calib, csrc = _synthetic(m, 256, 0), S.synthetic(256, 0)
+        if val is not None:
+            v, vsrc = capped(val, S.MAX_VALIDATION)
+        else:
+            v, vsrc = _synthetic(m, 512, 1), S.synthetic(512, 1)
+    data = {"validation": vsrc.to_dict(), "calibration": csrc.to_dict() if uses_calib else None}
+    return calib, v, data
 
 
 def _compile_job(target: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
@@ -123,9 +168,13 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
     ``model`` is anything :func:`load_model` takes. ``calibration_data`` (for the target's
-    ``calibrated`` precisions; default: the model's own data) is one array, or for a
-    multi-input model a tuple/list in input order or a dict keyed by input name, accepted by
-    the targets with ``multi_io_calibrated``. The artifact is cached in ``store``
+    ``calibrated`` precisions) and ``validation_data`` (the fidelity check) are one array, or
+    for a multi-input model a tuple/list in input order or a dict keyed by input name
+    (calibrated multi-input precisions only on targets with ``multi_io_calibrated``), or
+    :class:`~hwbackends.samples.Samples` (arrays with their source); both are checked
+    (shape, dtype, NaN/Inf). Defaults: the model's own validation data, split into disjoint
+    calibration and validation halves, else synthetic N(0,1). Where each came from is
+    ``cm.data`` (and ``describe()["data"]``). The artifact is cached in ``store``
     (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
     toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
     inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
@@ -141,9 +190,13 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
         st.evict(key)
     loaded = None if rebuild else _load_cached(st, req, say)
     if loaded is None:
+        check = getattr(tgt, "check_options", None)
+        if callable(check):  # a mistake in the options costs no build
+            check(req.opts)
         loaded = _build(req, st, isolate_compile, timeout or tgt.compile_timeout, say)
     executor, art = loaded
     cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
+    cm.data = req.data
     if fidelity:
         cm.fidelity = _fidelity(m, cm, val)
         say(f"{cm.variant} fidelity: {cm.fidelity}")
@@ -171,6 +224,8 @@ class _Request:
     key: str
     parts: dict[str, Any]
     val: Any
+    #: Where the calibration and validation inputs came from (hwbackends/samples.py).
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _request(model: Any, target: str, precision: str | None, batch_size: int | None,
@@ -187,14 +242,12 @@ def _request(model: Any, target: str, precision: str | None, batch_size: int | N
     if not avail.usable:
         raise UnavailableError(f"target {tgt.name} is unavailable here: {avail.reason}")
     chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
-    if validation_data is not None and len(m.inputs) > 1:
-        m.validation_data = as_batches(validation_data, m.inputs, "pass")
-    elif validation_data is not None:
-        m.validation_data = np.asarray(validation_data, dtype=np.float32)
-    calib, val = _split_data(m)
-    opts, key, parts = _plan(m, tgt, prec, chain, calib, calibration_data,
+    # The caller's data is checked here and used for this compile only (the model is not
+    # changed); ``data`` says where calibration and validation inputs came from.
+    calib, val, data = _data(m, calibration_data, validation_data, prec in getattr(tgt, "calibrated", ()))
+    opts, key, parts = _plan(m, tgt, prec, chain, calib,
                              CompileOptions(prec, batch_size, threads, dict(options or {}), None))
-    return _Request(m, tgt, avail, chain, opts, key, parts, val)
+    return _Request(m, tgt, avail, chain, opts, key, parts, val, data)
 
 
 def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int | None,
@@ -251,24 +304,29 @@ def _digest_inputs(x: Any) -> str:
 
 
 def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: Any,
-          calibration_data: Any, opts: CompileOptions) -> tuple[CompileOptions, str, dict[str, Any]]:
+          opts: CompileOptions) -> tuple[CompileOptions, str, dict[str, Any]]:
     """The compile options (with calibration data where the precision uses it), the cache
     key and what it hashes. A multi-input model's calibration data is a tuple, one array per
-    input (the caller's tuple/list/dict is checked and ordered by :func:`as_batches`)."""
+    input (checked and ordered by :func:`_data`)."""
     uses_calib = prec in getattr(tgt, "calibrated", ())
-    if calibration_data is not None and len(m.inputs) > 1:
-        calib = as_batches(calibration_data, m.inputs, "pass")
-    elif calibration_data is not None:
-        calib = np.ascontiguousarray(calibration_data, dtype=np.float32)
     opts = dataclasses.replace(opts, calibration=calib if uses_calib else None)
     parts = {
         "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
-        "target_version": getattr(tgt, "version", "1"), "options": opts.key_dict(),
+        "target_version": getattr(tgt, "version", "1"), "options": _key_options(tgt, opts),
         "calibration": _digest_inputs(calib) if uses_calib else None,
         "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
     }
     parts = json.loads(json.dumps(parts, sort_keys=True, default=str))  # as the manifest holds it
     return opts, cache_key(parts), parts
+
+
+def _key_options(tgt: Target, opts: CompileOptions) -> dict[str, Any]:
+    """The options the store key hashes: without the batch size on a target whose artifact
+    does not depend on it (``Target.batch_independent``: one build serves every size)."""
+    d = opts.key_dict()
+    if getattr(tgt, "batch_independent", False):
+        d.pop("batch_size", None)
+    return d
 
 
 def _wrap(executor: Any, art: Artifact, avail: Any, name: str, nan_policy: str,
@@ -319,6 +377,8 @@ def _load_cached(st: ArtifactStore, req: _Request, say: Progress) -> tuple[Any, 
         st.evict(key)
         return None
     art = _artifact(st.path_for(key), rec, cached=True)
+    if getattr(tgt, "batch_independent", False):  # built once for any size: serve this one
+        art.batch_size = opts.batch_size
     say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
     try:
         executor = tgt.load(art, opts)
@@ -423,7 +483,8 @@ def _build(req: _Request, st: ArtifactStore, isolated: bool, timeout: float,
     staged = st.stage()
     t0 = time.perf_counter()
     try:
-        meta = _run_compile(m, tgt, chain, opts, staged, st, isolated, timeout, what)
+        with heartbeat(say, f"{tgt.name}:{opts.precision} still building"):
+            meta = _run_compile(m, tgt, chain, opts, staged, st, isolated, timeout, what)
         seconds = time.perf_counter() - t0
         rec = _record(req, meta, seconds)
         staged_art = _artifact(staged, dict(rec, key=key), cached=False)
@@ -444,8 +505,41 @@ def _build(req: _Request, st: ArtifactStore, isolated: bool, timeout: float,
     except BaseException:
         st.discard(staged)
         raise
-    say(f"{tgt.name}:{opts.precision} built in {seconds:.1f} s")
+    say(f"{tgt.name}:{opts.precision} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
     return executor, _artifact(st.path_for(key), rec, cached=False)
+
+
+#: A build still running after this many seconds says so, and again every HEARTBEAT_EVERY.
+HEARTBEAT_FIRST, HEARTBEAT_EVERY = 5.0, 15.0
+
+
+@contextlib.contextmanager
+def heartbeat(say: Progress, what: str, first: float | None = None,
+              every: float | None = None) -> Iterator[None]:
+    """While the body runs (a build in the worker: conversion, C++ compile, synthesis),
+    ``say(f"{what}: 20 s elapsed")`` after ``first`` seconds and every ``every`` after."""
+    first = HEARTBEAT_FIRST if first is None else first
+    every = HEARTBEAT_EVERY if every is None else every
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def beat() -> None:
+        wait = first
+        while not done.wait(wait):
+            say(f"{what}: {_elapsed(time.monotonic() - t0)} elapsed")
+            wait = every
+
+    th = threading.Thread(target=beat, name="hwb-build-heartbeat", daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        done.set()
+        th.join(1.0)
+
+
+def _elapsed(s: float) -> str:
+    return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {int(s % 60):02d} s"
 
 
 def _run_compile(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions,

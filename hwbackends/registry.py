@@ -136,6 +136,21 @@ def select_targets(reg: "Registry", patterns: Sequence[str], where: str = "targe
     return chosen
 
 
+def slow_unless_named(reg: "Registry", names: Sequence[str],
+                      patterns: Sequence[str]) -> dict[str, str]:
+    """Of ``names`` (from :func:`select_targets`), the slow-to-build targets
+    (``Target.slow_compile``) that only the catch-all pattern ``*`` matched, each with the
+    reason to give: a default or "every target" set does not spend minutes building them;
+    a pattern that names them (``fpga.*``, ``fpga.da4ml``) does."""
+    out: dict[str, str] = {}
+    for n in names:
+        why = getattr(reg.targets[n], "slow_compile", "")
+        if why and not any(p != "*" and fnmatch.fnmatchcase(n, p) for p in patterns):
+            out[n] = (f"not built by default ({why}); name it to include it, e.g. "
+                      f"--targets {n} or targets = [\"{n.split('.')[0]}.*\"]")
+    return out
+
+
 def _short(exc: BaseException) -> str:
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""

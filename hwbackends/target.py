@@ -358,6 +358,15 @@ class Target:
     #: input, in ``model.inputs`` order. The core refuses a calibrated precision for a multi-IO
     #: model, before the worker starts, on a target that leaves this False.
     multi_io_calibrated: ClassVar[bool] = False
+    #: Why a build takes minutes (``"Verilator + yosys synthesis: minutes per model"``), or
+    #: "" (the default) for a target that builds in seconds. A slow target is left out of the
+    #: default target set (``*``) of ``hwb bench``/``hwb demo`` and of a strategy that allows
+    #: every target: it is built only where a pattern names it (``fpga.*``, its name).
+    slow_compile: ClassVar[str] = ""
+    #: Whether the artifact is the same whatever the batch size (``load`` sizes the executor
+    #: from ``artifact.batch_size``). The batch is then left out of the store key: one build
+    #: serves every batch size, so a batch sweep does not rebuild (or re-search) per size.
+    batch_independent: ClassVar[bool] = False
 
     def probe(self) -> Availability:
         """Whether and how this target can run here. Fast; never raises."""
@@ -367,6 +376,13 @@ class Target:
         """Versions of everything that shapes the artifact (library, compiler, device).
         Part of the cache key: a change rebuilds. Called in the child process."""
         return {}
+
+    def check_options(self, options: CompileOptions) -> None:
+        """Refuse, before a build starts, options that cannot work here (raise
+        :class:`~hwbackends.errors.UnsupportedError` saying what to change): an option value out
+        of range, a tool an option needs that is not installed (``synth=true`` without the
+        vendor HLS tool). Called in the caller's process when the artifact is not in the store,
+        so a mistake costs no build. Fast, no heavy imports; the default accepts everything."""
 
     def compile(self, model: "Model", options: CompileOptions, workdir: Path) -> dict[str, Any]:
         """Write the artifact's files into ``workdir``; return JSON-able metadata.

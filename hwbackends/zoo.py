@@ -263,12 +263,19 @@ _BUILDERS: dict[str, Callable[[], Model]] = {
     "mlp": lambda: load_model(keras_mlp(), name="mlp"),
     "lstm": lambda: load_model(keras_lstm(), name="lstm"),
     "conv1d": lambda: load_model(keras_conv1d(), name="conv1d"),
-    "signal": lambda: load_model(signal_path(), name="signal",
-                                 validation_data=orderbook_features(2048, seed=1)[0]),
+    "signal": lambda: _own_data(load_model(signal_path(), name="signal",
+                                           validation_data=orderbook_features(2048, seed=1)[0]),
+                                "zoo:signal's bundled order-book features (simulated, seed 1)"),
     "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
     "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
     "two_head": lambda: load_model(keras_two_head(), name="two_head"),
 }
+
+
+def _own_data(m: Model, label: str) -> Model:
+    """Record where a zoo model's bundled validation data comes from (hwbackends/samples.py)."""
+    m.meta["validation_source"] = {"kind": "model", "label": label, "n": len(m.validation_data)}
+    return m
 
 
 def get(name: str) -> Model:

@@ -103,6 +103,8 @@ class Da4mlTarget(Target):
     }
     compile_timeout = 3600.0
     version = "1"
+    slow_compile = "Verilator build + yosys synthesis: minutes per model"
+    batch_independent = True  # one streaming pipeline; load() sizes the executor
 
     def probe(self) -> Availability:
         miss = [m for m in _missing() if not m.startswith("yosys")]

@@ -82,6 +82,7 @@ class Hls4mlTarget(Target):
     }
     compile_timeout = 900.0
     version = "1"
+    batch_independent = True  # the C-simulation loops over samples; load() sizes the executor
 
     # -- availability -----------------------------------------------------------------------
     def probe(self) -> Availability:
@@ -102,6 +103,18 @@ class Hls4mlTarget(Target):
     def toolchain(self) -> dict[str, str]:
         return {"hls4ml": version("hls4ml"), "g++": gxx_version(), "keras": version("keras"),
                 "torch": version("torch")}
+
+    def check_options(self, options: CompileOptions) -> None:
+        """Option values, and ``synth=true`` without the vendor tool, refused before a build."""
+        from . import convert
+
+        opts = convert.HlsOptions.from_extra(options.extra)
+        if opts.synth and not _synth_tool(opts.backend):
+            tool = "vitis_hls" if opts.backend == "Vitis" else "vivado_hls"
+            raise UnsupportedError(f"fpga.hls4ml option synth=true runs C-synthesis with {tool}, "
+                                   f"which is not on PATH: install Vitis HLS and put {tool} on "
+                                   f"PATH, or drop -o synth=true to build the C-simulation only "
+                                   f"(no cycles or resources without it)")
 
     # -- compile (isolated child process) -------------------------------------------------
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
