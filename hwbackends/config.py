@@ -97,6 +97,17 @@ class StrategyConfig(_Strict):
     weights: str | None = None
     input_shape: list[_Dim] | list[list[_Dim]] | None = None
     trust_pickle: bool = False
+    #: Samples of the model's real inputs (``.npy``, or ``.npz`` by input name; relative to
+    #: this file): calibration of quantized/fixed-point variants and the fidelity check, as
+    #: ``--calibration-data`` / ``--validation-data`` (hwbackends/samples.py). Without them
+    #: both use the model's own data, else synthetic N(0,1), and the results say so.
+    calibration_data: str | None = None
+    validation_data: str | None = None
+
+    def data_paths(self, config_path: Path) -> dict[str, Path]:
+        """``{"calibration": path, "validation": path}`` for the data files this strategy names."""
+        return {k: resolve_model(v, config_path) for k, v in
+                (("calibration", self.calibration_data), ("validation", self.validation_data)) if v}
 
     def load_kwargs(self, config_path: Path) -> dict[str, Any]:
         """Keyword arguments for :func:`hwbackends.models.load_model` (empty by default)."""
@@ -342,6 +353,15 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTE
 # -- loading ----------------------------------------------------------------------------------
 def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
     """Parse and schema-validate TOML text (no registry or file-system checks)."""
+    _, cfg, problems = _validate(text, source)
+    if problems or cfg is None:
+        raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def _validate(text: str, source: str) -> tuple[dict[str, Any], StrategiesFile | None, list[str]]:
+    """The parsed TOML, the validated file (``None`` when the schema refuses it) and every
+    schema problem, each as ``FILE:LINE: dotted.key: message``. TOML syntax errors raise."""
     where = line_index(text, source)  # first: it refuses nesting tomllib would recurse on
     try:
         raw = tomllib.loads(text)
@@ -352,7 +372,7 @@ def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
     except RecursionError:
         raise ConfigError(f"{source}: values nested too deeply to parse") from None
     try:
-        return StrategiesFile.model_validate(raw)
+        return raw, StrategiesFile.model_validate(raw), []
     except ValidationError as exc:
         problems = []
         for e in exc.errors():
@@ -369,19 +389,20 @@ def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
                 if isinstance(e["input"], bool) and e["type"] in ("int_type", "float_type"):
                     msg += "; true/false is not a number: write the number itself"
             problems.append(f"{source}:{line or '?'}: {dotted}: {msg}")
-        raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems)) from None
+        return raw, None, problems
 
 
 def load_config(path: str | Path, registry: "Registry | None" = None, *,
                 check_targets: bool = True) -> StrategiesFile:
-    """Read, parse and fully validate a strategies file (see the module docstring)."""
+    """Read, parse and fully validate a strategies file (see the module docstring). Every
+    problem is reported at once: when the schema refuses some keys, what it accepted is still
+    checked against the registry and the file system."""
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise ConfigError(f"strategies file {p} does not exist; see examples/strategies.toml")
     text = read_text_file(p, "strategies file")
-    cfg = parse_config(text, str(p))
+    raw, cfg, problems = _validate(text, str(p))
     where = line_index(text, str(p))
-    problems: list[str] = []
 
     def bad(loc: tuple[str, ...], msg: str) -> None:
         problems.append(f"{p}:{_locate(where, loc) or '?'}: {'.'.join(loc)}: {msg}")
@@ -390,19 +411,60 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
     if check_targets:
         from .registry import get_registry
         reg = registry or get_registry()
-    for sname, s in cfg.strategies.items():
-        _check_strategy(cfg, ("strategies", sname), s, p, reg, bad)
-    if problems:
+    if cfg is not None:
+        tiers, strategies = list(cfg.tiers), list(cfg.strategies.items())
+    else:  # the keys that have the right types, so their problems are found too
+        rt, rs = raw.get("tiers"), raw.get("strategies")
+        tiers = list(rt) if isinstance(rt, dict) else []
+        strategies = [(k, _Lenient(v)) for k, v in rs.items() if isinstance(v, dict)] \
+            if isinstance(rs, dict) else []
+    for sname, s in strategies:
+        _check_strategy(tiers, ("strategies", sname), s, p, reg, bad)
+    if problems or cfg is None:
         raise ConfigError("invalid strategies file:\n  " + "\n  ".join(problems))
     return cfg
 
 
-def _check_strategy(cfg: StrategiesFile, base: tuple[str, ...], s: StrategyConfig, p: Path,
+class _Lenient:
+    """A strategy table the schema refused, as the fields :func:`_check_strategy` reads:
+    each the table's own value when it has the schema's type, else ``None`` (not checked
+    again: the schema already reported it)."""
+
+    def __init__(self, raw: dict[str, Any]):
+        def get(key: str, typ: type) -> Any:
+            v = raw.get(key)
+            return v if isinstance(v, typ) else None
+
+        def strs(key: str) -> list[str] | None:
+            v = raw.get(key)
+            return v if isinstance(v, list) and all(isinstance(x, str) for x in v) else None
+
+        self.tier, self.model = get("tier", str), get("model", str)
+        self.weights = get("weights", str)
+        self.calibration_data, self.validation_data = get("calibration_data", str), get("validation_data", str)
+        self.targets = strs("targets") if "targets" in raw else ["*"]
+        self.precisions = strs("precisions")
+        pin = get("pin", str)
+        self.pin = pin if pin and re.fullmatch(r"[\w.\-]+:[\w.\-]+", pin) else None
+
+
+def _check_strategy(tiers: list[str], base: tuple[str, ...], s: Any, p: Path,
                     reg: "Registry | None", bad: Any) -> None:
-    """What the schema cannot check for one strategy: its tier, model file, targets, pin."""
-    if s.tier not in cfg.tiers:
-        bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(cfg.tiers)}")
-    if s.model.startswith("zoo:"):
+    """What the schema cannot check for one strategy: its tier, model and data files,
+    targets, pin. ``s`` is a :class:`StrategyConfig` or a :class:`_Lenient` (``None``
+    fields are skipped)."""
+    if s.tier is not None and s.tier not in tiers:
+        bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(tiers)}")
+    _check_files(base, s, p, bad)
+    if reg is None or s.targets is None:
+        return
+    _check_targets(base, s, reg, bad)
+
+
+def _check_files(base: tuple[str, ...], s: Any, p: Path, bad: Any) -> None:
+    if s.model is None:
+        pass
+    elif s.model.startswith("zoo:"):
         from . import zoo
         if s.model[4:] not in zoo.NAMES + zoo.MULTI_IO_NAMES:
             bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
@@ -414,8 +476,19 @@ def _check_strategy(cfg: StrategiesFile, base: tuple[str, ...], s: StrategyConfi
     if s.weights and not resolve_model(s.weights, p).exists():
         bad(base + ("weights",), f"weights file {resolve_model(s.weights, p)} does not exist "
                                  f"(paths are relative to {p.parent})")
-    if reg is None:
-        return
+    for key in ("calibration_data", "validation_data"):
+        v = getattr(s, key, None)
+        if not v:
+            continue
+        f = resolve_model(v, p)
+        if f.suffix.lower() not in (".npy", ".npz"):
+            bad(base + (key,), f"{f.name} is not a .npy/.npz file; give samples of the model's "
+                               f"inputs as .npy (n, …) or .npz (one array per input name)")
+        elif not f.is_file():
+            bad(base + (key,), f"data file {f} does not exist (paths are relative to {p.parent})")
+
+
+def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> None:
     names = sorted(reg.targets)
     allowed = _allowed_targets(base, s, names, bad)
     offered = {pr for n in allowed for pr in reg.targets[n].precisions}

@@ -181,3 +181,40 @@ tier = 5
     msg = str(e.value)
     assert "strategies.toml:13: strategies.momentum.tier: Input should be a valid string" in msg
     assert "strategies.toml:10: strategies.momentum.note: unknown key" in msg
+
+
+def test_check_reports_schema_and_semantic_problems_at_once(tmp_path: Path, capsys) -> None:
+    """Issue 20 item 12: an unknown key hid every other problem of the file until it was
+    fixed (the schema stopped the check); now `--check` lists them all in one run."""
+    from hwbackends.cli import main
+
+    text = """\
+[tiers.fast]
+p99_us = 100
+
+[strategies.momentum]
+model = "models/nope.keras"
+tier = "fastt"
+targetz = ["cpu.*"]
+targets = ["cpu.litrt"]
+validation_data = "val.csv"
+calibration_data = "missing.npy"
+
+[strategies.other]
+model = "zoo:signal"
+tier = "fast"
+batch_size = true
+pin = "cpu.litert:int4"
+targets = ["cpu.litert"]
+"""
+    assert main(["route", str(_write(tmp_path, text)), "--check"]) == 1
+    err = capsys.readouterr().err
+    for want in (":7: strategies.momentum.targetz: unknown key 'targetz'",
+                 ":15: strategies.other.batch_size: Input should be a valid integer",
+                 ":6: strategies.momentum.tier: unknown tier 'fastt'; defined tiers: fast",
+                 ":5: strategies.momentum.model: model file", "nope.keras does not exist",
+                 ":8: strategies.momentum.targets: unknown target 'cpu.litrt'",
+                 ":9: strategies.momentum.validation_data: val.csv is not a .npy/.npz file",
+                 ":10: strategies.momentum.calibration_data: data file", "missing.npy does not exist",
+                 ":16: strategies.other.pin: cpu.litert offers precisions"):
+        assert want in err, (want, err)

@@ -12,10 +12,10 @@ import numpy as np
 
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
-from ..registry import safe_probe, select_targets
+from ..registry import safe_probe, select_targets, slow_unless_named
 from . import machine as machine_mod
 from .cache import ProfileCache, profile_key
-from .profile import LatencyProfile, summarize
+from .profile import LatencyProfile, samples_per_s, summarize
 from .results import BenchResults
 from .scenarios import (
     Batch,
@@ -124,7 +124,8 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
         variant=cm.variant, target=cm.target, precision=cm.precision, batch_size=batch,
         scenario=scenario.name, params=scenario.key() | ({"trace": trace_info} if trace_info else {})
         | {"loadavg_1m": load},
-        mode=cm.mode.value, throughput=(stats["n"] * batch / t.wall_s) if t.wall_s > 0 else 0.0,
+        mode=cm.mode.value,
+        throughput=samples_per_s(t.service_ns if t.service_ns is not None else t.latency_ns, batch),
         duration_s=t.wall_s, machine=machine_mod.fingerprint(),
         fidelity=cm.fidelity.to_dict() if cm.fidelity else None,
         artifact_key=cm.artifact.key, interrupted=t.interrupted, **stats)
@@ -158,12 +159,14 @@ def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache 
 
 def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, rounds: int = 5,
                         cache: ProfileCache | None = None, refresh: bool = False,
-                        data: Any = None) -> list[tuple[LatencyProfile, bool]]:
+                        data: Any = None, say: Say | None = None,
+                        what: str = "") -> list[tuple[LatencyProfile, bool]]:
     """Single-stream profiles of several variants measured *interleaved*: ``rounds`` rounds,
     each running every variant for ``n / rounds`` calls, samples pooled per variant. Machine
     noise (another process, a frequency change) then falls on all candidates alike instead of
     on whichever was measured at the wrong moment, which is what a ranking needs. Variants
-    with a cached profile are not re-measured (unless ``refresh``)."""
+    with a cached profile are not re-measured (unless ``refresh``). ``say`` hears which:
+    ``"WHAT: profiles from cache (3)"`` or ``"WHAT: measuring 2 candidate(s) interleaved …"``."""
     fp = machine_mod.fingerprint()
     keys = [profile_key(cm.artifact.key, fp["id"], scenario.key() | {"rounds": rounds},
                         cm.batch_size) for cm in cms]
@@ -176,6 +179,14 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
             out[i] = (hit, True)
         else:
             todo.append(i)
+    if say is not None:
+        hits = len(cms) - len(todo)
+        pre = f"{what}: " if what else ""
+        if not todo:
+            say(f"{pre}profiles from cache ({hits} candidate(s), this machine, same artifacts)")
+        else:
+            say(f"{pre}measuring {len(todo)} candidate(s) interleaved ({scenario.n} calls each in "
+                f"{rounds} rounds)" + (f"; {hits} profile(s) from cache" if hits else ""))
     if todo:
         per = max(scenario.n // rounds, 1)
         bufs = {i: (input_set(data, cms[i], cms[i].batch_size),
@@ -197,12 +208,13 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
             load = None
         for i in todo:
             cm = cms[i]
-            stats = summarize(np.concatenate(pools[i]))
+            pooled = np.concatenate(pools[i])
+            stats = summarize(pooled)
             prof = LatencyProfile(
                 variant=cm.variant, target=cm.target, precision=cm.precision,
                 batch_size=cm.batch_size, scenario=scenario.name,
                 params=scenario.key() | {"rounds": rounds, "loadavg_1m": load}, mode=cm.mode.value,
-                throughput=stats["n"] * cm.batch_size / walls[i] if walls[i] else 0.0,
+                throughput=samples_per_s(pooled, cm.batch_size),
                 duration_s=walls[i], machine=fp,
                 fidelity=cm.fidelity.to_dict() if cm.fidelity else None,
                 artifact_key=cm.artifact.key, **stats)
@@ -217,12 +229,17 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 pin: Sequence[int] | None = None, progress: bool = True,
                 cache: ProfileCache | None = None, use_cache: bool = False,
                 say: Say | None = None, registry: "Registry | None" = None,
-                max_ref_s: float | None = 3.0, results: BenchResults | None = None) -> BenchResults:
+                max_ref_s: float | None = 3.0, results: BenchResults | None = None,
+                calibration_data: Any = None, validation_data: Any = None) -> BenchResults:
     """Compile ``model`` on every matching, available target × precision and measure each
     variant in each scenario. Failures (compile errors, unavailable targets) are recorded with
     their reason, never raised. Ctrl-C stops the run and returns what was measured
     (``results.interrupted``). ``max_ref_s`` caps each scenario's time on the slow ``ref``
-    target (the source framework; a baseline, not a contender)."""
+    target (the source framework; a baseline, not a contender). A slow-to-build target
+    (``Target.slow_compile``) matched only by ``*`` is listed, not built
+    (:func:`~hwbackends.registry.slow_unless_named`). ``calibration_data`` and
+    ``validation_data`` go to every compile (see :func:`hwbackends.compile`); where the data
+    came from is each variant row's ``data`` and ``results.data``."""
     from ..models import load_model
     from ..registry import get_registry
 
@@ -230,6 +247,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     reg = registry or get_registry()
     m = load_model(model)
     names = select_targets(reg, targets)
+    skipped = slow_unless_named(reg, names, targets)
     if precisions:
         offered = {p for n in names for p in reg.targets[n].precisions}
         bad = [p for p in precisions if p not in offered]
@@ -246,7 +264,11 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
             tgt = reg.targets[name]
             avail = safe_probe(tgt).to_dict()
             res.availability.append({"target": name, "family": tgt.family,
-                                     "precisions": list(tgt.precisions), **avail})
+                                     "precisions": list(tgt.precisions), **avail}
+                                    | ({"skipped": skipped[name]} if name in skipped else {}))
+            if name in skipped and avail["mode"] != "unavailable":
+                say(f"{name}: {skipped[name]}")
+                continue
             if avail["mode"] == "unavailable":
                 say(f"{name}: unavailable ({avail['reason']})")
                 continue
@@ -255,7 +277,9 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                     continue
                 variant = f"{name}:{prec}"
                 try:
-                    cm = hwb_compile(m, name, prec, store=store, progress=say)
+                    cm = hwb_compile(m, name, prec, store=store, progress=say,
+                                     calibration_data=calibration_data,
+                                     validation_data=validation_data, registry=reg)
                 except HwbError as exc:
                     say(f"{variant}: {type(exc).__name__}: {exc}")
                     res.variants.append({"variant": variant, "target": name, "precision": prec,
@@ -265,13 +289,15 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 res.variants.append({k: d[k] for k in ("variant", "target", "precision", "mode",
                                                        "device", "mode_reason", "fidelity",
                                                        "compile_seconds", "cached", "artifact_bytes",
-                                                       "batch_size", "toolchain")} | {"error": None,
-                                                                                      "fpga": _fpga_meta(d)})
+                                                       "batch_size", "toolchain", "data")}
+                                    | {"error": None, "fpga": _fpga_meta(d)})
+                _note_data(res, cm.data)
                 for sc in scenarios:
                     if name == "ref" and max_ref_s is not None:
                         sc = dataclasses.replace(sc, max_s=min(sc.max_s, max_ref_s))
                     if isinstance(sc, Batch):
-                        _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say)
+                        _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say,
+                               calibration_data, validation_data, reg)
                         continue
                     prof, hit = cached_measure(cm, sc, cache if use_cache else None, data, pin,
                                                progress)
@@ -294,18 +320,31 @@ def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
     cache.put(key, prof)
 
 
+def _note_data(res: BenchResults, data: dict[str, Any]) -> None:
+    """``res.data``: the run's validation source and (from the first calibrated variant) its
+    calibration source."""
+    if not data:
+        return
+    cur = res.data or {}
+    res.data = {"validation": cur.get("validation") or data.get("validation"),
+                "calibration": cur.get("calibration") or data.get("calibration")}
+
+
 def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, data: Any,
            store: Any, pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None,
-           use_cache: bool, say: Say) -> None:
+           use_cache: bool, say: Say, calibration_data: Any = None,
+           validation_data: Any = None, registry: "Registry | None" = None) -> None:
     """The batch scenario: one profile per batch size (static-batch targets compile a variant
-    per size; those are cached artifacts like any other)."""
+    per size, cached artifacts like any other; a ``batch_independent`` target's one build
+    serves every size, so its precision search is not run again)."""
     for size in sc.sizes:
         if not base_cm.static_batch or size == base_cm.batch_size:
             cm = base_cm
         else:
             try:
                 cm = hwb_compile(m, base_cm.target, base_cm.precision, batch_size=size, store=store,
-                                 progress=say)
+                                 progress=say, calibration_data=calibration_data,
+                                 validation_data=validation_data, registry=registry)
             except HwbError as exc:
                 say(f"{base_cm.variant} batch {size}: {type(exc).__name__}: {exc}")
                 res.variants.append({"variant": base_cm.variant, "target": base_cm.target,

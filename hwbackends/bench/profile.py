@@ -24,7 +24,8 @@ class LatencyProfile:
     Latencies are per call (one tick of ``batch_size`` samples), in microseconds. In open-loop
     scenarios (server, burst) they run from the *scheduled* arrival to completion, so time spent
     queued behind a slow call is counted (no coordinated omission). ``throughput`` is samples
-    per second (calls × batch size over the measured wall time).
+    per second at the median call (:func:`samples_per_s`: batch size over the median service
+    time), not calls over wall time, which one stall or the harness's own work would skew.
     """
 
     variant: str
@@ -88,6 +89,17 @@ def table(profiles: list[LatencyProfile]) -> str:
     if any(p.interrupted for p in profiles):
         lines.append("(interrupted: the last profile holds what was measured before Ctrl-C)")
     return "\n".join(lines)
+
+
+def samples_per_s(service_ns: np.ndarray | None, batch: int) -> float:
+    """Samples per second one caller sustains at the median call: ``batch / median(service
+    time)``. Robust where ``n × batch / wall time`` is not: a few stalls (a page fault, the
+    machine's other work) move the median little, and the time the harness spends between
+    calls (the open loops' waits for the next arrival) is not the variant's. 0 without samples."""
+    if service_ns is None or len(service_ns) == 0:
+        return 0.0
+    med = float(np.median(np.asarray(service_ns, dtype=np.float64)))
+    return batch * 1e9 / med if med > 0 else 0.0
 
 
 def summarize(latency_ns: np.ndarray) -> dict[str, Any]:

@@ -37,6 +37,9 @@ class BenchResults:
     fleet: dict[str, Any] | None = None
     command: str = ""
     created: float = field(default_factory=time.time)
+    #: Where the calibration and validation inputs came from (hwbackends/samples.py): the
+    #: report's fidelity section says it; ``synthetic: true`` when no data was given.
+    data: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -44,7 +47,7 @@ class BenchResults:
             "command": self.command, "model": self.model, "machine": self.machine,
             "availability": self.availability, "variants": self.variants,
             "profiles": [p.to_dict() for p in self.profiles], "routing": self.routing,
-            "trace": self.trace, "interrupted": self.interrupted}
+            "trace": self.trace, "interrupted": self.interrupted, "data": self.data}
         if self.fleet is not None:
             d["fleet"] = self.fleet
         return d
@@ -79,7 +82,7 @@ class BenchResults:
                    profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"), command=d.get("command", ""),
-                   created=d.get("created", 0.0))
+                   created=d.get("created", 0.0), data=d.get("data"))
 
     def table(self) -> str:
         return table(self.profiles)

@@ -16,12 +16,34 @@ COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo",
             "fpga_trace", "fleet", "node")
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that always states the default: an option whose help does not mention it gets
+    ``(default: VALUE)`` appended when it has a value to show (flags default to off; an
+    option whose default is "none" says what that means in its own help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        h = action.help or ""
+        if ("default" in h.lower() or action.default in (None, False, argparse.SUPPRESS, [])
+                or not action.option_strings):
+            return h
+        return h + " (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every ``hwb`` subcommand's parser: help through :class:`DefaultsFormatter`."""
+
+    def __init__(self, *a: Any, **k: Any) -> None:
+        k.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*a, **k)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="hwb", description="Compile one signal model for every hardware target, measure "
                                 "it, and serve it behind one predict interface.")
-    p.add_argument("-v", "--verbose", action="store_true", help="more detail (and debug logs)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="more detail (and debug logs, toolchain log lines included)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add(sub)
     return p
@@ -60,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv_list  # hwb fleet re-executes itself
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # TF/absl start-up lines are noise here (-v keeps them)
+        from ..quiet import install
+        install()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import emit, stderr_progress
-from .source import add_source_args, model_from_args
+from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..bench import BenchResults
@@ -47,26 +47,36 @@ def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_outpu
     p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
                    help="single-stream | server[:rate_hz=R,n=N] | burst[:trace=FILE,unit=ms] | "
                         "batch[:sizes=1/8/32]; repeatable (default: single-stream)")
-    p.add_argument("--n", type=int, default=None, help="timed calls per single-stream/server/batch run")
+    p.add_argument("--n", type=int, default=None,
+                   help="timed calls per single-stream/server/batch run (default: each "
+                        "scenario's own, 2000 for single-stream)")
     p.add_argument("--pin", default=None, metavar="CPUS",
-                   help=f"pin the measuring thread{where}, e.g. 1 or 0-1")
+                   help=f"pin the measuring thread{where}, e.g. 1 or 0-1 (default: not pinned)")
     p.add_argument("--output", "-o", default=default_output, help="results JSON (default %(default)s)")
     p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
-                   help="also write the HTML report (default name hwb-report.html)")
+                   help="also write the HTML report (default: none; name without a value: "
+                        "hwb-report.html)")
     p.add_argument("--use-cache", action="store_true",
-                   help=f"reuse cached profiles{where} for the same artifact, machine and scenario")
+                   help=f"reuse cached profiles{where} for the same artifact, machine and scenario "
+                        f"(default: measure again)")
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a model's variants: single-stream, server, burst, batch")
     p.add_argument("model", help="model file (.keras .onnx .pt2 …) or zoo:NAME")
     add_measure_options(p, where="", default_output="hwb-results.json",
-                        targets_default="all registered")
+                        targets_default="every registered target except slow builds "
+                                        "(fpga.da4ml: minutes), which only a pattern naming "
+                                        "them includes")
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
-                   help="also compute the routing decisions of this strategies file into the results")
-    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
-    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+                   help="also compute the routing decisions of this strategies file into the "
+                        "results (default: none)")
+    p.add_argument("--cache-dir", default=None,
+                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--json", action="store_true",
+                   help="print the results JSON instead of the table (default: the table)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress on stderr (default: progress)")
     add_source_args(p)
     p.set_defaults(func=run)
 
@@ -86,14 +96,17 @@ def run(args: argparse.Namespace) -> int:
     res = BenchResults(model={}, machine={})
     res.command = "hwb " + " ".join(sys.argv[1:])
     try:
-        bench_model(model_from_args(args), csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
+        model = model_from_args(args)
+        bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
                     progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
-                    say=say, results=res)
+                    say=say, results=res, calibration_data=calibration_from_args(args, model))
         if args.route and not res.interrupted:
             from ..router import Router
             router = Router.from_config(args.route, store=args.cache_dir, strict=False,
-                                        progress=None if quiet else stderr_progress)
+                                        progress=None if quiet else stderr_progress,
+                                        calibration_data=args.calibration_data,
+                                        validation_data=args.validation_data)
             res.routing = [d.to_dict() for d in router.decisions.values()]
     except BaseException:
         if res.model:
@@ -103,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     path = save_uninterrupted(res, args.output)
     human = res.table() + f"\n\nresults: {path}"
+    if res.data:
+        from ..samples import describe as describe_data
+        human += f"\nfidelity {describe_data(res.data)}"
     flat = [v["variant"] for v in res.variants if (v.get("fidelity") or {}).get("degenerate")]
     if flat:
         from ..fidelity import DEGENERATE_ADVICE
@@ -112,7 +128,24 @@ def run(args: argparse.Namespace) -> int:
         out = write_report(res, args.report)
         human += f"\nreport:  {out}"
     emit(args, res.to_dict(), human)
-    return 130 if res.interrupted else 0
+    if res.interrupted:
+        return 130
+    if not res.profiles:  # nothing measurable: say why, and fail (a script must notice)
+        print("hwb bench: nothing was measured: " + nothing_measured(res), file=sys.stderr)
+        return 1
+    return 0
+
+
+def nothing_measured(res: "BenchResults") -> str:
+    """Why a run produced no profile: each target's reason (unavailable, skipped, failed)."""
+    why = []
+    for a in res.availability:
+        if a.get("mode") == "unavailable":
+            why.append(f"{a['target']} unavailable ({a.get('reason', '')})")
+        elif a.get("skipped"):
+            why.append(f"{a['target']} {a['skipped']}")
+    why += [f"{v['variant']} failed ({v['error'][:200]})" for v in res.variants if v.get("error")]
+    return "; ".join(why) or "no variant matched the targets and precisions given"
 
 
 def save_uninterrupted(res: "BenchResults", path: str) -> Path:

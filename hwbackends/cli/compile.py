@@ -6,20 +6,25 @@ import json
 from typing import Any
 
 from . import emit, stderr_progress
-from .source import add_source_args, model_from_args
+from .source import add_source_args, calibration_from_args, model_from_args
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (.keras .h5 .json .onnx .pt2 .pt) or zoo:NAME")
-    p.add_argument("--target", "-t", default="cpu.litert", help="target name (see hwb targets)")
+    p.add_argument("--target", "-t", default="cpu.litert",
+                   help="target name (see hwb targets; default %(default)s)")
     p.add_argument("--precision", "-p", default=None, help="precision (default: the target's first)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="compiled batch (default: the model's fixed batch if it has one, else 1)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads the runtime may use inside one call (default: 1, for batch-1 "
+                        "latency)")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="target-specific option (repeatable); VALUE parsed as JSON if it can be")
-    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+                   help="target-specific option (repeatable; see hwb targets -v); VALUE parsed "
+                        "as JSON if it can be (default: none)")
+    p.add_argument("--cache-dir", default=None,
+                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
 
 
@@ -41,24 +46,89 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     from ..compiler import compile as hwb_compile
 
-    return hwb_compile(model_from_args(args), args.target, args.precision, batch_size=args.batch_size,
+    model = model_from_args(args)
+    return hwb_compile(model, args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),
+                       calibration_data=calibration_from_args(args, model),
                        store=args.cache_dir, progress=None if args.json else stderr_progress, **kw)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile a model for one target and precision")
     add_model_args(p)
-    p.add_argument("--rebuild", action="store_true", help="ignore the cached artifact")
+    p.add_argument("--rebuild", action="store_true",
+                   help="build again even when the store holds the artifact (default: reuse it)")
     p.set_defaults(func=run)
 
 
+def fidelity_gate(cm: Any) -> dict[str, Any] | None:
+    """The precision family's fidelity gate (hwbackends/testing/tolerances.py: what the
+    conformance kit and a fleet import hold a variant to) and, for an FPGA ``auto`` precision,
+    whether its search met its own target: ``{"passed", "family", "violations"}``."""
+    if cm.fidelity is None:
+        return None
+    from ..testing.tolerances import TOLERANCES, precision_family
+
+    family = precision_family(cm.precision)
+    bad = TOLERANCES[family].violations(cm.fidelity)
+    if (cm.artifact.meta or {}).get("meets_target") is False:
+        bad.append("the auto-precision search did not meet its fidelity target on the "
+                   "calibration data (option fidelity)")
+    return {"passed": not bad, "family": family, "violations": bad}
+
+
+def fpga_lines(d: dict[str, Any]) -> list[str]:
+    """What an FPGA variant's build says about the hardware, for people: the modelled
+    estimate (fpga.da4ml), synthesis (fpga.hls4ml), bits."""
+    if not str(d.get("target", "")).startswith("fpga."):
+        return []
+    meta = d.get("meta") or {}
+    lines = []
+    est = d.get("hardware_estimate")
+    if est:
+        e2e = est.get("end_to_end") or {}
+        res = ", ".join(f"{est[k]:,} {k[:-1].upper()}" for k in ("luts", "ffs", "dsps", "brams")
+                        if est.get(k) is not None)
+        lines.append(f"  hardware  {est.get('label', 'modelled').upper()}, not measured: "
+                     f"{est['latency_cycles']} cycles (II {est.get('initiation_interval')}) = "
+                     f"{est['latency_ns']:,.1f} ns @ {est['effective_mhz']:.0f} MHz; end to end "
+                     f"{e2e.get('total_ns', 0):,.0f} ns (logic + {e2e.get('io_assumption_ns', 0):,.0f} "
+                     f"ns I/O assumption)")
+        lines.append(f"            resources {res or 'not synthesized'} on {est.get('part')}; "
+                     f"{est.get('basis', '')}")
+    syn = meta.get("synthesis")
+    if isinstance(syn, dict) and not est:
+        if syn.get("report"):
+            r = syn["report"]
+            lines.append(f"  synthesis {syn.get('tool')}: " + ", ".join(
+                f"{k} {v}" for k, v in r.items() if not isinstance(v, (dict, list)))[:300])
+        else:
+            lines.append("  synthesis " + ("not requested" if not syn.get("requested") else "not run")
+                         + (f" ({syn['reason']})" if syn.get("reason") else "")
+                         + ": C-simulation only, no cycles or resources")
+    bits = meta.get("bits") or {}
+    if bits:
+        lines.append("  bits      " + ", ".join(f"{k} {v}" for k, v in bits.items()
+                                                  if not isinstance(v, (dict, list)))[:200])
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..samples import describe as describe_data
+
     cm = compile_from_args(args, rebuild=args.rebuild)
     d = cm.describe()
+    gate = fidelity_gate(cm)
+    d["fidelity_gate"] = gate
     how = "cached" if d["cached"] else f"built in {d['compile_seconds']:.1f} s"
-    human = (f"{d['model']} → {d['variant']} ({d['mode']}, {d['device']})\n"
-             f"  artifact  {d['artifact_path']} ({d['artifact_bytes']:,} bytes, {how})\n"
-             f"  fidelity  {cm.fidelity}")
-    emit(args, d, human)
+    lines = [f"{d['model']} → {d['variant']} ({d['mode']}, {d['device']})",
+             f"  artifact  {d['artifact_path']} ({d['artifact_bytes']:,} bytes, {how})",
+             f"  fidelity  {cm.fidelity}"]
+    if cm.data:
+        lines.append(f"  data      {describe_data(cm.data)}")
+    if gate and not gate["passed"]:
+        lines.append(f"  ! FIDELITY GATE FAILED ({gate['family']} precision): "
+                     + "; ".join(gate["violations"]))
+    lines += fpga_lines(d)
+    emit(args, d, "\n".join(lines))
     return 0

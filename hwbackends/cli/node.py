@@ -22,8 +22,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware-only", action="store_true",
                    help="do not advertise targets that would run emulated here")
     p.add_argument("--port", type=int, default=None, help="head: GCS port (ray default 6379)")
-    p.add_argument("--node-ip-address", default=None, help="the address other nodes reach this one at")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs this node offers Ray")
+    p.add_argument("--node-ip-address", default=None,
+                   help="the address other nodes reach this one at (default: Ray's choice)")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="CPUs this node offers Ray (default: all of them)")
     p.add_argument("--dry-run", action="store_true", help="print the ray start command, run nothing")
     p.add_argument("--json", action="store_true", help="print the resources and command as JSON")
     p.set_defaults(func=run)

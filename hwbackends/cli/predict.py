@@ -18,8 +18,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "inputs, a .npz with one array per input name")
     p.add_argument("--output", default=None,
                    help="write outputs to this .npy file (.npz keyed by output name for "
-                        "several outputs)")
-    p.add_argument("--nan-policy", choices=("reject", "pass"), default="reject")
+                        "several outputs; default: print them)")
+    p.add_argument("--nan-policy", choices=("reject", "pass"), default="reject",
+                   help="NaN/Inf in the input: reject (an error) or pass it to the model")
     p.set_defaults(func=run)
 
 

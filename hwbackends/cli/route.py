@@ -4,21 +4,29 @@ from __future__ import annotations
 import argparse
 
 from . import emit, stderr_progress
+from .source import add_data_args
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("route", help="choose a variant per strategy and tier from a strategies.toml")
     p.add_argument("config", help="strategies TOML file (see examples/strategies.toml)")
     p.add_argument("--explain", action="store_true",
-                   help="every candidate with its p99, fidelity, mode and why chosen or rejected")
-    p.add_argument("--strategy", action="append", default=None, help="only this strategy (repeatable)")
-    p.add_argument("--refresh", action="store_true", help="re-measure instead of cached profiles")
-    p.add_argument("--check", action="store_true", help="only validate the file (no compile, no bench)")
-    p.add_argument("--cache-dir", default=None, help="artifact store root (default HWB_CACHE_DIR)")
+                   help="every candidate with its p99, fidelity, mode and why chosen or rejected "
+                        "(default: one line per strategy)")
+    p.add_argument("--strategy", action="append", default=None,
+                   help="only this strategy (repeatable; default: every strategy)")
+    p.add_argument("--refresh", action="store_true",
+                   help="re-measure instead of cached profiles (default: reuse them)")
+    p.add_argument("--check", action="store_true",
+                   help="only validate the file, reporting every problem (no compile, no bench)")
+    p.add_argument("--cache-dir", default=None,
+                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
     p.add_argument("--fleet", default=None, metavar="RESULTS_JSON",
                    help="placement advice from a `hwb fleet` results file: per strategy, the "
-                        "router's choice on each machine and the best machine (measures nothing)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+                        "router's choice on each machine and the best machine (measures nothing; "
+                        "default: route on this machine)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
+    add_data_args(p, where="; replaces every strategy's own calibration_data/validation_data")
     p.set_defaults(func=run)
 
 
@@ -39,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     router = Router.from_config(args.config, store=args.cache_dir, refresh=args.refresh,
                                 strict=False, strategies=args.strategy,
-                                progress=None if args.json else stderr_progress)
+                                progress=None if args.json else stderr_progress,
+                                calibration_data=args.calibration_data,
+                                validation_data=args.validation_data)
     if args.explain:
         human = router.explain()
     else:

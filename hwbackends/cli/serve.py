@@ -31,39 +31,50 @@ def add(sub: argparse._SubParsersAction) -> None:
         if act.dest == "model":
             act.nargs, act.default = "?", None
             act.help = "model file or zoo:NAME (omit with --config)"
-    p.add_argument("--config", help="strategies.toml: serve a router strategy instead of MODEL")
-    p.add_argument("--strategy", default=None, help="strategy name (with --config), else a label")
+    p.add_argument("--config", help="strategies.toml: serve a router strategy instead of MODEL "
+                                     "(default: serve MODEL)")
+    p.add_argument("--strategy", default=None,
+                   help="strategy name (with --config), else a label (default: 'default')")
     p.add_argument("--preset", default=None, choices=("single", "latency", "balanced", "throughput"),
                    help="batching policy; default: 'single' for one batch-1 program (nothing to "
                         "batch into: the shm endpoint then answers in its polling thread), "
                         "'latency' with --batch-sizes")
     p.add_argument("--batch-sizes", default=None,
-                   help="comma-separated allowed batch sizes, compiled one variant each (e.g. 1,2,4)")
-    p.add_argument("--deadline-us", type=float, default=None, help="default per-call deadline")
-    p.add_argument("--cache-entries", type=int, default=0, help="inference cache size (0: off)")
-    p.add_argument("--pin", default=None, help="comma-separated cores for the serving thread")
-    p.add_argument("--shm", default=None, metavar="NAME", help="shared-memory endpoint name")
-    p.add_argument("--shm-slots", type=int, default=8)
+                   help="comma-separated allowed batch sizes, compiled one variant each (e.g. "
+                        "1,2,4; default: one variant at --batch-size)")
+    p.add_argument("--deadline-us", type=float, default=None, help="per-call deadline in µs (default: none)")
+    p.add_argument("--cache-entries", type=int, default=0,
+                   help="inference cache size (default 0: off)")
+    p.add_argument("--pin", default=None,
+                   help="comma-separated cores for the serving thread (default: not pinned)")
+    p.add_argument("--shm", default=None, metavar="NAME",
+                   help="shared-memory endpoint name (default: no shm endpoint)")
+    p.add_argument("--shm-slots", type=int, default=8, help="client slots of the shm endpoint")
     p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
                    help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
                         "batch: through the engine's micro-batching; auto: direct for --preset single")
     p.add_argument("--shm-spin-us", type=float, default=50.0,
                    help="busy-poll budget of the shm polling thread before it sleeps on a futex")
-    p.add_argument("--shm-pin", type=int, default=None, metavar="CORE", help="pin the shm polling thread")
+    p.add_argument("--shm-pin", type=int, default=None, metavar="CORE",
+                   help="pin the shm polling thread (default: not pinned)")
     p.add_argument("--shm-group", default=None,
                    help="open the shm endpoint to this group (default: owner-only)")
     p.add_argument("--print-include", action=_PrintInclude, nargs=0,
                    help="print the directory of hwb_shm.h (the C/C++ shm client) and exit")
-    p.add_argument("--grpc-port", type=int, default=None)
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="serve gRPC on this port, 0 for any free one (default: no gRPC)")
     p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
-    p.add_argument("--tls-cert", help="PEM certificate file")
-    p.add_argument("--tls-key", help="PEM private key file")
-    p.add_argument("--token-file", help="file holding the bearer token clients must send")
+    p.add_argument("--tls-cert", help="PEM certificate file (default: none)")
+    p.add_argument("--tls-key", help="PEM private key file (default: none)")
+    p.add_argument("--token-file",
+                   help="file holding the bearer token clients must send (default: none)")
     p.add_argument("--insecure-loopback", action="store_true",
                    help="no TLS and no token (loopback development only)")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (opt-in)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus /metrics port (default: no metrics endpoint)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address")
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds (default: until Ctrl-C/SIGTERM)")
     p.set_defaults(func=run)
 
 
@@ -76,7 +87,9 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
         from ..router import Router
         if not args.strategy:
             raise ConfigError("--config needs --strategy NAME")
-        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress)
+        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress,
+                                    calibration_data=args.calibration_data,
+                                    validation_data=args.validation_data)
         return strategy_cls(router, args.strategy)
     if args.batch_sizes:
         backends = {}

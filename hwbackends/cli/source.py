@@ -1,10 +1,13 @@
 """How every ``hwb`` command that takes a model file loads it: the options that say how
-(``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``, ``--validation``) and the
-one function that applies them.
+(``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``) and with which data
+(``--calibration-data``, ``--validation-data``), and the functions that apply them.
 
 Without any of them the model argument is handed on as given (a path or ``zoo:NAME``), so
 the commands behave as before; with one, the model is loaded here with
-:func:`~hwbackends.models.load_model` and the loaded model is handed on.
+:func:`~hwbackends.models.load_model` and the loaded model is handed on. The data files are
+read and checked against the model's inputs here (hwbackends/samples.py): validation data
+becomes the model's own (so every compile of every command uses it), calibration data is
+handed to the compiles (:func:`calibration_from_args`).
 """
 from __future__ import annotations
 
@@ -27,14 +30,32 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--import", dest="imports", action="append", default=None, metavar="MODULE",
                    help="import MODULE before loading the model: the module that defines its "
                         "custom Keras layer classes (registering them), e.g. qkeras or "
-                        "my_layers (with PYTHONPATH=DIR for your own); repeatable")
-    g.add_argument("--validation", default=None, metavar="FILE",
-                   help="samples of the model's real inputs for calibration and the fidelity "
-                        "check: a .npy batch (n, ...), or a .npz with one array per input name "
-                        "(default: synthetic N(0,1), which a model may answer with a constant)")
+                        "my_layers (with PYTHONPATH=DIR for your own); repeatable (default: none)")
     g.add_argument("--input-shape", action="append", default=None, metavar="D[,D...]",
                    help="per-sample input shape of a torch module file (TorchScript .pt/.ts or a "
-                        "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order")
+                        "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order "
+                        "(default: the shape the file records)")
+    add_data_args(p)
+
+
+CALIBRATION_HELP = ("samples of the model's real inputs to calibrate quantized and fixed-point "
+                    "variants on (int8, fixed<W,I>, auto): a .npy batch (n, ...) or a .npz with "
+                    "one array per input name (default: the first half of the validation data, "
+                    "else synthetic N(0,1))")
+VALIDATION_HELP = ("samples of the model's real inputs to check fidelity on: a .npy batch "
+                   "(n, ...) or a .npz with one array per input name; without "
+                   "--calibration-data its first half calibrates and the second half is held "
+                   "out (default: the model's own data, else synthetic N(0,1), which a model "
+                   "may answer with a constant; results and report say which)")
+
+
+def add_data_args(p: argparse.ArgumentParser, *, where: str = "") -> None:
+    """``--calibration-data`` and ``--validation-data`` (``where`` adds to their help)."""
+    g = p.add_argument_group("data")
+    g.add_argument("--calibration-data", default=None, metavar="FILE",
+                   help=CALIBRATION_HELP + where)
+    g.add_argument("--validation-data", "--validation", dest="validation_data", default=None,
+                   metavar="FILE", help=VALIDATION_HELP + where)
 
 
 def parse_shapes(items: list[str] | None) -> Any:
@@ -66,13 +87,36 @@ def model_from_args(args: argparse.Namespace) -> Any:
     shape = parse_shapes(getattr(args, "input_shape", None))
     trust = bool(getattr(args, "trust_pickle", False))
     weights = getattr(args, "weights", None)
-    validation = getattr(args, "validation", None)
-    if args.model is None or (shape is None and not trust and weights is None and validation is None):
+    validation = getattr(args, "validation_data", None)
+    calibration = getattr(args, "calibration_data", None)
+    if args.model is None or (shape is None and not trust and weights is None and validation is None
+                              and calibration is None):
         return args.model
+    cached = getattr(args, "_loaded_model", None)
+    if cached is not None:
+        return cached
     from ..models import load_model
+    from ..samples import attach_validation, read_samples
 
-    return load_model(args.model, input_shape=shape, weights=weights, trust_pickle=trust,
-                      validation_data=read_arrays(validation) if validation else None)
+    m = load_model(args.model, input_shape=shape, weights=weights, trust_pickle=trust)
+    if validation:
+        attach_validation(m, read_samples(validation, m.inputs, "--validation-data"))
+    args._loaded_model = m  # compile/serve call this once per batch size: load once
+    return m
+
+
+def calibration_from_args(args: argparse.Namespace, model: Any = None) -> Any:
+    """``--calibration-data`` read and checked against the model's inputs (a
+    :class:`~hwbackends.samples.Samples`), or ``None``. ``model``: the loaded model (default:
+    :func:`model_from_args`)."""
+    path = getattr(args, "calibration_data", None)
+    if not path:
+        return None
+    from ..models import load_model
+    from ..samples import read_samples
+
+    m = load_model(model if model is not None else model_from_args(args))
+    return read_samples(path, m.inputs, "--calibration-data")
 
 
 def read_arrays(path: str) -> Any:
@@ -98,6 +142,9 @@ def portable_model_file(args: argparse.Namespace, workdir: Path) -> str:
     so no node unpickles anything or needs the weights file."""
     from ..errors import UnsupportedError
 
+    if not (getattr(args, "input_shape", None) or getattr(args, "trust_pickle", False)
+            or getattr(args, "weights", None)):
+        return args.model  # data files travel on their own (hwb fleet's data_payload)
     m = model_from_args(args)
     if isinstance(m, str):
         return m

@@ -69,10 +69,25 @@ def _tag(d: dict[str, Any], ident: dict[str, Any]) -> None:
                         node_id=ident["node_id"], label=ident["label"])
 
 
+def data_from_payload(data: dict[str, Any] | None) -> dict[str, Any]:
+    """The driver's samples (``run_fleet(data=)``) as ``bench_model`` keyword arguments:
+    :class:`~hwbackends.samples.Samples` that keep the driver's source (file name, sha256)."""
+    from ..samples import DataSource, Samples
+
+    out: dict[str, Any] = {}
+    for k in ("calibration", "validation"):
+        d = (data or {}).get(k)
+        if d:
+            arrays = tuple(d["arrays"]) if isinstance(d["arrays"], list) else d["arrays"]
+            out[f"{k}_data"] = Samples(arrays, DataSource.from_dict(d["source"]))
+    return out
+
+
 def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: str,
                   scenarios: Sequence[str], n: int | None, pin: Sequence[int] | None,
                   use_cache: bool, artifact: Packed | None,
-                  cache_dir: str | None = None) -> tuple[dict[str, Any], Packed | None]:
+                  cache_dir: str | None = None,
+                  data: dict[str, Any] | None = None) -> tuple[dict[str, Any], Packed | None]:
     """Compile and measure ``target:precision`` here; return the results (as a
     ``BenchResults`` dict, every row tagged with this machine) and the packed artifact for
     other nodes with the same toolchain. ``artifact``: one compiled elsewhere, imported
@@ -103,7 +118,7 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
         try:
             res = bench_model(src, [target], [precision], sc,
                               store=store, pin=pin, progress=False, cache=ProfileCache(),
-                              use_cache=use_cache, say=notes.append)
+                              use_cache=use_cache, say=notes.append, **data_from_payload(data))
         except HwbError as exc:  # bad pattern/precision on this node: a failed row, not a crash
             return ({"error": f"{type(exc).__name__}: {exc}", "identity": ident,
                      "task_s": time.perf_counter() - t0}, None)

@@ -303,11 +303,14 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
               share_artifacts: bool = True, cache_dir: str | None = None,
               say: Say | None = None, on_event: OnEvent | None = None,
               allow_external: bool = False, num_cpus: int | None = None,
-              shutdown: bool = True) -> BenchResults:
+              shutdown: bool = True, data: dict[str, Any] | None = None) -> BenchResults:
     """Evaluate ``model`` on every node of the Ray cluster at ``address`` (``"local"``: an
     embedded one advertising this machine's available targets). Returns one
     :class:`BenchResults` holding every machine: rows tagged with ``machine`` (fingerprint,
-    hostname, node id, label), ``fleet`` describing the nodes and each task's Ray cost."""
+    hostname, node id, label), ``fleet`` describing the nodes and each task's Ray cost.
+    ``data``: ``{"calibration"|"validation": {"arrays": …, "source": DataSource dict}}``, the
+    user's samples (checked on the driver), sent to every node's compiles
+    (:func:`.node.data_from_payload`)."""
     if address != "local" and "ray" not in sys.modules:
         _auth_env()
     try:
@@ -329,6 +332,7 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
                  "tasks": [], "targets": list(targets), "scenarios": list(scenarios)}
     remote = ray.remote(num_returns=2, max_retries=0)(_bench_task())
     blob_ref = ray.put(blob) if blob is not None else None
+    data_ref = ray.put(data) if data else None
 
     def submit(it: Item) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -338,7 +342,7 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
             num_cpus=0, resources={resource_name(it.target): 1}, scheduling_strategy=strat,
         ).remote(model, blob_ref, it.target, it.precision, list(scenarios), n,
                  list(pin) if pin else None, use_cache, it.art_ref if share_artifacts else None,
-                 cache_dir)
+                 cache_dir, data_ref)
 
     fleet = _Fleet(res, say, on_event, task_timeout, submit)
     try:

@@ -205,7 +205,9 @@ def _routing_section(ctx: _Ctx) -> str:
 
 def _availability(ctx: _Ctx) -> str:
     rows = [[f"<b>{_e(a['target'])}</b>", _e(a.get("family", "")), _badge(a["mode"]),
-             _e(a.get("device", "") or "—"), _e(a.get("reason", ""))] for a in ctx.res.availability]
+             _e(a.get("device", "") or "—"),
+             _e(a.get("reason", "")) + (f"<br><b>{_e(a['skipped'])}</b>" if a.get("skipped") else "")]
+            for a in ctx.res.availability]
     return ("<section><h2>Availability on this machine</h2>"
             + _table(["target", "family", "mode", "device", "why / how"], rows)
             + '<p class="note"><b>hardware</b>: runs on the real device. <b>emulated</b>: the '
@@ -283,15 +285,36 @@ def _fidelity_row(v: dict[str, Any]) -> list[str]:
             f'<span class="note">degenerate: {_e(f.get("warning", ""))}</span>' if f.get("degenerate") else ""]
 
 
+def data_note(data: dict[str, Any] | None, n: Any) -> str:
+    """What the fidelity figures were measured (and the quantized variants calibrated) on:
+    the results' data provenance (hwbackends/samples.py), with a banner for synthetic inputs."""
+    v, c = (data or {}).get("validation"), (data or {}).get("calibration")
+    if not v:  # a results file from before provenance was recorded
+        return f'<p class="note">Compared on {_e(n)} validation samples (their source was not recorded).</p>'
+    out = f'<p class="note">Compared on {_e(v["label"])}.'
+    if c:
+        out += f' Quantized and fixed-point variants calibrated on {_e(c["label"])}.'
+    out += "</p>"
+    if v.get("synthetic") or (c or {}).get("synthetic"):
+        out += ('<div class="emu-banner"><b>Synthetic inputs.</b> No data of the model\'s real '
+                "inputs was given, so fidelity (and calibration) used seeded N(0,1) samples: the "
+                "figures show that a variant computes what the source model computes on such "
+                "inputs, not how it behaves on market data. Pass <code>--validation-data</code> "
+                "(and <code>--calibration-data</code>), or <code>validation_data</code> per "
+                "strategy in strategies.toml.</div>")
+    return out
+
+
 def _fidelity(ctx: _Ctx) -> str:
     res = ctx.res
     rows = [_fidelity_row(v) for v in res.variants]
     n = (res.variants[0].get("fidelity") or {}).get("n", "?") if res.variants else "?"
+    data = res.data or next((v.get("data") for v in res.variants if v.get("data")), None)
     return ("<section><h2>Fidelity against the fp32 source model, build cost</h2>"
             + _table(["variant", "mode", "corr", "max abs err", "MAE", "sign agree",
                       "compile time", "artifact", ""], rows, {2, 3, 4, 5, 6, 7})
-            + f'<p class="note">Compared on {_e(n)} '
-              "held-out validation samples. <i>sign agree</i> is the share of outputs whose sign "
+            + data_note(data, n)
+            + '<p class="note"><i>sign agree</i> is the share of outputs whose sign '
               "(trade direction) matches the reference. Compile time is the first build; "
               "“cached” variants were loaded from the artifact store.</p></section>")
 

@@ -57,13 +57,18 @@ class Router:
     def from_config(cls, path: str | Path, *, store: Any = None, registry: Any = None,
                     cache: ProfileCache | None = None, refresh: bool = False,
                     strict: bool = True, progress: Callable[[str], None] | None = None,
-                    strategies: list[str] | None = None) -> "Router":
+                    strategies: list[str] | None = None,
+                    calibration_data: str | Path | None = None,
+                    validation_data: str | Path | None = None) -> "Router":
         """Validate the config, plan every strategy (compile, check, measure, choose) and
         start its lane. ``strict``: a strategy no variant can serve raises
         :class:`NoRouteError` (with every candidate's reason) instead of being left out.
-        ``refresh`` re-measures instead of using cached profiles."""
+        ``refresh`` re-measures instead of using cached profiles. ``calibration_data`` /
+        ``validation_data`` (``.npy``/``.npz`` paths, ``hwb route --calibration-data``)
+        replace every strategy's own ``calibration_data``/``validation_data``."""
         from ..models import load_model
         from ..registry import get_registry
+        from ..samples import attach_validation, read_samples
 
         p = Path(path)
         reg = registry or get_registry()
@@ -76,11 +81,21 @@ class Router:
                 continue
             src = s.model if s.model.startswith("zoo:") else str(resolve_model(s.model, p))
             kw = s.load_kwargs(p)
-            key = (src, repr(sorted(kw.items())))  # the same file loaded another way is another model
+            files = s.data_paths(p) | {k: Path(v) for k, v in (("calibration", calibration_data),
+                                                               ("validation", validation_data)) if v}
+            # the same file loaded another way, or with other data, is another model
+            key = (src, repr(sorted(kw.items())), str(files.get("validation")))
+            where = f"strategy {name!r}"
             if key not in models:
                 models[key] = load_model(src, **kw)
+                if "validation" in files:
+                    attach_validation(models[key], read_samples(
+                        files["validation"], models[key].inputs, f"{where} validation_data"))
+            calib = (read_samples(files["calibration"], models[key].inputs,
+                                  f"{where} calibration_data") if "calibration" in files else None)
             decisions[name] = plan_strategy(name, s, cfg, models[key], reg, store=store,
-                                            cache=cache, refresh=refresh, say=progress)
+                                            cache=cache, refresh=refresh, say=progress,
+                                            calibration_data=calib)
         if strategies:
             unknown = sorted(set(strategies) - set(cfg.strategies))
             if unknown:

@@ -1,10 +1,13 @@
 """Routing decisions: for one strategy, every candidate variant, measured and judged.
 
-The policy, in order: compile on every allowed, available target × precision (cached);
-reject variants whose fidelity misses the strategy's tolerance; never rank an emulated
-variant by latency unless the config allows it; measure the rest (single-stream profile,
-cached per artifact and machine); a ``hwb_choose`` plugin may pick; otherwise choose the
-lowest p99 within the tier's budget, and when none meets it say so and name the closest.
+The policy, in order: list every allowed target, and without building them reject those
+no build could make eligible (an emulated target when emulated and modelled latencies are not
+ranked; a slow build only ``*`` matched); compile on every other available target ×
+precision (cached); reject variants whose fidelity misses the strategy's tolerance; never
+rank an emulated variant by latency unless the config allows it; measure the rest
+(single-stream profile, cached per artifact and machine); a ``hwb_choose`` plugin may pick;
+otherwise choose the lowest p99 within the tier's budget, and when none meets it say so and
+name the closest.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
-from ..registry import safe_probe, select_targets
-from ..specs import MODELLED
+from ..registry import safe_probe, select_targets, slow_unless_named
+from ..samples import describe as describe_data
+from ..specs import MODELLED, Availability, Mode
 from .modelled import modelled_estimate, modelled_profile
 from .modelled import reason as modelled_reason
 
@@ -57,6 +61,8 @@ class Candidate:
     profile: LatencyProfile | None = None
     profile_cached: bool = False
     fidelity: dict[str, Any] | None = None
+    #: Where its calibration and validation inputs came from (``CompiledModel.data``).
+    data: dict[str, Any] | None = None
 
     @property
     def variant(self) -> str:
@@ -72,7 +78,8 @@ class Candidate:
                 "mode": self.mode, "status": self.status, "reasons": self.reasons,
                 "p50_us": p.p50_us if p else None, "p99_us": p.p99_us if p else None,
                 "p999_us": p.p999_us if p else None, "n": p.n if p else None,
-                "profile_cached": self.profile_cached, "fidelity": self.fidelity}
+                "profile_cached": self.profile_cached, "fidelity": self.fidelity,
+                "data": self.data}
 
 
 @dataclass
@@ -118,6 +125,10 @@ def explain(d: Decision) -> str:
     lines = [head]
     if d.note:
         lines.append(f"  ! {d.note}")
+    data = next((x.data for x in d.candidates if x.data and x.data.get("calibration")), None) \
+        or next((x.data for x in d.candidates if x.data), None)
+    if data:
+        lines.append(f"  fidelity {describe_data(data)}")
     lines.append(f"  {'VARIANT':<30} {'MODE':<11} {'p99':>10} {'corr':>9} {'max abs':>9}  VERDICT")
     for x in d.candidates:
         f = x.fidelity or {}
@@ -130,17 +141,44 @@ def explain(d: Decision) -> str:
     return "\n".join(lines)
 
 
+def allows_emulated(s: "StrategyConfig", cfg: "StrategiesFile") -> bool:
+    """Whether strategy ``s`` ranks emulated latencies (its own setting, else the router's)."""
+    return cfg.router.allow_emulated if s.allow_emulated is None else s.allow_emulated
+
+
+def emulated_rejection(av: Availability) -> str:
+    return (f"emulated ({av.reason}): its latency is not this hardware's; set allow_emulated = "
+            f"true to rank it")
+
+
+def rejected_before_compile(s: "StrategyConfig", cfg: "StrategiesFile", av: Availability) -> str | None:
+    """Why no variant of a target with availability ``av`` could be chosen for ``s``, known
+    before compiling it (so it is not built), or ``None``: an emulated target when the
+    strategy ranks neither emulated nor modelled latencies (and the target cannot find a
+    board at load, ``details["board"]``, which would make it hardware). The fidelity gate
+    needs the build."""
+    if (av.mode is Mode.EMULATED and not allows_emulated(s, cfg) and not s.allow_modelled
+            and not av.details.get("board")):
+        return emulated_rejection(av) + " (not built)"
+    return None
+
+
 def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: "Model",
                   reg: "Registry", *, store: Any = None, cache: ProfileCache | None = None,
-                  refresh: bool = False, say: Callable[[str], None] | None = None) -> Decision:
-    """Compile, check, measure and rank every candidate for strategy ``name``."""
+                  refresh: bool = False, say: Callable[[str], None] | None = None,
+                  calibration_data: Any = None) -> Decision:
+    """Compile, check, measure and rank every candidate for strategy ``name``. Targets the
+    strategy's rules reject whatever they build (:func:`rejected_before_compile`) and slow
+    builds only ``*`` matched (:func:`~hwbackends.registry.slow_unless_named`) are listed
+    with the reason, not compiled."""
     say = say or (lambda m: log.info(m))
     tier = cfg.tiers[s.tier]
-    allow_emulated = cfg.router.allow_emulated if s.allow_emulated is None else s.allow_emulated
+    allow_emulated = allows_emulated(s, cfg)
     tol = s.fidelity.tolerance()
     bench = SingleStream(n=cfg.router.bench.n, warmup=cfg.router.bench.warmup,
                          max_s=cfg.router.bench.max_s)
     names = select_targets(reg, s.targets, where=f"strategy {name!r} targets")
+    slow = slow_unless_named(reg, names, s.targets)
     cands: list[Candidate] = []
     for tname in names:
         tgt = reg.targets[tname]
@@ -148,18 +186,24 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
         if not av.usable:
             cands.append(Candidate(name, tname, "", "unavailable", "unavailable", [av.reason]))
             continue
+        early = rejected_before_compile(s, cfg, av) or slow.get(tname)
         for prec in tgt.precisions:
             if s.precisions and prec not in s.precisions:
                 continue
             c = Candidate(name, tname, prec, av.mode.value)
             cands.append(c)
+            if early:
+                c.status, c.reasons = "rejected", [early]
+                continue
             try:
                 c.cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
-                                   isolate_compile=cfg.router.isolate_compile, progress=say)
+                                   isolate_compile=cfg.router.isolate_compile, progress=say,
+                                   calibration_data=calibration_data, registry=reg)
             except HwbError as exc:
                 c.status, c.reasons = "failed", [f"{type(exc).__name__}: {str(exc)[:300]}"]
                 continue
             c.fidelity = c.cm.fidelity.to_dict() if c.cm.fidelity else None
+            c.data = c.cm.data or None
             bad = tol.violations(c.cm.fidelity) if c.cm.fidelity else ["no fidelity measured"]
             if bad:
                 c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
@@ -170,18 +214,14 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                 c.status, c.reasons = "candidate", [modelled_reason(est)]
                 continue
             if c.mode == "emulated" and not allow_emulated:
-                c.status = "rejected"
-                c.reasons = [f"emulated ({av.reason}): its latency is not this hardware's; "
-                             f"set allow_emulated = true to rank it"]
+                c.status, c.reasons = "rejected", [emulated_rejection(av)]
                 continue
             c.status = "to-measure"
     # Measure the survivors together, interleaved, so they are compared under the same noise.
     todo = [c for c in cands if c.status == "to-measure"]
     if todo:
-        say(f"{name}: measuring {len(todo)} candidate(s) interleaved "
-            f"({bench.n} calls each in {cfg.router.bench.rounds} rounds)")
         profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
-                                    cache, refresh)
+                                    cache, refresh, say=say, what=name)
         for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
