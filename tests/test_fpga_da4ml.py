@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.errors import InputError, UnsupportedError
+from hwbackends.errors import CompileError, InputError, UnsupportedError
 from hwbackends.registry import get_registry
 from hwbackends.specs import Mode
 
@@ -76,6 +76,65 @@ def test_design_matches_the_float_model_and_softmax_sums_to_one():
     got = np.asarray(comb.predict(x))
     assert np.max(np.abs(got - want)) < 0.02, np.max(np.abs(got - want))
     assert np.allclose(got.sum(axis=1), 1, atol=0.03)
+
+
+def _jet_layers(seed: int = 0, dims: tuple[int, ...] = (16, 64, 32, 32, 5)):
+    """A seeded dense softmax classifier like hls4ml's jet tagger (logits up to ~±7)."""
+    from hwb_plugins.fpga_da4ml.network import DenseLayer
+    rng = np.random.default_rng(seed)
+    layers = [DenseLayer(f"l{i}", rng.normal(0, 1.5 / np.sqrt(a), (a, b)), rng.normal(0, .1, b),
+                         "softmax" if i == len(dims) - 2 else "relu")
+              for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=False))]
+    x = rng.standard_normal((512, dims[0]))
+    want = x
+    for lyr in layers:
+        want = lyr.forward(want)
+    return layers, x, want
+
+
+@pytest.mark.parametrize("f", [8, 10, 12, 14, 16, 18, 20])
+def test_softmax_stays_a_distribution_and_its_error_falls_with_the_precision(f):
+    """Issue 20 #2: at f >= 13 rows summed to 4.5 (a da4ml bug, interp.py) and 8-bit tables
+    floored the error at ~0.011. The nearest da4ml-safe design to f fractional bits now sums
+    to 1 and its error falls below the old floor."""
+    from hwb_plugins.fpga_da4ml import interp, precision
+    layers, x, want = _jet_layers(dims=(8, 16, 5))
+    r = precision.measure(layers, x)
+    builds = precision._Builds(layers, 8)
+    plan, comb = builds.nearest_safe(lambda off: precision.plan_auto(r, f + off))
+    assert interp.unsafe_muxes(comb) == 0 and abs(plan.f - f) <= 3
+    lo, hi = plan.input_range()
+    got = interp.evaluate(comb, np.clip(x, lo, hi))
+    assert np.allclose(got.sum(axis=1), 1, atol=0.02 if plan.f < 10 else 0.01), got.sum(axis=1)[:5]
+    err = float(np.max(np.abs(got - want)))
+    assert err < (0.03 if plan.f < 10 else 0.005 if plan.f < 12 else 0.0025), (plan.f, err)
+
+
+@pytest.mark.slow
+def test_a_width_da4ml_would_get_wrong_is_refused_naming_widths_that_work():
+    """At 12 fractional bits the jet tagger's design holds muxes da4ml 0.6 evaluates wrongly
+    (its interpreter halves one sample's probabilities; its Verilog gets another wrong value,
+    seen in a Verilator run): such a design is never evaluated, an explicit width that yields
+    one is refused naming neighbours that were built and checked, and auto meets the default
+    gate (it could not: 8-bit tables floored the error at ~0.011)."""
+    from hwb_plugins._shared.fixed_point import FidelityTarget
+    from hwb_plugins.fpga_da4ml import design, interp, precision
+    layers, x, want = _jet_layers()
+    plan = precision.plan_auto(precision.measure(layers, x), 20)
+    comb = design.build(layers, plan, 16)
+    assert interp.unsafe_muxes(comb) > 0
+    xc = np.clip(x, *plan.input_range())
+    cpp = np.asarray(comb.predict(xc))  # da4ml's C++ interpreter vs its Python evaluator:
+    py = np.array([comb(row, quantize=True) for row in xc], dtype=np.float64)
+    assert np.any(np.abs(cpp - py) > 1e-3)  # they disagree: the upstream bug
+    with pytest.raises(CompileError, match="evaluates wrongly"):
+        interp.evaluate(comb, x)
+    ref, target = want.astype(np.float32), FidelityTarget()
+    with pytest.raises(UnsupportedError, match=r"fixed<18,6>.*evaluate wrongly.*Nearby widths without it: fixed<"):
+        precision.choose("fixed<18,6>", layers, x, ref, target)
+    chosen = precision.choose("auto", layers, x, ref, target)
+    assert target.tolerance().violations(chosen.fidelity) == [] and chosen.fidelity.max_abs < 0.005
+    assert interp.unsafe_muxes(chosen.comb) == 0
 
 
 def test_estimate_relations():

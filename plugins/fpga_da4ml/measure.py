@@ -2,7 +2,8 @@
 
 Latency is *measured*: distinct random vectors enter one per clock, and the latency is the
 clock offset at which the output trace equals da4ml's bit-exact reference interpreter
-(``CombLogic.predict``) for every vector. With one new vector on every clock and every output
+(interp.py: ``CombLogic.predict``, or da4ml's Python evaluator where its C++ build is wrong) for
+every vector. With one new vector on every clock and every output
 right, the initiation interval is 1 by observation. Neither figure is taken from da4ml's own
 ``latency`` constant; the caller checks the measurement against the pipeline depth.
 """
@@ -15,6 +16,7 @@ import numpy as np
 
 from hwbackends.errors import CompileError
 
+from . import interp
 from .executor import RtlLibrary, WordFormat
 
 MAX_LATENCY = 256
@@ -29,7 +31,7 @@ class Timing:
 
 def reference_words(comb: Any, fmt: WordFormat, x: np.ndarray) -> np.ndarray:
     """da4ml's interpreter on the host-saturated inputs, as output words (int)."""
-    y = np.asarray(comb.predict(fmt.clamp(x.reshape(len(x), -1)).astype(np.float64)), np.float64)
+    y = interp.evaluate(comb, fmt.clamp(x.reshape(len(x), -1)))
     return np.round(y * 2.0 ** fmt.f_out).astype(np.int64)
 
 
@@ -56,4 +58,4 @@ def bit_exact(run: Any, comb: Any, fmt: WordFormat, x: np.ndarray) -> dict[str, 
     want = reference_words(comb, fmt, x)
     bad = int(np.count_nonzero(np.any(got != want, axis=1)))
     return {"samples": len(x), "mismatches": bad, "bit_exact": bad == 0,
-            "reference": "da4ml CombLogic.predict on the same saturated inputs"}
+            "reference": "da4ml's bit-exact interpreter on the same saturated inputs"}

@@ -22,6 +22,7 @@ from hwbackends.fidelity import Fidelity, compare
 
 from .._shared.fixed_point import (
     F_MAX,
+    F_MIN,
     FidelityTarget,
     Probe,
     first_guess,
@@ -29,7 +30,7 @@ from .._shared.fixed_point import (
     narrow_weights,
     search,
 )
-from . import design
+from . import design, interp
 from .network import DenseLayer
 
 _FIXED = re.compile(r"^(ap_)?fixed<\s*(\d+)\s*,\s*(-?\d+)\s*>$")
@@ -84,39 +85,101 @@ class Chosen:
     search: dict[str, Any]
 
 
+class _Builds:
+    """Designs built so far, and the da4ml-safe one nearest a requested plan.
+
+    da4ml 0.6 mis-evaluates one construct, in its C++ interpreter *and* in its Verilog: a mux
+    whose result has fewer fractional bits than the operand it selects (interp.unsafe_muxes).
+    Whether the tracer emits one depends on the widths, not on the network's meaning: the jet
+    tagger has none at 9–11, 13 and 14 fractional bits and some at 12 and 15–20. A design that
+    holds one is never used; the nearest design without one stands in for it."""
+
+    #: Offsets tried around a requested width, in order: wider first (never less accurate).
+    OFFSETS = (0, 1, 2, -1, -2, -3)
+
+    def __init__(self, layers: list[DenseLayer], n_in: int):
+        self.layers, self.n_in = layers, n_in
+        self.done: dict[tuple[int, int], tuple[design.Plan, Any, int]] = {}
+        self.skipped: list[dict[str, int]] = []
+
+    def build(self, plan: design.Plan) -> tuple[Any, int]:
+        key = (plan.f, plan.fw)
+        if key not in self.done:
+            comb = design.build(self.layers, plan, self.n_in)
+            n = interp.unsafe_muxes(comb)
+            self.done[key] = (plan, comb, n)
+            if n:
+                self.skipped.append({"frac_bits": plan.f, "weight_frac_bits": plan.fw, "unsafe_muxes": n})
+        return self.done[key][1], self.done[key][2]
+
+    def nearest_safe(self, make: Callable[[int], design.Plan | None]) -> tuple[design.Plan, Any] | None:
+        """The first safe plan ``make(offset)`` gives, over OFFSETS (None: out of range)."""
+        for off in self.OFFSETS:
+            plan = make(off)
+            if plan is None:
+                continue
+            comb, unsafe = self.build(plan)
+            if not unsafe:
+                return plan, comb
+        return None
+
+
 def choose(precision: str, layers: list[DenseLayer], calib: np.ndarray, ref: np.ndarray,
            target: FidelityTarget) -> Chosen:
     """The plan (and its traced design) for ``precision``."""
     n_in = calib.reshape(len(calib), -1).shape[1]
+    builds = _Builds(layers, n_in)
     if precision != "auto":
         wi = parse_fixed(precision)
         if wi is None:
             raise UnsupportedError(f"fpga.da4ml precision must be 'auto' or fixed<W,I> (2 ≤ W ≤ 32, "
                                    f"1 ≤ I < W); got {precision!r}")
         plan = plan_fixed(layers, *wi)
-        comb = design.build(layers, plan, n_in)
+        comb, unsafe = builds.build(plan)
+        if unsafe:
+            w, i = wi
+            ok = [f"fixed<{w + d},{i}>" for d in (1, -1, 2, -2)
+                  if 2 <= w + d <= 32 and i < w + d and not builds.build(plan_fixed(layers, w + d, i))[1]]
+            raise UnsupportedError(
+                f"fpga.da4ml cannot build {precision} for this model correctly: at these widths "
+                f"da4ml 0.6 emits {unsafe} saturation mux(es) that its interpreter and its Verilog "
+                f"both evaluate wrongly (a shift by a negative count). "
+                + (f"Nearby widths without it: {', '.join(ok)}; or use precision='auto', which "
+                   f"skips such widths." if ok else "Use precision='auto', which skips such widths."))
         return Chosen(plan, comb, _fidelity(comb, plan, calib, ref), {})
     ranges = measure(layers, calib)
+    used: dict[tuple[int, int], design.Plan] = {}
     combs: dict[tuple[int, int], Any] = {}
 
-    def probe(f: int, fw: int) -> Callable[[], tuple[Fidelity, float]]:
+    def probe(f: int, fw: int, narrowing: bool) -> tuple[Fidelity, float]:
         t0 = time.perf_counter()
-        plan = plan_auto(ranges, f, fw)
-        combs[(f, fw)] = design.build(layers, plan, n_in)
-        return _fidelity(combs[(f, fw)], plan, calib, ref), time.perf_counter() - t0
+
+        def make(off: int) -> design.Plan | None:
+            ff, ww = (f, fw + off) if narrowing else (f + off, fw + off)
+            return plan_auto(ranges, ff, ww) if F_MIN <= ww <= ff <= F_MAX else None
+        got = builds.nearest_safe(make)
+        if got is None:
+            raise CompileError(
+                f"precision='auto': every design near {f} fractional bits holds a construct "
+                f"da4ml 0.6 evaluates wrongly (see interp.py); compile an explicit fixed<W,I> "
+                f"with fewer fractional bits, or loosen option fidelity")
+        used[(f, fw)], combs[(f, fw)] = got
+        return _fidelity(got[1], got[0], calib, ref), time.perf_counter() - t0
 
     start = first_guess(target, float(np.ptp(ref)))
-    best, probes = search(lambda f: probe(f, f), target, start)
+    best, probes = search(lambda f: probe(f, f, False), target, start)
     if best is None:
         raise CompileError(
             f"precision='auto' found no fixed-point design meeting {target.to_dict()} with up to "
             f"{F_MAX} fractional bits (best: {probes[-1].fidelity}; {'; '.join(probes[-1].violations)}). "
             f"Loosen option fidelity, or compile an explicit precision such as fixed<24,8>")
-    best_w, wprobes = narrow_weights(lambda fw: probe(best, fw), target, best)
-    plan = plan_auto(ranges, best, best_w)
-    comb = combs[(best, best_w)]
-    meta = {"frac_bits": best, "weight_frac_bits": best_w, "start": start, "target": target.to_dict(),
+    chosen_f = used[(best, best)].f
+    best_w, wprobes = narrow_weights(lambda fw: probe(chosen_f, fw, True), target, chosen_f)
+    key = (chosen_f, best_w) if (chosen_f, best_w) in used else (best, best)
+    plan, comb = used[key], combs[key]
+    meta = {"frac_bits": plan.f, "weight_frac_bits": plan.fw, "start": start, "target": target.to_dict(),
             "probes": [_probe(p) for p in probes], "weight_probes": [_probe(p) for p in wprobes],
+            "skipped_for_da4ml_bug": builds.skipped,
             "ranges": {"input": ranges.inp, "layers": ranges.layers}}
     return Chosen(plan, comb, _fidelity(comb, plan, calib, ref), meta)
 
@@ -127,7 +190,7 @@ def _probe(p: Probe) -> dict[str, Any]:
 
 def _fidelity(comb: Any, plan: design.Plan, x: np.ndarray, ref: np.ndarray) -> Fidelity:
     lo, hi = plan.input_range()
-    y = comb.predict(np.clip(x.reshape(len(x), -1), lo, hi).astype(np.float64))
+    y = interp.evaluate(comb, np.clip(x.reshape(len(x), -1), lo, hi))
     return compare(ref, np.asarray(y, np.float32).reshape(ref.shape))
 
 
