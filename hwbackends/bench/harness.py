@@ -299,17 +299,25 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                         _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say,
                                calibration_data, validation_data, reg)
                         continue
-                    prof, hit = cached_measure(cm, sc, cache if use_cache else None, data, pin,
-                                               progress)
-                    if cache is not None and not use_cache and not prof.interrupted:
-                        cached_measure_store(cache, cm, sc, pin, prof)
-                    res.profiles.append(prof)
-                    if prof.interrupted:
-                        raise KeyboardInterrupt
+                    _one(res, cm, sc, data, pin, progress, cache, use_cache, say)
     except KeyboardInterrupt:
         res.interrupted = True
         say("interrupted: keeping what was measured")
     return res
+
+
+def _one(res: BenchResults, cm: "CompiledModel", sc: Scenario, data: Any,
+         pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None, use_cache: bool,
+         say: Say) -> None:
+    """One variant in one (non-batch) scenario, through the profile cache when asked."""
+    prof, hit = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress)
+    if hit:
+        say(f"{cm.variant} {sc.name}: profile from cache (this machine, same artifact)")
+    if cache is not None and not use_cache and not prof.interrupted:
+        cached_measure_store(cache, cm, sc, pin, prof)
+    res.profiles.append(prof)
+    if prof.interrupted:
+        raise KeyboardInterrupt
 
 
 def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
