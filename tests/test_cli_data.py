@@ -372,3 +372,19 @@ def test_samples_per_s_is_median_based(compiled) -> None:
     prof = measure(cm, SingleStream(n=200, warmup=0), predict_into=stalling)
     assert prof.throughput == pytest.approx(cm.batch_size * 1e6 / prof.p50_us, rel=1e-6)
     assert prof.throughput > 3 * prof.n * cm.batch_size / prof.duration_s  # n/wall would say less
+
+
+def test_fleet_ships_the_checked_data_with_its_source(store_dir, mlp_data) -> None:
+    """hwb fleet reads and checks the files on the driver; each node gets the arrays and the
+    driver's provenance (file name, sha256), not a path it may not have."""
+    from hwbackends.cli.fleet import data_payload
+    from hwbackends.fleet.node import data_from_payload
+
+    cal, val = mlp_data
+    args = build_parser().parse_args(["fleet", "zoo:mlp", "--fleet", "local", "--calibration-data",
+                                      str(cal), "--validation-data", str(val)])
+    kw = data_from_payload(data_payload(args))
+    assert set(kw) == {"calibration_data", "validation_data"}
+    assert kw["validation_data"].source.path == str(val.resolve())
+    assert kw["calibration_data"].arrays.shape == (200, 64)
+    assert data_from_payload(None) == {}
