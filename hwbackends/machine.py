@@ -37,6 +37,30 @@ def _version(dist: str) -> str:
         return ""
 
 
+#: CPU features that decide whether natively compiled code runs (and how fast) on a host.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+             "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "asimd", "asimddp", "sve",
+             "sve2", "i8mm", "bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def isa() -> str:
+    """``"<arch>:<flag>,…"``: the instruction-set features of this host among :data:`ISA_FLAGS`
+    (from /proc/cpuinfo; no import). A target whose artifact is native code built for the host
+    (``-march=native``) puts this into ``Target.toolchain()``: the store and fleet nodes then
+    never hand an AVX-512 build to an AVX2 machine, where it would die with SIGILL."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()}:{','.join(x for x in ISA_FLAGS if x in flags)}"
+
+
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
     """``{"id": short hash, "cpu": ..., "cores": ..., "libraries": {...}, ...}``.

@@ -374,7 +374,12 @@ class Target:
 
     def toolchain(self) -> dict[str, str]:
         """Versions of everything that shapes the artifact (library, compiler, device).
-        Part of the cache key: a change rebuilds. Called in the child process."""
+        Part of the cache key: a change rebuilds. Called in the caller's process (the key is
+        computed before any build) and on every fleet node: keep it light (no heavy import).
+        Artifacts travel between fleet nodes whose ``toolchain()`` is equal, and ``load()``
+        runs wherever the artifact lands, so an artifact of native code built for the host
+        (``-march=native``) must include the host's instruction set:
+        ``{"isa": hwbackends.machine.isa(), …}``."""
         return {}
 
     def check_options(self, options: CompileOptions) -> None:

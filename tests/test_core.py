@@ -184,3 +184,21 @@ def test_the_executor_found_at_load_decides_the_mode(zoo_model, tmp_path):
                      isolate_compile=False, fidelity=False)
     assert isinstance(cm.executor, LiteRTExecutor)
     assert cm.mode is hwb.Mode.HARDWARE and cm.availability.device == "the board"
+
+
+def test_machine_isa_names_the_host_instruction_set_for_toolchain_keys():
+    """Issue 20 #13: a native-code plugin keys its artifacts on the host ISA."""
+    import platform
+
+    from hwbackends import machine
+    isa = machine.isa()
+    arch, _, flags = isa.partition(":")
+    assert arch == platform.machine()
+    have = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                break
+    assert set(filter(None, flags.split(","))) == {x for x in machine.ISA_FLAGS if x in have}
+    assert ("avx2" in flags.split(",")) == ("avx2" in have)

@@ -35,6 +35,8 @@ class AllocProfile:
 
     net: int
     peak: int
+    #: where the net growth was allocated ("file:line: +N bytes in K blocks"), largest first
+    sites: tuple[str, ...] = ()
 
 
 def measure(fn: Call, x: np.ndarray, out: np.ndarray, calls: int, peak_calls: int) -> AllocProfile:
@@ -54,10 +56,17 @@ def measure(fn: Call, x: np.ndarray, out: np.ndarray, calls: int, peak_calls: in
             peak = max(peak, tracemalloc.get_traced_memory()[1] - before)
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
+        snap = tracemalloc.take_snapshot()
         for _ in range(calls):
             fn(x, out)
         gc.collect()
-        return AllocProfile(net=tracemalloc.get_traced_memory()[0] - before, peak=peak)
+        net = tracemalloc.get_traced_memory()[0] - before
+        sites: tuple[str, ...] = ()
+        if net > 0:
+            diff = tracemalloc.take_snapshot().compare_to(snap, "lineno")
+            sites = tuple(f"{d.traceback[0].filename}:{d.traceback[0].lineno}: +{d.size_diff} bytes "
+                          f"in {d.count_diff} blocks" for d in diff[:3] if d.size_diff > 0)
+        return AllocProfile(net=net, peak=peak, sites=sites)
     finally:
         if not already:
             tracemalloc.stop()
@@ -87,7 +96,12 @@ def check_no_allocation(ctx: Conformance, v: Variant, calls: int = ALLOC_CALLS,
             f"predict_into allocates per call: peak {', '.join(str(p.peak) for p in rounds)} bytes "
             f"above the memory before the call in three rounds (bound {peak_bound}). Write through "
             f"buffers made once in load()/__init__ (np.matmul(..., out=), in-place ufuncs); no "
-            f"temporaries, no copies of x")
+            f"temporaries, no copies of x. To see where: python -X tracemalloc=5 and "
+            f"tracemalloc.take_snapshot() inside your predict_into, after the suspect line")
+    where = rounds[-1].sites
     raise ConformanceError(f"predict_into keeps memory: net {', '.join(str(p.net) for p in rounds)} "
-                           f"bytes over {calls} calls in three rounds (bound {bound}). The hot path "
-                           f"must write into preallocated buffers and keep nothing per call")
+                           f"bytes over {calls} calls in three rounds (bound {bound})"
+                           + (f"; allocated at {'; '.join(where)}" if where else "")
+                           + ". The hot path must write into preallocated buffers and keep "
+                           "nothing per call. tracemalloc sees Python objects and NumPy buffers, "
+                           "not a native runtime's own allocations")
