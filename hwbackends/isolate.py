@@ -15,14 +15,16 @@ What the worker leaves behind is bounded:
   double-forks stays its descendant; a timeout stops the worker and kills its whole tree.
 - **Files are private and temporary.** The log and each job's ``TMPDIR`` live in a per-user
   0700 directory (:func:`private_dir`); the log is created with ``mkstemp`` (never a
-  predictable name), truncated when it grows past :data:`LOG_LIMIT` and removed with the
-  worker; each job's temp dir (converter scratch, ``cc*.s``) is removed when the job ends,
+  predictable name) and unlinked at once — parent and worker hold it open, so it has no name
+  left behind however either process ends (a Ray worker killed at shutdown included) —, and
+  truncated when it grows past :data:`LOG_LIMIT`; each job's temp dir (converter scratch, ``cc*.s``) is removed when the job ends,
   however it ends.
 """
 from __future__ import annotations
 
 import atexit
 import ctypes
+import fcntl
 import itertools
 import os
 import shutil
@@ -198,7 +200,8 @@ class Worker:
         self._conn: Any = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self.log_path: Path | None = None
+        #: The parent's descriptor of the worker's (unlinked) log; None while no worker runs.
+        self.log_fd: int | None = None
         atexit.register(self.kill)
 
     def _start(self) -> None:
@@ -208,7 +211,10 @@ class Worker:
 
         _sweep(private_dir())
         log_fd, log_name = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=private_dir())
-        self.log_path = Path(log_name)
+        os.unlink(log_name)  # open in both processes, named nowhere: nothing outlives them
+        # O_APPEND on the shared file description: after a truncation the worker writes at 0
+        fcntl.fcntl(log_fd, fcntl.F_SETFL, fcntl.fcntl(log_fd, fcntl.F_GETFL) | os.O_APPEND)
+        self.log_fd = os.dup(log_fd)
         parent, child = socket.socketpair()
         code = ("import sys; from hwbackends.isolate import _worker_main; "
                 "_worker_main(int(sys.argv[1]), int(sys.argv[2]))")
@@ -238,9 +244,9 @@ class Worker:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-        if self.log_path is not None:
-            self.log_path.unlink(missing_ok=True)
-        self.log_path = None
+        if self.log_fd is not None:
+            os.close(self.log_fd)
+        self.log_fd = None
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -317,27 +323,28 @@ class Worker:
     def _rotate_log(self) -> int:
         """Where this job's output starts in the log; the log is emptied first when it has
         grown past :data:`LOG_LIMIT` (the worker appends, so truncating is safe between jobs)."""
-        if self.log_path is None:
+        if self.log_fd is None:
             return 0
         try:
-            size = self.log_path.stat().st_size
+            size = os.fstat(self.log_fd).st_size
             if size > LOG_LIMIT:
-                os.truncate(self.log_path, 0)
+                os.ftruncate(self.log_fd, 0)
                 return 0
             return size
         except OSError:
             return 0
 
     def _get_log(self, start: int) -> str:
-        if self.log_path is None:
+        if self.log_fd is None:
             return ""
+        chunks, pos = [], start
         try:
-            fd = os.open(self.log_path, os.O_RDONLY | os.O_NOFOLLOW)
+            while chunk := os.pread(self.log_fd, 1 << 20, pos):
+                chunks.append(chunk)
+                pos += len(chunk)
         except OSError:
-            return ""
-        with os.fdopen(fd, "rb") as f:
-            f.seek(start)
-            return f.read().decode(errors="replace")
+            pass
+        return b"".join(chunks).decode(errors="replace")
 
 
 _WORKER: Worker | None = None
