@@ -45,16 +45,23 @@ def main() -> None:
 
     from hwbackends.bench import SingleStream, bench_model
     from hwbackends.fleet import run_fleet
+    from hwbackends.fleet.runner import local_ray_dir, remove_local_ray_dirs
 
     targets, precs = a.targets.split(","), a.precisions.split(",")
     for rnd in ("first pass", "cached artifacts"):
         t0 = time.perf_counter()
-        ray.init(resources={f"hwb.{t}": 1 for t in targets}, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+        # address="local" (as the runner does): a stale /tmp/ray/ray_current_cluster or
+        # RAY_ADDRESS would make a bare ray.init() try to join a cluster that is gone
+        ray.init(address="local", resources={f"hwb.{t}": 1 for t in targets},
+                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                 configure_logging=False, _temp_dir=local_ray_dir())
         start = time.perf_counter() - t0
-        res = run_fleet("zoo:signal", "local", targets, precs, ["single-stream"], n=a.n,
-                        shutdown=False)
-        ray.shutdown()
+        try:
+            res = run_fleet("zoo:signal", "local", targets, precs, ["single-stream"], n=a.n,
+                            shutdown=False)
+        finally:
+            ray.shutdown()
+            remove_local_ray_dirs()
         tasks = [t for t in res.fleet["tasks"] if t["status"] == "done"]
         over = [1e3 * (t["wall_s"] - t["task_s"]) for t in tasks]
         print(f"\n{rnd}: ray start {start:.1f} s; {len(tasks)} variants, whole run "

@@ -6,12 +6,15 @@ parallel. A node lost or busy fails its rows with the reason; the rest completes
 what was measured."""
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +59,31 @@ class Item:
         return f"{self.target}:{self.precision}"
 
 
+_LOCAL_DIRS: list[str] = []
+
+
+def local_ray_dir() -> str:
+    """A fresh directory for an embedded Ray's session (sockets, logs, object spill, its
+    ``ray_current_cluster``), so a run leaves nothing under /tmp/ray for a later ``ray.init()``
+    to join: pass it as ``ray.init(address="local", _temp_dir=...)`` and call
+    :func:`remove_local_ray_dirs` after ``ray.shutdown()`` (also done at exit)."""
+    d = tempfile.mkdtemp(prefix="hwb-ray-")
+    if not _LOCAL_DIRS:  # registered before ray.init registers its own shutdown: runs after it
+        atexit.register(remove_local_ray_dirs)
+    _LOCAL_DIRS.append(d)
+    return d
+
+
+def remove_local_ray_dirs() -> None:
+    """Remove the session directories of embedded Rays this process started and shut down."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    while _LOCAL_DIRS:
+        shutil.rmtree(_LOCAL_DIRS.pop(), ignore_errors=True)
+
+
 def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_external: bool,
              num_cpus: int | None) -> str:
     import ray
@@ -74,12 +102,14 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
             try:
                 # address="local": a new instance even when RAY_ADDRESS or a stale
                 # /tmp/ray/ray_current_cluster names another (Ray would try to join it).
+                # Its session lives in a directory of its own, removed after shutdown.
                 ray.init(address="local", resources=resources_for(targets), include_dashboard=False,
                          _node_ip_address="127.0.0.1", num_cpus=num_cpus or os.cpu_count() or 1,
-                         log_to_driver=False, configure_logging=False)
+                         log_to_driver=False, configure_logging=False, _temp_dir=local_ray_dir())
                 return "local"
             except Exception as exc:  # Ray gives its raylet a fixed 30 s to register
                 ray.shutdown()
+                remove_local_ray_dirs()
                 if attempt == 2:
                     raise FleetError(f"the embedded Ray did not start: {exc} (an overloaded "
                                      f"machine: Ray allows its raylet 30 s to register)") from exc
@@ -374,6 +404,7 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         res.fleet["wall_s"] = time.time() - t_start
         if shutdown and mode != "existing":
             ray.shutdown()
+            remove_local_ray_dirs()
     if not res.model:
         res.model = {"name": model}
     return res
