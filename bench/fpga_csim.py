@@ -18,6 +18,7 @@ the CPU; no FPGA latency is measured or implied here).
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import os
 import shutil
@@ -46,12 +47,15 @@ def warm_load_ms(cm, n: int = 5) -> float:
     y = np.zeros(cm.output.batched(1), np.float32)
     for _ in range(n):
         d = Path(tempfile.mkdtemp(prefix="hwb-load-"))
-        shutil.copytree(cm.artifact.path, d / "a")
-        art = type(cm.artifact)(**{**cm.artifact.__dict__, "path": d / "a"})
-        t0 = time.perf_counter()
-        ex = tgt.load(art, CompileOptions(cm.precision))
-        ex.predict_into(x, y)
-        times.append((time.perf_counter() - t0) * 1e3)
+        try:
+            shutil.copytree(cm.artifact.path, d / "a")
+            art = type(cm.artifact)(**{**cm.artifact.__dict__, "path": d / "a"})
+            t0 = time.perf_counter()
+            ex = tgt.load(art, CompileOptions(cm.precision))
+            ex.predict_into(x, y)
+            times.append((time.perf_counter() - t0) * 1e3)
+        finally:  # the library stays mapped; its copy on disk is this run's only
+            shutil.rmtree(d, ignore_errors=True)
     return statistics.median(times)
 
 
@@ -129,7 +133,9 @@ def _hls4ml_model(m, meta):
     from hwb_plugins.fpga_hls4ml import convert
 
     opts = convert.HlsOptions.from_extra({k: v for k, v in meta["options"].items() if v is not None})
-    hm = convert.convert(m, meta["hls4ml_config"], opts, Path(tempfile.mkdtemp(prefix="hwb-h4m-")))
+    d = tempfile.mkdtemp(prefix="hwb-h4m-")
+    atexit.register(shutil.rmtree, d, True)  # hls4ml's project: used until the run ends
+    hm = convert.convert(m, meta["hls4ml_config"], opts, Path(d))
     hm.compile()
     return hm
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -21,13 +22,19 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def unguarded(buf_in: str, run_attr: str, buf_out: str, arg: str | None):
-    """The pre-guard body: assign, run, copy out (errors caught only after the fact)."""
+def unguarded(ex):
+    """The pre-guard body of a :class:`~hwbackends.target.BufferedExecutor` (both built-in CPU
+    executors are one): assign, run, copy out (errors caught only after the fact)."""
+    from hwbackends.target import BufferedExecutor
+
+    if not isinstance(ex, BufferedExecutor):
+        raise SystemExit(f"{type(ex).__name__} is not a BufferedExecutor (_in/_invoke/_out): "
+                         f"this bench measures the guard of those")
+
     def predict_into(self, x, out):
-        getattr(self, buf_in)[...] = x
-        run = getattr(self, run_attr)
-        run() if arg is None else run(getattr(self, arg), None)
-        out[...] = getattr(self, buf_out)
+        self._in[...] = x
+        self._invoke()
+        out[...] = self._out
     return predict_into
 
 
@@ -41,14 +48,20 @@ def main() -> int:
 
     m = zoo.get("mlp")
     store = tempfile.mkdtemp(prefix="hwb-bench-")
-    specs = {"cpu.litert": ("_in", "_invoke", "_out", None),
-             "cpu.onnxruntime": ("_x", "_run", "_y", "_cbinding")}
+    try:
+        run(hwb, m, store, args)
+    finally:  # the store holds only this run's artifacts
+        shutil.rmtree(store, ignore_errors=True)
+    return 0
+
+
+def run(hwb, m, store: str, args: argparse.Namespace) -> None:
     clock = time.perf_counter_ns
-    for target, spec in specs.items():
+    for target in ("cpu.litert", "cpu.onnxruntime"):
         cm = hwb.compile(m, target, "fp32", store=store, fidelity=False)
         ex = cm.executor
         fns = {"guarded": cm.predict_into,
-               "unguarded": types.MethodType(unguarded(*spec), ex)}
+               "unguarded": types.MethodType(unguarded(ex), ex)}
         x = np.random.default_rng(0).standard_normal(cm.input.batched(1)).astype(np.float32)
         out = np.zeros(cm.output.batched(1), np.float32)
         samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -62,7 +75,6 @@ def main() -> int:
         print(f"{target:<16} guarded {g:7.0f} ns  unguarded {u:7.0f} ns  "
               f"guard cost {g - u:+5.0f} ns  ratio {g / u:.3f}  "
               f"(median of {args.rounds} rounds × {args.calls} calls)")
-    return 0
 
 
 if __name__ == "__main__":
