@@ -187,6 +187,8 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             cands.append(Candidate(name, tname, "", "unavailable", "unavailable", [av.reason]))
             continue
         early = rejected_before_compile(s, cfg, av) or slow.get(tname)
+        if early:
+            say(f"{name}: {tname} rejected without building it: {early}")
         for prec in tgt.precisions:
             if s.precisions and prec not in s.precisions:
                 continue
