@@ -122,7 +122,8 @@ def test_bench_results_and_report_carry_the_provenance(store_dir, mlp_data, tmp_
     assert "Synthetic inputs" in rep.read_text()
 
 
-STRATEGIES = """\
+#: One unbounded tier and a short router bench: the strategies of the tests below.
+TIER_AND_BENCH = """\
 [tiers.any]
 p99_us = 1000000
 
@@ -130,6 +131,9 @@ p99_us = 1000000
 n = 50
 warmup = 5
 rounds = 1
+"""
+
+STRATEGIES = TIER_AND_BENCH + """\
 
 [strategies.s]
 model = "zoo:mlp"
@@ -184,14 +188,7 @@ def _built(report: Path) -> list[str]:
     return report.read_text().split("\n")[:-1] if report.exists() else []
 
 
-ROUTE_ALL = """\
-[tiers.any]
-p99_us = 1000000
-
-[router.bench]
-n = 50
-warmup = 5
-rounds = 1
+ROUTE_ALL = TIER_AND_BENCH + """\
 
 [strategies.everything]
 model = "zoo:mlp"

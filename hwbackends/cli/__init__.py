@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 from ..errors import HwbError
 
+#: The ``--cache-dir`` help every command that compiles shares.
+CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"
 #: Subcommand modules, in the order ``hwb --help`` lists them.
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
             "fpga_trace", "fleet", "node")

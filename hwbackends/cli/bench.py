@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,8 +71,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
                    help="also compute the routing decisions of this strategies file into the "
                         "results (default: none)")
-    p.add_argument("--cache-dir", default=None,
-                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true",
                    help="print the results JSON instead of the table (default: the table)")
     p.add_argument("--quiet", "-q", action="store_true",

@@ -5,7 +5,7 @@ import argparse
 import json
 from typing import Any
 
-from . import emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_source_args, calibration_from_args, model_from_args
 
 
@@ -22,8 +22,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="target-specific option (repeatable; see hwb targets -v); VALUE parsed "
                         "as JSON if it can be (default: none)")
-    p.add_argument("--cache-dir", default=None,
-                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
 

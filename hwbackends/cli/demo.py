@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_data_args, calibration_from_args, model_from_args
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies.toml"
@@ -39,8 +39,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--targets", default="*",
                    help="target globs, comma-separated (default: every target except slow builds "
                         "such as fpga.da4ml, which a pattern naming them adds: '*,fpga.*')")
-    p.add_argument("--cache-dir", default=None,
-                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true",
                    help="print the routing decisions as JSON (default: text)")
     add_data_args(p, where="; used for the bench and replaces every strategy's own")

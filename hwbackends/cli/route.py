@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_data_args
 
 
@@ -19,8 +19,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="re-measure instead of cached profiles (default: reuse them)")
     p.add_argument("--check", action="store_true",
                    help="only validate the file, reporting every problem (no compile, no bench)")
-    p.add_argument("--cache-dir", default=None,
-                   help="artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)")
+    p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--fleet", default=None, metavar="RESULTS_JSON",
                    help="placement advice from a `hwb fleet` results file: per strategy, the "
                         "router's choice on each machine and the best machine (measures nothing; "
