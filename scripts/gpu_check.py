@@ -29,12 +29,14 @@ the slowest so far) is recorded as skipped, which also exits 1.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
 import importlib.metadata
 import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +99,7 @@ def bootstrap() -> dict[str, Any]:
     # Not installed: link plugins/ as hwb_plugins and declare the entry points in a tiny
     # dist-info, both on sys.path and PYTHONPATH (the compile worker is a fresh interpreter).
     site = Path(tempfile.mkdtemp(prefix="hwb-gpucheck-site-"))
+    atexit.register(shutil.rmtree, site, True)  # used by this run's child processes only
     (site / "hwb_plugins").symlink_to(REPO / "plugins", target_is_directory=True)
     dist = site / "hwbackends_checkout-0.0.dist-info"
     dist.mkdir()
@@ -347,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "models": list(MULTI_IO_MODELS)}}
     say(f"GPU: {report['environment']['gpu']}; stack {report['environment']['cuda_stack']}")
     store = Path(tempfile.mkdtemp(prefix="hwb-gpucheck-store-"))
+    atexit.register(shutil.rmtree, store, True)  # this run's compiles; the JSON keeps the results
     os.environ.setdefault("HWB_CACHE_DIR", str(store))
     report["tests"] = ({"ran": False, "reason": "--skip-tests"} if a.skip_tests
                        else run_tests(store, timeout=max(30.0, a.budget * 0.3)))

@@ -3,6 +3,7 @@ store), so each (model, target, precision) is built once however many tests use 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every temporary path this run makes — its own, its child processes', Ray's (which follows
+# TMPDIR) — goes under one directory of its own, removed at the end; the leftover check below
+# (pytest_sessionfinish) fails the run when a test left something there, and sees this run's
+# paths only, never those of another run on the same machine. HWB_TEST_KEEP_TMP=1 keeps it.
+RUN_TMP = Path(tempfile.mkdtemp(prefix="hwbt-"))
+os.environ["TMPDIR"] = str(RUN_TMP)
+tempfile.tempdir = None  # re-read TMPDIR
 # The store's signing key (hwbackends.trust) never lands in the user's ~/.config during tests:
 # a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
 if os.environ.get("HWB_TEST_STORE"):
@@ -72,3 +80,49 @@ def hwb_cli(capsys):
         out = capsys.readouterr()
         return rc, out.out, out.err
     return run
+
+
+# -- leftovers (issue 20 #11) -------------------------------------------------------------------
+#: What may stay in RUN_TMP at the end (removed with it): pytest's own temp dirs, this
+#: conftest's config dir, ONNX Runtime's telemetry session id (kept per TMPDIR by design),
+#: TensorFlow autograph's generated modules (one per converted function, never removed by TF,
+#: in the process that converts) and the compile worker's private dir
+#: (hwbackends.isolate.private_dir), if it is empty.
+_ALLOWED = ("pytest-of-", "hwb-test-config-", ".ses", "__autograph_generated_file")
+_first_seen: dict[str, str] = {}
+
+
+def leftovers(root: Path) -> list[Path]:
+    """Paths under ``root`` that a run left behind (see :data:`_ALLOWED`)."""
+    left = []
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        if p.name.startswith(_ALLOWED):
+            continue
+        if p.name == f"hwb-{os.getuid()}" and p.is_dir() and not p.is_symlink():
+            left += sorted(p.iterdir())  # the private dir stays; what a job put in it must not
+            continue
+        left.append(p)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def _note_new_temp_paths(request):
+    """Remember which test a temp path first appeared after (for the leftover report)."""
+    yield
+    for p in leftovers(RUN_TMP):
+        _first_seen.setdefault(str(p), request.node.nodeid)
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session, exitstatus):
+    left = leftovers(RUN_TMP)
+    if left:
+        lines = [f"  {p}  (first seen after {_first_seen.get(str(p), 'a session fixture')})"
+                 for p in left]
+        msg = ("LEFTOVERS: these temporary paths were created by this run and not removed "
+               "(each run cleans up what it made):\n" + "\n".join(lines))
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        (tr.write_line if tr else print)(msg)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get("HWB_TEST_KEEP_TMP") != "1":
+        shutil.rmtree(RUN_TMP, ignore_errors=True)

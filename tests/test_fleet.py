@@ -24,6 +24,16 @@ from hwbackends.fleet.resources import advertised, resource_name, target_of
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _ray_tmp() -> tuple[dict[str, str], Path]:
+    """An environment whose TMPDIR is a fresh short directory (Ray's session dirs, sockets and
+    ray_current_cluster follow TMPDIR), and that directory: remove it once the Ray processes
+    started under it are gone (issue 20 #11)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="hwb-ray-"))
+    return dict(os.environ, TMPDIR=str(d)), d
+
+
 def _netns_or_skip() -> list[str]:
     pytest.importorskip("ray", reason="Ray is the fleet's engine: pip install '.[fleet]'")
     pre = netns.wrap([sys.executable, "-c", "pass"])
@@ -94,7 +104,11 @@ def cluster_run(store_dir, zoo_model, tmp_path_factory) -> dict:
                       str(store_dir)])
     assert cmd is not None and pre
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    env, ray_tmp = _ray_tmp()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    finally:  # the cluster is shut down when fleet_cluster.py returns
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return {"out": out, "res": BenchResults.load(out / "results.json"),
             "meta": json.loads((out / "meta.json").read_text()), "seconds": time.time() - t0}
@@ -232,8 +246,12 @@ def test_hwb_node_head_then_hwb_fleet_address(store_dir, zoo_model, tmp_path) ->
               f"{hwb} fleet zoo:signal --fleet 127.0.0.1:6391 -p fp32 --n 200 -o {shlex.quote(str(out))}")
     cmd = netns.wrap_pid(["sh", "-c", script])
     assert cmd is not None
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                       env=dict(os.environ, HWB_CACHE_DIR=str(store_dir)))
+    env, ray_tmp = _ray_tmp()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                           env=dict(env, HWB_CACHE_DIR=str(store_dir)))
+    finally:  # the head's daemons died with the PID namespace; its session files did not
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     if r.returncode != 0 and "--mount-proc" in r.stderr[:500]:
         pytest.skip(f"PID namespace refused: {r.stderr[:200]}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

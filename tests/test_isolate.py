@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -83,6 +84,7 @@ def test_worker_log_is_private_unpredictable_and_removed():
     finally:
         w.kill()
         planted.unlink(missing_ok=True)
+        shutil.rmtree(victim.parent, ignore_errors=True)
 
 
 @pytest.fixture
