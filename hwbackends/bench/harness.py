@@ -291,7 +291,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                                                        "compile_seconds", "cached", "artifact_bytes",
                                                        "batch_size", "toolchain", "data")}
                                     | {"error": None, "fpga": _fpga_meta(d)})
-                _note_data(res, cm.data)
+                note_data(res, cm.data)
                 for sc in scenarios:
                     if name == "ref" and max_ref_s is not None:
                         sc = dataclasses.replace(sc, max_s=min(sc.max_s, max_ref_s))
@@ -328,7 +328,7 @@ def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
     cache.put(key, prof)
 
 
-def _note_data(res: BenchResults, data: dict[str, Any]) -> None:
+def note_data(res: BenchResults, data: dict[str, Any]) -> None:
     """``res.data``: the run's validation source and (from the first calibrated variant) its
     calibration source."""
     if not data:

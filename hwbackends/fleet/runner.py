@@ -241,6 +241,9 @@ class _Fleet:
             self.res.profiles.append(LatencyProfile.from_dict(p))
         if not self.res.model and out.get("model"):
             self.res.model = out["model"]
+        if out.get("data"):  # where the nodes' calibration/validation inputs came from
+            from ..bench.harness import note_data
+            note_data(self.res, out["data"])
         self.tasks.append({"node_id": it.node_id, "variant": it.variant, "status": "done",
                            "wall_s": wall, "task_s": out.get("task_s"),
                            "bench_s": out.get("bench_s"), "imported": out.get("imported"),
