@@ -86,9 +86,11 @@ def hwb_cli(capsys):
 #: What may stay in RUN_TMP at the end (removed with it): pytest's own temp dirs, this
 #: conftest's config dir, ONNX Runtime's telemetry session id (kept per TMPDIR by design),
 #: TensorFlow autograph's generated modules (one per converted function, never removed by TF,
-#: in the process that converts) and the compile worker's private dir
-#: (hwbackends.isolate.private_dir), if it is empty.
-_ALLOWED = ("pytest-of-", "hwb-test-config-", ".ses", "__autograph_generated_file")
+#: in the process that converts), torch's compile cache (torchinductor_USER, reused across
+#: runs by design) and the compile worker's private dir (hwbackends.isolate.private_dir), if
+#: it is empty.
+_ALLOWED = ("pytest-of-", "hwb-test-config-", ".ses", "__autograph_generated_file",
+            "torchinductor_")
 _first_seen: dict[str, str] = {}
 
 
