@@ -107,6 +107,29 @@ def leftovers(root: Path) -> list[Path]:
     return left
 
 
+def _sigint_state() -> tuple[object, bool]:
+    import signal
+    return signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+@pytest.fixture(autouse=True)
+def _sigint_kept(request):
+    """A test (or a library it starts) that leaves SIGINT ignored, handled elsewhere or blocked
+    in the main thread breaks every later Ctrl-C test — and every child process started after
+    it inherits an ignored or blocked SIGINT. Put it back and say which test did it."""
+    import signal
+    import warnings
+    before = _sigint_state()
+    yield
+    after = _sigint_state()
+    if after != before:
+        warnings.warn(f"{request.node.nodeid} left SIGINT as {after} (was {before}); restored",
+                      stacklevel=2)
+        signal.signal(signal.SIGINT, before[0])
+        if after[1] and not before[1]:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.fixture(autouse=True)
 def _note_new_temp_paths(request):
     """Remember which test a temp path first appeared after (for the leftover report)."""

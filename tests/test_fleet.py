@@ -177,6 +177,14 @@ def test_cluster_report_and_placement(cluster_run) -> None:
 
 
 @pytest.mark.slow
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default and unblocked. An ignored disposition and a
+    blocked mask both survive exec: a test run that inherited either (it happened in full
+    runs) makes the child never see the Ctrl-C (it ran to the end and exited 0, not 130)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path) -> None:
     """`hwb fleet --fleet local` enters a loopback-only namespace itself; Ctrl-C after the
     first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
@@ -191,7 +199,7 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
                                    "fp32,int8-dynamic", "-s", "server:rate_hz=1000,n=5000",
                                    "--fleet", "local", "-o", str(tmp_path / "r.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path)
+                            cwd=tmp_path, preexec_fn=_sigint_default)
     err = []
     deadline = time.time() + 600
     for line in proc.stderr:  # exec'd (unshare → sh → python): proc.pid is the hwb process

@@ -101,7 +101,9 @@ def test_in_process_round_trip_and_errors(server, litert, xs):
             with pytest.raises(ConfigError, match="slots .* are taken"):
                 ShmClient(server.name)
     st = server.stats()
-    assert st["bad_payloads"] == 1 and st["deadline_missed"] == 1 and st["served"] >= 51
+    # the 1 ns call gave up at once; the server counts it only if it saw it before the next
+    # call superseded it (protocol 3: a call publishes one past what stands in req)
+    assert st["bad_payloads"] == 1 and st["deadline_missed"] <= 1 and st["served"] >= 51
     with pytest.raises(ConfigError, match="no shared-memory endpoint"):
         ShmClient("hwb-no-such-endpoint")
 
