@@ -282,3 +282,30 @@ def test_stress_a_million_calls(world):
             _assert_clean(t, calls)
             total += t.calls
     assert total >= 1_000_000, total
+
+
+def test_deadline_lanes_over_one_compiled_model_never_run_it_on_two_threads(world):
+    """The slow stress run once gave a wrong answer: a lane's deadline worker ran LiteRT while
+    another lane's worker (over the same compiled model) was still inside it. Two deadline
+    lanes, one caller each, every answer checked: the workers take the executor's lock."""
+    lanes = [Lane("a", [SimpleNamespace(variant="cpu.litert:fp32", mode="hardware", cm=world.lit)],
+                  budget_us=1e9, timeout_us=2e5) for _ in range(2)]
+    tally = Tally()
+
+    def caller(lane: Lane, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        out = np.empty((1, *world.ref.shape[1:]), np.float32)
+        for _ in range(4000):
+            k = int(rng.integers(len(world.xs)))
+            lane.predict_into(world.xs[k:k + 1], out)
+            if abs(out[0, 0] - world.ref[k, 0]) > ATOL:
+                tally.wrong.append((k, float(out[0, 0]), float(world.ref[k, 0])))
+            else:
+                tally.ok += 1
+    ts = [threading.Thread(target=caller, args=(ln, i)) for i, ln in enumerate(lanes)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    _assert_clean(tally, 8000)
+    assert tally.ok == 8000

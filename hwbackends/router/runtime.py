@@ -40,6 +40,7 @@ import numpy as np
 
 from ..breaker import Breaker, BreakerState
 from ..errors import HwbError
+from ..exclusive import lock_for
 
 log = logging.getLogger("hwbackends.router")
 
@@ -73,8 +74,13 @@ class DeadlineWorker:
     never runs on two threads."""
 
     def __init__(self, fn: Callable[[Any, Any], None], x_shape: tuple[int, ...] | list[tuple[int, ...]],
-                 y_shape: tuple[int, ...] | list[tuple[int, ...]], name: str):
+                 y_shape: tuple[int, ...] | list[tuple[int, ...]], name: str,
+                 lock: Any = None):
         self.fn = fn
+        # The executor's process-wide lock (hwbackends.exclusive): an abandoned call keeps
+        # running after its lane moved on, and another lane (or a new one) over the same
+        # compiled model must not run beside it (seen: a wrong answer in the stress test).
+        self._lock = lock if lock is not None else threading.Lock()
         # A list of shapes (a model with several inputs/outputs): one buffer per tensor.
         self.x: Any = _buffers(x_shape)
         self.y: Any = _buffers(y_shape)
@@ -92,7 +98,8 @@ class DeadlineWorker:
             seq = self._go.get()
             exc: BaseException | None = None
             try:
-                self.fn(self.x, self.y)
+                with self._lock:
+                    self.fn(self.x, self.y)
             except BaseException as e:  # handed to the caller of this sequence number
                 exc = e
             with self._cv:
@@ -216,11 +223,12 @@ class Lane:
         if self.timeout_s is not None:
             for v, cm in zip(self.variants, self.cms, strict=True):
                 b = cm.batch_size
+                lock = lock_for(cm)
                 v.worker = (DeadlineWorker(v.fn, [s.batched(b) for s in cm.inputs],
-                                           [s.batched(b) for s in cm.outputs], v.variant)
+                                           [s.batched(b) for s in cm.outputs], v.variant, lock)
                             if getattr(cm, "multi_io", False) else
                             DeadlineWorker(v.fn, cm.input.batched(b), cm.output.batched(b),
-                                           v.variant))
+                                           v.variant, lock))
         self.cur = 0
         self.fn = self.variants[0].fn
         self._lat: list[int] = []  # this window's latencies (ns) of the serving variant
