@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, UnsupportedError
 from .specs import Availability, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -367,6 +367,9 @@ class Target:
     #: from ``artifact.batch_size``). The batch is then left out of the store key: one build
     #: serves every batch size, so a batch sweep does not rebuild (or re-search) per size.
     batch_independent: ClassVar[bool] = False
+    #: Deployment formats the target writes itself through :meth:`export` (``("c",)`` for a
+    #: native shared library with a C header); empty for most targets.
+    exports: ClassVar[tuple[str, ...]] = ()
 
     def probe(self) -> Availability:
         """Whether and how this target can run here. Fast; never raises."""
@@ -421,6 +424,17 @@ class Target:
         graphs captured); runs in the caller's process on every cache hit, so keep it fast.
         Read ``options.runtime_threads()`` here."""
         raise NotImplementedError
+
+    def export(self, artifact: Artifact, fmt: str, outdir: Path) -> list[Path]:
+        """Write ``artifact`` in deployment format ``fmt`` (one of :attr:`exports`) into
+        ``outdir`` and return the files written; what ``hwb export --format FMT`` calls for
+        formats the target itself owns (``c``: a shared library and its header). Formats the
+        core owns (``triton``, ``tf-serving``) do not come here. Raise
+        :class:`~hwbackends.errors.UnsupportedError` for a format it does not offer; the
+        default offers none."""
+        raise UnsupportedError(
+            f"target {self.name} exports no format {fmt!r} (it offers: "
+            f"{', '.join(self.exports) or 'none'}); choose a format it lists in `hwb targets`")
 
     def __repr__(self) -> str:
         return f"<Target {self.name}>"
