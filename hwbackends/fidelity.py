@@ -27,7 +27,7 @@ without being wrong (a probability that rounds to exactly 0 is not a sign flip).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 import numpy as np
@@ -85,6 +85,19 @@ class Fidelity:
         d = asdict(self)
         d["gated"] = list(self.gated)
         return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Fidelity":
+        """The inverse of :meth:`to_dict`, for one output or several (a results file, a fleet
+        node's answer): ``Fidelity.from_dict(f.to_dict()) == f``. Unknown keys (a newer
+        writer's) are ignored, so an older reader still gates on the metrics it knows."""
+        known = {f.name for f in fields(MultiFidelity)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["gated"] = tuple(kw.get("gated", ALL_METRICS))
+        if "outputs" in kw or "output" in kw:
+            kw["outputs"] = {k: Fidelity.from_dict(v) for k, v in (kw.get("outputs") or {}).items()}
+            return MultiFidelity(**kw)
+        return Fidelity(**kw)
 
     def __str__(self) -> str:
         am = "" if self.argmax_agree is None else f" argmax={self.argmax_agree:.4f}"

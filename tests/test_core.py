@@ -202,3 +202,18 @@ def test_machine_isa_names_the_host_instruction_set_for_toolchain_keys():
                 break
     assert set(filter(None, flags.split(","))) == {x for x in machine.ISA_FLAGS if x in have}
     assert ("avx2" in flags.split(",")) == ("avx2" in have)
+
+
+def test_fidelity_round_trips_through_json_for_one_output_and_several():
+    """A results file or a fleet node's answer rebuilds the same Fidelity (issue 21 #2: `hwb
+    route --fleet` crashed on a multi-output model's `Fidelity(**d)`)."""
+    import json
+
+    from hwbackends.fidelity import Fidelity, MultiFidelity, compare, compare_outputs
+    r = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    one = compare(r, r + 0.01)
+    assert Fidelity.from_dict(json.loads(json.dumps(one.to_dict()))) == one
+    many = compare_outputs([r, r[:, :1]], [r + 0.01, r[:, :1] * 1.1], ["a", "b"])
+    back = Fidelity.from_dict(json.loads(json.dumps(many.to_dict())))
+    assert isinstance(back, MultiFidelity) and back == many and back.output == many.output
+    assert Fidelity.from_dict({**one.to_dict(), "from_a_newer_writer": 1}) == one
