@@ -255,11 +255,7 @@ def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int
     """The precision and batch size to build; refuses precisions, batch sizes and options the
     target lacks."""
     prec = precision or tgt.precisions[0]
-    if prec not in tgt.precisions:
-        refusal = getattr(tgt.precisions, "refusal", None)  # one that also takes fixed<W,I> says so
-        raise UnsupportedError(refusal(tgt.name, prec) if callable(refusal) else
-                               f"target {tgt.name} offers precisions {', '.join(tgt.precisions)}; "
-                               f"got {prec!r}")
+    tgt.check_precision(prec)
     # None: the model's fixed batch if it has one (predict() pads/chunks), else 1.
     batch_size = resolve_batch(m.meta, m.format, m.name, batch_size, tgt.static_batch)
     unknown = sorted(set(options or {}) - set(tgt.option_docs))

@@ -328,8 +328,12 @@ class Target:
     name: ClassVar[str] = ""
     #: ``cpu``, ``gpu``, ``tpu``, ``fpga`` or ``ref``.
     family: ClassVar[str] = ""
-    #: Precisions offered; the first is the default.
+    #: Precisions offered; the first is the default. What ``hwb targets`` lists and a sweep
+    #: (``hwb bench`` with no ``-p``) builds; :meth:`accepts` may take more.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: The family of further precision names :meth:`accepts` takes, in words for messages and
+    #: listings (``"any ap_fixed<W,I> with 1 ≤ W ≤ 64"``); "" when only ``precisions``.
+    precision_rule: ClassVar[str] = ""
     #: The precisions (of ``precisions``) that need calibration data: for them the core passes
     #: representative inputs in ``CompileOptions.calibration`` and hashes them into the cache key.
     calibrated: ClassVar[tuple[str, ...]] = ()
@@ -374,6 +378,21 @@ class Target:
     def probe(self) -> Availability:
         """Whether and how this target can run here. Fast; never raises."""
         raise NotImplementedError
+
+    def accepts(self, precision: str) -> bool:
+        """Whether ``compile`` takes ``precision``: one of :attr:`precisions`, or (a target
+        that overrides this and sets :attr:`precision_rule`) a member of a family such as every
+        ``ap_fixed<W,I>``. The one test every caller uses (``hwb compile``/``bench``/``fleet``,
+        ``strategies.toml``, the router, the kit); fast, no heavy imports."""
+        return precision in self.precisions
+
+    def check_precision(self, precision: str) -> None:
+        """Raise :class:`~hwbackends.errors.UnsupportedError` naming what the target offers
+        when it does not :meth:`accept <accepts>` ``precision``."""
+        if not self.accepts(precision):
+            rule = f" and {self.precision_rule}" if self.precision_rule else ""
+            raise UnsupportedError(f"target {self.name} offers precisions "
+                                   f"{', '.join(self.precisions)}{rule}; got {precision!r}")
 
     def toolchain(self) -> dict[str, str]:
         """Versions of everything that shapes the artifact (library, compiler, device).

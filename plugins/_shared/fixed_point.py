@@ -17,26 +17,6 @@ F_MIN, F_MAX = 2, 24
 SEARCH_MARGIN = 0.5
 
 
-class FixedPrecisions(tuple):
-    """A target's ``precisions``: the listed names (``auto``) plus, by membership, every
-    fixed-point type its ``parse`` accepts (the core's ``precision in target.precisions``
-    check lets them through). ``refusal`` is the core's message for any other string, so a
-    user who typed ``fixed<40,8>`` learns which ``fixed<W,I>`` the target takes (``rule``)."""
-
-    rule = "fixed<W,I>"
-
-    @staticmethod
-    def parse(p: str) -> Any:
-        raise NotImplementedError
-
-    def __contains__(self, item: object) -> bool:
-        return tuple.__contains__(self, item) or (isinstance(item, str) and self.parse(item) is not None)
-
-    def refusal(self, target: str, item: str) -> str:
-        return (f"target {target} offers precisions {', '.join(self)} and any {self.rule}; got "
-                f"{item!r}")
-
-
 @dataclass(frozen=True)
 class FidelityTarget:
     """What ``auto`` must meet on the calibration data (option ``fidelity``)."""

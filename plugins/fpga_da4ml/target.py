@@ -13,23 +13,12 @@ from hwbackends.errors import CacheError, CompileError, UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
-from .._shared.fixed_point import FidelityTarget, FixedPrecisions
+from .._shared.fixed_point import FidelityTarget
 from .._util import importable, version
 
 PROJECT = "rtl"
 DEFAULT_PART = "xcvu13p-flga2577-2-e"
 BIT_EXACT_SAMPLES = 10_000
-
-
-class Precisions(FixedPrecisions):
-    """``auto`` (listed) plus any ``fixed<W,I>`` / ``ap_fixed<W,I>`` (accepted)."""
-
-    rule = "fixed<W,I> / ap_fixed<W,I> with 2 ≤ W ≤ 32 and 1 ≤ I < W (I counts the sign bit)"
-
-    @staticmethod
-    def parse(p: str) -> tuple[int, int] | None:
-        from .precision import parse_fixed
-        return parse_fixed(p)
 
 
 @dataclass(frozen=True)
@@ -79,7 +68,9 @@ def _missing() -> list[str]:
 class Da4mlTarget(Target):
     name = "fpga.da4ml"
     family = "fpga"
-    precisions = Precisions(("auto",))
+    precisions = ("auto",)
+    precision_rule = "any fixed<W,I> / ap_fixed<W,I> with 2 ≤ W ≤ 32 and 1 ≤ I < W (I counts the sign bit)"
+
     calibrated = ("auto",)
     formats = ("keras", "torch")
     description = ("da4ml distributed-arithmetic RTL (Verilog), cycle-accurate Verilator simulation "
@@ -105,6 +96,10 @@ class Da4mlTarget(Target):
     version = "1"
     slow_compile = "Verilator build + yosys synthesis: minutes per model"
     batch_independent = True  # one streaming pipeline; load() sizes the executor
+
+    def accepts(self, precision: str) -> bool:
+        from .precision import parse_fixed  # light: the parser, not the compiler
+        return precision in self.precisions or parse_fixed(precision) is not None
 
     def probe(self) -> Availability:
         miss = [m for m in _missing() if not m.startswith("yosys")]

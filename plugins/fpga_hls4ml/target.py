@@ -14,7 +14,6 @@ from hwbackends.errors import CacheError, CompileError, UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
-from .._shared.fixed_point import FixedPrecisions
 from .._util import cpu_name, importable, version
 from .build import build, gxx, gxx_version, patch_bridge
 from .csim import CsimExecutor, CsimLibrary
@@ -27,19 +26,6 @@ from .csim import CsimExecutor, CsimLibrary
 _FIXED = re.compile(r"^(ap_)?(u?fixed)<\s*(\d+)\s*,\s*(-?\d+)\s*(,\s*[A-Z_]+\s*)*>$")
 LIB = "csim/libmyproject.so"
 WEIGHTS = "csim/weights"
-
-
-class Precisions(FixedPrecisions):
-    """The offered precisions: ``auto`` (the default), a few named ones for listings, and any
-    ``ap_fixed<W,I>`` — membership accepts every well-formed fixed-point type, so the core's
-    ``precision in target.precisions`` check lets explicit types through."""
-
-    rule = ("ap_fixed<W,I> / fixed<W,I> with 1 ≤ W ≤ 64 and I ≤ W (also ufixed, and rounding/"
-            "saturation modes: ap_fixed<16,6,AP_RND,AP_SAT>)")
-
-    @staticmethod
-    def parse(p: str) -> str | None:
-        return parse_fixed(p)
 
 
 def parse_fixed(p: str) -> str | None:
@@ -62,7 +48,10 @@ class Hls4mlTarget(Target):
     family = "fpga"
     # Listed: only "auto" (what a sweep over precisions should build); accepted: also any
     # explicit ap_fixed<W,I>, e.g. hls4ml's default "ap_fixed<16,6>".
-    precisions = Precisions(("auto",))
+    precisions = ("auto",)
+    precision_rule = ("any ap_fixed<W,I> / fixed<W,I> with 1 ≤ W ≤ 64 and I ≤ W (also ufixed, "
+                      "and rounding/saturation modes: ap_fixed<16,6,AP_RND,AP_SAT>)")
+
     calibrated = ("auto",)
     formats = ("keras", "torch")
     description = ("hls4ml HLS design; bit-accurate g++ C-simulation on the CPU (emulated); "
@@ -83,6 +72,9 @@ class Hls4mlTarget(Target):
     compile_timeout = 900.0
     version = "1"
     batch_independent = True  # the C-simulation loops over samples; load() sizes the executor
+
+    def accepts(self, precision: str) -> bool:
+        return precision in self.precisions or parse_fixed(precision) is not None
 
     # -- availability -----------------------------------------------------------------------
     def probe(self) -> Availability:
