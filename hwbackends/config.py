@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
+from .registry import unaccepted_precisions
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import Registry
@@ -125,7 +126,9 @@ class StrategyConfig(_Strict):
     @field_validator("pin")
     @classmethod
     def _pin_form(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[\w.\-]+:[\w.\-]+", v):
+        # The precision may be any the target accepts (``ap_fixed<16,6>``): checked later
+        # by Target.check_precision, not by a character class here (issue 21 #4).
+        if v is not None and not re.fullmatch(r"[\w.\-]+:\S+", v):
             raise ValueError(f"pin must be 'target:precision' (e.g. 'cpu.litert:int8'), got {v!r}")
         return v
 
@@ -491,11 +494,11 @@ def _check_files(base: tuple[str, ...], s: Any, p: Path, bad: Any) -> None:
 def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> None:
     names = sorted(reg.targets)
     allowed = _allowed_targets(base, s, names, bad)
-    offered = {pr for n in allowed for pr in reg.targets[n].precisions}
-    for pr in s.precisions or []:
-        if allowed and pr not in offered:
-            bad(base + ("precisions",), f"precision {pr!r} is offered by none of "
-                                        f"{', '.join(allowed)}; they offer {', '.join(sorted(offered))}")
+    # Target.accepts, not the listed precisions: an FPGA target builds any ap_fixed<W,I>
+    # named here, as `hwb compile` does (issue 21 #4).
+    why = unaccepted_precisions([reg.targets[n] for n in allowed], s.precisions or [])
+    if allowed and why:
+        bad(base + ("precisions",), why)
     if s.pin:
         tname, prec = s.pin.split(":", 1)
         if tname not in reg.targets:
@@ -503,9 +506,11 @@ def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> 
         elif tname not in allowed:
             bad(base + ("pin",), f"pinned target {tname!r} is not in this strategy's targets "
                                  f"{s.targets}; add it there or change the pin")
-        elif prec not in reg.targets[tname].precisions:
-            bad(base + ("pin",), f"{tname} offers precisions "
-                                 f"{', '.join(reg.targets[tname].precisions)}; got {prec!r}")
+        else:
+            try:
+                reg.targets[tname].check_precision(prec)
+            except UnsupportedError as exc:
+                bad(base + ("pin",), str(exc))
 
 
 def _allowed_targets(base: tuple[str, ...], s: StrategyConfig, names: list[str], bad: Any) -> list[str]:

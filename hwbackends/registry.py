@@ -151,6 +151,28 @@ def slow_unless_named(reg: "Registry", names: Sequence[str],
     return out
 
 
+def precisions_to_build(target: Target, requested: Sequence[str] | None) -> list[str]:
+    """The precisions to build on ``target``: all it lists when none are requested, else
+    exactly the requested ones it :meth:`accepts <hwbackends.target.Target.accepts>` (listed
+    or not: an FPGA target takes any ``ap_fixed<W,I>``). ``hwb bench -p``, the router's
+    ``precisions = [...]`` and ``hwb fleet`` choose through here."""
+    if not requested:
+        return list(target.precisions)
+    return [p for p in dict.fromkeys(requested) if target.accepts(p)]
+
+
+def unaccepted_precisions(targets: Sequence[Target], requested: Sequence[str]) -> str | None:
+    """Why some of ``requested`` can be built by none of ``targets`` (naming what they offer,
+    their rules included), or ``None`` when each is accepted by at least one."""
+    bad = [p for p in dict.fromkeys(requested) if not any(t.accepts(p) for t in targets)]
+    if not bad:
+        return None
+    offered = sorted({p for t in targets for p in t.precisions})
+    rules = "".join(f"; {t.name} also takes {t.precision_rule}" for t in targets if t.precision_rule)
+    return (f"precision {', '.join(map(repr, bad))} is offered by none of "
+            f"{', '.join(t.name for t in targets)}; they offer {', '.join(offered)}{rules}")
+
+
 def _short(exc: BaseException) -> str:
     tb = traceback.extract_tb(exc.__traceback__)
     where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,7 +185,7 @@ def test_bench_model_and_results_roundtrip(store_dir, tmp_path) -> None:
                       [SingleStream(n=200, warmup=10), Batch(sizes=(1, 4), n=100, warmup=10)],
                       store=store_dir, progress=False, max_ref_s=0.5)
     assert {a["target"] for a in res.availability} == {"cpu.onnxruntime", "ref"}
-    assert {v["variant"] for v in res.variants} == {"cpu.onnxruntime:fp32", "ref:fp32"}
+    assert {v.variant for v in res.variants} == {"cpu.onnxruntime:fp32", "ref:fp32"}
     ort = [p for p in res.profiles if p.target == "cpu.onnxruntime"]
     assert sorted((p.scenario, p.batch_size) for p in ort) == [("batch", 1), ("batch", 4),
                                                               ("single-stream", 1)]
@@ -233,11 +234,11 @@ def test_cli_bench_writes_results_on_every_exit_path(store_dir, tmp_path, monkey
     decisions are computed (after every variant was measured), or an error mid-run."""
     from hwbackends.bench import harness
     from hwbackends.cli import main
-    from hwbackends.router import Router
+    from hwbackends.router import plan
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(Router, "from_config", ctrl_c)
+    monkeypatch.setattr(plan, "decide_from_results", ctrl_c)
     out = tmp_path / "res.json"
     args = ["bench", "zoo:signal", "-t", "cpu.onnxruntime", "-p", "fp32", "--n", "200",
             "--cache-dir", str(store_dir), "-q"]
@@ -253,4 +254,109 @@ def test_cli_bench_writes_results_on_every_exit_path(store_dir, tmp_path, monkey
     with pytest.raises(RuntimeError, match="measurement failed"):
         main(args + ["-o", str(out2)])
     res = BenchResults.load(out2)
-    assert res.interrupted and res.variants[0]["variant"] == "cpu.onnxruntime:fp32"
+    assert res.interrupted and res.variants[0].variant == "cpu.onnxruntime:fp32"
+
+
+def _strategies(tmp_path, model: str = "zoo:signal", targets: str = '["cpu.onnxruntime"]') -> Path:
+    p = tmp_path / "strategies.toml"
+    p.write_text(f"""[tiers.t]
+p99_us = 100000
+
+[strategies.s]
+model = "{model}"
+tier = "t"
+targets = {targets}
+fidelity = {{ corr_min = 0.99 }}
+
+[strategies.other]
+model = "zoo:mlp"
+tier = "t"
+""")
+    return p
+
+
+def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_path) -> None:
+    """Issue 21 #2: `hwb bench --route` loaded, compiled and measured again (the router's
+    own n, interleaved, under another cache key), so the routing in a results file disagreed
+    with the profiles beside it. It routes from the records and profiles it just wrote."""
+    from hwbackends.cli import main
+
+    out = tmp_path / "r.json"
+    rc = main(["bench", "zoo:signal", "-t", "cpu.onnxruntime", "-p", "fp32", "--n", "300",
+               "-o", str(out), "--cache-dir", str(store_dir), "-q", "--route",
+               str(_strategies(tmp_path))])
+    assert rc == 0
+    res = BenchResults.load(out)
+    (prof,) = [p for p in res.profiles if p.scenario == "single-stream"]
+    s, other = res.routing
+    assert s["chosen"] == "cpu.onnxruntime:fp32" and s["meets_budget"]
+    assert s["chosen_p99_us"] == prof.p99_us
+    (c,) = s["candidates"]
+    assert (c["n"], c["p50_us"], c["p999_us"]) == (prof.n, prof.p50_us, prof.p999_us)
+    assert prof.n == 300  # bench's own --n, not the router's
+    assert c["fidelity"] == res.variants[0].to_dict()["fidelity"]
+    assert other["chosen"] is None and "zoo:mlp was not measured in this run" in other["note"]
+
+
+def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> None:
+    """The typed variant record (issue 21 #2): to_dict/from_dict round-trip through JSON for
+    one output and several (MultiFidelity), and rows of files written before it still load."""
+    from hwbackends.fidelity import MultiFidelity
+    from hwbackends.variant import VariantRecord
+
+    for name in ("signal", "two_head"):
+        rec = VariantRecord.from_compiled(compiled(name, "cpu.onnxruntime", "fp32"))
+        assert rec.ok and rec.artifact_key and rec.fidelity is not None
+        back = VariantRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
+        assert back == rec
+    assert isinstance(back.fidelity, MultiFidelity) and len(back.fidelity.outputs or {}) == 2
+    old = {"variant": "fpga.da4ml:auto", "target": "fpga.da4ml", "precision": "auto",
+           "mode": "emulated", "error": None, "fidelity": rec.fidelity.to_dict(),
+           "fpga": {"hardware_estimate": {"label": "modelled"}, "bits": {"frac_bits": 6}},
+           "written_by_a_newer_version": [1]}
+    r = VariantRecord.from_dict(old)
+    assert r.hardware_estimate == {"label": "modelled"} and r.fpga == {"bits": {"frac_bits": 6}}
+    assert r.artifact_key == "" and r.fidelity == rec.fidelity
+    assert r.to_dict()["written_by_a_newer_version"] == [1]
+    res = BenchResults(model={"name": "signal"}, machine={})
+    res.variants.append(r)
+    path = res.save(tmp_path / "r.json")
+    assert BenchResults.load(path).variants == [r]
+    d = json.loads(path.read_text())
+    d["variants"] = [{"variant": "x"}]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ResultsError, match="variant row 'x' has no target, precision; re-run `hwb bench`"):
+        BenchResults.load(path)
+
+
+def test_bench_precision_check_takes_what_the_target_accepts() -> None:
+    """Issue 21 #4: `hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` was refused before any
+    build ("offered by none of fpga.hls4ml") because -p was checked against the listed
+    precisions, not Target.accepts. An explicit -p builds exactly what it names."""
+    import hwbackends as hwb
+    from hwbackends.errors import UnsupportedError
+    from hwbackends.registry import precisions_to_build, unaccepted_precisions
+
+    hls = hwb.get_registry().targets["fpga.hls4ml"]
+    assert "ap_fixed<16,6>" not in hls.precisions and hls.accepts("ap_fixed<16,6>")
+    assert unaccepted_precisions([hls], ["ap_fixed<16,6>"]) is None
+    assert precisions_to_build(hls, ["ap_fixed<16,6>"]) == ["ap_fixed<16,6>"]
+    assert precisions_to_build(hls, None) == list(hls.precisions)
+    ort = hwb.get_registry().targets["cpu.onnxruntime"]
+    assert precisions_to_build(ort, ["ap_fixed<16,6>", "fp32"]) == ["fp32"]
+    # what bench_model raises before loading anything for a precision no target takes
+    with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none "
+                                               r"of fpga.hls4ml; .*also takes any ap_fixed"):
+        bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<99,6>"], progress=False)
+
+
+@pytest.mark.slow
+def test_bench_builds_an_unlisted_fixed_point_precision(store_dir) -> None:
+    """The real run of `hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` (C-simulation build)."""
+    res = bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<16,6>"],
+                      [SingleStream(n=50, warmup=5)], store=store_dir, progress=False)
+    if res.availability[0]["mode"] == "unavailable":
+        pytest.skip(f"fpga.hls4ml unavailable here: {res.availability[0]['reason']}")
+    (v,) = res.variants
+    assert v.precision == "ap_fixed<16,6>" and v.ok, v.error
+    assert res.profiles and res.profiles[0].precision == "ap_fixed<16,6>"

@@ -239,7 +239,7 @@ def test_bench_leaves_slow_builds_out_of_the_default_set(store_dir, tmp_path) ->
     assert "fpga.test_slow batch 1" not in _built(report)
     row = next(a for a in res.availability if a["target"] == "fpga.test_slow")
     assert "not built by default" in row["skipped"] and "--targets fpga.test_slow" in row["skipped"]
-    assert "fpga.test_slow:fp32" not in {v["variant"] for v in res.variants}
+    assert "fpga.test_slow:fp32" not in {v.variant for v in res.variants}
     bench_model("zoo:mlp", ["fpga.*"], None, [SingleStream(n=20, warmup=2)],
                 store=tmp_path / "store", progress=False, registry=reg)
     assert "fpga.test_slow batch 1" in _built(report)

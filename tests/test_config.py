@@ -216,5 +216,26 @@ targets = ["cpu.litert"]
                  ":8: strategies.momentum.targets: unknown target 'cpu.litrt'",
                  ":9: strategies.momentum.validation_data: val.csv is not a .npy/.npz file",
                  ":10: strategies.momentum.calibration_data: data file", "missing.npy does not exist",
-                 ":16: strategies.other.pin: cpu.litert offers precisions"):
+                 ":16: strategies.other.pin: target cpu.litert offers precisions"):
         assert want in err, (want, err)
+
+
+def test_fpga_fixed_point_precisions_are_accepted(tmp_path: Path) -> None:
+    """Issue 21 #4: ``precisions = ["ap_fixed<16,6>"]`` (and a pin at it) was refused because
+    the check asked the listed precisions, while ``hwb compile`` takes any ap_fixed<W,I>
+    fpga.hls4ml accepts. Refused only when no allowed target accepts it, naming the rule."""
+    text = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
+                        'targets = ["fpga.hls4ml"]\nprecisions = ["ap_fixed<16,6>"]\n'
+                        'pin = "fpga.hls4ml:ap_fixed<16,6>"')
+    s = load_config(_write(tmp_path, text)).strategies["momentum"]
+    assert s.precisions == ["ap_fixed<16,6>"] and s.pin == "fpga.hls4ml:ap_fixed<16,6>"
+    bad = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
+                       'targets = ["fpga.hls4ml"]\nprecisions = ["ap_fixed<99,6>"]')
+    with pytest.raises(ConfigError, match=r"precision 'ap_fixed<99,6>' is offered by none of "
+                                          r"fpga.hls4ml; .*fpga.hls4ml also takes any ap_fixed"):
+        load_config(_write(tmp_path, bad))
+    cpu = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
+                       'targets = ["cpu.onnxruntime"]\nprecisions = ["ap_fixed<16,6>"]')
+    with pytest.raises(ConfigError, match="precision 'ap_fixed<16,6>' is offered by none of "
+                                          "cpu.onnxruntime"):
+        load_config(_write(tmp_path, cpu))

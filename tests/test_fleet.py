@@ -134,25 +134,25 @@ def test_cluster_survives_a_node_killed_mid_run(cluster_run) -> None:
     res, meta = cluster_run["res"], cluster_run["meta"]
     victim = meta["victim"]
     assert meta["killed"], "the victim node was never given a variant"
-    lost = [v for v in res.variants if v["machine"]["node_id"] == victim]
-    assert lost and all("node lost" in v["error"] for v in lost), lost
-    assert {v["target"] for v in lost} == {"cpu.onnxruntime", "ref"}  # both of its rows
+    lost = [v for v in res.variants if v.machine["node_id"] == victim]
+    assert lost and all("node lost" in v.error for v in lost), lost
+    assert {v.target for v in lost} == {"cpu.onnxruntime", "ref"}  # both of its rows
     assert not any(p.machine["node_id"] == victim for p in res.profiles)
     assert next(n for n in res.fleet["nodes"] if n["node_id"] == victim)["status"] == "lost"
-    ok = [v for v in res.variants if v["machine"]["node_id"] != victim]
-    assert len(ok) == 3 and not any(v.get("error") for v in ok)
+    ok = [v for v in res.variants if v.machine["node_id"] != victim]
+    assert len(ok) == 3 and not any(v.error for v in ok)
     assert not res.interrupted
 
 
 @pytest.mark.slow
 def test_cluster_compiles_once_for_identical_toolchains(cluster_run) -> None:
     res = cluster_run["res"]
-    lit = [v for v in res.variants if v["target"] == "cpu.litert" and not v.get("error")]
+    lit = [v for v in res.variants if v.target == "cpu.litert" and not v.error]
     assert len(lit) == 2
-    built = [v for v in lit if not v["cached"]]
-    fetched = [v for v in lit if v["cached"]]
+    built = [v for v in lit if not v.cached]
+    fetched = [v for v in lit if v.cached]
     assert len(built) == 1 and len(fetched) == 1  # separate stores: the cache hit is the import
-    assert fetched[0]["artifact_from_node"] == built[0]["machine"]["node_id"]
+    assert fetched[0].artifact_from_node == built[0].machine["node_id"]
     imported = [t for t in res.fleet["tasks"] if t.get("imported") == "imported"]
     assert len(imported) == 1
 
@@ -214,7 +214,7 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
     assert res.interrupted and res.fleet["mode"] == "local" and len(res.fleet["nodes"]) == 1
     assert len(res.profiles) == 1 and res.profiles[0].target == "cpu.onnxruntime"
     assert res.profiles[0].machine["node_id"] == res.fleet["nodes"][0]["node_id"]
-    assert any("interrupted" in (v.get("error") or "") for v in res.variants)
+    assert any("interrupted" in (v.error or "") for v in res.variants)
     r = subprocess.run(hwb + ["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
@@ -269,3 +269,36 @@ def test_hwb_node_head_then_hwb_fleet_address(store_dir, zoo_model, tmp_path) ->
     assert node["advertised"] == ["cpu.onnxruntime"]
     assert [p.target for p in res.profiles] == ["cpu.onnxruntime"]
     assert res.profiles[0].machine["node_id"] == node["node_id"]
+
+
+def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> None:
+    """Issue 21 #2: `hwb route --fleet` crashed on any multi-output model (``Fidelity(**d)``:
+    unexpected keyword 'output'). A real two_head bench, once as written (one machine) and
+    once with its rows tagged as a fleet node's, routes from its records and profiles."""
+    from hwbackends.bench import BenchResults, SingleStream, bench_model
+
+    res = bench_model("zoo:two_head", ["cpu.onnxruntime"], ["fp32"],
+                      [SingleStream(n=200, warmup=10)], store=store_dir, progress=False)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[tiers.t]\np99_us = 100000\n\n[strategies.s]\nmodel = "zoo:two_head"\n'
+                   'tier = "t"\ntargets = ["cpu.onnxruntime"]\nfidelity = { corr_min = 0.99 }\n')
+    (prof,) = res.profiles
+    one = res.save(tmp_path / "one.json")
+    node = {"node_id": "n1", "hostname": "box", "label": "box·n1"}
+    res.fleet = {"nodes": [node | {"status": "ok"}]}
+    for row in res.availability:
+        row["machine"] = dict(node)
+    for rec in res.variants:
+        rec.machine = dict(node)
+    for p in res.profiles:
+        p.machine = dict(p.machine, **node)
+    fleet = res.save(tmp_path / "fleet.json")
+    for path in (one, fleet):
+        rc, out, err = hwb_cli("route", "--fleet", str(path), str(cfg), "--json")
+        assert rc == 0, err
+        (row,) = json.loads(out)
+        assert row["best"]["variant"] == "cpu.onnxruntime:fp32", row
+        (c,) = row["machines"][0]["decision"]["candidates"]
+        assert c["p99_us"] == prof.p99_us and c["status"] == "chosen"
+        assert set(c["fidelity"]["outputs"]) == set(BenchResults.load(path).variants[0].fidelity.outputs)
+        assert len(c["fidelity"]["outputs"]) == 2

@@ -226,9 +226,11 @@ def test_warm_load_is_a_dlopen(signal, zoo_model, store_dir):
 def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
     from hwbackends.router.modelled import modelled_estimate, modelled_profile
     from hwbackends.specs import MODELLED
-    est = modelled_estimate(signal)
+    from hwbackends.variant import VariantRecord
+    rec = VariantRecord.from_compiled(signal)
+    est = modelled_estimate(rec)
     assert est is not None
-    prof = modelled_profile(signal, est)
+    prof = modelled_profile(rec, est)
     assert prof.mode == MODELLED and prof.scenario == "modelled"
     assert prof.p99_us == pytest.approx(est["end_to_end"]["total_ns"] / 1000)
     from hwbackends.config import StrategyConfig

@@ -12,7 +12,14 @@ import numpy as np
 
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
-from ..registry import safe_probe, select_targets, slow_unless_named
+from ..registry import (
+    precisions_to_build,
+    safe_probe,
+    select_targets,
+    slow_unless_named,
+    unaccepted_precisions,
+)
+from ..variant import VariantRecord
 from . import machine as machine_mod
 from .cache import ProfileCache, profile_key
 from .profile import LatencyProfile, samples_per_s, summarize
@@ -245,15 +252,13 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
 
     say = say or (lambda msg: log.info(msg))
     reg = registry or get_registry()
-    m = load_model(model)
     names = select_targets(reg, targets)
     skipped = slow_unless_named(reg, names, targets)
-    if precisions:
-        offered = {p for n in names for p in reg.targets[n].precisions}
-        bad = [p for p in precisions if p not in offered]
-        if bad:
-            raise UnsupportedError(f"precision(s) {', '.join(bad)} offered by none of "
-                                   f"{', '.join(names)}; they offer {', '.join(sorted(offered))}")
+    if precisions:  # Target.accepts: `-p 'ap_fixed<16,6>'` builds on fpga.hls4ml, listed or not
+        why = unaccepted_precisions([reg.targets[n] for n in names], precisions)
+        if why:  # refused before the model is loaded
+            raise UnsupportedError(why + "; choose one of those with -p")
+    m = load_model(model)
     res = results or BenchResults(model={}, machine={})
     # A caller's (empty) results object is filled in place, so it holds whatever was measured
     # however this function ends: ``hwb bench`` writes it on every exit path.
@@ -272,9 +277,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
             if avail["mode"] == "unavailable":
                 say(f"{name}: unavailable ({avail['reason']})")
                 continue
-            for prec in tgt.precisions:
-                if precisions and prec not in precisions:
-                    continue
+            for prec in precisions_to_build(tgt, precisions):
                 variant = f"{name}:{prec}"
                 try:
                     cm = hwb_compile(m, name, prec, store=store, progress=say,
@@ -282,15 +285,10 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                                      validation_data=validation_data, registry=reg)
                 except HwbError as exc:
                     say(f"{variant}: {type(exc).__name__}: {exc}")
-                    res.variants.append({"variant": variant, "target": name, "precision": prec,
-                                         "mode": avail["mode"], "error": f"{type(exc).__name__}: {exc}"})
+                    res.variants.append(VariantRecord.failed(name, prec, avail["mode"],
+                                                             f"{type(exc).__name__}: {exc}"))
                     continue
-                d = cm.describe()
-                res.variants.append({k: d[k] for k in ("variant", "target", "precision", "mode",
-                                                       "device", "mode_reason", "fidelity",
-                                                       "compile_seconds", "cached", "artifact_bytes",
-                                                       "batch_size", "toolchain", "data")}
-                                    | {"error": None, "fpga": _fpga_meta(d)})
+                res.variants.append(VariantRecord.from_compiled(cm))
                 note_data(res, cm.data)
                 for sc in scenarios:
                     if name == "ref" and max_ref_s is not None:
@@ -355,9 +353,9 @@ def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, d
                                  validation_data=validation_data, registry=registry)
             except HwbError as exc:
                 say(f"{base_cm.variant} batch {size}: {type(exc).__name__}: {exc}")
-                res.variants.append({"variant": base_cm.variant, "target": base_cm.target,
-                                     "precision": base_cm.precision, "batch_size": size,
-                                     "mode": base_cm.mode.value, "error": f"{type(exc).__name__}: {exc}"})
+                res.variants.append(VariantRecord.failed(base_cm.target, base_cm.precision,
+                                                         base_cm.mode.value,
+                                                         f"{type(exc).__name__}: {exc}", size))
                 continue
         prof, _ = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress,
                                  batch_size=size)
@@ -367,12 +365,3 @@ def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, d
         if prof.interrupted:
             raise KeyboardInterrupt
 
-
-def _fpga_meta(d: dict[str, Any]) -> dict[str, Any] | None:
-    """What the report's FPGA section shows of an FPGA variant (hwbackends/report/fpga.py):
-    its modelled hardware estimate (fpga.da4ml), bits, bit-exactness, chosen fraction."""
-    if not str(d.get("target", "")).startswith("fpga."):
-        return None
-    meta = d.get("meta") or {}
-    return {"hardware_estimate": d.get("hardware_estimate"), "bits": meta.get("bits"),
-            "bit_exact": meta.get("bit_exact"), "frac_bits": (meta.get("search") or {}).get("frac_bits")}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HwbError
+from ..variant import RecordError, VariantRecord
 from .profile import LatencyProfile, table
 
 FORMAT = "hwbackends-bench-results"
@@ -28,7 +29,8 @@ class BenchResults:
     model: dict[str, Any]
     machine: dict[str, Any]
     availability: list[dict[str, Any]] = field(default_factory=list)
-    variants: list[dict[str, Any]] = field(default_factory=list)
+    #: One typed record per variant row (hwbackends/variant.py), as the router judges them.
+    variants: list[VariantRecord] = field(default_factory=list)
     profiles: list[LatencyProfile] = field(default_factory=list)
     routing: list[dict[str, Any]] | None = None
     trace: dict[str, Any] | None = None
@@ -45,7 +47,8 @@ class BenchResults:
         d: dict[str, Any] = {
             "format": FORMAT, "version": VERSION, "created": self.created,
             "command": self.command, "model": self.model, "machine": self.machine,
-            "availability": self.availability, "variants": self.variants,
+            "availability": self.availability,
+            "variants": [v.to_dict() for v in self.variants],
             "profiles": [p.to_dict() for p in self.profiles], "routing": self.routing,
             "trace": self.trace, "interrupted": self.interrupted, "data": self.data}
         if self.fleet is not None:
@@ -77,8 +80,12 @@ class BenchResults:
             raise ResultsError(f"{p} has results-format version {d.get('version')!r}; this "
                                f"hwbackends reads version {VERSION}. Re-run `hwb bench` with "
                                f"this version to regenerate it.")
+        try:
+            variants = [VariantRecord.from_dict(v) for v in d["variants"]]
+        except RecordError as exc:
+            raise ResultsError(f"{p}: {exc}") from exc
         return cls(model=d["model"], machine=d["machine"], availability=d["availability"],
-                   variants=d["variants"],
+                   variants=variants,
                    profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"), command=d.get("command", ""),

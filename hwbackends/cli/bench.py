@@ -7,13 +7,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..bench import BenchResults
+    from ..config import StrategiesFile
 
 
 def csv_list(items: list[str] | None) -> list[str]:
@@ -69,8 +70,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                         "(fpga.da4ml: minutes), which only a pattern naming "
                                         "them includes")
     p.add_argument("--route", default=None, metavar="STRATEGIES_TOML",
-                   help="also compute the routing decisions of this strategies file into the "
-                        "results (default: none)")
+                   help="also route the strategies of this file from the variants and "
+                        "profiles just measured (nothing is compiled or measured again) into "
+                        "the results (default: none)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true",
                    help="print the results JSON instead of the table (default: the table)")
@@ -94,19 +96,18 @@ def run(args: argparse.Namespace) -> int:
     # file is written however the run ends — done, Ctrl-C, or an error.
     res = BenchResults(model={}, machine={})
     res.command = "hwb " + " ".join(sys.argv[1:])
+    cfg = None
+    if args.route:  # a bad strategies file is refused before minutes of measuring
+        from ..config import load_config
+        cfg = load_config(args.route)
     try:
         model = model_from_args(args)
         bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
                     progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
                     say=say, results=res, calibration_data=calibration_from_args(args, model))
-        if args.route and not res.interrupted:
-            from ..router import Router
-            router = Router.from_config(args.route, store=args.cache_dir, strict=False,
-                                        progress=None if quiet else stderr_progress,
-                                        calibration_data=args.calibration_data,
-                                        validation_data=args.validation_data)
-            res.routing = [d.to_dict() for d in router.decisions.values()]
+        if cfg is not None and not res.interrupted:
+            res.routing = route_measured(res, cfg)
     except BaseException:
         if res.model:
             res.interrupted = True
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if res.data:
         from ..samples import describe as describe_data
         human += f"\nfidelity {describe_data(res.data)}"
-    flat = [v["variant"] for v in res.variants if (v.get("fidelity") or {}).get("degenerate")]
+    flat = [v.variant for v in res.variants if v.fidelity and v.fidelity.degenerate]
     if flat:
         from ..fidelity import DEGENERATE_ADVICE
         human += f"\nWARNING: degenerate fidelity for {', '.join(flat)}: {DEGENERATE_ADVICE}"
@@ -135,6 +136,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def route_measured(res: "BenchResults", cfg: "StrategiesFile") -> list[dict[str, Any]]:
+    """The routing of ``cfg``'s strategies from ``res`` itself: the router's policy on the
+    variant records and single-stream profiles this run wrote, so the routing in the results
+    file is the one its own profiles imply (a re-measure would disagree with them)."""
+    from ..registry import get_registry
+    from ..router.plan import decide_from_results
+
+    reg = get_registry()
+    return [decide_from_results(res, name, s, cfg, reg).to_dict() for name, s in cfg.strategies.items()]
+
+
 def nothing_measured(res: "BenchResults") -> str:
     """Why a run produced no profile: each target's reason (unavailable, skipped, failed)."""
     why = []
@@ -143,7 +155,7 @@ def nothing_measured(res: "BenchResults") -> str:
             why.append(f"{a['target']} unavailable ({a.get('reason', '')})")
         elif a.get("skipped"):
             why.append(f"{a['target']} {a['skipped']}")
-    why += [f"{v['variant']} failed ({v['error'][:200]})" for v in res.variants if v.get("error")]
+    why += [f"{v.variant} failed ({v.error[:200]})" for v in res.variants if v.error]
     return "; ".join(why) or "no variant matched the targets and precisions given"
 
 

@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_data_args, calibration_from_args, model_from_args
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
                         store=args.cache_dir, progress=True, cache=cache, say=say, results=res,
                         calibration_data=calib)
             # bench_model re-appends the variant and availability rows: keep the first of each
-            res.variants = _dedupe(res.variants, ("variant", "batch_size", "error"))
-            res.availability = _dedupe(res.availability, ("target",))
+            res.variants = _dedupe(res.variants, lambda v: (v.variant, v.batch_size, v.error))
+            res.availability = _dedupe(res.availability, lambda a: a["target"])
     router = None
     if not res.interrupted:
         say(f"routing the strategies of {args.config}")
@@ -121,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
     return 130 if res.interrupted else 0
 
 
-def _dedupe(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+def _dedupe(rows: list[Any], key: Callable[[Any], Any]) -> list[Any]:
     seen, outl = set(), []
     for r in rows:
-        k = tuple(str(r.get(x)) for x in keys)
+        k = key(r)
         if k not in seen:
             seen.add(k)
             outl.append(r)

@@ -101,10 +101,10 @@ def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
         res.fleet["placement"] = place(res, args.route)
     res.command = "hwb " + " ".join(sys.argv[1:])
     path = res.save(args.output)
-    failed = [v for v in res.variants if v.get("error")]
+    failed = [v for v in res.variants if v.error]
     human = (res.table() + f"\n\n{len({p.machine.get('node_id') for p in res.profiles})} machine(s), "
              f"{len(res.profiles)} profile(s), {len(failed)} failed row(s)"
-             + "".join(f"\n  FAILED {v['variant']}: {v['error'][:200]}" for v in failed)
+             + "".join(f"\n  FAILED {v.variant}: {v.error[:200]}" for v in failed)
              + f"\nresults: {path}")
     if args.report:
         from ..report import write_report

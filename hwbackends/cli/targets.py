@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     for name in sorted(reg.targets):
         t = reg.targets[name]
         rows.append({"name": name, "family": t.family, "precisions": list(t.precisions),
-                     "formats": list(t.formats), "description": t.description,
+                     "precision_rule": t.precision_rule, "formats": list(t.formats), "description": t.description,
                      "plugin": reg.target_plugin[name], "options": t.option_docs,
                      "availability": safe_probe(t).to_dict()})
     data = {"targets": rows, "problems": [p.to_dict() for p in reg.problems],
@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         if args.verbose and r["options"]:
             for k, v in r["options"].items():
                 lines.append(f"{'':<20}option {k}: {v}")
+        if r["precision_rule"]:  # what -p / precisions = [...] also take beyond the listed ones
+            lines.append(f"{'':<20}also precisions: {r['precision_rule']}")
     if data["problems"]:
         lines.append("\nplugins that could not be used:")
         for p in data["problems"]:

@@ -29,8 +29,9 @@ def identity() -> dict[str, Any]:
 
 
 def node_info(targets: Sequence[str]) -> dict[str, Any]:
-    """Availability (probed here, as ``hwb targets`` does), precisions and toolchain of each
-    advertised target on this node."""
+    """Availability (probed here, as ``hwb targets`` does), precisions (the listed ones and
+    the rule of the further ones it accepts) and toolchain of each advertised target on this
+    node."""
     from ..registry import get_registry
 
     reg = get_registry()
@@ -50,7 +51,8 @@ def node_info(targets: Sequence[str]) -> dict[str, Any]:
                       "device": ""}, {}
         out[name] = {"mode": av["mode"], "reason": av.get("reason", ""),
                      "device": av.get("device", ""), "family": tgt.family,
-                     "precisions": list(tgt.precisions), "toolchain": tc,
+                     "precisions": list(tgt.precisions), "precision_rule": tgt.precision_rule,
+                     "toolchain": tc,
                      "target_version": str(getattr(tgt, "version", "1"))}
     return identity() | {"targets": out}
 

@@ -24,6 +24,7 @@ from ..bench import fingerprint
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
 from ..errors import ConfigError, HwbError, UnknownTargetError, UnsupportedError
+from ..variant import VariantRecord
 from . import netns
 from .resources import advertised, local_targets, resource_name, resources_for
 
@@ -200,9 +201,9 @@ class _Fleet:
     def fail(self, it: Item, reason: str) -> None:
         it.status = "failed"
         self.compiling.discard(self.key(it))
-        self.res.variants.append({"variant": f"{it.variant} @ {it.label}", "target": it.target,
-                                  "precision": it.precision, "mode": it.mode, "error": reason,
-                                  "machine": self._machine(it.node_id)})
+        self.res.variants.append(VariantRecord.failed(
+            it.target, it.precision, it.mode, reason, variant=f"{it.variant} @ {it.label}",
+            machine=self._machine(it.node_id)))
         self.tasks.append({"node_id": it.node_id, "variant": it.variant, "status": "failed",
                            "reason": reason})
         self.say(f"{it.variant} @ {it.label}: FAILED ({reason})")
@@ -235,7 +236,7 @@ class _Fleet:
         for v in out["variants"]:
             v["variant"] = f"{v['variant']} @ {label}"
             v["artifact_from_node"] = it.artifact_from
-            self.res.variants.append(v)
+            self.res.variants.append(VariantRecord.from_dict(v))
         for p in out["profiles"]:
             p["variant"] = f"{p['variant']} @ {label}"
             self.res.profiles.append(LatencyProfile.from_dict(p))

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..variant import machine_key
 
 #: Fingerprint fields compared between machines (libraries are compared one by one).
 MACHINE_FIELDS = (("cpu", "CPU"), ("arch", "arch"), ("cores", "cores"),
@@ -40,11 +41,6 @@ def _table(head: list[str], rows: list[list[str]], num: set[int] | None = None) 
     body = "".join("<tr>" + "".join(f'<td class="{"num" if i in num else ""}">{c}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def machine_key(row: dict[str, Any] | LatencyProfile) -> str:
-    m = row.machine if isinstance(row, LatencyProfile) else row.get("machine") or {}
-    return str(m.get("node_id") or m.get("id") or "?")
 
 
 def machines(res: BenchResults) -> dict[str, dict[str, Any]]:
@@ -165,14 +161,14 @@ def _machine_section(res: BenchResults, key: str, node: dict[str, Any]) -> str:
     for v in res.variants:
         if machine_key(v) != key:
             continue
-        ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == f"{v['target']}:{v['precision']}"]
-        if v.get("error"):
-            rows.append([_e(f"{v['target']}:{v['precision']}"), _badge("failed"), "—", "—", "—", "—",
-                         f'<span class="note">{_e(str(v["error"])[:240])}</span>'])
+        ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == f"{v.target}:{v.precision}"]
+        if v.error:
+            rows.append([_e(f"{v.target}:{v.precision}"), _badge("failed"), "—", "—", "—", "—",
+                         f'<span class="note">{_e(v.error[:240])}</span>'])
             continue
-        how = ("artifact from " + _e(_label(machines(res), v["artifact_from_node"]))
-               if v.get("artifact_from_node") and v.get("cached") else
-               "cached" if v.get("cached") else f"compiled {v.get('compile_seconds', 0):.1f} s")
+        how = ("artifact from " + _e(_label(machines(res), v.artifact_from_node))
+               if v.artifact_from_node and v.cached else
+               "cached" if v.cached else f"compiled {v.compile_seconds:.1f} s")
         for p in ps:
             rows.append([f"<b>{_e(_bare(p))}</b>", _badge(p.mode), _e(p.scenario), _us(p.p50_us),
                          _us(p.p99_us), f"{p.throughput:,.0f}", how])
@@ -189,7 +185,7 @@ def sections(res: BenchResults) -> str:
         return ""
     nodes = machines(res)
     measured = {machine_key(p) for p in res.profiles}
-    failed = [v for v in res.variants if v.get("error")]
+    failed = [v for v in res.variants if v.error]
     parts = [f"<section><h2>Fleet: {len(nodes)} machine(s), {len(measured)} measured</h2>"
              f"<p class=\"note\">Ray {_e(res.fleet.get('ray_version', ''))} "
              f"({_e(res.fleet.get('mode', ''))}, {_e(res.fleet.get('address', ''))}); each variant "

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..bench.machine import describe as machine_line
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..variant import VariantRecord
 from . import plots
 
 CSS = """
@@ -96,7 +97,7 @@ def _cards(res: BenchResults) -> str:
     cards.append(("targets", f"{sum(a['mode'] == 'hardware' for a in av)} hw · "
                              f"{sum(a['mode'] == 'emulated' for a in av)} emu · "
                              f"{sum(a['mode'] == 'unavailable' for a in av)} n/a",
-                  f"{len([v for v in res.variants if not v.get('error')])} variants compiled"))
+                  f"{sum(v.ok for v in res.variants)} variants compiled"))
     if res.routing:
         met = sum(1 for r in res.routing if r.get("meets_budget"))
         cards.append(("strategies served within budget", f"{met} / {len(res.routing)}",
@@ -271,18 +272,19 @@ def _batch(ctx: _Ctx) -> str:
             + plots.batch(ba, ctx.col) + "</div>" + _profile_table(ba) + "</section>")
 
 
-def _fidelity_row(v: dict[str, Any]) -> list[str]:
-    f = v.get("fidelity") or {}
-    if v.get("error"):
-        return [_e(v["variant"]) + (f" (batch {v['batch_size']})" if v.get("batch_size", 1) != 1 else ""),
+def _fidelity_row(v: VariantRecord) -> list[str]:
+    f = v.fidelity
+    if v.error:
+        return [_e(v.variant) + (f" (batch {v.batch_size})" if v.batch_size != 1 else ""),
                 _badge("failed"), "—", "—", "—", "—", "—", "—",
-                f'<span class="note">{_e(v["error"][:200])}</span>']
-    return [f"<b>{_e(v['variant'])}</b>", _badge(v["mode"]),
-            f"{f.get('corr', math.nan):.6f}", f"{f.get('max_abs', math.nan):.2g}",
-            f"{f.get('mae', math.nan):.2g}", f"{f.get('sign_agree', math.nan):.4f}",
-            f"{v.get('compile_seconds', 0):.1f} s" + (" (cached)" if v.get("cached") else ""),
-            _bytes(v.get("artifact_bytes")),
-            f'<span class="note">degenerate: {_e(f.get("warning", ""))}</span>' if f.get("degenerate") else ""]
+                f'<span class="note">{_e(v.error[:200])}</span>']
+    nan = math.nan
+    return [f"<b>{_e(v.variant)}</b>", _badge(v.mode),
+            f"{f.corr if f else nan:.6f}", f"{f.max_abs if f else nan:.2g}",
+            f"{f.mae if f else nan:.2g}", f"{f.sign_agree if f else nan:.4f}",
+            f"{v.compile_seconds:.1f} s" + (" (cached)" if v.cached else ""),
+            _bytes(v.artifact_bytes),
+            f'<span class="note">degenerate: {_e(f.warning)}</span>' if f and f.degenerate else ""]
 
 
 def data_note(data: dict[str, Any] | None, n: Any) -> str:
@@ -308,8 +310,8 @@ def data_note(data: dict[str, Any] | None, n: Any) -> str:
 def _fidelity(ctx: _Ctx) -> str:
     res = ctx.res
     rows = [_fidelity_row(v) for v in res.variants]
-    n = (res.variants[0].get("fidelity") or {}).get("n", "?") if res.variants else "?"
-    data = res.data or next((v.get("data") for v in res.variants if v.get("data")), None)
+    n = next((v.fidelity.n for v in res.variants if v.fidelity), "?")
+    data = res.data or next((v.data for v in res.variants if v.data), None)
     return ("<section><h2>Fidelity against the fp32 source model, build cost</h2>"
             + _table(["variant", "mode", "corr", "max abs err", "MAE", "sign agree",
                       "compile time", "artifact", ""], rows, {2, 3, 4, 5, 6, 7})

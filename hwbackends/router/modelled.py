@@ -9,29 +9,33 @@ measurement, and serving it here runs the simulation.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bench.profile import LatencyProfile
 from ..specs import MODELLED
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..variant import VariantRecord
 
-def modelled_estimate(cm: Any) -> dict[str, Any] | None:
-    """The variant's modelled hardware estimate, when it has one with a latency."""
-    est = (cm.artifact.meta or {}).get("hardware_estimate") if cm is not None else None
+
+def modelled_estimate(rec: "VariantRecord") -> dict[str, Any] | None:
+    """The variant's modelled hardware estimate (``Target.compile``'s ``hardware_estimate``
+    metadata, documented in hwbackends/target.py), when it has one with a latency."""
+    est = rec.hardware_estimate
     if not est or est.get("label") != MODELLED or not est.get("end_to_end"):
         return None
     return est
 
 
-def modelled_profile(cm: Any, est: dict[str, Any]) -> LatencyProfile:
+def modelled_profile(rec: "VariantRecord", est: dict[str, Any]) -> LatencyProfile:
     """A one-point "distribution" at the modelled end-to-end latency (µs)."""
     us = float(est["end_to_end"]["total_ns"]) / 1000.0
     return LatencyProfile(
-        variant=cm.variant, target=cm.target, precision=cm.precision, batch_size=cm.batch_size,
+        variant=rec.variant, target=rec.target, precision=rec.precision, batch_size=rec.batch_size,
         scenario="modelled", params={"basis": est.get("basis", ""),
                                      "io_assumption": est["end_to_end"].get("io_assumption", "")},
         mode=MODELLED, n=0, p50_us=us, p90_us=us, p99_us=us, p999_us=us, max_us=us, mean_us=us,
-        min_us=us, throughput=0.0, duration_s=0.0, artifact_key=cm.artifact.key)
+        min_us=us, throughput=0.0, duration_s=0.0, artifact_key=rec.artifact_key)
 
 
 def reason(est: dict[str, Any]) -> str:

@@ -11,21 +11,25 @@ name the closest.
 """
 from __future__ import annotations
 
+import fnmatch
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
-from ..registry import safe_probe, select_targets, slow_unless_named
+from ..registry import precisions_to_build, safe_probe, select_targets, slow_unless_named
 from ..samples import describe as describe_data
 from ..specs import MODELLED, Availability, Mode
+from ..variant import VariantRecord, machine_key
 from .modelled import modelled_estimate, modelled_profile
 from .modelled import reason as modelled_reason
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..bench import BenchResults
     from ..compiled import CompiledModel
     from ..config import StrategiesFile, StrategyConfig
     from ..models import Model
@@ -63,6 +67,8 @@ class Candidate:
     fidelity: dict[str, Any] | None = None
     #: Where its calibration and validation inputs came from (``CompiledModel.data``).
     data: dict[str, Any] | None = None
+    #: The variant record it was judged from (:func:`judge`); ``None`` for a target never built.
+    record: VariantRecord | None = field(default=None, repr=False)
 
     @property
     def variant(self) -> str:
@@ -146,8 +152,9 @@ def allows_emulated(s: "StrategyConfig", cfg: "StrategiesFile") -> bool:
     return cfg.router.allow_emulated if s.allow_emulated is None else s.allow_emulated
 
 
-def emulated_rejection(av: Availability) -> str:
-    return (f"emulated ({av.reason}): its latency is not this hardware's; set allow_emulated = "
+def emulated_rejection(why: str) -> str:
+    """The reason an emulated variant is not ranked; ``why`` is its availability's reason."""
+    return (f"emulated ({why}): its latency is not this hardware's; set allow_emulated = "
             f"true to rank it")
 
 
@@ -159,22 +166,53 @@ def rejected_before_compile(s: "StrategyConfig", cfg: "StrategiesFile", av: Avai
     needs the build."""
     if (av.mode is Mode.EMULATED and not allows_emulated(s, cfg) and not s.allow_modelled
             and not av.details.get("board")):
-        return emulated_rejection(av) + " (not built)"
+        return emulated_rejection(av.reason) + " (not built)"
     return None
+
+
+def judge(rec: VariantRecord, name: str, s: "StrategyConfig", cfg: "StrategiesFile") -> Candidate:
+    """The candidate policy, one place for every router: what variant record ``rec`` is worth
+    to strategy ``name``, whether it was compiled just now (:func:`plan_strategy`) or read
+    from a results file (:func:`candidates_from_results`: ``hwb bench --route``,
+    ``hwb route --fleet``). In order: a build error fails it; **fidelity gates speed** (a
+    variant outside the strategy's tolerance, or with none measured, is rejected); with
+    ``allow_modelled`` a modelled hardware estimate is its latency (labelled so); an emulated
+    variant is rejected unless the strategy ranks emulated latencies. What survives has
+    status ``to-measure``: the caller gives it its profile."""
+    c = Candidate(name, rec.target, rec.precision, rec.mode, record=rec)
+    c.fidelity = rec.fidelity.to_dict() if rec.fidelity else None
+    c.data = rec.data
+    if rec.error:
+        c.status, c.reasons = "failed", [rec.error[:300]]
+        return c
+    bad = s.fidelity.tolerance().violations(rec.fidelity) if rec.fidelity else ["no fidelity measured"]
+    if bad:
+        c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
+        return c
+    est = modelled_estimate(rec) if s.allow_modelled else None
+    if est is not None:  # ranked by its modelled latency, labelled (router/modelled.py)
+        c.profile, c.mode = modelled_profile(rec, est), MODELLED
+        c.status, c.reasons = "candidate", [modelled_reason(est)]
+        return c
+    if c.mode == Mode.EMULATED.value and not allows_emulated(s, cfg):
+        c.status, c.reasons = "rejected", [emulated_rejection(rec.mode_reason or "a stand-in")]
+        return c
+    c.status = "to-measure"
+    return c
 
 
 def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: "Model",
                   reg: "Registry", *, store: Any = None, cache: ProfileCache | None = None,
                   refresh: bool = False, say: Callable[[str], None] | None = None,
                   calibration_data: Any = None) -> Decision:
-    """Compile, check, measure and rank every candidate for strategy ``name``. Targets the
-    strategy's rules reject whatever they build (:func:`rejected_before_compile`) and slow
-    builds only ``*`` matched (:func:`~hwbackends.registry.slow_unless_named`) are listed
-    with the reason, not compiled."""
+    """Compile, check (:func:`judge`), measure and rank every candidate for strategy
+    ``name``. Targets the strategy's rules reject whatever they build
+    (:func:`rejected_before_compile`) and slow builds only ``*`` matched
+    (:func:`~hwbackends.registry.slow_unless_named`) are listed with the reason, not
+    compiled. ``precisions = [...]`` builds exactly those a target accepts, listed or not
+    (:func:`~hwbackends.registry.precisions_to_build`)."""
     say = say or (lambda m: log.info(m))
     tier = cfg.tiers[s.tier]
-    allow_emulated = allows_emulated(s, cfg)
-    tol = s.fidelity.tolerance()
     bench = SingleStream(n=cfg.router.bench.n, warmup=cfg.router.bench.warmup,
                          max_s=cfg.router.bench.max_s)
     names = select_targets(reg, s.targets, where=f"strategy {name!r} targets")
@@ -189,36 +227,21 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
         early = rejected_before_compile(s, cfg, av) or slow.get(tname)
         if early:
             say(f"{name}: {tname} rejected without building it: {early}")
-        for prec in tgt.precisions:
-            if s.precisions and prec not in s.precisions:
-                continue
-            c = Candidate(name, tname, prec, av.mode.value)
-            cands.append(c)
+        for prec in precisions_to_build(tgt, s.precisions):
             if early:
-                c.status, c.reasons = "rejected", [early]
+                cands.append(Candidate(name, tname, prec, av.mode.value, "rejected", [early]))
                 continue
+            cm = None
             try:
-                c.cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
-                                   isolate_compile=cfg.router.isolate_compile, progress=say,
-                                   calibration_data=calibration_data, registry=reg)
+                cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
+                                 isolate_compile=cfg.router.isolate_compile, progress=say,
+                                 calibration_data=calibration_data, registry=reg)
+                rec = VariantRecord.from_compiled(cm)
             except HwbError as exc:
-                c.status, c.reasons = "failed", [f"{type(exc).__name__}: {str(exc)[:300]}"]
-                continue
-            c.fidelity = c.cm.fidelity.to_dict() if c.cm.fidelity else None
-            c.data = c.cm.data or None
-            bad = tol.violations(c.cm.fidelity) if c.cm.fidelity else ["no fidelity measured"]
-            if bad:
-                c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
-                continue
-            est = modelled_estimate(c.cm) if s.allow_modelled else None
-            if est is not None:  # ranked by its modelled latency, labelled (router/modelled.py)
-                c.profile, c.mode = modelled_profile(c.cm, est), MODELLED
-                c.status, c.reasons = "candidate", [modelled_reason(est)]
-                continue
-            if c.mode == "emulated" and not allow_emulated:
-                c.status, c.reasons = "rejected", [emulated_rejection(av)]
-                continue
-            c.status = "to-measure"
+                rec = VariantRecord.failed(tname, prec, av.mode.value, f"{type(exc).__name__}: {exc}")
+            c = judge(rec, name, s, cfg)
+            c.cm = cm
+            cands.append(c)
     # Measure the survivors together, interleaved, so they are compared under the same noise.
     todo = [c for c in cands if c.status == "to-measure"]
     if todo:
@@ -227,6 +250,69 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
         for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
+
+
+def unmeasured_model(s: "StrategyConfig", res: "BenchResults") -> str:
+    """Why a results file cannot route strategy ``s`` (its ``model``, a path or ``zoo:NAME``,
+    is not the model the file measured), or "" when it can."""
+    name = str(res.model.get("name", ""))
+    if s.model in (name, f"zoo:{name}") or Path(s.model).stem == name:
+        return ""
+    return f"strategy model {s.model} was not measured in this run (it measured {name or '?'})"
+
+
+def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
+                            cfg: "StrategiesFile", node: str | None = None) -> list[Candidate]:
+    """The router's candidates for strategy ``name`` from a results file's rows (one
+    machine's, ``node``, in a fleet file; every row when ``None``), measuring nothing: each
+    variant record goes through :func:`judge`, and a survivor's profile is the newest
+    uninterrupted single-stream profile of the same variant at the strategy's batch size in
+    that file; unavailable and skipped targets keep their reason."""
+    def wanted(target: str) -> bool:
+        return any(fnmatch.fnmatchcase(target, p) for p in s.targets)
+
+    def here(row: Any) -> bool:
+        return node is None or machine_key(row) == node
+
+    cands: list[Candidate] = []
+    for a in res.availability:
+        if here(a) and wanted(a["target"]) and (a["mode"] == "unavailable" or a.get("skipped")):
+            status = "unavailable" if a["mode"] == "unavailable" else "rejected"
+            cands.append(Candidate(name, a["target"], "", a["mode"], status,
+                                   [a.get("reason", "") if status == "unavailable" else a["skipped"]]))
+    for rec in res.variants:
+        if not (here(rec) and wanted(rec.target)) or (s.precisions and rec.precision not in s.precisions):
+            continue
+        c = judge(rec, name, s, cfg)
+        cands.append(c)
+        if c.status != "to-measure":
+            continue
+        prof = [p for p in res.profiles if here(p) and p.target == c.target
+                and p.precision == c.precision and p.scenario == "single-stream"
+                and p.batch_size == s.batch_size and not p.interrupted]
+        if not prof:
+            c.status, c.reasons = "failed", [f"no single-stream profile at batch {s.batch_size} "
+                                             f"in the results" + (" of this machine" if node else "")]
+            continue
+        c.profile = max(prof, key=lambda p: p.created)  # the newest
+        c.status = "candidate"
+    return cands
+
+
+def decide_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
+                        cfg: "StrategiesFile", reg: "Registry", node: str | None = None) -> Decision:
+    """:func:`decide` on :func:`candidates_from_results`: the routing a results file implies,
+    from its own profiles (``hwb bench --route``; per machine, ``hwb route --fleet``)."""
+    budget = cfg.tiers[s.tier].p99_us
+    unmeasured = unmeasured_model(s, res)
+    if unmeasured:
+        return Decision(name, s.tier, budget, [], note=unmeasured)
+    cands = candidates_from_results(res, name, s, cfg, node)
+    d = decide(name, s, budget, cands, reg)
+    if not cands:
+        d.note = (f"no variant of {', '.join(s.targets)} in these results; measure them "
+                  f"(hwb bench -t ...) or route live (hwb route)")
+    return d
 
 
 def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate],
