@@ -412,7 +412,16 @@ class Target:
         so a mistake costs no build. Fast, no heavy imports; the default accepts everything."""
 
     def compile(self, model: "Model", options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        """Write the artifact's files into ``workdir``; return JSON-able metadata.
+        """Write the artifact's files into ``workdir``; return JSON-able metadata, stored as
+        ``Artifact.meta`` and given back to ``load``. One key of it means something to the
+        core: ``hardware_estimate``, for a target whose executor here is a simulation but whose
+        build yields the device's timing (``fpga.da4ml``: cycles from an RTL testbench) — a
+        dict with ``label = "modelled"`` (else ignored), ``basis`` (how it was obtained),
+        ``latency_cycles`` and ``end_to_end = {"total_ns", "logic_ns", "io_assumption_ns",
+        "io_assumption"}``: the modelled per-call latency, logic plus a stated I/O assumption.
+        A strategy with ``allow_modelled = true`` ranks the variant by ``total_ns``, labelled
+        modelled; further keys (resources, clock, ``source`` tools) are shown, not
+        interpreted. Leave it out when the target measures on the device or a stand-in.
         Raise :class:`~hwbackends.errors.UnsupportedError` naming the layer/op that cannot be
         compiled. Runs in a child process (the compile worker), never in the caller's.
 
