@@ -15,7 +15,7 @@ from ..errors import HwbError
 CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"
 #: Subcommand modules, in the order ``hwb --help`` lists them.
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fpga_trace", "fleet", "node")
+            "fpga_trace", "fleet", "node", "export")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
