@@ -302,3 +302,27 @@ def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> No
         assert c["p99_us"] == prof.p99_us and c["status"] == "chosen"
         assert set(c["fidelity"]["outputs"]) == set(BenchResults.load(path).variants[0].fidelity.outputs)
         assert len(c["fidelity"]["outputs"]) == 2
+
+
+def test_fleet_plan_builds_an_unlisted_fixed_point_precision() -> None:
+    """Issue 21 #4 for `hwb fleet -p 'ap_fixed<16,6>'`: the driver checked -p against the
+    precisions the nodes list, so it refused what fpga.hls4ml's compile accepts. Planned with
+    the rows a node answers (node_info's shape) and the driver's own targets, without Ray."""
+    import hwbackends as hwb
+    from hwbackends.bench import BenchResults
+    from hwbackends.errors import UnsupportedError
+    from hwbackends.fleet.runner import _Fleet, _plan
+
+    reg = hwb.get_registry()
+    row = {"node_id": "n1", "hostname": "box", "label": "box·n1", "fingerprint": {},
+           "targets": {t: {"mode": "emulated" if t == "fpga.hls4ml" else "hardware", "reason": "",
+                           "device": "", "family": reg.targets[t].family,
+                           "precisions": list(reg.targets[t].precisions), "toolchain": {}}
+                       for t in ("fpga.hls4ml", "cpu.onnxruntime")}}
+    res = BenchResults(model={}, machine={})
+    fleet = _Fleet(res, lambda m: None, None, 60.0, lambda it: None)
+    _plan(res, [row], ["ap_fixed<16,6>"], fleet)
+    assert [(it.target, it.precision) for it in fleet.queues["n1"]] == [("fpga.hls4ml", "ap_fixed<16,6>")]
+    with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none of "
+                                               r"cpu.onnxruntime, fpga.hls4ml; .*fpga.hls4ml also takes"):
+        _plan(res, [row], ["ap_fixed<99,6>"], _Fleet(res, lambda m: None, None, 60.0, lambda it: None))

@@ -305,12 +305,19 @@ def _plan(res: BenchResults, rows: list[dict[str, Any]], precisions: Sequence[st
           fleet: _Fleet) -> None:
     """Queue every (node, target, precision) the node can run; unavailable targets become
     availability rows with their reason, as in ``hwb bench``."""
-    offered = {p for r in rows for d in (r.get("targets") or {}).values() for p in d["precisions"]}
-    if precisions:
-        bad = [p for p in precisions if p not in offered]
-        if bad:
-            raise UnsupportedError(f"precision(s) {', '.join(bad)} offered by no target the fleet "
-                                   f"advertises; they offer {', '.join(sorted(offered)) or 'none'}")
+    from ..registry import get_registry, precisions_to_build, unaccepted_precisions
+
+    # Target.accepts (the driver's plugins are the nodes' version): -p 'ap_fixed<16,6>' is
+    # built on fpga.hls4ml nodes, listed or not (issue 21 #4).
+    reg = get_registry()
+    advertised = sorted({t for r in rows for t in (r.get("targets") or {})})
+    if precisions:  # a target only the nodes register (no plugin here) offers what it lists
+        listed = {p for r in rows for t, d in (r.get("targets") or {}).items()
+                  if t not in reg.targets for p in d["precisions"]}
+        why = unaccepted_precisions([reg.targets[t] for t in advertised if t in reg.targets],
+                                    [p for p in precisions if p not in listed])
+        if why:
+            raise UnsupportedError(f"of the targets the fleet advertises, {why}")
     for r in rows:
         fleet.labels[r["node_id"]] = r["label"]
         for t, d in (r.get("targets") or {}).items():
@@ -323,9 +330,10 @@ def _plan(res: BenchResults, rows: list[dict[str, Any]], precisions: Sequence[st
             if d["mode"] == "unavailable":
                 continue
             tc = json.dumps([d["toolchain"], d.get("target_version")], sort_keys=True, default=str)
-            for p in d["precisions"]:
-                if precisions and p not in precisions:
-                    continue
+            tgt = reg.targets.get(t)
+            build = (precisions_to_build(tgt, precisions) if tgt is not None else
+                     [p for p in d["precisions"] if not precisions or p in precisions])
+            for p in build:
                 fleet.queues.setdefault(r["node_id"], []).append(
                     Item(r["node_id"], r["label"], t, p, tc, d["mode"]))
 
