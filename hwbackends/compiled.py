@@ -5,11 +5,11 @@ from typing import Any
 
 import numpy as np
 
-from .batches import predict_in_batches, predict_in_batches_multi
+from .batches import as_returned, predict_in_batches, tuple_call
 from .fidelity import Fidelity
-from .inputs import NAN_POLICIES, as_batch, as_batches, is_single
+from .inputs import NAN_POLICIES, as_batches, is_single
 from .specs import Availability, Mode, TensorSpec
-from .target import Artifact, Executor, check_io, check_io_multi
+from .target import Artifact, Executor, check_io
 
 
 class CompiledModel:
@@ -22,7 +22,7 @@ class CompiledModel:
     **Several inputs or outputs** (:attr:`multi_io`): ``predict`` takes a tuple (one array
     per input, ``inputs`` order), a dict keyed by input name, and returns one array when the
     model has one output, else a tuple in ``outputs`` order; ``predict_into(xs, outs)`` takes
-    tuples, one buffer per tensor (see :class:`hwbackends.target.MultiExecutor`).
+    tuples, one buffer per tensor (see :class:`hwbackends.target.Executor`).
     """
 
     def __init__(self, executor: Executor, artifact: Artifact, availability: Availability,
@@ -45,12 +45,10 @@ class CompiledModel:
         self.predict_into = executor.predict_into
         #: Whether the model has several inputs or outputs (tuples in ``predict_into``).
         self.multi_io = artifact.multi_io
-        if self.multi_io:
-            self._xs = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.inputs)
-            self._ys = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.outputs)
-        else:
-            self._x = np.zeros(self.input.batched(self.batch_size), dtype=np.float32)
-            self._y = np.zeros(self.output.batched(self.batch_size), dtype=np.float32)
+        # The allocating paths run on tuples; the hot path above keeps its own shape.
+        self._call = tuple_call(self.predict_into, not self.multi_io)
+        self._xs = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.inputs)
+        self._ys = tuple(np.zeros(s.batched(self.batch_size), np.float32) for s in self.outputs)
 
     # -- metadata -------------------------------------------------------------------------------
     @property
@@ -127,48 +125,31 @@ class CompiledModel:
                 f"batch {self.batch_size}>")
 
     # -- prediction -----------------------------------------------------------------------------
-    def validate(self, x: Any) -> tuple[Any, bool]:
-        """``x`` as a float32 batch for this variant and whether it was one sample; raises
-        :class:`InputError` (shape, dtype, NaN/Inf per ``nan_policy``). A multi-input
-        variant gives a tuple of batches (see :func:`hwbackends.inputs.as_batches`)."""
-        if self.multi_io:
-            xs = as_batches(x, self.inputs, self.nan_policy)
-            return xs, is_single(x, self.inputs)
-        return as_batch(x, self.input, self.nan_policy)
+    def validate(self, x: Any) -> tuple[tuple[np.ndarray, ...], bool]:
+        """``x`` as float32 batches for this variant (a tuple, one per input, see
+        :func:`hwbackends.inputs.as_batches`) and whether it was one sample; raises
+        :class:`InputError` (shape, dtype, NaN/Inf per ``nan_policy``)."""
+        return as_batches(x, self.inputs, self.nan_policy), is_single(x, self.inputs)
 
     def predict(self, x: Any) -> Any:
-        """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``.
-        Validates shape, dtype and (by default) NaN/Inf; returns a new array (a tuple of
-        arrays for several outputs)."""
-        if self.multi_io:
-            return self._predict_multi(x)
-        arr, single = self.validate(x)
-        out = predict_in_batches(self.predict_into, arr, self.batch_size, self.input, self.output,
-                                 static_batch=self.static_batch, xbuf=self._x, ybuf=self._y)
-        return out[0] if single else out
-
-    def _predict_multi(self, x: Any) -> Any:
+        """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``
+        (several inputs: a tuple or a dict of those). Validates shape, dtype and (by default)
+        NaN/Inf; returns a new array (a tuple of arrays for several outputs)."""
         xs, single = self.validate(x)
-        ys = predict_in_batches_multi(self.predict_into, xs, self.batch_size, self.inputs,
-                                      self.outputs, static_batch=self.static_batch,
-                                      xbufs=self._xs, ybufs=self._ys)
-        if single:
-            ys = tuple(y[0] for y in ys)
-        return ys[0] if len(ys) == 1 else ys
+        ys = predict_in_batches(self._call, xs, self.batch_size, self.inputs, self.outputs,
+                                static_batch=self.static_batch, xbufs=self._xs, ybufs=self._ys)
+        return as_returned(ys, single)
 
     def warmup(self, n: int = 20) -> None:
         """Run ``n`` calls so first-call costs (allocation, JIT, caches) are paid before traffic."""
-        x, y = (self._xs, self._ys) if self.multi_io else (self._x, self._y)
         for _ in range(n):
-            self.predict_into(x, y)
+            self._call(self._xs, self._ys)
 
     def check(self, x: Any, out: Any) -> None:
         """Raise :class:`InputError` if ``x``/``out`` are not what ``predict_into`` takes."""
-        if self.multi_io:
-            check_io_multi(x, out, self.inputs, self.outputs, self.batch_size,
-                           contiguous=getattr(self.executor, "contiguous", False))
-            return
-        check_io(x, out, self.input, self.output, self.batch_size,
+        if not self.multi_io:
+            x, out = (x,), (out,)
+        check_io(x, out, self.inputs, self.outputs, self.batch_size,
                  contiguous=getattr(self.executor, "contiguous", False))
 
     def close(self) -> None:

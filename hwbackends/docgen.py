@@ -33,10 +33,9 @@ DEFAULT_DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
 def contract_objects() -> list[Any]:
     """The public contract a plugin author works with, in the order the reference lists it."""
-    objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor, target.MultiExecutor,
-                       target.BufferedMultiExecutor,
+    objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor,
                        target.CompileOptions, target.Artifact,
-                       target.Converter, target.check_io, target.check_io_multi,
+                       target.Converter, target.check_io, target.several,
                        specs.Availability, specs.Mode,
                        specs.TensorSpec]
     errs = [c for _, c in inspect.getmembers(errors, inspect.isclass)
@@ -74,7 +73,7 @@ def target_attributes(cls: type) -> list[tuple[str, str, str]]:
 
 #: Underscored methods that are part of the contract: what an executor subclass calls or
 #: implements (they are underscored so they stay out of the executor's public surface).
-SUBCLASS_API = ("_init_io", "_run", "_check")
+SUBCLASS_API = ("_init_io", "_run", "_check", "_buffers")
 
 
 def _public_methods(cls: type) -> list[tuple[str, Any]]:

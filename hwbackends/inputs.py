@@ -1,6 +1,7 @@
 """The one input validation of the public API: ``CompiledModel.predict``, the router, the
-serving engine and the shared-memory client all call :func:`as_batch` (or
-:func:`as_sample`), so a wrong array gets the same clear :class:`InputError` everywhere.
+serving engine and the shared-memory client all call :func:`as_batches` (per tensor
+:func:`as_batch`, or :func:`as_sample` for one request), so a wrong array gets the same clear
+:class:`InputError` everywhere.
 
 The executor hot path (``predict_into``) does *not* come through here: it only checks shape
 and dtype identity (see :class:`hwbackends.target.Executor`); these functions are for calls
@@ -8,7 +9,7 @@ that may allocate.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -86,16 +87,18 @@ def _named(e: InputError, spec: TensorSpec) -> InputError:
     return InputError(msg)
 
 
-def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
+def as_batches(x: Any, specs: Sequence[TensorSpec],
                nan_policy: str = "reject") -> tuple[np.ndarray, ...]:
-    """Several inputs as a tuple of C-contiguous float32 batches, one per spec, all with the
-    same number of samples ``n`` (one sample per tensor gives ``n == 1``).
+    """Every input as a tuple of C-contiguous float32 batches, one per spec, all with the
+    same number of samples ``n`` (one sample per tensor gives ``n == 1``): the edge where
+    arrays, tuples and dicts become the one internal shape.
 
     ``x`` is a tuple/list with one array per input in ``specs`` order, a dict keyed by input
-    name, or (one input only) a single array. Raises :class:`InputError` naming the tensor
-    (``input 'state' has shape …``)."""
+    name, or (one input) the array itself. Raises :class:`InputError`, naming the tensor when
+    there are several (``input 'state' has shape …``)."""
     names = [s.name for s in specs]
-    if isinstance(x, dict):
+    one = len(specs) == 1
+    if isinstance(x, dict) and not (one and set(x) != {names[0]}):
         missing = [n for n in names if n not in x]
         extra = sorted(str(k) for k in x if k not in names)
         if missing or extra:
@@ -103,9 +106,9 @@ def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
                              f"{names}" + (f" (missing {missing})" if missing else "")
                              + (f" (unknown {extra})" if extra else ""))
         items = [x[n] for n in names]
-    elif isinstance(x, (tuple, list)):
+    elif isinstance(x, (tuple, list)) and not (one and not _tuple_of_arrays(x)):
         items = list(x)
-    elif len(specs) == 1:
+    elif one:  # the array itself (or anything array-like: a nested list is one array)
         items = [x]
     else:
         raise InputError(f"this model takes {len(specs)} inputs ({', '.join(names)}); pass a "
@@ -121,7 +124,7 @@ def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
         try:
             arr, single = as_batch(item, spec, nan_policy)
         except InputError as e:
-            raise _named(e, spec) from None
+            raise (e if one else _named(e, spec)) from None
         arrays.append(arr)
         singles.append(single)
     counts = {len(a) for a in arrays}
@@ -132,8 +135,19 @@ def as_batches(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...],
     return tuple(arrays)
 
 
-def is_single(x: Any, specs: list[TensorSpec] | tuple[TensorSpec, ...]) -> bool:
-    """Whether validated multi-input ``x`` was one sample per tensor (no batch axis)."""
-    first = x.get(specs[0].name) if isinstance(x, dict) else (
-        x[0] if isinstance(x, (tuple, list)) else x)
+def _tuple_of_arrays(x: tuple | list) -> bool:
+    """Whether a tuple/list given for a one-input model is the tuple form (a tuple of one,
+    or a list of one ndarray) rather than one array written as a (nested) list."""
+    return len(x) == 1 and (isinstance(x, tuple) or isinstance(x[0], np.ndarray))
+
+
+def is_single(x: Any, specs: Sequence[TensorSpec]) -> bool:
+    """Whether ``x``, already validated by :func:`as_batches`, was one sample per tensor (no
+    batch axis)."""
+    if isinstance(x, dict) and specs[0].name in x:
+        first = x[specs[0].name]
+    elif isinstance(x, (tuple, list)) and (len(specs) > 1 or _tuple_of_arrays(x)):
+        first = x[0]
+    else:
+        first = x
     return tuple(np.shape(first)) == tuple(specs[0].shape)

@@ -17,7 +17,7 @@ import numpy as np
 from . import batchdim, legacy
 from .errors import HwbError, ModelError
 from .inputs import as_batches
-from .specs import TensorSpec
+from .specs import TensorSpec, several
 
 FORMATS = ("keras", "torch", "onnx")
 KERAS_SUFFIXES = (".keras", ".h5", ".hdf5", ".json")
@@ -41,9 +41,9 @@ class Model:
 
     @property
     def multi_io(self) -> bool:
-        """Whether the model has several inputs or several outputs: its ``reference`` and
-        ``representative`` then take and give tuples, one array per tensor."""
-        return len(self.inputs) > 1 or len(self.outputs) > 1
+        """Whether the model has several inputs or several outputs (the one test:
+        :func:`hwbackends.target.several`)."""
+        return several(self.inputs, self.outputs)
 
     @property
     def input(self) -> TensorSpec:
@@ -56,26 +56,27 @@ class Model:
     def reference(self, x: Any) -> Any:
         """The source framework's fp32 output for ``x`` of shape ``(n, *input.shape)``.
 
-        A multi-IO model (:attr:`multi_io`) takes a tuple with one ``(n, *spec.shape)`` array
-        per input, in ``inputs`` order, and returns a tuple with one array per output."""
+        ``x`` is one array (a model with one input) or a tuple/list with one ``(n,
+        *spec.shape)`` array per input, in ``inputs`` order. Given a tuple it returns a tuple
+        with one array per output; given an array, the array of the one output (a tuple when
+        there are several)."""
         if self._ref is None:
             self._ref = _reference_fn(self)
+        xs = _as_tuple(x)
         try:
-            if self.multi_io:
-                xs = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in _as_tuple(x))
-                return self._reference_multi(xs)
-            x = np.ascontiguousarray(x, dtype=np.float32)
-            return self._reference(x)
+            ys = self._reference(tuple(np.ascontiguousarray(a, dtype=np.float32) for a in xs))
         except HwbError:
             raise
         except Exception as exc:  # the source framework itself failed: say so, never raw
-            shape = [np.shape(a) for a in x] if isinstance(x, (tuple, list)) else np.shape(x)
+            shape = [np.shape(a) for a in xs] if len(xs) > 1 else np.shape(xs[0])
             raise ModelError(f"the source model {self.name!r} ({self.format}) failed to run on a "
                              f"batch of shape {shape}: {type(exc).__name__}: {_clip(str(exc))}. "
                              f"Check that it runs in its own framework and re-export it") from exc
+        return ys if isinstance(x, (tuple, list)) or len(ys) > 1 else ys[0]
 
-    def _reference_multi(self, xs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        """:meth:`_reference` for tuples: same chunking and fixed-batch padding, per tensor."""
+    def _reference(self, xs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The reference on tuples: chunks of 1024 rows (a fixed-batch graph runs only at its
+        batch: the last chunk is zero-padded), one ``(n, *spec.shape)`` array per output."""
         if len(xs) != len(self.inputs):
             raise ModelError(f"model {self.name!r} takes {len(self.inputs)} inputs "
                              f"({', '.join(s.name for s in self.inputs)}); got {len(xs)}")
@@ -94,33 +95,20 @@ class Model:
         return tuple(np.concatenate(p).astype(np.float32, copy=False).reshape((n, *s.shape))
                      for p, s in zip(parts, self.outputs, strict=True))
 
-    def _reference(self, x: np.ndarray) -> np.ndarray:
-        fixed = self.meta.get("fixed_batch")
-        step = fixed or 1024
-        chunks = []
-        for i in range(0, len(x), step):
-            chunk = x[i:i + step]
-            if fixed and len(chunk) < fixed:  # a fixed-batch graph runs only at its batch: pad
-                pad = np.zeros((fixed - len(chunk), *chunk.shape[1:]), np.float32)
-                chunk = np.concatenate([chunk, pad])
-            chunks.append(np.asarray(self._ref(chunk))[:len(x) - i])
-        return np.concatenate(chunks).astype(np.float32, copy=False).reshape(
-            (len(x), *self.output.shape))
-
     def representative(self, n: int = 256, seed: int = 0) -> Any:
-        """Inputs for calibration/fidelity: the model's own validation data, else seeded N(0,1)
-        (a tuple, one array per input, for a multi-input model)."""
-        if len(self.inputs) > 1:
-            if self.validation_data is not None:
-                return tuple(np.ascontiguousarray(a[:n], dtype=np.float32)
-                             for a in self.validation_data)
-            rng = np.random.default_rng(seed)
-            return tuple(rng.standard_normal((n, *s.shape)).astype(np.float32)
-                         for s in self.inputs)
-        if self.validation_data is not None:
-            return np.ascontiguousarray(self.validation_data[:n], dtype=np.float32)
+        """Inputs for calibration/fidelity: the model's own validation data, else
+        :meth:`synthetic` (a tuple, one array per input, for a multi-input model)."""
+        if self.validation_data is None:
+            return self.synthetic(n, seed)
+        xs = tuple(np.ascontiguousarray(a[:n], dtype=np.float32)
+                   for a in _as_tuple(self.validation_data))
+        return xs if len(self.inputs) > 1 else xs[0]
+
+    def synthetic(self, n: int, seed: int) -> Any:
+        """``n`` seeded N(0,1) inputs (a tuple, one array per input, for a multi-input model)."""
         rng = np.random.default_rng(seed)
-        return rng.standard_normal((n, *self.input.shape)).astype(np.float32)
+        xs = tuple(rng.standard_normal((n, *s.shape)).astype(np.float32) for s in self.inputs)
+        return xs if len(self.inputs) > 1 else xs[0]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "format": self.format, "fingerprint": self.fingerprint,

@@ -148,7 +148,7 @@ def check(data: Any, specs: Sequence[TensorSpec], what: str) -> Any:
                 raise InputError(f"{label} has values up to {big:.3g}, beyond float32's range; "
                                  f"the models take float32 inputs")
     try:
-        batches = as_batches(data if isinstance(data, dict) or len(specs) > 1 else [data], specs,
+        batches = as_batches(data if isinstance(data, dict) or len(specs) > 1 else (data,), specs,
                              "reject")
     except InputError as exc:
         raise InputError(f"{what}: {exc}") from None

@@ -155,7 +155,8 @@ def _readme(name: str, family: str, target: str) -> str:
            `workdir`. Set `formats` to what your toolchain reads (`"onnx"` gets Keras and
            torch models converted by hwbackends). Return versions from `toolchain()`.
         3. `load()` + the executor: subclass `hwbackends.target.Executor`, call `_init_io` in
-           `__init__`, bind preallocated buffers once, and put the model call in `_run(x, out)`;
+           `__init__`, bind preallocated buffers once, and put the model call in `_run(xs, outs)` (tuples, one array per tensor:
+           `(x,), (out,) = xs, outs` for one each way);
            the inherited `predict_into` guards the arrays and raises `InputError`.
         4. Add precisions to `precisions` (`fp16`, `int8`, …); the kit checks each against
            its precision family's tolerance.

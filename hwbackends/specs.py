@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Sequence
 
 #: Target families: the first part of a target's dotted name (``cpu.litert``).
 FAMILIES: tuple[str, ...] = ("cpu", "gpu", "tpu", "fpga", "ref")
@@ -91,3 +91,9 @@ class Availability:
         """JSON-able form (``hwb targets --json``, reports)."""
         return {"mode": self.mode.value, "reason": self.reason, "device": self.device,
                 "details": self.details}
+
+
+def several(inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+    """Whether a model with these input and output specs has several tensors either way: the
+    one test of "multi-IO" (``Artifact.multi_io``, ``Model.multi_io``, ``Executor.single``)."""
+    return len(inputs) > 1 or len(outputs) > 1

@@ -10,8 +10,8 @@ hook. The lifecycle, driven by :func:`hwbackends.compile`:
    JSON-able ``dict`` of metadata. The core stores the files content-addressed and verifies
    them on every later load;
 3. ``load(artifact, options)`` (parent process) returns an :class:`Executor`;
-4. ``Executor.predict_into(x, out)`` is the hot path (``MultiExecutor.predict_into(xs, outs)``,
-   tuples with one array per tensor, for models with several inputs or outputs).
+4. ``Executor.predict_into(x, out)`` is the hot path (``predict_into(xs, outs)``, tuples with
+   one array per tensor, for models with several inputs or outputs).
 
 Each rule is stated once, where it applies, and the conformance kit checks exactly that:
 light imports and probing in :class:`Target`; what ``compile`` receives in
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 import numpy as np
 
 from .errors import ConfigError, InputError, UnsupportedError
-from .specs import Availability, TensorSpec
+from .specs import Availability, TensorSpec, several
 
 if TYPE_CHECKING:  # pragma: no cover
     from .models import Model
@@ -97,9 +97,9 @@ class Artifact:
 
     @property
     def multi_io(self) -> bool:
-        """Whether the model has several inputs or outputs (``load`` then returns a
-        :class:`MultiExecutor`)."""
-        return len(self.inputs) > 1 or len(self.outputs) > 1
+        """Whether the model has several inputs or outputs (its executor's ``predict_into``
+        then takes tuples)."""
+        return several(self.inputs, self.outputs)
 
     def size_bytes(self) -> int:
         """Total size of the artifact's files on disk."""
@@ -109,20 +109,34 @@ class Artifact:
 _F32 = np.dtype(np.float32)
 
 
+def _spec_tuple(specs: TensorSpec | Sequence[TensorSpec]) -> tuple[TensorSpec, ...]:
+    """One spec (the single-tensor form plugins wrote before tuples) or several, as a tuple."""
+    return (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
+
+
 class Executor:
     """A loaded variant: what :meth:`Target.load` returns. Subclass it, call
     :meth:`_init_io` once in ``__init__`` and implement :meth:`_run`; the inherited
     :meth:`predict_into` is the hot path and holds the contract's one input guard and one
     error path, so a subclass writes only the model call.
 
+    **One shape inside.** Tensors travel as tuples, one array per tensor, in spec order
+    (``artifact.inputs`` / ``artifact.outputs``): ``_init_io`` takes the spec lists and
+    ``_run(xs, outs)`` receives tuples, whether the model has one tensor each way or several.
+    Only the public call differs, at the edge: a model with one input and one output is
+    called ``predict_into(x, out)`` with arrays (``_init_io`` binds that single-array call
+    once, so the hot path pays nothing for tuples), a model with several
+    ``predict_into(xs, outs)`` with tuples.
+
     **The call.** ``predict_into(x, out)`` takes ``x`` of shape ``(batch_size, *input.shape)``
     and ``out`` of shape ``(batch_size, *output.shape)``, both ``float32`` numpy arrays, writes
-    the result into ``out`` and returns ``None``. A wrong array raises
-    :class:`~hwbackends.errors.InputError` saying what was expected (numpy, JAX and torch would
-    otherwise *silently* broadcast a ``(1, 1)`` array into a ``(1, 32)`` buffer, or cast a
-    float64): the guard compares shape and dtype by identity before :meth:`_run`, and when
-    :meth:`_run` raises, :func:`check_io` turns a wrong array into the InputError (a right
-    array's failure propagates unchanged).
+    the result into ``out`` and returns ``None`` (several tensors: a tuple of such arrays each
+    way). A wrong array raises :class:`~hwbackends.errors.InputError` saying what was expected
+    and naming the tensor when there are several (numpy, JAX and torch would otherwise
+    *silently* broadcast a ``(1, 1)`` array into a ``(1, 32)`` buffer, or cast a float64):
+    the guard compares shape and dtype by identity before :meth:`_run`, and when :meth:`_run`
+    raises, :func:`check_io` turns a wrong array into the InputError (a right array's
+    failure propagates unchanged).
 
     **Contiguity.** Not required: an executor gives the right result for strided ``x``/``out``
     (numpy assignment and framework copies handle strides). An executor that hands raw
@@ -131,7 +145,9 @@ class Executor:
 
     **Allocation.** ``predict_into`` allocates nothing per call, not even a temporary: write
     through buffers made in ``__init__`` (``np.matmul(..., out=)``, in-place ufuncs). The kit
-    measures the *peak* traced memory of a call, so a per-call scratch array fails it.
+    measures the *peak* traced memory of a call, so a per-call scratch array fails it (the
+    one-element tuples the single-array call hands to ``_run`` come from the interpreter's
+    free list, not the allocator).
 
     **Thread-safety.** An executor is never run on two threads at once, so ``_run`` need not
     lock: the serving engine calls each executor from its one worker thread, a router lane
@@ -140,8 +156,8 @@ class Executor:
     not keep thread-local state). ``CompileOptions.threads`` is a different thing: how many
     threads the runtime may use *inside* one call (see :class:`CompileOptions`).
 
-    **Dynamic batch.** ``_init_io(..., batch=None)`` accepts any batch size (``out`` must have
-    as many rows as ``x``); for targets with ``static_batch = False`` that serve any size.
+    **Dynamic batch.** ``_init_io(..., batch=None)`` accepts any batch size (every array must
+    have as many rows as the first input); for targets with ``static_batch = False``.
 
     An executor may set ``availability`` (an :class:`~hwbackends.specs.Availability`): it then
     overrides ``Target.probe()``'s answer for this variant, because only ``load`` knows whether
@@ -153,20 +169,41 @@ class Executor:
     batch_size: int
     availability: Availability | None = None
 
-    def _init_io(self, inp: TensorSpec, out: TensorSpec, batch: int | None) -> None:
-        """Record the compiled input/output specs and batch size (``None``: any batch)."""
+    def _init_io(self, inputs: TensorSpec | Sequence[TensorSpec],
+                 outputs: TensorSpec | Sequence[TensorSpec], batch: int | None) -> None:
+        """Record the compiled input/output specs (``artifact.inputs``/``outputs``; one
+        :class:`TensorSpec` is taken as a list of one) and batch size (``None``: any batch),
+        and bind the public call: the single-array one when there is one tensor each way."""
         self.batch_size = batch if batch is not None else 1
         self._dynamic = batch is None
-        self._in_spec, self._out_spec = inp, out
+        self._in_specs, self._out_specs = _spec_tuple(inputs), _spec_tuple(outputs)
         # A dynamic-batch executor never matches these (0 rows), so every call takes the
         # checked path of _check, which accepts any row count.
-        self._xshape = inp.batched(batch if batch is not None else 0)
-        self._yshape = out.batched(batch if batch is not None else 0)
+        rows = batch if batch is not None else 0
+        self._xshapes = tuple(s.batched(rows) for s in self._in_specs)
+        self._yshapes = tuple(s.batched(rows) for s in self._out_specs)
+        self._xshape, self._yshape = self._xshapes[0], self._yshapes[0]
         self._strict = self.contiguous
+        #: One input and one output: ``predict_into`` takes arrays, else tuples.
+        self.single = not several(self._in_specs, self._out_specs)
+        # Bound once here, so the hot path is one call with no dispatch. A subclass that
+        # overrides predict_into itself keeps its own (it may call this class's, which
+        # dispatches).
+        vars(self).pop("predict_into", None)
+        if type(self).predict_into is Executor.predict_into:
+            self.predict_into = self._predict_one if self.single else self._predict_many  # type: ignore[method-assign]
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+    def predict_into(self, x: Any, out: Any) -> None:
         """Run the variant on ``x`` and write the result into ``out``; allocate nothing.
-        Raises :class:`~hwbackends.errors.InputError` for a wrong array."""
+        Arrays for a model with one input and one output, tuples for several. Raises
+        :class:`~hwbackends.errors.InputError` for a wrong array."""
+        if self.single:
+            self._predict_one(x, out)
+        else:
+            self._predict_many(x, out)
+
+    def _predict_one(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The single-array call (bound as ``predict_into`` by :meth:`_init_io`)."""
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
                   and out.dtype is _F32)
@@ -175,50 +212,15 @@ class Executor:
         except AttributeError:
             ok = False
         if not ok:
-            self._check(x, out)
+            self._check((x,), (out,))
         try:
-            self._run(x, out)
+            self._run((x,), (out,))
         except Exception:
-            self._check(x, out)
+            self._check((x,), (out,))
             raise
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        """The model call: write the outputs for ``x`` into ``out``. ``x``/``out`` already
-        passed the guard (shape and dtype; contiguity when :attr:`contiguous`)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement _run(x, out)")
-
-    def _check(self, x: Any, out: Any) -> None:
-        """The one error path: raise InputError if ``x``/``out`` are wrong; return if they are
-        fine (an equal dtype that is not the canonical object, a dynamic batch)."""
-        batch = self.batch_size
-        if self._dynamic:
-            batch = len(x) if getattr(x, "ndim", 0) == len(self._xshape) else self.batch_size
-        check_io(x, out, self._in_spec, self._out_spec, batch, contiguous=self._strict)
-
-
-class MultiExecutor(Executor):
-    """An executor for a model with several inputs or outputs (:attr:`Target.multi_io`).
-
-    **The call.** ``predict_into(xs, outs)`` takes a tuple with one ``(batch_size,
-    *spec.shape)`` float32 array per input (``artifact.inputs`` order) and a tuple with one
-    buffer per output (``artifact.outputs`` order), writes every output and returns ``None``.
-    The guard checks each tensor's shape and dtype (and contiguity when :attr:`contiguous`);
-    a wrong one raises :class:`~hwbackends.errors.InputError` naming it (``input 'state' has
-    shape …``). Allocation, thread-safety and dynamic batch rules are those of
-    :class:`Executor`. Subclasses call :meth:`_init_multi` in ``__init__`` and implement
-    ``_run(xs, outs)``. Single-IO models never come here: their executors keep the one-array
-    :class:`Executor` path, which pays nothing for this one."""
-
-    def _init_multi(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                    batch: int | None) -> None:
-        """Record the compiled specs (one per tensor) and batch size (``None``: any batch)."""
-        self._init_io(inputs[0], outputs[0], batch)
-        self._in_specs, self._out_specs = tuple(inputs), tuple(outputs)
-        self._xshapes = tuple(s.batched(batch if batch is not None else 0) for s in inputs)
-        self._yshapes = tuple(s.batched(batch if batch is not None else 0) for s in outputs)
-
-    def predict_into(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
-        """Run the variant on the tuple ``xs`` and write into the tuple ``outs``."""
+    def _predict_many(self, xs: Any, outs: Any) -> None:
+        """The tuple call of a model with several inputs or outputs."""
         try:
             ok = (len(xs) == len(self._xshapes) and len(outs) == len(self._yshapes)
                   and all(a.shape == s and a.dtype is _F32 for a, s in zip(xs, self._xshapes, strict=False))
@@ -236,73 +238,70 @@ class MultiExecutor(Executor):
             self._check(xs, outs)
             raise
 
-    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
-        """The model call: write one output per buffer of ``outs`` for the inputs ``xs``."""
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        """The model call: write one output per buffer of ``outs`` for the inputs ``xs``
+        (tuples in spec order, one array each; they already passed the guard: shape and
+        dtype, contiguity when :attr:`contiguous`)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _run(xs, outs)")
 
     def _check(self, xs: Any, outs: Any) -> None:
-        """The one error path of the multi-IO call: InputError naming the wrong tensor."""
+        """The one error path: raise InputError if ``xs``/``outs`` (tuples) are wrong; return
+        if they are fine (an equal dtype that is not the canonical object, a dynamic batch)."""
         batch = self.batch_size
         if self._dynamic and isinstance(xs, (tuple, list)) and xs:
             first = xs[0]
             if getattr(first, "ndim", 0) == len(self._xshapes[0]):
                 batch = len(first)
-        check_io_multi(xs, outs, self._in_specs, self._out_specs, batch, contiguous=self._strict)
+        check_io(xs, outs, self._in_specs, self._out_specs, batch, contiguous=self._strict)
 
 
 class BufferedExecutor(Executor):
     """An executor over runtime-owned buffers (LiteRT tensor views, ONNX Runtime's bound
-    OrtValues, …): copy ``x`` in, invoke, copy the output out. Subclasses call
-    :meth:`~Executor._init_io` and set ``_in`` and ``_out`` (the arrays the runtime reads and
-    writes) and ``_invoke`` (a zero-argument callable that runs the model once).
+    OrtValues, …): copy each input in, invoke once, copy each output out. Subclasses call
+    :meth:`~Executor._init_io`, then :meth:`_buffers` with the arrays the runtime reads and
+    writes (one per tensor, in spec order) and a zero-argument callable that runs the model
+    once; they write no ``_run``.
 
-    Its ``predict_into`` is the base class's template with :meth:`_run` inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
-    (docs/performance.md). It is the only copy of that path; the error path is the same
-    :meth:`~Executor._check`. Strided arrays are handled by the copies."""
+    With one tensor each way its single-array call is the base class's with :meth:`_run`
+    inlined: this is the sub-2-µs CPU path, where one more Python call is a measurable share
+    (docs/performance.md). The error path is the same :meth:`~Executor._check`. Strided
+    arrays are handled by the copies."""
 
+    _ins: tuple[np.ndarray, ...]
+    _outs: tuple[np.ndarray, ...]
+    #: The only input and output buffer, when there is one each way (the inlined path's).
     _in: np.ndarray
     _out: np.ndarray
     _invoke: Callable[[], Any]
 
-    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
-        """The base class's template with ``_run`` inlined (same guard, same error path)."""
+    def _buffers(self, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray],
+                 invoke: Callable[[], Any]) -> None:
+        """Record the runtime's buffers (spec order) and its one-call ``invoke``."""
+        self._ins, self._outs, self._invoke = tuple(ins), tuple(outs), invoke
+        self._in, self._out = self._ins[0], self._outs[0]
+
+    def _predict_one(self, x: np.ndarray, out: np.ndarray) -> None:
+        """The base class's single-array call with ``_run`` inlined (same guard, same error
+        path)."""
         try:
             ok = (x.shape == self._xshape and out.shape == self._yshape and x.dtype is _F32
                   and out.dtype is _F32)
         except AttributeError:
             ok = False
         if not ok:
-            self._check(x, out)
+            self._check((x,), (out,))
         try:
             self._in[...] = x
             self._invoke()
             out[...] = self._out
         except Exception:
-            self._check(x, out)
+            self._check((x,), (out,))
             raise
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Copy ``x`` into ``_in``, invoke, copy ``_out`` into ``out`` (what
-        :meth:`predict_into` inlines; a subclass that overrides ``predict_into`` with the
-        general template, like an int8-IO one, calls it)."""
-        self._in[...] = x
-        self._invoke()
-        out[...] = self._out
-
-
-class BufferedMultiExecutor(MultiExecutor):
-    """:class:`BufferedExecutor` for several inputs/outputs: subclasses call
-    :meth:`~MultiExecutor._init_multi` and set ``_ins`` and ``_outs`` (one runtime-owned array
-    per tensor, in spec order) and ``_invoke``; the copy in, invoke, copy out is written once,
-    here. Strided arrays are handled by the copies."""
-
-    _ins: tuple[np.ndarray, ...]
-    _outs: tuple[np.ndarray, ...]
-    _invoke: Callable[[], Any]
-
-    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
-        """Copy each input into its ``_ins`` buffer, invoke once, copy each ``_outs`` buffer
-        into its output."""
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        """Copy each input into its buffer, invoke once, copy each buffer into its output
+        (what the single-array call inlines; a subclass that converts the tensors, like an
+        int8-IO one, overrides this and binds :meth:`Executor._predict_one`)."""
         for buf, x in zip(self._ins, xs, strict=True):
             buf[...] = x
         self._invoke()
@@ -353,8 +352,8 @@ class Target:
     contract_version: ClassVar[int] = CONTRACT_VERSION
     #: Seconds a compile may take before the child is killed.
     compile_timeout: ClassVar[float] = 600.0
-    #: Whether the target compiles models with several inputs or outputs; its ``load`` then
-    #: returns a :class:`MultiExecutor` for them (tuples in, tuples out). The core refuses a
+    #: Whether the target compiles models with several inputs or outputs; its executor then
+    #: takes tuples for them (one :class:`Executor` serves both shapes). The core refuses a
     #: multi-IO model before the compile worker starts when this is False.
     multi_io: ClassVar[bool] = False
     #: Whether its :attr:`calibrated` precisions also take models with several inputs/outputs
@@ -483,24 +482,22 @@ class Converter:
     available: Callable[[], str | None] = lambda: None  # None = usable, else the reason
 
 
-def check_io(x: Any, out: Any, inp: TensorSpec, outp: TensorSpec, batch: int,
+def check_io(xs: Any, outs: Any, inputs: TensorSpec | Sequence[TensorSpec],
+             outputs: TensorSpec | Sequence[TensorSpec], batch: int,
              contiguous: bool = False) -> None:
-    """Raise :class:`InputError` describing what is wrong with ``x``/``out``; return if fine.
-    ``contiguous=True`` also refuses non-C-contiguous arrays (for executors that hand raw
-    pointers to a library; see :attr:`Executor.contiguous`). :meth:`Executor.predict_into`
-    calls it only after its cheap shape/dtype checks failed (or the model call raised), so
-    the hot path never pays for building the message."""
-    _check_array("input", x, inp, batch, contiguous)
-    _check_array("out", out, outp, batch, contiguous)
-    if not out.flags.writeable:
-        raise InputError("out is read-only; pass a writeable preallocated array")
-
-
-def check_io_multi(xs: Any, outs: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                   batch: int, contiguous: bool = False) -> None:
-    """:func:`check_io` for a multi-IO variant: ``xs``/``outs`` are tuples (or lists) with one
-    array per input/output, in spec order; the message names the tensor."""
-    for label, arrs, specs in (("inputs", xs, inputs), ("outs", outs, outputs)):
+    """Raise :class:`InputError` describing what is wrong with ``xs``/``outs``; return if
+    fine. ``xs``/``outs`` are tuples (or lists) with one array per spec of ``inputs`` /
+    ``outputs``, in that order; one array with one :class:`TensorSpec` each way is taken as a
+    tuple of one. The message names the tensor when there are several. ``contiguous=True``
+    also refuses non-C-contiguous arrays (for executors that hand raw pointers to a library;
+    see :attr:`Executor.contiguous`). :meth:`Executor.predict_into` calls it only after its
+    cheap shape/dtype checks failed (or the model call raised), so the hot path never pays
+    for building the message."""
+    if isinstance(inputs, TensorSpec) and isinstance(outputs, TensorSpec):
+        xs, outs = (xs,), (outs,)
+    ins, outsp = _spec_tuple(inputs), _spec_tuple(outputs)
+    named = several(ins, outsp)
+    for label, arrs, specs in (("inputs", xs, ins), ("outs", outs, outsp)):
         names = ", ".join(s.name for s in specs)
         if not isinstance(arrs, (tuple, list)):
             raise InputError(f"this variant has several inputs/outputs: {label} must be a tuple "
@@ -508,12 +505,13 @@ def check_io_multi(xs: Any, outs: Any, inputs: Sequence[TensorSpec], outputs: Se
         if len(arrs) != len(specs):
             raise InputError(f"got {len(arrs)} {label}; this variant takes {len(specs)} ({names}), "
                              f"in that order")
-    for x, spec in zip(xs, inputs, strict=True):
-        _check_array(f"input {spec.name!r}", x, spec, batch, contiguous)
-    for o, spec in zip(outs, outputs, strict=True):
-        _check_array(f"out {spec.name!r}", o, spec, batch, contiguous)
+    for x, spec in zip(xs, ins, strict=True):
+        _check_array(f"input {spec.name!r}" if named else "input", x, spec, batch, contiguous)
+    for o, spec in zip(outs, outsp, strict=True):
+        label = f"out {spec.name!r}" if named else "out"
+        _check_array(label, o, spec, batch, contiguous)
         if not o.flags.writeable:
-            raise InputError(f"out {spec.name!r} is read-only; pass a writeable preallocated array")
+            raise InputError(f"{label} is read-only; pass a writeable preallocated array")
 
 
 def _check_array(label: str, arr: Any, spec: TensorSpec, batch: int, contiguous: bool) -> None:

@@ -26,8 +26,8 @@ class ZeroExecutor(Executor):
     def __init__(self, artifact: Artifact):
         self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        out[...] = 0.0
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        outs[0][...] = 0.0
 
 
 class _Recording(Target):

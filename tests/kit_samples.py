@@ -31,6 +31,8 @@ class _OtherExecutor(NumpyDenseTarget):
     def load(self, artifact: Any, options: Any) -> Any:
         ex = super().load(artifact, options)
         ex.__class__ = self.executor_class
+        # _init_io bound the call of the class it ran in; bind the swapped class's own.
+        ex._init_io(ex._in_specs, ex._out_specs, ex.batch_size)
         return ex
 
 
@@ -46,10 +48,10 @@ class Leaky(_OtherExecutor):
 
 
 class _GreedyExecutor(NumpyDenseExecutor):
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         scratch = np.ones(1 << 18, np.float32)  # a 1 MB temporary per call, freed on return
-        super()._run(x, out)
-        out += scratch[0] - 1.0  # uses it (the result is unchanged)
+        super()._run(xs, outs)
+        outs[0][...] += scratch[0] - 1.0  # uses it (the result is unchanged)
 
 
 class Greedy(_OtherExecutor):

@@ -22,7 +22,8 @@ class MatMul(Executor):
         self.runs = 0
         self.fail = fail
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        (x,), (out,) = xs, outs  # one tensor each way
         self.runs += 1
         if self.fail is not None:
             raise self.fail

@@ -184,18 +184,19 @@ def _dedent(func) -> str:
 
 def test_executor_binds_copies_and_profiles_every_tensor_by_name():
     from hwb_plugins.gpu_tensorrt import target as t
-    from hwbackends.target import MultiExecutor
+    from hwbackends.target import Executor
 
     assert t.TensorRTTarget.multi_io and t.TensorRTTarget.multi_io_calibrated
-    assert issubclass(t.TensorRTMultiExecutor, MultiExecutor)
-    assert issubclass(t.TensorRTExecutor, t._TensorRTRunner)  # one code path for both
+    # one executor class for one tensor or several (tuples inside)
+    assert issubclass(t.TensorRTExecutor, (t._TensorRTRunner, Executor))
+    assert not hasattr(t, "TensorRTMultiExecutor")
     assert "set_shape" in _loop_calls(t.build_engine)  # one profile entry per input
     assert "set_input_shape" in _loop_calls(t._TensorRTRunner._check_shapes)
     assert {"set_tensor_address", "cudaMalloc"} <= _loop_calls(t._TensorRTRunner._allocate)
     assert _loop_calls(t._TensorRTRunner._enqueue) >= {"cudaMemcpyAsync"}
     src = _dedent(t.TensorRTTarget.load)
-    assert "TensorRTMultiExecutor(" in src and "artifact.inputs," in src
-    assert len(_dedent(t.TensorRTMultiExecutor.__init__).splitlines()) <= 10
+    assert "TensorRTExecutor(" in src and "artifact.inputs," in src and "multi_io" not in src
+    assert len(_dedent(t.TensorRTExecutor.__init__).splitlines()) <= 10
 
 
 def test_core_takes_multi_io_int8_to_tensorrt_and_only_the_gpu_is_missing(zoo_model, store_dir):

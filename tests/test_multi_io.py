@@ -152,8 +152,20 @@ def test_as_batches_one_input_and_errors():
     spec = [TensorSpec("x", (3,))]
     (a,) = as_batches(np.ones(3), spec)
     assert a.shape == (1, 3) and a.dtype == np.float32
-    with pytest.raises(InputError, match="input 'x' has shape"):
+    # the tuple form, a dict keyed by the name and a nested list are the same one input
+    for x in ((np.ones(3),), [np.ones(3)], {"x": np.ones(3)}):
+        (b,) = as_batches(x, spec)
+        assert b.shape == (1, 3)
+    (c,) = as_batches([[1.0, 2.0, 3.0]], spec)
+    assert c.shape == (1, 3)
+    # one input: the message says "input" as the single-array predict always did
+    with pytest.raises(InputError, match=r"^input has shape \(2, 4\)"):
         as_batches(np.ones((2, 4)), spec)
+    with pytest.raises(InputError, match="is a dict.*one input"):
+        as_batches({"y": np.ones(3)}, spec)
+    two = [TensorSpec("a", (3,)), TensorSpec("b", (2,))]
+    with pytest.raises(InputError, match="input 'b' has shape"):
+        as_batches((np.ones(3), np.ones(3)), two)
 
 
 def _onnx_two_io(path: Path) -> Path:

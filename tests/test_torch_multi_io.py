@@ -198,7 +198,7 @@ def test_gpu_torch_path_takes_several_tensors_on_the_cpu(precision, atol, module
     result), and moved whole to "meta" (nothing left on the export device)."""
     import torch
 
-    from hwb_plugins.gpu_torch.target import ARTIFACT, TorchCudaMultiExecutor, program_on, static_program
+    from hwb_plugins.gpu_torch.target import ARTIFACT, TorchCudaExecutor, program_on, static_program
 
     m = hwb.load_model(module, input_shape=[(16,), (4,)])
     b = 2
@@ -207,7 +207,7 @@ def test_gpu_torch_path_takes_several_tensors_on_the_cpu(precision, atol, module
     meta, dtype = program_on(tmp_path / ARTIFACT, "meta")
     ys = meta(*(torch.zeros(s.batched(b), dtype=dtype, device="meta") for s in m.inputs))
     assert [(y.device.type, tuple(y.shape)) for y in ys] == [("meta", (b, 1)), ("meta", (b, 3))]
-    ex = TorchCudaMultiExecutor(tmp_path / ARTIFACT, b, m.inputs, m.outputs, precision,
+    ex = TorchCudaExecutor(tmp_path / ARTIFACT, b, m.inputs, m.outputs, precision,
                                 mode="none", cuda_graph=False, device="cpu")
     outs = tuple(np.full(s.batched(b), np.nan, np.float32) for s in m.outputs)
     ex.predict_into(tuple(a[:b] for a in data), outs)

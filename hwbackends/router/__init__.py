@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..batches import predict_in_batches, predict_in_batches_multi
+from ..batches import as_returned, predict_in_batches, tuple_call
 from ..bench import ProfileCache
 from ..config import StrategiesFile, load_config, resolve_model
 from ..errors import ConfigError, InputError
@@ -136,20 +136,15 @@ class Router:
             raise
         h(x, out)
 
-    def predict(self, name: str, x: Any) -> np.ndarray:
+    def predict(self, name: str, x: Any) -> Any:
         """Validated, allocating predict (one sample or a batch) through the lane."""
         lane = self.lane(name)
         cm = lane.cms[0]
-        arr, single = cm.validate(x)
+        xs, single = cm.validate(x)
         # Every candidate is compiled at the lane's batch size, so the lane chunks like one.
-        if getattr(cm, "multi_io", False):  # tuples in and out, one array per tensor
-            ys = predict_in_batches_multi(lane.predict_into, arr, cm.batch_size, cm.inputs,
-                                          cm.outputs)
-            if single:
-                ys = tuple(y[0] for y in ys)
-            return ys[0] if len(ys) == 1 else ys
-        out = predict_in_batches(lane.predict_into, arr, cm.batch_size, cm.input, cm.output)
-        return out[0] if single else out
+        call = tuple_call(lane.predict_into, not getattr(cm, "multi_io", False))
+        return as_returned(predict_in_batches(call, xs, cm.batch_size, cm.inputs, cm.outputs),
+                           single)
 
     def serving(self, name: str) -> str:
         """The variant serving ``name`` right now."""

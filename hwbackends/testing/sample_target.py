@@ -48,7 +48,8 @@ class NumpyDenseExecutor(Executor):
             self._layers.append((np.ascontiguousarray(w, np.float32),
                                  np.ascontiguousarray(b, np.float32), act, buf, scratch))
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        (x,), (out,) = xs, outs  # one tensor each way
         h = self._x2d
         np.copyto(h.reshape(x.shape), x)  # h is contiguous: the reshape is a view
         for w, b, act, buf, scratch in self._layers:

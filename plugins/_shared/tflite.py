@@ -13,7 +13,7 @@ Findings on TF 2.21 + Keras 3.15 (see docs/targets.md):
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -138,7 +138,7 @@ def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outp
     input, in ``inputs`` order). Variables are frozen (no trackable object), which leaves the
     flatbuffer without a SignatureDef: its input tensors carry the specs' names and its
     outputs are named ``Identity``, ``Identity_1``, … in the model's output order;
-    :func:`multi_io_tensors` maps them by those names, never by the flatbuffer's tensor order."""
+    :func:`io_tensors` maps them by those names, never by the flatbuffer's tensor order."""
     import keras
     import tensorflow as tf
 
@@ -234,10 +234,13 @@ def _representative_multi(data: tuple[np.ndarray, ...], order: list[int],
     return gen
 
 
-def multi_io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[str, Any]],
-                     inputs: list[Any], outputs: list[Any]) -> tuple[list[int], list[int]]:
-    """Tensor indices for each input/output spec of a :func:`to_tflite_multi` flatbuffer, by
-    name (inputs: the spec's name; outputs: ``Identity``, ``Identity_1``, … in order)."""
+def io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[str, Any]],
+               inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """Tensor indices for each input/output spec: the only ones of a flatbuffer with one
+    tensor each way (:func:`to_tflite`), else by name as :func:`to_tflite_multi` writes them
+    (inputs: the spec's name; outputs: ``Identity``, ``Identity_1``, … in order)."""
+    if len(input_details) == len(output_details) == len(inputs) == len(outputs) == 1:
+        return [input_details[0]["index"]], [output_details[0]["index"]]
     by_name = {d["name"]: d["index"] for d in [*input_details, *output_details]}
     want_in = [s.name for s in inputs]
     want_out = ["Identity" if i == 0 else f"Identity_{i}" for i in range(len(outputs))]

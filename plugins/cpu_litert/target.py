@@ -7,7 +7,7 @@ from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._shared.litert import LiteRTExecutor, LiteRTMultiExecutor
+from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
 from .._util import cpu_name, importable, version
 
@@ -43,7 +43,7 @@ class LiteRTTarget(Target):
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
             raise UnsupportedError(f"cpu.litert option recurrent must be 'unroll' or 'loop', got {recurrent!r}")
-        if len(model.inputs) > 1 or len(model.outputs) > 1:
+        if model.multi_io:
             blob = to_tflite_multi(model.obj, options.precision, options.batch_size,
                                    model.inputs, model.outputs, target=self.name,
                                    calibration=options.calibration)
@@ -55,8 +55,5 @@ class LiteRTTarget(Target):
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        if artifact.multi_io:
-            return LiteRTMultiExecutor(artifact.file("model.tflite"), options.runtime_threads(),
-                                       artifact.batch_size, artifact.inputs, artifact.outputs)
         return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),
-                              artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+                              artifact.batch_size, artifact.inputs, artifact.outputs)

@@ -2,20 +2,13 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import (
-    Artifact,
-    BufferedExecutor,
-    BufferedMultiExecutor,
-    CompileOptions,
-    Executor,
-    Target,
-)
+from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._shared.onnx_io import graph_inputs, spec_order
@@ -52,51 +45,33 @@ class _Calibration:
 
 
 class OnnxRuntimeExecutor(BufferedExecutor):
-    """IOBinding onto fixed buffers, run through the C++ session directly: no per-call
-    dict, name lookup or output allocation (see docs/performance.md for the measured gain)."""
+    """IOBinding onto fixed buffers, one OrtValue per input and output name, run through the
+    C++ session directly: no per-call dict, name lookup or output allocation (see
+    docs/performance.md for the measured gain)."""
 
-    def __init__(self, path: Path, threads: int, batch: int, inp: TensorSpec, out: TensorSpec):
+    def __init__(self, path: Path, threads: int, batch: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec]):
         import onnxruntime as ort
 
         self.session = _session(path, threads)
-        self._init_io(inp, out, batch)
-        self._in = np.zeros(inp.batched(batch), dtype=np.float32)
-        self._out = np.zeros(out.batched(batch), dtype=np.float32)
+        self._init_io(inputs, outputs, batch)
+        ins = [np.zeros(s.batched(batch), np.float32) for s in self._in_specs]
+        outs = [np.zeros(s.batched(batch), np.float32) for s in self._out_specs]
         binding = self.session.io_binding()
-        # OrtValues over our own arrays: ORT reads _in and writes _out in place.
-        self._xv = ort.OrtValue.ortvalue_from_numpy(self._in)
-        self._yv = ort.OrtValue.ortvalue_from_numpy(self._out)
-        binding.bind_ortvalue_input(self.session.get_inputs()[0].name, self._xv)
-        binding.bind_ortvalue_output(self.session.get_outputs()[0].name, self._yv)
-        self._binding = binding
-        self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
-        self._invoke()
-
-
-class OnnxRuntimeMultiExecutor(BufferedMultiExecutor):
-    """Several inputs/outputs: one IOBinding OrtValue per input and output name, over fixed
-    buffers, run through the C++ session like :class:`OnnxRuntimeExecutor`."""
-
-    def __init__(self, path: Path, threads: int, batch: int, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec]):
-        import onnxruntime as ort
-
-        self.session = _session(path, threads)
-        self._init_multi(inputs, outputs, batch)
-        self._ins = tuple(np.zeros(s.batched(batch), np.float32) for s in inputs)
-        self._outs = tuple(np.zeros(s.batched(batch), np.float32) for s in outputs)
-        binding = self.session.io_binding()
-        in_names = spec_order([i.name for i in self.session.get_inputs()], inputs)
-        out_names = spec_order([o.name for o in self.session.get_outputs()], outputs)
-        self._values = []  # the OrtValues must live as long as the binding
-        for name, arr in zip(in_names, self._ins, strict=True):
+        in_names = spec_order([i.name for i in self.session.get_inputs()], self._in_specs)
+        out_names = spec_order([o.name for o in self.session.get_outputs()], self._out_specs)
+        # OrtValues over our own arrays: ORT reads the inputs and writes the outputs in place;
+        # they must live as long as the binding.
+        self._values = []
+        for name, arr in zip(in_names, ins, strict=True):
             self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
             binding.bind_ortvalue_input(name, self._values[-1])
-        for name, arr in zip(out_names, self._outs, strict=True):
+        for name, arr in zip(out_names, outs, strict=True):
             self._values.append(ort.OrtValue.ortvalue_from_numpy(arr))
             binding.bind_ortvalue_output(name, self._values[-1])
         self._binding = binding
-        self._invoke = functools.partial(self.session._sess.run_with_iobinding, binding._iobinding, None)
+        self._buffers(ins, outs, functools.partial(self.session._sess.run_with_iobinding,
+                                                   binding._iobinding, None))
         self._invoke()
 
 
@@ -173,8 +148,5 @@ class OnnxRuntimeTarget(Target):
                 **batch_meta(model, options.batch_size)}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
-        if artifact.multi_io:
-            return OnnxRuntimeMultiExecutor(artifact.file("model.onnx"), options.runtime_threads(),
-                                            artifact.batch_size, artifact.inputs, artifact.outputs)
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),
-                                   artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+                                   artifact.batch_size, artifact.inputs, artifact.outputs)

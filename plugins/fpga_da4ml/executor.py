@@ -97,7 +97,8 @@ class RtlExecutor(Executor):
         self._fn = lib.cdll.hwb_stream
         self._args = (lib.handle, self._words.ctypes.data, self._trace.ctypes.data, batch, batch + latency)
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        (x,), (out,) = xs, outs  # one tensor each way
         self.fmt.encode(x, self._words)
         self._fn(*self._args)
         # assigned through out's own shape, so a strided ``out`` is written correctly too

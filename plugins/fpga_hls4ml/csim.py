@@ -68,5 +68,6 @@ class CsimExecutor(Executor):
         self._fn = lib.batch_fn
         self._n = ctypes.c_long(batch)
 
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        (x,), (out,) = xs, outs  # one tensor each way
         self._fn(x.ctypes.data, out.ctypes.data, self._n)

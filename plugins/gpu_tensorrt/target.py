@@ -23,13 +23,13 @@ import functools
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
 from .._shared.onnx_io import graph_inputs, graph_outputs, spec_order
@@ -334,10 +334,6 @@ class _TensorRTRunner:
         self._hins = tuple(h.array for h, _ in self._bufs[:n])
         self._houts = tuple(h.array for h, _ in self._bufs[n:])
         self._stream_ptr = native_handle(self.stream)
-        self._bind_host()
-
-    def _bind_host(self) -> None:
-        """Hook: the executor's own references to the host arrays (after allocate and close)."""
 
     def _warm_up(self) -> None:
         # One plain run first: TensorRT does lazy initialisation that must not be captured.
@@ -417,7 +413,6 @@ class _TensorRTRunner:
         # cleanly, not write into freed memory.
         self._hins = tuple(np.empty(s.batched(self.batch_size), _F32) for s in self._in_specs)
         self._houts = tuple(np.empty(s.batched(self.batch_size), _F32) for s in self._out_specs)
-        self._bind_host()
 
         def closed() -> None:
             raise RuntimeError("gpu.tensorrt executor is closed")
@@ -425,35 +420,16 @@ class _TensorRTRunner:
 
 
 class TensorRTExecutor(_TensorRTRunner, Executor):
-    """One input, one output: ``predict_into(x, out)``."""
+    """One pinned + device buffer, one ``set_input_shape``/``set_tensor_address`` and one copy
+    per tensor name (tuples in spec order inside), all in the one captured CUDA graph."""
 
-    def __init__(self, engine_bytes: bytes, batch: int, inp: TensorSpec, out: TensorSpec,
-                 cuda_graph: bool = True, io: dict[str, list[str]] | None = None):
-        self._init_io(inp, out, batch)
-        self._in_specs, self._out_specs = (inp,), (out,)
-        self._setup(engine_bytes, io, cuda_graph)
-
-    def _bind_host(self) -> None:
-        self._hx, self._hy = self._hins[0], self._houts[0]
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        self._hx[...] = x
-        self._launch()
-        out[...] = self._hy
-
-
-class TensorRTMultiExecutor(_TensorRTRunner, MultiExecutor):
-    """Several inputs/outputs: ``predict_into(xs, outs)`` with tuples in spec order; one
-    pinned + device buffer, one ``set_input_shape``/``set_tensor_address`` and one copy per
-    tensor name, all in the one captured CUDA graph."""
-
-    def __init__(self, engine_bytes: bytes, batch: int, inputs: list[TensorSpec],
-                 outputs: list[TensorSpec], cuda_graph: bool = True,
+    def __init__(self, engine_bytes: bytes, batch: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec], cuda_graph: bool = True,
                  io: dict[str, list[str]] | None = None):
-        self._init_multi(inputs, outputs, batch)
+        self._init_io(inputs, outputs, batch)
         self._setup(engine_bytes, io, cuda_graph)
 
-    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         for h, x in zip(self._hins, xs, strict=True):
             h[...] = x
         self._launch()
@@ -536,11 +512,8 @@ class TensorRTTarget(Target):
                                    f"{here}; rebuilding")
         engine = artifact.file(ENGINE).read_bytes()
         graph, io = bool(options.extra.get("cuda_graph", True)), artifact.meta.get("io")
-        if artifact.multi_io:
-            return TensorRTMultiExecutor(engine, artifact.batch_size, artifact.inputs,
-                                         artifact.outputs, cuda_graph=graph, io=io)
-        return TensorRTExecutor(engine, artifact.batch_size, artifact.inputs[0],
-                                artifact.outputs[0], cuda_graph=graph, io=io)
+        return TensorRTExecutor(engine, artifact.batch_size, artifact.inputs, artifact.outputs,
+                                cuda_graph=graph, io=io)
 
 
 def graph_io(proto: Any, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> dict[str, list[str]]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
@@ -150,51 +150,28 @@ class _Graphed:
 
 
 class TorchCudaExecutor(Executor):
-    """``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
+    """One pinned host buffer and one device buffer per tensor, one graph replay, one sync per
+    call. ``device="cuda"`` is the product; ``device="cpu", cuda_graph=False`` runs the same
     load/compile path on the CPU so it can be exercised without a GPU (never reported as a
     GPU result: the target is unavailable there)."""
 
-    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec, precision: str,
+    def __init__(self, path: Path, batch: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec], precision: str,
                  mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
                  device: str = "cuda", warmup: int = 3):
-        self._init_io(inp, out, batch)
-        g = _Graphed(path, [inp.batched(batch)], [out.batched(batch)], precision, mode,
+        self._init_io(inputs, outputs, batch)
+        g = _Graphed(path, list(self._xshapes), list(self._yshapes), precision, mode,
                      cuda_graph, device, warmup)
-        self._g, self.graph, self.dtype, self.device = g, g.graph, g.dtype, g.device
-        self._hx, self._hy, self._hx_t = g.hx[0], g.hy[0], g.hx_t[0]
-        self._copy_in = g.dx[0].copy_
-        self._copy_out = g.hy_t[0].copy_
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        g = self._g
-        self._hx[...] = x
-        self._copy_in(self._hx_t, non_blocking=True)
-        g.replay()
-        self._copy_out(g.dy[0], non_blocking=True)  # g.dy: read per call (eager replaces it)
-        g.sync()
-        out[...] = self._hy
-
-
-class TorchCudaMultiExecutor(MultiExecutor):
-    """:class:`TorchCudaExecutor` for a model with several inputs/outputs: one pinned host
-    buffer and one device buffer per tensor, one graph replay, one sync per call."""
-
-    def __init__(self, path: Path, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                 precision: str, mode: str = "max-autotune-no-cudagraphs", cuda_graph: bool = True,
-                 device: str = "cuda", warmup: int = 3):
-        self._init_multi(inputs, outputs, batch)
-        g = _Graphed(path, [s.batched(batch) for s in inputs], [s.batched(batch) for s in outputs],
-                     precision, mode, cuda_graph, device, warmup)
         self._g, self.graph, self.dtype, self.device = g, g.graph, g.dtype, g.device
         self._ins = list(zip(g.hx, g.hx_t, g.dx, strict=True))
 
-    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         g = self._g
         for x, (hx, hx_t, dx) in zip(xs, self._ins, strict=True):
             hx[...] = x
             dx.copy_(hx_t, non_blocking=True)
         g.replay()
-        for hy_t, dy in zip(g.hy_t, g.dy, strict=True):
+        for hy_t, dy in zip(g.hy_t, g.dy, strict=True):  # g.dy: read per call (eager replaces it)
             hy_t.copy_(dy, non_blocking=True)
         g.sync()
         for o, hy in zip(outs, g.hy, strict=True):
@@ -252,12 +229,7 @@ class TorchCudaTarget(Target):
         reason = torch_cuda_reason()
         if reason:
             raise UnavailableError(f"gpu.torch cannot load here: {reason}")
-        if artifact.multi_io:
-            return TorchCudaMultiExecutor(artifact.file(ARTIFACT), artifact.batch_size,
-                                          artifact.inputs, artifact.outputs, artifact.precision,
-                                          mode=options.extra.get("mode", MODES[0]),
-                                          cuda_graph=bool(options.extra.get("cuda_graph", True)))
-        return TorchCudaExecutor(artifact.file(ARTIFACT), artifact.batch_size, artifact.inputs[0],
-                                 artifact.outputs[0], artifact.precision,
+        return TorchCudaExecutor(artifact.file(ARTIFACT), artifact.batch_size, artifact.inputs,
+                                 artifact.outputs, artifact.precision,
                                  mode=options.extra.get("mode", MODES[0]),
                                  cuda_graph=bool(options.extra.get("cuda_graph", True)))

@@ -7,7 +7,7 @@ import numpy as np
 
 from hwbackends.models import Model, load_saved
 from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta
 from .._util import cpu_name, version
@@ -18,23 +18,11 @@ class RefExecutor(Executor):
 
     def __init__(self, model: Model, batch_size: int):
         self.model = model
-        self._init_io(model.input, model.output, None)
-        self.batch_size = batch_size
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        out[...] = self.model.reference(x)
-
-
-class RefMultiExecutor(MultiExecutor):
-    """:class:`RefExecutor` for a model with several inputs/outputs: tuples in, tuples out."""
-
-    def __init__(self, model: Model, batch_size: int):
-        self.model = model
-        self._init_multi(model.inputs, model.outputs, None)
+        self._init_io(model.inputs, model.outputs, None)
         self.batch_size = batch_size
 
     def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
-        for o, y in zip(outs, self.model.reference(tuple(xs)), strict=True):
+        for o, y in zip(outs, self.model.reference(xs), strict=True):
             o[...] = y
 
 
@@ -59,6 +47,4 @@ class RefTarget(Target):
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         model = load_saved(artifact.path)
-        if model.multi_io:
-            return RefMultiExecutor(model, artifact.batch_size)
         return RefExecutor(model, artifact.batch_size)

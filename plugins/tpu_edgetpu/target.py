@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import MethodType
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._shared.litert import LiteRTExecutor, LiteRTMultiExecutor
+from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
 from .._util import importable, version
 from .delegate_probe import probe_delegate
@@ -113,48 +113,12 @@ def mapping_summary(log: str) -> dict[str, int]:
 
 
 class EdgeTpuExecutor(LiteRTExecutor):
-    """The LiteRT zero-copy hot path, with the Edge TPU delegate on hardware. With ``int8_io``
-    the model's IO tensors are int8: the executor quantizes into / dequantizes out of them in
-    place."""
-
-    def __init__(self, path: Path, batch: int, inp: TensorSpec, out: TensorSpec,
-                 delegate: bool, threads: int = 1):
-        from ai_edge_litert.interpreter import load_delegate
-
-        super().__init__(path, threads, batch, inp, out,
-                         [load_delegate(DELEGATE)] if delegate else None)
-        idet, odet = self.input_details, self.output_details
-        self.int8_io = idet["dtype"] == np.int8
-        if self.int8_io:
-            (s_in, z_in), (s_out, z_out) = idet["quantization"], odet["quantization"]
-            self._inv_scale_in, self._zp_in = np.float32(1.0 / s_in), np.float32(z_in)
-            self._scale_out, self._zp_out = np.float32(s_out), np.int32(z_out)
-            self._f = np.zeros(self._in.shape, np.float32)
-            # The buffered float copy would cast into the int8 tensor: take the general
-            # template (same guard and error path), whose _run below quantizes.
-            self.predict_into = MethodType(Executor.predict_into, self)  # type: ignore[method-assign]
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        if not self.int8_io:
-            return super()._run(x, out)
-        f = self._f
-        np.multiply(x, self._inv_scale_in, out=f)
-        np.rint(f, out=f)
-        np.add(f, self._zp_in, out=f)
-        np.clip(f, -128, 127, out=f)
-        self._in[...] = f
-        self._invoke()
-        np.subtract(self._out, self._zp_out, out=out, casting="unsafe")
-        np.multiply(out, self._scale_out, out=out)
-
-
-class EdgeTpuMultiExecutor(LiteRTMultiExecutor):
-    """Several inputs/outputs: the LiteRT multi-IO views (delegate on hardware). With int8 IO
+    """The LiteRT zero-copy hot path, with the Edge TPU delegate on hardware. With int8 IO
     tensors each input is quantized into its tensor and each output dequantized out of its
     own, in place, with that tensor's scale and zero-point."""
 
-    def __init__(self, path: Path, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec],
-                 delegate: bool, threads: int = 1):
+    def __init__(self, path: Path, batch: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec], delegate: bool, threads: int = 1):
         from ai_edge_litert.interpreter import load_delegate
 
         super().__init__(path, threads, batch, inputs, outputs,
@@ -167,8 +131,12 @@ class EdgeTpuMultiExecutor(LiteRTMultiExecutor):
                      for d, buf in zip(self.input_details, self._ins, strict=True)] if self.int8_io else []
         self._qout = [(np.float32(d["quantization"][0]), np.int32(d["quantization"][1]))
                       for d in self.output_details] if self.int8_io else []
+        if self.int8_io and self.single:
+            # The buffered float copy would cast into the int8 tensor: take the general
+            # single-array call (same guard and error path), whose _run below quantizes.
+            self.predict_into = MethodType(Executor._predict_one, self)  # type: ignore[method-assign]
 
-    def _run(self, xs: Any, outs: Any) -> None:  # type: ignore[override]
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         if not self.int8_io:
             return super()._run(xs, outs)
         for x, buf, (inv, zp, f) in zip(xs, self._ins, self._qin, strict=True):
@@ -237,7 +205,7 @@ class EdgeTpuTarget(Target):
         int8_io = options.extra.get("int8_io", False)
         if not isinstance(int8_io, bool):
             raise UnsupportedError(f"{self.name} option int8_io must be true or false, got {int8_io!r}")
-        if len(model.inputs) > 1 or len(model.outputs) > 1:
+        if model.multi_io:
             blob = to_tflite_multi(model.obj, "int8", options.batch_size, model.inputs,
                                    model.outputs, target=self.name,
                                    calibration=options.calibration, int8_io=int8_io)
@@ -277,8 +245,5 @@ class EdgeTpuTarget(Target):
 
     @staticmethod
     def _executor(artifact: Artifact, path: Path, delegate: bool, threads: int) -> Executor:
-        if artifact.multi_io:
-            return EdgeTpuMultiExecutor(path, artifact.batch_size, artifact.inputs,
-                                        artifact.outputs, delegate=delegate, threads=threads)
-        return EdgeTpuExecutor(path, artifact.batch_size, artifact.inputs[0], artifact.outputs[0],
+        return EdgeTpuExecutor(path, artifact.batch_size, artifact.inputs, artifact.outputs,
                                delegate=delegate, threads=threads)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from hwbackends.errors import UnavailableError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, MultiExecutor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version
@@ -82,44 +82,15 @@ def sync_cpu_dispatch() -> bool:
     return not jax.config.read("jax_cpu_enable_async_dispatch")
 
 
-class XlaExecutor(Executor):
-    """The hot path is the compiled XLA executable called on the caller's array: one
-    host→device transfer in, one device→host copy into ``out``; no tracing, no dispatch
-    through ``jax.jit``'s cache (the executable is called directly)."""
-
-    def __init__(self, blob: bytes, batch: int, inp: TensorSpec, out: TensorSpec):
-        import jax
-        from jax import export
-
-        # Run CPU executables on the calling thread instead of handing each call to XLA's
-        # dispatch thread: zoo MLP p50 48 → 10 µs, LSTM p99 2.2 ms → 82 µs (docs/performance.md).
-        # It is read when the CPU client is created, so it must precede jax.devices(); it is
-        # process-wide, changes only *when* CPU results are computed, and no other backend.
-        share_gpu_memory()
-        sync_cpu_dispatch()
-        exported = export.deserialize(bytearray(blob))
-        self.device = jax.devices()[0]
-        plat = "cuda" if self.device.platform == "gpu" else self.device.platform
-        if plat not in exported.platforms:
-            raise UnavailableError(f"tpu.xla artifact was exported for {', '.join(exported.platforms)} "
-                                   f"but this machine's XLA device is {self.device.platform}; recompile "
-                                   f"(hwb compile --rebuild)")
-        self.platform = self.device.platform
-        self.sync_dispatch = self.platform == "cpu" and not jax.config.read("jax_cpu_enable_async_dispatch")
-        self._init_io(inp, out, batch)
-        spec = jax.ShapeDtypeStruct(inp.batched(batch), np.float32)
-        self.compiled = jax.jit(exported.call).lower(spec).compile()
-        self._call = self.compiled
-
-    def _run(self, x: np.ndarray, out: np.ndarray) -> None:
-        out[...] = self._call(x)
-
-
 def _device_for(blob: bytes) -> tuple[Any, Any, str]:
     """Deserialize an artifact and pick the device it runs on (refusing a platform mismatch)."""
     import jax
     from jax import export
 
+    # Run CPU executables on the calling thread instead of handing each call to XLA's
+    # dispatch thread: zoo MLP p50 48 → 10 µs, LSTM p99 2.2 ms → 82 µs (docs/performance.md).
+    # It is read when the CPU client is created, so it must precede jax.devices(); it is
+    # process-wide, changes only *when* CPU results are computed, and no other backend.
     share_gpu_memory()
     sync_cpu_dispatch()
     exported = export.deserialize(bytearray(blob))
@@ -132,21 +103,32 @@ def _device_for(blob: bytes) -> tuple[Any, Any, str]:
     return exported, device, device.platform
 
 
-class XlaMultiExecutor(MultiExecutor):
-    """Several inputs/outputs: the compiled executable takes one array per input and returns
-    a tuple, copied into the caller's buffers (same direct call as :class:`XlaExecutor`)."""
+class XlaExecutor(Executor):
+    """The hot path is the compiled XLA executable called on the caller's arrays (one per
+    input): one host→device transfer in per input, one device→host copy into each output;
+    no tracing, no dispatch through ``jax.jit``'s cache (the executable is called
+    directly)."""
 
-    def __init__(self, blob: bytes, batch: int, inputs: list[TensorSpec], outputs: list[TensorSpec]):
+    def __init__(self, blob: bytes, batch: int, inputs: Sequence[TensorSpec],
+                 outputs: Sequence[TensorSpec]):
         import jax
 
         exported, self.device, self.platform = _device_for(blob)
-        self._init_multi(inputs, outputs, batch)
-        specs = [jax.ShapeDtypeStruct(s.batched(batch), np.float32) for s in inputs]
+        self.sync_dispatch = self.platform == "cpu" and not jax.config.read("jax_cpu_enable_async_dispatch")
+        self._init_io(inputs, outputs, batch)
+        specs = [jax.ShapeDtypeStruct(s, np.float32) for s in self._xshapes]
         self.compiled = jax.jit(exported.call).lower(*specs).compile()
         self._call = self.compiled
+        # A model with one tensor each way was exported as a function returning its one
+        # array, not a tuple of one (compile's to_jax); kept so stored artifacts need no rebuild.
+        self._bare = self.single
 
-    def _run(self, xs: Any, outs: Any) -> None:
-        for o, y in zip(outs, self._call(*xs), strict=True):
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        ys = self._call(*xs)
+        if self._bare:
+            outs[0][...] = ys
+            return
+        for o, y in zip(outs, ys, strict=True):
             o[...] = y
 
 
@@ -192,7 +174,7 @@ class XlaTarget(Target):
         from .onnx_jax import to_jax, to_jax_multi  # large: not imported by `hwb targets`
 
         proto = fixed_batch(model.obj, options.batch_size)
-        multi = len(model.inputs) > 1 or len(model.outputs) > 1
+        multi = model.multi_io
         fn = jax.jit((to_jax_multi if multi else to_jax)(proto, options.precision, self.name))
         specs = [jax.ShapeDtypeStruct(s.batched(options.batch_size), np.float32)
                  for s in (model.inputs if multi else [model.input])]
@@ -224,11 +206,7 @@ class XlaTarget(Target):
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         expected, why = predicted_platform()
         blob = artifact.file(ARTIFACT).read_bytes()
-        ex: XlaExecutor | XlaMultiExecutor
-        if artifact.multi_io:
-            ex = XlaMultiExecutor(blob, artifact.batch_size, artifact.inputs, artifact.outputs)
-        else:
-            ex = XlaExecutor(blob, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+        ex = XlaExecutor(blob, artifact.batch_size, artifact.inputs, artifact.outputs)
         if expected == "tpu" and ex.platform != "tpu":
             # probe() promised a TPU (mode hardware): never label a CPU latency as TPU.
             raise UnavailableError(f"tpu.xla expected a TPU ({why}) but jax.devices()[0] is "
