@@ -1,5 +1,7 @@
 """Raw access to the shm protocol (hwb_shm.h), for tests that play a misbehaving client or a
-planted server: no hwbackends client code involved, only the socket and the two memfds."""
+planted server: no hwbackends client code involved, only the socket and the two memfds. The
+constants and field offsets are the C extension's (offsetof on hwb_shm.h's structs), never
+numbers of our own."""
 from __future__ import annotations
 
 import mmap
@@ -9,14 +11,18 @@ import struct
 import threading
 from pathlib import Path
 
-MAGIC = 0x00004D4853425748
-VERSION = 3
-HDR, CTL = 256, 256  # header bytes, slot control bytes
+from hwbackends.serve import _shmloop
+
+MAGIC, VERSION = _shmloop.MAGIC, _shmloop.VERSION
+HDR, CTL = _shmloop.HEADER_BYTES, _shmloop.SLOT_CTL  # header bytes, slot control bytes
 HELLO = struct.Struct("=QIiIIQ")  # magic, version, status, slot_index, slot_bytes, generation
+assert HELLO.size == _shmloop.HELLO_BYTES
+H, S = _shmloop.HEADER_OFFSETS, _shmloop.SLOT_OFFSETS
+DEADLINE_AT = S["deadline_ns"]
 
 
 def slot_bytes(fi: int, fo: int) -> int:
-    return (CTL + 4 * (fi + fo) + 63) // 64 * 64
+    return int(_shmloop.slot_bytes(fi, fo))
 
 
 class RawClient:
@@ -32,25 +38,27 @@ class RawClient:
         self.hdr_fd, self.slot_fd = fds
         self.header = mmap.mmap(self.hdr_fd, HDR, prot=mmap.PROT_READ)
         self.slot = mmap.mmap(self.slot_fd, self.slot_bytes)
-        self.in_count, self.out_count = struct.unpack_from("II", self.header, 28)
+        self.in_count, = struct.unpack_from("I", self.header, H["in_count"])
+        self.out_count, = struct.unpack_from("I", self.header, H["out_count"])
 
     def request(self, values, count: int | None = None, timeout: float = 5.0) -> tuple[int, str, bytes]:
         """One request written by hand; (status, message, output bytes)."""
         import time
         raw = bytes(memoryview(values).cast("B"))
         self.slot[CTL:CTL + len(raw)] = raw
-        struct.pack_into("I", self.slot, 20, self.in_count if count is None else count)
-        struct.pack_into("q", self.slot, 24, 0)
-        seq = (struct.unpack_from("I", self.slot, 0)[0] + 1) & 0xFFFFFFFF
-        struct.pack_into("I", self.slot, 0, seq)
+        struct.pack_into("I", self.slot, S["in_count"], self.in_count if count is None else count)
+        struct.pack_into("q", self.slot, DEADLINE_AT, 0)
+        seq = (struct.unpack_from("I", self.slot, S["req"])[0] + 1) & 0xFFFFFFFF
+        struct.pack_into("I", self.slot, S["req"], seq)
         self.sock.send(b"\x01")  # the doorbell, whether or not the server sleeps
         t0 = time.time()
-        while struct.unpack_from("I", self.slot, 4)[0] != seq and time.time() - t0 < timeout:
+        while struct.unpack_from("I", self.slot, S["resp"])[0] != seq and time.time() - t0 < timeout:
             time.sleep(0.0005)
-        status, = struct.unpack_from("I", self.slot, 8)
-        n, = struct.unpack_from("I", self.slot, 32)
+        status, = struct.unpack_from("I", self.slot, S["status"])
+        n, = struct.unpack_from("I", self.slot, S["msg_len"])
         out = bytes(self.slot[CTL + 4 * self.in_count: CTL + 4 * (self.in_count + self.out_count)])
-        return status, bytes(self.slot[64:64 + min(n, 192)]).decode(errors="replace"), out
+        msg = bytes(self.slot[S["msg"]:S["msg"] + min(n, CTL - S["msg"])])
+        return status, msg.decode(errors="replace"), out
 
     def close(self) -> None:
         self.header.close()
@@ -63,13 +71,15 @@ class RawClient:
 def fake_header(*, version: int = VERSION, dtype: int = 1, fi: int = 32, fo: int = 1,
                 uid: int | None = None, pid: int | None = None) -> bytes:
     h = bytearray(HDR)
-    struct.pack_into("=QIIIIIII", h, 0, MAGIC, version, HDR, 1, slot_bytes(fi, fo), dtype, fi, fo)
-    struct.pack_into("II", h, 36, 1, 1)
-    struct.pack_into("I", h, 44, fi)
-    struct.pack_into("I", h, 68, fo)
-    struct.pack_into("Ii", h, 92, os.geteuid() if uid is None else uid,
-                     os.getpid() if pid is None else pid)
-    struct.pack_into("I", h, 128, 1)  # running
+    for field, fmt, value in (("magic", "Q", MAGIC), ("version", "I", version), ("header_bytes", "I", HDR),
+                              ("nslots", "I", 1), ("slot_bytes", "I", slot_bytes(fi, fo)),
+                              ("dtype", "I", dtype), ("in_count", "I", fi), ("out_count", "I", fo),
+                              ("in_ndim", "I", 1), ("out_ndim", "I", 1), ("in_shape", "I", fi),
+                              ("out_shape", "I", fo),
+                              ("owner_uid", "I", os.geteuid() if uid is None else uid),
+                              ("server_pid", "i", os.getpid() if pid is None else pid),
+                              ("state", "I", 1)):  # state 1: running
+        struct.pack_into("=" + fmt, h, H[field], value)
     return bytes(h)
 
 
@@ -103,7 +113,8 @@ class FakeServer:
             h = os.memfd_create("fake-header")
             s = os.memfd_create("fake-slot")
             os.write(h, self.header)
-            fi, fo = struct.unpack_from("II", self.header, 28)
+            fi, = struct.unpack_from("I", self.header, H["in_count"])
+            fo, = struct.unpack_from("I", self.header, H["out_count"])
             sb = slot_bytes(fi, fo)
             os.ftruncate(s, sb)
             socket.send_fds(conn, [HELLO.pack(MAGIC, self.hello_version, 0, 0, sb, 0)], [h, s])

@@ -25,7 +25,7 @@ from hwbackends.serve.shm import ShmClient, ShmServer, endpoint_dir, runtime_roo
 from hwbackends.specs import TensorSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shm_raw import FakeServer, RawClient, fake_header  # noqa: E402
+from shm_raw import FakeServer, RawClient, S, fake_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,7 +367,7 @@ def test_a_stray_write_to_the_request_counter_does_not_wedge_the_client(linear_s
     with ShmClient(linear_server.name, timeout_s=0.5) as c:
         np.testing.assert_allclose(c.predict(x), want[0], atol=1e-5)
         addr = c._c.info()["slot_addr"]
-        for word in (0, 4):  # req, then resp
+        for word in (S["req"], S["resp"]):
             _poke(addr + word, "I", 0xDEADBEEF + word)
             results = [c.predict(x) for _ in range(3)]
             assert not isinstance(results[-1], Unavailable), results  # resynchronised

@@ -30,7 +30,7 @@ from hwbackends.specs import TensorSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from shm_raw import HDR, RawClient  # noqa: E402
+from shm_raw import HDR, H, RawClient  # noqa: E402
 
 ROOT = HERE.parent
 NOBODY = 65534
@@ -145,8 +145,9 @@ def test_the_server_never_rereads_geometry_or_state_from_the_header(served):
         x = np.ones(32, np.float32)
         before = bytes(served._mm[:HDR])
         try:
-            struct.pack_into("III", served._mm, 16, 100000, 0, 0)  # nslots, slot_bytes, dtype
-            struct.pack_into("II", served._mm, 28, 7, 9)  # in_count, out_count
+            for field, value in (("nslots", 100000), ("slot_bytes", 0), ("dtype", 0),
+                                 ("in_count", 7), ("out_count", 9)):
+                struct.pack_into("I", served._mm, H[field], value)
             for _ in range(200):
                 np.testing.assert_allclose(c.predict(x), _want(x), rtol=1e-6)
             raw_ok = served.stats()["served"]
@@ -440,8 +441,14 @@ def _attack(send, d: Path, pid: int, secs: float) -> None:
 
 
 @as_root
-def test_fuzz_a_group_member_writing_garbage_for_30s_gives_nobody_a_wrong_answer():
-    secs = 30.0
+def test_fuzz_a_group_member_writing_garbage_gives_nobody_a_wrong_answer():
+    """The claim: over thousands of garbage writes of the whole slot, doorbell garbage, header
+    and directory write attempts and reconnects, interleaved with thousands of honest calls,
+    no honest call gets a wrong answer (each garbage write is an independent try at a bad
+    interleaving). 10 s gives ~24k garbage writes, ~48 reconnects and ~130k honest calls at
+    docs/performance.md's 30 s rates (the floors asserted below are 1000 each);
+    HWB_FUZZ_SECONDS=30 reproduces that documented run."""
+    secs = float(os.environ.get("HWB_FUZZ_SECONDS", "10"))
     eng = Engine(Linear(), EngineConfig.preset("single")).start()
     srv = ShmServer(eng, slots=6, group=NOBODY)
     try:

@@ -8,8 +8,8 @@ from .batching import PRESETS, BatchPolicy
 from .cache import InferenceCache
 from .engine import Engine, EngineConfig
 from .lifecycle import SwapError, SwapResult
-from .request import BREAKER_OPEN, DEADLINE, OK, STOPPED, Unavailable, check_deadline_us
+from .request import BREAKER_OPEN, DEADLINE, OK, STOPPED, Status, Unavailable, check_deadline_us
 
 __all__ = ["BREAKER_OPEN", "Backend", "BatchPolicy", "DEADLINE", "Engine", "EngineConfig",
-           "InferenceCache", "OK", "PRESETS", "RouterStrategy", "STOPPED", "SwapError",
+           "InferenceCache", "OK", "PRESETS", "RouterStrategy", "STOPPED", "Status", "SwapError",
            "SwapResult", "Unavailable", "check_deadline_us", "compile_batch_variants"]

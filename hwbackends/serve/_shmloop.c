@@ -95,8 +95,16 @@ static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t 
     return NULL;
 }
 
-/* Status and message of one Python result (None: ok; str: unavailable reason) or of the
- * pending exception (res == NULL). Writes the reply. Needs the GIL. */
+/* A status the Python side may answer with: one the server sends (never OK, whose answer
+ * is None, nor a client-side E_*). */
+static int server_status(long st) {
+    return st == HWB_SHM_UNAVAILABLE || st == HWB_SHM_BAD_INPUT || st == HWB_SHM_DEADLINE ||
+           st == HWB_SHM_BREAKER_OPEN || st == HWB_SHM_STOPPED;
+}
+
+/* Status and message of one Python result (None: ok; (status, message): the Status and
+ * reason of an Unavailable, a code of HWB_SHM_STATUSES) or of the pending exception
+ * (res == NULL). Writes the reply and counts it. Needs the GIL. */
 static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject *res,
                      PyObject *input_error) {
     char buf[HWB_SHM_MSG + 1];
@@ -121,18 +129,20 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
         count(&h->served);
         reply(s, seq, HWB_SHM_OK, NULL);
     } else {
-        const char *m = PyUnicode_Check(res) ? PyUnicode_AsUTF8(res) : NULL;
-        if (m == NULL) {
+        long st = -1;
+        const char *m = NULL;
+        if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+            st = PyLong_AsLong(PyTuple_GET_ITEM(res, 0));
+            m = PyUnicode_Check(PyTuple_GET_ITEM(res, 1)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(res, 1)) : NULL;
+        }
+        if (m == NULL || !server_status(st)) {
             PyErr_Clear();
-            m = "server error: the handler returned neither None nor a reason";
+            st = HWB_SHM_UNAVAILABLE;
+            m = "server error: the handler returned neither None nor (status, message)";
         }
-        if (strcmp(m, "deadline") == 0) {
-            count(&h->deadline_missed);
-            reply(s, seq, HWB_SHM_DEADLINE, m);
-        } else {
-            count(&h->errors);
-            reply(s, seq, HWB_SHM_UNAVAILABLE, m);
-        }
+        count(st == HWB_SHM_DEADLINE ? &h->deadline_missed
+              : st == HWB_SHM_BAD_INPUT ? &h->bad_payloads : &h->errors);
+        reply(s, seq, (uint32_t)st, m);
     }
 }
 
@@ -667,12 +677,71 @@ static PyObject *py_slot_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(hwb_shm_slot_bytes(ic, oc));
 }
 
+static PyObject *py_strerror(PyObject *self, PyObject *args) {
+    int rc;
+    if (!PyArg_ParseTuple(args, "i", &rc)) return NULL;
+    return PyUnicode_FromString(hwb_shm_strerror(rc));
+}
+
+/* Module constants from the header itself, so Python redefines none of them: STATUS (name →
+ * code, from HWB_SHM_STATUSES) and the byte offsets of every field of the header, the slot
+ * and the hello (offsetof), for hwbackends.serve.request.Status and for tests that play a
+ * raw client. */
+#define HWB_OFF(type, field) {#field, offsetof(type, field)}
+typedef struct { const char *name; size_t off; } field_off;
+static const field_off HEADER_FIELDS[] = {
+    HWB_OFF(hwb_shm_header, magic), HWB_OFF(hwb_shm_header, version),
+    HWB_OFF(hwb_shm_header, header_bytes), HWB_OFF(hwb_shm_header, nslots),
+    HWB_OFF(hwb_shm_header, slot_bytes), HWB_OFF(hwb_shm_header, dtype),
+    HWB_OFF(hwb_shm_header, in_count), HWB_OFF(hwb_shm_header, out_count),
+    HWB_OFF(hwb_shm_header, in_ndim), HWB_OFF(hwb_shm_header, out_ndim),
+    HWB_OFF(hwb_shm_header, in_shape), HWB_OFF(hwb_shm_header, out_shape),
+    HWB_OFF(hwb_shm_header, owner_uid), HWB_OFF(hwb_shm_header, server_pid),
+    HWB_OFF(hwb_shm_header, generation), HWB_OFF(hwb_shm_header, state),
+    HWB_OFF(hwb_shm_header, server_sleeping), HWB_OFF(hwb_shm_header, heartbeat_ns),
+    HWB_OFF(hwb_shm_header, served), HWB_OFF(hwb_shm_header, bad_payloads),
+    HWB_OFF(hwb_shm_header, deadline_missed), HWB_OFF(hwb_shm_header, detached),
+    HWB_OFF(hwb_shm_header, errors), {NULL, 0}};
+static const field_off SLOT_FIELDS[] = {
+    HWB_OFF(hwb_shm_slot, req), HWB_OFF(hwb_shm_slot, resp), HWB_OFF(hwb_shm_slot, status),
+    HWB_OFF(hwb_shm_slot, client_waiting), HWB_OFF(hwb_shm_slot, in_count),
+    HWB_OFF(hwb_shm_slot, deadline_ns), HWB_OFF(hwb_shm_slot, msg_len),
+    HWB_OFF(hwb_shm_slot, msg), {"in", HWB_SHM_SLOT_CTL}, {NULL, 0}};
+static const field_off HELLO_FIELDS[] = {
+    HWB_OFF(hwb_shm_hello, magic), HWB_OFF(hwb_shm_hello, version), HWB_OFF(hwb_shm_hello, status),
+    HWB_OFF(hwb_shm_hello, slot_index), HWB_OFF(hwb_shm_hello, slot_bytes),
+    HWB_OFF(hwb_shm_hello, generation), {NULL, 0}};
+
+static int add_offsets(PyObject *m, const char *name, const field_off *f) {
+    PyObject *d = PyDict_New();
+    if (!d) return -1;
+    for (; f->name; f++) {
+        PyObject *v = PyLong_FromSize_t(f->off);
+        if (!v || PyDict_SetItemString(d, f->name, v) < 0) { Py_XDECREF(v); Py_DECREF(d); return -1; }
+        Py_DECREF(v);
+    }
+    return PyModule_AddObject(m, name, d) < 0 ? (Py_DECREF(d), -1) : 0;
+}
+
+static int add_statuses(PyObject *m) {
+    PyObject *d = PyDict_New(), *v;
+    if (!d) return -1;
+#define HWB_SHM__ADD(name, value, text)                                                        \
+    v = PyLong_FromLong(value);                                                                \
+    if (!v || PyDict_SetItemString(d, #name, v) < 0) { Py_XDECREF(v); Py_DECREF(d); return -1; } \
+    Py_DECREF(v);
+    HWB_SHM_STATUSES(HWB_SHM__ADD)
+#undef HWB_SHM__ADD
+    return PyModule_AddObject(m, "STATUS", d) < 0 ? (Py_DECREF(d), -1) : 0;
+}
+
 static PyMethodDef methods[] = {
     {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin)"},
     {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation)"},
     {"seal_header", py_seal_header, METH_VARARGS, "seal_header(fd): no resize, no new writable mapping"},
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
     {"slot_bytes", py_slot_bytes, METH_VARARGS, "slot_bytes(in_count, out_count)"},
+    {"strerror", py_strerror, METH_VARARGS, "strerror(status) -> hwb_shm_strerror's text"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -691,5 +760,11 @@ PyMODINIT_FUNC PyInit__shmloop(void) {
     PyModule_AddIntConstant(m, "RC_BAD_BUFFER", RC_BAD_BUFFER);
     PyModule_AddIntConstant(m, "RC_BUSY", RC_BUSY);
     PyModule_AddIntConstant(m, "HELLO_BYTES", sizeof(hwb_shm_hello));
+    if (PyModule_AddObject(m, "MAGIC", PyLong_FromUnsignedLongLong(HWB_SHM_MAGIC)) < 0 ||
+        add_statuses(m) < 0 || add_offsets(m, "HEADER_OFFSETS", HEADER_FIELDS) < 0 ||
+        add_offsets(m, "SLOT_OFFSETS", SLOT_FIELDS) < 0 || add_offsets(m, "HELLO_OFFSETS", HELLO_FIELDS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ConfigError
 from .batching import BatchPolicy
 from .metrics import EngineMetrics
-from .request import DEADLINE, PENDING, STOPPED, Request
+from .request import DEADLINE, PENDING, STOPPED, Request, Unavailable
 from .versions import Versions
 
 log = logging.getLogger("hwbackends.serve")
@@ -72,7 +72,7 @@ class Batcher:
             except queue.Empty:
                 break
             if r is not None:
-                r.err = STOPPED.reason
+                r.failure = STOPPED
                 r.done.release()
 
     def _serve(self) -> None:
@@ -133,7 +133,7 @@ class Batcher:
             if r.state != PENDING:
                 continue
             if now > r.deadline:  # already too late: don't spend the model on it
-                r.err = DEADLINE.reason
+                r.failure = DEADLINE
                 r.done.release()
                 continue
             live.append(r)
@@ -148,9 +148,10 @@ class Batcher:
         except Exception as exc:  # the backend failed this batch: each caller gets "unavailable"
             msg = f"backend {v.variant} failed: {type(exc).__name__}: {exc}"
             log.warning("%s: %s", self.name, msg)
+            failed = Unavailable(msg)  # Status.UNAVAILABLE, with the backend's error
             for r in live:
                 if r.y is None:
-                    r.err = msg
+                    r.failure = failed
         for r in live:
             r.done.release()
 

@@ -51,6 +51,7 @@ from .request import (
     PENDING,
     STOPPED,
     Request,
+    Status,
     Unavailable,
     check_deadline_us,
 )
@@ -58,7 +59,8 @@ from .versions import Version, Versions
 
 log = logging.getLogger("hwbackends.serve")
 
-__all__ = ["BREAKER_OPEN", "DEADLINE", "OK", "STOPPED", "Engine", "EngineConfig", "Unavailable"]
+__all__ = ["BREAKER_OPEN", "DEADLINE", "OK", "STOPPED", "Engine", "EngineConfig", "Status",
+           "Unavailable"]
 
 
 @dataclass(frozen=True)
@@ -316,8 +318,8 @@ class Engine:
                 r.state = ABANDONED
                 return self._missed(r)
             r.state = DONE
-            if r.err is not None:
-                return self._failure_result(r)
+            if r.failure is not None:
+                return self._failure_result(r.failure, r)
             if r.key is not None and self.cache is not None and r.version is not None:
                 self.cache.put(r.key, r.y, r.version)  # stored only if r.key's version ran it
         self.breaker.success()
@@ -342,14 +344,14 @@ class Engine:
                              f"array, not a {type(what).__name__}")
         return lay
 
-    def _failure_result(self, r: Request) -> Unavailable:
-        if r.err == DEADLINE.reason:
+    def _failure_result(self, failure: Unavailable, r: Request) -> Unavailable:
+        if failure.status is Status.DEADLINE:
             return self._missed(r)
-        if r.err == STOPPED.reason:
-            return STOPPED
+        if failure.status is Status.STOPPED:
+            return failure
         self.metrics.error()
         self._failed()
-        return Unavailable(r.err or "unknown error")
+        return failure
 
     def try_predict_into(self, x: Any, out: Any,
                          deadline_us: float | None = None) -> bool | Unavailable:

@@ -33,7 +33,7 @@ import numpy as np
 from ..config import read_small_file, read_text_file
 from ..errors import ConfigError, InputError
 from .engine import Engine
-from .request import MAX_DEADLINE_US, MIN_DEADLINE_US, Unavailable, check_deadline_us
+from .request import DEADLINE, MAX_DEADLINE_US, MIN_DEADLINE_US, Status, Unavailable, check_deadline_us
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -230,8 +230,9 @@ class _Servicer:
         deadline_us = min(budget) if budget else None
         if deadline_us is not None and deadline_us < MIN_DEADLINE_US:
             # The client's gRPC deadline has (all but) passed: answer at once, count nothing.
-            return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason="deadline",
-                                      model_version=eng.version, variant=eng.variant)
+            return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=DEADLINE.reason,
+                                      code=DEADLINE.status, model_version=eng.version,
+                                      variant=eng.variant)
         try:
             handles = [eng.submit(np.ascontiguousarray(x, dtype=np.float32), deadline_us) for x in xs]
         except InputError as exc:
@@ -243,7 +244,8 @@ class _Servicer:
                 for rest in handles[i + 1:]:  # the answer is "unavailable": don't run the rest
                     eng.abandon(rest)
                 return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=res.reason,
-                                          model_version=eng.version, variant=eng.variant)
+                                          code=res.status, model_version=eng.version,
+                                          variant=eng.variant)
         if not context.is_active():  # the client left (cancelled / vanished): nothing to send
             return pb.PredictResponse()
         return pb.PredictResponse(status=pb.PredictResponse.OK, outputs=out.astype("<f4").tobytes(),
@@ -390,7 +392,7 @@ class GrpcClient:
                                      deadline_us=deadline_us)
         resp = self.stub.Predict(req, metadata=self._meta, timeout=timeout_s or self.timeout_s)
         if resp.status != self.pb.PredictResponse.OK:
-            return Unavailable(resp.reason)
+            return Unavailable(resp.reason, _status_of(resp.code))
         y = np.frombuffer(resp.outputs, dtype="<f4").reshape(-1, *resp.shape)
         return y[0] if single else y
 
@@ -408,3 +410,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _status_of(code: int) -> Status:
+    """The :class:`Status` of an UNAVAILABLE answer's ``code``: one a server sends, else (0 from
+    a server older than the field, a number this version does not know) plain UNAVAILABLE."""
+    try:
+        st = Status(code)
+    except ValueError:
+        return Status.UNAVAILABLE
+    return st if st > Status.OK else Status.UNAVAILABLE

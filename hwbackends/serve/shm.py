@@ -47,27 +47,19 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..inputs import as_sample
 from ..specs import TensorSpec
-from .engine import Engine, Unavailable
+from . import _shmloop  # built with the package; request.py explains when it is missing
+from .engine import Engine
+from .request import DEADLINE, Status, Unavailable
 
 log = logging.getLogger("hwbackends.serve")
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
-# hwb_shm.h statuses
-OK, UNAVAILABLE, BAD_INPUT, DEADLINE = 0, 1, 2, 3
-E_TIMEOUT, E_SERVER_GONE, E_NOT_RESPONDING, E_SHAPE, E_VERSION, E_DTYPE = -1, -2, -3, -4, -5, -6
-E_NOENT, E_ACCESS, E_SLOTS_FULL, E_SYS, E_CLOSED, E_NOT_HWB, E_NAME = -7, -8, -9, -10, -11, -12, -13
-E_OWNER = -14
-
-
-def _native() -> Any:
-    try:
-        from . import _shmloop
-    except ImportError as exc:  # an install that skipped building the extension
-        raise ConfigError(f"the shared-memory endpoint needs its C extension "
-                          f"(hwbackends.serve._shmloop), which is not built: {exc}; reinstall "
-                          f"with `pip install -e .` (needs a C compiler)") from None
-    return _shmloop
+#: Byte offsets of the slot's and the header's fields, from offsetof in the C extension (one
+#: layout: hwb_shm.h's structs), for anything that reads the raw mappings.
+SLOT_OFFSETS: dict[str, int] = _shmloop.SLOT_OFFSETS
+HEADER_OFFSETS: dict[str, int] = _shmloop.HEADER_OFFSETS
+_OK = int(Status.OK)  # a plain int for the hot path's one comparison
 
 
 def _uid_of(owner: int | str | None) -> int:
@@ -151,7 +143,7 @@ class ShmServer:
     def __init__(self, engine: Engine, name: str | None = None, slots: int = 8, *,
                  mode: str = "auto", spin_us: float = 50.0, reap_every_s: float = 0.25,
                  pin_core: int | None = None, group: str | int | None = None):
-        native = _native()
+        native = _shmloop
         if not 1 <= slots <= 1024:
             raise ConfigError(f"slots must be 1..1024, got {slots}")
         if mode == "auto":
@@ -252,13 +244,13 @@ class ShmServer:
     def _make_slot(self, fd: int) -> tuple[mmap.mmap, tuple[np.ndarray, np.ndarray]]:
         """Views of a new client's slot for the model call (called by the loop, with the GIL)."""
         mm = mmap.mmap(fd, self._slot_bytes)
-        ctl = _native().SLOT_CTL
+        ctl = _shmloop.SLOT_CTL
         x = np.ndarray((1, *self.in_shape), np.float32, mm, ctl)
         y = np.ndarray((1, *self.out_shape), np.float32, mm, ctl + 4 * self._fi)
         return mm, (x, y)
 
     def _loop(self) -> None:
-        native = _native()
+        native = _shmloop
         batch = self._batch if self.mode == "batch" else None
         try:
             native.serve(self._mm, self._hdr_fd, self._sock.fileno(), self._stop_fd, self.nslots,
@@ -268,26 +260,27 @@ class ShmServer:
             self._error = exc
             log.error("shm %s: poll loop failed: %s", self.name, exc)
 
-    def _batch(self, items: list[tuple[np.ndarray, np.ndarray, int]]) -> list[str | None]:
-        """Micro-batching mode: submit every pending request, then collect them."""
+    def _batch(self, items: list[tuple[np.ndarray, np.ndarray, int]]) -> list[tuple[int, str] | None]:
+        """Micro-batching mode: submit every pending request, then collect them. Each answer is
+        ``None`` (outputs written) or ``(status, message)``, which the C loop replies with."""
         eng, now = self.engine, time.monotonic_ns()
         hs = []
         for x, _, dl in items:
             budget = (dl - now) / 1e3 if dl > 0 else None
             try:
                 hs.append(eng.submit(x[0].copy(), budget))  # a copy: the engine keeps it
-            except InputError as exc:
-                hs.append(Unavailable(str(exc)))
-        res: list[str | None] = []
+            except InputError as exc:  # the client's sample: refused and counted as such
+                hs.append(Unavailable(str(exc), Status.BAD_INPUT))
+        res: list[tuple[int, str] | None] = []
         for (_, y, _), h in zip(items, hs, strict=True):
             r = eng.wait(h, y[0])
-            res.append(r.reason if isinstance(r, Unavailable) else None)
+            res.append((int(r.status), r.reason) if isinstance(r, Unavailable) else None)
         return res
 
     # -- reporting and shutdown -------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """served, bad_payloads, deadline_missed, detached (clients gone), errors."""
-        return dict(_native().counters(self._mm), mode=self.mode, slots=self.nslots)
+        return dict(_shmloop.counters(self._mm), mode=self.mode, slots=self.nslots)
 
     @property
     def served(self) -> int:
@@ -354,24 +347,24 @@ def _raise_nofile(need: int) -> None:
 
 
 _ATTACH_ERRORS = {
-    E_NOENT: "no shared-memory endpoint {name!r} for uid {uid}; is the server running "
+    Status.E_NOENT: "no shared-memory endpoint {name!r} for uid {uid}; is the server running "
              "(hwb serve --shm {name}) as that user?",
-    E_ACCESS: "shared-memory endpoint {name!r}: permission denied — endpoints are owner-only "
+    Status.E_ACCESS: "shared-memory endpoint {name!r}: permission denied — endpoints are owner-only "
               "unless the server names a group (--shm-group) you belong to",
-    E_SLOTS_FULL: "all slots of {name!r} are taken; start the server with more slots (--shm-slots)",
-    E_VERSION: "shared-memory endpoint {name!r} speaks another protocol version; use the "
+    Status.E_SLOTS_FULL: "all slots of {name!r} are taken; start the server with more slots (--shm-slots)",
+    Status.E_VERSION: "shared-memory endpoint {name!r} speaks another protocol version; use the "
                "hwbackends (and hwb_shm.h) of the server",
-    E_DTYPE: "shared-memory endpoint {name!r} does not serve float32",
-    E_SHAPE: "shared-memory endpoint {name!r} has other input/output sizes than expected",
-    E_NOT_HWB: "{name!r} is not an hwb shared-memory endpoint (what answered does not speak "
+    Status.E_DTYPE: "shared-memory endpoint {name!r} does not serve float32",
+    Status.E_SHAPE: "shared-memory endpoint {name!r} has other input/output sizes than expected",
+    Status.E_NOT_HWB: "{name!r} is not an hwb shared-memory endpoint (what answered does not speak "
                "its protocol)",
-    E_OWNER: "shared-memory endpoint {name!r}: refused — its directory, or the process serving "
+    Status.E_OWNER: "shared-memory endpoint {name!r}: refused — its directory, or the process serving "
              "it, does not belong to uid {uid} (or the directory is writable by others). Someone "
              "else may have planted it: check `ls -ld {root} {root}/{name}`; remove it if it is "
              "not yours, or set HWB_SHM_DIR to a directory of your own",
-    E_NOT_RESPONDING: "shared-memory endpoint {name!r} accepted the connection but sent no "
+    Status.E_NOT_RESPONDING: "shared-memory endpoint {name!r} accepted the connection but sent no "
                       "hello in time; is its server stuck?",
-    E_NAME: "bad shm endpoint name {name!r}: use [A-Za-z0-9._-]",
+    Status.E_NAME: "bad shm endpoint name {name!r}: use [A-Za-z0-9._-]",
 }
 
 
@@ -381,13 +374,13 @@ class ShmClient:
 
     def __init__(self, name: str, *, owner: int | str | None = None, timeout_s: float = 5.0,
                  spin_us: float = 50.0):
-        native = _native()
+        native = _shmloop
         self.name = name
         uid = _uid_of(owner)
         try:
             self._c = native.Client(name, uid, 0, 0, int(spin_us * 1e3), int(timeout_s * 1e9))
         except OSError as exc:
-            rc = exc.args[0] if exc.args and isinstance(exc.args[0], int) else E_SYS
+            rc = exc.args[0] if exc.args and isinstance(exc.args[0], int) else Status.E_SYS
             tmpl = _ATTACH_ERRORS.get(rc, "cannot attach to shared-memory endpoint {name!r}: {err}")
             raise ConfigError(tmpl.format(name=name, uid=uid, err=exc,
                                            root=runtime_root(uid))) from None
@@ -412,10 +405,10 @@ class ShmClient:
             raise InputError(f"deadline_us must be a positive finite number of µs or None, "
                              f"got {deadline_us!r}")
         rc = self._call(x, out, dl)
-        return True if rc == OK else self._failed(rc, x, out)
+        return True if rc == _OK else self._failed(rc, x, out)
 
     def _failed(self, rc: int, x: Any, out: Any) -> Unavailable:
-        native = _native()
+        native = _shmloop
         if rc in (native.RC_BAD_BUFFER, native.RC_BAD_BUFFER - 1):
             which, a = ("x", x) if rc == native.RC_BAD_BUFFER else ("out", out)
             shape = self.in_shape if which == "x" else self.out_shape
@@ -425,19 +418,19 @@ class ShmClient:
         if rc == native.RC_BUSY:
             raise ConfigError(f"ShmClient {self.name!r} is in use by another thread: a client is "
                               f"one slot for one thread; give each thread its own ShmClient")
-        if rc == BAD_INPUT:
+        try:
+            st = Status(rc)
+        except ValueError:  # a server newer than this client: not OK, so no answer this tick
+            return Unavailable(f"shm status {rc}: {_shmloop.strerror(rc)}")
+        if st is Status.BAD_INPUT:
             raise InputError(f"shm endpoint {self.name!r}: {self._c.message()}")
-        if rc == UNAVAILABLE:
-            return Unavailable(self._c.message())
-        if rc in (DEADLINE, E_TIMEOUT):
-            return Unavailable("deadline")
-        if rc == E_SERVER_GONE:
-            return Unavailable("server-gone")
-        if rc == E_NOT_RESPONDING:
-            return Unavailable("server-not-responding")
-        if rc == E_CLOSED:
+        if st is Status.E_CLOSED:
             raise ConfigError("this ShmClient is closed")
-        return Unavailable(f"shm status {rc}")
+        if st in (Status.DEADLINE, Status.E_TIMEOUT):  # the server's miss or the client's wait
+            return DEADLINE
+        if st is Status.UNAVAILABLE:
+            return Unavailable(self._c.message() or st.reason, st)
+        return Unavailable.of(st)  # breaker-open, engine-stopped, server-gone, ...
 
     def predict(self, x: Any, deadline_us: float | None = None) -> np.ndarray | Unavailable:
         """Outputs for one sample (a new array), or :class:`Unavailable`."""

@@ -40,7 +40,9 @@
  * byte when the server sleeps) and each side's liveness signal (closing it frees the slot at
  * once; the client sees the server gone through POLLHUP).
  *
- * HEADER LAYOUT (native byte order; same machine only). Offsets in bytes, 256 bytes:
+ * HEADER LAYOUT (native byte order; same machine only). Offsets in bytes, 256 bytes (the
+ * Python extension exports them, from offsetof on the structs below, as HEADER_OFFSETS and
+ * SLOT_OFFSETS; nothing in Python hard-codes one):
  *     0 magic "HWBSHM\0\0"   8 version   12 header_bytes   16 nslots (max clients)
  *    20 slot_bytes   24 dtype (1 = float32)   28 in_count   32 out_count   36 in_ndim
  *    40 out_ndim   44 in_shape[6]   68 out_shape[6]   92 owner_uid   96 server_pid
@@ -52,7 +54,8 @@
  *     0 req     sequence the client publishes (release) after writing its input
  *     4 resp    sequence the server publishes (release) after writing status and output;
  *               also the futex word a blocked client sleeps on
- *     8 status  HWB_SHM_OK / _UNAVAILABLE / _BAD_INPUT / _DEADLINE (valid when resp == req)
+ *     8 status  HWB_SHM_OK / _UNAVAILABLE / _BAD_INPUT / _DEADLINE / _BREAKER_OPEN / _STOPPED
+ *               (valid when resp == req; any status but OK means "no answer this tick")
  *    12 client_waiting   16 _unused   20 in_count (floats the client wrote)
  *    24 deadline_ns (absolute CLOCK_MONOTONIC, 0 = none)   32 msg_len
  *    64 msg[192]  (server's message for a non-OK status)
@@ -137,25 +140,37 @@ extern "C" {
 #define HWB_SHM_SLOT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 #define HWB_SHM_HEADER_SEALS (HWB_SHM_SLOT_SEALS | F_SEAL_FUTURE_WRITE)
 
-/* Statuses. ≥ 0: answered by the server; < 0: decided by the client. */
-#define HWB_SHM_OK 0
-#define HWB_SHM_UNAVAILABLE 1 /* the server could not run it (message says why) */
-#define HWB_SHM_BAD_INPUT 2   /* NaN/Inf or wrong size: refused and counted by the server */
-#define HWB_SHM_DEADLINE 3    /* the deadline had passed when the server reached it */
-#define HWB_SHM_E_TIMEOUT (-1)        /* no answer before the deadline; server alive */
-#define HWB_SHM_E_SERVER_GONE (-2)    /* the server process is gone or closing */
-#define HWB_SHM_E_NOT_RESPONDING (-3) /* attach: connected, but no hello within timeout_ns */
-#define HWB_SHM_E_SHAPE (-4)          /* in/out count differs from the endpoint's */
-#define HWB_SHM_E_VERSION (-5)        /* the server speaks another protocol version */
-#define HWB_SHM_E_DTYPE (-6)          /* the endpoint's dtype is not float32 */
-#define HWB_SHM_E_NOENT (-7)          /* no endpoint of that name (server not running) */
-#define HWB_SHM_E_ACCESS (-8)         /* permission denied (another user's endpoint) */
-#define HWB_SHM_E_SLOTS_FULL (-9)     /* every slot is taken */
-#define HWB_SHM_E_SYS (-10)           /* a system call failed (errno kept in c->err) */
-#define HWB_SHM_E_CLOSED (-11)        /* the client is detached */
-#define HWB_SHM_E_NOT_HWB (-12)       /* what answered is not an hwb endpoint */
-#define HWB_SHM_E_NAME (-13)          /* the name has characters outside [A-Za-z0-9._-] */
-#define HWB_SHM_E_OWNER (-14)         /* the endpoint is not the expected user's: refused */
+/* Statuses. ≥ 0: answered by the server; < 0: decided by the client. One table, read three
+ * ways: the enum below (HWB_SHM_OK, HWB_SHM_DEADLINE, ...), hwb_shm_strerror(), and the Python
+ * extension's STATUS dict, from which hwbackends.serve.request.Status takes its values (so
+ * the Python names and numbers cannot drift from these). X(name, value, text). */
+#define HWB_SHM_STATUSES(X)                                                                        \
+    X(OK, 0, "ok")                                                                                 \
+    X(UNAVAILABLE, 1, "unavailable (server could not run the request)") /* message says why */    \
+    X(BAD_INPUT, 2, "bad input (refused by the server)") /* NaN/Inf or wrong size; counted */      \
+    X(DEADLINE, 3, "deadline")        /* the deadline had passed when the server reached it */   \
+    X(BREAKER_OPEN, 4, "breaker-open") /* the server sheds calls while its backend recovers */   \
+    X(STOPPED, 5, "engine-stopped")   /* the server's engine is stopping */                      \
+    X(E_TIMEOUT, -1, "deadline")      /* no answer before the deadline; server alive */          \
+    X(E_SERVER_GONE, -2, "server-gone") /* the server process is gone or closing */              \
+    X(E_NOT_RESPONDING, -3, "server-not-responding") /* attach: no hello within timeout_ns */     \
+    X(E_SHAPE, -4, "shape mismatch: the endpoint expects other input/output sizes")              \
+    X(E_VERSION, -5, "protocol version mismatch: rebuild the client against this server's hwb_shm.h") \
+    X(E_DTYPE, -6, "dtype mismatch: the endpoint does not serve float32")                        \
+    X(E_NOENT, -7, "no such endpoint (is `hwb serve --shm NAME` running as this user?)")          \
+    X(E_ACCESS, -8, "permission denied: the endpoint is owner-only (or for a named group)")       \
+    X(E_SLOTS_FULL, -9, "all slots are taken (start the server with more --shm-slots)")           \
+    X(E_SYS, -10, "system call failed") /* errno kept in c->err */                               \
+    X(E_CLOSED, -11, "client is detached")                                                         \
+    X(E_NOT_HWB, -12, "not an hwb shared-memory endpoint")                                         \
+    X(E_NAME, -13, "bad endpoint name (use [A-Za-z0-9._-], at most 100 characters)")              \
+    X(E_OWNER, -14, "refused: the endpoint (its directory, or the process serving it) is not the expected user's")
+
+enum hwb_shm_status {
+#define HWB_SHM__ENUM(name, value, text) HWB_SHM_##name = value,
+    HWB_SHM_STATUSES(HWB_SHM__ENUM)
+#undef HWB_SHM__ENUM
+};
 
 typedef struct {
     uint64_t magic;
@@ -288,24 +303,9 @@ static inline int hwb_shm_root_dir(char *buf, size_t n, unsigned owner_uid) {
 
 static inline const char *hwb_shm_strerror(int rc) {
     switch (rc) {
-    case HWB_SHM_OK: return "ok";
-    case HWB_SHM_UNAVAILABLE: return "unavailable (server could not run the request)";
-    case HWB_SHM_BAD_INPUT: return "bad input (refused by the server)";
-    case HWB_SHM_DEADLINE: return "deadline";
-    case HWB_SHM_E_TIMEOUT: return "deadline";
-    case HWB_SHM_E_SERVER_GONE: return "server-gone";
-    case HWB_SHM_E_NOT_RESPONDING: return "server-not-responding";
-    case HWB_SHM_E_SHAPE: return "shape mismatch: the endpoint expects other input/output sizes";
-    case HWB_SHM_E_VERSION: return "protocol version mismatch: rebuild the client against this server's hwb_shm.h";
-    case HWB_SHM_E_DTYPE: return "dtype mismatch: the endpoint does not serve float32";
-    case HWB_SHM_E_NOENT: return "no such endpoint (is `hwb serve --shm NAME` running as this user?)";
-    case HWB_SHM_E_ACCESS: return "permission denied: the endpoint is owner-only (or for a named group)";
-    case HWB_SHM_E_SLOTS_FULL: return "all slots are taken (start the server with more --shm-slots)";
-    case HWB_SHM_E_SYS: return "system call failed";
-    case HWB_SHM_E_CLOSED: return "client is detached";
-    case HWB_SHM_E_NOT_HWB: return "not an hwb shared-memory endpoint";
-    case HWB_SHM_E_NAME: return "bad endpoint name (use [A-Za-z0-9._-], at most 100 characters)";
-    case HWB_SHM_E_OWNER: return "refused: the endpoint (its directory, or the process serving it) is not the expected user's";
+#define HWB_SHM__CASE(name, value, text) case value: return text;
+    HWB_SHM_STATUSES(HWB_SHM__CASE)
+#undef HWB_SHM__CASE
     default: return "unknown status";
     }
 }

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0csignal.proto\x12\x13hwbackends.serve.v1\"X\n\x0ePredictRequest\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_us\x18\x04 \x01(\x01\"\xc9\x01\n\x0fPredictResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.hwbackends.serve.v1.PredictResponse.Status\x12\x0f\n\x07outputs\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x04\x12\x0f\n\x07variant\x18\x06 \x01(\t\"!\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x0f\n\x0bUNAVAILABLE\x10\x01\"\x1f\n\x0bInfoRequest\x12\x10\n\x08strategy\x18\x01 \x01(\t\"H\n\x0bTensorField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\"\xda\x01\n\x0cInfoResponse\x12\x13\n\x0binput_shape\x18\x01 \x03(\x03\x12\x14\n\x0coutput_shape\x18\x02 \x03(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x04\x12\x0f\n\x07variant\x18\x04 \x01(\t\x12\x12\n\nstrategies\x18\x05 \x03(\t\x12\x30\n\x06inputs\x18\x06 \x03(\x0b\x32 .hwbackends.serve.v1.TensorField\x12\x31\n\x07outputs\x18\x07 \x03(\x0b\x32 .hwbackends.serve.v1.TensorField2\xb2\x01\n\rSignalService\x12T\n\x07Predict\x12#.hwbackends.serve.v1.PredictRequest\x1a$.hwbackends.serve.v1.PredictResponse\x12K\n\x04Info\x12 .hwbackends.serve.v1.InfoRequest\x1a!.hwbackends.serve.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0csignal.proto\x12\x13hwbackends.serve.v1\"X\n\x0ePredictRequest\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_us\x18\x04 \x01(\x01\"\xd7\x01\n\x0fPredictResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.hwbackends.serve.v1.PredictResponse.Status\x12\x0f\n\x07outputs\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x04\x12\x0f\n\x07variant\x18\x06 \x01(\t\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x11\"!\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\x0f\n\x0bUNAVAILABLE\x10\x01\"\x1f\n\x0bInfoRequest\x12\x10\n\x08strategy\x18\x01 \x01(\t\"H\n\x0bTensorField\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\"\xda\x01\n\x0cInfoResponse\x12\x13\n\x0binput_shape\x18\x01 \x03(\x03\x12\x14\n\x0coutput_shape\x18\x02 \x03(\x03\x12\x15\n\rmodel_version\x18\x03 \x01(\x04\x12\x0f\n\x07variant\x18\x04 \x01(\t\x12\x12\n\nstrategies\x18\x05 \x03(\t\x12\x30\n\x06inputs\x18\x06 \x03(\x0b\x32 .hwbackends.serve.v1.TensorField\x12\x31\n\x07outputs\x18\x07 \x03(\x0b\x32 .hwbackends.serve.v1.TensorField2\xb2\x01\n\rSignalService\x12T\n\x07Predict\x12#.hwbackends.serve.v1.PredictRequest\x1a$.hwbackends.serve.v1.PredictResponse\x12K\n\x04Info\x12 .hwbackends.serve.v1.InfoRequest\x1a!.hwbackends.serve.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,15 +34,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_start=37
   _globals['_PREDICTREQUEST']._serialized_end=125
   _globals['_PREDICTRESPONSE']._serialized_start=128
-  _globals['_PREDICTRESPONSE']._serialized_end=329
-  _globals['_PREDICTRESPONSE_STATUS']._serialized_start=296
-  _globals['_PREDICTRESPONSE_STATUS']._serialized_end=329
-  _globals['_INFOREQUEST']._serialized_start=331
-  _globals['_INFOREQUEST']._serialized_end=362
-  _globals['_TENSORFIELD']._serialized_start=364
-  _globals['_TENSORFIELD']._serialized_end=436
-  _globals['_INFORESPONSE']._serialized_start=439
-  _globals['_INFORESPONSE']._serialized_end=657
-  _globals['_SIGNALSERVICE']._serialized_start=660
-  _globals['_SIGNALSERVICE']._serialized_end=838
+  _globals['_PREDICTRESPONSE']._serialized_end=343
+  _globals['_PREDICTRESPONSE_STATUS']._serialized_start=310
+  _globals['_PREDICTRESPONSE_STATUS']._serialized_end=343
+  _globals['_INFOREQUEST']._serialized_start=345
+  _globals['_INFOREQUEST']._serialized_end=376
+  _globals['_TENSORFIELD']._serialized_start=378
+  _globals['_TENSORFIELD']._serialized_end=450
+  _globals['_INFORESPONSE']._serialized_start=453
+  _globals['_INFORESPONSE']._serialized_end=671
+  _globals['_SIGNALSERVICE']._serialized_start=674
+  _globals['_SIGNALSERVICE']._serialized_end=852
 # @@protoc_insertion_point(module_scope)
