@@ -8,6 +8,11 @@ rank an emulated variant by latency unless the config allows it; measure the res
 (single-stream profile, cached per artifact and machine); a ``hwb_choose`` plugin may pick;
 otherwise choose the lowest p99 within the tier's budget, and when none meets it say so and
 name the closest.
+
+What a built variant is worth (build error, fidelity gate, modelled and emulated rules) is
+one function, :func:`judge`, over its :class:`~hwbackends.variant.VariantRecord`: the live
+planning here and the routing of a results file (:func:`decide_from_results`: ``hwb bench
+--route``, ``hwb route --fleet``) both go through it.
 """
 from __future__ import annotations
 
