@@ -329,7 +329,7 @@ def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> No
         BenchResults.load(path)
 
 
-def test_bench_precision_check_takes_what_the_target_accepts() -> None:
+def test_bench_precision_check_takes_what_the_target_accepts(hwb_cli) -> None:
     """Issue 21 #4: `hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` was refused before any
     build ("offered by none of fpga.hls4ml") because -p was checked against the listed
     precisions, not Target.accepts. An explicit -p builds exactly what it names."""
@@ -348,6 +348,13 @@ def test_bench_precision_check_takes_what_the_target_accepts() -> None:
     with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none "
                                                r"of fpga.hls4ml; .*also takes any ap_fixed"):
         bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<99,6>"], progress=False)
+    # and `hwb targets` says what each target takes beyond the listed precisions
+    rc, out, _ = hwb_cli("targets")
+    assert rc == 0 and f"also precisions: {hls.precision_rule}" in out
+    rc, out, _ = hwb_cli("targets", "--json")
+    rows = {r["name"]: r for r in json.loads(out)["targets"]}
+    assert rows["fpga.hls4ml"]["precision_rule"] == hls.precision_rule
+    assert rows["cpu.onnxruntime"]["precision_rule"] == ""
 
 
 @pytest.mark.slow
