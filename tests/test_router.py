@@ -345,3 +345,41 @@ def test_predict_and_cli_explain_json(tmp_path, store_dir, zoo_model, capsys) ->
     data = json.loads(capsys.readouterr().out)
     assert data["strategies"][0]["chosen"] == "cpu.onnxruntime:fp32"
     assert {c["variant"] for c in data["strategies"][0]["candidates"]} == {"cpu.onnxruntime:fp32", "ref:fp32"}
+
+
+def test_results_routing_ranks_a_modelled_estimate_only_when_allowed(compiled, tmp_path: Path) -> None:
+    """Issue 21 #2: `hwb route --fleet` (fleet/placement.py) kept its own copy of the
+    candidate rules and ignored ``allow_modelled``: a variant with a modelled hardware
+    estimate was always "rejected: emulated". Now one policy (plan.judge) judges the records
+    of a results file as the live router judges a fresh build."""
+    import dataclasses
+
+    from hwb_plugins.fpga_da4ml.estimate import hardware_estimate
+    from hwbackends.bench import BenchResults
+    from hwbackends.fleet.placement import place
+    from hwbackends.variant import VariantRecord
+
+    cm = compiled("signal", "cpu.onnxruntime", "fp32")
+    est = hardware_estimate(cycles=40, ii=1, depth=40, synth={}, part="xcu250-figd2104-2L-e",
+                            clock_mhz=200.0, io_ns=850.0, io_source="PCIe round trip", tools={})
+    # A da4ml variant's row as a results file holds it: emulated (its executor is an RTL
+    # simulation), real numerics (this variant's fidelity), the modelled figure beside.
+    rec = dataclasses.replace(VariantRecord.from_compiled(cm), variant="fpga.da4ml:auto",
+                              target="fpga.da4ml", precision="auto", mode="emulated",
+                              mode_reason="RTL simulation", hardware_estimate=est)
+    res = BenchResults(model={"name": "signal"}, machine={"id": "m1", "cpu": "this box"})
+    res.variants.append(rec)
+    path = res.save(tmp_path / "r.json")
+    for allow in (False, True):
+        cfg = tmp_path / f"s{allow}.toml"
+        cfg.write_text(f'[tiers.t]\np99_us = 10000\n\n[strategies.s]\nmodel = "zoo:signal"\n'
+                       f'tier = "t"\ntargets = ["fpga.*"]\nallow_modelled = {str(allow).lower()}\n'
+                       f'fidelity = {{ corr_min = 0.99 }}\n')
+        (row,) = place(BenchResults.load(path), cfg)
+        (c,) = row["machines"][0]["decision"]["candidates"]
+        if allow:
+            assert c["status"] == "chosen" and c["mode"] == "modelled", c
+            assert c["p99_us"] == pytest.approx(est["end_to_end"]["total_ns"] / 1000)
+            assert any(r.startswith("modelled, not measured: 40 cycles") for r in c["reasons"])
+        else:
+            assert c["status"] == "rejected" and "emulated (RTL simulation)" in c["reasons"][0], c
