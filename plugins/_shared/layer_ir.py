@@ -1,0 +1,467 @@
+"""One small layer IR for the targets that generate code from a model's weights (``cpu.native``
+today; meant for the FPGA plugins too, whose ``network.py``/``convert.py`` each hold a
+narrower copy of this extraction).
+
+A :class:`Network` is the input shape (per sample, no batch) and a chain of layers, each with
+its weights as float32 NumPy arrays in the layout the emitters use (Keras' own:
+``Dense.w`` is ``(n_in, n_out)``, ``Conv1D.w`` is ``(kernel, c_in, c_out)``, recurrent
+kernels ``(n_in, gates·units)`` with Keras' gate order). Activations are layers of their own
+(:class:`Act`), so an emitter can fuse them where it likes; BatchNormalization folds into the
+Dense/Conv1D right before it and is otherwise a per-channel :class:`Affine`.
+
+:func:`extract` reads Keras (``Sequential`` or a functional chain) and torch
+(``nn.Sequential``, or a ``torch.export`` program of one, through
+:mod:`torch_export`); anything else is refused with :class:`UnsupportedError` naming the
+layer. :func:`forward` is the float64 NumPy reference of the IR: the check that extraction
+kept the model's function, and the range measurement for int8 calibration.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+
+from . import batchnorm
+from .torch_export import as_sequential
+
+#: Element-wise activations an :class:`Act` may hold (``softmax`` is over the last axis).
+ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax")
+#: What :func:`extract` takes, as refusals list it.
+SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, sigmoid, "
+             "softmax), BatchNormalization, Conv1D (valid/same/causal), MaxPooling1D/"
+             "AveragePooling1D (valid), GlobalAverage/MaxPooling1D, Flatten, LSTM, GRU "
+             "(tanh/sigmoid), Dropout; torch: Linear, ReLU, Tanh, Sigmoid, Softmax, "
+             "BatchNorm1d, Dropout, Flatten")
+
+
+@dataclass
+class Layer:
+    name: str
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+
+@dataclass
+class Dense(Layer):
+    """``y = x @ w + b`` over the last axis."""
+
+    w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    b: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (*shape[:-1], self.w.shape[1])
+
+
+@dataclass
+class Act(Layer):
+    kind: str = "linear"
+    alpha: float = 0.0  # leaky_relu's negative slope
+
+
+@dataclass
+class Affine(Layer):
+    """``y = x * scale + shift`` per channel (last axis): an unfoldable batch normalization."""
+
+    scale: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    shift: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+
+
+@dataclass
+class Conv1D(Layer):
+    """Channels-last 1-D convolution; ``pad`` is (left, right) zero padding of the time axis."""
+
+    w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0, 0), np.float32))
+    b: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    stride: int = 1
+    dilation: int = 1
+    pad: tuple[int, int] = (0, 0)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        t = shape[0] + self.pad[0] + self.pad[1]
+        span = (self.w.shape[0] - 1) * self.dilation + 1
+        return ((t - span) // self.stride + 1, self.w.shape[2])
+
+
+@dataclass
+class Pool1D(Layer):
+    kind: str = "max"  # max | avg
+    size: int = 2
+    stride: int = 2
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return ((shape[0] - self.size) // self.stride + 1, shape[1])
+
+
+@dataclass
+class GlobalPool1D(Layer):
+    kind: str = "avg"
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[1],)
+
+
+@dataclass
+class Flatten(Layer):
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (int(np.prod(shape)),)
+
+
+@dataclass
+class Recurrent(Layer):
+    """LSTM (gates i, f, c, o) or GRU (gates z, r, h) over the whole fixed window, Keras
+    semantics: zero initial state; ``kernel`` (n_in, G·u), ``recurrent`` (u, G·u), ``bias``
+    (G·u,) — for a GRU with ``reset_after`` (2, G·u): input bias, recurrent bias."""
+
+    cell: str = "lstm"  # lstm | gru
+    kernel: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    recurrent: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bias: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    units: int = 0
+    return_sequences: bool = False
+    reset_after: bool = True
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[0], self.units) if self.return_sequences else (self.units,)
+
+
+@dataclass
+class Network:
+    """The input shape (per sample) and the layer chain; :meth:`shapes` gives every layer's
+    output shape."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    layers: list[Layer]
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        out, s = [], tuple(self.input_shape)
+        for layer in self.layers:
+            s = layer.out_shape(s)
+            out.append(s)
+        return out
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.shapes()[-1] if self.layers else tuple(self.input_shape)
+
+
+def _f32(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, np.float32))
+
+
+def extract(model: Any, target: str) -> Network:
+    """``model`` (a :class:`hwbackends.models.Model` in format keras or torch) as a
+    :class:`Network`. ``target`` names the caller in refusals."""
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise UnsupportedError(f"{target} compiles models with one input and one output")
+    if model.format == "keras":
+        layers = _keras(model.obj, target)
+    elif model.format == "torch":
+        layers = _torch(model.obj, target)
+    else:
+        raise UnsupportedError(f"{target} reads Keras or PyTorch models; got format {model.format!r}")
+    net = Network(model.name, tuple(model.input.shape), _fold(layers))
+    _check_shapes(net, target)
+    if net.output_shape != tuple(model.output.shape):
+        raise UnsupportedError(f"{target}: the layers give output shape {net.output_shape}, the "
+                               f"model's is {tuple(model.output.shape)}")
+    return net
+
+
+def _check_shapes(net: Network, target: str) -> None:
+    s = tuple(net.input_shape)
+    for layer in net.layers:
+        need = {Conv1D: 2, Pool1D: 2, GlobalPool1D: 2, Recurrent: 2}.get(type(layer))
+        if need is not None and len(s) != need:
+            raise UnsupportedError(f"{target} cannot compile layer {layer.name!r} "
+                                   f"({type(layer).__name__}) on an input of shape {s}: it takes "
+                                   f"(time, channels)")
+        if isinstance(layer, Dense) and s[-1] != layer.w.shape[0]:
+            raise UnsupportedError(f"{target}: layer {layer.name!r} (Dense) takes {layer.w.shape[0]} "
+                                   f"features; its input has shape {s}")
+        if isinstance(layer, Dense) and len(s) != 1:
+            raise UnsupportedError(f"{target} cannot compile layer {layer.name!r} (Dense) on a "
+                                   f"{len(s)}-D input {s}: put a Flatten or a pooling layer before it")
+        s = layer.out_shape(s)
+        if min(s) < 1:
+            raise UnsupportedError(f"{target}: layer {layer.name!r} ({type(layer).__name__}) "
+                                   f"leaves no output (shape {s})")
+
+
+def _fold(layers: list[Layer]) -> list[Layer]:
+    """Fold each :class:`Affine` into the Dense/Conv1D right before it."""
+    out: list[Layer] = []
+    for layer in layers:
+        prev = out[-1] if out else None
+        if isinstance(layer, Affine) and isinstance(prev, (Dense, Conv1D)):
+            w, b = batchnorm.fold(prev.w, prev.b, layer.scale.astype(np.float64),
+                                  layer.shift.astype(np.float64))
+            prev.w, prev.b = _f32(w), _f32(b)
+            continue
+        out.append(layer)
+    return [layer for layer in out if not (isinstance(layer, Act) and layer.kind == "linear")]
+
+
+# -- Keras -------------------------------------------------------------------------------------
+_KERAS_SKIP = {"InputLayer", "Dropout", "GaussianNoise", "GaussianDropout", "ActivityRegularization",
+               "SpatialDropout1D", "AlphaDropout"}
+
+
+def _refuse(target: str, layer: Any, why: str = "") -> UnsupportedError:
+    cls = type(layer).__name__
+    why = f": {why}" if why else ""
+    return UnsupportedError(f"{target} cannot compile layer {layer.name!r} ({cls}){why}. "
+                            f"Supported: {SUPPORTED}")
+
+
+def _keras_act(target: str, layer: Any, fn: Any) -> Act:
+    name = getattr(fn, "__name__", str(fn))
+    name = {"None": "linear", "leaky_relu": "leaky_relu"}.get(name, name)
+    if name not in ACTIVATIONS:
+        raise _refuse(target, layer, f"activation {name!r}")
+    # keras.activations.leaky_relu's default slope (Keras 3)
+    return Act(f"{layer.name}_act", name, 0.2 if name == "leaky_relu" else 0.0)
+
+
+def _chain(km: Any, target: str) -> list[Any]:
+    """The layers of a Sequential, or of a functional model that is a plain chain."""
+    import keras
+
+    layers = [layer for layer in km.layers if type(layer).__name__ != "InputLayer"]
+    if isinstance(km, keras.Sequential):
+        return layers
+    prev = km.inputs[0]
+    for layer in layers:
+        if layer.input is not prev:
+            raise _refuse(target, layer, "the functional graph branches or merges here; only "
+                                         "chains of layers are compiled")
+        prev = layer.output
+    return layers
+
+
+def _keras(km: Any, target: str) -> list[Layer]:
+    out: list[Layer] = []
+    for layer in _chain(km, target):
+        cls = type(layer).__name__
+        if cls in _KERAS_SKIP:
+            continue
+        conv = _KERAS.get(cls)
+        if conv is None:
+            raise _refuse(target, layer)
+        out += conv(target, layer, layer.get_config(), layer.get_weights())
+    return out
+
+
+def _k_dense(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    b = ws[1] if cfg.get("use_bias", True) else np.zeros(ws[0].shape[1])
+    return [Dense(layer.name, _f32(ws[0]), _f32(b)), _keras_act(target, layer, layer.activation)]
+
+
+def _k_relu(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("max_value") is not None or cfg.get("threshold", 0.0):
+        raise _refuse(target, layer, "max_value/threshold")
+    slope = float(cfg.get("negative_slope", 0.0))
+    return [Act(layer.name, "leaky_relu" if slope else "relu", slope)]
+
+
+def _k_softmax(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("axis", -1) not in (-1, [-1]):
+        raise _refuse(target, layer, f"softmax over axis {cfg.get('axis')}")
+    return [Act(layer.name, "softmax")]
+
+
+def _k_batchnorm(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    axis, last = cfg.get("axis", -1), len(layer.input.shape) - 1
+    if axis not in (-1, [-1], last, [last]):
+        raise _refuse(target, layer, f"normalizes axis {axis}, not the channels")
+    scale, shift = batchnorm.keras_affine(layer)
+    return [Affine(layer.name, _f32(scale), _f32(shift))]
+
+
+def _k_conv1d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("data_format", "channels_last") != "channels_last" or cfg.get("groups", 1) != 1:
+        raise _refuse(target, layer, "channels_first or grouped convolution")
+    k, d, s = cfg["kernel_size"][0], cfg["dilation_rate"][0], cfg["strides"][0]
+    span = (k - 1) * d
+    pad = {"valid": (0, 0), "causal": (span, 0)}.get(cfg["padding"])
+    if cfg["padding"] == "same":
+        if s != 1:
+            raise _refuse(target, layer, "padding 'same' with strides > 1")
+        pad = (span // 2, span - span // 2)
+    b = ws[1] if cfg.get("use_bias", True) else np.zeros(ws[0].shape[2])
+    return [Conv1D(layer.name, _f32(ws[0]), _f32(b), s, d, pad),
+            _keras_act(target, layer, layer.activation)]
+
+
+def _first(v: Any) -> int:
+    return int(v[0] if isinstance(v, (list, tuple)) else v)
+
+
+def _k_pool(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("padding", "valid") != "valid" or cfg.get("data_format", "channels_last") != "channels_last":
+        raise _refuse(target, layer, "padding 'same' or channels_first")
+    size = _first(cfg["pool_size"])
+    stride = _first(cfg.get("strides") or size)
+    kind = "max" if type(layer).__name__.startswith("Max") else "avg"
+    return [Pool1D(layer.name, kind, size, stride)]
+
+
+def _k_global_pool(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("keepdims") or cfg.get("data_format", "channels_last") != "channels_last":
+        raise _refuse(target, layer, "keepdims or channels_first")
+    return [GlobalPool1D(layer.name, "avg" if "Average" in type(layer).__name__ else "max")]
+
+
+def _keras_recurrent(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    cls = type(layer).__name__
+    if (cfg.get("activation") != "tanh" or cfg.get("recurrent_activation") != "sigmoid"):
+        raise _refuse(target, layer, f"activation {cfg.get('activation')!r}/recurrent_activation "
+                                     f"{cfg.get('recurrent_activation')!r} (tanh/sigmoid only)")
+    for flag in ("go_backwards", "stateful", "return_state"):
+        if cfg.get(flag):
+            raise _refuse(target, layer, f"{flag}=True")
+    units, gates = int(cfg["units"]), 4 if cls == "LSTM" else 3
+    reset_after = bool(cfg.get("reset_after", False)) if cls == "GRU" else False
+    if cfg.get("use_bias", True):
+        bias = ws[2]
+    else:
+        bias = np.zeros((2, gates * units) if reset_after else gates * units)
+    return [Recurrent(layer.name, cls.lower(), _f32(ws[0]), _f32(ws[1]), _f32(bias), units,
+                      bool(cfg.get("return_sequences")), reset_after)]
+
+
+#: Keras layer class → its IR layers.
+_KERAS = {
+    "Dense": _k_dense, "ReLU": _k_relu, "Softmax": _k_softmax, "BatchNormalization": _k_batchnorm,
+    "Conv1D": _k_conv1d, "MaxPooling1D": _k_pool, "AveragePooling1D": _k_pool,
+    "GlobalAveragePooling1D": _k_global_pool, "GlobalMaxPooling1D": _k_global_pool,
+    "LSTM": _keras_recurrent, "GRU": _keras_recurrent,
+    "Activation": lambda t, layer, cfg, ws: [_keras_act(t, layer, layer.activation)],
+    "LeakyReLU": lambda t, layer, cfg, ws: [Act(layer.name, "leaky_relu",
+                                               float(cfg.get("negative_slope", cfg.get("alpha", 0.3))))],
+    "Flatten": lambda t, layer, cfg, ws: [Flatten(layer.name)],
+}
+
+
+# -- torch -------------------------------------------------------------------------------------
+def _torch(obj: Any, target: str) -> list[Layer]:
+    from torch import nn
+
+    m = as_sequential(obj, target, "Pass an nn.Sequential of those modules, or its Keras twin")
+    if not isinstance(m, nn.Sequential):
+        raise UnsupportedError(f"{target} compiles torch nn.Sequential models; module "
+                               f"{type(m).__name__} has its own forward. Supported: {SUPPORTED}")
+    acts = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Softmax: "softmax"}
+    out: list[Layer] = []
+    for i, mod in enumerate(m.children()):
+        name = f"{i}_{type(mod).__name__.lower()}"
+        if isinstance(mod, nn.Linear):
+            w = mod.weight.detach().cpu().numpy().T
+            b = mod.bias.detach().cpu().numpy() if mod.bias is not None else np.zeros(w.shape[1])
+            out.append(Dense(name, _f32(w), _f32(b)))
+        elif type(mod) in acts:
+            if isinstance(mod, nn.Softmax) and mod.dim not in (-1, 1, None):
+                raise UnsupportedError(f"{target} cannot compile module {i} (Softmax over dim {mod.dim})")
+            out.append(Act(name, acts[type(mod)]))
+        elif isinstance(mod, nn.LeakyReLU):
+            out.append(Act(name, "leaky_relu", float(mod.negative_slope)))
+        elif isinstance(mod, nn.BatchNorm1d):
+            scale, shift = batchnorm.torch_affine(mod)
+            out.append(Affine(name, _f32(scale), _f32(shift)))
+        elif isinstance(mod, (nn.Dropout, nn.Identity, nn.Flatten)):
+            continue
+        else:
+            raise UnsupportedError(f"{target} cannot compile module {i} ({type(mod).__name__}). "
+                                   f"Supported: {SUPPORTED}")
+    return out
+
+
+# -- the float64 reference of the IR -----------------------------------------------------------
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def activate(x: np.ndarray, kind: str, alpha: float = 0.0) -> np.ndarray:
+    if kind == "relu":
+        return np.maximum(x, 0)
+    if kind == "leaky_relu":
+        return np.where(x >= 0, x, alpha * x)
+    if kind == "tanh":
+        return np.tanh(x)
+    if kind == "sigmoid":
+        return _sigmoid(x)
+    if kind == "softmax":
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    return x
+
+
+def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """One layer on a batch ``x`` of shape ``(n, *in_shape)``, in float64."""
+    if isinstance(layer, Dense):
+        return x @ layer.w.astype(np.float64) + layer.b
+    if isinstance(layer, Act):
+        return activate(x, layer.kind, layer.alpha)
+    if isinstance(layer, Affine):
+        return x * layer.scale + layer.shift
+    if isinstance(layer, Conv1D):
+        xp = np.pad(x, ((0, 0), layer.pad, (0, 0)))
+        k, d, s = layer.w.shape[0], layer.dilation, layer.stride
+        t_out = (xp.shape[1] - (k - 1) * d - 1) // s + 1
+        y = np.zeros((x.shape[0], t_out, layer.w.shape[2])) + layer.b
+        for j in range(k):
+            y += xp[:, j * d: j * d + (t_out - 1) * s + 1: s] @ layer.w[j].astype(np.float64)
+        return y
+    if isinstance(layer, Pool1D):
+        t_out = (x.shape[1] - layer.size) // layer.stride + 1
+        win = np.stack([x[:, t * layer.stride: t * layer.stride + layer.size] for t in range(t_out)], 1)
+        return win.max(axis=2) if layer.kind == "max" else win.mean(axis=2)
+    if isinstance(layer, GlobalPool1D):
+        return x.max(axis=1) if layer.kind == "max" else x.mean(axis=1)
+    if isinstance(layer, Flatten):
+        return x.reshape(len(x), -1)
+    if isinstance(layer, Recurrent):
+        return _recurrent(layer, x)
+    raise UnsupportedError(f"no reference for layer {layer.name!r} ({type(layer).__name__})")
+
+
+def _recurrent(layer: Recurrent, x: np.ndarray) -> np.ndarray:
+    u = layer.units
+    k, r = layer.kernel.astype(np.float64), layer.recurrent.astype(np.float64)
+    b = layer.bias.astype(np.float64)
+    h = np.zeros((len(x), u))
+    c = np.zeros((len(x), u))
+    seq = []
+    for t in range(x.shape[1]):
+        if layer.cell == "lstm":
+            z = x[:, t] @ k + h @ r + b
+            i, f, g, o = _sigmoid(z[:, :u]), _sigmoid(z[:, u:2 * u]), np.tanh(z[:, 2 * u:3 * u]), _sigmoid(z[:, 3 * u:])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+        else:
+            bi, br = (b[0], b[1]) if layer.reset_after else (b, np.zeros_like(b))
+            xz = x[:, t] @ k + bi
+            if layer.reset_after:
+                hz = h @ r + br
+                zg, rg = _sigmoid(xz[:, :u] + hz[:, :u]), _sigmoid(xz[:, u:2 * u] + hz[:, u:2 * u])
+                hh = np.tanh(xz[:, 2 * u:] + rg * hz[:, 2 * u:])
+            else:
+                hz = h @ r[:, :2 * u]
+                zg, rg = _sigmoid(xz[:, :u] + hz[:, :u]), _sigmoid(xz[:, u:2 * u] + hz[:, u:2 * u])
+                hh = np.tanh(xz[:, 2 * u:] + (rg * h) @ r[:, 2 * u:])
+            h = zg * h + (1 - zg) * hh
+        seq.append(h)
+    return np.stack(seq, 1) if layer.return_sequences else h
+
+
+def forward(net: Network, x: np.ndarray, upto: int | None = None) -> list[np.ndarray]:
+    """The float64 outputs of every layer (up to ``upto`` layers) for a batch ``x``."""
+    outs, y = [], np.asarray(x, np.float64)
+    for layer in net.layers[:upto]:
+        y = apply(layer, y)
+        outs.append(y)
+    return outs

@@ -1,0 +1,16 @@
+"""``cpu.native``: the model as generated C with its weights as constants, compiled by the
+system C compiler (``HWB_CC``, default ``cc``) for this CPU's instruction set and entered from
+Python through a per-artifact CPython ``METH_FASTCALL`` function (no ctypes, no allocation).
+The same artifact exports a C shared library with a generated header (``hwb export --format
+c``). Precisions: ``fp32``; ``int8`` (symmetric per-channel weights, calibrated activations,
+int32 accumulation)."""
+from __future__ import annotations
+
+from hwbackends import hookimpl
+
+from .target import NativeTarget
+
+
+@hookimpl
+def hwb_targets():
+    return [NativeTarget()]

@@ -1,0 +1,321 @@
+"""The C toolchain of ``cpu.native``: the compiler (``HWB_CC``), the ISA levels and the CPU
+features each needs, the generated header, the per-artifact CPython extension and the build.
+
+Every function here is light (standard library only): ``toolchain()`` and the load-time ISA
+check run in the caller's process.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from hwbackends.errors import CompileError
+
+#: ``isa`` option values → the ``-march`` each builds with.
+ISAS = {"native": "native", "x86-64-v2": "x86-64-v2", "x86-64-v3": "x86-64-v3",
+        "x86-64-v4": "x86-64-v4"}
+#: Flags of the model code (the generated function). ``-fopenmp-simd`` honours the emitter's
+#: ``omp simd reduction`` pragmas only (no OpenMP runtime); ``-fno-math-errno`` keeps libm-free
+#: code free of errno stores; no ``-ffast-math``: the emitter writes vectorisable loops itself,
+#: so results stay IEEE (NaN in, NaN out).
+MODEL_FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno-semantic-interposition")
+#: The extension's own code only checks and dispatches: built for the baseline ISA.
+EXT_FLAGS = ("-O2", "-fPIC")
+#: Where the load-time check reads this CPU's features (a module attribute, so a test can
+#: point it at another CPU's flags).
+CPUINFO = "/proc/cpuinfo"
+
+#: GCC/Clang predefined macros → the /proc/cpuinfo flag of the same feature. The compiler says
+#: which macros an ``-march`` defines, so the features an artifact needs are the compiler's
+#: own answer for its flags, not a table of ISA levels kept by hand.
+_MACRO_FLAGS = {
+    "__SSE3__": "pni", "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2",
+    "__POPCNT__": "popcnt", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma",
+    "__F16C__": "f16c", "__BMI__": "bmi1", "__BMI2__": "bmi2", "__LZCNT__": "abm",
+    "__MOVBE__": "movbe", "__AVX512F__": "avx512f", "__AVX512CD__": "avx512cd",
+    "__AVX512DQ__": "avx512dq", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
+    "__AVX512IFMA__": "avx512ifma", "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512_vbmi2", "__AVX512BITALG__": "avx512_bitalg",
+    "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq", "__AVX512VNNI__": "avx512_vnni",
+    "__AVX512BF16__": "avx512_bf16", "__AVX512FP16__": "avx512_fp16", "__AVXVNNI__": "avx_vnni",
+    "__GFNI__": "gfni", "__VAES__": "vaes", "__VPCLMULQDQ__": "vpclmulqdq",
+    "__AMX_TILE__": "amx_tile", "__AMX_INT8__": "amx_int8", "__AMX_BF16__": "amx_bf16",
+    "__ARM_NEON": "asimd", "__ARM_FEATURE_DOTPROD": "asimddp", "__ARM_FEATURE_SVE": "sve",
+    "__ARM_FEATURE_SVE2": "sve2", "__ARM_FEATURE_MATMUL_INT8": "i8mm",
+}
+
+
+def compiler() -> str:
+    """The C compiler command: ``HWB_CC``, default ``cc``."""
+    return os.environ.get("HWB_CC", "cc")
+
+
+def compiler_path() -> str | None:
+    """The resolved compiler executable, or None when it cannot be found."""
+    return shutil.which(compiler())
+
+
+@functools.lru_cache(maxsize=8)
+def _version(path: str) -> str:
+    try:
+        res = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unusable ({exc})"
+    return (res.stdout.splitlines() or ["?"])[0].strip()
+
+
+def compiler_version() -> str:
+    """``cc --version``'s first line (cached per compiler path), or why there is none."""
+    path = compiler_path()
+    return _version(path) if path else f"missing ({compiler()!r} not found)"
+
+
+def march(isa: str) -> str:
+    return ISAS[isa]
+
+
+def host_flags(path: str | None = None) -> set[str]:
+    """This CPU's feature flags (``flags``/``Features`` of /proc/cpuinfo)."""
+    try:
+        with open(path or CPUINFO) as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def required_flags(cc: str, isa: str) -> list[str]:
+    """The /proc/cpuinfo features code built with ``-march=<isa>`` may use: the compiler's own
+    predefined macros for those flags, mapped to the kernel's names."""
+    res = subprocess.run([cc, f"-march={march(isa)}", "-dM", "-E", "-x", "c", os.devnull],
+                         capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        raise CompileError(f"cpu.native: {cc} refuses -march={march(isa)}: {res.stderr.strip()[:400]}")
+    macros = {line.split()[1] for line in res.stdout.splitlines() if line.startswith("#define ")}
+    return sorted({flag for m, flag in _MACRO_FLAGS.items() if m in macros})
+
+
+def python_abi() -> str:
+    """The extension's ABI: the interpreter's extension suffix (CPython version, platform);
+    from importlib.machinery, which (unlike sysconfig) imports nothing."""
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def python_include() -> Path:
+    """Where Python.h is (sysconfig's posix scheme, computed without importing its data
+    module: probe() must stay light)."""
+    v = sys.version_info
+    return Path(sys.base_prefix) / "include" / f"python{v.major}.{v.minor}{sys.abiflags}"
+
+
+def arch() -> str:
+    return platform.machine()
+
+
+# -- the generated header and extension --------------------------------------------------------
+def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precision: str,
+           batch: int, stack: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str:
+    """``hwb_model.h``: the stable C ABI of one artifact (ABI version 1)."""
+    n_in, n_out = _prod(in_shape), _prod(out_shape)
+
+    def dims(s: tuple[int, ...]) -> str:
+        return "{" + ", ".join(str(d) for d in s) + "}"
+
+    return f"""/* hwb_model.h: generated by hwbackends cpu.native for model {name!r}; do not edit.
+   Stable C ABI, version 1: link libhwb_model.so and call hwb_model_predict. The functions are
+   reentrant and thread-safe (no global state, no allocation; intermediate tensors are on the
+   caller's stack, at most {stack} bytes per sample). The library was compiled with -march={march(isa)}:
+   check HWB_MODEL_REQUIRES against the CPU before calling (an absent feature is SIGILL). */
+#ifndef HWB_MODEL_H
+#define HWB_MODEL_H
+
+#define HWB_MODEL_ABI 1
+#define HWB_MODEL_NAME "{name}"
+#define HWB_MODEL_FINGERPRINT "{fingerprint}"
+#define HWB_MODEL_PRECISION "{precision}"
+#define HWB_MODEL_ISA "{isa}"
+/* the /proc/cpuinfo flags this build needs */
+#define HWB_MODEL_REQUIRES "{','.join(requires)}"
+/* samples per hwb_model_predict call (the compiled batch size) */
+#define HWB_MODEL_BATCH {batch}
+/* per sample, C order, float32 */
+#define HWB_MODEL_INPUT_RANK {len(in_shape)}
+#define HWB_MODEL_INPUT_SHAPE {dims(in_shape)}
+#define HWB_MODEL_INPUT_SIZE {n_in}
+#define HWB_MODEL_OUTPUT_RANK {len(out_shape)}
+#define HWB_MODEL_OUTPUT_SHAPE {dims(out_shape)}
+#define HWB_MODEL_OUTPUT_SIZE {n_out}
+
+#ifdef __cplusplus
+extern "C" {{
+#endif
+/* x: HWB_MODEL_BATCH * HWB_MODEL_INPUT_SIZE floats; y: HWB_MODEL_BATCH * HWB_MODEL_OUTPUT_SIZE
+   floats (must not overlap x). Returns 0. */
+int hwb_model_predict(const float *x, float *y);
+/* the same for any number n of samples */
+int hwb_model_predict_n(const float *x, float *y, long n);
+const char *hwb_model_fingerprint(void);
+const char *hwb_model_isa(void);
+#ifdef __cplusplus
+}}
+#endif
+#endif
+"""
+
+
+def _prod(s: tuple[int, ...]) -> int:
+    n = 1
+    for d in s:
+        n *= int(d)
+    return n
+
+
+_EXT = r"""/* The CPython entry of one cpu.native artifact: predict_into(x, out) as a METH_FASTCALL
+   builtin over the buffer protocol. Generated; do not edit. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+#include "hwb_model.h"
+
+static const Py_ssize_t XSHAPE[] = {@XSHAPE@};
+static const Py_ssize_t YSHAPE[] = {@YSHAPE@};
+
+static int shape_is(const Py_buffer *b, const Py_ssize_t *shape, int nd) {
+    if (b->ndim != nd || b->itemsize != 4 || b->format == NULL || b->format[0] != 'f' || b->format[1])
+        return 0;
+    for (int i = 0; i < nd; i++) if (b->shape[i] != shape[i]) return 0;
+    return 1;
+}
+
+/* The one error path: the executor's Python check (hwbackends.target.check_io) raises the
+   core's InputError; it is reached only when the fast checks below fail. */
+static PyObject *fail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *check = PyTuple_GET_ITEM(self, 0);
+    PyObject *r = PyObject_Vectorcall(check, args, (size_t)nargs, NULL);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    PyErr_SetString(PyTuple_GET_ITEM(self, 2), "predict_into(x, out): x must be a C-contiguous "
+                    "float32 numpy array of the compiled shape and out a writeable one");
+    return NULL;
+}
+
+static PyObject *predict_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) return fail(self, args, nargs);
+    PyTypeObject *nd = (PyTypeObject *)PyTuple_GET_ITEM(self, 1);
+    if (!PyObject_TypeCheck(args[0], nd) || !PyObject_TypeCheck(args[1], nd))
+        return fail(self, args, nargs);
+    Py_buffer xb, yb;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return fail(self, args, nargs);
+    }
+    if (PyObject_GetBuffer(args[1], &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&xb);
+        return fail(self, args, nargs);
+    }
+    if (!shape_is(&xb, XSHAPE, @XND@) || !shape_is(&yb, YSHAPE, @YND@)) {
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&yb);
+        return fail(self, args, nargs);
+    }
+    hwb_model_predict_n((const float *)xb.buf, (float *)yb.buf, @BATCH@);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef predict_def = {"predict_into", (PyCFunction)(void (*)(void))predict_into,
+    METH_FASTCALL, "predict_into(x, out): run the model on x into out (no allocation)."};
+
+/* bind(check, ndarray_type, InputError) -> predict_into bound to this executor's state */
+static PyObject *bind(PyObject *mod, PyObject *args) {
+    PyObject *check, *nd, *err;
+    if (!PyArg_ParseTuple(args, "OOO", &check, &nd, &err)) return NULL;
+    if (!PyType_Check(nd) || !PyCallable_Check(check)) {
+        PyErr_SetString(PyExc_TypeError, "bind(check, numpy.ndarray, InputError)");
+        return NULL;
+    }
+    PyObject *state = PyTuple_Pack(3, check, nd, err);
+    if (state == NULL) return NULL;
+    PyObject *f = PyCFunction_NewEx(&predict_def, state, NULL);
+    Py_DECREF(state);
+    return f;
+}
+
+static PyObject *info(PyObject *mod, PyObject *unused) {
+    return Py_BuildValue("{s:s,s:s,s:i}", "fingerprint", hwb_model_fingerprint(),
+                         "isa", hwb_model_isa(), "abi", HWB_MODEL_ABI);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(check, ndarray, InputError) -> predict_into"},
+    {"info", info, METH_NOARGS, "the artifact's fingerprint, ISA and C ABI version"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "@MOD@", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_@MOD@(void) { return PyModule_Create(&moddef); }
+"""
+
+
+def extension_source(module: str, batch: int, in_shape: tuple[int, ...],
+                     out_shape: tuple[int, ...]) -> str:
+    xs, ys = (batch, *in_shape), (batch, *out_shape)
+    subs = {"@XSHAPE@": ", ".join(map(str, xs)), "@YSHAPE@": ", ".join(map(str, ys)),
+            "@XND@": str(len(xs)), "@YND@": str(len(ys)), "@BATCH@": str(batch), "@MOD@": module}
+    text = _EXT
+    for k, v in subs.items():
+        text = text.replace(k, v)
+    return text
+
+
+def module_name(*texts: str) -> str:
+    """A module name unique to the code: two artifacts loaded in one process never share an
+    extension module (CPython caches them by name and path)."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode())
+    return f"hwb_native_{h.hexdigest()[:16]}"
+
+
+def run(cmd: list[str], cwd: Path) -> str:
+    """Run one compiler command in ``cwd``; raise CompileError with its output if it fails."""
+    try:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        raise CompileError(f"cpu.native: cannot run the C compiler {cmd[0]!r} ({exc}); install "
+                           f"gcc or clang, or set HWB_CC to one") from exc
+    if res.returncode != 0:
+        raise CompileError(f"cpu.native: `{' '.join(cmd)}` failed:\n{(res.stderr or res.stdout)[-3000:]}")
+    return res.stderr
+
+
+def build(workdir: Path, cc: str, isa: str, module: str) -> dict[str, object]:
+    """Compile ``model.c`` once (to ``model.o``) and link it twice: ``libhwb_model.so`` (the C
+    ABI, what ``export("c")`` ships) and the extension ``<module><EXT_SUFFIX>``, so Python and
+    C++ run the same machine code. Returns facts for the metadata (vectorised loop count)."""
+    import sysconfig
+
+    include = sysconfig.get_paths()["include"]
+    vec = workdir / "vec.txt"
+    run([cc, *MODEL_FLAGS, f"-march={march(isa)}", f"-fopt-info-vec-optimized={vec.name}",
+         "-c", "model.c", "-o", "model.o"], workdir)
+    run([cc, "-shared", "model.o", "-o", "libhwb_model.so", "-Wl,-soname,libhwb_model.so"], workdir)
+    # -Bsymbolic: the extension's calls into the model code bind inside it, whatever else the
+    # process has loaded.
+    run([cc, *EXT_FLAGS, "-shared", f"-I{include}", "ext.c", "model.o", "-Wl,-Bsymbolic",
+         "-o", module + python_abi()], workdir)
+    loops = sum(1 for line in vec.read_text().splitlines() if "loop vectorized" in line) if vec.exists() else 0
+    vec.unlink(missing_ok=True)
+    (workdir / "model.o").unlink()
+    return {"vectorized_loops": loops}

@@ -1,0 +1,392 @@
+"""The layer IR (plugins/_shared/layer_ir.py) → one C file with the weights as constants.
+
+Why a direct emitter (docs/performance.md has the measured comparison with keras2c and
+emlearn): the whole model becomes one function over fixed shapes, which the compiler inlines,
+unrolls and vectorises with every size known; intermediate tensors live on the stack (no heap,
+thread-safe, reentrant). Loops are written so GCC vectorises them without ``-ffast-math``:
+
+* a Dense/Conv1D/recurrent matmul with many outputs is an *axpy* (``y[j] += x[i]·W[i][j]``
+  over ``j``), vectorised across outputs with no reassociation;
+* one with few outputs (< 8, the signal head) is a dot product per output whose sum is an
+  ``omp simd reduction`` (``-fopenmp-simd``: the compiler may split the sum into lanes);
+* exp/tanh/sigmoid are inline branch-free polynomials (``hwb_exp``), so the gate loops of
+  an LSTM vectorise too, where libm's scalar ``expf``/``tanhf`` calls would not.
+
+Weights are written as C99 hex-float literals: exact, whatever the locale or printf.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+
+from .._shared import layer_ir as ir
+
+#: (vector width in floats, vectors accumulated in registers at once, split chains included)
+#: per ISA: AVX-512 has 32 zmm registers (16 accumulators leave room for broadcasts and
+#: weights); AVX2's 16 ymm take 8 accumulators; NEON/SSE split an 8-float vector in two.
+VECTORS = {"avx512": (16, 16), "default": (8, 8)}
+#: Stack bytes the generated function may use for intermediate tensors. Threads other than
+#: the main one often get 2–8 MiB stacks; beyond this the model is no "tiny net" either.
+MAX_STACK_BYTES = 1 << 20
+
+_PRELUDE = r"""
+#include "hwb_model.h"
+
+#define HWB_INLINE static inline __attribute__((always_inline))
+#define A64 __attribute__((aligned(64)))
+/* HWB_VW-float vectors: vf aligned (weights, padded rows), vfu for tensors at any offset */
+typedef float vf __attribute__((vector_size(4 * HWB_VW)));
+typedef float vfu __attribute__((vector_size(4 * HWB_VW), aligned(4)));
+HWB_INLINE vf hwb_load_part(const float *p, int n) {
+    vf v = {0};
+    __builtin_memcpy(&v, p, 4 * n);
+    return v;
+}
+
+/* exp(x), ~1 ulp on the clamped range, branch-free so loops over it vectorise (Cephes'
+   expf polynomial; the rounding of x·log2(e) to an integer by the 1.5·2^23 trick). */
+HWB_INLINE float hwb_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float k = x * 1.44269504088896341f;
+    k = (k + 12582912.0f) - 12582912.0f;
+    float r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int i; float f; } s;
+    s.i = ((int)k + 127) << 23;
+    return p * s.f;
+}
+HWB_INLINE float hwb_sigmoid(float x) { return 1.0f / (1.0f + hwb_exp(-x)); }
+/* tanh: (1-e)/(1+e) with e = exp(-2|x|); near 0 its odd Taylor series (no cancellation). */
+HWB_INLINE float hwb_tanh(float x) {
+    float a = x < 0.0f ? -x : x;
+    float e = hwb_exp(-2.0f * a);
+    float t = (1.0f - e) / (1.0f + e);
+    float x2 = x * x;
+    float s = x * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * -0.0539682540f)));
+    t = x < 0.0f ? -t : t;
+    return a < 0.0625f ? s : t;
+}
+"""
+
+
+def _load(ptr: str, j: int, n: int, vw: int) -> str:
+    """A vector of ``ptr[j:j+vw]`` (lanes past ``n`` are zero and never stored)."""
+    if j + vw <= n:
+        return f"*(const vfu *)({ptr} + {j})"
+    return f"hwb_load_part({ptr} + {j}, {n - j})"
+
+
+def _store(ptr: str, j: int, n: int, vec: str, vw: int) -> str:
+    """Store ``vec`` into ``ptr[j:min(j+vw, n)]``."""
+    if j + vw <= n:
+        return f"*(vfu *)({ptr} + {j}) = {vec};"
+    return f"__builtin_memcpy({ptr} + {j}, &{vec}, {4 * (n - j)});"
+
+
+def c_floats(a: np.ndarray) -> str:
+    """A C initializer list of ``a``'s float32 values as exact hex-float literals."""
+    vals = np.asarray(a, np.float32).ravel()
+    return ",".join(f"{float(v).hex()}f" if np.isfinite(v) else _nonfinite(v) for v in vals)
+
+
+def _nonfinite(v: float) -> str:
+    raise UnsupportedError(f"cpu.native: the model's weights hold a non-finite value ({v})")
+
+
+@dataclass
+class Source:
+    """What :func:`emit_fp32` writes: the C text and facts about it for the metadata."""
+
+    code: str
+    stack_bytes: int
+    #: how many matmuls were written as explicit vector code
+    matvecs: int = 0
+    consts: list[str] = field(default_factory=list)
+
+
+class _Emitter:
+    def __init__(self, net: ir.Network, vw: int, acc: int):
+        self.net, self.vw, self.acc = net, vw, acc
+        self.consts: list[str] = []
+        self.body: list[str] = []
+        self.stack = 0
+        self.n = 0
+        self.matvecs = 0
+
+    def const(self, stem: str, a: np.ndarray) -> str:
+        name = f"{stem}{len(self.consts)}"
+        self.consts.append(f"static const float {name}[{max(a.size, 1)}] A64 = {{{c_floats(a) or '0'}}};")
+        return name
+
+    def buf(self, size: int) -> str:
+        self.n += 1
+        name = f"t{self.n}"
+        self.stack += 4 * size
+        self.body.append(f"    float {name}[{size}] A64;")
+        return name
+
+    def line(self, s: str) -> None:
+        self.body.append("    " + s)
+
+    # -- building blocks ---------------------------------------------------------------------
+    def matvec(self, segs: list[tuple[str, int]], dst: str, n_out: int, w: np.ndarray,
+               bias: np.ndarray | None, accumulate: bool = False) -> None:
+        """``dst[0:n_out] (+)= concat(segments) @ w (+ bias)``; ``w`` is (sum of the segment
+        lengths, n_out) and ``segs`` are ``(C pointer expression, length)`` of the inputs.
+
+        Explicit 8-float vectors (GCC/Clang vector extensions, portable across SSE, AVX2,
+        AVX-512 and NEON): the outputs are taken in blocks of up to :data:`ACC` vectors held in
+        registers, each input element broadcast into an FMA per vector (an axpy: no
+        reassociation needed), and the input range split into interleaved chains so the FMA
+        latency is hidden (``split`` accumulators per vector, summed at the end)."""
+        n_in = sum(n for _, n in segs)
+        self.matvecs += 1
+        assert w.shape == (n_in, n_out), (w.shape, n_in, n_out)
+        vw, acc = self.vw, self.acc
+        nv = -(-n_out // vw)
+        wp = np.zeros((n_in, nv * vw), np.float32)
+        wp[:, :n_out] = w
+        wn = self.const("W", wp)
+        bn = None
+        if bias is not None:
+            bp = np.zeros(nv * vw, np.float32)
+            bp[:n_out] = bias
+            bn = self.const("B", bp)
+        for b0 in range(0, nv, acc):
+            nb = min(acc, nv - b0)
+            split = max(1, min(acc // nb, 8, n_in))
+            lines = []
+            for k in range(nb):
+                j = (b0 + k) * vw
+                if accumulate:
+                    first = _load(dst, j, n_out, vw)
+                elif bn is not None:
+                    first = f"*(const vf *)({bn} + {j})"
+                else:
+                    first = "(vf){0}"
+                lines.append(f"vf a{k}_0 = {first};")
+                lines += [f"vf a{k}_{s} = (vf){{0}};" for s in range(1, split)]
+            self.line(" ".join(["{", *lines]))
+            row = 0
+            for src, n in segs:
+                body = []
+                for s in range(split):
+                    body.append(f"const float v{s} = {src}[i + {s}]; "
+                                f"const vf *w{s} = (const vf *)({wn} + ({row} + i + {s}) * {nv * vw}) + {b0};")
+                    body += [f"a{k}_{s} += v{s} * w{s}[{k}];" for k in range(nb)]
+                full = n - n % split
+                if full:
+                    self.line(f"  for (int i = 0; i < {full}; i += {split}) {{ " + " ".join(body) + " }")
+                for t in range(full, n):  # the tail, one element per chain
+                    s = t - full
+                    self.line(f"  {{ const float v = {src}[{t}]; const vf *wr = (const vf *)({wn} + "
+                              f"{row + t} * {nv * vw}) + {b0}; " +
+                              " ".join(f"a{k}_{s} += v * wr[{k}];" for k in range(nb)) + " }")
+                row += n
+            for k in range(nb):
+                chains = [f"a{k}_{s}" for s in range(split)]
+                while len(chains) > 1:  # pairwise: a short dependency tree
+                    nxt = []
+                    for i in range(0, len(chains) - 1, 2):
+                        self.line(f"  {chains[i]} += {chains[i + 1]};")
+                        nxt.append(chains[i])
+                    if len(chains) % 2:
+                        nxt.append(chains[-1])
+                    chains = nxt
+                self.line("  " + _store(dst, (b0 + k) * vw, n_out, f"a{k}_0", vw))
+            self.line("}")
+
+    def act(self, kind: str, alpha: float, buf: str, size: int, last: int) -> None:
+        f = {"relu": "v > 0.0f ? v : 0.0f", "leaky_relu": f"v > 0.0f ? v : {float(alpha).hex()}f * v",
+             "tanh": "hwb_tanh(v)", "sigmoid": "hwb_sigmoid(v)"}.get(kind)
+        if f is not None:
+            self.line(f"for (int i = 0; i < {size}; i++) {{ const float v = {buf}[i]; {buf}[i] = {f}; }}")
+        elif kind == "softmax":
+            self.line(f"for (int r = 0; r < {size // last}; r++) {{ float *q = {buf} + r * {last}; "
+                      f"float m = q[0]; for (int i = 1; i < {last}; i++) m = q[i] > m ? q[i] : m; "
+                      f"float s = 0.0f; for (int i = 0; i < {last}; i++) {{ q[i] = hwb_exp(q[i] - m); s += q[i]; }} "
+                      f"const float inv = 1.0f / s; for (int i = 0; i < {last}; i++) q[i] *= inv; }}")
+        elif kind != "linear":
+            raise UnsupportedError(f"cpu.native: activation {kind!r} has no C form")
+
+    # -- layers --------------------------------------------------------------------------------
+    def layer(self, layer: ir.Layer, src: str, shape: tuple[int, ...], dst: str | None,
+              out_shape: tuple[int, ...]) -> str:
+        """Emit ``layer`` reading ``src``; returns the buffer holding its output (``dst`` when
+        the layer produces a new tensor and ``dst`` is given, else a new stack buffer, or
+        ``src`` itself for in-place layers)."""
+        size = int(np.prod(out_shape))
+
+        def out() -> str:
+            return dst if dst is not None else self.buf(size)
+
+        if isinstance(layer, ir.Act):
+            self.act(layer.kind, layer.alpha, src, size, out_shape[-1])
+            return src
+        if isinstance(layer, ir.Flatten):
+            return src
+        if isinstance(layer, ir.Affine):
+            s, h = self.const("S", layer.scale), self.const("H", layer.shift)
+            c = shape[-1]
+            self.line(f"for (int r = 0; r < {size // c}; r++) for (int i = 0; i < {c}; i++) "
+                      f"{src}[r * {c} + i] = {src}[r * {c} + i] * {s}[i] + {h}[i];")
+            return src
+        if isinstance(layer, ir.Dense):
+            o = out()
+            self.matvec([(src, shape[0])], o, out_shape[0], layer.w, layer.b)
+            return o
+        if isinstance(layer, ir.Conv1D):
+            return self.conv(layer, src, shape, out(), out_shape)
+        if isinstance(layer, ir.Pool1D):
+            o, c = out(), shape[1]
+            op = "m = v > m ? v : m;" if layer.kind == "max" else "m += v;"
+            fin = "m" if layer.kind == "max" else f"m / {float(layer.size).hex()}f"
+            first = f"{src}[(t * {layer.stride}) * {c} + ch]"
+            self.line(f"for (int t = 0; t < {out_shape[0]}; t++) for (int ch = 0; ch < {c}; ch++) {{ "
+                      f"float m = {first}; for (int k = 1; k < {layer.size}; k++) {{ "
+                      f"const float v = {src}[(t * {layer.stride} + k) * {c} + ch]; {op} }} "
+                      f"{o}[t * {c} + ch] = {fin}; }}")
+            return o
+        if isinstance(layer, ir.GlobalPool1D):
+            o, (t_len, c) = out(), shape
+            op = f"{o}[ch] = v > {o}[ch] ? v : {o}[ch];" if layer.kind == "max" else f"{o}[ch] += v;"
+            self.line(f"for (int ch = 0; ch < {c}; ch++) {o}[ch] = {src}[ch];")
+            self.line(f"for (int t = 1; t < {t_len}; t++) for (int ch = 0; ch < {c}; ch++) "
+                      f"{{ const float v = {src}[t * {c} + ch]; {op} }}")
+            if layer.kind == "avg":
+                self.line(f"for (int ch = 0; ch < {c}; ch++) {o}[ch] /= {float(t_len).hex()}f;")
+            return o
+        if isinstance(layer, ir.Recurrent):
+            return self.recurrent(layer, src, shape, out())
+        raise UnsupportedError(f"cpu.native cannot emit layer {layer.name!r} ({type(layer).__name__})")
+
+    def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
+             out_shape: tuple[int, ...]) -> str:
+        """Per output step one matvec over the window: channels-last, so with dilation 1 the
+        window ``x[t·s : t·s+k]`` is ``k·c_in`` contiguous floats and the kernel, flattened to
+        ``(k·c_in, c_out)``, is a Dense's weights; with dilation, one segment per tap."""
+        t_in, ci = shape
+        k, _, co = layer.w.shape
+        left, right = layer.pad
+        if left or right:  # a zero-padded copy of the input, so the loop below has no edges
+            padded = self.buf((t_in + left + right) * ci)
+            self.line(f"for (int i = 0; i < {(t_in + left + right) * ci}; i++) {padded}[i] = 0.0f;")
+            self.line(f"for (int i = 0; i < {t_in * ci}; i++) {padded}[{left * ci} + i] = {src}[i];")
+            src = padded
+        base = f"({src} + t * {layer.stride * ci}"
+        if layer.dilation == 1:
+            segs = [(base + ")", k * ci)]
+        else:
+            segs = [(base + f" + {j * layer.dilation * ci})", ci) for j in range(k)]
+        self.line(f"for (int t = 0; t < {out_shape[0]}; t++) {{")
+        self.matvec(segs, f"({o} + t * {co})", co, layer.w.reshape(k * ci, co), layer.b)
+        self.line("}")
+        return o
+
+    def recurrent(self, layer: ir.Recurrent, src: str, shape: tuple[int, ...], o: str) -> str:
+        """The window unrolled as a loop over time steps; per step the gate pre-activations
+        are one matvec over ``[x_t, h]`` (kernel and recurrent kernel stacked), then the
+        element-wise gate loop (vectorised by the compiler: ``hwb_exp`` is inline)."""
+        t_len, ci = shape
+        u = layer.units
+        gates = 4 if layer.cell == "lstm" else 3
+        # h lives in the output buffer when only the last state is returned
+        h = self.buf(u) if layer.return_sequences else o
+        self.line(f"for (int j = 0; j < {u}; j++) {h}[j] = 0.0f;")
+        z = self.buf(gates * u)
+        xt = f"({src} + t * {ci})"
+        if layer.cell == "lstm":
+            c = self.buf(u)
+            self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
+            self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+            self.matvec([(xt, ci), (h, u)], z, gates * u,
+                        np.concatenate([layer.kernel, layer.recurrent]), layer.bias)
+            self.line(f"  for (int j = 0; j < {u}; j++) {{ const float ig = hwb_sigmoid({z}[j]), "
+                      f"fg = hwb_sigmoid({z}[{u} + j]), g = hwb_tanh({z}[{2 * u} + j]), "
+                      f"og = hwb_sigmoid({z}[{3 * u} + j]); {c}[j] = fg * {c}[j] + ig * g; "
+                      f"{h}[j] = og * hwb_tanh({c}[j]); }}")
+        elif layer.reset_after:
+            hz = self.buf(gates * u)
+            self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+            self.matvec([(xt, ci)], z, 3 * u, layer.kernel, layer.bias[0])
+            self.matvec([(h, u)], hz, 3 * u, layer.recurrent, layer.bias[1])
+            self.line(f"  for (int j = 0; j < {u}; j++) {{ const float zg = hwb_sigmoid({z}[j] + {hz}[j]), "
+                      f"rg = hwb_sigmoid({z}[{u} + j] + {hz}[{u} + j]), "
+                      f"hh = hwb_tanh({z}[{2 * u} + j] + rg * {hz}[{2 * u} + j]); "
+                      f"{h}[j] = zg * {h}[j] + (1.0f - zg) * hh; }}")
+        else:  # the candidate's recurrent term reads r·h: a second matvec after the gates
+            hz = self.buf(2 * u)
+            rh = self.buf(u)
+            zero = np.zeros((u, u), np.float32)
+            self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+            self.matvec([(xt, ci), (h, u)], z, 3 * u,
+                        np.concatenate([layer.kernel,
+                                        np.concatenate([layer.recurrent[:, :2 * u], zero], 1)]),
+                        layer.bias)
+            self.line(f"  for (int j = 0; j < {2 * u}; j++) {hz}[j] = hwb_sigmoid({z}[j]);")
+            self.line(f"  for (int j = 0; j < {u}; j++) {rh}[j] = {hz}[{u} + j] * {h}[j];")
+            self.matvec([(rh, u)], f"({z} + {2 * u})", u, np.ascontiguousarray(layer.recurrent[:, 2 * u:]),
+                        None, accumulate=True)
+            self.line(f"  for (int j = 0; j < {u}; j++) {{ const float zg = {hz}[j], "
+                      f"hh = hwb_tanh({z}[{2 * u} + j]); {h}[j] = zg * {h}[j] + (1.0f - zg) * hh; }}")
+        if layer.return_sequences:
+            self.line(f"  for (int j = 0; j < {u}; j++) {o}[t * {u} + j] = {h}[j];")
+        self.line("}")
+        return o
+
+
+def vector_shape(requires: list[str]) -> tuple[int, int]:
+    """``(vector width, accumulators)`` for a build whose CPU features are ``requires``."""
+    return VECTORS["avx512" if "avx512f" in requires else "default"]
+
+
+def emit_fp32(net: ir.Network, requires: list[str]) -> Source:
+    """The model as C: ``hwb_model_predict_n`` and ``hwb_model_predict`` (declared in the
+    generated header, build.header), vectorised for the CPU features ``requires``."""
+    vw, acc = vector_shape(requires)
+    e = _Emitter(net, vw, acc)
+    shapes = net.shapes()
+    producing = [i for i, layer in enumerate(net.layers)
+                 if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
+    last = producing[-1] if producing else -1
+    if last < 0:  # only element-wise layers: they run on a copy of x in y
+        e.line(f"for (int i = 0; i < {int(np.prod(net.input_shape))}; i++) y[i] = x[i];")
+    cur, shape = ("x" if last >= 0 else "y"), tuple(net.input_shape)
+    for i, (layer, out_shape) in enumerate(zip(net.layers, shapes, strict=True)):
+        e.line(f"/* {layer.name}: {type(layer).__name__} {shape} -> {out_shape} */")
+        cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
+        shape = out_shape
+    if e.stack > MAX_STACK_BYTES:
+        raise UnsupportedError(f"cpu.native: model {net.name!r} needs {e.stack >> 10} KiB of "
+                               f"intermediate tensors (at most {MAX_STACK_BYTES >> 10} KiB on the "
+                               f"stack); use cpu.litert or cpu.onnxruntime for a model this size")
+    return _assemble(e, int(np.prod(net.input_shape)), int(np.prod(net.output_shape)))
+
+
+def _assemble(e: _Emitter, n_in: int, n_out: int) -> Source:
+    code = "\n".join([
+        "/* generated by hwbackends cpu.native from the layer IR; do not edit */",
+        f"#define HWB_VW {e.vw}", _PRELUDE, *e.consts, "",
+        "/* One sample. x is read only before y is written only when the model has more than",
+        "   one layer, so x and y must not overlap. */",
+        "HWB_INLINE void hwb_one(const float *restrict x, float *restrict y) {",
+        *e.body, "}", "",
+        "int hwb_model_predict_n(const float *x, float *y, long n) {",
+        f"    for (long i = 0; i < n; i++) hwb_one(x + i * {n_in}, y + i * {n_out});",
+        "    return 0;", "}", "",
+        "int hwb_model_predict(const float *x, float *y) {",
+        "    return hwb_model_predict_n(x, y, HWB_MODEL_BATCH);", "}", "",
+        "const char *hwb_model_fingerprint(void) { return HWB_MODEL_FINGERPRINT; }",
+        "const char *hwb_model_isa(void) { return HWB_MODEL_ISA; }", ""])
+    return Source(code, e.stack, e.matvecs, e.consts)

@@ -1,0 +1,160 @@
+"""The ``cpu.native`` target: compile (emit C, build two shared objects), load (ISA check
+before dlopen, then the extension), the executor (the C entry *is* ``predict_into``) and the
+``c`` export."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwbackends import machine
+from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
+from hwbackends.specs import Availability
+from hwbackends.target import Artifact, CompileOptions, Executor, Target
+
+from .._util import cpu_name
+from . import build
+
+#: Files ``export(artifact, "c", outdir)`` writes: the C ABI and its header.
+EXPORTED = ("libhwb_model.so", "hwb_model.h")
+
+
+class NativeExecutor(Executor):
+    """The loaded extension: its ``predict_into`` builtin, bound to this executor, replaces
+    the inherited method on the instance, so ``CompiledModel.predict_into`` is one C call.
+    The C code checks type, shape, dtype ('f'), C-contiguity and writeability itself and calls
+    back into :meth:`_fail` (the core's ``check_io``) only when one of them fails."""
+
+    contiguous = True
+
+    def __init__(self, module: Any, artifact: Artifact):
+        self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
+        self.module = module
+        self.predict_into = module.bind(self._fail, np.ndarray, InputError)  # type: ignore[method-assign]
+
+    def _fail(self, *args: Any) -> None:
+        """The C entry's error path: raise the core's InputError for a wrong ``(x, out)``."""
+        if len(args) != 2:
+            raise TypeError(f"predict_into takes 2 arguments (x, out); got {len(args)}")
+        self._check((args[0],), (args[1],))
+
+    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+        self.predict_into(xs[0], outs[0])
+
+
+def check_isa(meta: dict[str, Any], cpuinfo: str | None = None) -> None:
+    """Refuse, before anything is dlopen'ed, an artifact this CPU cannot run (another
+    architecture, a CPU feature it lacks, another Python ABI): UnavailableError saying what is
+    missing and what to do, instead of SIGILL on the first call."""
+    where = f"this CPU ({cpu_name()})"
+    if meta.get("arch") != build.arch():
+        raise UnavailableError(f"cpu.native artifact was built for {meta.get('arch')}; {where} is "
+                               f"{build.arch()}. Recompile it on this machine")
+    have = build.host_flags(cpuinfo)
+    missing = [f for f in meta.get("requires", []) if f not in have]
+    if missing:
+        raise UnavailableError(
+            f"cpu.native artifact was built with -march={meta.get('march')} (isa="
+            f"{meta.get('isa')!r}) and needs CPU features {', '.join(missing)}, which {where} "
+            f"lacks; running it would die with SIGILL. Recompile for this CPU: options="
+            f"{{'isa': 'native'}} (or an ISA level it has)")
+    if meta.get("python_abi") != build.python_abi():
+        raise UnavailableError(f"cpu.native artifact's extension was built for Python ABI "
+                               f"{meta.get('python_abi')!r}; this interpreter is "
+                               f"{build.python_abi()!r}. Recompile it with this Python")
+
+
+class NativeTarget(Target):
+    name = "cpu.native"
+    family = "cpu"
+    precisions = ("fp32",)
+    formats = ("keras", "torch")
+    version = "1"
+    description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
+                   "FASTCALL call per predict_into; exports a C library + header")
+    option_docs = {
+        "isa": ("native (default) | x86-64-v2 | x86-64-v3 | x86-64-v4: the -march the model is "
+                "built for; load refuses an artifact whose CPU features this CPU lacks"),
+    }
+    exports = ("c",)
+    compile_timeout = 300.0
+
+    def probe(self) -> Availability:
+        if build.compiler_path() is None:
+            return Availability.unavailable(
+                f"C compiler {build.compiler()!r} not found (HWB_CC, default cc): install gcc "
+                f"or clang, or set HWB_CC to one")
+        if not (build.python_include() / "Python.h").exists():
+            return Availability.unavailable("Python.h not found: install the Python development "
+                                            "headers (python3-dev) for the extension build")
+        return Availability.hardware(f"CPU ({cpu_name()})", "generated C, compiled for this CPU")
+
+    def toolchain(self) -> dict[str, str]:
+        return {"cc": build.compiler_version(), "isa": machine.isa(),
+                "python_abi": build.python_abi(), "flags": " ".join(build.MODEL_FLAGS)}
+
+    def check_options(self, options: CompileOptions) -> None:
+        isa = options.extra.get("isa", "native")
+        if isa not in build.ISAS:
+            raise UnsupportedError(f"cpu.native option isa={isa!r}: expected one of "
+                                   f"{', '.join(build.ISAS)}")
+        if isa != "native" and build.arch() != "x86_64":
+            raise UnsupportedError(f"cpu.native option isa={isa!r} is an x86-64 level; this "
+                                   f"machine is {build.arch()}: use isa='native'")
+
+    def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
+        from .._shared import layer_ir
+        from .emit import emit_fp32
+
+        self.check_options(options)
+        isa = options.extra.get("isa", "native")
+        net = layer_ir.extract(model, self.name)
+        cc = build.compiler_path()
+        if cc is None:
+            raise CompileError(f"cpu.native: C compiler {build.compiler()!r} not found")
+        requires = build.required_flags(cc, isa)
+        src = emit_fp32(net, requires)
+        batch = options.batch_size
+        hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
+                           requires=requires, precision=options.precision, batch=batch,
+                           stack=src.stack_bytes, in_shape=tuple(net.input_shape),
+                           out_shape=tuple(net.output_shape))
+        module = build.module_name(src.code, hdr, cc, isa)
+        ext = build.extension_source(module, batch, tuple(net.input_shape), tuple(net.output_shape))
+        (workdir / "model.c").write_text(src.code)
+        (workdir / "hwb_model.h").write_text(hdr)
+        (workdir / "ext.c").write_text(ext)
+        facts = build.build(workdir, cc, isa, module)
+        return {"module": module, "extension": module + build.python_abi(),
+                "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
+                "march": build.march(isa), "requires": requires, "arch": build.arch(),
+                "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
+                "vector_matvecs": src.matvecs,
+                "layers": [f"{layer.name}:{type(layer).__name__}" for layer in net.layers],
+                **facts}
+
+    def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
+        meta = artifact.meta
+        check_isa(meta)
+        path = artifact.file(meta["extension"])
+        spec = importlib.util.spec_from_file_location(meta["module"], path)
+        if spec is None or spec.loader is None:
+            raise UnavailableError(f"cpu.native: {path} is not a loadable extension module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return NativeExecutor(module, artifact)
+
+    def export(self, artifact: Artifact, fmt: str, outdir: Path) -> list[Path]:
+        if fmt not in self.exports:
+            return super().export(artifact, fmt, outdir)
+        outdir = Path(outdir)
+        outdir.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in EXPORTED:
+            dst = outdir / name
+            shutil.copyfile(artifact.file(name), dst)
+            written.append(dst)
+        return written
