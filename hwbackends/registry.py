@@ -23,7 +23,7 @@ class PluginProblem:
     """A plugin that could not be used, and why (shown by ``hwb targets``)."""
 
     plugin: str
-    stage: str  # "import", "hwb_targets", "hwb_converters", "contract"
+    stage: str  # "import", "register", "contract", or the hook that raised ("hwb_targets", ...)
     error: str
 
     def to_dict(self) -> dict[str, str]:
@@ -52,6 +52,35 @@ class Registry:
             raise UnknownTargetError(
                 f"unknown target {name!r}; registered targets: {', '.join(sorted(self.targets)) or 'none'}{hint}"
             ) from None
+
+    def family(self, name: str) -> str:
+        """The family (``Target.family``: cpu, gpu, tpu, fpga, ref) of registered target
+        ``name``, or "" when no plugin here provides it (a results file from another
+        installation). What the core tests instead of the target's name."""
+        t = self.targets.get(name)
+        return t.family if t is not None else ""
+
+    def call_each(self, hook_name: str,
+                  **kwargs: Any) -> tuple[list[tuple[str, Any]], list[PluginProblem]]:
+        """Call hook ``hook_name`` on each registered plugin *separately*, in plugin-name
+        order: ``([(plugin, result)], [problem])`` — the answers of those that answered, and
+        one problem for each that raised. A plugin that raises is also recorded in
+        :attr:`problems` (once, however often the hook is called, so ``hwb targets`` lists
+        it) and left out: it never takes the others down, which pluggy's own
+        ``pm.hook.X()`` would (its first exception ends the whole call)."""
+        hook = getattr(self.pm.hook, hook_name)
+        out: list[tuple[str, Any]] = []
+        failed: list[PluginProblem] = []
+        for impl in sorted(hook.get_hookimpls(), key=lambda i: i.plugin_name):
+            try:
+                # an implementation may take fewer arguments than the spec (pluggy's rule)
+                out.append((impl.plugin_name, impl.function(**{a: kwargs[a] for a in impl.argnames})))
+            except (Exception, SystemExit) as exc:  # a plugin's bug is reported, not propagated
+                problem = PluginProblem(impl.plugin_name, hook_name, _short(exc))
+                failed.append(problem)
+                if problem not in self.problems:
+                    self.problems.append(problem)
+        return out, failed
 
     def register(self, plugin: Any, name: str) -> None:
         """Register one plugin object (module or instance) and collect its targets/converters."""
@@ -147,7 +176,7 @@ def slow_unless_named(reg: "Registry", names: Sequence[str],
         why = getattr(reg.targets[n], "slow_compile", "")
         if why and not any(p != "*" and fnmatch.fnmatchcase(n, p) for p in patterns):
             out[n] = (f"not built by default ({why}); name it to include it, e.g. "
-                      f"--targets {n} or targets = [\"{n.split('.')[0]}.*\"]")
+                      f"--targets {n} or targets = [\"{reg.targets[n].family}.*\"]")
     return out
 
 

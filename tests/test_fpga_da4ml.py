@@ -239,14 +239,13 @@ def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
 
 @pytest.mark.slow
 def test_report_fpga_section_labels_modelled_figures(signal):
-    from hwbackends.bench.harness import _fpga_meta
-    from hwbackends.report.fpga import section
+    from hwb_plugins.fpga_da4ml.report import sections
+    from hwbackends.bench.results import BenchResults
+    from hwbackends.variant import VariantRecord
 
-    class Res:  # the two fields section() reads, from a real describe()
-        d = signal.describe()
-        variants = [{"variant": d["variant"], "target": d["target"], "fidelity": d["fidelity"],
-                     "fpga": _fpga_meta(d), "error": None}]
-    html = section(Res())  # type: ignore[arg-type]
+    res = BenchResults(model={"name": "signal"}, machine={},
+                       variants=[VariantRecord.from_compiled(signal)])  # the row a bench writes
+    html = "".join(sections(res))
     est = signal.describe()["hardware_estimate"]
     assert "Modelled, not measured on hardware" in html and f"<td>{est['latency_cycles']}</td>" in html
     assert "I/O assumption" in html

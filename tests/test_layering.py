@@ -2,7 +2,10 @@
 
 * no import cycle among the modules of ``hwbackends`` and ``hwb_plugins`` — counting imports
   inside functions too, since a function-level import that closes a cycle only hides it;
-* no module imports another module's ``_private`` name.
+* no module imports another module's ``_private`` name;
+* the core never imports the built-in plugins (``hwb_plugins``): it reaches them, like any
+  third-party plugin, only through the hooks. No exception, ``hwbackends/testing`` included:
+  the conformance kit tests whatever target it is given by name through the registry.
 """
 from __future__ import annotations
 
@@ -161,6 +164,40 @@ def test_no_module_imports_another_modules_private_names():
             if private or (hidden and not sibling and imp.module.split(".")[0] != "hwb_plugins"):
                 bad.append(f"{m}:{imp.line} imports {', '.join(private) or imp.module} from {imp.module}")
     assert not bad, "imports of another module's private names:\n" + "\n".join(bad)
+
+
+def plugin_imports(name: str, path: Path) -> list[str]:
+    """Where module ``name`` imports ``hwb_plugins``: import statements (at any level, inside
+    functions too) and ``importlib.import_module("hwb_plugins...")`` / ``__import__`` calls."""
+    out = [f"{name}:{imp.line} imports {imp.module}" for imp in imports_of(name, path)
+           if imp.module.split(".")[0] == "hwb_plugins"]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and node.args[0].value.split(".")[0] == "hwb_plugins"
+                and ast.unparse(node.func).split(".")[-1] in ("import_module", "__import__")):
+            out.append(f"{name}:{node.lineno} imports {node.args[0].value} dynamically")
+    return out
+
+
+def test_the_core_never_imports_the_builtin_plugins():
+    """Issue 21 #3: a core that imports a plugin (``hwb fpga-trace`` did) breaks when that
+    plugin is not installed and makes the built-in plugins special; their commands and report
+    sections come through hwb_cli_commands / hwb_report_sections instead."""
+    bad = [b for m, path in modules().items() if m.split(".")[0] == "hwbackends"
+           for b in plugin_imports(m, path)]
+    assert not bad, "the core imports plugins:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source", [
+    "from hwb_plugins.fpga_hls4ml.trace import trace_layers\n",
+    "def f():\n    import hwb_plugins.fpga_da4ml as d\n",
+    "import importlib\nimportlib.import_module('hwb_plugins.ref')\n",
+])
+def test_the_plugin_import_check_sees_every_form(tmp_path, source):
+    f = tmp_path / "x.py"
+    f.write_text(source)
+    assert len(plugin_imports("hwbackends.x", f)) == 1
 
 
 @pytest.mark.parametrize("source, expect", [

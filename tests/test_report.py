@@ -126,3 +126,94 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst"}
     assert [r["strategy"] for r in res.routing] == ["a", "b"]
     assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
+
+
+# -- plugin sections (hook hwb_report_sections; issue 21 #3) -----------------------------------
+
+def _fpga_results() -> BenchResults:
+    """A results file with one fpga.da4ml and one fpga.hls4ml row, as the bench writes them:
+    the estimate from da4ml's own estimate(), the bits each plugin's compile records."""
+    from hwb_plugins.fpga_da4ml.estimate import hardware_estimate
+    from hwbackends.variant import VariantRecord
+
+    est = hardware_estimate(cycles=6, ii=1, depth=6, synth={"luts": 19700, "ffs": 900, "dsps": 0,
+                                                            "stage_bound_ns": 2.0},
+                            part="xcvu13p", clock_mhz=200, io_ns=850, io_source="PCIe <x4>",
+                            tools={"yosys": "0.50"})
+    res = BenchResults(model={"name": "m"}, machine={})
+    res.variants = [
+        VariantRecord(variant="fpga.da4ml:auto", target="fpga.da4ml", precision="auto",
+                      mode="emulated", hardware_estimate=est,
+                      fpga={"bits": {"input_width": 8, "frac_bits": 6, "weight_frac_bits": 5},
+                            "bit_exact": {"samples": 4096, "bit_exact": True}}),
+        VariantRecord(variant="fpga.hls4ml:auto", target="fpga.hls4ml", precision="auto",
+                      mode="emulated", fpga={"bits": {"total_bits": 1234}, "frac_bits": 9}),
+        VariantRecord.failed("fpga.hls4ml", "ap_fixed<8,3>", "emulated", "CompileError: no g++"),
+    ]
+    return res
+
+
+def test_fpga_sections_come_from_the_fpga_plugins() -> None:
+    from hwbackends.report.html import render
+
+    html = render(_fpga_results())
+    da = html[html.index("FPGA (fpga.da4ml)"):]
+    da = da[:da.index("</section>")]
+    assert "Modelled, not measured on hardware" in da and "<td>6</td>" in da
+    assert "30 + 850 = 880" in da and "19,700" in da and "bit-exact on 4,096" in da
+    assert "f=6, fw=5, in 8 b" in da and "PCIe &lt;x4&gt;" in da  # escaped
+    hls = html[html.index("FPGA (fpga.hls4ml)"):]
+    hls = hls[:hls.index("</section>")]
+    assert "C-simulation, not hardware" in hls and "f=9, 1,234 bits" in hls
+    assert "ap_fixed&lt;8,3&gt;" not in hls  # the failed build is the fidelity table's, not here
+    # sections come after the core's fidelity section, before the method
+    assert html.index("Fidelity against") < html.index("FPGA (fpga.da4ml)") < html.index(
+        "FPGA (fpga.hls4ml)") < html.index("How this was measured")
+
+
+def test_no_fpga_section_without_fpga_variants() -> None:
+    from hwbackends.report.html import render
+    from hwbackends.variant import VariantRecord
+
+    res = BenchResults(model={"name": "m"}, machine={})
+    res.variants = [VariantRecord(variant="cpu.litert:fp32", target="cpu.litert", precision="fp32",
+                                  mode="hardware")]
+    assert "FPGA" not in render(res)
+
+
+class _Section:
+    @staticmethod
+    def hwb_report_sections(results):
+        return [f"<section><h2>Plugin X</h2>{len(results.variants)} rows</section>"]
+
+
+class _BrokenSection:
+    @staticmethod
+    def hwb_report_sections(results):
+        raise KeyError("a meta key the plugin expected")
+
+
+class _WrongType:
+    @staticmethod
+    def hwb_report_sections(results):
+        return [{"not": "html"}]
+
+
+def test_a_raising_report_plugin_is_noted_and_the_report_is_written(tmp_path) -> None:
+    import hwbackends as hwb
+    from hwbackends.registry import get_registry
+
+    get_registry(refresh=True)
+    try:
+        for cls, name in ((_Section, "section-ok"), (_BrokenSection, "section-broken"),
+                          (_WrongType, "section-wrong")):
+            plugin = type(name, (), {"hwb_report_sections": hwb.hookimpl(cls.hwb_report_sections)})
+            hwb.register_plugin(plugin, name)
+        html = write_report(_fpga_results(), tmp_path / "r.html").read_text()
+    finally:
+        get_registry(refresh=True)
+    assert "<h2>Plugin X</h2>3 rows" in html and "FPGA (fpga.da4ml)" in html
+    left = html[html.index("Plugin sections left out"):]
+    assert "section-broken: KeyError" in left and "a meta key the plugin expected" in left
+    assert "section-wrong: hwb_report_sections returned dict, not HTML strings" in left
+    assert "How this was measured" in html

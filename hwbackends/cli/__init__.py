@@ -1,5 +1,7 @@
-"""``hwb``: the command line. One module per subcommand; each exposes ``add(subparsers)``
-which registers its parser and sets ``func(args) -> int``."""
+"""``hwb``: the command line. One module per core subcommand; each exposes ``add(subparsers)``
+which registers its parser and sets ``func(args) -> int``. Plugins add their own commands
+through the ``hwb_cli_commands`` hook (``hwb fpga-trace`` is the fpga.hls4ml plugin's): the
+core names no plugin here."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +15,9 @@ from ..errors import HwbError
 
 #: The ``--cache-dir`` help every command that compiles shares.
 CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"
-#: Subcommand modules, in the order ``hwb --help`` lists them.
+#: Core subcommand modules, in the order ``hwb --help`` lists them (plugins' commands follow).
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fpga_trace", "fleet", "node", "export")
+            "fleet", "node", "export")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -48,7 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add(sub)
+    add_plugin_commands(sub)
     return p
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """The plugins' own subcommands (hook ``hwb_cli_commands``). A plugin whose hook raises
+    (or takes a name already used) is said on stderr and skipped; ``hwb targets`` lists it
+    with the other plugin problems, and every other command works."""
+    from ..registry import get_registry
+
+    _, failed = get_registry().call_each("hwb_cli_commands", subparsers=sub)
+    for prob in failed:
+        print(f"hwb: plugin {prob.plugin!r} could not add its commands ({prob.error}); "
+              f"they are left out (see `hwb targets`)", file=sys.stderr)
 
 
 def emit(args: argparse.Namespace, data: Any, human: str) -> None:

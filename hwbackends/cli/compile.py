@@ -79,7 +79,9 @@ def fidelity_gate(cm: Any) -> dict[str, Any] | None:
 def fpga_lines(d: dict[str, Any]) -> list[str]:
     """What an FPGA variant's build says about the hardware, for people: the modelled
     estimate (fpga.da4ml), synthesis (fpga.hls4ml), bits."""
-    if not str(d.get("target", "")).startswith("fpga."):
+    from ..registry import get_registry
+
+    if get_registry().family(str(d.get("target", ""))) != "fpga":  # Target.family, not the name
         return []
     meta = d.get("meta") or {}
     lines = []

@@ -156,8 +156,9 @@ class _Ctx:
 
 def render(res: BenchResults) -> str:
     """The report as one HTML string: the sections of :data:`SECTIONS`, in order. A section is
-    ``f(ctx) -> str`` ("" to leave it out); modules that add one (hwbackends/report/fpga.py)
-    plug in here rather than into each other."""
+    ``f(ctx) -> str`` ("" to leave it out); modules that add one (hwbackends/report/fleet.py)
+    plug in here rather than into each other, and plugins add theirs through the
+    ``hwb_report_sections`` hook (:func:`_plugins`)."""
     variants = list(dict.fromkeys(p.variant for p in res.profiles))
     ctx = _Ctx(res, plots.colors(variants) if variants else {})
     return "".join(section(ctx) for section in SECTIONS)
@@ -321,9 +322,28 @@ def _fidelity(ctx: _Ctx) -> str:
               "“cached” variants were loaded from the artifact store.</p></section>")
 
 
-def _fpga(ctx: _Ctx) -> str:
-    from .fpga import section
-    return section(ctx.res)
+def _plugins(ctx: _Ctx) -> str:
+    """The plugins' own sections (hook ``hwb_report_sections``: the FPGA plugins' modelled
+    cycles and C-simulation fidelity). A plugin whose hook raises, or answers with something
+    other than HTML strings, gets a note naming it here instead; the report is still written."""
+    from ..registry import get_registry
+
+    answers, failed = get_registry().call_each("hwb_report_sections", results=ctx.res)
+    out: list[str] = []
+    notes = [f"{p.plugin}: {p.error}" for p in failed]
+    for plugin, got in answers:
+        items = [got] if isinstance(got, str) else list(got or [])
+        bad = [x for x in items if not isinstance(x, str)]
+        if bad:
+            notes.append(f"{plugin}: hwb_report_sections returned {type(bad[0]).__name__}, "
+                         f"not HTML strings (plugin bug)")
+            continue
+        out += [x for x in items if x]
+    if notes:
+        out.append('<section><h2>Plugin sections left out</h2><p class="note">These plugins '
+                   "failed to write their report sections (run <code>hwb targets</code>):</p><ul>"
+                   + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul></section>")
+    return "".join(out)
 
 
 def _method(ctx: _Ctx) -> str:
@@ -344,7 +364,7 @@ Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.
 #: The report's sections in order (each ``f(ctx) -> str``; "" leaves it out).
 SECTIONS: list[Callable[[_Ctx], str]] = [
     _head, _summary, _fleet, _routing_section, _availability, _single_stream, _server, _burst, _batch,
-    _fidelity, _fpga, _method,
+    _fidelity, _plugins, _method,
 ]
 
 

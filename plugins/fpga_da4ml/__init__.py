@@ -14,3 +14,10 @@ from .target import Da4mlTarget
 @hookimpl
 def hwb_targets():
     return [Da4mlTarget()]
+
+
+@hookimpl
+def hwb_report_sections(results):
+    from .report import sections
+
+    return sections(results)

@@ -14,3 +14,17 @@ from .target import Hls4mlTarget
 @hookimpl
 def hwb_targets():
     return [Hls4mlTarget()]
+
+
+@hookimpl
+def hwb_cli_commands(subparsers):
+    from .cli import add  # the CLI helpers it uses are light, but only `hwb` needs them
+
+    add(subparsers)
+
+
+@hookimpl
+def hwb_report_sections(results):
+    from .report import sections
+
+    return sections(results)
