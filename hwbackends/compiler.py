@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -26,12 +27,12 @@ from . import isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CacheError, CompileError, HwbError, UnavailableError, UnsupportedError
-from .fidelity import Fidelity, compare, compare_outputs
+from .fidelity import Fidelity, compare
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
-from .specs import Availability, TensorSpec
+from .specs import Availability
 from .store import ArtifactStore, cache_key
-from .target import Artifact, CompileOptions, Converter, Target
+from .target import Artifact, CompileOptions, Converter, Manifest, Target
 
 log = logging.getLogger("hwbackends")
 Progress = Callable[[str], None]
@@ -62,14 +63,6 @@ def conversion_path(reg: Registry, src: str, dst_formats: Sequence[str],
     raise UnsupportedError(f"{target} takes {', '.join(dst_formats)} models and no installed "
                            f"converter reaches them from {src} (installed: {offered}); pick another "
                            f"target or export the model to {dst_formats[0]}")
-
-
-def _synthetic(m: Model, n: int, seed: int) -> Any:
-    """Seeded N(0,1) inputs (as :meth:`Model.representative` makes without data)."""
-    rng = np.random.default_rng(seed)
-    if len(m.inputs) > 1:
-        return tuple(rng.standard_normal((n, *s.shape)).astype(np.float32) for s in m.inputs)
-    return rng.standard_normal((n, *m.input.shape)).astype(np.float32)
 
 
 def _data(m: Model, calibration_data: Any, validation_data: Any,
@@ -116,11 +109,11 @@ def _data(m: Model, calibration_data: Any, validation_data: Any,
         csrc = val.source.part(f"samples 0–{nc - 1}", nc)
         vsrc = val.source.part(f"samples {half}–{half + nv - 1} (held out from calibration)", nv)
     else:
-        calib, csrc = _synthetic(m, 256, 0), S.synthetic(256, 0)
+        calib, csrc = m.synthetic(256, 0), S.synthetic(256, 0)
         if val is not None:
             v, vsrc = capped(val, S.MAX_VALIDATION)
         else:
-            v, vsrc = _synthetic(m, 512, 1), S.synthetic(512, 1)
+            v, vsrc = m.synthetic(512, 1), S.synthetic(512, 1)
     data = {"validation": vsrc.to_dict(), "calibration": csrc.to_dict() if uses_calib else None}
     return calib, v, data
 
@@ -143,15 +136,6 @@ def _compile_job(target: Target, chain: list[Converter], model_src: Any, options
         return dict(meta or {})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _artifact(path: Path, rec: dict[str, Any], cached: bool) -> Artifact:
-    return Artifact(path=path, key=rec["key"], target=rec["target"], precision=rec["precision"],
-                    fingerprint=rec["fingerprint"], batch_size=rec["batch_size"],
-                    inputs=[TensorSpec.from_dict(d) for d in rec["inputs"]],
-                    outputs=[TensorSpec.from_dict(d) for d in rec["outputs"]],
-                    meta=rec.get("meta", {}), toolchain=rec.get("toolchain", {}),
-                    compile_seconds=rec.get("compile_seconds", 0.0), cached=cached)
 
 
 def compile(model: Any, target: str = "cpu.litert", precision: str | None = None, *,
@@ -182,33 +166,50 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     timeout raises :class:`CompileError`.
     """
     say = progress or (lambda msg: log.info(msg))
-    req = _request(model, target, precision, batch_size, threads, options, calibration_data,
-                   validation_data, registry)
-    m, tgt, avail, key, val = req.m, req.tgt, req.avail, req.key, req.val
-    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
+    req = _resolve(CompileRequest(model, target, precision, batch_size, threads, options,
+                                  calibration_data, validation_data, registry))
+    tgt = req.tgt
+    run = _Run(store if isinstance(store, ArtifactStore) else ArtifactStore(store),
+               isolate_compile, timeout or tgt.compile_timeout, say)
     if rebuild:
-        st.evict(key)
-    loaded = None if rebuild else _load_cached(st, req, say)
+        run.store.evict(req.key)
+    loaded = None if rebuild else _load_cached(req, run)
     if loaded is None:
         check = getattr(tgt, "check_options", None)
         if callable(check):  # a mistake in the options costs no build
             check(req.opts)
-        loaded = _build(req, st, isolate_compile, timeout or tgt.compile_timeout, say)
+        loaded = _build(req, run)
     executor, art = loaded
-    cm = _wrap(executor, art, avail, m.name, nan_policy, tgt)
+    cm = _wrap(executor, art, req.avail, req.m.name, nan_policy, tgt)
     cm.data = req.data
     if fidelity:
-        cm.fidelity = _fidelity(m, cm, val)
+        cm.fidelity = _fidelity(req.m, cm, req.val)
         say(f"{cm.variant} fidelity: {cm.fidelity}")
     return cm
 
 
 def _fidelity(m: Model, cm: CompiledModel, val: Any) -> Fidelity:
-    """``cm`` against ``m``'s own fp32 reference on the validation data ``val``."""
-    if m.multi_io:
-        ref, got = _as_tuple(m.reference(val)), _as_tuple(cm.predict(val))
-        return compare_outputs(ref, got, [s.name for s in m.outputs])
-    return compare(m.reference(val), cm.predict(val))
+    """``cm`` against ``m``'s own fp32 reference on the validation data ``val`` (per output,
+    named, for a multi-IO model)."""
+    xs = _as_tuple(val)
+    return compare(m.reference(xs), _as_tuple(cm.predict(xs)),
+                   names=[s.name for s in m.outputs] if m.multi_io else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRequest:
+    """What a caller asks :func:`compile` (or a fleet node's import) for, as given: the model
+    (anything :func:`load_model` takes), the target's name and the options, unresolved."""
+
+    model: Any
+    target: str
+    precision: str | None = None
+    batch_size: int | None = None
+    threads: int | None = None
+    options: dict[str, Any] | None = None
+    calibration_data: Any = None
+    validation_data: Any = None
+    registry: Registry | None = None
 
 
 @dataclasses.dataclass
@@ -227,15 +228,31 @@ class _Request:
     #: Where the calibration and validation inputs came from (hwbackends/samples.py).
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def what(self) -> str:
+        """The build in words, for progress and error messages."""
+        return f"compiling {self.m.name!r} for {self.tgt.name}:{self.opts.precision}"
 
-def _request(model: Any, target: str, precision: str | None, batch_size: int | None,
-             threads: int | None, options: dict[str, Any] | None, calibration_data: Any,
-             validation_data: Any, registry: Registry | None) -> _Request:
-    """Load the model, resolve the target, check the request, and compute its key."""
-    m = load_model(model)
-    reg = registry or get_registry()
-    tgt = reg.target(target)
-    prec, batch_size = _check_request(m, tgt, precision, batch_size, options)
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """How a build runs: the store it lands in, whether in the worker process, its timeout
+    and where progress goes."""
+
+    store: ArtifactStore
+    isolated: bool
+    timeout: float
+    say: Progress
+
+
+def _resolve(ask: CompileRequest) -> _Request:
+    """Load the model, resolve the target, check the request, and compute its key. The
+    caller's :class:`Model` is never changed: the compile works on its own copy (fields and
+    ``meta``; the framework object is shared, and the targets receive it read-only)."""
+    m = _own_copy(load_model(ask.model))
+    reg = ask.registry or get_registry()
+    tgt = reg.target(ask.target)
+    prec, batch_size = _check_request(m, tgt, ask.precision, ask.batch_size, ask.options)
     if m.multi_io:
         _check_multi_io(m, tgt, prec, reg)
     avail = tgt.probe()
@@ -244,10 +261,19 @@ def _request(model: Any, target: str, precision: str | None, batch_size: int | N
     chain = conversion_path(reg, m.format, tgt.formats, tgt.name)
     # The caller's data is checked here and used for this compile only (the model is not
     # changed); ``data`` says where calibration and validation inputs came from.
-    calib, val, data = _data(m, calibration_data, validation_data, prec in getattr(tgt, "calibrated", ()))
+    calib, val, data = _data(m, ask.calibration_data, ask.validation_data,
+                             prec in getattr(tgt, "calibrated", ()))
     opts, key, parts = _plan(m, tgt, prec, chain, calib,
-                             CompileOptions(prec, batch_size, threads, dict(options or {}), None))
+                             CompileOptions(prec, batch_size, ask.threads, dict(ask.options or {}),
+                                            None))
     return _Request(m, tgt, avail, chain, opts, key, parts, val, data)
+
+
+def _own_copy(m: Model) -> Model:
+    """A copy of ``m`` whose fields and ``meta`` the compile may set (an in-process target,
+    a converter, the reference cache) without reaching the caller's object."""
+    return dataclasses.replace(m, meta=copy.deepcopy(m.meta), inputs=list(m.inputs),
+                               outputs=list(m.outputs))
 
 
 def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int | None,
@@ -359,30 +385,34 @@ def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:
     return "; ".join(f"{k}: {short(got.get(k))} there, {short(want.get(k))} here" for k in names)
 
 
-def _load_cached(st: ArtifactStore, req: _Request, say: Progress) -> tuple[Any, Artifact] | None:
+def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
     """The stored artifact loaded and checked against its stored outputs, or ``None`` (absent,
     or refused and removed: the caller rebuilds it)."""
-    key, tgt, opts = req.key, req.tgt, req.opts
+    key, tgt, opts, st = req.key, req.tgt, req.opts, run.store
     rec = st.get(key)
     if rec is None:
         return None
     problem = _identity_problem(rec, req)
+    try:
+        man = Manifest.from_dict(rec)
+    except (KeyError, TypeError, ValueError) as exc:
+        problem = problem or f"its manifest is malformed ({type(exc).__name__}: {exc})"
     if problem:
         log.warning("cached artifact %s is not this model's (%s); removing it, it will be "
                     "rebuilt", key[:12], problem)
         st.evict(key)
         return None
-    art = _artifact(st.path_for(key), rec, cached=True)
+    art = man.artifact(st.path_for(key), cached=True)
     if getattr(tgt, "batch_independent", False):  # built once for any size: serve this one
         art.batch_size = opts.batch_size
-    say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
+    run.say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
     try:
         executor = tgt.load(art, opts)
     except Exception as exc:
         log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
         st.evict(key)
         return None
-    problem = check_probe(executor, art, tgt, rec.get("probe"))
+    problem = check_probe(executor, art, tgt, man.probe)
     if problem:
         log.warning("cached artifact %s does not reproduce its stored outputs (%s); removing "
                     "it, it will be rebuilt", key[:12], problem)
@@ -408,42 +438,38 @@ def _unpack(d: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["f32"]), dtype=np.float32).reshape(d["shape"])
 
 
-def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: np.ndarray) -> dict[str, Any]:
-    """A few inputs, the artifact's outputs for them and the tolerance a reload must meet:
+def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: Any) -> dict[str, Any]:
+    """A few inputs (one entry per input tensor), the artifact's outputs for them (flattened
+    to one ``(n, total)`` array) and the tolerance a reload must meet:
     ``max(1e-3·(1+max|out|), ½·max|out − reference|)`` — the build's own error against the
     fp32 reference bounds how far a faithful reload may drift; another model is far outside."""
     cm = CompiledModel(executor, art, Availability.hardware("probe"), m.name, "pass",
                        tgt.static_batch)
-    if cm.multi_io:  # several tensors: stored one per entry, outputs compared flattened
-        xs = tuple(np.ascontiguousarray(a[:PROBE_ROWS], dtype=np.float32) for a in _as_tuple(val))
-        out = _flat(cm.predict(xs))
-        err = float(np.nanmax(np.abs(out - _flat(m.reference(xs))))) if out.size else 0.0
-        tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
-        return {"xs": [_pack(a) for a in xs], "out": _pack(out), "tol": tol}
-    x = np.ascontiguousarray(val[:PROBE_ROWS], dtype=np.float32)
-    out = cm.predict(x)
-    err = float(np.nanmax(np.abs(out - m.reference(x)))) if out.size else 0.0
+    xs = tuple(np.ascontiguousarray(a[:PROBE_ROWS], dtype=np.float32) for a in _as_tuple(val))
+    out = _flat(cm.predict(xs))
+    err = float(np.nanmax(np.abs(out - _flat(m.reference(xs))))) if out.size else 0.0
     tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
-    return {"x": _pack(x), "out": _pack(out), "tol": tol}
+    return {"xs": [_pack(a) for a in xs], "out": _pack(out), "tol": tol}
 
 
 def _flat(ys: Any) -> np.ndarray:
-    """Several outputs as one ``(n, total)`` array (for the stored probe outputs)."""
+    """Outputs (one array or several) as one ``(n, total)`` array (the stored probe outputs)."""
     parts = _as_tuple(ys)
     return np.concatenate([np.asarray(p, np.float32).reshape(len(p), -1) for p in parts], axis=1)
 
 
 def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | None:
-    """``None`` when the loaded artifact reproduces its stored outputs, else what differs."""
+    """``None`` when the loaded artifact reproduces its stored outputs, else what differs.
+    Probes written before inputs were stored per tensor hold one ``"x"``."""
     try:
-        x = (tuple(_unpack(d) for d in probe["xs"]) if "xs" in probe else _unpack(probe["x"]))
-        out, tol = _unpack(probe["out"]), float(probe["tol"])
+        xs = tuple(_unpack(d) for d in probe["xs"]) if "xs" in probe else (_unpack(probe["x"]),)
+        out, tol = _flat(_unpack(probe["out"])), float(probe["tol"])
     except (TypeError, KeyError, ValueError) as exc:
         return f"no usable stored outputs ({type(exc).__name__}: {exc})"
     cm = CompiledModel(executor, art, Availability.hardware("probe"), "probe", "pass",
                        tgt.static_batch)
     try:
-        pred = _flat(cm.predict(x)) if cm.multi_io else cm.predict(x)
+        pred = _flat(cm.predict(xs))
     except Exception as exc:
         return f"predict on the stored inputs raised {type(exc).__name__}: {exc}"
     if pred.shape != out.shape:
@@ -455,38 +481,33 @@ def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | 
     return None
 
 
-def _record(req: _Request, meta: dict[str, Any], seconds: float) -> dict[str, Any]:
+def _record(req: _Request, meta: dict[str, Any], seconds: float) -> Manifest:
     """The manifest of an artifact built (or imported) for ``req``: everything but the files
     and the stored outputs, all from this process's own request (never from a peer)."""
     m, tgt, opts = req.m, req.tgt, req.opts
-    return {
-        "target": tgt.name, "precision": opts.precision, "fingerprint": m.fingerprint,
-        "model": m.name, "batch_size": opts.batch_size,
-        "inputs": [s.to_dict() for s in m.inputs], "outputs": [s.to_dict() for s in m.outputs],
-        "options": opts.key_dict(), "meta": meta, "toolchain": tgt.toolchain(),
-        "chain": [c.name for c in req.chain], "compile_seconds": seconds,
-        "key_parts": req.parts,
-    }
+    return Manifest(target=tgt.name, precision=opts.precision, fingerprint=m.fingerprint,
+                    batch_size=opts.batch_size, inputs=list(m.inputs), outputs=list(m.outputs),
+                    model=m.name, options=opts.key_dict(), meta=meta, toolchain=tgt.toolchain(),
+                    chain=[c.name for c in req.chain], compile_seconds=seconds,
+                    key_parts=req.parts, key=req.key)
 
 
-def _build(req: _Request, st: ArtifactStore, isolated: bool, timeout: float,
-           say: Progress) -> tuple[Any, Artifact]:
+def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
     """Build the artifact, load it from staging, store its probe outputs, commit it. Returns
     the executor (it keeps working after the staging directory is renamed into place)."""
-    m, tgt, chain, opts, key = req.m, req.tgt, req.chain, req.opts, req.key
-    what = f"compiling {m.name!r} for {tgt.name}:{opts.precision}"
-    say(what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
+    tgt, chain, opts, st = req.tgt, req.chain, req.opts, run.store
+    run.say(req.what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
     staged = st.stage()
     t0 = time.perf_counter()
     try:
-        with heartbeat(say, f"{tgt.name}:{opts.precision} still building"):
-            meta = _run_compile(m, tgt, chain, opts, staged, st, isolated, timeout, what)
+        with heartbeat(run.say, f"{tgt.name}:{opts.precision} still building"):
+            meta = _run_compile(req, run, staged)
         seconds = time.perf_counter() - t0
-        rec = _record(req, meta, seconds)
-        staged_art = _artifact(staged, dict(rec, key=key), cached=False)
+        man = _record(req, meta, seconds)
+        staged_art = man.artifact(staged)
         executor = _load_new(tgt, staged_art, opts)
-        rec = st.commit(staged, key, dict(rec, probe=make_probe(executor, staged_art, tgt, m,
-                                                                req.val)))
+        man.probe = make_probe(executor, staged_art, tgt, req.m, req.val)
+        man = Manifest.from_dict(st.commit(staged, req.key, man.to_dict()))
     except CompileError as exc:
         st.discard(staged)
         exc.target, exc.precision = exc.target or tgt.name, exc.precision or opts.precision
@@ -496,13 +517,13 @@ def _build(req: _Request, st: ArtifactStore, isolated: bool, timeout: float,
         raise
     except Exception as exc:
         st.discard(staged)
-        raise CompileError(f"{what} failed: {type(exc).__name__}: {exc}", target=tgt.name,
+        raise CompileError(f"{req.what} failed: {type(exc).__name__}: {exc}", target=tgt.name,
                            precision=opts.precision) from exc
     except BaseException:
         st.discard(staged)
         raise
-    say(f"{tgt.name}:{opts.precision} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
-    return executor, _artifact(st.path_for(key), rec, cached=False)
+    run.say(f"{tgt.name}:{opts.precision} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
+    return executor, man.artifact(st.path_for(req.key))
 
 
 #: A build still running after this many seconds says so, and again every HEARTBEAT_EVERY.
@@ -538,20 +559,20 @@ def _elapsed(s: float) -> str:
     return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {int(s % 60):02d} s"
 
 
-def _run_compile(m: Model, tgt: Target, chain: list[Converter], opts: CompileOptions,
-                 staged: Path, st: ArtifactStore, isolated: bool, timeout: float,
-                 what: str) -> dict[str, Any]:
-    """The target's compile, in the worker process (the model travels as a saved file)."""
-    if not isolated:
-        return _compile_job(tgt, chain, m, opts, str(staged))
-    model_dir = st.stage()
+def _run_compile(req: _Request, run: _Run, staged: Path) -> dict[str, Any]:
+    """The target's compile into ``staged``, in the worker process (the model travels as a
+    saved file) unless ``run`` is not isolated."""
+    tgt, opts = req.tgt, req.opts
+    if not run.isolated:
+        return _compile_job(tgt, req.chain, req.m, opts, str(staged))
+    model_dir = run.store.stage()
     try:
-        m.save(model_dir)
-        return isolate.worker().run(_compile_job, tgt, chain, str(model_dir), opts, str(staged),
-                                    timeout=timeout, what=what, target=tgt.name,
-                                    precision=opts.precision)
+        req.m.save(model_dir)
+        return isolate.worker().run(_compile_job, tgt, req.chain, str(model_dir), opts,
+                                    str(staged), timeout=run.timeout, what=req.what,
+                                    target=tgt.name, precision=opts.precision)
     finally:
-        st.discard(model_dir)
+        run.store.discard(model_dir)
 
 
 def _load_new(tgt: Target, art: Artifact, opts: CompileOptions) -> Any:
@@ -581,7 +602,7 @@ def import_artifact(store: ArtifactStore, staged: Path, sent: Any, model: Any, t
     here and signed with this node's key. Anything else raises :class:`CacheError` (the
     caller compiles locally); ``staged`` is always consumed (committed or removed)."""
     try:
-        req = _request(model, target, precision, None, None, None, None, None, registry)
+        req = _resolve(CompileRequest(model, target, precision, registry=registry))
         if store.get(req.key) is not None:
             return "present"
         _adopt(store, staged, sent, req)
@@ -613,8 +634,8 @@ def _adopt(store: ArtifactStore, staged: Path, sent: Any, req: _Request) -> None
     if not isinstance(meta, dict) or not isinstance(seconds, (int, float)):
         raise CacheError(f"{what}: malformed manifest (meta {type(meta).__name__}, "
                          f"compile_seconds {type(seconds).__name__}){local}")
-    rec = _record(req, meta, float(seconds))
-    art = _artifact(staged, dict(rec, key=key), cached=False)
+    man = _record(req, meta, float(seconds))
+    art = man.artifact(staged)
     try:
         executor = _load_new(tgt, art, opts)
     except CompileError as exc:
@@ -624,12 +645,12 @@ def _adopt(store: ArtifactStore, staged: Path, sent: Any, req: _Request) -> None
         if problem:
             raise CacheError(f"{what} does not match this node's reference model "
                              f"({problem}){local}")
-        probe = make_probe(executor, art, tgt, m, req.val)
+        man.probe = make_probe(executor, art, tgt, m, req.val)
     finally:
         close = getattr(executor, "close", None)
         if close:
             close()
-    store.commit(staged, key, dict(rec, probe=probe))
+    store.commit(staged, key, man.to_dict())
 
 
 def _reference_problem(executor: Any, art: Artifact, req: _Request) -> str | None:

@@ -27,7 +27,7 @@ without being wrong (a probability that rounds to exactly 0 is not a sign flip).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -80,10 +80,19 @@ class Fidelity:
     #: The reference is constant over the samples (see the module doc); ``warning`` says so.
     degenerate: bool = False
     warning: str = ""
+    #: Several outputs: the metrics above are those of the *worst* output, named here (lowest
+    #: corr, then largest rel_err), so a :class:`Tolerance` gates every output at once;
+    #: ``outputs`` holds each output's own Fidelity. ``""`` / ``None`` for one output.
+    output: str = ""
+    outputs: dict[str, "Fidelity"] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("output", "outputs")}
         d["gated"] = list(self.gated)
+        if self.outputs is not None:
+            d["output"] = self.output
+            d["outputs"] = {k: f.to_dict() for k, f in self.outputs.items()}
         return d
 
     @staticmethod
@@ -91,19 +100,24 @@ class Fidelity:
         """The inverse of :meth:`to_dict`, for one output or several (a results file, a fleet
         node's answer): ``Fidelity.from_dict(f.to_dict()) == f``. Unknown keys (a newer
         writer's) are ignored, so an older reader still gates on the metrics it knows."""
-        known = {f.name for f in fields(MultiFidelity)}
+        known = {f.name for f in fields(Fidelity)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["gated"] = tuple(kw.get("gated", ALL_METRICS))
         if "outputs" in kw or "output" in kw:
             kw["outputs"] = {k: Fidelity.from_dict(v) for k, v in (kw.get("outputs") or {}).items()}
-            return MultiFidelity(**kw)
         return Fidelity(**kw)
 
     def __str__(self) -> str:
         am = "" if self.argmax_agree is None else f" argmax={self.argmax_agree:.4f}"
         warn = f"\n  WARNING: degenerate fidelity: {self.warning}" if self.degenerate else ""
-        return (f"[{self.kind}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
-                f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n}){warn}")
+        own = (f"[{self.kind}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
+               f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n}){warn}")
+        if self.outputs is None:
+            return own
+        return (f"worst output {self.output!r}: {own}; "
+                + "; ".join(f"{k}: corr={f.corr:.6f} rel={f.rel_err:.3g}"
+                            + (" (degenerate: constant reference)" if f.degenerate else "")
+                            for k, f in self.outputs.items()))
 
 
 def classify(reference: np.ndarray) -> str:
@@ -158,9 +172,33 @@ def _decision_agree(ref: np.ndarray, out: np.ndarray, band: float, kind: str) ->
     return float(np.mean(same[keep])) if keep.any() else 1.0
 
 
-def compare(reference: np.ndarray, got: np.ndarray, kind: str | None = None) -> Fidelity:
-    """Fidelity of ``got`` against ``reference`` (both ``(n, *output.shape)``); ``kind``
-    overrides :func:`classify`."""
+def compare(reference: Any, got: Any, kind: str | None = None,
+            names: Sequence[str] | None = None) -> Fidelity:
+    """Fidelity of ``got`` against ``reference``: one ``(n, *output.shape)`` array each, or
+    tuples with one such array per output (``names`` names them, in order). Several outputs
+    are compared each on its own (each classified on its own) and the result carries the
+    worst one's metrics (see :attr:`Fidelity.outputs`); ``kind`` overrides :func:`classify`
+    for one output."""
+    refs = tuple(reference) if isinstance(reference, (tuple, list)) else (reference,)
+    gots = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+    if names is None and len(refs) == 1:
+        if len(gots) != 1:
+            raise ValueError(f"1 reference output, {len(gots)} outputs")
+        return _compare_one(refs[0], gots[0], kind)
+    names = list(names) if names is not None else [f"output_{i}" for i in range(len(refs))]
+    if not (len(refs) == len(gots) == len(names)):
+        raise ValueError(f"{len(refs)} reference outputs, {len(gots)} outputs, "
+                         f"{len(names)} names")
+    each = {n: _compare_one(r, g) for n, r, g in zip(names, refs, gots, strict=True)}
+    worst = min(each, key=lambda n: (each[n].corr, -each[n].rel_err))
+    flat = [n for n, f in each.items() if f.degenerate]
+    # any constant output is worth the warning, worst or not
+    warn = {"degenerate": True,
+            "warning": f"output(s) {', '.join(flat)}: {DEGENERATE_ADVICE}"} if flat else {}
+    return replace(each[worst], output=worst, outputs=each, **warn)
+
+
+def _compare_one(reference: np.ndarray, got: np.ndarray, kind: str | None = None) -> Fidelity:
     ref = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
     out = np.asarray(got, dtype=np.float64).reshape(len(got), -1)
     if ref.shape != out.shape:
@@ -216,34 +254,6 @@ class Tolerance:
         return not self.violations(f)
 
 
-@dataclass(frozen=True)
-class MultiFidelity(Fidelity):
-    """Fidelity of a variant with several outputs: its own metrics are those of the *worst*
-    output (``output`` names it: lowest corr, then largest rel_err), so a :class:`Tolerance`
-    gates every output at once; ``outputs`` holds each output's own :class:`Fidelity`."""
-
-    output: str = ""
-    outputs: dict[str, Fidelity] | None = None
-
-    def __str__(self) -> str:
-        return (f"worst output {self.output!r}: {Fidelity.__str__(self)}; "
-                + "; ".join(f"{k}: corr={f.corr:.6f} rel={f.rel_err:.3g}"
-                            + (" (degenerate: constant reference)" if f.degenerate else "")
-                            for k, f in (self.outputs or {}).items()))
-
-
-def compare_outputs(references: Sequence[np.ndarray], got: Sequence[np.ndarray],
-                    names: Sequence[str]) -> MultiFidelity:
-    """Per-output :func:`compare` (each output classified on its own) and the worst one."""
-    if not (len(references) == len(got) == len(names)):
-        raise ValueError(f"{len(references)} reference outputs, {len(got)} outputs, "
-                         f"{len(names)} names")
-    each = {n: compare(r, g) for n, r, g in zip(names, references, got, strict=True)}
-    worst = min(each, key=lambda n: (each[n].corr, -each[n].rel_err))
-    base = {k: v for k, v in asdict(each[worst]).items()}
-    base["gated"] = each[worst].gated
-    flat = [n for n, f in each.items() if f.degenerate]
-    if flat:  # any constant output is worth the warning, worst or not
-        base["degenerate"] = True
-        base["warning"] = f"output(s) {', '.join(flat)}: {DEGENERATE_ADVICE}"
-    return MultiFidelity(**base, output=worst, outputs=each)
+#: A Fidelity of several outputs is a :class:`Fidelity` with ``outputs`` set (kept as a name
+#: for code written before the two were one class; test ``f.outputs is not None``).
+MultiFidelity = Fidelity

@@ -209,11 +209,14 @@ def test_fidelity_round_trips_through_json_for_one_output_and_several():
     route --fleet` crashed on a multi-output model's `Fidelity(**d)`)."""
     import json
 
-    from hwbackends.fidelity import Fidelity, MultiFidelity, compare, compare_outputs
+    from hwbackends.fidelity import Fidelity, compare
     r = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
     one = compare(r, r + 0.01)
     assert Fidelity.from_dict(json.loads(json.dumps(one.to_dict()))) == one
-    many = compare_outputs([r, r[:, :1]], [r + 0.01, r[:, :1] * 1.1], ["a", "b"])
+    assert one.outputs is None and "outputs" not in one.to_dict()  # one output: as before
+    assert compare((r,), (r + 0.01,)) == one  # a tuple of one is the same output
+    many = compare((r, r[:, :1]), (r + 0.01, r[:, :1] * 1.1), names=["a", "b"])
     back = Fidelity.from_dict(json.loads(json.dumps(many.to_dict())))
-    assert isinstance(back, MultiFidelity) and back == many and back.output == many.output
+    assert back == many and back.output == many.output and set(back.outputs or {}) == {"a", "b"}
+    assert back.outputs["b"] == compare(r[:, :1], r[:, :1] * 1.1)
     assert Fidelity.from_dict({**one.to_dict(), "from_a_newer_writer": 1}) == one

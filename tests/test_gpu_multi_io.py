@@ -14,7 +14,7 @@ import pytest
 import hwbackends as hwb
 from hwbackends.config import FidelityConfig
 from hwbackends.errors import UnavailableError, UnsupportedError
-from hwbackends.fidelity import compare_outputs
+from hwbackends.fidelity import compare
 from hwbackends.specs import Mode, TensorSpec
 
 NAMES = ["signal", "confidence"]
@@ -69,7 +69,7 @@ def test_fp16_graph_keeps_every_io_fp32_and_passes_the_gate(two_head_onnx):
     assert _io_types(g) == [onnx.TensorProto.FLOAT] * 4
     weights = [i for i in g.graph.initializer if i.dims and np.prod(i.dims) > 1]
     assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)
-    f = compare_outputs(ref, _run(g, val), NAMES)
+    f = compare(tuple(ref), tuple(_run(g, val)), names=NAMES)
     assert FidelityConfig().tolerance().passes(f), str(f)
     assert f.corr > 0.9999, str(f)
 
@@ -88,7 +88,7 @@ def test_int8_qdq_graph_calibrates_every_input(two_head_onnx):
     # Each graph input is quantized (a QuantizeLinear reads it directly): both were calibrated.
     quantized = {n.input[0] for n in g.graph.node if n.op_type == "QuantizeLinear"}
     assert {"features", "state"} <= quantized, sorted(quantized)
-    f = compare_outputs(ref, _run(g, val, fused=False), NAMES)
+    f = compare(tuple(ref), tuple(_run(g, val, fused=False)), names=NAMES)
     assert f.corr >= 0.995, str(f)  # the int8 gate of the single-IO zoo tests
     # A tuple in graph input order is the same calibration as the dict by name.
     same = prepare_onnx(proto, "int8", cal)

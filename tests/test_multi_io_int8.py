@@ -11,7 +11,6 @@ import pytest
 import hwbackends as hwb
 from hwbackends.config import FidelityConfig
 from hwbackends.errors import InputError, UnsupportedError
-from hwbackends.fidelity import MultiFidelity
 from hwbackends.registry import build_registry
 from hwbackends.target import Target
 
@@ -33,7 +32,7 @@ def test_two_head_int8_with_the_default_calibration(target, compiled):
     cm = compiled("two_head", target, "int8", batch_size=4)
     assert cm.multi_io and _int8_ops(cm), cm.artifact.meta["ops"]
     f = cm.fidelity
-    assert isinstance(f, MultiFidelity) and set(f.outputs) == {"signal", "confidence"}
+    assert f.outputs is not None and set(f.outputs) == {"signal", "confidence"}
     assert f.corr >= INT8_CORR, str(f)
     assert f.outputs["confidence"].argmax_agree == 1.0 and f.outputs["signal"].sign_agree > 0.99
 

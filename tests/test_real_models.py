@@ -207,8 +207,7 @@ def test_compare_flags_a_constant_reference():
     moving = ref + np.linspace(0, 1, 64, dtype=np.float32)[:, None]
     live = compare(moving, ref)
     assert not live.degenerate and live.warning == ""
-    from hwbackends.fidelity import compare_outputs
-    multi = compare_outputs([moving, ref], [moving, ref], ["ret", "side"])
+    multi = compare((moving, ref), (moving, ref), names=["ret", "side"])
     assert multi.degenerate and "output(s) side" in multi.warning
 
 
