@@ -116,9 +116,12 @@ class VariantRecord:
 
 
 def fpga_meta(target: str, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """What the report's FPGA section shows of an FPGA variant (hwbackends/report/fpga.py)
-    besides its ``hardware_estimate``: bits, bit-exactness, chosen fraction."""
-    if not target.startswith("fpga."):
+    """What the FPGA plugins' report sections (``hwb_report_sections``) show of an FPGA
+    variant besides its ``hardware_estimate``: bits, bit-exactness, chosen fraction. FPGA is
+    the target's ``Target.family``, not its name."""
+    from .registry import get_registry
+
+    if get_registry().family(target) != "fpga":
         return None
     return {"bits": meta.get("bits"),
             "bit_exact": meta.get("bit_exact"), "frac_bits": (meta.get("search") or {}).get("frac_bits")}
