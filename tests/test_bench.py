@@ -271,7 +271,14 @@ fidelity = {{ corr_min = 0.99 }}
 [strategies.other]
 model = "zoo:mlp"
 tier = "t"
+
+[strategies.own]
+model = "{model}"
+tier = "t"
+targets = {targets}
+validation_data = "v.npy"
 """)
+    np.save(tmp_path / "v.npy", np.zeros((8, 32), np.float32))
     return p
 
 
@@ -288,7 +295,7 @@ def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_pa
     assert rc == 0
     res = BenchResults.load(out)
     (prof,) = [p for p in res.profiles if p.scenario == "single-stream"]
-    s, other = res.routing
+    s, other, own = res.routing
     assert s["chosen"] == "cpu.onnxruntime:fp32" and s["meets_budget"]
     assert s["chosen_p99_us"] == prof.p99_us
     (c,) = s["candidates"]
@@ -296,6 +303,8 @@ def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_pa
     assert prof.n == 300  # bench's own --n, not the router's
     assert c["fidelity"] == res.variants[0].to_dict()["fidelity"]
     assert other["chosen"] is None and "zoo:mlp was not measured in this run" in other["note"]
+    assert own["chosen_p99_us"] == prof.p99_us
+    assert "fidelity from the results' own data, not this strategy's validation_data" in own["note"]
 
 
 def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> None:

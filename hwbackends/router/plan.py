@@ -317,6 +317,10 @@ def decide_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
     if not cands:
         d.note = (f"no variant of {', '.join(s.targets)} in these results; measure them "
                   f"(hwb bench -t ...) or route live (hwb route)")
+    own = [k for k in ("calibration_data", "validation_data") if getattr(s, k, None)]
+    if own:  # the file's fidelity was measured on the run's data, not on these
+        d.note = "; ".join(x for x in (d.note, f"fidelity from the results' own data, not this "
+                                                f"strategy's {' / '.join(own)}") if x)
     return d
 
 
