@@ -176,7 +176,6 @@ def test_cluster_report_and_placement(cluster_run) -> None:
     _render_in_chromium(out / "report.html", "Machine differences")
 
 
-@pytest.mark.slow
 def _sigint_default() -> None:
     """In the child: SIGINT back to its default and unblocked. An ignored disposition and a
     blocked mask both survive exec: a test run that inherited either (it happened in full
@@ -185,6 +184,7 @@ def _sigint_default() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+@pytest.mark.slow
 def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path) -> None:
     """`hwb fleet --fleet local` enters a loopback-only namespace itself; Ctrl-C after the
     first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
