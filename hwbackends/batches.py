@@ -63,3 +63,9 @@ def as_returned(ys: tuple[np.ndarray, ...], single: bool) -> Any:
     if single:
         ys = tuple(y[0] for y in ys)
     return ys[0] if len(ys) == 1 else ys
+
+
+def public(tensors: tuple[np.ndarray, ...], multi_io: bool) -> Any:
+    """Tensors as a variant's ``predict_into`` takes them (the edge): the tuple for a variant
+    with several inputs or outputs, else its one array."""
+    return tensors if multi_io else tensors[0]

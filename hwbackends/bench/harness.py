@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..batches import public
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
 from ..registry import (
@@ -71,11 +72,10 @@ def input_set(data: Any, cm: "CompiledModel", batch: int, k: int = 32) -> list[A
     by the loops so the variant sees varying real data, not one cached array. A model with
     several inputs gets tuples (one array per input, ``data`` a tuple likewise), as its
     ``predict_into`` takes them."""
-    if getattr(cm, "multi_io", False):
-        per = data if data is not None else (None,) * len(cm.inputs)
-        cols = [_input_set(d, s.shape, batch, k) for d, s in zip(per, cm.inputs, strict=True)]
-        return [tuple(c[j] for c in cols) for j in range(k)]
-    return _input_set(data, cm.input.shape, batch, k)
+    multi = getattr(cm, "multi_io", False)
+    per = data if multi and data is not None else (data,) * len(cm.inputs)
+    cols = [_input_set(d, s.shape, batch, k) for d, s in zip(per, cm.inputs, strict=True)]
+    return [public(tuple(c[j] for c in cols), multi) for j in range(k)]
 
 
 def _input_set(data: np.ndarray | None, shape: tuple[int, ...], batch: int, k: int) -> list[np.ndarray]:
@@ -91,9 +91,8 @@ def _input_set(data: np.ndarray | None, shape: tuple[int, ...], batch: int, k: i
 
 def output_buffer(cm: "CompiledModel", batch: int) -> Any:
     """Where the loops write outputs: one ``(batch, *output)`` array, or a tuple of them."""
-    if getattr(cm, "multi_io", False):
-        return tuple(np.zeros(s.batched(batch), np.float32) for s in cm.outputs)
-    return np.zeros(cm.output.batched(batch), np.float32)
+    return public(tuple(np.zeros(s.batched(batch), np.float32) for s in cm.outputs),
+                  getattr(cm, "multi_io", False))
 
 
 def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,

@@ -34,13 +34,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..batches import tuple_call
 from ..breaker import Breaker, BreakerState
 from ..errors import HwbError
 from ..exclusive import lock_for
+from ..specs import several
 
 log = logging.getLogger("hwbackends.router")
 
@@ -49,17 +51,8 @@ class NoRouteError(HwbError):
     """No candidate could serve a request or a strategy (the message says why for each)."""
 
 
-def _buffers(shape: tuple[int, ...] | list[tuple[int, ...]]) -> Any:
-    if isinstance(shape, list):
-        return tuple(np.zeros(s, np.float32) for s in shape)
-    return np.zeros(shape, np.float32)
-
-
-def _copy(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` for an array, or tensor by tensor for tuples (multi-IO)."""
-    if isinstance(dst, np.ndarray):
-        dst[...] = src
-        return
+def _copy(dst: tuple[np.ndarray, ...], src: tuple[np.ndarray, ...]) -> None:
+    """``dst[...] = src`` tensor by tensor."""
     for d, x in zip(dst, src, strict=True):
         d[...] = x
 
@@ -73,17 +66,18 @@ class DeadlineWorker:
     interval.) A worker still busy with an abandoned call takes no new one, so the variant
     never runs on two threads."""
 
-    def __init__(self, fn: Callable[[Any, Any], None], x_shape: tuple[int, ...] | list[tuple[int, ...]],
-                 y_shape: tuple[int, ...] | list[tuple[int, ...]], name: str,
-                 lock: Any = None):
-        self.fn = fn
+    def __init__(self, fn: Callable[[Any, Any], None], x_shapes: Sequence[tuple[int, ...]],
+                 y_shapes: Sequence[tuple[int, ...]], name: str, lock: Any = None):
+        # Tuples inside (one buffer per tensor); ``fn`` and ``call`` keep the variant's public
+        # shape: arrays when it has one tensor each way.
+        self._single = not several(x_shapes, y_shapes)
+        self.fn = tuple_call(fn, self._single)
         # The executor's process-wide lock (hwbackends.exclusive): an abandoned call keeps
         # running after its lane moved on, and another lane (or a new one) over the same
         # compiled model must not run beside it (seen: a wrong answer in the stress test).
         self._lock = lock if lock is not None else threading.Lock()
-        # A list of shapes (a model with several inputs/outputs): one buffer per tensor.
-        self.x: Any = _buffers(x_shape)
-        self.y: Any = _buffers(y_shape)
+        self.x = tuple(np.zeros(s, np.float32) for s in x_shapes)
+        self.y = tuple(np.zeros(s, np.float32) for s in y_shapes)
         self.busy = False
         self._seq = 0            # last call handed to the worker
         self._done_seq = 0       # last call the worker finished
@@ -117,7 +111,7 @@ class DeadlineWorker:
             self.busy = True
             self._seq += 1
             seq = self._seq
-        _copy(self.x, x)  # the worker is idle: nothing reads x until the hand-off below
+        _copy(self.x, (x,) if self._single else x)  # the worker is idle until the hand-off
         self._go.put(seq)
         with self._cv:
             if not self._cv.wait_for(lambda: self._done_seq == seq, timeout_s):
@@ -125,7 +119,7 @@ class DeadlineWorker:
             exc, self._exc = self._exc, None
             if exc is not None:
                 raise exc
-            _copy(out, self.y)  # under the lock: no later call can be writing y yet
+            _copy((out,) if self._single else out, self.y)  # under the lock: no later call writes y
         return True
 
 
@@ -224,11 +218,8 @@ class Lane:
             for v, cm in zip(self.variants, self.cms, strict=True):
                 b = cm.batch_size
                 lock = lock_for(cm)
-                v.worker = (DeadlineWorker(v.fn, [s.batched(b) for s in cm.inputs],
-                                           [s.batched(b) for s in cm.outputs], v.variant, lock)
-                            if getattr(cm, "multi_io", False) else
-                            DeadlineWorker(v.fn, cm.input.batched(b), cm.output.batched(b),
-                                           v.variant, lock))
+                v.worker = DeadlineWorker(v.fn, [s.batched(b) for s in cm.inputs],
+                                          [s.batched(b) for s in cm.outputs], v.variant, lock)
         self.cur = 0
         self.fn = self.variants[0].fn
         self._lat: list[int] = []  # this window's latencies (ns) of the serving variant
