@@ -123,6 +123,8 @@ SLOW: dict[tuple[str, str], str] = {
     ("README.md", "hwb serve "): _COMPILES,
     ("README.md", "hwb fleet "): "an embedded Ray evaluating every CPU variant",
     ("README.md", "hwb route --fleet r.json"): "reads what the fleet line above wrote",
+    ("README.md", "hwb export "): "reads what the bench line above wrote",
+    ("docs/export.md", "hwb "): "measures two_head, then exports from that measurement",
     ("README.md", "hwb.load_model(\"model.keras\")"): _COMPILES,
     ("docs/fleet.md", "--fleet local -o r.json"): "an embedded Ray evaluating every CPU variant",
     ("docs/routing.md", "hwb bench zoo:signal -t 'cpu.*' -p fp32,int8"): "measures every CPU variant",

@@ -12,9 +12,10 @@ The mapping (docs/export.md has the table):
   above the engine's own maximum (a TensorRT profile);
 - ``preferred_batch_size``: the measured sizes > 1 (≤ ``max_batch_size``) whose cost per row
   (median call / batch) is lower than at every smaller measured size: batching to them pays;
-- ``max_queue_delay``: deadline − p99 at ``max_batch_size`` (a request that waited that long
-  and then ran in the largest batch still meets its deadline); without a deadline, the p99 of
-  one batch-1 call (wait at most one call's tail for company);
+- ``max_queue_delay``: half of (deadline − p99 at ``max_batch_size``): a request that waited
+  that long, then behind one running batch, then in the largest batch still meets its
+  deadline, with room for the server's own overhead; without a deadline, the p99 of one
+  batch-1 call (wait at most one call's tail for company);
 - queue timeout = the deadline, requests past it rejected;
 - instances × threads per instance ≤ the measured machine's usable cores.
 """
@@ -186,9 +187,13 @@ def plan(m: Measured, *, deadline_us: float | None = None, max_batch: int | None
         f"{b} ({m.at(b).per_row_us:.2f} µs/row)" for b in preferred) or "none (no measured size "
         "costs less per row than batch 1)") + f"; batch 1 costs {usable[0].per_row_us:.2f} µs/row")
     if deadline_us is not None:
-        delay = int(deadline_us - top.p99_us)
-        why.append(f"max_queue_delay {delay} µs = deadline {deadline_us:.0f} − p99 {top.p99_us:.1f} "
-                   f"at batch {top.batch}")
+        # Half the slack waits for company; the other half is headroom for waiting behind a
+        # batch already running and for the server's own overhead, which an in-process
+        # measurement does not contain. At the full slack a request that waited it out would
+        # meet the queue timeout (= the deadline) within scheduling jitter and be rejected.
+        delay = int((deadline_us - top.p99_us) / 2)
+        why.append(f"max_queue_delay {delay} µs = (deadline {deadline_us:.0f} − p99 "
+                   f"{top.p99_us:.1f} at batch {top.batch}) / 2: the other half is headroom")
     else:
         delay = int(round(usable[0].p99_us))
         why.append(f"max_queue_delay {delay} µs = p99 of one batch-{usable[0].batch} call (no "
