@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from hwbackends.isolate import Worker
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Every temporary path this run makes — its own, its child processes', Ray's (which follows
@@ -63,6 +68,21 @@ def compiled(store_dir: Path, zoo_model):
             cache[key] = hwb.compile(zoo_model(name), target, precision, store=store_dir, **kw)
         return cache[key]
     return get
+
+
+@pytest.fixture
+def private_worker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Worker]:
+    """A compile worker of this test's own, for tests whose compile kills or crashes it (a
+    timeout, a segfaulting converter, Ctrl-C): the session's shared worker keeps its warm
+    imports, so no later test pays a cold worker start or meets what the kill left behind."""
+    from hwbackends import isolate
+
+    w = isolate.Worker()
+    monkeypatch.setattr(isolate, "_WORKER", w)  # what isolate.worker() hands every compile
+    try:
+        yield w
+    finally:
+        w.kill()
 
 
 @pytest.fixture

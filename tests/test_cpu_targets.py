@@ -107,8 +107,10 @@ def test_nan_policy_pass_lets_values_through(zoo_model, store_dir):
     assert y.shape == (1,)
 
 
-def test_crashing_converter_raises_compile_error_and_process_survives(zoo_model, store_dir):
-    """TF 2.21's full-int8 converter segfaults on a Keras LSTM left as a WHILE loop."""
+def test_crashing_converter_raises_compile_error_and_process_survives(zoo_model, store_dir,
+                                                                     private_worker):
+    """TF 2.21's full-int8 converter segfaults on a Keras LSTM left as a WHILE loop (in this
+    test's own worker: the crash ends it, the session's stays warm)."""
     m = zoo_model("lstm")
     with pytest.raises(CompileError) as info:
         hwb.compile(m, "cpu.litert", "int8", options={"recurrent": "loop"}, store=store_dir)
@@ -136,7 +138,7 @@ def test_unsupported_layer_names_layer_and_target(tmp_path):
     assert not any((tmp_path / "objects").rglob("*")) if (tmp_path / "objects").exists() else True
 
 
-def test_compile_timeout_kills_the_worker(zoo_model, tmp_path):
+def test_compile_timeout_kills_the_worker(zoo_model, tmp_path, private_worker):
     with pytest.raises(CompileError, match="timed out"):
         hwb.compile(zoo_model("conv1d"), "cpu.onnxruntime", "int8", store=tmp_path, timeout=0.05)
     cm = hwb.compile(zoo_model("mlp"), "cpu.litert", "fp32", store=tmp_path)
