@@ -29,15 +29,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _interrupt_main_after(seconds: float) -> threading.Timer:
-    """A real SIGINT delivered to the main thread while it waits in the worker's poll. The
-    caller makes SIGINT raise KeyboardInterrupt and unblocks it (:func:`_sigint_raises`): in
-    a full run something had left it ignored or blocked, and then no Ctrl-C arrived (what
-    failed in CI-like runs, not a slow or fast machine; conftest now names such a test)."""
+def _interrupt_main_once(started: Path) -> threading.Thread:
+    """A real SIGINT delivered to the main thread as soon as the job has started (``started``
+    exists): an event, not a timer, so neither a slow worker start nor a slow job can make it
+    land before or after the job. The caller makes SIGINT raise KeyboardInterrupt and unblocks
+    it (:func:`_sigint_raises`): in a full run something had left it ignored or blocked, and
+    then no Ctrl-C arrived (what failed in CI-like runs; conftest now names such a test)."""
     main = threading.main_thread().ident
-    t = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+
+    def send() -> None:
+        deadline = time.monotonic() + 600
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t = threading.Thread(target=send, daemon=True)
     t.start()
     return t
+
+
+def _held_open(started: str, release: str) -> str:
+    """A job that runs until the test releases it (never ends on its own before the signal):
+    it says it has started, then waits for ``release``."""
+    Path(started).touch()
+    deadline = time.monotonic() + 600
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "late reply of the interrupted job"
 
 
 @pytest.fixture
@@ -50,21 +68,24 @@ def _sigint_raises():
     signal.signal(signal.SIGINT, old)
 
 
-def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply(own_tmp, _sigint_raises):
+def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_reply(
+        own_tmp, _sigint_raises, tmp_path):
     before = _job_dirs()
     w = Worker()
     try:
         assert w.run(operator.add, 1, 2, timeout=60, what="warm-up") == 3
         assert _job_dirs() == before, "a job's temp dir outlived its success"
         first_pid = w._proc.pid
-        t = _interrupt_main_after(0.5)
-        # the job outlasts any delay of the interrupt (it failed once on a fast box: the 2 s job
-        # it used to be ended first); Ctrl-C kills the worker, so it never runs 30 s
+        started, release = tmp_path / "started", tmp_path / "release"
+        t = _interrupt_main_once(started)
+        # the job holds on until the interrupt has landed (it failed once on a fast box: the
+        # 2 s job it used to be ended first); Ctrl-C kills the worker, so it never replies
         with pytest.raises(KeyboardInterrupt):
-            w.run(time.sleep, 30.0, timeout=60, what="slow job")  # would reply None at 30 s
+            w.run(_held_open, str(started), str(release), timeout=600, what="held job")
         t.join()
         assert _job_dirs() == before, "a job's temp dir outlived its interrupt"
-        # Before the fix this got the slow job's late reply (None) instead of its own.
+        release.touch()  # a worker that survived would now send the held job's late reply
+        # Before the fix this got the held job's late reply instead of its own.
         assert w.run(operator.add, 20, 22, timeout=60, what="next job") == 42
         assert w._proc.pid != first_pid, "the interrupted worker must be replaced"
         assert not _alive(first_pid)
@@ -140,14 +161,26 @@ def test_job_temp_files_are_removed_on_failure(own_tmp):
         w.kill()
 
 
+def _import_keras() -> None:
+    """Warm-up job: what a compile job of a Keras model imports before the target's compile."""
+    import keras  # noqa: F401
+
+    import hwbackends.models  # noqa: F401
+
+
 @pytest.mark.slow
-def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, own_tmp):
+def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp_path, own_tmp,
+                                                                  private_worker):
     report = tmp_path / "report"
     reg = build_registry(entry_points=False)
     reg.register(plugin(SetsidTarget(str(report))), "hwbt")
+    # The timeout kills this test's own worker (the session's keeps its warm imports). Warmed
+    # first, so the timed job reaches the helper within a second or two: 15 s is many times
+    # that on a loaded machine, where the cold worker start it used to include took ~30 s.
+    private_worker.run(_import_keras, timeout=600, what="warm-up")
     before = _job_dirs()
     with pytest.raises(CompileError, match="timed out"):
-        hwb.compile(zoo_model("mlp"), "cpu.hwbt_setsid", store=tmp_path / "store", timeout=45,
+        hwb.compile(zoo_model("mlp"), "cpu.hwbt_setsid", store=tmp_path / "store", timeout=15,
                     registry=reg, fidelity=False)
     pid_s, scratch, job_tmp = report.read_text().split("\n")[:3]
     helper = int(pid_s)
