@@ -105,6 +105,26 @@ def test_zoo_fp32_fidelity_and_the_c_entry(compiled) -> None:
         assert cm.predict_into.__self__[0].__func__.__name__ == "_fail"
 
 
+@pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
+def test_int8_fidelity_and_kernel(zoo_model, store_dir, isa) -> None:
+    """int8 (per-channel int8 weights, calibrated int8 activations, int32 accumulation) meets
+    the int8 gate on the zoo; native uses VNNI where the CPU has it, x86-64-v3 (AVX2, no VNNI)
+    the portable dot-product form."""
+    from hwb_plugins.cpu_native import build
+
+    if isa != "native" and build.arch() != "x86_64":
+        pytest.skip("x86-64 ISA level")
+    for name in ("signal", "mlp", "conv1d", "lstm"):
+        cm = hwb.compile(zoo_model(name), "cpu.native", "int8", store=store_dir, options={"isa": isa})
+        assert cm.fidelity.corr >= 0.999 and cm.fidelity.rel_err <= 0.05, (name, cm.fidelity)
+        kernel = cm.artifact.meta["int8_kernel"]
+        if isa == "x86-64-v3":
+            assert kernel == "portable"
+        elif "avx512_vnni" in build.host_flags():
+            assert kernel == "vnni-512"
+            assert "_mm512_dpbusd_epi32" in cm.artifact.file("model.c").read_text()
+
+
 def test_bad_inputs_give_the_cores_messages(compiled) -> None:
     cm = compiled("signal", "cpu.native")
     spec_in, spec_out = cm.input, cm.output

@@ -33,6 +33,10 @@ VECTORS = {"avx512": (16, 16), "default": (8, 8)}
 MAX_STACK_BYTES = 1 << 20
 
 _PRELUDE = r"""
+#include <stdint.h>
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#include <immintrin.h>
+#endif
 #include "hwb_model.h"
 
 #define HWB_INLINE static inline __attribute__((always_inline))
@@ -112,6 +116,8 @@ class Source:
     stack_bytes: int
     #: how many matmuls were written as explicit vector code
     matvecs: int = 0
+    #: the int8 matmul kernel (vnni-512, vnni-256, portable), "" for fp32
+    int8_kernel: str = ""
     consts: list[str] = field(default_factory=list)
 
 
@@ -123,6 +129,10 @@ class _Emitter:
         self.stack = 0
         self.n = 0
         self.matvecs = 0
+        #: buffers of recurrent state (bounded by 1 in magnitude)
+        self.state: set[str] = set()
+        #: index of the layer being emitted
+        self.cur = 0
 
     def const(self, stem: str, a: np.ndarray) -> str:
         name = f"{stem}{len(self.consts)}"
@@ -303,6 +313,7 @@ class _Emitter:
         gates = 4 if layer.cell == "lstm" else 3
         # h lives in the output buffer when only the last state is returned
         h = self.buf(u) if layer.return_sequences else o
+        self.state.add(h)  # |h| <= 1 (int8: a fixed scale)
         self.line(f"for (int j = 0; j < {u}; j++) {h}[j] = 0.0f;")
         z = self.buf(gates * u)
         xt = f"({src} + t * {ci})"
@@ -328,6 +339,7 @@ class _Emitter:
         else:  # the candidate's recurrent term reads r·h: a second matvec after the gates
             hz = self.buf(2 * u)
             rh = self.buf(u)
+            self.state.add(rh)
             zero = np.zeros((u, u), np.float32)
             self.line(f"for (int t = 0; t < {t_len}; t++) {{")
             self.matvec([(xt, ci), (h, u)], z, 3 * u,
@@ -351,11 +363,125 @@ def vector_shape(requires: list[str]) -> tuple[int, int]:
     return VECTORS["avx512" if "avx512f" in requires else "default"]
 
 
-def emit_fp32(net: ir.Network, requires: list[str]) -> Source:
+class _Int8Emitter(_Emitter):
+    """int8: every matmul (Dense, Conv1D window, recurrent gates) quantises its input to
+    int8 with a calibrated per-tensor scale (recurrent state: 1/127, as |h| <= 1), multiplies
+    by symmetric per-output-channel int8 weights with int32 accumulation, and dequantises into
+    float, where bias, activations, pooling and the LSTM/GRU gate arithmetic stay.
+
+    The input is stored shifted to unsigned (q + 128) and each output's dot product corrected
+    by 128·Σw: unsigned × signed bytes is the form CPUs multiply-accumulate in one instruction
+    (VNNI ``vpdpbusd``; GCC's dot-product pattern emits it when the ISA has it)."""
+
+    def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: list[float], requires: list[str]):
+        super().__init__(net, vw, acc)
+        self.in_amax = in_amax
+        #: the VNNI kernel: (int32 lanes per vector, intrinsic prefix), or None (portable form)
+        if {"avx512_vnni", "avx512bw", "avx512vl"} <= set(requires):
+            self.vnni: tuple[int, str] | None = (16, "_mm512")
+        elif "avx_vnni" in requires:
+            self.vnni = (8, "_mm256")
+        else:
+            self.vnni = None
+
+    def vnni_dot(self, q: str, npad: int, wt: np.ndarray, n_out: int, cn: str, mn: str,
+                 dst: str, first: str) -> None:
+        """int32 dot products of the unsigned input bytes ``q`` with ``wt`` (n_out, npad), 4
+        bytes per lane per instruction: the weights of 4 consecutive inputs for one output sit
+        in one int32 lane (layout ``[input/4][output][4]``), the 4 input bytes are broadcast,
+        and one ``vpdpbusd`` accumulates them into every output of a vector at once (no
+        horizontal sums)."""
+        lanes, pre = self.vnni
+        nvec = -(-n_out // lanes)
+        groups = npad // 4
+        wpad = np.zeros((nvec * lanes, npad), np.int8)
+        wpad[:n_out] = wt
+        layout = wpad.reshape(nvec * lanes, groups, 4).transpose(1, 0, 2)
+        wv = self.const_i8(np.ascontiguousarray(layout))
+        dp = "_mm512_dpbusd_epi32" if pre == "_mm512" else "_mm256_dpbusd_avx_epi32"
+        vt = "__m512i" if pre == "_mm512" else "__m256i"
+        self.n += 1
+        ints = f"acc{self.n}"
+        self.line(f"  int {ints}[{nvec * lanes}] A64;")
+        for b0 in range(0, nvec, self.acc):
+            nb = min(self.acc, nvec - b0)
+            self.line("  { " + " ".join(f"{vt} a{k} = {pre}_setzero_si{lanes * 32}();" for k in range(nb)))
+            self.line(f"    for (int g = 0; g < {groups}; g++) {{ int x4; __builtin_memcpy(&x4, {q} + 4 * g, 4); "
+                      f"const {vt} xb = {pre}_set1_epi32(x4); const {vt} *wg = (const {vt} *)({wv} + "
+                      f"(g * {nvec} + {b0}) * {lanes * 4}); " +
+                      " ".join(f"a{k} = {dp}(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
+            self.line("    " + " ".join(f"{pre}_store_si{lanes * 32}(({vt} *)({ints} + {(b0 + k) * lanes}), a{k});"
+                                        for k in range(nb)) + " }")
+        self.line(f"  for (int j = 0; j < {n_out}; j++) {dst}[j] = {first} + (float)({ints}[j] - {cn}[j]) * {mn}[j];")
+
+    def matvec(self, segs: list[tuple[str, int]], dst: str, n_out: int, w: np.ndarray,
+               bias: np.ndarray | None, accumulate: bool = False) -> None:
+        n_in = sum(n for _, n in segs)
+        assert w.shape == (n_in, n_out), (w.shape, n_in, n_out)
+        self.matvecs += 1
+        amax = np.abs(w).max(axis=0)
+        sw = np.where(amax > 0, amax / 127.0, 1.0)
+        wq = np.clip(np.rint(w / sw), -127, 127).astype(np.int8)
+        self.line("{")
+        row = 0
+        for k, (src, n) in enumerate(segs):
+            s_in = (1.0 / 127.0) if src in self.state else max(self.in_amax[self.cur], 1e-30) / 127.0
+            npad = -(-n // 16) * 16
+            wt = np.zeros((n_out, npad), np.int8)
+            wt[:, :n] = wq[row:row + n].T
+            wn = "" if self.vnni else self.const_i8(wt)
+            cn = self.const_i32(128 * wt.astype(np.int64).sum(axis=1))
+            mn = self.const("M", (s_in * sw).astype(np.float32))
+            q = f"q{self.matvecs}_{k}"
+            self.line(f"  uint8_t {q}[{npad}] A64;")
+            self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {float(np.float32(1.0 / s_in)).hex()}f; "
+                      f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
+                      f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
+            if npad > n:
+                self.line(f"  for (int i = {n}; i < {npad}; i++) {q}[i] = 128;")
+            if k == 0 and not accumulate:
+                first = f"{self.const('B', bias)}[j]" if bias is not None else "0.0f"
+            else:
+                first = f"{dst}[j]"
+            if self.vnni:
+                self.vnni_dot(q, npad, wt, n_out, cn, mn, dst, first)
+            else:
+                self.line(f"  for (int j = 0; j < {n_out}; j++) {{ const int8_t *wr = {wn} + j * {npad}; int s = 0; "
+                          f"for (int i = 0; i < {npad}; i++) s += {q}[i] * wr[i]; "
+                          f"{dst}[j] = {first} + (float)(s - {cn}[j]) * {mn}[j]; }}")
+            row += n
+        self.line("}")
+
+    def const_i8(self, a: np.ndarray) -> str:
+        name = f"Q{len(self.consts)}"
+        self.consts.append(f"static const int8_t {name}[{a.size}] A64 = {{{','.join(map(str, a.ravel().tolist()))}}};")
+        return name
+
+    def const_i32(self, a: np.ndarray) -> str:
+        name = f"C{len(self.consts)}"
+        self.consts.append(f"static const int {name}[{a.size}] A64 = {{{','.join(map(str, a.ravel().tolist()))}}};")
+        return name
+
+
+def input_ranges(net: ir.Network, calibration: np.ndarray) -> list[float]:
+    """max |input| of every layer over the calibration samples (the IR's float reference)."""
+    outs = ir.forward(net, calibration)
+    ins = [np.asarray(calibration, np.float64), *outs[:-1]]
+    return [float(np.abs(a).max()) if a.size else 0.0 for a in ins]
+
+
+def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
+         calibration: np.ndarray | None = None) -> Source:
     """The model as C: ``hwb_model_predict_n`` and ``hwb_model_predict`` (declared in the
-    generated header, build.header), vectorised for the CPU features ``requires``."""
+    generated header, build.header), vectorised for the CPU features ``requires``; int8
+    calibrates its activation scales on ``calibration``."""
     vw, acc = vector_shape(requires)
-    e = _Emitter(net, vw, acc)
+    if precision == "int8":
+        if calibration is None:
+            raise UnsupportedError("cpu.native:int8 needs calibration data")
+        e: _Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires)
+    else:
+        e = _Emitter(net, vw, acc)
     shapes = net.shapes()
     producing = [i for i, layer in enumerate(net.layers)
                  if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
@@ -365,6 +491,7 @@ def emit_fp32(net: ir.Network, requires: list[str]) -> Source:
     cur, shape = ("x" if last >= 0 else "y"), tuple(net.input_shape)
     for i, (layer, out_shape) in enumerate(zip(net.layers, shapes, strict=True)):
         e.line(f"/* {layer.name}: {type(layer).__name__} {shape} -> {out_shape} */")
+        e.cur = i
         cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
         shape = out_shape
     if e.stack > MAX_STACK_BYTES:
@@ -389,4 +516,7 @@ def _assemble(e: _Emitter, n_in: int, n_out: int) -> Source:
         "    return hwb_model_predict_n(x, y, HWB_MODEL_BATCH);", "}", "",
         "const char *hwb_model_fingerprint(void) { return HWB_MODEL_FINGERPRINT; }",
         "const char *hwb_model_isa(void) { return HWB_MODEL_ISA; }", ""])
-    return Source(code, e.stack, e.matvecs, e.consts)
+    kernel = ""
+    if isinstance(e, _Int8Emitter):
+        kernel = f"vnni-{e.vnni[0] * 32}" if e.vnni else "portable"
+    return Source(code, e.stack, e.matvecs, kernel, e.consts)

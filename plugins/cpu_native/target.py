@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ def check_isa(meta: dict[str, Any], cpuinfo: str | None = None) -> None:
 class NativeTarget(Target):
     name = "cpu.native"
     family = "cpu"
-    precisions = ("fp32",)
+    precisions = ("fp32", "int8")
+    calibrated = ("int8",)
     formats = ("keras", "torch")
     version = "1"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
@@ -107,16 +109,18 @@ class NativeTarget(Target):
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
-        from .emit import emit_fp32
+        from .emit import emit
 
         self.check_options(options)
+        t0 = time.perf_counter()
         isa = options.extra.get("isa", "native")
         net = layer_ir.extract(model, self.name)
         cc = build.compiler_path()
         if cc is None:
             raise CompileError(f"cpu.native: C compiler {build.compiler()!r} not found")
         requires = build.required_flags(cc, isa)
-        src = emit_fp32(net, requires)
+        calib = options.calibration if options.precision == "int8" else None
+        src = emit(net, requires, options.precision, calib)
         batch = options.batch_size
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
@@ -132,9 +136,9 @@ class NativeTarget(Target):
                 "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
-                "vector_matvecs": src.matvecs,
+                "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
                 "layers": [f"{layer.name}:{type(layer).__name__}" for layer in net.layers],
-                **facts}
+                "build_seconds": round(time.perf_counter() - t0, 3), **facts}
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         meta = artifact.meta
