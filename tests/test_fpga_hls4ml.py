@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,10 +16,9 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.errors import CacheError, InputError, UnsupportedError
+from hwbackends.errors import CacheError, UnsupportedError
 from hwbackends.registry import get_registry
 from hwbackends.specs import Mode
-from hwbackends.store import ArtifactStore
 from hwbackends.target import CompileOptions
 
 TARGET = "fpga.hls4ml"
@@ -33,30 +30,28 @@ def _target():
 
 
 # -- registration, options, precisions (fast) ------------------------------------------------
-def test_registered_and_emulated_with_reasons():
+def test_registered_and_emulated_with_reasons(hwb_cli):
     t = _target()
     av = t.probe()
     assert av.mode is Mode.EMULATED, av
     assert "C-simulation" in av.reason
     if shutil.which("vitis_hls") is None:
         assert "vitis_hls not on PATH" in av.reason and av.details["synthesis"] is False
-    out = subprocess.run([sys.executable, "-m", "hwbackends.cli", "targets"], capture_output=True,
-                         text=True, timeout=120)
-    if out.returncode == 0:  # the CLI module may be invoked as `hwb`; the listing is what matters
-        assert TARGET in out.stdout
+    rc, out, _ = hwb_cli("targets")  # in this process: only the listing is checked
+    assert rc == 0 and TARGET in out
 
 
-def test_missing_compiler_makes_the_target_unavailable(monkeypatch):
+def test_missing_compiler_makes_the_target_unavailable(monkeypatch, zoo_model):
     from hwbackends.errors import UnavailableError
 
     monkeypatch.setenv("HWB_CXX", "/nonexistent/g++")
     av = _target().probe()
     assert av.mode is Mode.UNAVAILABLE and "g++ not on PATH" in av.reason
     with pytest.raises(UnavailableError, match="g\\+\\+"):
-        hwb.compile("zoo:mlp", TARGET)
+        hwb.compile(zoo_model("mlp"), TARGET)
 
 
-def test_precisions_accept_explicit_fixed_point_only():
+def test_precisions_accept_explicit_fixed_point_only(zoo_model):
     t = _target()
     assert t.precisions[0] == "auto"
     for ok in ("auto", "ap_fixed<16,6>", "ap_fixed<18,8>", "fixed<12,4>", "ap_fixed<16,6,AP_RND,AP_SAT>"):
@@ -67,10 +62,10 @@ def test_precisions_accept_explicit_fixed_point_only():
     # tuple whose `in` disagreed with iteration made bench/strategies refuse ap_fixed).
     assert t.precisions == ("auto",) and "ap_fixed" in t.precision_rule
     with pytest.raises(UnsupportedError, match="ap_fixed<W,I>.*got 'fp16'"):
-        hwb.compile("zoo:mlp", TARGET, "fp16")
+        hwb.compile(zoo_model("mlp"), TARGET, "fp16")
 
 
-def test_bad_options_are_refused_with_the_choices():
+def test_bad_options_are_refused_with_the_choices(zoo_model):
     from hwb_plugins.fpga_hls4ml.convert import HlsOptions
     from hwb_plugins.fpga_hls4ml.precision import FidelityTarget
 
@@ -83,7 +78,7 @@ def test_bad_options_are_refused_with_the_choices():
     with pytest.raises(UnsupportedError, match="corr_min"):
         FidelityTarget.from_option({"corr": 0.9})
     with pytest.raises(UnsupportedError, match="no option"):
-        hwb.compile("zoo:mlp", TARGET, options={"reuse": 2})
+        hwb.compile(zoo_model("mlp"), TARGET, options={"reuse": 2})
 
 
 def test_unsupported_layer_names_the_layer_and_hls4mls_list(tmp_path):
@@ -170,29 +165,15 @@ def test_lstm_auto_end_to_end(compiled, zoo_model):
     assert types["lstm"]["result"] == types["window"]["result"]  # hls4ml's LSTM needs one type
 
 
+# A second identical compile is a cached load with identical outputs, a corrupted artifact file
+# is detected and rebuilt, and every wrong x/out is refused with InputError while the process
+# survives: the conformance kit checks these on fpga.hls4ml's mlp auto build (tests/
+# test_conformance.py, store_roundtrip and bad_inputs), the very build used here. What follows
+# is what the kit cannot know about this target.
 @pytest.mark.slow
-def test_bad_input_raises_and_process_survives(compiled):
-    cm = compiled("mlp", TARGET, "auto")
-    out = np.empty(cm.output.batched(1), np.float32)
-    for x in (np.zeros((1, 63), np.float32), np.zeros((1, 64), np.float64),
-              np.zeros((2, 64), np.float32), np.zeros((64, 2), np.float32).T[:1]):
-        with pytest.raises(InputError):
-            cm.predict_into(x, out)
-    with pytest.raises(InputError):
-        cm.predict_into(np.zeros((1, 64), np.float32), np.empty((1, 2), np.float32))
-    with pytest.raises(InputError):
-        cm.predict_into([[0.0] * 64], out)  # not an array at all
-    cm.predict_into(np.zeros((1, 64), np.float32), out)
-    assert np.isfinite(out).all() and abs(out.sum() - 1) < 0.05
-
-
-@pytest.mark.slow
-def test_warm_load_from_the_store_without_rebuilding(compiled, zoo_model, store_dir, tmp_path):
+def test_a_fresh_dlopen_of_a_stored_library_is_fast(compiled, zoo_model, tmp_path):
     first = compiled("mlp", TARGET, "auto")
-    again = hwb.compile(zoo_model("mlp"), TARGET, "auto", store=store_dir, fidelity=False)
-    assert again.artifact.cached and again.artifact.key == first.artifact.key
     x = zoo_model("mlp").representative(8, seed=2)
-    np.testing.assert_array_equal(again.predict(x), first.predict(x))
     # A fresh dlopen (new path, so not the handle already open) in well under a second.
     copy = tmp_path / "art"
     shutil.copytree(first.artifact.path, copy)
@@ -206,20 +187,10 @@ def test_warm_load_from_the_store_without_rebuilding(compiled, zoo_model, store_
 
 
 @pytest.mark.slow
-def test_corrupt_library_is_detected(compiled, tmp_path):
+def test_a_library_that_cannot_be_opened_is_refused_by_load(compiled, tmp_path):
+    """A truncated C-sim library (its hashes are not checked here: load() alone) makes load()
+    raise CacheError naming dlopen, which makes hwb.compile evict the entry and rebuild."""
     first = compiled("mlp", TARGET, "auto")
-    key = first.artifact.key
-    root = tmp_path / "store"
-    st = ArtifactStore(root)
-    shutil.copytree(first.artifact.path, st.path_for(key))
-    assert st.get(key) is not None
-    lib = st.path_for(key) / "csim" / "libmyproject.so"
-    blob = bytearray(lib.read_bytes())
-    blob[len(blob) // 2] ^= 0xFF
-    lib.write_bytes(bytes(blob))
-    assert st.get(key) is None  # hash mismatch: removed, the next compile rebuilds
-    # A library that cannot be opened at all (truncated) is refused by load(), which makes
-    # hwb.compile evict the entry and rebuild.
     copy = tmp_path / "art"
     shutil.copytree(first.artifact.path, copy)
     (copy / "csim" / "libmyproject.so").write_bytes(b"\x7fELF truncated")
@@ -382,15 +353,25 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _import_hls4ml() -> None:
+    """Warm-up job: what an hls4ml compile job imports before it starts g++."""
+    import hls4ml  # noqa: F401
+    import keras  # noqa: F401
+
+    import hwbackends.models  # noqa: F401
+
+
 @pytest.mark.slow
-def test_timeout_stops_the_build_and_every_g_plus_plus(zoo_model, tmp_path):
-    """Last in the file: the timeout kills the compile worker (the next compile restarts it)."""
+def test_timeout_stops_the_build_and_every_g_plus_plus(zoo_model, tmp_path, private_worker):
+    """The timeout kills this test's own compile worker (the session's keeps its imports),
+    warmed first as the shared one would be, so g++ starts well inside the 8 s."""
     import threading
 
     from hwbackends.errors import CompileError
 
     if not Path("/proc/self/cwd").exists():
         pytest.skip("needs /proc to see the compiler processes")
+    private_worker.run(_import_hls4ml, timeout=600, what="warm-up")
     seen: set[int] = set()
     stop = threading.Event()
 

@@ -397,9 +397,9 @@ def test_npz_to_a_one_input_model(jet, tmp_path, store_dir, hwb_cli):
         cm.predict({"a": X16})
 
 
-def test_fixed_point_precision_out_of_range_says_which_are_taken(store_dir):
+def test_fixed_point_precision_out_of_range_says_which_are_taken(store_dir, zoo_model):
     from hwbackends.errors import UnsupportedError
 
     _need("fpga.da4ml")
     with pytest.raises(UnsupportedError, match=r"auto and any fixed<W,I>.*W ≤ 32.*'fixed<40,8>'"):
-        hwb.compile("zoo:mlp", "fpga.da4ml", "fixed<40,8>", store=store_dir)
+        hwb.compile(zoo_model("mlp"), "fpga.da4ml", "fixed<40,8>", store=store_dir)
