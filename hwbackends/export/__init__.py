@@ -135,15 +135,23 @@ def _triton(m: Any, target: str, prec: str, out: Path, name: str,
     else:
         sizes = sorted({*s.warmup_sizes, *(b for st in settings.values() for b in st.warmup_sizes)})
         compiled = {b: _compile(m, target, prec, b, threads, store, progress) for b in sizes}
+        if how == "native":
+            try:
+                files = T.onnx_file(vdir, compiled)
+                tm = T.TritonModel(name, m.inputs, m.outputs, T.NATIVE[target][1], threads)
+            except UnsupportedError as exc:
+                if flavour == "native" or target not in T.PYTHON:
+                    raise
+                # a graph with its batch fixed inside (an LSTM's initial state): the python
+                # backend runs the compiled graph per measured size instead
+                notes.append(f"python backend instead of {T.NATIVE[target][1]}: {exc}")
+                how = "python"
         if how == "python":
             files = T.python_files(vdir, target, compiled, threads)
             tm = T.TritonModel(name, m.inputs, m.outputs, {"backend": "python"}, threads)
-        else:
-            files = T.onnx_file(vdir, compiled)
-            tm = T.TritonModel(name, m.inputs, m.outputs, T.NATIVE[target][1], threads)
     written = T.write_repository(out, tm, settings, measured, main,
                                  command or f"hwb export {m.name} -t {target}:{prec} --format triton")
-    if notes:  # the engine's binding goes at the top of every config
+    if notes:  # the engine's binding or a backend fallback: at the top of every config
         for p in written:
             p.write_text(comment(notes) + p.read_text())
     return ExportResult("triton", out, written + files, settings, measured, notes)

@@ -57,5 +57,6 @@ def dumps(msg: dict[str, Any], indent: int = 0) -> str:
 
 
 def comment(lines: list[str]) -> str:
-    """``lines`` as ``#`` comments (text format's comment syntax)."""
-    return "".join(f"# {ln}\n" for ln in lines)
+    """``lines`` as ``#`` comments (text format's comment syntax); a line holding newlines
+    (a library's error message) becomes several comment lines, never a line of config."""
+    return "".join(f"# {part}\n" for ln in lines for part in str(ln).splitlines() or [""])

@@ -94,8 +94,12 @@ def config_text(tm: TritonModel, s: Settings, provenance: list[str]) -> str:
                            "output": [{"name": t.name, "data_type": _dtype(t), "dims": dims(t)}
                                       for t in tm.outputs]}
     if not static:
-        # Triton refuses a preferred size above max_batch_size: plan() never gives one.
-        assert all(b <= s.max_batch_size for b in s.preferred)
+        # Triton's core refuses a preferred size above max_batch_size (plan() never gives
+        # one; settings built by hand are checked here, not left to the server's load error)
+        if any(b > s.max_batch_size for b in s.preferred):
+            raise UnsupportedError(f"preferred_batch_size {list(s.preferred)} exceeds "
+                                   f"max_batch_size {s.max_batch_size}; Triton would refuse "
+                                   f"to load the model")
         db: dict[str, Any] = {"preferred_batch_size": list(s.preferred),
                               "max_queue_delay_microseconds": s.queue_delay_us}
         if s.timeout_us is not None:
@@ -224,21 +228,29 @@ def onnx_file(version_dir: Path, compiled: dict[int, Any]) -> list[Path]:
     version_dir.mkdir(parents=True, exist_ok=True)
     out = version_dir / "model.onnx"
     onnx.save(proto, str(out))
-    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+    def refuse(why: str) -> UnsupportedError:
+        out.unlink()
+        return UnsupportedError(f"the {top.variant} graph does not take a dynamic batch: {why}; "
+                                f"export it with --flavour python, which ships the compiled "
+                                f"graph per batch size")
     rng = np.random.default_rng(0)
-    for b, cm in sorted(compiled.items()):
-        xs = tuple(rng.standard_normal(s.batched(b)).astype(np.float32) for s in cm.inputs)
-        want = cm.predict(xs if cm.multi_io else xs[0])
-        want = want if isinstance(want, tuple) else (want,)
-        got = sess.run([s.name for s in cm.outputs], {s.name: x for s, x in zip(cm.inputs, xs, strict=True)})
-        for s, w, g_ in zip(cm.outputs, want, got, strict=True):
-            if not np.allclose(w, g_, atol=1e-5, rtol=1e-5):
-                out.unlink()
-                raise UnsupportedError(
-                    f"the {cm.variant} graph with a dynamic batch answers differently from the "
-                    f"compiled batch-{b} variant (output {s.name}, max diff "
-                    f"{float(np.max(np.abs(w - g_))):.3g}); export it with --flavour python, "
-                    f"which ships the compiled graph per batch size")
+    try:
+        sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        for b, cm in sorted(compiled.items()):
+            xs = tuple(rng.standard_normal(s.batched(b)).astype(np.float32) for s in cm.inputs)
+            want = cm.predict(xs if cm.multi_io else xs[0])
+            want = want if isinstance(want, tuple) else (want,)
+            got = sess.run([s.name for s in cm.outputs],
+                           {s.name: x for s, x in zip(cm.inputs, xs, strict=True)})
+            for s, w, g_ in zip(cm.outputs, want, got, strict=True):
+                if not np.allclose(w, g_, atol=1e-5, rtol=1e-5):
+                    raise refuse(f"at batch {b} output {s.name} differs from the compiled "
+                                 f"variant by {float(np.max(np.abs(w - g_))):.3g}")
+    except UnsupportedError:
+        raise
+    except Exception as exc:  # ORT's own errors: a shape fixed inside the graph (LSTM states)
+        raise refuse(f"ONNX Runtime: {str(exc)[:300]}") from exc
     return [out]
 
 
