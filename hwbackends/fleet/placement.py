@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..bench.results import BenchResults
+from ..units import fmt_us
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..registry import Registry
@@ -59,9 +60,6 @@ def place(res: BenchResults, config: str | Path, registry: "Registry | None" = N
 
 def render(placement: list[dict[str, Any]]) -> str:
     """The table ``hwb route --fleet`` prints."""
-    def us(v: float | None) -> str:
-        return "—" if v is None else f"{v:.2f} µs" if v < 10 else f"{v:,.1f} µs"
-
     lines = [f"{'STRATEGY':<16} {'TIER':<9} {'BUDGET':>10}  {'MACHINE':<22} {'VARIANT':<24} "
              f"{'MODE':<9} {'p99':>10}"]
     for r in placement:
@@ -70,9 +68,9 @@ def render(placement: list[dict[str, Any]]) -> str:
             best = r["best"] and r["best"]["node_id"] == m["node_id"]
             flag = ("  ← best" if best else "") + ("" if d["meets_budget"] else
                                                    "  ! over budget" if d["chosen"] else "  ! no variant")
-            lines.append(f"{r['strategy']:<16} {r['tier']:<9} {us(r['budget_us']):>10}  "
+            lines.append(f"{r['strategy']:<16} {r['tier']:<9} {fmt_us(r['budget_us']):>10}  "
                          f"{str(m['label'])[:22]:<22} {(d['chosen'] or 'NONE'):<24} "
-                         f"{(d['chosen_mode'] or ''):<9} {us(d['chosen_p99_us']):>10}{flag}")
+                         f"{(d['chosen_mode'] or ''):<9} {fmt_us(d['chosen_p99_us']):>10}{flag}")
         if r["note"]:
             lines.append(f"{r['strategy']:<16} {r['note']}")
     return "\n".join(lines)

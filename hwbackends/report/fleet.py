@@ -8,12 +8,12 @@ and the cost of the Ray layer per variant. :func:`sections` returns HTML that
 from __future__ import annotations
 
 import html
-import math
 import statistics
 from typing import Any
 
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..units import fmt_us
 from ..variant import machine_key
 
 #: Fingerprint fields compared between machines (libraries are compared one by one).
@@ -23,12 +23,6 @@ MACHINE_FIELDS = (("cpu", "CPU"), ("arch", "arch"), ("cores", "cores"),
 
 def _e(x: Any) -> str:
     return html.escape(str(x))
-
-
-def _us(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    return f"{v:.2f} µs" if v < 10 else f"{v:,.1f} µs" if v < 10_000 else f"{v / 1000:,.1f} ms"
 
 
 def _badge(mode: str) -> str:
@@ -62,7 +56,7 @@ def _cross_table(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
     for p in sorted(res.profiles, key=lambda p: (p.scenario, _bare(p), p.batch_size, p.p99_us)):
         rows.append([_e(model), f"<b>{_e(_bare(p))}</b>", _e(_label(nodes, machine_key(p))),
                      _e(p.scenario) + (f" b{p.batch_size}" if p.batch_size != 1 else ""),
-                     _badge(p.mode), _us(p.p50_us), _us(p.p99_us), f"{p.throughput:,.0f}",
+                     _badge(p.mode), fmt_us(p.p50_us), fmt_us(p.p99_us), f"{p.throughput:,.0f}",
                      f"{p.n:,}"])
     return _table(["model", "variant", "machine", "scenario", "mode", "p50", "p99", "samples/s",
                    "n"], rows, {5, 6, 7, 8})
@@ -83,8 +77,8 @@ def fastest(res: BenchResults) -> list[tuple[str, LatencyProfile]]:
 
 
 def _fastest_html(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
-    rows = [[_e(f), f"<b>{_e(_bare(p))}</b>", _e(_label(nodes, machine_key(p))), _us(p.p50_us),
-             _us(p.p99_us), f"{p.throughput:,.0f}"] for f, p in fastest(res)]
+    rows = [[_e(f), f"<b>{_e(_bare(p))}</b>", _e(_label(nodes, machine_key(p))), fmt_us(p.p50_us),
+             fmt_us(p.p99_us), f"{p.throughput:,.0f}"] for f, p in fastest(res)]
     out = ("<h3>Fastest hardware per target family</h3>"
            + (_table(["family", "variant", "machine", "p50", "p99", "samples/s"], rows, {3, 4, 5})
               if rows else '<p class="note">No hardware (non-emulated) single-stream profile.</p>'))
@@ -94,9 +88,9 @@ def _fastest_html(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
         for s in placement:
             b = s.get("best") or {}
             ok = b.get("meets_budget")
-            prow.append([_e(s["strategy"]), _e(s["tier"]), _us(s["budget_us"]),
+            prow.append([_e(s["strategy"]), _e(s["tier"]), fmt_us(s["budget_us"]),
                          f"<b>{_e(b.get('variant') or '—')}</b>", _e(b.get("label") or "—"),
-                         _us(b.get("p99_us")),
+                         fmt_us(b.get("p99_us")),
                          '<span class="ok">within budget</span>' if ok else
                          '<span class="over">over budget</span>' if b else
                          '<span class="over">no variant</span>'])
@@ -170,8 +164,8 @@ def _machine_section(res: BenchResults, key: str, node: dict[str, Any]) -> str:
                if v.artifact_from_node and v.cached else
                "cached" if v.cached else f"compiled {v.compile_seconds:.1f} s")
         for p in ps:
-            rows.append([f"<b>{_e(_bare(p))}</b>", _badge(p.mode), _e(p.scenario), _us(p.p50_us),
-                         _us(p.p99_us), f"{p.throughput:,.0f}", how])
+            rows.append([f"<b>{_e(_bare(p))}</b>", _badge(p.mode), _e(p.scenario), fmt_us(p.p50_us),
+                         fmt_us(p.p99_us), f"{p.throughput:,.0f}", how])
     return (f"<section>{head}"
             + (_table(["target", "mode", "why / how"], av) if av else "")
             + (_table(["variant", "mode", "scenario", "p50", "p99", "samples/s", "artifact"], rows,

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ..bench.machine import describe as machine_line
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..units import fmt_us
 from ..variant import VariantRecord
 from . import plots
 
@@ -50,16 +51,6 @@ def _e(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _us(v: float | None) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    if v < 10:
-        return f"{v:.2f} µs"
-    if v < 10_000:
-        return f"{v:,.1f} µs"
-    return f"{v / 1000:,.1f} ms"
-
-
 def _badge(mode: str) -> str:
     return f'<span class="badge {_e(mode)}">{_e(mode.upper())}</span>'
 
@@ -87,12 +78,12 @@ def _cards(res: BenchResults) -> str:
     cards = []
     if hw:
         best = min(hw, key=lambda p: p.p99_us)
-        cards.append(("fastest hardware variant (p99, batch 1)", _us(best.p99_us),
-                      f"{best.variant} · p50 {_us(best.p50_us)} · n={best.n:,}"))
+        cards.append(("fastest hardware variant (p99, batch 1)", fmt_us(best.p99_us),
+                      f"{best.variant} · p50 {fmt_us(best.p50_us)} · n={best.n:,}"))
     emu = [p for p in ss if p.emulated]
     if emu:
         b = min(emu, key=lambda p: p.p99_us)
-        cards.append(("fastest emulated variant (not hardware)", _us(b.p99_us), f"{b.variant} · EMULATED"))
+        cards.append(("fastest emulated variant (not hardware)", fmt_us(b.p99_us), f"{b.variant} · EMULATED"))
     av = res.availability
     cards.append(("targets", f"{sum(a['mode'] == 'hardware' for a in av)} hw · "
                              f"{sum(a['mode'] == 'emulated' for a in av)} emu · "
@@ -117,9 +108,9 @@ def _routing(res: BenchResults) -> str:
         verdict = ('<span class="ok">within budget</span>' if ok else
                    '<span class="over">over budget</span>' if r.get("chosen") else
                    '<span class="over">no variant</span>')
-        rows.append([_e(r["strategy"]), _e(r["tier"]), _us(r["budget_us"]),
+        rows.append([_e(r["strategy"]), _e(r["tier"]), fmt_us(r["budget_us"]),
                      f"<b>{_e(r['chosen'] or '—')}</b> " + (_badge(r["chosen_mode"]) if r.get("chosen_mode") else ""),
-                     _us(r.get("chosen_p99_us")), verdict, _e(r.get("chosen_by", "")),
+                     fmt_us(r.get("chosen_p99_us")), verdict, _e(r.get("chosen_by", "")),
                      _e(" → ".join(r.get("failover", [])) or "—")])
     out = _table(["strategy", "tier", "p99 budget", "chosen", "measured p99", "", "by", "failover order"],
                  rows, {2, 4})
@@ -135,7 +126,7 @@ def _routing(res: BenchResults) -> str:
         crow = []
         for c in r["candidates"]:
             f = c.get("fidelity") or {}
-            crow.append([_e(c["variant"]), _badge(c["mode"]), _us(c.get("p99_us")),
+            crow.append([_e(c["variant"]), _badge(c["mode"]), fmt_us(c.get("p99_us")),
                          f"{f['corr']:.6f}" if "corr" in f else "—",
                          f"{f['max_abs']:.2g}" if "max_abs" in f else "—",
                          f'<span class="badge {"chosen" if c["status"] == "chosen" else c["status"] if c["status"] in ("rejected", "failed", "unavailable") else ""}">{_e(c["status"])}</span> '
@@ -390,12 +381,12 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
     rows = []
     for p in ps:
         r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
-             str(p.batch_size), f"{p.n:,}", _us(p.p50_us), _us(p.p90_us), _us(p.p99_us),
-             _us(p.p999_us), _us(p.max_us), f"{p.throughput:,.0f}"]
+             str(p.batch_size), f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p99_us),
+             fmt_us(p.p999_us), fmt_us(p.max_us), f"{p.throughput:,.0f}"]
         if server:
             rate = p.params.get("rate_hz")
             r.insert(3, f"{rate:g}/s" if rate else "trace")
-            r.append(_us(p.queue_mean_us))
+            r.append(fmt_us(p.queue_mean_us))
         rows.append(r)
     num = set(range(2, len(head)))
     return _table(head, rows, num)

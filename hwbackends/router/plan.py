@@ -29,6 +29,7 @@ from ..errors import HwbError
 from ..registry import precisions_to_build, safe_probe, select_targets, slow_unless_named
 from ..samples import describe as describe_data
 from ..specs import MODELLED, Availability, Mode
+from ..units import fmt_us
 from ..variant import VariantRecord, machine_key
 from .modelled import modelled_estimate, modelled_profile
 from .modelled import reason as modelled_reason
@@ -120,19 +121,11 @@ class Decision:
                 "candidates": [x.to_dict() for x in self.candidates]}
 
 
-def _fmt(us: float | None) -> str:
-    if us is None:
-        return "—"
-    if us < 10:
-        return f"{us:.2f} µs"
-    return f"{us:.1f} µs" if us < 10_000 else f"{us / 1000:.1f} ms"
-
-
 def explain(d: Decision) -> str:
     """The human explanation ``hwb route --explain`` prints for one strategy."""
     c = d.chosen
-    head = (f"strategy {d.strategy}: tier {d.tier} (p99 ≤ {_fmt(d.budget_us)}) → "
-            + (f"{c.variant} ({c.mode}, p99 {_fmt(c.p99_us)})" if c else "NO VARIANT"))
+    head = (f"strategy {d.strategy}: tier {d.tier} (p99 ≤ {fmt_us(d.budget_us)}) → "
+            + (f"{c.variant} ({c.mode}, p99 {fmt_us(c.p99_us)})" if c else "NO VARIANT"))
     lines = [head]
     if d.note:
         lines.append(f"  ! {d.note}")
@@ -146,7 +139,7 @@ def explain(d: Decision) -> str:
         corr = f"{f['corr']:.6f}" if "corr" in f else "—"
         mx = f"{f['max_abs']:.2g}" if "max_abs" in f else "—"
         verdict = x.status + (": " + "; ".join(x.reasons) if x.reasons else "")
-        lines.append(f"  {x.variant:<30} {x.mode:<11} {_fmt(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
+        lines.append(f"  {x.variant:<30} {x.mode:<11} {fmt_us(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
     if len(d.order) > 1:
         lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
     return "\n".join(lines)
@@ -364,13 +357,13 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
     chosen.reasons = [why] + [r for r in chosen.reasons if chosen.mode == MODELLED and r.startswith(MODELLED)]
     for c in eligible:
         if c is not chosen and c.status == "fallback":
-            c.reasons = [f"p99 {_fmt(c.p99_us)} ≥ chosen {_fmt(chosen.p99_us)}"]
+            c.reasons = [f"p99 {fmt_us(c.p99_us)} ≥ chosen {fmt_us(chosen.p99_us)}"]
         elif c.status == "over-budget":
-            c.reasons = [f"p99 {_fmt(c.p99_us)} > budget {_fmt(budget)}"]
+            c.reasons = [f"p99 {fmt_us(c.p99_us)} > budget {fmt_us(budget)}"]
     if not d.meets_budget:
-        d.note = (f"no variant meets tier {s.tier} (p99 ≤ {_fmt(budget)}); "
-                  + (f"closest: {chosen.variant} at p99 {_fmt(chosen.p99_us)}"
+        d.note = (f"no variant meets tier {s.tier} (p99 ≤ {fmt_us(budget)}); "
+                  + (f"closest: {chosen.variant} at p99 {fmt_us(chosen.p99_us)}"
                      if d.chosen_by == "policy" else
-                     f"{d.chosen_by} chose {chosen.variant} at p99 {_fmt(chosen.p99_us)}"))
+                     f"{d.chosen_by} chose {chosen.variant} at p99 {fmt_us(chosen.p99_us)}"))
     d.order = [chosen] + [c for c in eligible if c is not chosen]
     return d
