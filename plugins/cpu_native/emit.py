@@ -295,14 +295,50 @@ class _Emitter:
             self.line(f"for (int i = 0; i < {t_in * ci}; i++) {padded}[{left * ci} + i] = {src}[i];")
             src = padded
         base = f"({src} + t * {layer.stride * ci}"
+        start = 0
         if layer.dilation == 1:
             segs = [(base + ")", k * ci)]
+            start = self.conv_tiles(layer, src, o, out_shape)
         else:
             segs = [(base + f" + {j * layer.dilation * ci})", ci) for j in range(k)]
-        self.line(f"for (int t = 0; t < {out_shape[0]}; t++) {{")
+        if start >= out_shape[0]:
+            return o
+        self.line(f"for (int t = {start}; t < {out_shape[0]}; t++) {{")
         self.matvec(segs, f"({o} + t * {co})", co, layer.w.reshape(k * ci, co), layer.b)
         self.line("}")
         return o
+
+    def conv_tiles(self, layer: ir.Conv1D, src: str, o: str, out_shape: tuple[int, ...]) -> int:
+        """Register tiling over time: ``tb`` output steps share each weight vector load, each
+        with its own accumulators (``tb`` independent FMA chains per output vector, where one
+        step alone is one chain of ``k·c_in`` dependent FMAs). Returns the first step left
+        for the one-step loop (the tail)."""
+        k, ci, co = layer.w.shape
+        vw = self.vw
+        nv = -(-co // vw)
+        tb = min(8, self.acc // nv)
+        if tb < 2 or out_shape[0] < tb:
+            return 0
+        n = k * ci
+        wp = np.zeros((n, nv * vw), np.float32)
+        wp[:, :co] = layer.w.reshape(n, co)
+        bp = np.zeros(nv * vw, np.float32)
+        bp[:co] = layer.b
+        wn, bn = self.const("W", wp), self.const("B", bp)
+        self.matvecs += 1
+        full = out_shape[0] - out_shape[0] % tb
+        step = layer.stride * ci
+        acc = [f"a{r}_{j}" for r in range(tb) for j in range(nv)]
+        self.line(f"for (int t = 0; t < {full}; t += {tb}) {{ " + " ".join(
+            f"vf a{r}_{j} = *(const vf *)({bn} + {j * vw});" for r in range(tb) for j in range(nv)))
+        self.line(f"  for (int i = 0; i < {n}; i++) {{ const vf *wr = (const vf *)({wn} + i * {nv * vw}); " +
+                  " ".join(f"const float v{r} = {src}[(t + {r}) * {step} + i];" for r in range(tb)) + " " +
+                  " ".join(f"a{r}_{j} += v{r} * wr[{j}];" for r in range(tb) for j in range(nv)) + " }")
+        for name in acc:
+            r, j = (int(p) for p in name[1:].split("_"))
+            self.line("  " + _store(f"({o} + (t + {r}) * {co})", j * vw, co, name, vw))
+        self.line("}")
+        return full
 
     def recurrent(self, layer: ir.Recurrent, src: str, shape: tuple[int, ...], o: str) -> str:
         """The window unrolled as a loop over time steps; per step the gate pre-activations
@@ -383,6 +419,9 @@ class _Int8Emitter(_Emitter):
             self.vnni = (8, "_mm256")
         else:
             self.vnni = None
+
+    def conv_tiles(self, layer: ir.Conv1D, src: str, o: str, out_shape: tuple[int, ...]) -> int:
+        return 0  # every window goes through the int8 matmul
 
     def vnni_dot(self, q: str, npad: int, wt: np.ndarray, n_out: int, cn: str, mn: str,
                  dst: str, first: str) -> None:
