@@ -184,7 +184,8 @@ class Executor:
 
     **One shape inside.** Tensors travel as tuples, one array per tensor, in spec order
     (``artifact.inputs`` / ``artifact.outputs``): ``_init_io`` takes the spec lists and
-    ``_run(xs, outs)`` receives tuples, whether the model has one tensor each way or several.
+    ``_run(xs, outs)`` receives sequences (one array per tensor), whether the model has one
+    tensor each way or several.
     Only the public call differs, at the edge: a model with one input and one output is
     called ``predict_into(x, out)`` with arrays (``_init_io`` binds that single-array call
     once, so the hot path pays nothing for tuples), a model with several
@@ -208,8 +209,8 @@ class Executor:
     **Allocation.** ``predict_into`` allocates nothing per call, not even a temporary: write
     through buffers made in ``__init__`` (``np.matmul(..., out=)``, in-place ufuncs). The kit
     measures the *peak* traced memory of a call, so a per-call scratch array fails it (the
-    one-element tuples the single-array call hands to ``_run`` come from the interpreter's
-    free list, not the allocator).
+    single-array call hands ``_run`` one-element lists made once, not new tuples; ``zip``
+    over the tensors costs a small transient object, far inside the kit's bound).
 
     **Thread-safety.** An executor is never run on two threads at once, so ``_run`` need not
     lock: the serving engine calls each executor from its one worker thread, a router lane
@@ -248,6 +249,8 @@ class Executor:
         self._strict = self.contiguous
         #: One input and one output: ``predict_into`` takes arrays, else tuples.
         self.single = not several(self._in_specs, self._out_specs)
+        self._one_x: list[Any] = [None]
+        self._one_out: list[Any] = [None]
         # Bound once here, so the hot path is one call with no dispatch. A subclass that
         # overrides predict_into itself keeps its own (it may call this class's, which
         # dispatches).
@@ -275,11 +278,17 @@ class Executor:
             ok = False
         if not ok:
             self._check((x,), (out,))
+        # _run takes sequences: one-element lists made once at init, so this call allocates
+        # nothing (a tuple per call would be 2 × 48 traced bytes); never two calls at once.
+        xs, outs = self._one_x, self._one_out
+        xs[0], outs[0] = x, out
         try:
-            self._run((x,), (out,))
+            self._run(xs, outs)
         except Exception:
             self._check((x,), (out,))
             raise
+        finally:
+            xs[0] = outs[0] = None  # keep no reference to the caller's arrays
 
     def _predict_many(self, xs: Any, outs: Any) -> None:
         """The tuple call of a model with several inputs or outputs."""
@@ -300,10 +309,11 @@ class Executor:
             self._check(xs, outs)
             raise
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """The model call: write one output per buffer of ``outs`` for the inputs ``xs``
-        (tuples in spec order, one array each; they already passed the guard: shape and
-        dtype, contiguity when :attr:`contiguous`)."""
+        (sequences in spec order, one array each: the caller's tuples, or for one tensor each
+        way one-element lists the executor reuses, so keep no reference to them; they
+        already passed the guard: shape and dtype, contiguity when :attr:`contiguous`)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _run(xs, outs)")
 
     def _check(self, xs: Any, outs: Any) -> None:
@@ -360,7 +370,7 @@ class BufferedExecutor(Executor):
             self._check((x,), (out,))
             raise
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Copy each input into its buffer, invoke once, copy each buffer into its output
         (what the single-array call inlines; a subclass that converts the tensors, like an
         int8-IO one, overrides this and binds :meth:`Executor._predict_one`)."""

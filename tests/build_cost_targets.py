@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ class ZeroExecutor(Executor):
     def __init__(self, artifact: Artifact):
         self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         outs[0][...] = 0.0
 
 

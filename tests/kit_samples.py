@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class Leaky(_OtherExecutor):
 
 
 class _GreedyExecutor(NumpyDenseExecutor):
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         scratch = np.ones(1 << 18, np.float32)  # a 1 MB temporary per call, freed on return
         super()._run(xs, outs)
         outs[0][...] += scratch[0] - 1.0  # uses it (the result is unchanged)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class NumpyDenseExecutor(Executor):
             self._layers.append((np.ascontiguousarray(w, np.float32),
                                  np.ascontiguousarray(b, np.float32), act, buf, scratch))
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         (x,), (out,) = xs, outs  # one tensor each way
         h = self._x2d
         np.copyto(h.reshape(x.shape), x)  # h is contiguous: the reshape is a view

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -97,7 +97,7 @@ class RtlExecutor(Executor):
         self._fn = lib.cdll.hwb_stream
         self._args = (lib.handle, self._words.ctypes.data, self._trace.ctypes.data, batch, batch + latency)
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         (x,), (out,) = xs, outs  # one tensor each way
         self.fmt.encode(x, self._words)
         self._fn(*self._args)

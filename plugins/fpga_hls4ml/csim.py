@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -68,6 +69,6 @@ class CsimExecutor(Executor):
         self._fn = lib.batch_fn
         self._n = ctypes.c_long(batch)
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         (x,), (out,) = xs, outs  # one tensor each way
         self._fn(x.ctypes.data, out.ctypes.data, self._n)

@@ -13,7 +13,7 @@ on this machine can run it, and none pretends to.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class PynqExecutor(Executor):
         self._out_scale = float(2.0 ** -(self._out_fx[0] - self._out_fx[1])) if self._out_fx else 1.0
         self._tmp = np.empty(n_in, dtype=np.float32)
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         (x,), (out,) = xs, outs  # one tensor each way
         # Work on flat views of the fixed-shape buffers; x and out keep their own strides
         # (reshaping a strided array would copy it, and a write into the copy would be lost).

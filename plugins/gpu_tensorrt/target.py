@@ -429,7 +429,7 @@ class TensorRTExecutor(_TensorRTRunner, Executor):
         self._init_io(inputs, outputs, batch)
         self._setup(engine_bytes, io, cuda_graph)
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         for h, x in zip(self._hins, xs, strict=True):
             h[...] = x
         self._launch()

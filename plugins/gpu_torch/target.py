@@ -165,7 +165,7 @@ class TorchCudaExecutor(Executor):
         self._g, self.graph, self.dtype, self.device = g, g.graph, g.dtype, g.device
         self._ins = list(zip(g.hx, g.hx_t, g.dx, strict=True))
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         g = self._g
         for x, (hx, hx_t, dx) in zip(xs, self._ins, strict=True):
             hx[...] = x

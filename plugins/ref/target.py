@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -21,7 +21,7 @@ class RefExecutor(Executor):
         self._init_io(model.inputs, model.outputs, None)
         self.batch_size = batch_size
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         for o, y in zip(outs, self.model.reference(xs), strict=True):
             o[...] = y
 

@@ -136,7 +136,7 @@ class EdgeTpuExecutor(LiteRTExecutor):
             # single-array call (same guard and error path), whose _run below quantizes.
             self.predict_into = MethodType(Executor._predict_one, self)  # type: ignore[method-assign]
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         if not self.int8_io:
             return super()._run(xs, outs)
         for x, buf, (inv, zp, f) in zip(xs, self._ins, self._qin, strict=True):

@@ -123,7 +123,7 @@ class XlaExecutor(Executor):
         # array, not a tuple of one (compile's to_jax); kept so stored artifacts need no rebuild.
         self._bare = self.single
 
-    def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
+    def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         ys = self._call(*xs)
         if self._bare:
             outs[0][...] = ys
