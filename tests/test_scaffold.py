@@ -68,56 +68,60 @@ def test_cli_errors_are_clear(tmp_path):
 
 @pytest.mark.slow
 def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
+    """Installed with pip into a private target directory on PYTHONPATH, never into the shared
+    venv: other test runs (and people) on the machine never see the throwaway target, there is
+    nothing to uninstall, and an interrupted run leaves nothing registered behind."""
     name, target, dist = "scaffold_selftest", "cpu.scaffold_selftest", "hwb-scaffold-selftest"
     d = tmp_path / dist
     r = _run([HWB, "plugin", "new", name, "--family", "cpu", "--dir", str(d)])
     assert r.returncode == 0, r.stderr
-    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache"))
-    try:
-        r = _run([str(BIN / "pip"), "install", "-q", "-e", str(d), "--no-deps", "--no-build-isolation"])
-        assert r.returncode == 0, r.stderr[-2000:]
-        r = _run([HWB, "targets", "--json"], env=env)
-        data = json.loads(r.stdout)
-        row = next((t for t in data["targets"] if t["name"] == target), None)
-        assert row is not None, [t["name"] for t in data["targets"]]
-        assert row["plugin"] == name and row["availability"]["mode"] == "hardware"
-        assert not [p for p in data["problems"] if p["plugin"] == name]
-        # the generated tests: the whole kit, probe_is_light included (it is an entry point now)
-        r = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                  "--hwb-models", "mlp,lstm"], cwd=d, env=env)
-        out = r.stdout + r.stderr
-        assert r.returncode == 0, out[-4000:]
-        assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
-        assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
-        # the CLI runs the same suite: same counts; arguments after -- go to pytest
-        r = _run([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], env=env)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        assert "10 passed, 5 skipped" in r.stdout, r.stdout[-2000:]
-        r = _run([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], env=env)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        assert "3 passed" in r.stdout
-        # the router considers it like any built-in target (here the only one allowed)
-        cfg = tmp_path / "strategies.toml"
-        cfg.write_text(textwrap.dedent('''\
-            [tiers.relaxed]
-            p99_us = 100000
-            [router.bench]
-            n = 200
-            warmup = 20
-            [strategies.demo]
-            model = "zoo:mlp"
-            tier = "relaxed"
-            targets = ["cpu.scaffold_*"]
-            fidelity = { corr_min = 0.9999 }
-            '''))
-        r = _run([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], env=env)
-        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-        demo = json.loads(r.stdout)["strategies"][0]
-        assert demo["chosen"] == f"{target}:fp32" and demo["meets_budget"], demo
-    finally:
-        _run([str(BIN / "pip"), "uninstall", "-y", "-q", dist])
+    site = tmp_path / "site"  # where pip installs it: found through PYTHONPATH only
+    r = _run([str(BIN / "pip"), "install", "-q", "--no-deps", "--no-build-isolation", "--no-compile",
+              "--target", str(site), str(d)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
+        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p))
     r = _run([HWB, "targets", "--json"], env=env)
-    assert target not in {t["name"] for t in json.loads(r.stdout)["targets"]}
+    data = json.loads(r.stdout)
+    row = next((t for t in data["targets"] if t["name"] == target), None)
+    assert row is not None, [t["name"] for t in data["targets"]]
+    assert row["plugin"] == name and row["availability"]["mode"] == "hardware"
+    assert not [p for p in data["problems"] if p["plugin"] == name]
+    # the generated tests: the whole kit, probe_is_light included (it is an entry point now)
+    r = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+              "--hwb-models", "mlp,lstm"], cwd=d, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
+    assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
+    # the CLI runs the same suite: same counts; arguments after -- go to pytest
+    r = _run([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "10 passed, 5 skipped" in r.stdout, r.stdout[-2000:]
+    r = _run([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "3 passed" in r.stdout
+    # the router considers it like any built-in target (here the only one allowed)
+    cfg = tmp_path / "strategies.toml"
+    cfg.write_text(textwrap.dedent('''\
+        [tiers.relaxed]
+        p99_us = 100000
+        [router.bench]
+        n = 200
+        warmup = 20
+        [strategies.demo]
+        model = "zoo:mlp"
+        tier = "relaxed"
+        targets = ["cpu.scaffold_*"]
+        fidelity = { corr_min = 0.9999 }
+        '''))
+    r = _run([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    demo = json.loads(r.stdout)["strategies"][0]
+    assert demo["chosen"] == f"{target}:fp32" and demo["meets_budget"], demo
+    # nothing reached the shared environment: a fresh registry of this process has no such target
+    from hwbackends.registry import build_registry
+    assert target not in build_registry().targets
 
 
 def test_plugin_check_hands_arguments_after_double_dash_to_pytest():
@@ -125,5 +129,6 @@ def test_plugin_check_hands_arguments_after_double_dash_to_pytest():
               "--co"])
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     assert "test_target[ref-metadata]" in r.stdout  # -v --co: the collected test, by name
+    assert "test_target[ref-probe" not in r.stdout  # and -k left the others out
     r = _run([HWB, "targets", "--", "-v"])
     assert r.returncode == 2 and "only taken by hwb plugin check" in r.stderr
