@@ -231,3 +231,35 @@ def test_cpp_example_matches_python_bit_for_bit(compiled, tmp_path) -> None:
     assert got.tobytes() == want.tobytes()
     with pytest.raises(UnsupportedError, match="triton"):
         tgt.export(cm.artifact, "triton", tmp_path / "t")
+
+
+def test_two_executors_of_one_artifact_on_two_threads(compiled, store_dir, zoo_model) -> None:
+    """The generated code keeps no global state (intermediate tensors are on the caller's
+    stack), so two executors of one artifact (one extension module, loaded once) called from
+    two threads give the single-threaded answers. The call holds the GIL (releasing it would
+    put the wait for re-acquiring it, up to the interpreter's switch interval, into the
+    caller's tail), so the threads interleave call by call."""
+    import threading
+
+    a = compiled("lstm", "cpu.native")
+    b = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False)
+    assert b.artifact.cached
+    x = np.random.default_rng(4).standard_normal((400, *a.input.shape)).astype(np.float32)
+    want = a.predict(x)
+    got = {}
+
+    def run(cm, key):
+        out = np.empty(cm.output.batched(1), np.float32)
+        rows = np.empty_like(want)
+        for _ in range(20):
+            for i in range(len(x)):
+                cm.predict_into(x[i:i + 1], out)
+                rows[i] = out[0]
+        got[key] = rows
+
+    threads = [threading.Thread(target=run, args=(cm, k)) for k, cm in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["a"].tobytes() == want.tobytes() == got["b"].tobytes()
