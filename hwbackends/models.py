@@ -653,7 +653,7 @@ def _torch_outputs(y: Any, name: str) -> tuple[Any, ...]:
     return ys
 
 
-def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:
+def _reference_fn(model: Model) -> Callable[..., Any]:
     if model.format == "onnx":
         import onnxruntime as ort
 
@@ -661,13 +661,8 @@ def _reference_fn(model: Model) -> Callable[[np.ndarray], np.ndarray]:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         sess = ort.InferenceSession(model.obj.SerializeToString(), so, providers=["CPUExecutionProvider"])
         names = [i.name for i in sess.get_inputs()]
-        if model.multi_io:
-            def run_multi(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
-                return tuple(sess.run(None, dict(zip(names, xs, strict=True))))
-            return run_multi
-        iname = names[0]
 
-        def run(x: np.ndarray) -> np.ndarray:
-            return sess.run(None, {iname: x})[0]
+        def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:  # one array per input, in order
+            return tuple(sess.run(None, dict(zip(names, xs, strict=True))))
         return run
     raise ModelError(f"model {model.name!r} has no reference predictor")
