@@ -69,14 +69,8 @@ def test_xla_bf16_is_close_but_not_exact(compiled, name):
     assert f.max_abs > 1e-5  # really computed in bfloat16, not silently fp32
 
 
-@pytest.mark.slow
-def test_xla_artifact_is_cached_and_reloads(compiled, zoo_model, store_dir):
-    _need_source("mlp")
-    first = compiled("mlp", "tpu.xla", "fp32")
-    again = hwb.compile(zoo_model("mlp"), "tpu.xla", "fp32", store=store_dir)
-    assert again.artifact.cached and again.artifact.key == first.artifact.key
-    x = zoo_model("mlp").representative(8, seed=3)
-    np.testing.assert_array_equal(again.predict(x), first.predict(x))
+# That a second compile of tpu.xla's mlp fp32 is a cached load with identical outputs (and a
+# corrupted file of it is rebuilt) is the kit's store_roundtrip (tests/test_conformance.py).
 
 
 @pytest.mark.slow
