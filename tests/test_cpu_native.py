@@ -263,3 +263,22 @@ def test_two_executors_of_one_artifact_on_two_threads(compiled, store_dir, zoo_m
     for t in threads:
         t.join()
     assert got["a"].tobytes() == want.tobytes() == got["b"].tobytes()
+
+
+def test_onnx_mlps_from_tf2onnx_and_torch_onnx(zoo_model, store_dir, tmp_path) -> None:
+    """ONNX sources: the Gemm chains torch.onnx writes and the MatMul+Add chains of tf2onnx
+    (the core's own converters) compile and match the source model; an ONNX LSTM is refused
+    naming its op."""
+    from hwb_plugins.converters.to_onnx import keras_to_onnx, torch_to_onnx
+
+    for name, convert in (("mlp", keras_to_onnx), ("mlp_torch", torch_to_onnx), ("signal", keras_to_onnx)):
+        src = zoo_model(name)
+        onnx_model = convert(src, tmp_path)
+        ops = {n.op_type for n in onnx_model.obj.graph.node}
+        cm = hwb.compile(hwb.load_model(onnx_model.obj), "cpu.native", store=store_dir, fidelity=False)
+        x = src.representative(64)
+        np.testing.assert_allclose(cm.predict(x), src.reference(x), atol=2e-6)
+        assert ops & {"Gemm", "MatMul"}, ops
+    lstm = torch_to_onnx(zoo_model("lstm_torch"), tmp_path)
+    with pytest.raises(UnsupportedError, match=r"op (LSTM|Transpose|Shape|Slice|Gather|Squeeze)"):
+        hwb.compile(hwb.load_model(lstm.obj), "cpu.native", store=store_dir, fidelity=False)

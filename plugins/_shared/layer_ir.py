@@ -162,8 +162,10 @@ def extract(model: Any, target: str) -> Network:
         layers = _keras(model.obj, target)
     elif model.format == "torch":
         layers = _torch(model.obj, target)
+    elif model.format == "onnx":
+        layers = _onnx(model.obj, target)
     else:
-        raise UnsupportedError(f"{target} reads Keras or PyTorch models; got format {model.format!r}")
+        raise UnsupportedError(f"{target} reads Keras, PyTorch or ONNX models; got format {model.format!r}")
     net = Network(model.name, tuple(model.input.shape), _fold(layers))
     _check_shapes(net, target)
     if net.output_shape != tuple(model.output.shape):
@@ -377,6 +379,65 @@ def _torch(obj: Any, target: str) -> list[Layer]:
         else:
             raise UnsupportedError(f"{target} cannot compile module {i} ({type(mod).__name__}). "
                                    f"Supported: {SUPPORTED}")
+    return out
+
+
+# -- ONNX --------------------------------------------------------------------------------------
+#: ONNX ops an MLP chain may hold, as refusals list them.
+ONNX_OPS = "Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Flatten, Identity, Dropout"
+
+
+def _onnx(proto: Any, target: str) -> list[Layer]:
+    """A chain of ONNX nodes (each reading the previous one's output, weights as initializers)
+    as IR layers: the MLPs tf2onnx and torch.onnx write. Recurrent and convolution ops are
+    refused by name (their Keras/torch source compiles directly)."""
+    from onnx import numpy_helper
+
+    g = proto.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for n in g.node:  # Constant nodes are initializers written another way
+        if n.op_type == "Constant":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    out: list[Layer] = []
+    prev = g.input[0].name
+    for n in g.node:
+        if n.op_type == "Constant":
+            continue
+        name = n.name or f"{n.op_type}_{len(out)}"
+        data = [i for i in n.input if i and i not in consts]
+        if data != [prev]:
+            raise UnsupportedError(f"{target} cannot compile ONNX node {name!r} (op {n.op_type}): "
+                                   f"the graph is not a chain of single-input ops. Supported: {ONNX_OPS}")
+        attrs = {a.name: a for a in n.attribute}
+        op = n.op_type
+        if op == "Gemm":
+            w = consts[n.input[1]].astype(np.float32)
+            if attrs.get("transB") and attrs["transB"].i:
+                w = w.T
+            if (attrs.get("transA") and attrs["transA"].i) or any(
+                    k in attrs and attrs[k].f != 1.0 for k in ("alpha", "beta")):
+                raise UnsupportedError(f"{target} cannot compile ONNX node {name!r} (op Gemm with "
+                                       f"transA/alpha/beta)")
+            b = consts[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(w.shape[1])
+            out.append(Dense(name, _f32(w), _f32(np.broadcast_to(b, (w.shape[1],)))))
+        elif op == "MatMul" and n.input[1] in consts:
+            w = consts[n.input[1]]
+            out.append(Dense(name, _f32(w), np.zeros(w.shape[1], np.float32)))
+        elif op == "Add" and isinstance(out[-1:] and out[-1], Dense) and len(data) == 1:
+            bias = next(consts[i] for i in n.input if i in consts)
+            out[-1].b = _f32(out[-1].b + np.broadcast_to(bias, out[-1].b.shape))
+        elif op in ("Relu", "Tanh", "Sigmoid"):
+            out.append(Act(name, op.lower()))
+        elif op == "LeakyRelu":
+            out.append(Act(name, "leaky_relu", attrs["alpha"].f if "alpha" in attrs else 0.01))
+        elif op == "Softmax" and (attrs["axis"].i if "axis" in attrs else -1) in (-1, 1):
+            out.append(Act(name, "softmax"))
+        elif op in ("Identity", "Dropout", "Flatten"):
+            pass  # per-sample vectors: the identity
+        else:
+            raise UnsupportedError(f"{target} cannot compile ONNX node {name!r} (op {op}). "
+                                   f"Supported: {ONNX_OPS}; compile the Keras or torch source instead")
+        prev = n.output[0]
     return out
 
 

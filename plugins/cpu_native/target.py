@@ -73,7 +73,7 @@ class NativeTarget(Target):
     family = "cpu"
     precisions = ("fp32", "int8")
     calibrated = ("int8",)
-    formats = ("keras", "torch")
+    formats = ("keras", "torch", "onnx")
     version = "1"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header")
