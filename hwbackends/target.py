@@ -254,7 +254,12 @@ class Executor:
         # Bound once here, so the hot path is one call with no dispatch. A subclass that
         # overrides predict_into itself keeps its own (it may call this class's, which
         # dispatches).
-        vars(self).pop("predict_into", None)
+        try:  # a call bound by an earlier _init_io (the class was swapped since)
+            del self.predict_into
+        except AttributeError:
+            pass
+        # (not vars(self).pop: materialising the instance dict makes every attribute read on
+        # the hot path slower, measured +8 % on the guard with a no-op model)
         if type(self).predict_into is Executor.predict_into:
             self.predict_into = self._predict_one if self.single else self._predict_many  # type: ignore[method-assign]
 
