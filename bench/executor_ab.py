@@ -7,6 +7,8 @@ Interleaved rounds (A B C A B C …, so the noise of a shared machine hits all a
   after   ``cm.predict_into`` of this tree (what ``hwb.compile`` returns now)
   fresh   this tree's executor class built here over the same file, as ``before`` is (so a
           difference between before and after is the code, not where the runtime was made)
+and the guard alone: the old and new BufferedExecutor over a no-op "model" (``int``), where
+the whole cost is the Python of the call (the part a contract change can move).
 
     .venv/bin/python bench/executor_ab.py [--before 669e52b] [--rounds 30] [--calls 2000]
 """
@@ -85,6 +87,30 @@ def old_ort(T: ModuleType, path: str, inp, out):  # noqa: ANN001, ANN201
     return Old()
 
 
+def guard_only(T: ModuleType, rounds: int, calls: int) -> dict[str, float]:
+    """Old vs new BufferedExecutor with a no-op invoke: the call's own Python, nothing else."""
+    from hwbackends.specs import TensorSpec
+    from hwbackends.target import BufferedExecutor
+
+    inp, outp = TensorSpec("x", (64,)), TensorSpec("y", (3,))
+
+    class Old(T.BufferedExecutor):
+        def __init__(self) -> None:
+            self._init_io(inp, outp, 1)
+            self._in, self._out = np.zeros((1, 64), np.float32), np.zeros((1, 3), np.float32)
+            self._invoke = int
+
+    class New(BufferedExecutor):
+        def __init__(self) -> None:
+            self._init_io([inp], [outp], 1)
+            self._buffers([np.zeros((1, 64), np.float32)], [np.zeros((1, 3), np.float32)], int)
+
+    x, out = np.ones((1, 64), np.float32), np.zeros((1, 3), np.float32)
+    old, new = Old().predict_into, New().predict_into
+    return interleaved({"before": lambda: old(x, out), "after": lambda: new(x, out)},
+                       rounds, calls)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default="669e52b")
@@ -142,6 +168,7 @@ def main() -> int:
                           a.rounds, a.calls, progress=True)
     finally:
         shutil.rmtree(store, ignore_errors=True)
+    g = guard_only(T, a.rounds, a.calls)
     print(f"zoo:{a.model}, batch 1, 1 thread; median ns per call over {a.rounds} interleaved "
           f"rounds of {a.calls} calls; before = hwbackends/target.py at {a.before}")
     for name, r in (("cpu.litert", lite), ("cpu.onnxruntime", onx)):
@@ -149,6 +176,8 @@ def main() -> int:
               f"  fresh {r['fresh']:7.0f}   after/raw {r['after'] / r['raw']:.3f} (target ≤ 1.10)"
               f"  before/raw {r['before'] / r['raw']:.3f}  after/before "
               f"{r['after'] / r['before']:.3f}  fresh/before {r['fresh'] / r['before']:.3f}")
+    print(f"  guard alone (no-op model)  before {g['before']:6.0f}  after {g['after']:6.0f}   "
+          f"after/before {g['after'] / g['before']:.3f}")
     return 0
 
 
