@@ -105,7 +105,7 @@ def test_zoo_fp32_fidelity_and_the_c_entry(compiled) -> None:
         assert cm.predict_into.__self__[0].__func__.__name__ == "_fail"
 
 
-@pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
+@pytest.mark.parametrize("isa", ["native", pytest.param("x86-64-v3", marks=pytest.mark.slow)])
 def test_int8_fidelity_and_kernel(zoo_model, store_dir, isa) -> None:
     """int8 (per-channel int8 weights, calibrated int8 activations, int32 accumulation) meets
     the int8 gate on the zoo; native uses VNNI where the CPU has it, x86-64-v3 (AVX2, no VNNI)
@@ -265,6 +265,7 @@ def test_two_executors_of_one_artifact_on_two_threads(compiled, store_dir, zoo_m
     assert got["a"].tobytes() == want.tobytes() == got["b"].tobytes()
 
 
+@pytest.mark.slow  # three converter runs (tf2onnx, torch.onnx) and four builds
 def test_onnx_mlps_from_tf2onnx_and_torch_onnx(zoo_model, store_dir, tmp_path) -> None:
     """ONNX sources: the Gemm chains torch.onnx writes and the MatMul+Add chains of tf2onnx
     (the core's own converters) compile and match the source model; an ONNX LSTM is refused
