@@ -19,6 +19,7 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.models import keras_call_input
+from hwbackends.specs import several
 
 RECURRENT = ("LSTM", "GRU", "SimpleRNN")
 
@@ -239,7 +240,7 @@ def io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[st
     """Tensor indices for each input/output spec: the only ones of a flatbuffer with one
     tensor each way (:func:`to_tflite`), else by name as :func:`to_tflite_multi` writes them
     (inputs: the spec's name; outputs: ``Identity``, ``Identity_1``, … in order)."""
-    if len(input_details) == len(output_details) == len(inputs) == len(outputs) == 1:
+    if not several(inputs, outputs) and len(input_details) == len(output_details) == 1:
         return [input_details[0]["index"]], [output_details[0]["index"]]
     by_name = {d["name"]: d["index"] for d in [*input_details, *output_details]}
     want_in = [s.name for s in inputs]

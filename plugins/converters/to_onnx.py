@@ -21,7 +21,7 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
     import tf2onnx
 
     km = model.obj
-    if len(model.inputs) > 1 or len(model.outputs) > 1:
+    if model.multi_io:
         return _as_onnx(model, _keras_multi(km, model, tf, tf2onnx))
     spec = (tf.TensorSpec([None, *model.input.shape], tf.float32, name="input"),)
 
