@@ -41,17 +41,20 @@ def test_classifier_compiles_with_auto_precision(store_dir, layers, head):
     assert cm.describe()["fidelity"]["gated"] == list(f.gated)
 
 
-def test_jet_tagger_on_fpga_da4ml_meets_the_default_gate_bit_exact(store_dir):
+def test_softmax_classifier_on_fpga_da4ml_meets_the_default_gate_bit_exact(store_dir):
     """Issue 20 #2: on fpga.da4ml the 5-class softmax could not meet the default gate (8-bit
     tables floored the error at ~0.011) and wider widths gave rows summing to 4.5 (a da4ml bug
-    skipped by construction now). Auto, RTL simulation, no synthesis."""
+    skipped by construction now). Auto, RTL simulation, no synthesis. An 8→16→16→5 classifier:
+    the softmax's tables and the gate do not depend on the layers before it, and the jet
+    tagger's (16→64→32→32→5) search and Verilator build cost several times as much (it stays
+    the fpga.hls4ml classifier above). Here max_abs was 0.0013 and argmax agreement 1.0."""
     if not get_registry().target("fpga.da4ml").probe().usable:
         pytest.skip("fpga.da4ml unavailable here")
-    cm = hwb.compile(_keras((16, 64, 32, 32, 5), "softmax", seed=3), "fpga.da4ml", "auto",
+    cm = hwb.compile(_keras((8, 16, 16, 5), "softmax", seed=3), "fpga.da4ml", "auto",
                      store=store_dir, options={"synth": False})
     f = cm.fidelity
     assert f.kind == "probabilities" and f.argmax_agree >= 0.995 and f.max_abs < 0.01, f
     meta = cm.describe()["meta"]
     assert meta["bit_exact"]["bit_exact"] is True, meta["bit_exact"]
-    x = np.random.default_rng(9).standard_normal((64, 16)).astype(np.float32)
+    x = np.random.default_rng(9).standard_normal((64, 8)).astype(np.float32)
     np.testing.assert_allclose(cm.predict(x).sum(axis=1), 1, atol=0.01)
