@@ -449,3 +449,18 @@ def test_every_cpu_variant_of_the_zoo_exports(name, zoo_model, store_dir, tmp_pa
             export(m, target, "tf-serving", out / "tfs", precision=prec, results=results,
                    store=store_dir)
             assert (out / "tfs" / m.name / "1" / "saved_model.pb").exists()
+
+
+def test_a_format_the_target_owns_goes_to_target_export(zoo_model, store_dir, tmp_path):
+    """``--format c`` is cpu.native's (``Target.exports``): hwb export hands the compiled
+    artifact to its ``Target.export`` and returns what that wrote."""
+    from hwbackends.registry import get_registry
+
+    if "c" not in getattr(get_registry().targets.get("cpu.native"), "exports", ()):
+        pytest.skip("no cpu.native target exporting 'c' registered here")
+    res = export(zoo_model("mlp"), "cpu.native", "c", tmp_path, store=store_dir)
+    names = sorted(p.name for p in res.files)
+    assert any(n.endswith(".h") for n in names) and any(n.endswith(".so") for n in names), names
+    assert all(p.parent == tmp_path and p.stat().st_size > 0 for p in res.files)
+    with pytest.raises(UnsupportedError, match="no Triton backend and no python-backend flavour"):
+        export(zoo_model("mlp"), "cpu.native", "triton", tmp_path, results="unused.json")
