@@ -29,18 +29,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _interrupt_main_once(started: Path) -> threading.Thread:
+def _interrupt_main_once(started: Path, cancel: threading.Event) -> threading.Thread:
     """A real SIGINT delivered to the main thread as soon as the job has started (``started``
     exists): an event, not a timer, so neither a slow worker start nor a slow job can make it
-    land before or after the job. The caller makes SIGINT raise KeyboardInterrupt and unblocks
-    it (:func:`_sigint_raises`): in a full run something had left it ignored or blocked, and
-    then no Ctrl-C arrived (what failed in CI-like runs; conftest now names such a test)."""
+    land before or after the job. Never sent once ``cancel`` is set (the job failed to start:
+    a late SIGINT would land in another test). The caller makes SIGINT raise KeyboardInterrupt
+    and unblocks it (:func:`_sigint_raises`): in a full run something had left it ignored or
+    blocked, and then no Ctrl-C arrived (what failed in CI-like runs; conftest names such a
+    test now)."""
     main = threading.main_thread().ident
 
     def send() -> None:
-        deadline = time.monotonic() + 600
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while not started.exists():
+            if cancel.wait(0.01):
+                return
         signal.pthread_kill(main, signal.SIGINT)
 
     t = threading.Thread(target=send, daemon=True)
@@ -77,12 +79,16 @@ def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_re
         assert _job_dirs() == before, "a job's temp dir outlived its success"
         first_pid = w._proc.pid
         started, release = tmp_path / "started", tmp_path / "release"
-        t = _interrupt_main_once(started)
+        cancel = threading.Event()
+        t = _interrupt_main_once(started, cancel)
         # the job holds on until the interrupt has landed (it failed once on a fast box: the
         # 2 s job it used to be ended first); Ctrl-C kills the worker, so it never replies
-        with pytest.raises(KeyboardInterrupt):
-            w.run(_held_open, str(started), str(release), timeout=600, what="held job")
-        t.join()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                w.run(_held_open, str(started), str(release), timeout=600, what="held job")
+        finally:
+            cancel.set()  # no-op when the signal was sent; else it never will be
+            t.join()
         assert _job_dirs() == before, "a job's temp dir outlived its interrupt"
         release.touch()  # a worker that survived would now send the held job's late reply
         # Before the fix this got the held job's late reply instead of its own.
