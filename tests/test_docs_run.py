@@ -81,7 +81,8 @@ def extract(path: Path) -> list[Snippet]:
 SNIPPETS = [s for p in DOCS for s in extract(p)]
 
 _FPGA_BUILD = ("a multi-minute RTL build (da4ml + Verilator, ≈ 2–3 min each here, "
-               "docs/targets-fpga.md); tests/test_fpga_da4ml.py builds these designs")
+               "docs/targets-fpga.md); tests/test_fpga_da4ml.py builds zoo:signal's design "
+               "(without yosys) and runs the same synthesis path on a small net")
 _PLUGIN = ("needs the scaffolded plugin pip-installed into this environment; "
            "tests/test_scaffold.py pip-installs one into a private --target directory and runs the kit on it")
 _CLUSTER = ("runs on the machines of a Ray cluster at 10.0.0.5; tests/test_fleet.py runs "
