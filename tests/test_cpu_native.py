@@ -82,6 +82,17 @@ def test_every_layer_kind_matches_keras(layer_models, store_dir, idx) -> None:
     np.testing.assert_allclose(got, want, atol=2e-6, rtol=1e-5)
 
 
+def test_int8_over_every_layer_kind(layer_models, store_dir) -> None:
+    """int8 of the padded/strided convolutions (input quantised once, windows read in
+    place), pooling, GRU and LSTM-sequence models: correlated with Keras."""
+    for km in layer_models:
+        x = np.random.default_rng(2).standard_normal((256, *km.inputs[0].shape[1:])).astype(np.float32)
+        cm = hwb.compile(km, "cpu.native", "int8", store=store_dir, fidelity=False,
+                         calibration_data=x[:128])
+        want, got = km(x[128:]).numpy().ravel(), cm.predict(x[128:]).ravel()
+        assert np.corrcoef(want, got)[0, 1] > 0.99, km.name
+
+
 def test_ir_reference_is_the_keras_function(layer_models) -> None:
     """The IR's float64 NumPy reference (int8 calibration uses it) equals Keras."""
     from hwb_plugins._shared import layer_ir

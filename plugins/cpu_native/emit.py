@@ -412,6 +412,8 @@ class _Int8Emitter(_Emitter):
     def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: list[float], requires: list[str]):
         super().__init__(net, vw, acc)
         self.in_amax = in_amax
+        #: float input expression -> its already quantised bytes (a Conv1D window)
+        self.prequant: dict[str, str] = {}
         #: the VNNI kernel: (int32 lanes per vector, intrinsic prefix), or None (portable form)
         if {"avx512_vnni", "avx512bw", "avx512vl"} <= set(requires):
             self.vnni: tuple[int, str] | None = (16, "_mm512")
@@ -422,6 +424,35 @@ class _Int8Emitter(_Emitter):
 
     def conv_tiles(self, layer: ir.Conv1D, src: str, o: str, out_shape: tuple[int, ...]) -> int:
         return 0  # every window goes through the int8 matmul
+
+    def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
+             out_shape: tuple[int, ...]) -> str:
+        """The input is quantised once (zero padding is the byte 128, i.e. 0), and each output
+        step's window (``k·c_in`` contiguous bytes with dilation 1) is read in place by the
+        int8 matmul, instead of re-quantising every overlapping window."""
+        if layer.dilation != 1:
+            return super().conv(layer, src, shape, o, out_shape)
+        t_in, ci = shape
+        k, _, co = layer.w.shape
+        left, right = layer.pad
+        n = (t_in + left + right) * ci
+        s_in = max(self.in_amax[self.cur], 1e-30) / 127.0
+        self.n += 1
+        qin = f"qin{self.n}"
+        # 16 spare bytes: a window's dot product reads up to its padded length (zero weights)
+        self.line(f"uint8_t {qin}[{n + 16}] A64;")
+        self.line(f"for (int i = 0; i < {n + 16}; i++) {qin}[i] = 128;")
+        self.line(f"for (int i = 0; i < {t_in * ci}; i++) {{ float v = {src}[i] * "
+                  f"{float(np.float32(1.0 / s_in)).hex()}f; v = v < -127.0f ? -127.0f : v; "
+                  f"v = v > 127.0f ? 127.0f : v; v = (v + 12582912.0f) - 12582912.0f; "
+                  f"{qin}[{left * ci} + i] = (uint8_t)((int)v + 128); }}")
+        window = f"({src} + t * {layer.stride * ci})"
+        self.prequant[window] = f"({qin} + t * {layer.stride * ci})"
+        self.line(f"for (int t = 0; t < {out_shape[0]}; t++) {{")
+        self.matvec([(window, k * ci)], f"({o} + t * {co})", co, layer.w.reshape(k * ci, co), layer.b)
+        self.line("}")
+        del self.prequant[window]
+        return o
 
     def vnni_dot(self, q: str, npad: int, wt: np.ndarray, n_out: int, cn: str, mn: str,
                  dst: str, first: str) -> None:
@@ -471,13 +502,14 @@ class _Int8Emitter(_Emitter):
             wn = "" if self.vnni else self.const_i8(wt)
             cn = self.const_i32(128 * wt.astype(np.int64).sum(axis=1))
             mn = self.const("M", (s_in * sw).astype(np.float32))
-            q = f"q{self.matvecs}_{k}"
-            self.line(f"  uint8_t {q}[{npad}] A64;")
-            self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {float(np.float32(1.0 / s_in)).hex()}f; "
-                      f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
-                      f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
-            if npad > n:
-                self.line(f"  for (int i = {n}; i < {npad}; i++) {q}[i] = 128;")
+            q = self.prequant.get(src, f"q{self.matvecs}_{k}")
+            if src not in self.prequant:
+                self.line(f"  uint8_t {q}[{npad}] A64;")
+                self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {float(np.float32(1.0 / s_in)).hex()}f; "
+                          f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
+                          f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
+                if npad > n:
+                    self.line(f"  for (int i = {n}; i < {npad}; i++) {q}[i] = 128;")
             if k == 0 and not accumulate:
                 first = f"{self.const('B', bias)}[j]" if bias is not None else "0.0f"
             else:
