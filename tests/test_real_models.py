@@ -202,7 +202,10 @@ def test_compare_flags_a_constant_reference():
     assert Tolerance(corr_min=0.999, rel_err=0.01).passes(f)
     assert "degenerate" in str(f) and f.to_dict()["degenerate"] is True
     from hwbackends.report.html import _fidelity_row
-    row = _fidelity_row({"variant": "cpu.litert:fp32", "mode": "hardware", "fidelity": f.to_dict()})
+    from hwbackends.variant import VariantRecord
+    row = _fidelity_row(VariantRecord.from_dict({"target": "cpu.litert", "precision": "fp32",
+                                                 "variant": "cpu.litert:fp32", "mode": "hardware",
+                                                 "fidelity": f.to_dict()}))
     assert "degenerate" in row[-1] and "validation" in row[-1]
     moving = ref + np.linspace(0, 1, 64, dtype=np.float32)[:, None]
     live = compare(moving, ref)
