@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .specs import FAMILIES
+from .target import CONTRACT_VERSION
 from .testing import sample_target
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -45,6 +46,9 @@ def target_source(name: str, family: str) -> str:
     repl = {
         "scaffold:name": f'    name = "{family}.{name}"',
         "scaffold:family": f'    family = "{family}"',
+        # Pinned, not inherited: a plugin written today is refused by name, not run wrongly,
+        # by a core whose contract changed since.
+        "scaffold:contract": f"    contract_version = {CONTRACT_VERSION}",
         "scaffold:description": f'    description = "{family}.{name}: NumPy Dense reference (generated; replace with your runtime)"',
     }
     lines = []

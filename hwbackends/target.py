@@ -32,8 +32,13 @@ from .specs import Availability, TensorSpec, several
 if TYPE_CHECKING:  # pragma: no cover
     from .models import Model
 
-#: Bumped when the contract changes incompatibly; plugins declare the version they target.
-CONTRACT_VERSION = 1
+#: Bumped when the contract changes incompatibly; plugins declare the version they target
+#: (``hwb plugin new`` writes it), and the registry refuses a target written for another.
+#: 2: ``Executor._run(xs, outs)`` receives sequences (one array per tensor) for every model,
+#: ``_init_io`` takes spec lists, ``MultiExecutor``/``BufferedMultiExecutor`` are gone (one
+#: ``Executor``, ``BufferedExecutor._buffers``); ``Target.accepts`` replaces membership tests
+#: on ``precisions``; ``Target.exports``/``export`` added.
+CONTRACT_VERSION = 2
 
 
 @dataclass

@@ -220,3 +220,14 @@ def test_fidelity_round_trips_through_json_for_one_output_and_several():
     assert back == many and back.output == many.output and set(back.outputs or {}) == {"a", "b"}
     assert back.outputs["b"] == compare(r[:, :1], r[:, :1] * 1.1)
     assert Fidelity.from_dict({**one.to_dict(), "from_a_newer_writer": 1}) == one
+
+
+def test_the_sample_target_and_scaffold_pin_the_current_contract_version():
+    """A plugin must state the contract it was written for, so a later incompatible core
+    refuses it by name instead of calling its _run with the wrong shapes."""
+    from hwbackends import scaffold
+    from hwbackends.target import CONTRACT_VERSION
+    from hwbackends.testing.sample_target import NumpyDenseTarget
+    assert "contract_version" in vars(NumpyDenseTarget)
+    assert NumpyDenseTarget.contract_version == CONTRACT_VERSION
+    assert f"    contract_version = {CONTRACT_VERSION}\n" in scaffold.target_source("mynpu", "cpu")

@@ -104,6 +104,7 @@ def dense_layers(km: Any, target: str) -> tuple[list[tuple[np.ndarray, np.ndarra
 class NumpyDenseTarget(Target):
     name = "cpu.numpy_sample"  # scaffold:name
     family = "cpu"  # scaffold:family
+    contract_version = 2  # scaffold:contract
     precisions = ("fp32",)
     formats = ("keras",)
     description = "NumPy reference implementation of Keras Dense models"  # scaffold:description
