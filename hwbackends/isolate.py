@@ -93,6 +93,7 @@ def _worker_main(fd: int, log_fd: int) -> None:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
+    base_tmp = os.environ.get("TMPDIR")
     while True:
         try:
             job_id, tmpdir, fn, args, kwargs = conn.recv()
@@ -101,7 +102,14 @@ def _worker_main(fd: int, log_fd: int) -> None:
         # Compilers (g++'s cc*.s, converters' scratch dirs) write under TMPDIR: the job's own.
         os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
         try:
-            conn.send((job_id, "ok", fn(*args, **kwargs)))
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                # Back to the worker's own TMPDIR before the reply: the parent removes the job
+                # dir on the reply, and a library that makes its cache dir under gettempdir()
+                # between jobs (torch's) would otherwise re-create the removed job dir.
+                _restore_tmpdir(base_tmp)
+            conn.send((job_id, "ok", result))
         except BaseException as exc:  # report everything, including SystemExit from a toolchain
             tb = traceback.format_exc()
             if isinstance(exc, HwbError):
@@ -113,6 +121,14 @@ def _worker_main(fd: int, log_fd: int) -> None:
             conn.send((job_id, "err", f"{type(exc).__name__}: {exc}", tb))
         finally:
             _reap()
+
+
+def _restore_tmpdir(base: str | None) -> None:
+    if base is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = base
+    tempfile.tempdir = None  # gettempdir() recomputes it from TMPDIR
 
 
 def _reap() -> None:
