@@ -55,6 +55,7 @@ class Flaky:
         self.cm, self.variant = cm, name
         self.exclusive_key = cm  # it runs cm's executor: share its lock (hwbackends.exclusive)
         self.input, self.output, self.batch_size = cm.input, cm.output, cm.batch_size
+        self.inputs, self.outputs = cm.inputs, cm.outputs
         self.fail_every = 0
         self.stall_every = 0
         self.stall_s = 0.0

@@ -121,7 +121,8 @@ def test_lane_with_timeout_never_returns_another_calls_reply(compiled, xs):
     first = _Hiccup(lit, every=40, stall_s=0.005)
     order = [SimpleNamespace(variant="litert-hiccup", mode="hardware",
                              cm=SimpleNamespace(predict_into=first.predict_into, input=lit.input,
-                                                output=lit.output, batch_size=1)),
+                                                output=lit.output, inputs=lit.inputs,
+                                                outputs=lit.outputs, batch_size=1)),
              SimpleNamespace(variant="onnxruntime", mode="hardware", cm=onx)]
     lane = Lane("s", order, budget_us=1e9, breaker_failures=10**9, timeout_us=2000, window=10**9)
     out = np.zeros((1, 1), np.float32)
