@@ -84,16 +84,18 @@ def test_no_flapping_when_every_candidate_exceeds_the_budget() -> None:
 def test_never_switches_to_a_candidate_measured_worse() -> None:
     clock = {"all": 0.0}
     lane = _lane(clock, {"a:fp32": 10.0, "b:fp32": 20.0})
-    # b served a moment ago at 5 ms p99 (its live measurement); a is now at ≥ 300 µs.
+    # b served a moment ago at 5 s p99 (its live measurement); a is now at ≥ 300 µs. 5 s, not
+    # 5 ms: on a loaded machine a's own window p99 reached milliseconds (preemption), and a
+    # switch to a b measured better than that would be right, not the bug under test.
     b = lane.variants[1]
-    b.window_p99_us.append(5000.0)
+    b.window_p99_us.append(5e6)
     b.live_at = time.monotonic()
     clock["all"] = 300.0
     _drive(lane, 0.5)
     assert lane.serving == "a:fp32"
     assert not [e for e in lane.events if e["event"] in SWITCHES]
     hold = next(e for e in lane.events if e["event"] == "hold")
-    assert hold["estimates_us"]["b:fp32"] == 5000.0
+    assert hold["estimates_us"]["b:fp32"] == 5e6
 
 
 def test_a_variant_that_alone_slows_down_is_still_left() -> None:
