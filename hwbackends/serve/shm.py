@@ -267,6 +267,11 @@ class ShmServer:
         hs = []
         for x, _, dl in items:
             budget = (dl - now) / 1e3 if dl > 0 else None
+            if budget is not None and budget <= 0:
+                # Passed between the C loop's check and now: a deadline miss, never the
+                # client's bad input (submit would refuse a budget ≤ 0 as an InputError).
+                hs.append(DEADLINE)
+                continue
             try:
                 hs.append(eng.submit(x[0].copy(), budget))  # a copy: the engine keeps it
             except InputError as exc:  # the client's sample: refused and counted as such
