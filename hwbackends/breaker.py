@@ -1,7 +1,7 @@
 """The one circuit breaker, shared by the serving engine and the router's lanes.
 
 ``failures`` consecutive failures open it; it stays open ``reset_s`` seconds, then it is
-*half-open*: the next call goes through as a probe — a success closes it, a failure re-opens
+*half-open*: the next call goes through as a retry — a success closes it, a failure re-opens
 it at once. Callers decide what a failure is (the engine counts backend errors and deadline
 misses the backend caused — a fair budget during which the backend completed no batch — never
 a client's own input, and never a miss behind work queued ahead while batches kept completing;
@@ -24,7 +24,7 @@ class BreakerState(Enum):
 
 
 class Breaker:
-    """Consecutive-failure breaker with a timed half-open probe (see the module docstring)."""
+    """Consecutive-failure breaker with a timed half-open retry (see the module docstring)."""
 
     __slots__ = ("failures", "reset_s", "consecutive", "retry_at", "_state", "_clock")
 
@@ -47,7 +47,7 @@ class Breaker:
         return self._state
 
     def allows(self) -> bool:
-        """Whether a call may go through now (closed, or half-open for a probe)."""
+        """Whether a call may go through now (closed, or half-open for a retry)."""
         return self._state is BreakerState.CLOSED or self.state is BreakerState.HALF_OPEN
 
     def failure(self) -> bool:
@@ -74,9 +74,9 @@ class Breaker:
         self.retry_at = self._clock() + self.reset_s
         self.consecutive = 0
 
-    def probe(self) -> None:
+    def half_open(self) -> None:
         """Half-open now: the next failure re-opens it at once, a success closes it (the
-        router's probe of a variant taken out for its latency)."""
+        router's retry of a variant taken out for its latency)."""
         self._state = BreakerState.HALF_OPEN
 
     def close(self) -> None:

@@ -117,7 +117,7 @@ isolate_compile = false
 window = 50
 sample_every = 1
 switch_after = 2
-probe_after_s = 0.2
+retry_after_s = 0.2
 breaker_failures = 2
 {router}
 
@@ -142,8 +142,8 @@ def _router(tmp_path: Path, store_dir: Path, targets: list[str], **kw: Any) -> R
 
 
 def _drive(f, x: np.ndarray, out: np.ndarray, until, timeout_s: float = 5.0) -> None:
-    """Keep calling until ``until()`` holds. A probe window can fail on a busy machine (one
-    preempted call is a window's p99); the router then rests and probes again, as designed."""
+    """Keep calling until ``until()`` holds. A retry window can fail on a busy machine (one
+    preempted call is a window's p99); the router then rests and retries again, as designed."""
     end = time.monotonic() + timeout_s
     while not until():
         assert time.monotonic() < end, "the router did not get there in time"
@@ -218,14 +218,14 @@ def test_failover_on_exception_loses_no_request_and_breaker_recovers(
     assert r.serving("s") == "cpu.onnxruntime:fp32"
     ev = [e for e in r.events if e["event"] == "breaker-open"]
     assert ev and ev[0]["from"] == "testdouble.flaky:fp32" and ev[0]["failures"] == 2
-    # The device comes back: after probe_after_s the breaker is half-open, a probe window runs
+    # The device comes back: after retry_after_s the breaker is half-open, a retry window runs
     # on the original, and it takes the traffic back.
     doubles["testdouble.flaky"].control["raise"] = False
     time.sleep(0.25)
     _drive(f, xs[:1], out, lambda: r.serving("s") == "testdouble.flaky:fp32"
            and r.events[-1]["event"] == "recovered")
     kinds = [e["event"] for e in r.events]
-    assert "probe" in kinds and "recovered" in kinds
+    assert "retry" in kinds and "recovered" in kinds
 
 
 def test_deadline_failover_on_stall_loses_no_request(tmp_path, store_dir, zoo_model, doubles) -> None:
@@ -270,10 +270,10 @@ def test_live_reroute_on_injected_latency_and_back(tmp_path, store_dir, zoo_mode
     _drive(f, x, out, lambda: r.serving("s") == "testdouble.slow:fp32"
            and r.events[-1]["event"] == "recovered")
     kinds = [e["event"] for e in r.events]
-    assert kinds[0] == "re-route" and "probe" in kinds and kinds[-1] == "recovered"
+    assert kinds[0] == "re-route" and "retry" in kinds and kinds[-1] == "recovered"
 
 
-def test_probe_fails_while_still_slow(tmp_path, store_dir, zoo_model, doubles) -> None:
+def test_retry_fails_while_still_slow(tmp_path, store_dir, zoo_model, doubles) -> None:
     r = _router(tmp_path, store_dir, ["testdouble.slow", "cpu.onnxruntime"], p99_us=2000)
     f = r.handle("s")
     x = _inputs(zoo_model, 1)
@@ -283,12 +283,12 @@ def test_probe_fails_while_still_slow(tmp_path, store_dir, zoo_model, doubles) -
         f(x, out)
     assert [e["event"] for e in r.events] == ["re-route"]
     time.sleep(0.25)
-    # Driven until the probe has run its window (bounded), not a fixed call count: on a busy
-    # machine one preempted window can shift when the probe starts.
-    _drive(f, x, out, lambda: any(e["event"] == "probe-failed" for e in r.events))
+    # Driven until the retry has run its window (bounded), not a fixed call count: on a busy
+    # machine one preempted window can shift when the retry starts.
+    _drive(f, x, out, lambda: any(e["event"] == "retry-failed" for e in r.events))
     doubles["testdouble.slow"].control["delay_us"] = 0
     kinds = [e["event"] for e in r.events]
-    assert kinds[:3] == ["re-route", "probe", "probe-failed"]
+    assert kinds[:3] == ["re-route", "retry", "retry-failed"]
     assert r.serving("s") == "cpu.onnxruntime:fp32"
 
 

@@ -16,7 +16,7 @@ import pytest
 from hwbackends.router import Lane
 from hwbackends.specs import TensorSpec
 
-SWITCHES = ("re-route", "breaker-open", "probe", "probe-failed")
+SWITCHES = ("re-route", "breaker-open", "retry", "retry-failed")
 
 
 class _Fake:
@@ -43,7 +43,7 @@ class _Fake:
 def _lane(clock: dict[str, float], bench: dict[str, float], **kw) -> Lane:
     order = [SimpleNamespace(variant=n, mode="hardware", cm=_Fake(clock, n), p99_us=p)
              for n, p in bench.items()]
-    opts = dict(window=100, sample_every=1, switch_after=2, probe_after_s=0.05)
+    opts = dict(window=100, sample_every=1, switch_after=2, retry_after_s=0.05)
     return Lane("s", order, 100.0, **(opts | kw))
 
 
@@ -61,9 +61,9 @@ def test_no_flapping_when_every_candidate_exceeds_the_budget() -> None:
     # whole machine is slow). Before the fix the lane walked down the list and kept probing
     # and switching (Python and C++ clients saw different precisions).
     clock = {"all": 0.0}
-    lane = _lane(clock, {"a:fp32": 10.0, "a:int8": 20.0, "b:fp32": 30.0}, probe_after_s=0.1)
+    lane = _lane(clock, {"a:fp32": 10.0, "a:int8": 20.0, "b:fp32": 30.0}, retry_after_s=0.1)
     clock["all"] = 300.0
-    _drive(lane, 1.5)  # ≈ 50 windows, 15× probe_after_s
+    _drive(lane, 1.5)  # ≈ 50 windows, 15× retry_after_s
     switches = [e for e in lane.events if e["event"] in SWITCHES]
     assert len(switches) <= 2, [(e["event"], e["from"], e["to"]) for e in lane.events]
     assert any(e["event"] == "hold" for e in lane.events)
@@ -75,7 +75,7 @@ def test_no_flapping_when_every_candidate_exceeds_the_budget() -> None:
     assert not [e for e in lane.events[before:] if e["event"] in SWITCHES]
     # Each switch that happened was to a candidate estimated better than the one it left.
     for e in switches:
-        if e["event"] in ("re-route", "probe-failed"):
+        if e["event"] in ("re-route", "retry-failed"):
             left = e["window_p99_us"]
             left = min(left) if isinstance(left, list) else left
             assert e["estimates_us"][e["to"]] < left * 0.8
@@ -107,13 +107,13 @@ def test_a_variant_that_alone_slows_down_is_still_left() -> None:
     ev = next(e for e in lane.events if e["event"] == "re-route")
     assert ev["from"] == "a:fp32" and ev["to"] == "b:fp32"
     assert lane.failovers >= 1
-    # a's probes fail while it is slow: the rest before the next one doubles.
+    # a's retries fail while it is slow: the rest before the next one doubles.
     _drive(lane, 0.6)
-    failed = [e for e in lane.events if e["event"] == "probe-failed"]
+    failed = [e for e in lane.events if e["event"] == "retry-failed"]
     assert failed and failed[0]["retry_in_s"] == 0.1
     if len(failed) > 1:
         assert failed[1]["retry_in_s"] == 0.2
-    clock.pop("a:fp32")  # a recovers: a probe takes the traffic back
+    clock.pop("a:fp32")  # a recovers: a retry takes the traffic back
     _drive(lane, 2.0)
     assert lane.serving == "a:fp32" and lane.events[-1]["event"] == "recovered"
 
@@ -126,7 +126,7 @@ def test_served_label_and_failovers_follow_the_router(monkeypatch) -> None:
     from hwbackends.serve.metrics import PromMetrics
 
     clock = {"all": 0.0, "a:fp32": 1000.0}
-    lane = _lane(clock, {"a:fp32": 10.0, "b:fp32": 20.0}, window=20, probe_after_s=60.0)
+    lane = _lane(clock, {"a:fp32": 10.0, "b:fp32": 20.0}, window=20, retry_after_s=60.0)
     tol = SimpleNamespace(tolerance=lambda: None)
     router = SimpleNamespace(lane=lambda n: lane, handle=lambda n: lane.predict_into,
                              config=SimpleNamespace(strategies={"s": SimpleNamespace(fidelity=tol)}))

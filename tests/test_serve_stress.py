@@ -189,7 +189,7 @@ def _lane(world: Any, flaky: Flaky, timeout_us: float | None) -> Lane:
     order = [SimpleNamespace(variant=flaky.variant, mode="hardware", cm=flaky),
              SimpleNamespace(variant="cpu.litert:fp32", mode="hardware", cm=world.lit)]
     return Lane("stress", order, budget_us=1e9, window=64, breaker_failures=2,
-                probe_after_s=0.005, timeout_us=timeout_us)
+                retry_after_s=0.005, timeout_us=timeout_us)
 
 
 def run_lane_direct(world: Any, calls: int, fail_every: int, stall_every: int,

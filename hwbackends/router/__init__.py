@@ -47,7 +47,7 @@ class Router:
             s = config.strategies[name]
             r = config.router
             self._lanes[name] = Lane(name, d.order, d.budget_us, window=r.window,
-                                     switch_after=r.switch_after, probe_after_s=r.probe_after_s,
+                                     switch_after=r.switch_after, retry_after_s=r.retry_after_s,
                                      breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
                                      sample_every=r.sample_every, switch_margin=r.switch_margin,
                                      on_event=self.events.append)

@@ -11,18 +11,18 @@ logging. Everything else (a failure, the end of a latency window) runs on the sl
   that misses the deadline is served by the next candidate while the stalled one finishes
   (or not) in the background. This costs a thread hand-off per call, so it is opt-in.
 * **Circuit breaker**: ``breaker_failures`` consecutive failures open a variant's breaker;
-  after ``probe_after_s`` it is half-open: it serves again as a probe, and one clean window
-  closes it, one failure re-opens it.
+  after ``retry_after_s`` it is half-open: it serves one *retry window* again, and one clean
+  window closes it, one failure re-opens it.
 * **Live tail**: the serving variant's p99 is computed every ``window`` timed calls (one call
   in ``sample_every`` is timed: the two clock reads are most of the hot path's cost). After
   ``switch_after`` consecutive windows over the tier budget the lane switches, but only to a
   candidate *measured* clearly better (hysteresis): its estimate — the p99 of its own last
   live window when it has served one, else its bench p99 — must be below the serving one's
   windows by ``switch_margin`` (default 20%). When nothing is measured better (a noisy
-  moment slows every candidate alike) the lane stays (``hold``). After ``probe_after_s`` the
-  better-ranked one is probed for a window and taken back if its p99 is within budget; a
-  failed probe goes back only to a candidate measured better than the probe window, and the
-  rest before the next probe doubles (up to 32× ``probe_after_s``). Every switch is logged
+  moment slows every candidate alike) the lane stays (``hold``). After ``retry_after_s`` the
+  better-ranked one serves a retry window (``retry``) and is taken back if its p99 is within
+  budget; a failed retry (``retry-failed``) goes back only to a candidate measured better than
+  the retry window, and the rest before the next retry doubles (up to 32× ``retry_after_s``). Every switch is logged
   with the numbers; :attr:`Lane.failovers` counts the switches off a variant.
 
 A lane serves one caller thread (one strategy's hot loop); it is not locked.
@@ -126,7 +126,7 @@ class DeadlineWorker:
 @dataclass
 class VariantState:
     """Live state of one candidate in a lane: its breaker (failures) and whether it was taken
-    out for its latency (``degraded``) or is serving a probe window (``probing``)."""
+    out for its latency (``degraded``) or is serving a retry window (``retrying``)."""
 
     variant: str
     mode: str
@@ -135,7 +135,7 @@ class VariantState:
     breaker: Breaker
     degraded: bool = False
     degraded_until: float = 0.0
-    probing: bool = False
+    retrying: bool = False
     over: int = 0                  # consecutive windows over budget
     calls: int = 0
     errors: int = 0
@@ -145,7 +145,7 @@ class VariantState:
     worker: DeadlineWorker | None = None
     #: The candidate's bench p99 (µs) from the routing decision; None when never measured.
     bench_p99_us: float | None = None
-    #: Rest before the next latency probe (doubles after each failed probe).
+    #: Rest before the next latency retry (doubles after each failed retry).
     rest_s: float = 0.0
     #: Over budget with nothing measured better: the lane holds on this variant.
     holding: bool = False
@@ -154,12 +154,12 @@ class VariantState:
 
     @property
     def state(self) -> str:
-        """closed | open (breaker) | probing (half-open or a latency probe) | degraded."""
+        """closed | open (breaker) | retrying (a retry window: half-open or a latency retry) | degraded."""
         b = self.breaker.state
         if b is BreakerState.OPEN:
             return "open"
-        if self.probing or b is BreakerState.HALF_OPEN:
-            return "probing" if self.probing else "open"
+        if self.retrying or b is BreakerState.HALF_OPEN:
+            return "retrying" if self.retrying else "open"
         return "degraded" if self.degraded else "closed"
 
     @property
@@ -184,7 +184,7 @@ class Lane:
     """Dispatch for one strategy over its ordered candidates (``order[0]`` is preferred)."""
 
     def __init__(self, strategy: str, order: list[Any], budget_us: float, *, window: int = 200,
-                 switch_after: int = 3, probe_after_s: float = 2.0, breaker_failures: int = 3,
+                 switch_after: int = 3, retry_after_s: float = 2.0, breaker_failures: int = 3,
                  timeout_us: float | None = None, sample_every: int = 1,
                  switch_margin: float = 0.2,
                  on_event: Callable[[dict[str, Any]], None] | None = None):
@@ -195,23 +195,23 @@ class Lane:
         self.budget_us = budget_us
         self.window = window
         self.switch_after = switch_after
-        self.probe_after_s = probe_after_s
+        self.retry_after_s = retry_after_s
         self.breaker_failures = breaker_failures
         self.timeout_s = timeout_us / 1e6 if timeout_us else None
         self.sample_every = max(1, int(sample_every))
         self.switch_margin = float(switch_margin)
         #: A live window older than this no longer stands for the variant (its bench p99 does).
-        self.stale_s = max(10.0, 32 * probe_after_s)
-        #: The longest rest between latency probes (the rest doubles after each failed one).
-        self.max_rest_s = 32 * probe_after_s
+        self.stale_s = max(10.0, 32 * retry_after_s)
+        #: The longest rest between latency retries (the rest doubles after each failed one).
+        self.max_rest_s = 32 * retry_after_s
         self.events: list[dict[str, Any]] = []
         #: Switches of the serving variant off one that failed or was too slow (re-route,
-        #: breaker-open, probe-failed); per-call failovers are the variants' errors/timeouts.
+        #: breaker-open, retry-failed); per-call failovers are the variants' errors/timeouts.
         self.failovers = 0
         self._on_event = on_event
         self.variants = [VariantState(c.variant, c.mode, c.cm.predict_into, i,
-                                      Breaker(breaker_failures, probe_after_s),
-                                      bench_p99_us=getattr(c, "p99_us", None), rest_s=probe_after_s)
+                                      Breaker(breaker_failures, retry_after_s),
+                                      bench_p99_us=getattr(c, "p99_us", None), rest_s=retry_after_s)
                          for i, c in enumerate(order)]
         self.cms = [c.cm for c in order]
         if self.timeout_s is not None:
@@ -288,7 +288,7 @@ class Lane:
 
     def _switch(self, to: int, kind: str, why: str, **numbers: Any) -> None:
         frm = self.variants[self.cur].variant
-        if kind != "probe":
+        if kind != "retry":
             self.failovers += 1
         self.variants[self.cur].holding = False
         self.cur = to
@@ -298,7 +298,7 @@ class Lane:
         self._event(kind, frm, self.variants[to].variant, why, **numbers)
 
     def _healthy(self, exclude: int) -> int | None:
-        """Best-ranked candidate that may serve now (closed, or due for a probe)."""
+        """Best-ranked candidate that may serve now (closed, or due for a retry)."""
         now = time.monotonic()
         for j, v in enumerate(self.variants):
             if j != exclude and v.may_serve(now):
@@ -324,7 +324,7 @@ class Lane:
         return max(v.window_p99_us[-self.switch_after:])
 
     def _estimate(self, v: VariantState, now: float, inflation: float) -> float | None:
-        """What is known of ``v``'s tail now: its recent live windows (:meth:`_live`, probe
+        """What is known of ``v``'s tail now: its recent live windows (:meth:`_live`, retry
         windows included), else its bench p99 × ``inflation``; None: never measured."""
         if v.window_p99_us and now - v.live_at <= self.stale_s:
             return self._live(v)
@@ -365,13 +365,13 @@ class Lane:
         failures = v.breaker.consecutive + 1
         if not v.breaker.failure():
             return
-        v.probing = False
+        v.retrying = False
         if j != self.cur:
             return
         nxt = self._healthy(exclude=j)
         if nxt is not None:
             self._switch(nxt, "breaker-open", f"{failures} consecutive failure(s), last: {what}",
-                         failures=failures, retry_in_s=self.probe_after_s)
+                         failures=failures, retry_in_s=self.retry_after_s)
         else:
             self._event("breaker-open", v.variant, v.variant, f"no other candidate; last: {what}")
 
@@ -405,7 +405,7 @@ class Lane:
                                      timeout=True)
                 errors.append(f"{v.variant}: deadline")
                 continue
-            v.breaker.consecutive = 0  # a clean call; closing is the probe window's job
+            v.breaker.consecutive = 0  # a clean call; closing is the retry window's job
             if j == self.cur and skip is None:
                 self._lat.append(clock() - t0)
                 if len(self._lat) >= self.window:
@@ -435,8 +435,8 @@ class Lane:
         v.breaker.consecutive = 0
         now = time.monotonic()
         v.live_at = now
-        if v.probing or v.degraded or v.breaker.state is not BreakerState.CLOSED:
-            self._probe_window_done(v, p99, now)
+        if v.retrying or v.degraded or v.breaker.state is not BreakerState.CLOSED:
+            self._retry_window_done(v, p99, now)
             return
         over = p99_ns > self.budget_ns
         v.over = v.over + 1 if over else 0
@@ -460,43 +460,43 @@ class Lane:
                             f"windows, but no candidate is measured {self.switch_margin:.0%} "
                             f"better: staying", window_p99_us=last, budget_us=self.budget_us,
                             estimates_us=self._estimates(self.cur, now))
-        # A better-ranked variant due for a probe (breaker half-open, or degraded earlier)?
-        # One taken out for its latency is not probed while the serving one is over budget too
-        # (a noisy moment: the probe would measure the noise), unless it has rested the longest.
+        # A better-ranked variant due for a retry (breaker half-open, or degraded earlier)?
+        # One taken out for its latency is not retried while the serving one is over budget too
+        # (a noisy moment: the retry would measure the noise), unless it has rested the longest.
         for j in range(self.cur):
             b = self.variants[j]
             if (over and b.degraded and b.breaker.state is BreakerState.CLOSED
                     and now < b.degraded_until + self.max_rest_s):
                 continue
             if (b.degraded or b.breaker.state is not BreakerState.CLOSED) and b.may_serve(now):
-                b.probing = True
-                b.breaker.probe()  # one failure in the probe window takes it out again
-                self._switch(j, "probe", f"{self.probe_after_s:g} s after it was taken out "
+                b.retrying = True
+                b.breaker.half_open()  # one failure in the retry window takes it out again
+                self._switch(j, "retry", f"{self.retry_after_s:g} s after it was taken out "
                              f"(half-open): serving one window to check it")
                 return
 
-    def _probe_window_done(self, v: VariantState, p99: float, now: float) -> None:
-        v.probing = False
+    def _retry_window_done(self, v: VariantState, p99: float, now: float) -> None:
+        v.retrying = False
         v.breaker.close()
         v.over = 0
         if p99 <= self.budget_us:
-            v.degraded, v.rest_s = False, self.probe_after_s
+            v.degraded, v.rest_s = False, self.retry_after_s
             self._event("recovered", v.variant, v.variant,
-                        f"probe window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
+                        f"retry window p99 {p99:.1f} µs within budget {self.budget_us:g} µs",
                         window_p99_us=round(p99, 2))
             return
         nxt = self._better(p99, self.cur, now)
         if nxt is None:  # over budget, but nothing is measured better: it keeps serving
             v.degraded, v.holding = False, True
             self._event("hold", v.variant, v.variant,
-                        f"probe window p99 {p99:.1f} µs > budget {self.budget_us:g} µs, but no "
+                        f"retry window p99 {p99:.1f} µs > budget {self.budget_us:g} µs, but no "
                         f"candidate is measured {self.switch_margin:.0%} better: it keeps serving",
                         window_p99_us=round(p99, 2), estimates_us=self._estimates(self.cur, now))
             return
-        v.rest_s = min(max(v.rest_s, self.probe_after_s) * 2, self.max_rest_s)
+        v.rest_s = min(max(v.rest_s, self.retry_after_s) * 2, self.max_rest_s)
         v.degraded, v.degraded_until = True, now + v.rest_s
         est = self._estimates(self.cur, now)
-        self._switch(nxt, "probe-failed", f"probe window p99 {p99:.1f} µs > budget "
+        self._switch(nxt, "retry-failed", f"retry window p99 {p99:.1f} µs > budget "
                      f"{self.budget_us:g} µs", window_p99_us=round(p99, 2), retry_in_s=v.rest_s,
                      estimates_us=est)
 

@@ -85,7 +85,7 @@ class RouterStrategy:
 
     def failovers(self) -> int:
         """Calls a candidate failed or timed out on (each one was served by the next), plus the
-        router's switches off a failing or slow variant (re-route, breaker-open, probe-failed)."""
+        router's switches off a failing or slow variant (re-route, breaker-open, retry-failed)."""
         lane = self.lane
         return sum(v.errors + v.timeouts for v in lane.variants) + lane.failovers
 
