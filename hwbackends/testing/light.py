@@ -2,7 +2,7 @@
 
 ``hwb targets`` imports every installed plugin and probes every target, so each costs every
 user something on every command. Measured, not guessed from a list of known heavy names: in a
-fresh interpreter (:mod:`.probe_child`), while the plugin is imported and registers its
+fresh interpreter (:mod:`.import_child`: it times imports), while the plugin is imported and registers its
 targets, and while ``probe()`` runs, every import is timed in CPU time of that process, and
 
 * no module may take more than :data:`IMPORT_BUDGET_MS` to import (cumulative: a module
@@ -34,7 +34,7 @@ LIGHT_PACKAGES = frozenset({
     "hwbackends", "hwb_plugins", "numpy", "pluggy", "pydantic", "pydantic_core",
     "typing_extensions", "annotated_types", "typing_inspection", "importlib_metadata",
 })
-CHILD = Path(__file__).with_name("probe_child.py")
+CHILD = Path(__file__).with_name("import_child.py")
 
 
 @dataclass(frozen=True)

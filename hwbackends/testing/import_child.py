@@ -1,8 +1,8 @@
-"""Run by the light-probe check (:mod:`hwbackends.testing.light`) as a script in a fresh
+"""Run by the ``probe_is_light`` check (:mod:`hwbackends.testing.light`) as a script in a fresh
 interpreter: load one plugin through its entry point, call ``hwb_targets()`` and one target's
 ``probe()``, and time every module imported meanwhile. Prints one JSON line on stdout.
 
-    python probe_child.py GROUP ENTRY_POINT TARGET
+    python import_child.py GROUP ENTRY_POINT TARGET
 
 Each import is timed in *CPU* seconds of this process (``time.process_time``), not wall
 time: executing a module's code and loading its shared libraries is what an import costs,
