@@ -545,6 +545,23 @@ class Target:
             f"target {self.name} exports no format {fmt!r} (it offers: "
             f"{', '.join(self.exports) or 'none'}); choose a format it lists in `hwb targets`")
 
+    def summary_lines(self, meta: dict[str, Any]) -> list[str]:
+        """Lines about this variant's build that ``hwb compile`` prints after its own
+        (model, artifact, fidelity, data), for people: a modelled estimate, synthesis, bit
+        widths. ``meta`` is the artifact's metadata, what :meth:`compile` returned. Each line
+        starts with two spaces and a label padded to 9 characters (``bits`` then 6 spaces),
+        like the core's.
+        Fast, no heavy imports; only the target's own keys are read, and a missing key is a
+        line left out, not an error. The default prints nothing."""
+        return []
+
+    def report_meta(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """What the results file keeps of this variant's artifact metadata for the plugin's
+        own report sections (``hwb_report_sections`` read it back as the row's ``fpga``
+        key): a small JSON-able dict, or ``None`` (the default) to keep nothing. The
+        ``hardware_estimate`` is kept by the core already; leave it out."""
+        return None
+
     def __repr__(self) -> str:
         return f"<Target {self.name}>"
 

@@ -11,6 +11,7 @@ round-trip (``from_dict(r.to_dict()) == r``); keys a newer writer added are kept
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from .fidelity import Fidelity
 
 if TYPE_CHECKING:  # pragma: no cover
     from .compiled import CompiledModel
+
+log = logging.getLogger(__name__)
 
 
 class RecordError(HwbError):
@@ -49,7 +52,8 @@ class VariantRecord:
     toolchain: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] | None = None
     hardware_estimate: dict[str, Any] | None = None
-    #: What the report's FPGA section shows (bits, bit-exactness, chosen fraction).
+    #: What the plugin's report sections show (``Target.report_meta``: for the FPGA targets
+    #: bits, bit-exactness, chosen fraction). The key keeps its old name: results files.
     fpga: dict[str, Any] | None = None
     machine: dict[str, Any] | None = None
     artifact_from: str | None = None
@@ -69,7 +73,7 @@ class VariantRecord:
                    cached=bool(d.get("cached")), artifact_bytes=d.get("artifact_bytes"),
                    artifact_key=cm.artifact.key, batch_size=cm.batch_size,
                    toolchain=dict(d.get("toolchain") or {}), data=cm.data or None,
-                   hardware_estimate=est, fpga=fpga_meta(cm.target, d.get("meta") or {}))
+                   hardware_estimate=est, fpga=report_meta(cm.target, d.get("meta") or {}))
 
     @classmethod
     def failed(cls, target: str, precision: str, mode: str, error: str,
@@ -115,16 +119,27 @@ class VariantRecord:
         return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
 
 
-def fpga_meta(target: str, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """What the FPGA plugins' report sections (``hwb_report_sections``) show of an FPGA
-    variant besides its ``hardware_estimate``: bits, bit-exactness, chosen fraction. FPGA is
-    the target's ``Target.family``, not its name."""
+def report_meta(target: str, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """What the results row keeps (as ``fpga``) of a variant's artifact metadata for its
+    plugin's report sections: ``Target.report_meta``, so the core reads none of a plugin's
+    keys. ``None`` for a target not registered here, or a hook that raises or returns
+    something other than a dict (logged: a plugin bug must not lose the benchmark)."""
     from .registry import get_registry
 
-    if get_registry().family(target) != "fpga":
+    tgt = get_registry().targets.get(target)
+    if tgt is None:
         return None
-    return {"bits": meta.get("bits"),
-            "bit_exact": meta.get("bit_exact"), "frac_bits": (meta.get("search") or {}).get("frac_bits")}
+    try:
+        out = tgt.report_meta(meta)
+    except Exception as exc:
+        log.warning("%s.report_meta raised %s: %s; the row keeps no report metadata (a plugin bug)",
+                    target, type(exc).__name__, exc)
+        return None
+    if out is not None and not isinstance(out, dict):
+        log.warning("%s.report_meta returned %s, not a dict; the row keeps no report metadata",
+                    target, type(out).__name__)
+        return None
+    return out
 
 
 def machine_key(row: Any) -> str:

@@ -295,20 +295,30 @@ def test_compile_flags_a_failed_fidelity_gate(store_dir, tmp_path, capsys) -> No
 
 
 def test_compile_prints_the_fpga_hardware_estimate() -> None:
+    # The lines come from each plugin's Target.summary_lines (the core reads none of their
+    # meta keys); the text is pinned here as `hwb compile` printed it before the hook.
     from hwb_plugins.fpga_da4ml.estimate import hardware_estimate
-    from hwbackends.cli.compile import fpga_lines
+    from hwbackends.cli.compile import summary_lines
 
     est = hardware_estimate(cycles=6, ii=1, depth=6, synth={"luts": 19700, "ffs": 900, "dsps": 0,
                                                             "stage_bound_ns": 2.0},
                             part="xcvu13p", clock_mhz=200, io_ns=850, io_source="PCIe", tools={})
-    lines = "\n".join(fpga_lines({"target": "fpga.da4ml", "hardware_estimate": est,
-                                  "meta": {"bits": {"frac_bits": 6}}}))
-    assert "MODELLED, not measured: 6 cycles (II 1) = 30.0 ns @ 200 MHz" in lines
-    assert "end to end 880 ns" in lines and "19,700 LUT" in lines and "0 DSP" in lines
+    lines = summary_lines({"target": "fpga.da4ml", "hardware_estimate": est,
+                           "meta": {"bits": {"frac_bits": 6, "per_layer": [1]},
+                                    "hardware_estimate": est}})
+    assert len(lines) == 3
+    assert lines[0].startswith("  hardware  MODELLED, not measured: 6 cycles (II 1) = 30.0 ns "
+                               "@ 200 MHz; end to end 880 ns (logic + 850 ns I/O assumption)")
+    assert lines[1].startswith("            resources 19,700 LUT, 900 FF, 0 DSP on xcvu13p; ")
+    assert lines[2] == "  bits      frac_bits 6"
     syn = {"requested": False, "available": False, "reason": "vitis_hls not on PATH"}
-    assert "synthesis not requested (vitis_hls not on PATH): C-simulation only" in "\n".join(
-        fpga_lines({"target": "fpga.hls4ml", "meta": {"synthesis": syn}}))
-    assert fpga_lines({"target": "cpu.litert", "meta": {}}) == []
+    assert summary_lines({"target": "fpga.hls4ml", "meta": {"synthesis": syn}}) == [
+        "  synthesis not requested (vitis_hls not on PATH): C-simulation only, no cycles or resources"]
+    syn = {"tool": "vitis_hls", "report": {"LatencyBest": 12, "BRAM_18K": 0, "Loops": []}}
+    assert summary_lines({"target": "fpga.hls4ml", "meta": {"synthesis": syn, "bits": {"total": 8}}}) \
+        == ["  synthesis vitis_hls: LatencyBest 12, BRAM_18K 0", "  bits      total 8"]
+    assert summary_lines({"target": "cpu.litert", "meta": {"bits": {"total": 8}}}) == []
+    assert summary_lines({"target": "fpga.not-installed-here", "meta": {}}) == []
 
 
 def test_synth_without_vitis_fails_before_building(store_dir, capsys) -> None:

@@ -219,12 +219,13 @@ def test_a_raising_report_plugin_is_noted_and_the_report_is_written(tmp_path) ->
     assert "How this was measured" in html
 
 
-def test_the_bench_keeps_fpga_metadata_by_target_family() -> None:
-    """Target.family decides which rows keep the FPGA plugins' metadata, not the name."""
-    from hwbackends.variant import fpga_meta
+def test_the_bench_keeps_what_each_target_reports() -> None:
+    """Target.report_meta decides what a row keeps of the artifact metadata, not the core."""
+    from hwbackends.variant import report_meta
 
     meta = {"bits": {"total_bits": 8}, "search": {"frac_bits": 5}, "bit_exact": None}
-    assert fpga_meta("fpga.hls4ml", meta) == {"bits": {"total_bits": 8}, "bit_exact": None,
-                                              "frac_bits": 5}
-    assert fpga_meta("cpu.litert", meta) is None
-    assert fpga_meta("fpga.not-installed-here", meta) is None  # no Target, no family
+    assert report_meta("fpga.hls4ml", meta) == {"bits": {"total_bits": 8}, "bit_exact": None,
+                                                "frac_bits": 5}
+    assert report_meta("fpga.da4ml", meta) == report_meta("fpga.hls4ml", meta)
+    assert report_meta("cpu.litert", meta) is None  # the default keeps nothing
+    assert report_meta("fpga.not-installed-here", meta) is None  # no Target, nothing kept

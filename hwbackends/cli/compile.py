@@ -76,41 +76,23 @@ def fidelity_gate(cm: Any) -> dict[str, Any] | None:
     return {"passed": not bad, "family": family, "violations": bad}
 
 
-def fpga_lines(d: dict[str, Any]) -> list[str]:
-    """What an FPGA variant's build says about the hardware, for people: the modelled
-    estimate (fpga.da4ml), synthesis (fpga.hls4ml), bits."""
+def summary_lines(d: dict[str, Any]) -> list[str]:
+    """The target's own lines about this variant's build (``Target.summary_lines`` of the
+    artifact metadata: an FPGA target's modelled estimate, synthesis, bits). The core reads no
+    plugin's metadata keys itself; a target not registered here prints none, and a plugin
+    whose hook raises or returns something else is named in one line instead."""
     from ..registry import get_registry
 
-    if get_registry().family(str(d.get("target", ""))) != "fpga":  # Target.family, not the name
+    tgt = get_registry().targets.get(str(d.get("target", "")))
+    if tgt is None:
         return []
-    meta = d.get("meta") or {}
-    lines = []
-    est = d.get("hardware_estimate")
-    if est:
-        e2e = est.get("end_to_end") or {}
-        res = ", ".join(f"{est[k]:,} {k[:-1].upper()}" for k in ("luts", "ffs", "dsps", "brams")
-                        if est.get(k) is not None)
-        lines.append(f"  hardware  {est.get('label', 'modelled').upper()}, not measured: "
-                     f"{est['latency_cycles']} cycles (II {est.get('initiation_interval')}) = "
-                     f"{est['latency_ns']:,.1f} ns @ {est['effective_mhz']:.0f} MHz; end to end "
-                     f"{e2e.get('total_ns', 0):,.0f} ns (logic + {e2e.get('io_assumption_ns', 0):,.0f} "
-                     f"ns I/O assumption)")
-        lines.append(f"            resources {res or 'not synthesized'} on {est.get('part')}; "
-                     f"{est.get('basis', '')}")
-    syn = meta.get("synthesis")
-    if isinstance(syn, dict) and not est:
-        if syn.get("report"):
-            r = syn["report"]
-            lines.append(f"  synthesis {syn.get('tool')}: " + ", ".join(
-                f"{k} {v}" for k, v in r.items() if not isinstance(v, (dict, list)))[:300])
-        else:
-            lines.append("  synthesis " + ("not requested" if not syn.get("requested") else "not run")
-                         + (f" ({syn['reason']})" if syn.get("reason") else "")
-                         + ": C-simulation only, no cycles or resources")
-    bits = meta.get("bits") or {}
-    if bits:
-        lines.append("  bits      " + ", ".join(f"{k} {v}" for k, v in bits.items()
-                                                  if not isinstance(v, (dict, list)))[:200])
+    try:
+        lines = tgt.summary_lines(d.get("meta") or {})
+    except Exception as exc:  # the build succeeded: say the plugin's bug, do not lose the rest
+        return [f"  ({tgt.name}.summary_lines raised {type(exc).__name__}: {exc}; a plugin bug)"]
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        return [f"  ({tgt.name}.summary_lines returned {type(lines).__name__}, not a list of str; "
+                f"a plugin bug)"]
     return lines
 
 
@@ -130,6 +112,6 @@ def run(args: argparse.Namespace) -> int:
     if gate and not gate["passed"]:
         lines.append(f"  ! FIDELITY GATE FAILED ({gate['family']} precision): "
                      + "; ".join(gate["violations"]))
-    lines += fpga_lines(d)
+    lines += summary_lines(d)
     emit(args, d, "\n".join(lines))
     return 0

@@ -57,3 +57,20 @@ def hardware_estimate(*, cycles: int, ii: int, depth: int, synth: dict[str, Any]
     if pnr:
         est["post_route"] = pnr
     return est
+
+
+def estimate_lines(est: dict[str, Any] | None) -> list[str]:
+    """What ``hwb compile`` prints of an estimate (``Target.summary_lines``): the modelled
+    latency with its clock and I/O assumption, then the resources; none without one."""
+    if not isinstance(est, dict) or not est:
+        return []
+    e2e = est.get("end_to_end") or {}
+    res = ", ".join(f"{est[k]:,} {k[:-1].upper()}" for k in ("luts", "ffs", "dsps", "brams")
+                    if est.get(k) is not None)
+    return [f"  hardware  {est.get('label', LABEL).upper()}, not measured: "
+            f"{est['latency_cycles']} cycles (II {est.get('initiation_interval')}) = "
+            f"{est['latency_ns']:,.1f} ns @ {est['effective_mhz']:.0f} MHz; end to end "
+            f"{e2e.get('total_ns', 0):,.0f} ns (logic + {e2e.get('io_assumption_ns', 0):,.0f} "
+            f"ns I/O assumption)",
+            f"            resources {res or 'not synthesized'} on {est.get('part')}; "
+            f"{est.get('basis', '')}"]

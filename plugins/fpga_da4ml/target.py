@@ -14,6 +14,7 @@ from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
 from .._shared.fixed_point import FidelityTarget
+from .._shared.fpga_summary import bits_lines, report_meta
 from .._util import importable, version
 
 PROJECT = "rtl"
@@ -193,6 +194,16 @@ class Da4mlTarget(Target):
         lib = RtlLibrary(lib_path, artifact.file(meta["memdir"]), int(meta["n_in"]), int(meta["n_out"]))
         return RtlExecutor(lib, WordFormat.from_meta(meta["word_format"]), int(meta["latency_cycles"]),
                            artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
+
+    # -- what the core shows of a build (parent process, light) ------------------------------
+    def summary_lines(self, meta: dict[str, Any]) -> list[str]:
+        """The modelled estimate (cycles, ns, resources), then the bits."""
+        from .estimate import estimate_lines
+
+        return estimate_lines(meta.get("hardware_estimate")) + bits_lines(meta)
+
+    def report_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        return report_meta(meta)
 
 
 def run_stream(lib: Any, fmt: Any, latency: int, x: np.ndarray) -> np.ndarray:

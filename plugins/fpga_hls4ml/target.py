@@ -14,6 +14,7 @@ from hwbackends.errors import CacheError, CompileError, UnsupportedError
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Target
 
+from .._shared.fpga_summary import bits_lines, report_meta
 from .._util import cpu_name, importable, version
 from .build import build, gxx, gxx_version, patch_bridge
 from .csim import CsimExecutor, CsimLibrary
@@ -178,6 +179,14 @@ class Hls4mlTarget(Target):
             return hw
         return CsimExecutor(lib, artifact.batch_size, artifact.inputs[0], artifact.outputs[0])
 
+    # -- what the core shows of a build (parent process, light) ------------------------------
+    def summary_lines(self, meta: dict[str, Any]) -> list[str]:
+        """Synthesis (the parsed report, or why there is none), then the bits."""
+        return _synthesis_lines(meta) + bits_lines(meta)
+
+    def report_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
+        return report_meta(meta)
+
 
 class _Builder:
     """Builds C-simulation libraries of one model for several hls4ml configurations, each in
@@ -279,6 +288,22 @@ def _synthesis(hm: Any, opts: Any, workdir: Path) -> dict[str, Any]:
         return {"requested": True, "available": True, "reason": "synthesis ran but wrote no report"}
     return {"requested": True, "available": True, "tool": tool,
             "report": parse_csynth_report(rpt.read_text()).to_dict(), "report_file": str(rpt.relative_to(workdir))}
+
+
+def _synthesis_lines(meta: dict[str, Any]) -> list[str]:
+    """``hwb compile``'s synthesis line: the report's scalar figures, or that only the
+    C-simulation ran (and why), from :func:`_synthesis`'s dict. None for a build that models
+    its own ``hardware_estimate`` (that says more)."""
+    syn = meta.get("synthesis")
+    if not isinstance(syn, dict) or meta.get("hardware_estimate"):
+        return []
+    if syn.get("report"):
+        r = syn["report"]
+        return [f"  synthesis {syn.get('tool')}: " + ", ".join(
+            f"{k} {v}" for k, v in r.items() if not isinstance(v, (dict, list)))[:300]]
+    return ["  synthesis " + ("not requested" if not syn.get("requested") else "not run")
+            + (f" ({syn['reason']})" if syn.get("reason") else "")
+            + ": C-simulation only, no cycles or resources"]
 
 
 def _types(hm: Any) -> dict[str, dict[str, str]]:
