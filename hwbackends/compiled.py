@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from .batches import as_returned, predict_in_batches, tuple_call
+from .chunked import as_returned, predict_in_batches, tuple_call
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
 from .specs import Availability, Mode, TensorSpec

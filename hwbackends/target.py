@@ -319,6 +319,31 @@ class Executor:
             self._check(xs, outs)
             raise
 
+    def native_entry(self) -> Any:
+        """Optional: the model call as a raw C function, for callers that run it without
+        Python (the shared-memory server's poll loop calls it on the request's memory with
+        the GIL released): a ``PyCapsule`` named ``"hwbackends.native_entry"`` holding a
+        versioned ``hwb_native_entry`` struct (ABI 1; its layout and rules: this method's
+        docstring and docs/serving.md, "Native fast path"). ``None`` (the default): there is none, callers use :meth:`predict_into`.
+
+        The capsule's pointer is this C struct, static for the life of the process::
+
+            typedef struct {
+                uint32_t abi;          /* 1 */
+                uint32_t struct_bytes; /* sizeof(the struct); later ABIs only append fields */
+                int (*predict)(const float *x, float *y); /* batch samples x -> y; 0 = ok */
+                uint32_t in_count, out_count; /* float32 elements per sample */
+                uint32_t batch;               /* samples per predict call */
+                uint32_t reserved;            /* 0 */
+            } hwb_native_entry;
+
+        ``predict`` computes exactly what :meth:`predict_into` computes for the same buffers
+        (same bits), is reentrant and thread-safe (it may run beside ``predict_into``), takes
+        C-contiguous float32 ``x`` and ``y`` that do not overlap, touches no Python object and
+        returns nonzero on failure (the caller then uses no output). Only for a model with one
+        input and one output."""
+        return None
+
     def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """The model call: write one output per buffer of ``outs`` for the inputs ``xs``
         (sequences in spec order, one array each: the caller's tuples, or for one tensor each

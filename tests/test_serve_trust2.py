@@ -96,7 +96,7 @@ def test_cache_never_keeps_another_versions_output_after_swap_and_rollback(liter
 
 
 def test_cache_entry_is_stored_only_under_its_own_version() -> None:
-    from hwbackends.serve.cache import InferenceCache
+    from hwbackends.serve.inference_cache import InferenceCache
 
     c = InferenceCache(10)
     x = np.arange(4, dtype=np.float32)

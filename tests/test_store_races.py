@@ -19,8 +19,8 @@ from test_trust import OTHER_UID, _can_chown, _chown_tree, _commit
 import hwbackends as hwb
 from hwbackends import store as store_mod
 from hwbackends import trust, zoo
-from hwbackends.bench.cache import ProfileCache
 from hwbackends.bench.profile import LatencyProfile
+from hwbackends.bench.profile_cache import ProfileCache
 from hwbackends.errors import StoreTrustError
 from hwbackends.registry import get_registry
 from hwbackends.store import ArtifactStore

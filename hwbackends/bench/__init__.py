@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 from ..machine import fingerprint
-from .cache import ProfileCache, profile_key
 from .harness import bench_model, cached_measure, measure, pinned, select_targets
 from .profile import LatencyProfile, summarize, table
+from .profile_cache import ProfileCache, profile_key
 from .results import BenchResults, ResultsError
 from .scenarios import Batch, Burst, Server, SingleStream, parse
 

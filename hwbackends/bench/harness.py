@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..batches import public
+from ..chunked import public
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError, UnsupportedError
 from ..registry import (
@@ -22,8 +22,8 @@ from ..registry import (
 )
 from ..variant import VariantRecord
 from . import machine as machine_mod
-from .cache import ProfileCache, profile_key
 from .profile import LatencyProfile, samples_per_s, summarize
+from .profile_cache import ProfileCache, profile_key
 from .results import BenchResults
 from .scenarios import (
     Batch,

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..batches import as_returned, predict_in_batches, tuple_call
 from ..bench import ProfileCache
+from ..chunked import as_returned, predict_in_batches, tuple_call
 from ..config import StrategiesFile, load_config, resolve_model
 from ..errors import ConfigError, InputError
 from .plan import Candidate, Decision, Tier, decide, explain, plan_strategy

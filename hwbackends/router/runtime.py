@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..batches import tuple_call
 from ..breaker import Breaker, BreakerState
+from ..chunked import tuple_call
 from ..errors import HwbError
 from ..exclusive import lock_for
 from ..specs import several

@@ -4,9 +4,9 @@ Prometheus metrics). See docs/serving.md."""
 from __future__ import annotations
 
 from .backend import Backend, RouterStrategy, compile_batch_variants
-from .batching import PRESETS, BatchPolicy
-from .cache import InferenceCache
+from .batch_plan import PRESETS, BatchPolicy
 from .engine import Engine, EngineConfig
+from .inference_cache import InferenceCache
 from .lifecycle import SwapError, SwapResult
 from .request import BREAKER_OPEN, DEADLINE, OK, STOPPED, Status, Unavailable, check_deadline_us
 

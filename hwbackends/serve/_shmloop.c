@@ -55,6 +55,37 @@ typedef struct {
     Py_buffer view;
 } slot_t;
 
+/* ---- native fast path ---------------------------------------------------------------- */
+/* An executor's raw C entry (hwbackends.target.Executor.native_entry): a PyCapsule named
+ * HWB_NATIVE_ENTRY_NAME whose pointer is a hwb_native_entry, static in the executor's own
+ * shared object (CPython never unloads an extension, so the struct and its code stay valid
+ * for the life of the process). Versioned: abi and struct_bytes let a newer producer add
+ * fields at the end. `predict` must be reentrant and thread-safe, touch no Python object and
+ * return 0 on success (any other value: the answer is not used). */
+#define HWB_NATIVE_ENTRY_NAME "hwbackends.native_entry"
+#define HWB_NATIVE_ENTRY_ABI 1u
+typedef struct {
+    uint32_t abi;          /* HWB_NATIVE_ENTRY_ABI */
+    uint32_t struct_bytes; /* sizeof the producer's struct (≥ this one) */
+    int (*predict)(const float *x, float *y); /* batch samples in x → y; 0 = ok */
+    uint32_t in_count, out_count; /* float32 elements per sample */
+    uint32_t batch;               /* samples per predict call */
+    uint32_t reserved;            /* 0 */
+} hwb_native_entry;
+
+/* Gate: which native entry (if any) the poll loop calls instead of the Python handler. The
+ * loop reads `entry` once per batch of pending slots, with the GIL released (an atomic
+ * pointer load); set() runs in whichever Python thread switches the serving version. */
+typedef struct {
+    PyObject_HEAD
+    const hwb_native_entry *entry; /* NULL: every request takes the Python path */
+    uint32_t in_count, out_count;  /* the endpoint's; an entry of other sizes is refused */
+    uint64_t served, failed;       /* native calls answered OK / returned nonzero */
+    PyObject *keep;                /* every capsule ever set: nothing the loop saw is freed */
+} GateObject;
+
+static PyTypeObject GateType;
+
 typedef struct {
     hwb_shm_header *h; /* the server's writable mapping of the header */
     int hdr_fd, listen_fd, stop_fd;
@@ -63,6 +94,7 @@ typedef struct {
     slot_t *slots;
     struct pollfd *pfd;
     PyObject *run, *make_slot, *batch, *input_error;
+    GateObject *gate; /* NULL: no native fast path (batch mode) */
 } loop_ctx;
 
 static void count(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
@@ -167,6 +199,28 @@ static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n
         }
     }
     if (nv == 0) return;
+    if (L->gate) {
+        const hwb_native_entry *e = __atomic_load_n(&L->gate->entry, __ATOMIC_ACQUIRE);
+        if (e) { /* the fast path: the model's C entry on the slot's own memory, no GIL */
+            for (int j = 0; j < nv; j++) {
+                hwb_shm_slot *s = L->slots[idx[valid[j]]].s;
+                float *x = hwb_shm_slot_in(s);
+                int rc = e->predict(x, x + L->in_count);
+                if (rc == 0) {
+                    count(&L->gate->served);
+                    count(&h->served);
+                    reply(s, seqs[valid[j]], HWB_SHM_OK, NULL);
+                } else { /* never a wrong answer: not OK, so the client reads no outputs */
+                    snprintf(buf, sizeof buf, "server error: the model's native entry returned "
+                             "%d", rc);
+                    count(&L->gate->failed);
+                    count(&h->errors);
+                    reply(s, seqs[valid[j]], HWB_SHM_UNAVAILABLE, buf);
+                }
+            }
+            return;
+        }
+    }
     PyGILState_STATE g = PyGILState_Ensure();
     if (L->batch == Py_None) {
         for (int j = 0; j < nv; j++) {
@@ -396,19 +450,27 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     Py_buffer buf;
     int hdr_fd, listen_fd, stop_fd, pin;
     unsigned nslots;
-    PyObject *run, *make_slot, *batch, *input_error;
+    PyObject *run, *make_slot, *batch, *input_error, *gate = Py_None;
     long long spin_ns, reap_ns;
     loop_ctx L;
-    if (!PyArg_ParseTuple(args, "w*iiiIOOOOLLi", &buf, &hdr_fd, &listen_fd, &stop_fd, &nslots,
-                          &run, &make_slot, &batch, &input_error, &spin_ns, &reap_ns, &pin))
+    if (!PyArg_ParseTuple(args, "w*iiiIOOOOLLi|O", &buf, &hdr_fd, &listen_fd, &stop_fd, &nslots,
+                          &run, &make_slot, &batch, &input_error, &spin_ns, &reap_ns, &pin, &gate))
         return NULL;
+    if (gate != Py_None && (!PyObject_TypeCheck(gate, &GateType) || batch != Py_None)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_TypeError, "serve(): gate must be a NativeGate (direct mode only) "
+                        "or None");
+        return NULL;
+    }
     memset(&L, 0, sizeof L);
     L.h = (hwb_shm_header *)buf.buf;
     if ((size_t)buf.len < HWB_SHM_HEADER_BYTES || L.h->magic != HWB_SHM_MAGIC || nslots == 0 ||
-        nslots > MAX_SLOTS || nslots != L.h->nslots) {
+        nslots > MAX_SLOTS || nslots != L.h->nslots ||
+        (gate != Py_None && (((GateObject *)gate)->in_count != L.h->in_count ||
+                             ((GateObject *)gate)->out_count != L.h->out_count))) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "serve(): not an initialised hwb header, or nslots "
-                        "differs from the one it was initialised with");
+                        "(or the gate's sizes) differ from the ones it was initialised with");
         return NULL;
     }
     /* the server's own copies, taken once from the header it initialised itself */
@@ -424,6 +486,7 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     L.make_slot = make_slot;
     L.batch = batch;
     L.input_error = input_error;
+    L.gate = gate == Py_None ? NULL : (GateObject *)gate;
     L.slots = (slot_t *)PyMem_RawCalloc(nslots, sizeof(slot_t));
     L.pfd = (struct pollfd *)PyMem_RawCalloc(nslots + 2, sizeof(struct pollfd));
     if (!L.slots || !L.pfd) {
@@ -530,6 +593,87 @@ static PyObject *py_counters(PyObject *self, PyObject *args) {
     PyBuffer_Release(&buf);
     return d;
 }
+
+/* ---- NativeGate ---------------------------------------------------------------------- */
+
+static PyObject *Gate_new(PyTypeObject *t, PyObject *args, PyObject *kw) {
+    unsigned ic, oc;
+    GateObject *o;
+    if (!PyArg_ParseTuple(args, "II", &ic, &oc)) return NULL;
+    o = (GateObject *)t->tp_alloc(t, 0);
+    if (!o) return NULL;
+    o->in_count = ic;
+    o->out_count = oc;
+    o->keep = PyList_New(0);
+    if (!o->keep) { Py_DECREF(o); return NULL; }
+    return (PyObject *)o;
+}
+
+static void Gate_dealloc(GateObject *o) {
+    Py_XDECREF(o->keep);
+    Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+/* set(capsule | None): serve through this entry from the next request on (None: the Python
+ * path). Refuses (ValueError, the gate unchanged) an entry that is not a native entry of
+ * this ABI, of other sizes than the endpoint's, or of a batch other than 1. */
+static PyObject *Gate_set(GateObject *o, PyObject *cap) {
+    const hwb_native_entry *e;
+    if (cap == Py_None) {
+        __atomic_store_n(&o->entry, (const hwb_native_entry *)NULL, __ATOMIC_RELEASE);
+        Py_RETURN_NONE;
+    }
+    if (!PyCapsule_IsValid(cap, HWB_NATIVE_ENTRY_NAME)) {
+        PyErr_SetString(PyExc_ValueError, "not a native entry: expected a PyCapsule named "
+                        "'" HWB_NATIVE_ENTRY_NAME "'");
+        return NULL;
+    }
+    e = (const hwb_native_entry *)PyCapsule_GetPointer(cap, HWB_NATIVE_ENTRY_NAME);
+    if (!e) return NULL;
+    if (e->abi != HWB_NATIVE_ENTRY_ABI || e->struct_bytes < sizeof(hwb_native_entry) || !e->predict) {
+        PyErr_Format(PyExc_ValueError, "native entry of ABI %u (%u bytes); this server reads ABI "
+                     "%u (%u bytes)", e->abi, e->struct_bytes, HWB_NATIVE_ENTRY_ABI,
+                     (unsigned)sizeof(hwb_native_entry));
+        return NULL;
+    }
+    if (e->in_count != o->in_count || e->out_count != o->out_count || e->batch != 1) {
+        PyErr_Format(PyExc_ValueError, "native entry takes %u -> %u floats per sample at batch "
+                     "%u; the endpoint needs %u -> %u at batch 1", e->in_count, e->out_count,
+                     e->batch, o->in_count, o->out_count);
+        return NULL;
+    }
+    if (PyList_Append(o->keep, cap) < 0) return NULL;
+    __atomic_store_n(&o->entry, e, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Gate_active(GateObject *o, PyObject *unused) {
+    return PyBool_FromLong(__atomic_load_n(&o->entry, __ATOMIC_ACQUIRE) != NULL);
+}
+
+static PyObject *Gate_counters(GateObject *o, PyObject *unused) {
+    return Py_BuildValue("{s:K,s:K}", "native_served",
+                         (unsigned long long)__atomic_load_n(&o->served, __ATOMIC_RELAXED),
+                         "native_failed",
+                         (unsigned long long)__atomic_load_n(&o->failed, __ATOMIC_RELAXED));
+}
+
+static PyMethodDef Gate_methods[] = {
+    {"set", (PyCFunction)Gate_set, METH_O, "set(capsule | None): the entry the loop calls"},
+    {"active", (PyCFunction)Gate_active, METH_NOARGS, "whether an entry is set"},
+    {"counters", (PyCFunction)Gate_counters, METH_NOARGS, "native_served, native_failed"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hwbackends.serve._shmloop.NativeGate",
+    .tp_basicsize = sizeof(GateObject),
+    .tp_dealloc = (destructor)Gate_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "NativeGate(in_count, out_count): the native entry the poll loop calls, if any",
+    .tp_methods = Gate_methods,
+    .tp_new = Gate_new,
+};
 
 /* ---- client ------------------------------------------------------------------------- */
 
@@ -736,7 +880,7 @@ static int add_statuses(PyObject *m) {
 }
 
 static PyMethodDef methods[] = {
-    {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin)"},
+    {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin[, gate])"},
     {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation)"},
     {"seal_header", py_seal_header, METH_VARARGS, "seal_header(fd): no resize, no new writable mapping"},
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
@@ -749,11 +893,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_shmloop", NULL, -1,
 
 PyMODINIT_FUNC PyInit__shmloop(void) {
     PyObject *m;
-    if (PyType_Ready(&ClientType) < 0) return NULL;
+    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&GateType) < 0) return NULL;
     m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&ClientType);
     PyModule_AddObject(m, "Client", (PyObject *)&ClientType);
+    Py_INCREF(&GateType);
+    PyModule_AddObject(m, "NativeGate", (PyObject *)&GateType);
+    PyModule_AddStringConstant(m, "NATIVE_ENTRY_NAME", HWB_NATIVE_ENTRY_NAME);
+    PyModule_AddIntConstant(m, "NATIVE_ENTRY_ABI", HWB_NATIVE_ENTRY_ABI);
     PyModule_AddIntConstant(m, "VERSION", HWB_SHM_VERSION);
     PyModule_AddIntConstant(m, "HEADER_BYTES", HWB_SHM_HEADER_BYTES);
     PyModule_AddIntConstant(m, "SLOT_CTL", HWB_SHM_SLOT_CTL);

@@ -6,7 +6,8 @@ cache, per-call deadlines with a breaker, optional core pinning, hot swap.
     r = eng.try_predict_into(x, out, deadline_us=200) # True, or an Unavailable (falsy) result
     if not r: skip_this_tick(r.reason)
 
-The pieces: :mod:`.batcher` (queue, serving thread, batch execution), :mod:`..breaker`
+The pieces: :mod:`.serving_thread` (queue, serving thread, batch execution),
+:mod:`.batch_plan` (batching policy, batch slots), :mod:`.inference_cache`, :mod:`..breaker`
 (the one breaker), :mod:`.versions` and :mod:`.lifecycle` (versions, swap, rollback),
 :mod:`.request` (requests, :class:`Unavailable`, deadline validation). This module wires
 them together behind the caller-facing API.
@@ -37,9 +38,8 @@ from ..fidelity import Tolerance
 from ..inputs import as_sample
 from ..packing import Layout, layouts
 from .backend import label, normalise
-from .batcher import Batcher
-from .batching import PRESETS, BatchPlan, BatchPolicy
-from .cache import InferenceCache
+from .batch_plan import PRESETS, BatchPlan, BatchPolicy
+from .inference_cache import InferenceCache
 from .lifecycle import SwapError, SwapResult, SwapTicket, run_swap
 from .metrics import EngineMetrics, PromMetrics
 from .request import (
@@ -55,6 +55,7 @@ from .request import (
     Unavailable,
     check_deadline_us,
 )
+from .serving_thread import Batcher
 from .versions import Version, Versions
 
 log = logging.getLogger("hwbackends.serve")

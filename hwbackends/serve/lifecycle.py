@@ -38,7 +38,7 @@ from ..errors import HwbError
 from ..fidelity import Fidelity, Tolerance, compare
 from ..packing import layouts
 from .backend import label, normalise
-from .batching import BatchPlan, BatchPolicy
+from .batch_plan import BatchPlan, BatchPolicy
 from .versions import ShadowCollector, Version, Versions
 
 log = logging.getLogger("hwbackends.serve")

@@ -15,6 +15,13 @@ hand-off) or through the engine's micro-batching (``mode="batch"``: all pending 
 submitted together). Outputs, status, then ``resp`` (release); a futex wake only if the
 client sleeps.
 
+Native fast path (direct mode only): when the serving version's batch-1 backend is a compiled
+model whose executor has a native entry (:meth:`hwbackends.target.Executor.native_entry`,
+e.g. ``cpu.native``), the C loop calls that C function on the slot's own memory and never
+takes the GIL; the checks before it, the statuses and the counters are the Python path's.
+The server follows every swap and rollback (:meth:`Versions.watch`); anything else (a router
+strategy, a static batch > 1, batch mode, an executor without one) keeps the Python path.
+
 Trust (docs/serving.md states it in full): each client's slot is a memfd the server made for
 that connection alone; the header is sealed read-only for clients; the server keeps its own
 copy of every geometry and state value; a client checks that the directory and the process
@@ -138,12 +145,14 @@ class ShmServer:
     once. ``spin_us``: busy-poll after the last request before sleeping. ``reap_every_s``: the
     longest sleep between heartbeats (hang-ups and new clients wake the loop at once).
     ``pin_core``: pin the polling thread. ``group``: open the endpoint to this group (socket
-    0660, dirs 0750/0710) instead of owner-only."""
+    0660, dirs 0750/0710) instead of owner-only. ``native``: use the model's C entry when the
+    serving version has one (the module docstring says when); False: always the Python path."""
 
     def __init__(self, engine: Engine, name: str | None = None, slots: int = 8, *,
                  mode: str = "auto", spin_us: float = 50.0, reap_every_s: float = 0.25,
-                 pin_core: int | None = None, group: str | int | None = None):
-        native = _shmloop
+                 pin_core: int | None = None, group: str | int | None = None,
+                 native: bool = True):
+        native_mod = _shmloop
         if not 1 <= slots <= 1024:
             raise ConfigError(f"slots must be 1..1024, got {slots}")
         if mode == "auto":
@@ -171,20 +180,48 @@ class ShmServer:
         self._lock_fd, self._lock_ino = self._take_name()
         self._remove_stale()
         self._fi, self._fo = int(np.prod(self.in_shape)), int(np.prod(self.out_shape))
-        self._slot_bytes = native.slot_bytes(self._fi, self._fo)
+        self._slot_bytes = native_mod.slot_bytes(self._fi, self._fo)
         self._hdr_fd = os.memfd_create("hwb-header", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        native.init_header(self._hdr_fd, slots, self.in_shape, self.out_shape, os.geteuid(),
+        native_mod.init_header(self._hdr_fd, slots, self.in_shape, self.out_shape, os.geteuid(),
                            os.getpid(), secrets.randbits(64))
-        self._mm = mmap.mmap(self._hdr_fd, native.HEADER_BYTES)  # ours, writable: before the seal
-        native.seal_header(self._hdr_fd)  # from here on clients can only map it read-only
+        self._mm = mmap.mmap(self._hdr_fd, native_mod.HEADER_BYTES)  # ours, writable: before the seal
+        native_mod.seal_header(self._hdr_fd)  # from here on clients can only map it read-only
         self._sock, self._sock_ino = self._listen(0o600 if gid is None else 0o660, gid, slots)
         self._stop_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self._spin_ns, self._reap_ns = int(spin_us * 1e3), int(reap_every_s * 1e9)
         self._pin = -1 if pin_core is None else int(pin_core)
         self._closed = False
         self._error: BaseException | None = None
+        #: Why the native fast path is off ("" while it serves); see native_entry_of.
+        self.native_reason = "batch mode: every request goes through the engine's batching"
+        if mode == "direct" and not native:
+            self.native_reason = "turned off (native=False)"
+        self._gate = native_mod.NativeGate(self._fi, self._fo) if mode == "direct" and native else None
+        self._unwatch: Any = None
+        if self._gate is not None:
+            self._follow("start", engine.versions.active)
+            self._unwatch = engine.versions.watch(self._follow)
         self._thread = threading.Thread(target=self._loop, name=f"hwb-shm-{self.name}", daemon=True)
         self._thread.start()
+
+    # -- the native fast path ---------------------------------------------------------------
+    def _follow(self, kind: str, version: Any) -> None:
+        """Point the C loop at the native entry of ``version`` (or at the Python path)."""
+        assert self._gate is not None
+        cap, why = native_entry_of(version.plan)
+        try:
+            self._gate.set(cap)
+        except ValueError as exc:  # sizes or ABI the loop cannot call: the Python path serves
+            self._gate.set(None)
+            why = f"native entry refused: {exc}"
+        self.native_reason = why
+        log.info("shm %s: %s version %d: %s", self.name, kind, version.number,
+                 "native fast path" if not why else f"Python path ({why})")
+
+    @property
+    def native(self) -> bool:
+        """Whether requests are now served by the model's C entry without the GIL."""
+        return self._gate is not None and bool(self._gate.active())
 
     # -- files ------------------------------------------------------------------------------
     def _at(self, name: str) -> str:
@@ -255,7 +292,7 @@ class ShmServer:
         try:
             native.serve(self._mm, self._hdr_fd, self._sock.fileno(), self._stop_fd, self.nslots,
                          self.engine.run_direct, self._make_slot, batch, InputError,
-                         self._spin_ns, self._reap_ns, self._pin)
+                         self._spin_ns, self._reap_ns, self._pin, self._gate)
         except BaseException as exc:  # a broken loop must be visible, not a silent hang
             self._error = exc
             log.error("shm %s: poll loop failed: %s", self.name, exc)
@@ -284,8 +321,13 @@ class ShmServer:
 
     # -- reporting and shutdown -------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """served, bad_payloads, deadline_missed, detached (clients gone), errors."""
-        return dict(_shmloop.counters(self._mm), mode=self.mode, slots=self.nslots)
+        """served, bad_payloads, deadline_missed, detached (clients gone), errors (every
+        path), and ``native`` (the fast path serves now), ``native_served`` /
+        ``native_failed`` (answers of the C entry; included in served / errors)."""
+        gate = self._gate.counters() if self._gate is not None else {
+            "native_served": 0, "native_failed": 0}
+        return dict(_shmloop.counters(self._mm), mode=self.mode, slots=self.nslots,
+                    native=self.native, **gate)
 
     @property
     def served(self) -> int:
@@ -300,6 +342,8 @@ class ShmServer:
         if self._closed:
             return
         self._closed = True
+        if self._unwatch is not None:
+            self._unwatch()
         os.eventfd_write(self._stop_fd, 1)
         self._thread.join(10)
         # only what this server created: a newer server's files (other inodes) stay
@@ -323,6 +367,23 @@ class ShmServer:
 
     def __exit__(self, *a: Any) -> None:
         self.close()
+
+
+def native_entry_of(plan: Any) -> tuple[Any, str]:
+    """The native entry (capsule) the shm loop may call for one model version, and ``""``;
+    or ``None`` and why not. Only a batch-1 slot whose backend is a compiled model (it has an
+    ``executor``) whose executor offers one: a router strategy chooses per request, a static
+    batch > 1 pads in Python, a multi-IO model is packed in Python."""
+    slot = plan.slot_for(1)
+    if slot.size != 1:
+        return None, f"the serving backend runs batch {slot.size} (padded in Python)"
+    get = getattr(getattr(slot.backend, "executor", None), "native_entry", None)
+    if get is None:
+        return None, "the serving backend is not a compiled model (a router strategy, a packed model)"
+    cap = get()
+    if cap is None:
+        return None, f"{slot.variant}: its executor has no native entry"
+    return cap, ""
 
 
 def deny_same_user_inspection() -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .batching import BatchPlan
+from .batch_plan import BatchPlan
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -72,7 +72,24 @@ class Versions:
         #: Set by a swap while it collects live traffic; the serving thread offers each batch.
         self.shadow: ShadowCollector | None = None
         self._on_change = on_change
+        self._watchers: list[Callable[[str, Version], None]] = []
         self._lock = threading.Lock()  # install vs rollback
+
+    def watch(self, fn: Callable[[str, "Version"], None]) -> Callable[[], None]:
+        """Also call ``fn(kind, version)`` after every switch (in the switching thread; the
+        shm server's native fast path follows the serving version this way). Returns the
+        function that stops the calls."""
+        self._watchers.append(fn)
+
+        def stop() -> None:
+            if fn in self._watchers:
+                self._watchers.remove(fn)
+        return stop
+
+    def _changed(self, kind: str, v: "Version") -> None:
+        for fn in list(self._watchers):  # first: the fast path leaves the old version at once
+            fn(kind, v)
+        self._on_change(kind, v)
 
     def next_number(self) -> int:
         self._counter += 1
@@ -84,7 +101,7 @@ class Versions:
         with self._lock:
             self.previous, self.active = self.active, v
             self.history.append(v.to_dict())
-        self._on_change("accepted", v)
+        self._changed("accepted", v)
         log.info("now serving version %d (%s)", v.number, v.variant)
 
     def rollback(self) -> Version | None:
@@ -94,5 +111,5 @@ class Versions:
                 return None
             self.previous, self.active = self.active, self.previous
             self.history.append({**self.active.to_dict(), "rollback": True})
-        self._on_change("rollback", self.active)
+        self._changed("rollback", self.active)
         return self.active

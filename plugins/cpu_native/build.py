@@ -183,6 +183,7 @@ _EXT = r"""/* The CPython entry of one cpu.native artifact: predict_into(x, out)
    builtin over the buffer protocol. Generated; do not edit. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 #include "hwb_model.h"
 
@@ -257,6 +258,18 @@ static PyObject *info(PyObject *mod, PyObject *unused) {
                          "isa", hwb_model_isa(), "abi", HWB_MODEL_ABI);
 }
 
+/* The raw entry for callers that run the model without Python (the shm server's C loop):
+   `entry`, a PyCapsule named "hwbackends.native_entry" holding this versioned struct (ABI 1;
+   hwbackends.target.Executor.native_entry documents it). Static: valid as long as this
+   shared object is loaded, which for a CPython extension is the life of the process. */
+typedef struct {
+    uint32_t abi, struct_bytes;
+    int (*predict)(const float *x, float *y);
+    uint32_t in_count, out_count, batch, reserved;
+} hwb_native_entry;
+static const hwb_native_entry ENTRY = {1u, (uint32_t)sizeof(hwb_native_entry), hwb_model_predict,
+    HWB_MODEL_INPUT_SIZE, HWB_MODEL_OUTPUT_SIZE, HWB_MODEL_BATCH, 0u};
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(check, ndarray, InputError) -> predict_into"},
     {"info", info, METH_NOARGS, "the artifact's fingerprint, ISA and C ABI version"},
@@ -264,7 +277,17 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "@MOD@", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit_@MOD@(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit_@MOD@(void) {
+    PyObject *m = PyModule_Create(&moddef), *cap;
+    if (m == NULL) return NULL;
+    cap = PyCapsule_New((void *)&ENTRY, "hwbackends.native_entry", NULL);
+    if (cap == NULL || PyModule_AddObject(m, "entry", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
 """
 
 

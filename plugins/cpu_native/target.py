@@ -45,6 +45,11 @@ class NativeExecutor(Executor):
     def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         self.predict_into(xs[0], outs[0])
 
+    def native_entry(self) -> Any:
+        """The generated model function as the contract's native entry (the extension's
+        ``entry`` capsule, ABI 1); None for an artifact built before the extension had one."""
+        return getattr(self.module, "entry", None)
+
 
 def check_isa(meta: dict[str, Any], cpuinfo: str | None = None) -> None:
     """Refuse, before anything is dlopen'ed, an artifact this CPU cannot run (another

@@ -3,7 +3,7 @@
 Callers (any number of threads) hand requests to the serving thread through a C-implemented
 queue and wait on a per-request lock; the serving thread gathers what arrives within
 ``batch_timeout_us`` of the first waiting request (up to ``max_batch_size``), runs the active
-version's :class:`~hwbackends.serve.batching.BatchPlan` once (which holds the backend's
+version's :class:`~hwbackends.serve.batch_plan.BatchPlan` once (which holds the backend's
 :func:`~hwbackends.exclusive.lock_for` lock, so no executor ever runs on two threads) and
 hands each caller its row.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ConfigError
-from .batching import BatchPolicy
+from .batch_plan import BatchPolicy
 from .metrics import EngineMetrics
 from .request import DEADLINE, PENDING, STOPPED, Request, Unavailable
 from .versions import Versions
