@@ -181,8 +181,8 @@ def test_timeout_kills_a_setsid_helper_and_removes_the_job_tmpdir(zoo_model, tmp
     reg = build_registry(entry_points=False)
     reg.register(plugin(SetsidTarget(str(report))), "hwbt")
     # The timeout kills this test's own worker (the session's keeps its warm imports). Warmed
-    # first, so the timed job reaches the helper within a second or two: 15 s is many times
-    # that on a loaded machine, where the cold worker start it used to include took ~30 s.
+    # first, so the timed job does not include the cold worker start (~30 s on a loaded
+    # machine) and reaches the helper within a second or two.
     private_worker.run(_import_keras, timeout=600, what="warm-up")
     before = _job_dirs()
     # The job reaches the helper within a second here when the machine is quiet; a fixed
