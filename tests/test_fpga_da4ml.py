@@ -61,6 +61,37 @@ def test_lstm_is_refused_with_the_reason_and_what_would_make_it_possible():
     assert "LSTM" in msg and "outside da4ml's scope" in msg and "unrolling" in msg
 
 
+def test_extraction_is_the_shared_layer_ir_in_float64_with_batchnorm_folded():
+    """fpga.da4ml reads models through plugins/_shared/layer_ir.py (cpu.native's IR) in
+    float64: BatchNormalization folds into the Dense before it, activations fuse into their
+    Dense, and the float layers compute what the framework computes."""
+    import keras
+    import torch
+
+    from hwb_plugins.fpga_da4ml.network import extract
+    keras.utils.set_random_seed(4)
+    bn = keras.layers.BatchNormalization()
+    km = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), bn, keras.layers.ReLU(),
+                           keras.layers.Dropout(0.1), keras.layers.Dense(3, activation="softmax")])
+    rng = np.random.default_rng(4)
+    bn.set_weights([rng.uniform(.5, 2, 5), rng.normal(0, .3, 5), rng.normal(0, .3, 5),
+                    rng.uniform(.3, 3, 5)])
+    torch.manual_seed(4)
+    tm = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Tanh(),
+                             torch.nn.Linear(5, 1)).eval()
+    tm[1].running_var.uniform_(.3, 3)
+    x = rng.standard_normal((64, 6)).astype(np.float32)
+    for m, acts in ((hwb.load_model(km), ["relu", "softmax"]),
+                    (hwb.load_model(tm, input_shape=(6,)), ["tanh", "linear"])):
+        layers = extract(m)
+        assert [lyr.activation for lyr in layers] == acts
+        assert all(lyr.w.dtype == np.float64 and lyr.b.dtype == np.float64 for lyr in layers)
+        y = x.astype(np.float64)
+        for lyr in layers:
+            y = lyr.forward(y)
+        np.testing.assert_allclose(y, m.reference(x), atol=1e-5)
+
+
 def test_design_matches_the_float_model_and_softmax_sums_to_one():
     """A small dense net with every activation kind, traced by real da4ml and run by its
     bit-exact interpreter, at 10 fractional bits."""

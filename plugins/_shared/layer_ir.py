@@ -1,6 +1,5 @@
-"""One small layer IR for the targets that generate code from a model's weights (``cpu.native``
-today; meant for the FPGA plugins too, whose ``network.py``/``convert.py`` each hold a
-narrower copy of this extraction).
+"""One small layer IR for the targets that generate code from a model's weights (``cpu.native``,
+``fpga.da4ml``; ``fpga.hls4ml``'s ``convert.py`` still holds a narrower copy of this extraction).
 
 A :class:`Network` is the input shape (per sample, no batch) and a chain of layers, each with
 its weights as float32 NumPy arrays in the layout the emitters use (Keras' own:
@@ -14,10 +13,16 @@ Dense/Conv1D right before it and is otherwise a per-channel :class:`Affine`.
 :mod:`torch_export`); anything else is refused with :class:`UnsupportedError` naming the
 layer. :func:`forward` is the float64 NumPy reference of the IR: the check that extraction
 kept the model's function, and the range measurement for int8 calibration.
+
+``extract(..., dtype=np.float64)`` keeps the weights in float64 (a float32 source converts
+exactly; BatchNormalization is folded in float64 from its unrounded scale), for targets that
+quantize the weights themselves. :func:`dense_chain` views a network of Dense layers and
+activations as :class:`DenseAct` (each Dense with the activation after it fused in, a
+BatchNormalization folded): what targets building one circuit per matrix take.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -153,9 +158,13 @@ def _f32(a: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, np.float32))
 
 
-def extract(model: Any, target: str) -> Network:
+def extract(model: Any, target: str, *, dtype: Any = np.float32) -> Network:
     """``model`` (a :class:`hwbackends.models.Model` in format keras or torch) as a
-    :class:`Network`. ``target`` names the caller in refusals."""
+    :class:`Network`. ``target`` names the caller in refusals; ``dtype`` (float32 or float64)
+    is the weights' dtype (see the module's doc)."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise UnsupportedError(f"layer_ir.extract keeps weights as float32 or float64, not {dtype}")
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise UnsupportedError(f"{target} compiles models with one input and one output")
     if model.format == "keras":
@@ -166,7 +175,7 @@ def extract(model: Any, target: str) -> Network:
         layers = _onnx(model.obj, target)
     else:
         raise UnsupportedError(f"{target} reads Keras, PyTorch or ONNX models; got format {model.format!r}")
-    net = Network(model.name, tuple(model.input.shape), _fold(layers))
+    net = Network(model.name, tuple(model.input.shape), [_cast(layer, dtype) for layer in _fold(layers, dtype)])
     _check_shapes(net, target)
     if net.output_shape != tuple(model.output.shape):
         raise UnsupportedError(f"{target}: the layers give output shape {net.output_shape}, the "
@@ -194,15 +203,25 @@ def _check_shapes(net: Network, target: str) -> None:
                                    f"leaves no output (shape {s})")
 
 
-def _fold(layers: list[Layer]) -> list[Layer]:
-    """Fold each :class:`Affine` into the Dense/Conv1D right before it."""
+def _cast(layer: Layer, dtype: np.dtype) -> Layer:
+    """``layer`` with its arrays in ``dtype`` (C-contiguous)."""
+    arrays = {f.name: np.ascontiguousarray(getattr(layer, f.name), dtype) for f in fields(layer)
+              if isinstance(getattr(layer, f.name), np.ndarray)}
+    return replace(layer, **arrays) if arrays else layer
+
+
+def _fold(layers: list[Layer], dtype: np.dtype) -> list[Layer]:
+    """Fold each :class:`Affine` into the Dense/Conv1D right before it. The converters give
+    an Affine's scale/shift in float64; the float32 IR folds their float32 values (what an
+    unfolded Affine holds), the float64 IR the unrounded ones."""
     out: list[Layer] = []
     for layer in layers:
         prev = out[-1] if out else None
         if isinstance(layer, Affine) and isinstance(prev, (Dense, Conv1D)):
-            w, b = batchnorm.fold(prev.w, prev.b, layer.scale.astype(np.float64),
-                                  layer.shift.astype(np.float64))
-            prev.w, prev.b = _f32(w), _f32(b)
+            scale, shift = (layer.scale, layer.shift) if dtype == np.float64 else (
+                _f32(layer.scale), _f32(layer.shift))
+            w, b = batchnorm.fold(prev.w, prev.b, scale.astype(np.float64), shift.astype(np.float64))
+            prev.w, prev.b = (w, b) if dtype == np.float64 else (_f32(w), _f32(b))
             continue
         out.append(layer)
     return [layer for layer in out if not (isinstance(layer, Act) and layer.kind == "linear")]
@@ -280,8 +299,8 @@ def _k_batchnorm(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
     axis, last = cfg.get("axis", -1), len(layer.input.shape) - 1
     if axis not in (-1, [-1], last, [last]):
         raise _refuse(target, layer, f"normalizes axis {axis}, not the channels")
-    scale, shift = batchnorm.keras_affine(layer)
-    return [Affine(layer.name, _f32(scale), _f32(shift))]
+    scale, shift = batchnorm.keras_affine(layer)  # float64: _fold/_cast round them per dtype
+    return [Affine(layer.name, np.asarray(scale, np.float64), np.asarray(shift, np.float64))]
 
 
 def _k_conv1d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
@@ -372,8 +391,8 @@ def _torch(obj: Any, target: str) -> list[Layer]:
         elif isinstance(mod, nn.LeakyReLU):
             out.append(Act(name, "leaky_relu", float(mod.negative_slope)))
         elif isinstance(mod, nn.BatchNorm1d):
-            scale, shift = batchnorm.torch_affine(mod)
-            out.append(Affine(name, _f32(scale), _f32(shift)))
+            scale, shift = batchnorm.torch_affine(mod)  # float64, as in _k_batchnorm
+            out.append(Affine(name, np.asarray(scale, np.float64), np.asarray(shift, np.float64)))
         elif isinstance(mod, (nn.Dropout, nn.Identity, nn.Flatten)):
             continue
         else:
@@ -526,3 +545,63 @@ def forward(net: Network, x: np.ndarray, upto: int | None = None) -> list[np.nda
         y = apply(layer, y)
         outs.append(y)
     return outs
+
+
+# -- the Dense-only view (targets that build one circuit per weight matrix) ---------------------
+@dataclass
+class DenseAct:
+    """``y = act(x @ w + b)``; ``w`` is (n_in, n_out): a :class:`Dense` with the activation
+    after it fused in."""
+
+    name: str
+    w: np.ndarray
+    b: np.ndarray
+    activation: str = "linear"
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Float reference of this layer."""
+        return activate(x @ self.w + self.b, self.activation)
+
+
+def dense_chain(net: Network, target: str, activations: tuple[str, ...] = ACTIVATIONS,
+                why_not: dict[type, str] | None = None) -> list[DenseAct]:
+    """``net`` (over a flat input) as :class:`DenseAct` layers: each activation fused into the
+    Dense right before it, an :class:`Affine` after a Dense without activation folded into it
+    (float64, keeping ``w``'s dtype), Flatten dropped (the identity on a vector). Anything
+    else, an activation not in ``activations``, or one not right after a bare Dense is refused
+    naming the layer (``why_not``: the target's reason for a layer type it cannot take), as
+    is a network over anything but a flat vector."""
+    supported = (f"Dense/Linear, activations {', '.join(activations)}, BatchNormalization "
+                 f"(folded into the Dense before it), Flatten, Dropout")
+    out: list[DenseAct] = []
+    for layer in net.layers:
+        bare = bool(out) and out[-1].activation == "linear"
+        if isinstance(layer, Dense):
+            out.append(DenseAct(layer.name, layer.w, layer.b))
+        elif isinstance(layer, Act):
+            if layer.kind not in activations:
+                raise UnsupportedError(f"{target}: activation {layer.kind!r} ({layer.name}) is not "
+                                       f"implemented; supported: {', '.join(activations)}")
+            if not bare:
+                raise UnsupportedError(f"{target}: activation {layer.kind!r} ({layer.name}) must "
+                                       f"follow a Dense/Linear layer without an activation of its own")
+            out[-1].activation = layer.kind
+        elif isinstance(layer, Affine):
+            if not bare:
+                raise UnsupportedError(f"{target} cannot compile BatchNormalization {layer.name!r}: "
+                                       f"{batchnorm.WHERE}; it must directly follow a Dense/Linear "
+                                       f"without activation")
+            w, b = batchnorm.fold(out[-1].w, out[-1].b, layer.scale.astype(np.float64),
+                                  layer.shift.astype(np.float64))
+            out[-1].w, out[-1].b = w.astype(out[-1].w.dtype), b.astype(out[-1].b.dtype)
+        elif not isinstance(layer, Flatten):
+            why = (why_not or {}).get(type(layer))
+            kind = layer.cell.upper() if isinstance(layer, Recurrent) else type(layer).__name__
+            raise UnsupportedError(f"{target} cannot compile layer {layer.name!r} ({kind}): "
+                                   + (why or f"supported: {supported}"))
+    if not out:
+        raise UnsupportedError(f"{target} found no Dense/Linear layer in the model")
+    if len(net.input_shape) != 1:  # after the layers: their refusal says more
+        raise UnsupportedError(f"{target} compiles models over a flat feature vector; the input "
+                               f"has shape {tuple(net.input_shape)}")
+    return out
