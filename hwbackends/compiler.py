@@ -412,7 +412,7 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
         log.warning("cached artifact %s failed to load (%s); rebuilding", key[:12], exc)
         st.evict(key)
         return None
-    problem = check_probe(executor, art, tgt, man.probe)
+    problem = check_reload(executor, art, tgt, man.reload_check)
     if problem:
         log.warning("cached artifact %s does not reproduce its stored outputs (%s); removing "
                     "it, it will be rebuilt", key[:12], problem)
@@ -424,9 +424,10 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
     return executor, art
 
 
-#: Rows of the validation data whose outputs are stored with each artifact (in its signed
-#: manifest, so they are covered by the HMAC and no file is added to what the target wrote).
-PROBE_ROWS = 8
+#: Rows of the validation data whose outputs are stored with each artifact, its reload check
+#: (in its signed manifest, so they are covered by the HMAC and no file is added to what the
+#: target wrote).
+RELOAD_CHECK_ROWS = 8
 
 
 def _pack(a: np.ndarray) -> dict[str, Any]:
@@ -438,14 +439,14 @@ def _unpack(d: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(base64.b64decode(d["f32"]), dtype=np.float32).reshape(d["shape"])
 
 
-def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: Any) -> dict[str, Any]:
-    """A few inputs (one entry per input tensor), the artifact's outputs for them (flattened
+def make_reload_check(executor: Any, art: Artifact, tgt: Target, m: Model, val: Any) -> dict[str, Any]:
+    """The reload check: a few inputs (one entry per input tensor), the artifact's outputs for them (flattened
     to one ``(n, total)`` array) and the tolerance a reload must meet:
     ``max(1e-3·(1+max|out|), ½·max|out − reference|)`` — the build's own error against the
     fp32 reference bounds how far a faithful reload may drift; another model is far outside."""
-    cm = CompiledModel(executor, art, Availability.hardware("probe"), m.name, "pass",
+    cm = CompiledModel(executor, art, Availability.hardware("reload-check"), m.name, "pass",
                        tgt.static_batch)
-    xs = tuple(np.ascontiguousarray(a[:PROBE_ROWS], dtype=np.float32) for a in _as_tuple(val))
+    xs = tuple(np.ascontiguousarray(a[:RELOAD_CHECK_ROWS], dtype=np.float32) for a in _as_tuple(val))
     out = _flat(cm.predict(xs))
     err = float(np.nanmax(np.abs(out - _flat(m.reference(xs))))) if out.size else 0.0
     tol = max(1e-3 * (1.0 + float(np.nanmax(np.abs(out)) if out.size else 0.0)), 0.5 * err)
@@ -453,20 +454,20 @@ def make_probe(executor: Any, art: Artifact, tgt: Target, m: Model, val: Any) ->
 
 
 def _flat(ys: Any) -> np.ndarray:
-    """Outputs (one array or several) as one ``(n, total)`` array (the stored probe outputs)."""
+    """Outputs (one array or several) as one ``(n, total)`` array (the reload check's stored outputs)."""
     parts = _as_tuple(ys)
     return np.concatenate([np.asarray(p, np.float32).reshape(len(p), -1) for p in parts], axis=1)
 
 
-def check_probe(executor: Any, art: Artifact, tgt: Target, probe: Any) -> str | None:
-    """``None`` when the loaded artifact reproduces its stored outputs, else what differs.
-    Probes written before inputs were stored per tensor hold one ``"x"``."""
+def check_reload(executor: Any, art: Artifact, tgt: Target, check: Any) -> str | None:
+    """``None`` when the loaded artifact reproduces its reload check's stored outputs, else
+    what differs. Checks written before inputs were stored per tensor hold one ``"x"``."""
     try:
-        xs = tuple(_unpack(d) for d in probe["xs"]) if "xs" in probe else (_unpack(probe["x"]),)
-        out, tol = _flat(_unpack(probe["out"])), float(probe["tol"])
+        xs = tuple(_unpack(d) for d in check["xs"]) if "xs" in check else (_unpack(check["x"]),)
+        out, tol = _flat(_unpack(check["out"])), float(check["tol"])
     except (TypeError, KeyError, ValueError) as exc:
         return f"no usable stored outputs ({type(exc).__name__}: {exc})"
-    cm = CompiledModel(executor, art, Availability.hardware("probe"), "probe", "pass",
+    cm = CompiledModel(executor, art, Availability.hardware("reload-check"), "reload-check", "pass",
                        tgt.static_batch)
     try:
         pred = _flat(cm.predict(xs))
@@ -493,7 +494,7 @@ def _record(req: _Request, meta: dict[str, Any], seconds: float) -> Manifest:
 
 
 def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
-    """Build the artifact, load it from staging, store its probe outputs, commit it. Returns
+    """Build the artifact, load it from staging, store its reload check, commit it. Returns
     the executor (it keeps working after the staging directory is renamed into place)."""
     tgt, chain, opts, st = req.tgt, req.chain, req.opts, run.store
     run.say(req.what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
@@ -506,7 +507,7 @@ def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
         man = _record(req, meta, seconds)
         staged_art = man.artifact(staged)
         executor = _load_new(tgt, staged_art, opts)
-        man.probe = make_probe(executor, staged_art, tgt, req.m, req.val)
+        man.reload_check = make_reload_check(executor, staged_art, tgt, req.m, req.val)
         man = Manifest.from_dict(st.commit(staged, req.key, man.to_dict()))
     except CompileError as exc:
         st.discard(staged)
@@ -645,7 +646,7 @@ def _adopt(store: ArtifactStore, staged: Path, sent: Any, req: _Request) -> None
         if problem:
             raise CacheError(f"{what} does not match this node's reference model "
                              f"({problem}){local}")
-        man.probe = make_probe(executor, art, tgt, m, req.val)
+        man.reload_check = make_reload_check(executor, art, tgt, m, req.val)
     finally:
         close = getattr(executor, "close", None)
         if close:

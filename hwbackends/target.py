@@ -116,7 +116,7 @@ class Manifest:
     """What the store keeps, signed, beside an artifact's files (``manifest.json``; the store
     adds its own ``files`` sha256 list and ``hmac``): what was built, for which request
     (``key_parts``, what the store key hashes), and the outputs a reload must reproduce
-    (``probe``). :meth:`to_dict` / :meth:`from_dict` are the one schema; every record the
+    (``reload_check``). :meth:`to_dict` / :meth:`from_dict` are the one schema; every record the
     core writes is made here, from this process's own request (never from a peer's)."""
 
     target: str
@@ -135,8 +135,10 @@ class Manifest:
     chain: list[str] = field(default_factory=list)
     compile_seconds: float = 0.0
     key_parts: dict[str, Any] | None = None
-    #: A few inputs, the outputs for them and the tolerance (``compiler.make_probe``).
-    probe: dict[str, Any] | None = None
+    #: The *reload check*: a few inputs, the outputs for them and the tolerance a reload must
+    #: meet (``compiler.make_reload_check``). Stored as ``reload_check``; records written
+    #: before the name changed hold it as ``probe`` (:meth:`from_dict` reads both).
+    reload_check: dict[str, Any] | None = None
     #: The store key; "" before the store assigns it.
     key: str = ""
 
@@ -148,8 +150,8 @@ class Manifest:
             "outputs": [s.to_dict() for s in self.outputs], "options": self.options,
             "meta": self.meta, "toolchain": self.toolchain, "chain": self.chain,
             "compile_seconds": self.compile_seconds, "key_parts": self.key_parts}
-        if self.probe is not None:
-            d["probe"] = self.probe
+        if self.reload_check is not None:
+            d["reload_check"] = self.reload_check
         if self.key:
             d["key"] = self.key
         return d
@@ -160,6 +162,8 @@ class Manifest:
         unknown ones are ignored; optional ones a record written earlier lacks default)."""
         known = {f.name for f in fields(Manifest)}
         kw = {k: v for k, v in d.items() if k in known}
+        if "reload_check" not in kw and isinstance(d.get("probe"), dict):  # its name before
+            kw["reload_check"] = d["probe"]
         kw["inputs"] = [TensorSpec.from_dict(x) for x in d["inputs"]]
         kw["outputs"] = [TensorSpec.from_dict(x) for x in d["outputs"]]
         return Manifest(**kw)

@@ -69,17 +69,20 @@ def test_the_manifest_round_trips_and_is_what_the_store_signs(zoo_model, tmp_pat
     man = Manifest(target="cpu.x", precision="fp32", fingerprint="f" * 16, batch_size=2,
                    inputs=[TensorSpec("a", (3,)), TensorSpec("b", (2,))],
                    outputs=[TensorSpec("y", (1,))], model="two", meta={"ops": ["Add"]},
-                   chain=["keras→onnx"], key_parts={"core": 1}, probe={"tol": 0.1}, key="k" * 64)
+                   chain=["keras→onnx"], key_parts={"core": 1}, reload_check={"tol": 0.1}, key="k" * 64)
     d = json.loads(json.dumps(man.to_dict()))
     assert Manifest.from_dict(d) == man
     assert Manifest.from_dict({**d, "files": {}, "hmac": "x", "from_later": 1}) == man
+    # a record signed before the reload check had its name holds it as "probe"
+    old = {k: v for k, v in d.items() if k != "reload_check"} | {"probe": d["reload_check"]}
+    assert Manifest.from_dict(old) == man
     art = man.artifact(tmp_path, cached=True)
     assert (art.key, art.batch_size, art.cached, art.multi_io) == (man.key, 2, True, True)
     assert [s.name for s in art.inputs] == ["a", "b"]
-    # a real build: the store's record parses into the same schema, with its probe
+    # a real build: the store's record parses into the same schema, with its reload check
     st = ArtifactStore(tmp_path / "store")
     cm = hwb.compile(zoo_model("mlp"), "cpu.meddler", store=st, registry=_registry(),
                      isolate_compile=False, fidelity=False)
     rec = Manifest.from_dict(st.get(cm.artifact.key))
-    assert rec.target == "cpu.meddler" and rec.probe and "xs" in rec.probe
+    assert rec.target == "cpu.meddler" and rec.reload_check and "xs" in rec.reload_check
     assert rec.artifact(cm.artifact.path).inputs == cm.inputs
