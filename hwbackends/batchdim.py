@@ -123,7 +123,7 @@ def _session(proto: Any) -> Any:
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # failures are expected while probing; we report them
+    so.log_severity_level = 4  # failures are expected while verifying the rewrite; we report them
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 

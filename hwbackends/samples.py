@@ -32,7 +32,7 @@ from .specs import TensorSpec
 
 SUFFIXES = (".npy", ".npz")
 #: Samples used at most: calibration (converters iterate it; the FPGA search simulates it
-#: per probe) and validation (every variant runs it once).
+#: per trial build) and validation (every variant runs it once).
 MAX_CALIBRATION = 2048
 MAX_VALIDATION = 8192
 #: Without data: the seeded N(0,1) inputs :meth:`Model.representative` generates.
