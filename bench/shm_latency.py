@@ -8,6 +8,10 @@ tick replay at several rates. Percentiles of the open loop count from the *sched
 The shm server runs in this process (direct mode: its polling thread runs each request);
 clients run in child processes. Rounds of the single-stream rows are interleaved, so a
 neighbour's load on a shared machine hits every row alike.
+
+``--native`` (issue 22) adds a second server over ``cpu.native``, whose C loop calls the
+generated model function itself without the GIL (``*_nat`` rows, beside the LiteRT ones in the
+same interleaved rounds), and prints the native/LiteRT ratios.
 """
 from __future__ import annotations
 
@@ -106,12 +110,16 @@ def single_rows(paths: dict, xs: np.ndarray, n: int, rounds: int) -> dict[str, d
     res = {f"single/{k}": _summary(v) for k, v in rows.items()}
     print(f"\n== single stream, batch 1 (µs; median of {rounds} interleaved rounds | best round) ==")
     for k, s in res.items():
-        print(f"{k[7:]:8s} p50 {s['p50_us']:8.2f}  p99 {s['p99_us']:8.2f}  p99.9 {s['p999_us']:9.2f}"
+        print(f"{k[7:]:11s} p50 {s['p50_us']:8.2f}  p99 {s['p99_us']:8.2f}  p99.9 {s['p999_us']:9.2f}"
               f"  | best p50 {s['best_p50_us']:7.2f}  best p99 {s['best_p99_us']:8.2f}")
     for f in ("p50_us", "best_p50_us"):
         d = res["single/direct"][f]
         print(f"ratios to direct ({f}): " + ", ".join(
             f"{k[7:]} {v[f] / d:.2f}x" for k, v in res.items()))
+    pairs = [(k, f"{k}_nat") for k in ("direct", "shm_py", "shm_cpp") if f"single/{k}_nat" in res]
+    for f in ("p50_us", "best_p50_us") if pairs else ():
+        print(f"ratios native / litert ({f}): " + ", ".join(
+            f"{a} {res[f'single/{b}'][f] / res[f'single/{a}'][f]:.2f}x" for a, b in pairs))
     return res
 
 
@@ -148,11 +156,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--n", type=int, default=20000, help="single-stream calls per row per round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rates", default="1000,10000,50000", help="open-loop ticks/s")
+    ap.add_argument("--rates", default="1000,10000,50000", help="open-loop ticks/s (\"\": none)")
     ap.add_argument("--duration", type=float, default=2.0, help="seconds of ticks per rate")
     ap.add_argument("--spin-us", type=float, default=50.0)
     ap.add_argument("--pin", type=int, default=None, help="pin the shm polling thread to a core")
     ap.add_argument("--json", default=None, help="write the results here too")
+    ap.add_argument("--native", action="store_true",
+                    help="also serve cpu.native (the C loop calls its C entry, no GIL)")
     a = ap.parse_args()
     if a.quick:
         a.n, a.rounds, a.duration = 3000, 1, 0.5
@@ -178,19 +188,43 @@ def main() -> None:
         return True
     paths: dict = {"direct": direct, "engine": lambda x: eng_call(x, o),
                    "shm_py": [sys.executable, str(Path(__file__).resolve()), "--client", srv.name]}
+    cpp = tmp / "shm_strategy"
     if shutil.which("g++"):
-        cpp = tmp / "shm_strategy"
         subprocess.run(["g++", "-O2", "-std=c++17", f"-I{INCLUDE_DIR}",
                         str(ROOT / "examples" / "shm_strategy.cpp"), "-o", str(cpp)], check=True)
         paths["shm_cpp"] = [str(cpp), srv.name]
+    nsrv = neng = None
+    if a.native:
+        ncm = hwb.compile(m, "cpu.native", fidelity=False, store=tmp / "store")  # fresh build
+        neng = Engine(ncm, EngineConfig.preset("single")).start()
+        nsrv = ShmServer(neng, slots=4, spin_us=a.spin_us, pin_core=a.pin)
+        if not nsrv.native:
+            raise SystemExit(f"the cpu.native server is not on the native path: {nsrv.native_reason}")
+        out_n = np.empty((1, 1), np.float32)
+
+        def direct_nat(x):
+            ncm.predict_into(x[None], out_n)
+            return True
+        paths["direct_nat"] = direct_nat
+        paths["shm_py_nat"] = [sys.executable, str(Path(__file__).resolve()), "--client", nsrv.name]
+        if "shm_cpp" in paths:
+            paths["shm_cpp_nat"] = [str(cpp), nsrv.name]
+        print(f"native: {ncm.variant} served by the C loop without the GIL")
     try:
         res = single_rows(paths, xs, a.n, a.rounds)
-        res.update(open_rows(paths, xs, [float(r) for r in a.rates.split(",")], a.duration, tmp))
+        if a.rates:
+            res.update(open_rows(paths, xs, [float(r) for r in a.rates.split(",")], a.duration, tmp))
         res["server"] = srv.stats()
         print(f"\nserver: {res['server']}")
+        if nsrv is not None:
+            res["server_native"] = nsrv.stats()
+            print(f"server (native): {res['server_native']}")
     finally:
         srv.close()
         eng.stop()
+        if nsrv is not None:
+            nsrv.close()
+            neng.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

@@ -7,7 +7,9 @@
  * listening socket and a stop eventfd. A new connection gets its own sealed memfd slot; a
  * hang-up frees it at once. Requests are checked in C (size, deadline, NaN/Inf: refused and
  * counted without touching Python); a valid request takes the GIL just for the model call, in
- * this very thread: no hand-off to another thread. Geometry and "what did I answer last" are
+ * this very thread: no hand-off to another thread — or, when the gate holds a native entry
+ * (direct mode over an executor with one, e.g. cpu.native), never takes it: the loop calls
+ * the model's C function on the slot memory itself. Geometry and "what did I answer last" are
  * the loop's own copies: nothing a client writes is re-read as server state.
  * Client: hwb_shm.h's client as a Python type; call() releases the GIL for the whole round
  * trip (copy in, publish, spin/futex wait, copy out).
