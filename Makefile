@@ -20,13 +20,18 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/hwb demo
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), one module per worker at a time
+# (--dist loadscope), so a module's fixtures are built once; TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=25
 
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q $(XDIST) -m 'not slow'
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
