@@ -321,6 +321,25 @@ def test_compile_prints_the_fpga_hardware_estimate() -> None:
     assert summary_lines({"target": "fpga.not-installed-here", "meta": {}}) == []
 
 
+def test_a_raising_summary_hook_is_named_not_fatal(monkeypatch) -> None:
+    """The build succeeded: a plugin whose summary_lines raises or returns the wrong type is
+    named in one line; `hwb compile` still prints the rest."""
+    from hwbackends.cli.compile import summary_lines
+    from hwbackends.registry import get_registry
+
+    cls = type(get_registry().target("fpga.hls4ml"))
+
+    def boom(self, meta):
+        raise KeyError("synthesis")
+
+    monkeypatch.setattr(cls, "summary_lines", boom)
+    assert summary_lines({"target": "fpga.hls4ml", "meta": {}}) == [
+        "  (fpga.hls4ml.summary_lines raised KeyError: 'synthesis'; a plugin bug)"]
+    monkeypatch.setattr(cls, "summary_lines", lambda self, meta: "bits 8")
+    assert summary_lines({"target": "fpga.hls4ml", "meta": {}}) == [
+        "  (fpga.hls4ml.summary_lines returned str, not a list of str; a plugin bug)"]
+
+
 def test_synth_without_vitis_fails_before_building(store_dir, capsys) -> None:
     from hwbackends.registry import get_registry, safe_probe
 
