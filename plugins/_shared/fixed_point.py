@@ -155,3 +155,97 @@ def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: Fi
         elif ok(f - 2):
             best = f - 2
     return best, probes
+
+
+# -- ap_fixed arithmetic as integers (cpu.native's ``fixed`` precision) -----------------------
+#: Quantisation modes (hls4ml's RoundingMode names, without ``AP_``) in the order of the C
+#: emulation's enum (plugins/cpu_native/fixed.py ``FX_PRELUDE``).
+QUANT_MODES = ("TRN", "TRN_ZERO", "RND", "RND_ZERO", "RND_INF", "RND_MIN_INF", "RND_CONV")
+#: Overflow modes emulated exactly; AP_SAT_SYM and AP_WRAP_SM are not (see FxType.check).
+OVF_MODES = ("WRAP", "SAT", "SAT_ZERO")
+
+
+@dataclass(frozen=True)
+class FxType:
+    """One ``ap_fixed<W,I,Q,O>`` / ``ap_ufixed`` type: a value is ``raw · 2^-frac`` with
+    ``raw`` a ``width``-bit two's-complement (or unsigned) integer."""
+
+    width: int
+    integer: int
+    signed: bool = True
+    quant: str = "TRN"
+    ovf: str = "WRAP"
+
+    @property
+    def frac(self) -> int:
+        return self.width - self.integer
+
+    @property
+    def hi(self) -> int:
+        return (1 << (self.width - 1)) - 1 if self.signed else (1 << self.width) - 1
+
+    @property
+    def lo(self) -> int:
+        return -(1 << (self.width - 1)) if self.signed else 0
+
+    def __str__(self) -> str:
+        return f"{'' if self.signed else 'u'}fixed<{self.width},{self.integer},{self.quant},{self.ovf}>"
+
+    @classmethod
+    def from_hls4ml(cls, p: Any) -> "FxType":
+        """From an hls4ml ``FixedPrecisionType`` (or ``IntegerPrecisionType``: no fraction)."""
+        width, integer = int(p.width), int(getattr(p, "integer", p.width))
+        quant = str(getattr(p, "rounding_mode", None) or "TRN").replace("AP_", "")
+        ovf = str(getattr(p, "saturation_mode", None) or "WRAP").replace("AP_", "")
+        if int(getattr(p, "saturation_bits", 0) or 0):
+            ovf = f"{ovf} with {p.saturation_bits} saturation bits"
+        return cls(width, integer, bool(p.signed), quant, ovf)
+
+    def unsupported(self) -> str:
+        """Why the integer emulation cannot reproduce this type exactly, or ""."""
+        if self.quant not in QUANT_MODES:
+            return f"quantisation mode {self.quant}"
+        if self.ovf not in OVF_MODES:
+            return f"overflow mode {self.ovf} (emulated: {', '.join(OVF_MODES)})"
+        if not 1 <= self.width <= 63:
+            return f"width {self.width} (the emulation holds values in 64-bit integers: W ≤ 63)"
+        return ""
+
+    def overflow(self, v: int) -> int:
+        """``v`` (an integer at this type's fraction) brought into range by the overflow mode."""
+        if self.lo <= v <= self.hi:
+            return v
+        if self.ovf == "SAT":
+            return self.hi if v > self.hi else self.lo
+        if self.ovf == "SAT_ZERO":
+            return 0
+        v &= (1 << self.width) - 1
+        return v - (1 << self.width) if self.signed and v > self.hi else v
+
+    def cast_raw(self, v: int, frac: int) -> int:
+        """``v · 2^-frac`` converted to this type (quantisation, then overflow), as ap_fixed's
+        assignment does; the C emulation's ``fx_cast`` computes the same."""
+        from fractions import Fraction
+        return self.from_exact(Fraction(v, 1) / Fraction(2) ** frac if frac >= 0 else
+                               Fraction(v * 2 ** -frac))
+
+    def from_double(self, d: float) -> int:
+        """The raw value of ``ap_fixed(d)`` for a finite double ``d``."""
+        from fractions import Fraction
+        return self.from_exact(Fraction(d))
+
+    def from_exact(self, x: Any) -> int:
+        """Raw value of the exact rational ``x`` (a ``Fraction``) converted to this type."""
+        from fractions import Fraction
+        s = x * (Fraction(2) ** self.frac)
+        fl = math.floor(s)
+        fr = s - fl
+        half = Fraction(1, 2)
+        up = {"TRN": False, "TRN_ZERO": s < 0 and fr != 0, "RND": fr >= half,
+              "RND_ZERO": fr > half or (fr == half and s < 0),
+              "RND_INF": fr > half or (fr == half and s >= 0), "RND_MIN_INF": fr > half,
+              "RND_CONV": fr > half or (fr == half and fl % 2 == 1)}[self.quant]
+        return self.overflow(fl + int(up))
+
+    def value(self, raw: int) -> float:
+        return float(raw) * 2.0 ** -self.frac

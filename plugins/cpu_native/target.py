@@ -18,6 +18,7 @@ from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._util import cpu_name
 from . import build
+from .fixed import PRECISION_RULE, hls_precision
 
 #: Files ``export(artifact, "c", outdir)`` writes: the C ABI and its header.
 EXPORTED = ("libhwb_model.so", "hwb_model.h")
@@ -76,18 +77,25 @@ def check_isa(meta: dict[str, Any], cpuinfo: str | None = None) -> None:
 class NativeTarget(Target):
     name = "cpu.native"
     family = "cpu"
-    precisions = ("fp32", "int8")
+    # Listed: what a sweep builds ("fixed" = hls4ml's default ap_fixed<16,6>); accepted: also
+    # any explicit ap_fixed<W,I[,Q,O]>, the spelling fpga.hls4ml takes (fixed.hls_precision).
+    precisions = ("fp32", "int8", "fixed")
+    precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
     version = "1"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
-                   "FASTCALL call per predict_into; exports a C library + header")
+                   "FASTCALL call per predict_into; exports a C library + header; precision "
+                   "fixed/ap_fixed<W,I>: bit-exact with fpga.hls4ml's C-simulation")
     option_docs = {
         "isa": ("native (default) | x86-64-v2 | x86-64-v3 | x86-64-v4: the -march the model is "
                 "built for; load refuses an artifact whose CPU features this CPU lacks"),
     }
     exports = ("c",)
     compile_timeout = 300.0
+
+    def accepts(self, precision: str) -> bool:
+        return precision in self.precisions or hls_precision(precision) is not None
 
     def probe(self) -> Availability:
         if build.compiler_path() is None:
@@ -119,20 +127,27 @@ class NativeTarget(Target):
         self.check_options(options)
         t0 = time.perf_counter()
         isa = options.extra.get("isa", "native")
-        net = layer_ir.extract(model, self.name)
         cc = build.compiler_path()
         if cc is None:
             raise CompileError(f"cpu.native: C compiler {build.compiler()!r} not found")
         requires = build.required_flags(cc, isa)
-        calib = options.calibration if options.precision == "int8" else None
-        src = emit(net, requires, options.precision, calib)
+        hls_prec = hls_precision(options.precision)
+        fixed_meta: dict[str, Any] = {}
+        if hls_prec is not None:
+            src, in_shape, out_shape, layers, fixed_meta = self._fixed(model, hls_prec, cc,
+                                                                       requires, workdir)
+        else:
+            net = layer_ir.extract(model, self.name)
+            calib = options.calibration if options.precision == "int8" else None
+            src = emit(net, requires, options.precision, calib)
+            in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
+            layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
-                           stack=src.stack_bytes, in_shape=tuple(net.input_shape),
-                           out_shape=tuple(net.output_shape))
+                           stack=src.stack_bytes, in_shape=in_shape, out_shape=out_shape)
         module = build.module_name(src.code, hdr, cc, isa)
-        ext = build.extension_source(module, batch, tuple(net.input_shape), tuple(net.output_shape))
+        ext = build.extension_source(module, batch, in_shape, out_shape)
         (workdir / "model.c").write_text(src.code)
         (workdir / "hwb_model.h").write_text(hdr)
         (workdir / "ext.c").write_text(ext)
@@ -142,8 +157,34 @@ class NativeTarget(Target):
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
-                "layers": [f"{layer.name}:{type(layer).__name__}" for layer in net.layers],
+                "layers": layers, **fixed_meta,
                 "build_seconds": round(time.perf_counter() - t0, 3), **facts}
+
+    @staticmethod
+    def _fixed(model: Any, hls_prec: str, cc: str, requires: list[str], workdir: Path
+               ) -> tuple[Any, tuple[int, ...], tuple[int, ...], list[str], dict[str, Any]]:
+        """precision fixed / ap_fixed<...>: hls4ml's graph of the model (its types), its
+        activation tables, and the integer C (fixed.py)."""
+        from . import fixed
+        from .emit import emit_fixed
+
+        if len(model.inputs) != 1 or len(model.outputs) != 1:
+            raise UnsupportedError("cpu.native compiles models with one input and one output")
+        scratch = workdir / ".hls4ml"
+        try:
+            hm = fixed.hls_graph(model, hls_prec, scratch)
+            net = fixed.describe(hm, hls_prec, model.name)
+            src = emit_fixed(net, fixed.tables(net, cc, workdir), requires)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        types = {fl.name: {"result": str(fl.result), **({"weight": str(fl.weight_t), "bias": str(fl.bias_t),
+                                                         "accum": str(fl.accum)} if fl.kind == "dense" else {}),
+                           **({"table": str(fl.table_t), "table_size": fl.table_size} if fl.table_t else {})}
+                 for fl in net.layers}
+        meta = {"hls4ml_precision": hls_prec, "input_type": str(net.input_t), "types": types,
+                "mode": "bit-exact emulation of hls4ml's ap_fixed arithmetic (fpga.hls4ml C-sim)"}
+        return (src, tuple(model.input.shape), tuple(model.output.shape),
+                [f"{fl.name}:{fl.kind}" for fl in net.layers], meta)
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         meta = artifact.meta
