@@ -95,6 +95,7 @@ def _summary(v: list[dict]) -> dict:
     s["best_p50_us"] = float(min(r["p50_us"] for r in v))
     s["best_p99_us"] = float(min(r["p99_us"] for r in v))
     s["n"] = sum(r["n"] for r in v)
+    s["rounds_p50_us"] = [round(r["p50_us"], 2) for r in v]  # the bimodality, round by round
     return s
 
 
