@@ -48,46 +48,57 @@ def has_recurrent(km: Any) -> bool:
     return any(type(l).__name__ in RECURRENT for l in getattr(km, "_flatten_layers", lambda: km.layers)())
 
 
-def to_tflite(km: Any, precision: str, batch: int, calibration: np.ndarray | None,
-              recurrent: str = "unroll", target: str = "cpu.litert",
-              int8_io: bool = False) -> bytes:
+def to_tflite(km: Any, precision: str, batch: int, inputs: Sequence[Any], outputs: Sequence[Any],
+              calibration: tuple[np.ndarray, ...] | np.ndarray | None = None,
+              recurrent: str = "unroll", target: str = "cpu.litert", int8_io: bool = False) -> bytes:
+    """The Keras model ``km`` (inputs/outputs described by the specs ``inputs``/``outputs``)
+    as a TFLite flatbuffer with a static batch: fp32, fp16, int8-dynamic, or full int8
+    calibrated on ``calibration`` (one array per input, in ``inputs`` order; a bare array for
+    a single input). ``recurrent="unroll"`` unrolls LSTM/GRU/SimpleRNN over the window (see
+    the module's doc). Variables are frozen (no trackable object), which leaves the flatbuffer
+    without a SignatureDef: its input tensors carry the specs' names and its outputs are named
+    ``Identity``, ``Identity_1``, … in the model's output order; :func:`io_tensors` maps them
+    by those names, never by the flatbuffer's tensor order."""
+    import keras
     import tensorflow as tf
 
-    model = static_clone(km, batch, unroll=(recurrent == "unroll"))
-    shape = [batch, *km.inputs[0].shape[1:]]
+    if precision not in ("fp32", "fp16", "int8-dynamic", "int8"):
+        raise UnsupportedError(f"{target} has no precision {precision!r}; use fp32, fp16, "
+                               f"int8-dynamic or int8")
+    if len(km.inputs) != len(inputs):
+        raise UnsupportedError(f"{target}: the Keras model has {len(km.inputs)} input(s), its "
+                               f"specs declare {len(inputs)}")
+    model = static_clone(km, batch, unroll=(recurrent == "unroll"), names=[s.name for s in inputs])
+    sig = [tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in inputs]
+    names = [s.name for s in outputs]
 
-    @tf.function(input_signature=[tf.TensorSpec(shape, tf.float32)])
-    def serve(x: Any) -> Any:
-        return model(keras_call_input(model, [x]), training=False)
+    @tf.function(input_signature=sig)
+    def serve(*xs: Any) -> Any:
+        ys = keras.tree.flatten(model(keras_call_input(model, list(xs)), training=False))
+        if len(ys) != len(names):
+            raise UnsupportedError(f"{target}: the model returns {len(ys)} tensors, its specs "
+                                   f"declare {len(names)} ({', '.join(names)})")
+        return list(ys)
 
-    # Without a trackable object the variables are frozen into constants: no VAR_HANDLE ops.
     concrete = serve.get_concrete_function()
+    # No trackable object: the variables are frozen into constants (no VAR_HANDLE ops); with
+    # one, the converter keeps them as resource variables and the interpreter returned NaN.
     conv = _converter(tf, concrete, precision)
     if precision == "int8":
-        if calibration is None or len(calibration) == 0:
-            raise UnsupportedError(f"{target}:int8 needs representative calibration data")
+        data = _calibration(calibration, inputs, batch, target)
+        # one input: nothing to order (and no float conversion to read the order from)
+        order = [0] if len(inputs) == 1 else _converter_input_order(
+            tf, concrete, [s.name for s in inputs], target)
         conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = _representative(calibration, batch)
+        conv.representative_dataset = _representative(data, order, batch)
         conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         if int8_io:
             conv.inference_input_type = tf.int8
             conv.inference_output_type = tf.int8
-    elif precision not in ("fp32", "fp16", "int8-dynamic"):
-        raise UnsupportedError(f"{target} has no precision {precision!r}")
     try:
         return conv.convert()
     except Exception as exc:
         raise UnsupportedError(_explain(exc, km, concrete, target, precision)) from exc
-
-
-def _representative(calib: np.ndarray, batch: int) -> Callable[[], Any]:
-    data = np.ascontiguousarray(calib, dtype=np.float32)
-    n = max(1, len(data) // batch)
-
-    def gen() -> Any:
-        for i in range(n):
-            yield [data[i * batch:(i + 1) * batch]]
-    return gen
 
 
 def _layers_with_ops(km: Any, concrete: Any, ops: set[str]) -> list[str]:
@@ -130,61 +141,11 @@ def op_names(tflite: bytes) -> list[str]:
     return sorted({d["op_name"] for d in it._get_ops_details()})
 
 
-def to_tflite_multi(km: Any, precision: str, batch: int, inputs: list[Any], outputs: list[Any],
-                    target: str = "cpu.litert",
-                    calibration: tuple[np.ndarray, ...] | None = None,
-                    int8_io: bool = False) -> bytes:
-    """:func:`to_tflite` for a Keras model with several inputs/outputs (fp32, fp16,
-    int8-dynamic, and full int8 with float32 IO calibrated on ``calibration``: one array per
-    input, in ``inputs`` order). Variables are frozen (no trackable object), which leaves the
-    flatbuffer without a SignatureDef: its input tensors carry the specs' names and its
-    outputs are named ``Identity``, ``Identity_1``, … in the model's output order;
-    :func:`io_tensors` maps them by those names, never by the flatbuffer's tensor order."""
-    import keras
-    import tensorflow as tf
-
-    if precision not in ("fp32", "fp16", "int8-dynamic", "int8"):
-        raise UnsupportedError(f"{target} has no precision {precision!r} for models with several "
-                               f"inputs/outputs; use fp32, fp16, int8-dynamic or int8")
-    if len(km.inputs) != len(inputs):
-        raise UnsupportedError(f"{target}: the Keras model has {len(km.inputs)} input(s), its "
-                               f"specs declare {len(inputs)}")
-    model = static_clone(km, batch, names=[s.name for s in inputs])
-    sig = [tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in inputs]
-    names = [s.name for s in outputs]
-
-    @tf.function(input_signature=sig)
-    def serve(*xs: Any) -> Any:
-        ys = keras.tree.flatten(model(keras_call_input(model, list(xs)), training=False))
-        if len(ys) != len(names):
-            raise UnsupportedError(f"{target}: the model returns {len(ys)} tensors, its specs "
-                                   f"declare {len(names)} ({', '.join(names)})")
-        return list(ys)
-
-    concrete = serve.get_concrete_function()
-    # No trackable object: the variables are frozen into constants (as in to_tflite); with
-    # one, the converter keeps them as resource variables and the interpreter returned NaN.
-    conv = _converter(tf, concrete, precision)
-    if precision == "int8":
-        data = _multi_calibration(calibration, inputs, batch, target)
-        order = _converter_input_order(tf, concrete, [s.name for s in inputs], target)
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = _representative_multi(data, order, batch)
-        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        if int8_io:
-            conv.inference_input_type = tf.int8
-            conv.inference_output_type = tf.int8
-    try:
-        return conv.convert()
-    except Exception as exc:
-        raise UnsupportedError(_explain(exc, km, concrete, target, precision)) from exc
-
-
-def _multi_calibration(calibration: Any, inputs: list[Any], batch: int,
-                       target: str) -> tuple[np.ndarray, ...]:
+def _calibration(calibration: Any, inputs: Sequence[Any], batch: int,
+                 target: str) -> tuple[np.ndarray, ...]:
     """The calibration tuple checked against the specs: one array per input, same length."""
     names = [s.name for s in inputs]
-    if len(inputs) == 1 and isinstance(calibration, np.ndarray):  # one input, several outputs
+    if len(inputs) == 1 and isinstance(calibration, np.ndarray):  # one input: a bare array will do
         calibration = (calibration,)
     if not isinstance(calibration, tuple) or len(calibration) != len(inputs):
         got = (f"{len(calibration)} array(s)" if isinstance(calibration, tuple)
@@ -224,8 +185,8 @@ def _converter_input_order(tf: Any, concrete: Any, names: list[str], target: str
     return order
 
 
-def _representative_multi(data: tuple[np.ndarray, ...], order: list[int],
-                          batch: int) -> Callable[[], Any]:
+def _representative(data: tuple[np.ndarray, ...], order: list[int],
+                    batch: int) -> Callable[[], Any]:
     """Batches of every input, listed in the converter's input order."""
     n = max(1, len(data[0]) // batch)
 
@@ -238,8 +199,8 @@ def _representative_multi(data: tuple[np.ndarray, ...], order: list[int],
 def io_tensors(input_details: list[dict[str, Any]], output_details: list[dict[str, Any]],
                inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[int], list[int]]:
     """Tensor indices for each input/output spec: the only ones of a flatbuffer with one
-    tensor each way (:func:`to_tflite`), else by name as :func:`to_tflite_multi` writes them
-    (inputs: the spec's name; outputs: ``Identity``, ``Identity_1``, … in order)."""
+    tensor each way, else by name as :func:`to_tflite` writes them (inputs: the spec's name;
+    outputs: ``Identity``, ``Identity_1``, … in order)."""
     if not several(inputs, outputs) and len(input_details) == len(output_details) == 1:
         return [input_details[0]["index"]], [output_details[0]["index"]]
     by_name = {d["name"]: d["index"] for d in [*input_details, *output_details]}

@@ -8,7 +8,7 @@ from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.litert import LiteRTExecutor
-from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
+from .._shared.tflite import has_recurrent, op_names, to_tflite
 from .._util import cpu_name, importable, version
 
 
@@ -43,13 +43,8 @@ class LiteRTTarget(Target):
         recurrent = options.extra.get("recurrent", "unroll")
         if recurrent not in ("unroll", "loop"):
             raise UnsupportedError(f"cpu.litert option recurrent must be 'unroll' or 'loop', got {recurrent!r}")
-        if model.multi_io:
-            blob = to_tflite_multi(model.obj, options.precision, options.batch_size,
-                                   model.inputs, model.outputs, target=self.name,
-                                   calibration=options.calibration)
-        else:
-            blob = to_tflite(model.obj, options.precision, options.batch_size, options.calibration,
-                             recurrent=recurrent)
+        blob = to_tflite(model.obj, options.precision, options.batch_size, model.inputs,
+                         model.outputs, options.calibration, recurrent=recurrent, target=self.name)
         (workdir / "model.tflite").write_bytes(blob)
         return {"file": "model.tflite", "bytes": len(blob), "ops": op_names(blob),
                 "recurrent": recurrent if has_recurrent(model.obj) else None}

@@ -33,7 +33,7 @@ from hwbackends.specs import Availability, Mode, TensorSpec
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._shared.litert import LiteRTExecutor
-from .._shared.tflite import has_recurrent, op_names, to_tflite, to_tflite_multi
+from .._shared.tflite import has_recurrent, op_names, to_tflite
 from .._util import importable, version
 from .delegate_probe import probe_delegate
 
@@ -205,13 +205,8 @@ class EdgeTpuTarget(Target):
         int8_io = options.extra.get("int8_io", False)
         if not isinstance(int8_io, bool):
             raise UnsupportedError(f"{self.name} option int8_io must be true or false, got {int8_io!r}")
-        if model.multi_io:
-            blob = to_tflite_multi(model.obj, "int8", options.batch_size, model.inputs,
-                                   model.outputs, target=self.name,
-                                   calibration=options.calibration, int8_io=int8_io)
-        else:
-            blob = to_tflite(model.obj, "int8", options.batch_size, options.calibration,
-                             recurrent=recurrent, target=self.name, int8_io=int8_io)
+        blob = to_tflite(model.obj, "int8", options.batch_size, model.inputs, model.outputs,
+                         options.calibration, recurrent=recurrent, target=self.name, int8_io=int8_io)
         path = workdir / "model.tflite"
         path.write_bytes(blob)
         ops = op_names(blob)
