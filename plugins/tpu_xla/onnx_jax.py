@@ -563,37 +563,12 @@ def check_ops(proto: Any, target: str) -> None:
                                f"{', '.join(sorted(OPS))}. Pick another target or simplify the model.")
 
 
-def to_jax(proto: Any, compute: str = "fp32", target: str = "tpu.xla") -> Callable[[Any], Any]:
-    """The ONNX graph as ``f(x) -> y`` (single input and output), weights closed over.
-    ``compute='bf16'`` runs every float op in bfloat16; input and output stay float32."""
-    import jax.numpy as jnp
-    from onnx import numpy_helper
-
-    check_ops(proto, target)
-    g = proto.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    in_name = next(v.name for v in g.input if v.name not in inits)
-    out_name = g.output[0].name
-    nodes = _prep(g)
-    dtype = jnp.bfloat16 if compute == "bf16" else jnp.float32
-
-    def f(x: Any) -> Any:
-        ctx = _Ctx(dtype)
-        ctx.target = target
-        env: dict[str, Value] = dict(inits)
-        env[in_name] = x.astype(dtype)
-        _run(ctx, nodes, env)
-        y = env[out_name]
-        return jnp.asarray(y).astype(jnp.float32)
-
-    return f
-
-
-def to_jax_multi(proto: Any, compute: str = "fp32",
-                 target: str = "tpu.xla") -> Callable[..., tuple[Any, ...]]:
-    """The ONNX graph as ``f(*xs) -> (y0, y1, …)``: one argument per graph input (graph
-    order, initializers excluded) and one float32 result per graph output, for models with
-    several inputs or outputs. Same lowering and ``compute`` as :func:`to_jax`."""
+def to_jax(proto: Any, compute: str = "fp32",
+           target: str = "tpu.xla") -> Callable[..., tuple[Any, ...]]:
+    """The ONNX graph as ``f(*xs) -> (y0, y1, …)``, weights closed over: one argument per
+    graph input (graph order, initializers excluded) and one float32 result per graph output,
+    a tuple however many there are. ``compute='bf16'`` runs every float op in bfloat16;
+    inputs and outputs stay float32."""
     import jax.numpy as jnp
     from onnx import numpy_helper
 

@@ -119,9 +119,10 @@ class XlaExecutor(Executor):
         specs = [jax.ShapeDtypeStruct(s, np.float32) for s in self._xshapes]
         self.compiled = jax.jit(exported.call).lower(*specs).compile()
         self._call = self.compiled
-        # A model with one tensor each way was exported as a function returning its one
-        # array, not a tuple of one (compile's to_jax); kept so stored artifacts need no rebuild.
-        self._bare = self.single
+        # compile exports a function returning a tuple (one array per output); artifacts
+        # exported before that, for one tensor each way, return the bare array: read which
+        # from the artifact, so stored ones need no rebuild.
+        self._bare = jax.tree_util.treedef_is_leaf(exported.out_tree)
 
     def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         ys = self._call(*xs)
@@ -171,13 +172,12 @@ class XlaTarget(Target):
         import jax
         from jax import export
 
-        from .onnx_jax import to_jax, to_jax_multi  # large: not imported by `hwb targets`
+        from .onnx_jax import to_jax  # large: not imported by `hwb targets`
 
         proto = fixed_batch(model.obj, options.batch_size)
-        multi = model.multi_io
-        fn = jax.jit((to_jax_multi if multi else to_jax)(proto, options.precision, self.name))
+        fn = jax.jit(to_jax(proto, options.precision, self.name))
         specs = [jax.ShapeDtypeStruct(s.batched(options.batch_size), np.float32)
-                 for s in (model.inputs if multi else [model.input])]
+                 for s in model.inputs]
         try:
             exp = export.export(fn, platforms=EXPORT_PLATFORMS)(*specs)
         except UnsupportedError:
@@ -189,7 +189,7 @@ class XlaTarget(Target):
             except Exception:
                 raise first from None
         got = [tuple(a.shape) for a in exp.out_avals]
-        want = [s.batched(options.batch_size) for s in (model.outputs if multi else [model.output])]
+        want = [s.batched(options.batch_size) for s in model.outputs]
         if got != want:
             raise UnsupportedError(f"{self.name}: the JAX function returns shape(s) {got}, "
                                    f"the model declares {want}")
