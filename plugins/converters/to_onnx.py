@@ -17,25 +17,13 @@ def _as_onnx(model: Model, proto: Any) -> Model:
 
 
 def keras_to_onnx(model: Model, workdir: Path) -> Model:
+    """One input signature per input, named after its spec (the batch symbolic unless the
+    model has a fixed one), and the outputs in the model's order: the ONNX graph's inputs and
+    outputs keep that order (tf2onnx names the outputs ``Identity:0``, ``Identity_1:0``, …)."""
     import tensorflow as tf
     import tf2onnx
 
     km = model.obj
-    if model.multi_io:
-        return _as_onnx(model, _keras_multi(km, model, tf, tf2onnx))
-    spec = (tf.TensorSpec([None, *model.input.shape], tf.float32, name="input"),)
-
-    @tf.function(input_signature=spec)
-    def serve(x: Any) -> Any:
-        return km(keras_call_input(km, [x]), training=False)
-
-    proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
-    return _as_onnx(model, proto)
-
-
-def _keras_multi(km: Any, model: Model, tf: Any, tf2onnx: Any) -> Any:
-    """Several inputs/outputs: one input signature per input, named after its spec, and the
-    outputs in the model's order (the ONNX graph's inputs and outputs keep that order)."""
     batch = model.meta.get("fixed_batch")
     spec = tuple(tf.TensorSpec([batch, *s.shape], tf.float32, name=s.name) for s in model.inputs)
 
@@ -45,7 +33,7 @@ def _keras_multi(km: Any, model: Model, tf: Any, tf2onnx: Any) -> Any:
         return list(y) if isinstance(y, (list, tuple)) else [y]
 
     proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
-    return proto
+    return _as_onnx(model, proto)
 
 
 def torch_to_onnx(model: Model, workdir: Path) -> Model:
