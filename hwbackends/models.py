@@ -376,22 +376,18 @@ def _from_keras(km: Any, name: str, path: Path | None) -> Model:
     weights = [np.ascontiguousarray(w).tobytes() for w in km.get_weights()]
     fp = _digest(b"keras", arch, *weights)
 
+    def ref(*xs: np.ndarray, km: Any = km) -> tuple[np.ndarray, ...]:  # one array per output
+        y = km(keras_call_input(km, xs), training=False)
+        return tuple(np.asarray(t) for t in (y if isinstance(y, (list, tuple)) else [y]))
+
     if len(ins) > 1 or len(outs) > 1:
-        def ref_multi(*xs: np.ndarray, km: Any = km) -> tuple[np.ndarray, ...]:
-            y = km(keras_call_input(km, xs), training=False)
-            return tuple(np.asarray(t) for t in (y if isinstance(y, (list, tuple)) else [y]))
-
         meta = {} if km.inputs[0].shape[0] is None else {"fixed_batch": int(km.inputs[0].shape[0])}
-        return Model(km, "keras", ins, outs, fp, name, path, meta=meta, _ref=ref_multi)
-
-    def ref(x: np.ndarray, km: Any = km) -> np.ndarray:
-        return np.asarray(km(keras_call_input(km, [x]), training=False))
-
-    return Model(km, "keras", ins, outs, fp, name, path, meta=_keras_batch(km, ins[0], ref),
-                 _ref=ref)
+    else:
+        meta = _keras_batch(km, ins[0], ref)
+    return Model(km, "keras", ins, outs, fp, name, path, meta=meta, _ref=ref)
 
 
-def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[..., tuple[np.ndarray, ...]]) -> dict[str, Any]:
     """A Keras model built with ``keras.Input(..., batch_size=N)`` usually still runs at any
     batch (Keras layers take the batch from the data); check that rather than assume it."""
     b = km.inputs[0].shape[0]
@@ -399,7 +395,7 @@ def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[[np.ndarray], np.ndarra
         return {}
     b = int(b)
     try:
-        ok = np.asarray(ref(np.zeros((b + 1, *inp.shape), np.float32))).shape[0] == b + 1
+        ok = ref(np.zeros((b + 1, *inp.shape), np.float32))[0].shape[0] == b + 1
     except Exception:  # noqa: BLE001 - any failure means it runs only at its batch
         ok = False
     if ok:
@@ -527,20 +523,10 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
     fp = _digest(b"torch", arch, specs, *wb)
     meta = {"fixed_batch": fixed_batch} if fixed_batch is not None else {}
 
-    if multi:
-        def ref_multi(*xs: np.ndarray, m: Any = module) -> tuple[np.ndarray, ...]:
-            with torch.no_grad():
-                r = m(*(torch.from_numpy(x) for x in xs))
-            return tuple(t.numpy() for t in _torch_outputs(r, name))
-
-        return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref_multi)
-
-    def ref(x: np.ndarray, m: Any = module) -> np.ndarray:
+    def ref(*xs: np.ndarray, m: Any = module) -> tuple[np.ndarray, ...]:  # one array per output
         with torch.no_grad():
-            r = m(torch.from_numpy(x))
-        if isinstance(r, (tuple, list)):
-            r = r[0]
-        return r.numpy()
+            r = m(*(torch.from_numpy(x) for x in xs))
+        return tuple(t.numpy() for t in _torch_outputs(r, name))
 
     return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref)
 
