@@ -100,6 +100,24 @@ def test_the_kit_notices_a_compile_in_the_callers_process(ctx_for):
         run_target_check(ctx, "compile_isolated")
 
 
+def test_store_variant_is_the_one_round_tripped(registry, tmp_path):
+    """``store_variant`` picks what the store checks build (a target whose default precision
+    runs a search names an explicit one): here the mlp, where the selected models (the LSTM,
+    refused by the sample target) would leave the round-trip nothing to build."""
+    lstm_only = Conformance(kit_samples.Good.name, tmp_path / "a", models=("lstm",), registry=registry)
+    with pytest.raises(NotApplicable, match="compiles none of the selected"):
+        run_target_check(lstm_only, "store_roundtrip")
+    ctx = Conformance(kit_samples.Good.name, tmp_path / "b", models=("lstm",), registry=registry,
+                      store_variant=Variant("mlp", "fp32"))
+    assert run_target_check(ctx, "store_roundtrip").startswith("mlp-fp32: cached load, corrupted")
+    assert [b.split()[0] for b in ctx.fresh_builds] == ["mlp-fp32", "mlp-fp32"]  # first, rebuild
+    assert "compile worker" in run_target_check(ctx, "compile_isolated")
+    torch_one = Conformance(kit_samples.Good.name, tmp_path / "c", registry=registry,
+                            store_variant=Variant("mlp_torch", "fp32"))
+    with pytest.raises(ConformanceError, match="store_variant mlp_torch-fp32 names a model"):
+        run_target_check(torch_one, "store_roundtrip")
+
+
 def test_an_unavailable_target_skips_with_its_reason(ctx_for, registry):
     class Gone(kit_samples.Good):
         name = "cpu.kit_gone"

@@ -167,9 +167,10 @@ def test_lstm_auto_end_to_end(compiled, zoo_model):
 
 # A second identical compile is a cached load with identical outputs, a corrupted artifact file
 # is detected and rebuilt, and every wrong x/out is refused with InputError while the process
-# survives: the conformance kit checks these on fpga.hls4ml's mlp auto build (tests/
-# test_conformance.py, store_roundtrip and bad_inputs), the very build used here. What follows
-# is what the kit cannot know about this target.
+# survives: the conformance kit checks these (tests/test_conformance.py): store_roundtrip on
+# the mlp ap_fixed<16,6> build (one g++ build to redo, not a search) and bad_inputs on the mlp
+# auto build, the very builds used here. What follows is what the kit cannot know about this
+# target.
 @pytest.mark.slow
 def test_a_fresh_dlopen_of_a_stored_library_is_fast(compiled, zoo_model, tmp_path):
     first = compiled("mlp", TARGET, "auto")

@@ -13,8 +13,9 @@ from .context import Conformance, ConformanceError, io_arrays
 def check_store_roundtrip(ctx: Conformance) -> str:
     """The artifact holds files; a second compile is a cached load with identical outputs; a
     corrupted artifact file is detected and rebuilt, with identical outputs again. Uses the
-    context's own store, so the first build is the one the per-variant checks share."""
-    v = ctx.first_compilable()
+    context's own store, so the first build is the one the per-variant checks share (the
+    variant is ``ctx.store_variant`` when set: :meth:`~.context.Conformance.round_trip_variant`)."""
+    v = ctx.round_trip_variant()
     first = ctx.compiled(v)
     files = [p for p in first.artifact.path.rglob("*") if p.is_file() and p.name != "manifest.json"]
     if not files:
@@ -69,7 +70,7 @@ def check_compile_isolated(ctx: Conformance) -> str:
     if getattr(clone, "name", None) != t.name:
         raise ConformanceError(f"{t.name} unpickles as {clone!r}")
     if not ctx.fresh_builds:
-        v = ctx.first_compilable()
+        v = ctx.round_trip_variant()
         if not ctx.fresh_builds:  # everything was cached: force one build
             ctx.compile_variant(v, ctx.store, fidelity=False, rebuild=True).close()
     if ctx.inprocess_compiles:

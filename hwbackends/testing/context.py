@@ -54,7 +54,12 @@ class Conformance:
     (zoo model × precision) to check. ``models=None`` means every zoo model the target claims
     (its ``formats`` plus the installed converters); ``precisions=None`` means all of them.
     ``options``: target options every compile gets (``hwb.compile(..., options=)``), e.g. to
-    skip a slow synthesis step that is not part of the contract."""
+    skip a slow synthesis step that is not part of the contract. ``store_variant``: the
+    variant the store round-trip compiles, caches and rebuilds after corrupting it (default:
+    the first claimed model at the default precision, :meth:`first_compilable`). The store
+    contract does not depend on the precision, so a target whose default precision runs a
+    search (every rebuild repeats it) can name an explicit one here, e.g.
+    ``Variant("mlp", "ap_fixed<16,6>")``: the rebuild is then one build, not a search."""
 
     target_name: str
     store: Path
@@ -62,6 +67,7 @@ class Conformance:
     precisions: Sequence[str] | None = None
     registry: Registry | None = None
     options: Mapping[str, Any] | None = None
+    store_variant: Variant | None = None
     _compiled: dict[Variant, CompiledModel | BaseException] = field(default_factory=dict, repr=False)
     _models: dict[str, Model] = field(default_factory=dict, repr=False)
     _availability: Availability | None = field(default=None, repr=False)
@@ -197,6 +203,23 @@ class Conformance:
                 reasons.append(exc.reason)
         raise NotApplicable(f"{self.target_name} compiles none of the selected zoo models"
                             + (f" ({'; '.join(reasons)})" if reasons else ""))
+
+    def round_trip_variant(self) -> Variant:
+        """The variant the store checks build: :attr:`store_variant` (a zoo model the target
+        takes), else :meth:`first_compilable`. Compiled (memoised) on return."""
+        v = self.store_variant
+        if v is None:
+            return self.first_compilable()
+        try:
+            if v.model not in zoo.NAMES:
+                raise UnsupportedError(f"the zoo has {', '.join(zoo.NAMES)}")
+            conversion_path(self.reg, zoo_format(v.model), self.target.formats, self.target_name)
+        except UnsupportedError as exc:
+            raise ConformanceError(f"store_variant {v.id} names a model {self.target_name} "
+                                   f"does not take ({exc}): name a zoo model of one of its "
+                                   f"formats {self.target.formats}") from exc
+        self.compiled(v)
+        return v
 
 
 def io_arrays(cm: CompiledModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
