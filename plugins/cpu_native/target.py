@@ -16,7 +16,7 @@ from hwbackends.errors import CompileError, InputError, UnavailableError, Unsupp
 from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
-from .._util import cpu_name
+from .._util import cpu_name, version
 from . import build
 from .fixed import PRECISION_RULE, hls_precision
 
@@ -185,7 +185,10 @@ class NativeTarget(Target):
                                                          "accum": str(fl.accum)} if fl.kind == "dense" else {}),
                            **({"table": str(fl.table_t), "table_size": fl.table_size} if fl.table_t else {})}
                  for fl in net.layers}
-        meta = {"hls4ml_precision": hls_prec, "input_type": str(net.input_t), "types": types,
+        # hls4ml's version is recorded, not put into toolchain() (the cache key and the fleet's
+        # node equality for every precision): types come from hls4ml's conversion.
+        meta = {"hls4ml_precision": hls_prec, "hls4ml": version("hls4ml"),
+                "input_type": str(net.input_t), "types": types,
                 "mode": "bit-exact emulation of hls4ml's ap_fixed arithmetic (fpga.hls4ml C-sim)"}
         return (src, tuple(model.input.shape), tuple(model.output.shape),
                 [f"{fl.name}:{fl.kind}" for fl in net.layers], meta)
