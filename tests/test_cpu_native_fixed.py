@@ -77,20 +77,30 @@ def test_emulated_casts_match_python(tmp_path) -> None:
     raws = [v for base in (0, 5, 8, 11, 16, 40, 127, 128, 300) for v in (base, -base, base + 1, -base - 1)]
     floats = [0.0, 0.5, -0.5, 0.75, -0.75, 1.25, -1.25, 3.999, -4.0, 7.96875, -8.03125, 100.0, -1e30, 1e30]
     types = [FxType(6, 3, s, q, o) for s in (True, False) for q in QUANT_MODES for o in OVF_MODES]
-    lines, want = [], []
+    casts, conv, want = [], [], []  # rows of runtime arguments: one small C loop, fast to build
     for t in types:
-        mode = f"FX_{t.quant}, {t.width}, {int(t.signed)}, FX_{t.ovf}"
+        mode = f"{QUANT_MODES.index(t.quant)}, {t.width}, {int(t.signed)}, {OVF_MODES.index(t.ovf)}"
         for v in raws:
             for shift in (-2, 0, 3):
-                lines.append(f'printf("%lld\\n", (long long)fx_cast({v}LL, {shift}, {mode}));')
+                casts.append(f"{{{v}, {shift}, {mode}}}")
                 want.append(t.cast_raw(v, t.frac + shift))
+    for t in types:
+        mode = f"{QUANT_MODES.index(t.quant)}, {t.width}, {int(t.signed)}, {OVF_MODES.index(t.ovf)}"
         for f in floats:
-            lines.append(f'printf("%lld\\n", (long long)fx_from_float({f!r}f, {float(2 ** t.frac).hex()}, {mode}));')
+            conv.append(f"{{{f!r}f, {float(2 ** t.frac).hex()}, {mode}}}")
             want.append(t.from_double(float(np.float32(f))))
     src = tmp_path / "casts.c"
-    src.write_text("#include <stdint.h>\n#include <stdio.h>\n" + FX_PRELUDE +
-                   "int main(void) {\n" + "\n".join(lines) + "\nreturn 0; }\n")
-    subprocess.run(["cc", "-O0", str(src), "-o", str(tmp_path / "casts")], check=True)
+    src.write_text(
+        "#include <stdint.h>\n#include <stdio.h>\n" + FX_PRELUDE +
+        "struct c { int64_t v; int s, q, w, sgn, o; } C[] = {" + ",".join(casts) + "};\n"
+        "struct f { float x; double sc; int q, w, sgn, o; } F[] = {" + ",".join(conv) + "};\n"
+        "int main(void) {\n"
+        "for (unsigned i = 0; i < sizeof C / sizeof *C; i++) printf(\"%lld\\n\", (long long)"
+        "fx_cast(C[i].v, C[i].s, C[i].q, C[i].w, C[i].sgn, C[i].o));\n"
+        "for (unsigned i = 0; i < sizeof F / sizeof *F; i++) printf(\"%lld\\n\", (long long)"
+        "fx_from_float(F[i].x, F[i].sc, F[i].q, F[i].w, F[i].sgn, F[i].o));\n"
+        "return 0; }\n")
+    subprocess.run(["cc", "-O1", str(src), "-o", str(tmp_path / "casts")], check=True)
     got = [int(v) for v in subprocess.run([str(tmp_path / "casts")], check=True, capture_output=True,
                                           text=True).stdout.split()]
     assert got == want
