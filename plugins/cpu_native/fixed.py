@@ -454,6 +454,21 @@ class FixedEmitter:
     def emit(self) -> None:
         net = self.net
         t_in = net.input_t
+        # Every cast shifts by the difference of two fractions (product fractions included);
+        # the C shifts are defined up to 62 bits.
+        fracs, typ = [t_in.frac], t_in
+        for layer in net.layers:
+            ts = [layer.result, layer.weight_t, layer.bias_t, layer.accum, layer.table_t,
+                  *layer.softmax.values()]
+            fracs += [t.frac for t in ts if isinstance(t, FxType)]
+            if layer.weight_t is not None:
+                fracs.append(typ.frac + layer.weight_t.frac)
+            if layer.softmax:
+                fracs.append(layer.softmax["accum"].frac + layer.softmax["inv_table"].frac)
+            typ = layer.result
+        if max(fracs) - min(fracs) > 62:
+            raise _unsupported(net.precision, f"types whose fractional bits span "
+                                              f"{min(fracs)}..{max(fracs)} (casts over 62 bits)")
         cur = self.buf(t_in, net.n_in)
         self.line(f"for (int i = 0; i < {net.n_in}; i++) {cur}[i] = ({_ctype(t_in)})"
                   f"fx_from_float(x[i], {_scale(t_in.frac)}, {_mode(t_in)});")
