@@ -1,12 +1,18 @@
 """Every code block of README.md and docs/*.md, run as written (issue 20 #10).
 
-* ```python blocks run in a subprocess, in a scratch directory holding the files the docs name
+* ```python blocks and shell lines run in a scratch directory holding the files the docs name
   (model.keras, x.npy, two_head.pt2, model.json + params.h5, net.pt, examples/,
   strategies.toml), with the session's artifact store.
 * ``hwb …`` lines of shell blocks (untagged, bash, sh, console; ``$ `` prompts and ``\\``
   continuations understood) run for real, in document order, one scratch directory per block
   (so ``hwb bench`` then ``hwb report`` of its results works as a reader would run it).
-  ``hwb serve`` lines get ``--duration 3`` (they would serve until Ctrl-C).
+  A line that only computes and prints runs through ``hwbackends.cli.main`` in this process
+  (:data:`OWN_PROCESS` lists the commands that do not): its compiles go to the session's warm
+  compile worker and store instead of a fresh interpreter, worker and TensorFlow import per
+  line. ``hwb serve`` lines run as a process of their own and are stopped with SIGTERM as soon
+  as they print their endpoints (they would serve until Ctrl-C).
+* ```python blocks run the same way: in this process, as ``__main__``, in their scratch
+  directory, stdout captured (issue 21 #8: the subprocess per block cost ~15 s of imports).
 
 A new doc line runs by default, in the fast part. Lines that compile or measure are in
 :data:`SLOW` (``-m slow``); lines that cannot run here as written (another machine, an
@@ -15,10 +21,13 @@ with the reason. Every entry of both must still match a doc line.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import runpy
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -156,6 +165,7 @@ def _params(kind: str) -> list:
             marks.append(pytest.mark.skip(reason=why))
         elif _match(SLOW, s) is not None:
             marks.append(pytest.mark.slow)
+        marks.append(pytest.mark.timeout(_timeout(s)))  # in this process: no subprocess timeout
         out.append(pytest.param(s, id=s.id, marks=marks))
     return out
 
@@ -235,26 +245,95 @@ def _timeout(s: Snippet) -> float:
     return 1800.0 if _match(SLOW, s) else 120.0
 
 
-@pytest.mark.parametrize("s", _params("shell"))
-def test_doc_shell_line(s: Snippet, store_dir, tmp_path_factory, request) -> None:
-    d = _scratch(s, tmp_path_factory, request)
-    argv = shlex.split(s.text, comments=True)
-    if argv[1] == "serve" and "--print-include" not in argv and "--duration" not in argv:
-        argv += ["--duration", "3"]
+#: Commands that run as a process of their own: a server (serves until a signal), a fleet run
+#: (enters a network namespace, re-executing itself), a Ray node (starts daemons).
+OWN_PROCESS = ("serve", "fleet", "node")
+
+
+def _own_process(argv: list[str]) -> bool:
+    return argv[1] in OWN_PROCESS and "--print-include" not in argv and "--dry-run" not in argv
+
+
+@pytest.fixture
+def in_scratch(monkeypatch: pytest.MonkeyPatch):
+    """``in_scratch(d)``: this test runs in ``d`` with its own shm directory, as the snippet's
+    subprocess used to (cwd, HWB_SHM_DIR, the script's directory first on sys.path)."""
+    def enter(d: Path) -> None:
+        monkeypatch.chdir(d)
+        monkeypatch.setenv("HWB_SHM_DIR", str(d / "shm"))
+        monkeypatch.syspath_prepend(str(d))
+    return enter
+
+
+def _serve_until_ready(s: Snippet, argv: list[str], d: Path) -> None:
+    """``hwb serve``: started, and stopped with SIGTERM as soon as it printed its endpoints
+    (the line it prints once it serves): an event, not a fixed --duration, so a loaded machine
+    only waits longer and a quiet one does not wait at all."""
+    log = d / f"serve-{s.line}.err"  # a file: a pipe nobody reads until ready could fill up
+    with open(log, "w") as errf:
+        p = subprocess.Popen([sys.executable, "-m", "hwbackends", *argv[1:]], cwd=d, env=_env(d),
+                             stdout=subprocess.PIPE, stderr=errf, text=True)
+    try:  # a server that never gets ready is stopped by the test's timeout mark
+        ready = ""
+        for line in p.stdout:  # the endpoints (a JSON line), once it serves; EOF if it exited
+            if line.startswith("{"):
+                ready = line
+                p.send_signal(signal.SIGTERM)
+                break
+        out, _ = p.communicate(timeout=_timeout(s))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    err = log.read_text()
+    assert ready.startswith("{") and p.returncode == 0, (
+        f"{s.id}: `{s.text}` exited {p.returncode}\n{ready}{out[-2000:]}\n{err[-3000:]}")
+    info = json.loads(ready)
+    assert info.get("shm") or info.get("grpc"), info  # it was serving on something
+
+
+def _run_own_process(s: Snippet, argv: list[str], d: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "hwbackends", *argv[1:]], cwd=d, env=_env(d),
                        capture_output=True, text=True, timeout=_timeout(s))
     assert r.returncode == 0, (f"{s.id}: `{s.text}` exited {r.returncode}\n"
                                f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
 
 
+@pytest.mark.parametrize("s", _params("shell"))
+def test_doc_shell_line(s: Snippet, store_dir, tmp_path_factory, request, in_scratch,
+                        hwb_cli) -> None:
+    d = _scratch(s, tmp_path_factory, request)
+    argv = shlex.split(s.text, comments=True)
+    if argv[1] == "serve" and _own_process(argv) and "--duration" not in argv:
+        return _serve_until_ready(s, argv, d)
+    if _own_process(argv):
+        return _run_own_process(s, argv, d)
+    in_scratch(d)
+    try:
+        rc, out, err = hwb_cli(*argv[1:])
+    except SystemExit as exc:  # argparse refusing the line as written
+        rc, out, err = exc.code, "", f"SystemExit({exc.code})"
+    assert rc == 0, f"{s.id}: `{s.text}` exited {rc}\n{out[-2000:]}\n{err[-3000:]}"
+
+
 @pytest.mark.parametrize("s", _params("python"))
-def test_doc_python_block(s: Snippet, store_dir, tmp_path_factory, request) -> None:
+def test_doc_python_block(s: Snippet, store_dir, tmp_path_factory, request, in_scratch,
+                          capsys) -> None:
     d = _scratch(s, tmp_path_factory, request)
     script = d / f"block_{s.line}.py"
     script.write_text(s.text)
-    r = subprocess.run([sys.executable, script.name], cwd=d, env=_env(d), capture_output=True,
-                       text=True, timeout=_timeout(s))
-    assert r.returncode == 0, f"{s.id} failed:\n{s.text}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    in_scratch(d)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # a block ending in sys.exit(0) ran as written
+        if exc.code not in (0, None):
+            out = capsys.readouterr()
+            raise AssertionError(f"{s.id} exited {exc.code}:\n{s.text}\n{out.out[-2000:]}\n"
+                                 f"{out.err[-3000:]}") from exc
+    except Exception as exc:
+        out = capsys.readouterr()
+        raise AssertionError(f"{s.id} failed:\n{s.text}\n{out.out[-2000:]}\n"
+                             f"{out.err[-3000:]}") from exc
 
 
 # -- what the table and the extraction themselves promise ---------------------------------------

@@ -164,9 +164,11 @@ def run(args: argparse.Namespace) -> int:
             stops.insert(0, g.stop)
             info["grpc"] = g.address
             info["grpc_tls"] = g.secure
-        print(json.dumps(info), flush=True)
         done = threading.Event()
+        # before the endpoints are printed: a supervisor that stops the server as soon as it
+        # reads them (SIGTERM) gets a clean stop, not the default SIGTERM death
         signal.signal(signal.SIGTERM, lambda *a: done.set())
+        print(json.dumps(info), flush=True)
         try:
             done.wait(args.duration) if args.duration else done.wait()
         except KeyboardInterrupt:
