@@ -76,6 +76,8 @@ class Tally:
     unavailable: int = 0
     wrong: list[tuple[int, float, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: The engine's executed batches by size (Engine.stats), for the batching scenarios.
+    batch_sizes: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, k: int, y: Any, ref: np.ndarray) -> None:
@@ -140,12 +142,12 @@ def _drive(eng: Engine, world: Any, flaky: Flaky, script: list[str], stop: threa
 
 
 def run_engine_scenario(world: Any, preset: str, threads: int, calls: int, script: list[str],
-                        deadline_us: float | None, inline: bool) -> Tally:
+                        deadline_us: float | None, inline: bool, window_us: float = 200.0) -> Tally:
     flaky = Flaky(world.onx, "flaky-onnxruntime")
     if preset == "single":
         cfg = EngineConfig.preset("single", inline=inline)
     else:
-        cfg = EngineConfig(policy=BatchPolicy(8, 200.0, (1, 2, 4, 8)))
+        cfg = EngineConfig(policy=BatchPolicy(8, window_us, (1, 2, 4, 8)))
     cfg = replace(cfg, warmup=2, breaker_failures=3, breaker_reset_s=0.01, shadow_samples=32)
     tally = Tally()
     with Engine(world.lit, cfg, strategy="stress") as eng:
@@ -160,6 +162,7 @@ def run_engine_scenario(world: Any, preset: str, threads: int, calls: int, scrip
             t.join(600)
         stop.set()
         driver.join(60)
+        tally.batch_sizes = {int(k): int(v) for k, v in eng.stats()["batch_sizes"].items()}
     assert not any(t.is_alive() for t in ts), "a client never got its answer"
     return tally
 
@@ -268,9 +271,14 @@ def test_stress_a_million_calls(world):
     for r in range(4):  # engine: concurrency, batching, swaps, failures
         for preset in ("single", "batching"):
             calls = 20_000
+            # A 50 µs batching window, not 200: three clients can never fill a batch of 8, so
+            # every batch waited out the whole window, idle: 2/3 of this test's time. The
+            # clients resubmit within µs of each other's answers, so batches still mix them.
             t = run_engine_scenario(world, preset, 3, calls, scripts[r % 2],
-                                    None if r % 2 else 5e6, inline=bool(r // 2))
+                                    None if r % 2 else 5e6, inline=bool(r // 2), window_us=50.0)
             _assert_clean(t, 3 * calls)
+            if preset == "batching":  # answers of several callers in one batch, scattered back
+                assert max(t.batch_sizes) > 1, t.batch_sizes
             total += t.calls
     for _ in range(2):  # the router served by the engine
         t = run_lane_in_engine(world, 3, 15_000, int(rng.integers(2, 9)))
