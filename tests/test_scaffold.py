@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -81,26 +82,6 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
         p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p))
-    r = _run([HWB, "targets", "--json"], env=env)
-    data = json.loads(r.stdout)
-    row = next((t for t in data["targets"] if t["name"] == target), None)
-    assert row is not None, [t["name"] for t in data["targets"]]
-    assert row["plugin"] == name and row["availability"]["mode"] == "hardware"
-    assert not [p for p in data["problems"] if p["plugin"] == name]
-    # the generated tests: the whole kit, probe_is_light included (it is an entry point now)
-    r = _run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-              "--hwb-models", "mlp,lstm"], cwd=d, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
-    assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
-    assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
-    # the CLI runs the same suite: same counts; arguments after -- go to pytest
-    r = _run([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], env=env)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "10 passed, 5 skipped" in r.stdout, r.stdout[-2000:]
-    r = _run([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], env=env)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "3 passed" in r.stdout
     # the router considers it like any built-in target (here the only one allowed)
     cfg = tmp_path / "strategies.toml"
     cfg.write_text(textwrap.dedent('''\
@@ -115,9 +96,37 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
         targets = ["cpu.scaffold_*"]
         fidelity = { corr_min = 0.9999 }
         '''))
-    r = _run([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], env=env)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    demo = json.loads(r.stdout)["strategies"][0]
+    # The checks below read the installed plugin and nothing of each other's: two chains at
+    # once, each a fresh interpreter importing TensorFlow (most of this test's time), so a
+    # two-core machine runs them in about half the time it took one after the other. The
+    # kit and the CLI's kit share one store (its concurrent use is safe: test_store_races).
+    kit = [([HWB, "targets", "--json"], None),
+           # the generated tests: the whole kit, probe_is_light included (an entry point now)
+           ([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+             "--hwb-models", "mlp,lstm"], d),
+           ([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], None)]
+    # the CLI runs the same suite: same counts; arguments after -- go to pytest
+    cli = [([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], None),
+           ([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], None)]
+    with ThreadPoolExecutor(2) as pool:
+        chains = [pool.submit(lambda cmds: [_run(c, cwd=cwd, env=env) for c, cwd in cmds], cmds)
+                  for cmds in (kit, cli)]
+        (targets, direct, route), (check, check_k) = (c.result() for c in chains)
+    data = json.loads(targets.stdout)
+    row = next((t for t in data["targets"] if t["name"] == target), None)
+    assert row is not None, [t["name"] for t in data["targets"]]
+    assert row["plugin"] == name and row["availability"]["mode"] == "hardware"
+    assert not [p for p in data["problems"] if p["plugin"] == name]
+    out = direct.stdout + direct.stderr
+    assert direct.returncode == 0, out[-4000:]
+    assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
+    assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
+    assert check.returncode == 0, (check.stdout + check.stderr)[-3000:]
+    assert "10 passed, 5 skipped" in check.stdout, check.stdout[-2000:]
+    assert check_k.returncode == 0, (check_k.stdout + check_k.stderr)[-3000:]
+    assert "3 passed" in check_k.stdout
+    assert route.returncode == 0, (route.stdout + route.stderr)[-3000:]
+    demo = json.loads(route.stdout)["strategies"][0]
     assert demo["chosen"] == f"{target}:fp32" and demo["meets_budget"], demo
     # nothing reached the shared environment: a fresh registry of this process has no such target
     from hwbackends.registry import build_registry
