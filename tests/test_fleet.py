@@ -185,7 +185,7 @@ def _sigint_default() -> None:
 
 
 @pytest.mark.slow
-def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path) -> None:
+def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path, hwb_cli) -> None:
     """`hwb fleet --fleet local` enters a loopback-only namespace itself; Ctrl-C after the
     first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
     _netns_or_skip()
@@ -215,9 +215,9 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
     assert len(res.profiles) == 1 and res.profiles[0].target == "cpu.onnxruntime"
     assert res.profiles[0].machine["node_id"] == res.fleet["nodes"][0]["node_id"]
     assert any("interrupted" in (v.error or "") for v in res.variants)
-    r = subprocess.run(hwb + ["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html")],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
+    # reading what it wrote only prints: in this process (hwb_cli), no interpreter start each
+    rc, _, err = hwb_cli("report", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html"))
+    assert rc == 0, err
     assert "Interrupted run" in (tmp_path / "r.html").read_text()
     _render_in_chromium(tmp_path / "r.html", "Machine differences")
     cfg = tmp_path / "s.toml"
@@ -225,10 +225,9 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
                    'tier = "slow"\ntargets = ["cpu.*"]\nfidelity = { corr_min = 0.9 }\n')
     (tmp_path / "r2.json").write_text((tmp_path / "r.json").read_text().replace(
         '"scenario": "server"', '"scenario": "single-stream"'))  # placement ranks single-stream
-    r = subprocess.run(hwb + ["route", "--fleet", str(tmp_path / "r2.json"), str(cfg), "--json"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
-    (a,) = json.loads(r.stdout)
+    rc, out, err = hwb_cli("route", "--fleet", str(tmp_path / "r2.json"), str(cfg), "--json")
+    assert rc == 0, err
+    (a,) = json.loads(out)
     assert a["best"]["variant"] == res.profiles[0].variant.split(" @ ")[0]
     assert a["best"]["meets_budget"]
 
