@@ -20,7 +20,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TMPDIR) — goes under one directory of its own, removed at the end; the leftover check below
 # (pytest_sessionfinish) fails the run when a test left something there, and sees this run's
 # paths only, never those of another run on the same machine. HWB_TEST_KEEP_TMP=1 keeps it.
-RUN_TMP = Path(tempfile.mkdtemp(prefix="hwbt-"))
+# Under pytest-xdist every worker imports this file with the controller's TMPDIR (its RUN_TMP):
+# each makes its own beside the controller's, not inside it, so socket paths under it (Ray's
+# plasma_store, ~60 characters below its session dir) stay within AF_UNIX's 107 bytes.
+RUN_TMP = Path(tempfile.mkdtemp(prefix="hwbt-", dir=os.environ.setdefault("HWB_TEST_TMP_ROOT",
+                                                                          tempfile.gettempdir())))
 os.environ["TMPDIR"] = str(RUN_TMP)
 tempfile.tempdir = None  # re-read TMPDIR
 # The store's signing key (hwbackends.trust) never lands in the user's ~/.config during tests:
@@ -158,12 +162,25 @@ def _note_new_temp_paths(request):
         _first_seen.setdefault(str(p), request.node.nodeid)
 
 
+#: Leftover lines the pytest-xdist workers reported (their own output never reaches the terminal).
+_worker_leftovers: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist, in the controller: a worker finished; keep the leftovers it found in its RUN_TMP."""
+    _worker_leftovers.extend(getattr(node, "workeroutput", {}).get("hwb_leftovers", []))
+
+
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session, exitstatus):
-    left = leftovers(RUN_TMP)
-    if left:
-        lines = [f"  {p}  (first seen after {_first_seen.get(str(p), 'a session fixture')})"
-                 for p in left]
+    lines = [f"  {p}  (first seen after {_first_seen.get(str(p), 'a session fixture')})"
+             for p in leftovers(RUN_TMP)]
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller reports them
+        session.config.workeroutput["hwb_leftovers"] = lines
+        lines = []
+    lines += _worker_leftovers
+    if lines:
         msg = ("LEFTOVERS: these temporary paths were created by this run and not removed "
                "(each run cleans up what it made):\n" + "\n".join(lines))
         tr = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -3,10 +3,13 @@ leave a temporary path they made fails, naming the path and the test; a clean ru
 removes its private temp directory."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
@@ -29,16 +32,22 @@ def test_cleans_up():
 '''
 
 
-def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_x.py").write_text(body)
+    # The inner run's temp dirs go under this test's TMPDIR (where the checks below look), not
+    # beside the outer run's: drop the root the outer conftest exported for its xdist workers.
+    env = {k: v for k, v in os.environ.items() if k != "HWB_TEST_TMP_ROOT"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                           "-p", "no:randomly", *args, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 
-def test_a_test_that_leaves_a_temp_path_fails_the_run(tmp_path):
-    r = _run(tmp_path, LEAKY)
+@pytest.mark.parametrize("args", [(), ("-n", "2")], ids=["serial", "xdist"])
+def test_a_test_that_leaves_a_temp_path_fails_the_run(tmp_path, args):
+    """Also under pytest-xdist, where the leftover is found in a worker, whose own output
+    never reaches the terminal: the controller reports it and fails the run."""
+    r = _run(tmp_path, LEAKY, *args)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "2 passed" in r.stdout  # the tests pass; the run fails for what they left
     assert "LEFTOVERS" in r.stdout and "hwb-bench-" in r.stdout

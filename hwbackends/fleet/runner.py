@@ -61,6 +61,10 @@ class Item:
 
 
 _LOCAL_DIRS: list[str] = []
+#: A socket path's limit (sun_path less its NUL) and how far below its temp dir Ray puts the
+#: longest of its sockets: ``/session_<date>_<time>_<µs>_<pid>/sockets/plasma_store``.
+AF_UNIX_PATH_MAX = 107
+RAY_SOCKET_TAIL = len("/session_2026-12-01_15-14-56_465287_4194304/sockets/plasma_store")
 
 
 def local_ray_dir() -> str:
@@ -69,6 +73,11 @@ def local_ray_dir() -> str:
     to join: pass it as ``ray.init(address="local", _temp_dir=...)`` and call
     :func:`remove_local_ray_dirs` after ``ray.shutdown()`` (also done at exit)."""
     d = tempfile.mkdtemp(prefix="hwb-ray-")
+    if len(d.encode()) + RAY_SOCKET_TAIL > AF_UNIX_PATH_MAX:
+        # Ray refuses to start when its plasma_store socket path would not fit (a long TMPDIR:
+        # a CI workspace, a test runner's nested temp dirs): its session goes under /tmp.
+        os.rmdir(d)
+        d = tempfile.mkdtemp(prefix="hwb-ray-", dir="/tmp")
     if not _LOCAL_DIRS:  # registered before ray.init registers its own shutdown: runs after it
         atexit.register(remove_local_ray_dirs)
     _LOCAL_DIRS.append(d)
