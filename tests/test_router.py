@@ -316,7 +316,7 @@ def test_pin_and_hwb_choose_plugin(tmp_path, store_dir) -> None:
     class Slowest:
         @hwb.hookimpl
         def hwb_choose(self, candidates, tier):
-            seen["tier"] = tier
+            seen["tier"], seen["families"] = tier, {c.family for c in candidates}
             return max(candidates, key=lambda c: c.p99_us)
 
     plugin = Slowest()
@@ -328,6 +328,7 @@ def test_pin_and_hwb_choose_plugin(tmp_path, store_dir) -> None:
         pm.unregister(plugin)
     d = r2.decisions["s"]
     assert d.chosen_by == "plugin (hwb_choose)" and seen["tier"].p99_us == 2000
+    assert seen["families"] == {"cpu"}  # what docs/plugins.md's example tests, not the name
     assert d.chosen.p99_us == max(c.p99_us for c in d.order)
 
 

@@ -26,7 +26,13 @@ from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
-from ..registry import precisions_to_build, safe_probe, select_targets, slow_unless_named
+from ..registry import (
+    get_registry,
+    precisions_to_build,
+    safe_probe,
+    select_targets,
+    slow_unless_named,
+)
 from ..samples import describe as describe_data
 from ..specs import MODELLED, Availability, Mode
 from ..units import fmt_us
@@ -83,6 +89,13 @@ class Candidate:
     @property
     def p99_us(self) -> float | None:
         return self.profile.p99_us if self.profile else None
+
+    @property
+    def family(self) -> str:
+        """The target's family (``Target.family``: cpu, gpu, tpu, fpga, ref), what a
+        ``hwb_choose`` plugin tests instead of the target's name; "" for a target not
+        registered here."""
+        return get_registry().family(self.target)
 
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
