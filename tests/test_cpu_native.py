@@ -276,11 +276,11 @@ def test_two_executors_of_one_artifact_on_two_threads(compiled, store_dir, zoo_m
     assert got["a"].tobytes() == want.tobytes() == got["b"].tobytes()
 
 
-@pytest.mark.slow  # three converter runs (tf2onnx, torch.onnx) and four builds
+@pytest.mark.slow  # three converter runs (tf2onnx, torch.onnx) and three builds
 def test_onnx_mlps_from_tf2onnx_and_torch_onnx(zoo_model, store_dir, tmp_path) -> None:
     """ONNX sources: the Gemm chains torch.onnx writes and the MatMul+Add chains of tf2onnx
-    (the core's own converters) compile and match the source model; an ONNX LSTM is refused
-    naming its op."""
+    (the core's own converters) compile and match the source model (ONNX Conv/LSTM/GRU
+    graphs: tests/test_layer_ir_formats.py)."""
     from hwb_plugins.converters.to_onnx import keras_to_onnx, torch_to_onnx
 
     for name, convert in (("mlp", keras_to_onnx), ("mlp_torch", torch_to_onnx), ("signal", keras_to_onnx)):
@@ -291,6 +291,3 @@ def test_onnx_mlps_from_tf2onnx_and_torch_onnx(zoo_model, store_dir, tmp_path) -
         x = src.representative(64)
         np.testing.assert_allclose(cm.predict(x), src.reference(x), atol=2e-6)
         assert ops & {"Gemm", "MatMul"}, ops
-    lstm = torch_to_onnx(zoo_model("lstm_torch"), tmp_path)
-    with pytest.raises(UnsupportedError, match=r"op (LSTM|Transpose|Shape|Slice|Gather|Squeeze)"):
-        hwb.compile(hwb.load_model(lstm.obj), "cpu.native", store=store_dir, fidelity=False)
