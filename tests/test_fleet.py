@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -325,3 +326,21 @@ def test_fleet_plan_builds_an_unlisted_fixed_point_precision() -> None:
     with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none of "
                                                r"cpu.onnxruntime, fpga.hls4ml; .*fpga.hls4ml also takes"):
         _plan(res, [row], ["ap_fixed<99,6>"], _Fleet(res, lambda m: None, None, 60.0, lambda it: None))
+
+
+def test_an_embedded_rays_session_dir_fits_its_socket_paths(monkeypatch, tmp_path) -> None:
+    """Ray refuses to start when its plasma_store socket path passes AF_UNIX's 107 bytes: under
+    a long TMPDIR (nested test runners, CI workspaces) the session dir goes under /tmp."""
+    from hwbackends.fleet import runner
+
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setattr(runner, "_LOCAL_DIRS", [])
+    d = runner.local_ray_dir()
+    try:
+        assert len(d) + runner.RAY_SOCKET_TAIL <= runner.AF_UNIX_PATH_MAX
+        assert Path(d).parent == Path("/tmp") and not any(deep.iterdir())
+    finally:
+        runner.remove_local_ray_dirs()
+    assert not Path(d).exists()
