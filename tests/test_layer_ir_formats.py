@@ -199,3 +199,20 @@ def test_onnx_unsupported_named(store_dir, tmp_path) -> None:
     o = keras_to_onnx(hwb.load_model(gru, name="keras_gru"), tmp_path)
     with pytest.raises(UnsupportedError, match=r"op Loop"):
         _native(hwb.load_model(o.obj, name="keras_gru"), store_dir)
+
+
+def test_in_process_module_walks_its_export(zoo_model) -> None:
+    """layer_ir.extract on an in-process module with its own forward (not yet a torch.export
+    program) exports it and reads the same layers; the IR's float64 reference matches torch."""
+    import torch
+
+    from hwb_plugins._shared import layer_ir
+
+    m = zoo_model("lstm_torch")
+    net = layer_ir.extract(m, "cpu.native")
+    assert [type(layer).__name__ for layer in net.layers] == ["Recurrent", "Dense"]
+    assert not net.layers[0].return_sequences
+    x = np.random.default_rng(5).normal(size=(8, 16, 8)).astype(np.float32)
+    with torch.no_grad():
+        want = m.obj(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(layer_ir.forward(net, x)[-1], want, atol=1e-5)

@@ -174,7 +174,7 @@ def extract(model: Any, target: str, *, dtype: Any = np.float32) -> Network:
     if model.format == "keras":
         layers = _keras(model.obj, target)
     elif model.format == "torch":
-        layers = _torch(model.obj, target)
+        layers = _torch(model.obj, target, tuple(model.input.shape))
     elif model.format == "onnx":
         layers = _onnx(model.obj, target)
     else:
@@ -373,9 +373,13 @@ _KERAS = {
 
 
 # -- torch -------------------------------------------------------------------------------------
-def _torch(obj: Any, target: str) -> list[Layer]:
+def _torch(obj: Any, target: str, in_shape: tuple[int, ...]) -> list[Layer]:
+    import torch
     from torch import nn
 
+    if isinstance(obj, nn.Module) and not isinstance(obj, nn.Sequential):
+        # A module with its own forward (as the compile worker gets it: a torch.export program)
+        obj = torch.export.export(obj.eval(), (torch.zeros((2, *in_shape)),))
     if _aten_wide(obj):
         return _aten(obj, target)
     m = as_sequential(obj, target, "Pass an nn.Sequential of those modules, or its Keras twin")
