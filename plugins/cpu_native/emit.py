@@ -44,6 +44,14 @@ _PRELUDE = r"""
 /* HWB_VW-float vectors: vf aligned (weights, padded rows), vfu for tensors at any offset */
 typedef float vf __attribute__((vector_size(4 * HWB_VW)));
 typedef float vfu __attribute__((vector_size(4 * HWB_VW), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(4 * HWB_VW)));
+/* the activations a conv's epilogue applies in registers (C has no vector ?:): a comparison
+   mask, then a bitwise select; NaN and -0.0 give 0, as the scalar v > 0 ? v : 0 does */
+HWB_INLINE vf hwb_vrelu(vf v) { return (vf)((vi)v & (v > 0.0f)); }
+HWB_INLINE vf hwb_vleaky(vf v, float a) {
+    const vi m = v > 0.0f;
+    return (vf)(((vi)v & m) | ((vi)(a * v) & ~m));
+}
 HWB_INLINE vf hwb_load_part(const float *p, int n) {
     vf v = {0};
     __builtin_memcpy(&v, p, 4 * n);
@@ -53,9 +61,11 @@ HWB_INLINE vf hwb_load_part(const float *p, int n) {
 /* exp(x), ~1 ulp on the clamped range, branch-free so loops over it vectorise (Cephes'
    expf polynomial; the rounding of x·log2(e) to an integer by the 1.5·2^23 trick). The
    LSTM's steps wait on it (the recurrence), so its latency counts, hence Estrin. */
-HWB_INLINE float hwb_exp(float x) {
+HWB_INLINE float hwb_exp_le88(float x);
+HWB_INLINE float hwb_exp(float x) { return hwb_exp_le88(x > 88.0f ? 88.0f : x); }
+/* exp(x) for x <= 88 (the LSTM gates' arguments: one clamp less on the recurrence's path) */
+HWB_INLINE float hwb_exp_le88(float x) {
     x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
     float k = x * 1.44269504088896341f;
     k = (k + 12582912.0f) - 12582912.0f;
     float r = x - k * 0.693359375f;
@@ -133,6 +143,8 @@ class _Emitter:
         self.state: set[str] = set()
         #: index of the layer being emitted
         self.cur = 0
+        #: index of an Act layer already applied by the layer before it (a conv's epilogue)
+        self.fused = -1
 
     def const(self, stem: str, a: np.ndarray) -> str:
         name = f"{stem}{len(self.consts)}"
@@ -242,6 +254,8 @@ class _Emitter:
             return dst if dst is not None else self.buf(size)
 
         if isinstance(layer, ir.Act):
+            if self.fused == self.cur:
+                return src
             self.act(layer.kind, layer.alpha, src, size, out_shape[-1])
             return src
         if isinstance(layer, ir.Flatten):
@@ -311,14 +325,21 @@ class _Emitter:
     def conv_tiles(self, layer: ir.Conv1D, src: str, o: str, out_shape: tuple[int, ...]) -> int:
         """Register tiling over time: ``tb`` output steps share each weight vector load, each
         with its own accumulators (``tb`` independent FMA chains per output vector, where one
-        step alone is one chain of ``k·c_in`` dependent FMAs). Returns the first step left
-        for the one-step loop (the tail)."""
+        step alone is one chain of ``k·c_in`` dependent FMAs). ``tb`` is chosen so the steps
+        split into tiles of near-equal size (30 steps: 2 × 15, not 3 × 8 and a tail of 6 run
+        one by one), and a following ReLU/LeakyReLU is applied before the store (the
+        activation's own pass over the tensor is skipped: :attr:`fused`). Returns the first
+        step left for the one-step loop (none here unless tiling does not pay)."""
         k, ci, co = layer.w.shape
         vw = self.vw
         nv = -(-co // vw)
-        tb = min(8, self.acc // nv)
-        if tb < 2 or out_shape[0] < tb:
+        t_out = out_shape[0]
+        # accumulators per tile: one vector each, a register left for the weights
+        tmax = min(15, self.acc // nv if nv > 1 else self.acc - 1)
+        if tmax < 2 or t_out < 2:
             return 0
+        ntiles = -(-t_out // tmax)
+        tb = -(-t_out // ntiles)
         n = k * ci
         wp = np.zeros((n, nv * vw), np.float32)
         wp[:, :co] = layer.w.reshape(n, co)
@@ -326,19 +347,31 @@ class _Emitter:
         bp[:co] = layer.b
         wn, bn = self.const("W", wp), self.const("B", bp)
         self.matvecs += 1
-        full = out_shape[0] - out_shape[0] % tb
+        nxt = self.net.layers[self.cur + 1] if self.cur + 1 < len(self.net.layers) else None
+        epi = ""
+        if isinstance(nxt, ir.Act) and nxt.kind in ("relu", "leaky_relu"):
+            self.fused = self.cur + 1
+            epi = ("{0} = hwb_vrelu({0});" if nxt.kind == "relu"
+                   else f"{{0}} = hwb_vleaky({{0}}, {float(nxt.alpha).hex()}f);")
         step = layer.stride * ci
-        acc = [f"a{r}_{j}" for r in range(tb) for j in range(nv)]
-        self.line(f"for (int t = 0; t < {full}; t += {tb}) {{ " + " ".join(
-            f"vf a{r}_{j} = *(const vf *)({bn} + {j * vw});" for r in range(tb) for j in range(nv)))
-        self.line(f"  for (int i = 0; i < {n}; i++) {{ const vf *wr = (const vf *)({wn} + i * {nv * vw}); " +
-                  " ".join(f"const float v{r} = {src}[(t + {r}) * {step} + i];" for r in range(tb)) + " " +
-                  " ".join(f"a{r}_{j} += v{r} * wr[{j}];" for r in range(tb) for j in range(nv)) + " }")
-        for name in acc:
-            r, j = (int(p) for p in name[1:].split("_"))
-            self.line("  " + _store(f"({o} + (t + {r}) * {co})", j * vw, co, name, vw))
-        self.line("}")
-        return full
+        full = t_out - t_out % tb
+        for t0, cnt, nb in ((0, full, tb), (full, t_out - full, t_out - full)):
+            if cnt <= 0:
+                continue
+            loop = f"for (int t = {t0}; t < {t0 + cnt}; t += {nb})" if cnt > nb else f"{{ const int t = {t0};"
+            self.line(f"{loop} {{ " + " ".join(
+                f"vf a{r}_{j} = *(const vf *)({bn} + {j * vw});" for r in range(nb) for j in range(nv)))
+            self.line(f"  for (int i = 0; i < {n}; i++) {{ const vf *wr = (const vf *)({wn} + i * {nv * vw}); " +
+                      " ".join(f"const float v{r} = {src}[(t + {r}) * {step} + i];" for r in range(nb)) + " " +
+                      " ".join(f"a{r}_{j} += v{r} * wr[{j}];" for r in range(nb) for j in range(nv)) + " }")
+            for r in range(nb):
+                for j in range(nv):
+                    name = f"a{r}_{j}"
+                    if epi:
+                        self.line("  " + epi.format(name))
+                    self.line("  " + _store(f"({o} + (t + {r}) * {co})", j * vw, co, name, vw))
+            self.line("}" if cnt > nb else "} }")
+        return t_out
 
     def recurrent(self, layer: ir.Recurrent, src: str, shape: tuple[int, ...], o: str) -> str:
         """The window unrolled as a loop over time steps; per step the gate pre-activations
@@ -356,13 +389,13 @@ class _Emitter:
         if layer.cell == "lstm":
             c = self.buf(u)
             self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
+            # x_t's part of the gates first in each step: independent of h, it runs while the
+            # previous step's gates are still being computed (a separate pass over every step
+            # up front measured no faster: it puts the same FMAs in series instead)
             self.line(f"for (int t = 0; t < {t_len}; t++) {{")
             self.matvec([(xt, ci), (h, u)], z, gates * u,
                         np.concatenate([layer.kernel, layer.recurrent]), layer.bias)
-            self.line(f"  for (int j = 0; j < {u}; j++) {{ const float ig = hwb_sigmoid({z}[j]), "
-                      f"fg = hwb_sigmoid({z}[{u} + j]), g = hwb_tanh({z}[{2 * u} + j]), "
-                      f"og = hwb_sigmoid({z}[{3 * u} + j]); {c}[j] = fg * {c}[j] + ig * g; "
-                      f"{h}[j] = og * hwb_tanh({c}[j]); }}")
+            self.lstm_gates(z, c, h, u)
         elif layer.reset_after:
             hz = self.buf(gates * u)
             self.line(f"for (int t = 0; t < {t_len}; t++) {{")
@@ -392,6 +425,28 @@ class _Emitter:
             self.line(f"  for (int j = 0; j < {u}; j++) {o}[t * {u} + j] = {h}[j];")
         self.line("}")
         return o
+
+    def lstm_gates(self, z: str, c: str, h: str, u: int) -> None:
+        """``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)`` with two divisions per unit,
+        not five: σ(a) = 1/(1+e^-a), tanh(a) = sign·n/(1+e^-2|a|), so each product of such
+        quotients is one quotient (a vector division costs several exp polynomials). The σ
+        arguments are clamped at -40 (σ(-40) = 4e-18) so the products of three e^-a stay finite;
+        near 0, tanh's numerator is its Taylor series times the denominator (no cancellation
+        in 1 - e)."""
+        def tanh_parts(v: str, p: str) -> str:
+            return (f"const float {p}a = {v} < 0.0f ? -{v} : {v}, {p}e = hwb_exp_le88(-2.0f * {p}a), "
+                    f"{p}d = 1.0f + {p}e, {p}q = {p}a * {p}a, {p}s = {p}a * (1.0f + {p}q * (-0.333333333f + "
+                    f"{p}q * (0.133333333f + {p}q * -0.0539682540f))), "
+                    f"{p}m = {p}a < 0.0625f ? {p}s * {p}d : 1.0f - {p}e, {p}n = {v} < 0.0f ? -{p}m : {p}m;")
+
+        def e_neg(v: str) -> str:
+            return f"hwb_exp_le88(-({v} < -40.0f ? -40.0f : {v}))"
+
+        self.line(f"  for (int j = 0; j < {u}; j++) {{ const float di = 1.0f + {e_neg(f'{z}[j]')}, "
+                  f"df = 1.0f + {e_neg(f'{z}[{u} + j]')}, do_ = 1.0f + {e_neg(f'{z}[{3 * u} + j]')}, "
+                  f"zg = {z}[{2 * u} + j]; {tanh_parts('zg', 'g')} const float dig = di * gd; "
+                  f"const float cc = ({c}[j] * dig + gn * df) / (df * dig); {c}[j] = cc; "
+                  f"{tanh_parts('cc', 'c')} {h}[j] = cn / (do_ * cd); }}")
 
 
 def vector_shape(requires: list[str]) -> tuple[int, int]:

@@ -87,7 +87,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "1"
+    version = "2"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
                    "fixed/ap_fixed<W,I>: bit-exact with fpga.hls4ml's C-simulation")
