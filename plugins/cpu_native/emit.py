@@ -1,4 +1,4 @@
-"""The layer IR (plugins/_shared/layer_ir.py) → one C file with the weights as constants.
+"""The layer IR (plugins/_shared/layer_ir/) → one C file with the weights as constants.
 
 Why a direct emitter (docs/performance.md has the measured comparison with keras2c and
 emlearn): the whole model becomes one function over fixed shapes, which the compiler inlines,

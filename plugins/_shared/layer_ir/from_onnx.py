@@ -1,0 +1,380 @@
+"""ONNX graphs (what tf2onnx and torch.onnx write for the supported layers) as IR layers."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+
+from .ir import Act, Affine, Conv1D, Dense, GlobalPool1D, Layer, Pool1D, Recurrent, f32
+from .walk import Walk, final_axes, last_step, walk_dense, walk_flatten
+
+_META_OPS = {"Shape", "Size"}  # ops whose output is only the data's shape
+_PASS = {"Identity", "Dropout", "Cast"}
+_ZERO_KEEP = {"Expand", "Unsqueeze", "Reshape", "Cast", "Identity", "Tile", "Squeeze"}
+
+
+
+def _onnx_attrs(n: Any) -> dict[str, Any]:
+    return {a.name: a for a in n.attribute}
+
+
+def read_onnx(proto: Any, target: str) -> list[Layer]:
+    """The ONNX graphs tf2onnx and torch.onnx write for the layers :data:`SUPPORTED` lists, as
+    IR layers: the data tensors form a chain (each op reading the previous one's output,
+    weights as initializers or Constants); side computations on the input's Shape (the
+    zero initial state an exported LSTM builds for the batch) are followed only far enough
+    to see that they are zeros. Anything else is refused naming the node and op."""
+    g = proto.graph
+    consts = _onnx_consts(g)
+    dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
+    if len(dims) not in (2, 3):
+        raise UnsupportedError(f"{target} compiles ONNX models over (batch, features) or (batch, "
+                               f"time, channels) inputs; input {g.input[0].name!r} has {len(dims)} axes")
+    w = Walk(target, consts, tuple(dims[1:]))
+    data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else ["N", "T", "C"]}
+    meta: dict[str, bool] = {}  # shape-derived tensors → whether they are all zeros
+    prev = {g.input[0].name}
+    users: dict[str, set[str]] = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, set()).add(n.op_type)
+    graph_out = {o.name for o in g.output}
+    for n in g.node:
+        if n.op_type == "Constant" and n.output[0] in consts:
+            continue
+        name, op = n.name or f"{n.op_type}_{len(w.layers)}", n.op_type
+        if op in ("Loop", "Scan", "If"):
+            raise w.refuse(name, op, "control flow (tf2onnx writes a Keras GRU/LSTM it cannot map "
+                                     "to an ONNX GRU/LSTM op as a Loop): compile the Keras source")
+        ins = [i for i in n.input if i and i not in consts]
+        din = [i for i in ins if i in data]
+        if din and not any(users.get(o, set()) - _META_OPS or o in graph_out for o in n.output):
+            continue  # a view of the data that only its Shape is taken of (torch.onnx writes them)
+        if not din or op in _META_OPS:
+            _onnx_meta(n, consts, meta)
+            continue
+        _onnx_operands(w, name, op, ins, din, prev, set(data), meta)
+        ax = list(data[din[0]])
+        if "H" in ax:  # an LSTM/GRU's Y_h: the layer returns its last state
+            last_step(w, name, op)
+            ax = ["C" if a == "H" else a for a in ax]
+        before = len(w.layers)
+        outs = _onnx_node(w, n, name, op, ax, din[0], meta)
+        if w.pad != (0, 0) and op != "Pad" and len(w.layers) > before:
+            raise w.refuse(name, op, "a Pad that a Conv does not follow")
+        data.update(outs)
+        prev = set(outs)
+    out = g.output[0].name
+    if out not in prev:
+        raise UnsupportedError(f"{target}: ONNX output {out!r} is not the end of the op chain")
+    final_axes(w, data[out])
+    return w.layers
+
+
+def _onnx_consts(g: Any) -> dict[str, np.ndarray]:
+    """The graph's initializers and Constant nodes (initializers written another way)."""
+    from onnx import numpy_helper
+
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return consts
+
+
+def _onnx_operands(w: Walk, name: str, op: str, ins: list[str], din: list[str], prev: set[str],
+                   data: set[str], meta: dict[str, bool]) -> None:
+    """Refuse a node that does not read the previous node's output as its one data input."""
+    if len(din) != 1 or din[0] not in prev:
+        raise w.refuse(name, op, "the graph is not a chain of single-input ops")
+    stray = [i for i in ins if i not in data and i not in meta]
+    if stray:
+        raise w.refuse(name, op, f"input {stray[0]!r} is neither data, weight nor shape")
+    if any(i in meta for i in ins) and op not in ("LSTM", "GRU"):
+        raise w.refuse(name, op, "a computed (not constant) operand")
+
+
+
+def _onnx_meta(n: Any, consts: dict[str, np.ndarray], meta: dict[str, bool]) -> None:
+    """Record a node computed from shapes and constants, and whether its output is zeros."""
+    from onnx import numpy_helper
+
+    a = _onnx_attrs(n).get("value")
+    fill = numpy_helper.to_array(a.t) if a is not None else np.zeros(1)
+    zero = (n.op_type == "ConstantOfShape" and not np.any(fill)) or (
+        n.op_type in _ZERO_KEEP and bool(n.input) and _onnx_zero(n.input[0], consts, meta))
+    for o in n.output:
+        meta[o] = bool(zero)
+
+
+def _onnx_zero(name: str, consts: dict[str, np.ndarray], meta: dict[str, bool]) -> bool:
+    return meta.get(name, False) or (name in consts and not np.any(consts[name]))
+
+
+def _onnx_spatial(w: Walk, name: str, op: str, ax: list[str]) -> int:
+    """The index of time among an N, C, spatial… tensor's spatial axes (others singletons)."""
+    if ax[:2] != ["N", "C"] or "T" not in ax[2:] or any(a != "1" for a in ax[2:] if a != "T"):
+        raise w.refuse(name, op, f"its input's axes hold {ax}; it takes (batch, channels, time) "
+                                 f"with singleton axes only beside time")
+    return ax.index("T") - 2
+
+
+def _onnx_window(w: Walk, name: str, op: str, attrs: dict, t: int, rank: int,
+                 kernel: list[int]) -> tuple[int, int, int, tuple[int, int]]:
+    """(kernel, stride, dilation, pad) along time of a Conv/Pool; other axes must be trivial."""
+    strides = list(attrs["strides"].ints) if "strides" in attrs else [1] * rank
+    dil = list(attrs["dilations"].ints) if "dilations" in attrs else [1] * rank
+    pads = list(attrs["pads"].ints) if "pads" in attrs else [0] * 2 * rank
+    auto = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+    for i in range(rank):
+        if i != t and (kernel[i], strides[i], dil[i], pads[i], pads[i + rank]) != (1, 1, 1, 0, 0):
+            raise w.refuse(name, op, "a window over a singleton axis")
+    k, s, d = kernel[t], strides[t], dil[t]
+    pad = (pads[t], pads[t + rank])
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        if s != 1:
+            raise w.refuse(name, op, f"auto_pad {auto} with strides > 1")
+        span = (k - 1) * d
+        lo = span // 2 if auto == "SAME_UPPER" else span - span // 2
+        pad = (lo, span - lo)
+    elif auto not in ("NOTSET", "VALID"):
+        raise w.refuse(name, op, f"auto_pad {auto}")
+    return k, s, d, pad
+
+
+
+def _onnx_node(w: Walk, n: Any, name: str, op: str, ax: list[str], x: str,
+               meta: dict[str, bool]) -> dict[str, list[str]]:
+    """Append ``n``'s IR layers; the labels of its data outputs."""
+    for part in (_onnx_elementwise, _onnx_dense):
+        out = part(w, n, name, op, ax)
+        if out is not None:
+            return out
+    return _onnx_layer(w, n, name, op, ax, meta)
+
+
+def _onnx_elementwise(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]] | None:
+    """Activations and the ops that only move axes (None: not one of those)."""
+    attrs, o = _onnx_attrs(n), n.output[0]
+    if op in _PASS:
+        if op == "Cast" and attrs["to"].i != 1:
+            raise w.refuse(name, op, "a cast to other than float32")
+        return {o: ax}
+    if op in ("Relu", "Tanh", "Sigmoid"):
+        w.layers.append(Act(name, op.lower()))
+        return {o: ax}
+    if op == "LeakyRelu":
+        w.layers.append(Act(name, "leaky_relu", attrs["alpha"].f if "alpha" in attrs else 0.01))
+        return {o: ax}
+    if op == "Softmax":
+        axis = attrs["axis"].i if "axis" in attrs else -1
+        if ax[axis] != "C" or w.perm is not None:
+            raise w.refuse(name, op, f"softmax over axis {axis} (holding {ax[axis]}), not the channels")
+        w.layers.append(Act(name, "softmax"))
+        return {o: ax}
+    if op == "Transpose":
+        perm = list(attrs["perm"].ints) if "perm" in attrs else list(range(len(ax)))[::-1]
+        return {o: [ax[i] for i in perm]}
+    if op == "Unsqueeze":
+        axes = sorted(a % (len(ax) + len(w.const_ints(n, 1, attrs, "axes") or []))
+                      for a in w.const_ints(n, 1, attrs, "axes") or [])
+        out = list(ax)
+        for a in axes:
+            out.insert(a, "1")
+        return {o: out}
+    if op == "Squeeze":
+        axes = w.const_ints(n, 1, attrs, "axes")
+        axes = [a % len(ax) for a in axes] if axes is not None else [i for i, a in enumerate(ax) if a == "1"]
+        if any(ax[a] != "1" for a in axes):
+            raise w.refuse(name, op, f"squeezing axes {axes} of {ax} (only singletons)")
+        return {o: [a for i, a in enumerate(ax) if i not in axes]}
+    return None
+
+
+def _onnx_dense(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]] | None:
+    """Gemm/MatMul, per-channel Add/Mul, Pad, Flatten/Reshape (None: not one of those)."""
+    attrs, c, o = _onnx_attrs(n), w.consts, n.output[0]
+    if op in ("Gemm", "MatMul"):
+        if n.input[1] not in c:
+            raise w.refuse(name, op, "a matrix product with computed weights")
+        k = c[n.input[1]].astype(np.float32)
+        b = np.zeros(k.shape[-1], np.float32)
+        if op == "Gemm":
+            if "transB" in attrs and attrs["transB"].i:
+                k = k.T
+            if (attrs.get("transA") and attrs["transA"].i) or any(
+                    key in attrs and attrs[key].f != 1.0 for key in ("alpha", "beta")):
+                raise w.refuse(name, op, "transA/alpha/beta")
+            b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(k.shape[1])
+        walk_dense(w, name, op, ax, k, b)
+        return {o: ax}
+    if op == "Add" and isinstance(w.layers[-1:] and w.layers[-1], Dense) and ax == ["N", "C"]:
+        dense = w.layers[-1]
+        bias = next(c[i] for i in n.input if i in c)
+        dense.b = f32(dense.b + np.broadcast_to(bias, dense.b.shape))
+        return {o: ax}
+    if op in ("Add", "Mul", "Pad"):
+        return _onnx_affine(w, n, name, op, ax)
+    if op in ("Flatten", "Reshape"):
+        if op == "Flatten" and (attrs["axis"].i if "axis" in attrs else 1) != 1:
+            raise w.refuse(name, op, "flattening from an axis other than 1")
+        if op == "Reshape":
+            to = [int(v) for v in c[n.input[1]]] if n.input[1] in c else None
+            if to is None or len(to) != 2 or to[0] not in (0, -1) or (
+                    to[1] not in (-1, int(np.prod(w.shape())))):
+                raise w.refuse(name, op, "a reshape other than to (batch, features)")
+        return {o: walk_flatten(w, name, op, ax)}
+    return None
+
+
+def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
+                meta: dict[str, bool]) -> dict[str, list[str]]:
+    """Conv, pooling, the last step of a sequence, LSTM/GRU; anything else is refused."""
+    attrs, c, o = _onnx_attrs(n), w.consts, n.output[0]
+    if op == "Conv":
+        t = _onnx_spatial(w, name, op, ax)
+        wt = c.get(n.input[1])
+        if wt is None:
+            raise w.refuse(name, op, "a computed kernel")
+        if (attrs["group"].i if "group" in attrs else 1) != 1:
+            raise w.refuse(name, op, f"group {attrs['group'].i} (grouped convolution)")
+        k, s, d, pad = _onnx_window(w, name, op, attrs, t, wt.ndim - 2, list(wt.shape[2:]))
+        pad, w.pad = (pad[0] + w.pad[0], pad[1] + w.pad[1]), (0, 0)
+        kern = np.moveaxis(wt.reshape(wt.shape[0], wt.shape[1], k), 2, 0).transpose(0, 2, 1)
+        b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(wt.shape[0])
+        w.layers.append(Conv1D(name, f32(kern), f32(b), s, d, pad))
+        return {o: ax}
+    if op in ("MaxPool", "AveragePool"):
+        t = _onnx_spatial(w, name, op, ax)
+        if len(n.output) > 1 and n.output[1] or (attrs.get("ceil_mode") and attrs["ceil_mode"].i):
+            raise w.refuse(name, op, "indices output or ceil_mode")
+        k, s, d, pad = _onnx_window(w, name, op, attrs, t, len(ax) - 2, list(attrs["kernel_shape"].ints))
+        if d != 1 or pad != (0, 0):
+            raise w.refuse(name, op, "padding or dilation")
+        w.layers.append(Pool1D(name, "max" if op == "MaxPool" else "avg", k, s))
+        return {o: ax}
+    if op in ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"):
+        if op.startswith("Global"):
+            _onnx_spatial(w, name, op, ax)
+            axes, keep = [ax.index("T")], True
+        else:
+            axes = [a % len(ax) for a in w.const_ints(n, 1, attrs, "axes") or []]
+            keep = bool(attrs["keepdims"].i) if "keepdims" in attrs else True
+            if [ax[a] for a in axes if ax[a] != "1"] != ["T"]:
+                raise w.refuse(name, op, f"reducing axes {axes} of {ax} (only time is)")
+        w.layers.append(GlobalPool1D(name, "max" if "Max" in op else "avg"))
+        return {o: [("1" if a == "T" else a) for i, a in enumerate(ax) if keep or i not in axes]}
+    if op in ("Gather", "Slice"):
+        return _onnx_index(w, n, name, op, ax, attrs)
+    if op in ("LSTM", "GRU"):
+        return _onnx_recurrent(w, n, name, op, ax, attrs, meta)
+    raise w.refuse(name, op)
+
+
+def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]]:
+    """Per-channel Mul/Add by a constant (the batch normalization tf2onnx writes; a bias after
+    a Conv or Dense) and a zero Pad of time (before a causal Conv)."""
+    c, o = w.consts, n.output[0]
+    if op == "Pad":
+        pads = w.const_ints(n, 1, _onnx_attrs(n), "pads") or []
+        mode = _onnx_attrs(n).get("mode")
+        value = c.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        r = len(ax)
+        if ("T" not in ax or len(pads) != 2 * r or (mode is not None and mode.s != b"constant")
+                or (value is not None and np.any(value))
+                or any(pads[i] or pads[i + r] for i in range(r) if ax[i] != "T")):
+            raise w.refuse(name, op, "padding other than zeros along time")
+        t = ax.index("T")
+        w.pad = (w.pad[0] + pads[t], w.pad[1] + pads[t + r])
+        return {o: ax}
+    k = [c[i] for i in n.input if i in c]
+    if len(k) != 1 or w.perm is not None:
+        raise w.refuse(name, op, "an element-wise op on computed operands")
+    v = np.asarray(k[0], np.float64)
+    v = v.reshape((1,) * (len(ax) - v.ndim) + v.shape)
+    if v.ndim != len(ax) or any(d != 1 and a != "C" for d, a in zip(v.shape, ax, strict=True)):
+        raise w.refuse(name, op, f"an operand of shape {k[0].shape} over axes {ax} (per channel only)")
+    v = np.broadcast_to(v.ravel(), (w.shape()[-1],)).astype(np.float64)
+    last = w.layers[-1] if w.layers else None
+    if op == "Add" and isinstance(last, (Dense, Conv1D)):
+        last.b = f32(last.b + v)
+    elif op == "Add" and isinstance(last, Affine):
+        last.shift = last.shift + v
+    else:
+        ones, zeros = np.ones_like(v), np.zeros_like(v)
+        w.layers.append(Affine(name, v if op == "Mul" else ones, zeros if op == "Mul" else v))
+    return {o: ax}
+
+
+def _onnx_index(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict) -> dict[str, list[str]]:
+    """The last time step of a recurrent layer's sequence, by Gather (index -1) or Slice."""
+    c, o = w.consts, n.output[0]
+    steps = w.shape()[0] if "T" in ax else 0
+    if op == "Gather":
+        axis = (attrs["axis"].i if "axis" in attrs else 0) % len(ax)
+        idx = c.get(n.input[1])
+        if ax[axis] == "1" and idx is not None and idx.ndim == 0 and int(idx) in (0, -1):
+            return {o: [a for i, a in enumerate(ax) if i != axis]}  # Y_h[-1]: one layer
+        if ax[axis] != "T" or idx is None or idx.ndim != 0 or int(idx) % max(steps, 1) != steps - 1:
+            raise w.refuse(name, op, f"gathering along {ax[axis]} (only the last time step is)")
+        last_step(w, name, op)
+        return {o: [a for i, a in enumerate(ax) if i != axis]}
+    starts, ends = (w.const_ints(n, i, attrs, k) for i, k in ((1, "starts"), (2, "ends")))
+    axes = w.const_ints(n, 3, attrs, "axes") or list(range(len(starts or [])))
+    stepv = w.const_ints(n, 4, attrs, "steps") or [1] * len(axes)
+    if (starts is None or ends is None or len(axes) != 1 or ax[axes[0] % len(ax)] != "T"
+            or stepv != [1] or starts[0] % steps != steps - 1 or ends[0] < steps):
+        raise w.refuse(name, op, "slicing other than the last time step")
+    last_step(w, name, op)
+    return {o: ["1" if a == "T" else a for a in ax]}
+
+
+def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict,
+                    meta: dict[str, bool]) -> dict[str, list[str]]:
+    """ONNX LSTM (gates i, o, f, c) / GRU (z, r, h) as a Keras-order :class:`Recurrent`."""
+    c = w.consts
+    layout = attrs["layout"].i if "layout" in attrs else 0
+    if [a for a in ax if a != "1"] != (["T", "N", "C"] if layout == 0 else ["N", "T", "C"]) or "1" in ax:
+        raise w.refuse(name, op, f"its input's axes hold {ax}")
+    direction = attrs["direction"].s.decode() if "direction" in attrs else "forward"
+    if direction != "forward":
+        raise w.refuse(name, op, f"direction {direction!r} (forward only)")
+    acts = [a.decode().lower() for a in attrs["activations"].strings] if "activations" in attrs else []
+    want = ["sigmoid", "tanh", "tanh"] if op == "LSTM" else ["sigmoid", "tanh"]
+    if acts and acts != want:
+        raise w.refuse(name, op, f"activations {acts} (tanh/sigmoid only)")
+    for key in ("clip", "input_forget"):
+        if key in attrs and (attrs[key].f if key == "clip" else attrs[key].i):
+            raise w.refuse(name, op, f"{key}")
+    ins = list(n.input) + [""] * (8 - len(n.input))
+    if ins[4]:
+        raise w.refuse(name, op, "sequence_lens (the whole window is run)")
+    for i in ins[5:7] + ([ins[7]] if op == "LSTM" else []):
+        if i and not _onnx_zero(i, c, meta):
+            raise w.refuse(name, op, f"input {i!r}: only a zero initial state (and no peepholes) is compiled")
+    if ins[1] not in c or ins[2] not in c:
+        raise w.refuse(name, op, "computed weights")
+    u = int(attrs["hidden_size"].i)
+    g = 4 if op == "LSTM" else 3
+    wx, wh = c[ins[1]][0].astype(np.float64), c[ins[2]][0].astype(np.float64)
+    bias = c[ins[3]][0].astype(np.float64) if ins[3] else np.zeros(2 * g * u)
+    order = [0, 2, 3, 1] if op == "LSTM" else [0, 1, 2]  # ONNX i,o,f,c → Keras i,f,c,o
+
+    def keras(m: np.ndarray) -> np.ndarray:  # (G·u, …) in ONNX order → (…, G·u) in Keras'
+        return np.concatenate([m[j * u:(j + 1) * u] for j in order]).T
+
+    reset_after = True
+    if op == "LSTM":
+        b = keras(bias[:g * u] + bias[g * u:])
+    else:
+        reset_after = bool(attrs["linear_before_reset"].i) if "linear_before_reset" in attrs else False
+        b = np.stack([bias[:g * u], bias[g * u:]]) if reset_after else bias[:g * u] + bias[g * u:]
+    w.layers.append(Recurrent(name, op.lower(), f32(keras(wx)), f32(keras(wh)), f32(b), u,
+                              True, reset_after))
+    y = ["T", "1", "N", "C"] if layout == 0 else ["N", "T", "1", "C"]
+    out = {n.output[0]: y} if n.output[0] else {}
+    if len(n.output) > 1 and n.output[1]:  # Y_h: consumed, it makes the layer return its last state
+        out[n.output[1]] = ["1", "N", "H"] if layout == 0 else ["N", "1", "H"]
+    return out

@@ -1,0 +1,332 @@
+"""torch models (``nn.Sequential``, a torch.export program) as IR layers."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+
+from .. import batchnorm
+from ..torch_export import as_sequential
+from .ir import (
+    SUPPORTED,
+    TORCH_OPS,
+    Act,
+    Affine,
+    Conv1D,
+    Dense,
+    GlobalPool1D,
+    Layer,
+    Pool1D,
+    Recurrent,
+    f32,
+    first,
+)
+from .walk import Walk, final_axes, last_step, walk_dense, walk_flatten
+
+
+def read_torch(obj: Any, target: str, in_shape: tuple[int, ...]) -> list[Layer]:
+    import torch
+    from torch import nn
+
+    if isinstance(obj, nn.Module) and not isinstance(obj, nn.Sequential):
+        # A module with its own forward (as the compile worker gets it: a torch.export program)
+        obj = torch.export.export(obj.eval(), (torch.zeros((2, *in_shape)),))
+    if _aten_wide(obj):
+        return _aten(obj, target)
+    m = as_sequential(obj, target, "Pass an nn.Sequential of those modules, or its Keras twin")
+    if not isinstance(m, nn.Sequential):
+        raise UnsupportedError(f"{target} compiles torch nn.Sequential models; module "
+                               f"{type(m).__name__} has its own forward. Supported: {SUPPORTED}")
+    acts = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Softmax: "softmax"}
+    out: list[Layer] = []
+    for i, mod in enumerate(m.children()):
+        name = f"{i}_{type(mod).__name__.lower()}"
+        if isinstance(mod, nn.Linear):
+            w = mod.weight.detach().cpu().numpy().T
+            b = mod.bias.detach().cpu().numpy() if mod.bias is not None else np.zeros(w.shape[1])
+            out.append(Dense(name, f32(w), f32(b)))
+        elif type(mod) in acts:
+            if isinstance(mod, nn.Softmax) and mod.dim not in (-1, 1, None):
+                raise UnsupportedError(f"{target} cannot compile module {i} (Softmax over dim {mod.dim})")
+            out.append(Act(name, acts[type(mod)]))
+        elif isinstance(mod, nn.LeakyReLU):
+            out.append(Act(name, "leaky_relu", float(mod.negative_slope)))
+        elif isinstance(mod, nn.BatchNorm1d):
+            scale, shift = batchnorm.torch_affine(mod)  # float64, as in _k_batchnorm
+            out.append(Affine(name, np.asarray(scale, np.float64), np.asarray(shift, np.float64)))
+        elif isinstance(mod, (nn.Dropout, nn.Identity, nn.Flatten)):
+            continue
+        else:
+            raise UnsupportedError(f"{target} cannot compile module {i} ({type(mod).__name__}). "
+                                   f"Supported: {SUPPORTED}")
+    return out
+
+
+
+# -- torch.export programs beyond the MLP chain ------------------------------------------------
+#: aten ops whose presence sends a torch.export program through :func:`_aten` (what
+#: ``torch_export.as_sequential`` does not rebuild).
+_ATEN_WIDE = {"aten.lstm.input", "aten.gru.input", "aten.conv1d.default", "aten.conv1d.padding",
+              "aten.max_pool1d.default", "aten.avg_pool1d.default", "aten.adaptive_avg_pool1d.default",
+              "aten.transpose.int", "aten.permute.default", "aten.select.int", "aten.slice.Tensor",
+              "aten.mean.dim", "aten.amax.default", "aten.leaky_relu.default"}
+#: torch ops :func:`_aten` takes, as refusals list them.
+
+_ATEN_ACTS = {"aten.relu.default": "relu", "aten.tanh.default": "tanh", "aten.sigmoid.default": "sigmoid"}
+_ATEN_PASS = {"aten.dropout.default", "aten.alias.default", "aten.clone.default",
+              "aten.contiguous.default", "aten.detach.default"}
+
+
+def _aten_wide(obj: Any) -> bool:
+    import torch
+    return isinstance(obj, torch.export.ExportedProgram) and any(
+        str(n.target) in _ATEN_WIDE for n in obj.graph.nodes if n.op == "call_function")
+
+
+def _aten(ep: Any, target: str) -> list[Layer]:
+    """A ``torch.export`` program whose data flows through one chain of the ops
+    :data:`TORCH_OPS` lists (modules' own ``forward`` included: an LSTM's output indexed at
+    its last step, transposes to and from Conv1d's channels-first layout), as IR layers.
+    Tensors are labelled as in :func:`read_onnx`; anything else is refused naming the op."""
+    sig = ep.graph_signature
+    names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    consts = {p: ep.state_dict[t] for p, t in names.items()}
+    consts.update({p: ep.constants[t] for p, t in
+                   getattr(sig, "inputs_to_lifted_tensor_constants", {}).items()})
+    user = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name not in consts]
+    if len(user) != 1:
+        raise UnsupportedError(f"{target} compiles torch models with one tensor input")
+    in_shape = tuple(int(d) for d in user[0].meta["val"].shape[1:])
+    if len(in_shape) not in (1, 2):
+        raise UnsupportedError(f"{target} compiles torch models over (batch, features) or (batch, "
+                               f"time, channels) inputs; this one takes {in_shape}")
+    w = Walk(target, {}, in_shape)
+    w.kind, w.supported = "torch op", TORCH_OPS
+    data: dict[Any, list[str]] = {user[0]: ["N", "C"] if len(in_shape) == 1 else ["N", "T", "C"]}
+    meta: dict[Any, bool] = {}
+    prev: set[Any] = {user[0]}
+    rec: Any = None  # the last recurrent node, whose getitems are its outputs
+    for n in ep.graph.nodes:
+        if n.op != "call_function":
+            if n.op == "output":
+                out = n.args[0][0] if isinstance(n.args[0], (list, tuple)) else n.args[0]
+                if out not in prev:
+                    raise UnsupportedError(f"{target}: the torch output is not the end of the op chain")
+                final_axes(w, data[out])
+            continue
+        op = str(n.target)
+        flat = [a for a in _aten_flat(n.args) if hasattr(a, "op")]
+        din = [a for a in flat if a in data]
+        if op in ("aten.sym_size.int", "aten.sym_numel.default"):  # the dynamic batch's size
+            din = []
+        if not din and op != "<built-in function getitem>":
+            meta[n] = op in ("aten.zeros.default", "aten.zeros_like.default", "aten.new_zeros.default")
+            continue
+        if op == "<built-in function getitem>":
+            data[n] = _aten_getitem(w, n, rec)
+            prev.add(n)
+            continue
+        if len(din) != 1 or din[0] not in prev or any(a in data for a in flat if a is not din[0]):
+            raise w.refuse(n.name, op, "the graph is not a chain of single-input ops")
+        ax = list(data[din[0]])
+        if "cell" in ax:
+            raise w.refuse(n.name, op, "an LSTM's cell state (only its output or h_n is compiled)")
+        if "H" in ax:
+            last_step(w, n.name, op)
+            ax = ["C" if a == "H" else a for a in ax]
+        data[n] = _aten_node(w, n, op, ax, consts, meta)
+        prev = {n}
+        if op in ("aten.lstm.input", "aten.gru.input"):
+            rec = n
+    return w.layers
+
+
+def _aten_getitem(w: Walk, n: Any, rec: Any) -> list[str]:
+    """The labels of ``lstm(...)[i]``: the output sequence, h_n (its last state), c_n."""
+    if n.args[0] is not rec:
+        raise w.refuse(n.name, str(n.target), "indexing a tuple that is not an LSTM/GRU's output")
+    i = int(n.args[1])
+    if i == 0:
+        return ["N", "T", "C"] if rec.args[8] else ["T", "N", "C"]
+    return ["1", "N", "H"] if i == 1 else ["cell"]
+
+
+def _aten_flat(args: Any) -> list[Any]:
+    out: list[Any] = []
+    for a in args:
+        out += _aten_flat(a) if isinstance(a, (list, tuple)) else [a]
+    return out
+
+
+def _aten_node(w: Walk, n: Any, op: str, ax: list[str], consts: dict, meta: dict) -> list[str]:
+    """Append the IR layers of aten node ``n``; its output's labels."""
+    args, name = list(n.args), n.name
+
+    def t(a: Any) -> np.ndarray | None:
+        return None if a is None else consts[a.name].detach().cpu().numpy().astype(np.float64)
+
+    if op in _ATEN_PASS:
+        if op == "aten.dropout.default" and args[2]:
+            raise w.refuse(name, op, "dropout in training mode")
+        return ax
+    if op in _ATEN_ACTS:
+        w.layers.append(Act(name, _ATEN_ACTS[op]))
+        return ax
+    if op == "aten.leaky_relu.default":
+        w.layers.append(Act(name, "leaky_relu", float(args[1]) if len(args) > 1 else 0.01))
+        return ax
+    if op in ("aten.softmax.int", "aten._softmax.default"):
+        if ax[args[1]] != "C" or w.perm is not None:
+            raise w.refuse(name, op, f"softmax over dim {args[1]} (holding {ax[args[1]]}), not the channels")
+        w.layers.append(Act(name, "softmax"))
+        return ax
+    if op == "aten.linear.default":
+        k = t(args[1]).T
+        b = t(args[2]) if len(args) > 2 and args[2] is not None else np.zeros(k.shape[1])
+        walk_dense(w, name, op, ax, k, b)
+        return ax
+    if op == "aten.batch_norm.default":
+        if args[5] or ax[1] != "C":
+            raise w.refuse(name, op, "batch norm in training mode or over other than the channels")
+        wt, bt, mean, var = (t(a) for a in args[1:5])
+        scale = (wt if wt is not None else 1.0) / np.sqrt(var + float(args[7]))
+        shift = (bt if bt is not None else 0.0) - mean * scale
+        w.layers.append(Affine(name, np.asarray(scale, np.float64), np.asarray(shift, np.float64)))
+        return ax
+    return _aten_layout(w, n, op, ax, t, meta)
+
+
+def _aten_layout(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:
+    """Ops that move axes, flatten, Conv1d."""
+    args, name = list(n.args), n.name
+    if op == "aten.transpose.int":
+        out = list(ax)
+        a, b = args[1] % len(ax), args[2] % len(ax)
+        out[a], out[b] = ax[b], ax[a]
+        return out
+    if op == "aten.permute.default":
+        return [ax[i] for i in args[1]]
+    if op == "aten.unsqueeze.default":
+        out = list(ax)
+        out.insert(args[1] % (len(ax) + 1), "1")
+        return out
+    if op in ("aten.squeeze.dim", "aten.squeeze.dims"):
+        dims = [d % len(ax) for d in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
+        return [a for i, a in enumerate(ax) if i not in dims or a != "1"]
+    if op in ("aten.flatten.using_ints", "aten.view.default", "aten.reshape.default"):
+        if op == "aten.flatten.using_ints":
+            ok = (args[1] if len(args) > 1 else 0) == 1 and (args[2] if len(args) > 2 else -1) in (-1, len(ax) - 1)
+        else:
+            shp = args[1]
+            ok = len(shp) == 2 and (shp[1] == -1 or shp[1] == int(np.prod(w.shape())))
+        if not ok:
+            raise w.refuse(name, op, "a reshape other than to (batch, features)")
+        return walk_flatten(w, name, op, ax)
+    if op in ("aten.conv1d.default", "aten.conv1d.padding"):
+        return _aten_conv(w, n, op, ax, t)
+    return _aten_pool(w, n, op, ax, t, meta)
+
+
+def _aten_pool(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:
+    """Pooling, the last step of a sequence, LSTM/GRU; anything else is refused."""
+    args, name = list(n.args), n.name
+    if op in ("aten.max_pool1d.default", "aten.avg_pool1d.default"):
+        if ax != ["N", "C", "T"]:
+            raise w.refuse(name, op, f"its input's axes hold {ax}; it takes (batch, channels, time)")
+        k = first(args[1])
+        s = first(args[2]) if len(args) > 2 and args[2] else k
+        pad = first(args[3]) if len(args) > 3 else 0
+        rest = args[4:] if op.startswith("aten.max") else args[4:5]
+        if pad or (op.startswith("aten.max") and len(args) > 4 and first(args[4]) != 1) or any(
+                a is True for a in rest):
+            raise w.refuse(name, op, "padding, dilation or ceil_mode")
+        w.layers.append(Pool1D(name, "max" if "max" in op else "avg", k, s))
+        return ax
+    if op == "aten.adaptive_avg_pool1d.default":
+        if ax != ["N", "C", "T"] or first(args[1]) != 1:
+            raise w.refuse(name, op, "an adaptive pool to other than one step")
+        w.layers.append(GlobalPool1D(name, "avg"))
+        return ["N", "C", "1"]
+    if op in ("aten.mean.dim", "aten.amax.default"):
+        dims = [d % len(ax) for d in args[1]]
+        keep = bool(args[2]) if len(args) > 2 else False
+        if [ax[d] for d in dims] != ["T"]:
+            raise w.refuse(name, op, f"reducing dims {dims} of {ax} (only time is)")
+        w.layers.append(GlobalPool1D(name, "avg" if "mean" in op else "max"))
+        return [("1" if a == "T" else a) for i, a in enumerate(ax) if keep or i not in dims]
+    if op == "aten.select.int" and ax[args[1] % len(ax)] == "1" and args[2] in (0, -1):
+        return [a for i, a in enumerate(ax) if i != args[1] % len(ax)]  # h_n[-1]: one layer
+    if op == "aten.select.int":
+        steps = w.shape()[0] if "T" in ax else 0
+        if ax[args[1] % len(ax)] != "T" or args[2] % max(steps, 1) != steps - 1:
+            raise w.refuse(name, op, "selecting other than the last time step")
+        last_step(w, name, op)
+        return [a for i, a in enumerate(ax) if i != args[1] % len(ax)]
+    if op == "aten.slice.Tensor":
+        steps = w.shape()[0] if "T" in ax else 0
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        end = args[3] if len(args) > 3 and args[3] is not None else steps
+        if ax[args[1] % len(ax)] != "T" or start % steps != steps - 1 or end < steps or (
+                len(args) > 4 and args[4] != 1):
+            raise w.refuse(name, op, "slicing other than the last time step")
+        last_step(w, name, op)
+        return ["1" if a == "T" else a for a in ax]
+    if op in ("aten.lstm.input", "aten.gru.input"):
+        return _aten_recurrent(w, n, op, ax, t, meta)
+    raise w.refuse(name, op)
+
+
+def _aten_conv(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
+    args, name = list(n.args) + [None] * 7, n.name
+    if ax != ["N", "C", "T"]:
+        raise w.refuse(name, op, f"its input's axes hold {ax}; Conv1d takes (batch, channels, time): "
+                                 f"transpose a (batch, time, channels) input first")
+    wt = t(args[1])
+    s, d, groups = first(args[3] or 1), first(args[5] or 1), args[6] or 1
+    if groups != 1:
+        raise w.refuse(name, op, f"groups={groups} (grouped convolution)")
+    k = wt.shape[2]
+    span = (k - 1) * d
+    if isinstance(args[4], str):
+        if args[4] == "same" and s != 1:
+            raise w.refuse(name, op, "padding 'same' with stride > 1")
+        pad = (span // 2, span - span // 2) if args[4] == "same" else (0, 0)
+    else:
+        p = first(args[4] or 0)
+        pad = (p, p)
+    b = t(args[2]) if args[2] is not None else np.zeros(wt.shape[0])
+    w.layers.append(Conv1D(name, f32(wt.transpose(2, 1, 0)), f32(b), s, d, pad))
+    return ax
+
+
+def _aten_recurrent(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:
+    """``aten.lstm.input(x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+    batch_first)`` (gates i, f, g, o: Keras' order) / ``aten.gru`` (r, z, n → Keras z, r, h)."""
+    x, hx, params, has_bias, layers, _, train, bidir, batch_first = n.args
+    name, cell = n.name, "lstm" if "lstm" in op else "gru"
+    for bad, why in ((layers != 1, f"num_layers={layers} (stacked; one layer per module is "
+                                   f"compiled)"),
+                     (bool(bidir), "bidirectional=True"), (bool(train), "training mode")):
+        if bad:
+            raise w.refuse(name, op, why)
+    if ax != (["N", "T", "C"] if batch_first else ["T", "N", "C"]):
+        raise w.refuse(name, op, f"its input's axes hold {ax}")
+    for h in hx if isinstance(hx, (list, tuple)) else [hx]:
+        if not meta.get(h, False):
+            raise w.refuse(name, op, "an initial state other than zeros")
+    g = 4 if cell == "lstm" else 3
+    if len(params) != (4 if has_bias else 2):
+        raise w.refuse(name, op, "proj_size (a projected LSTM)")
+    wi, wh = t(params[0]), t(params[1])
+    u = wh.shape[1]
+    bi, bh = (t(params[2]), t(params[3])) if has_bias else (np.zeros(g * u), np.zeros(g * u))
+    order = [0, 1, 2, 3] if cell == "lstm" else [1, 0, 2]
+
+    def keras(m: np.ndarray) -> np.ndarray:
+        return np.concatenate([m[j * u:(j + 1) * u] for j in order]).T
+
+    b = keras(bi + bh) if cell == "lstm" else np.stack([keras(bi), keras(bh)])
+    w.layers.append(Recurrent(name, cell, f32(keras(wi)), f32(keras(wh)), f32(b), u, True, True))
+    return ["tuple"]

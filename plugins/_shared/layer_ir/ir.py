@@ -1,0 +1,151 @@
+"""The IR itself: a :class:`Network` of layers with their weights (see the package doc)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Element-wise activations an :class:`Act` may hold (``softmax`` is over the last axis).
+ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax")
+#: What :func:`extract` takes, as refusals list it.
+SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, sigmoid, "
+             "softmax), BatchNormalization, Conv1D (valid/same/causal), MaxPooling1D/"
+             "AveragePooling1D (valid), GlobalAverage/MaxPooling1D, Flatten, LSTM, GRU "
+             "(tanh/sigmoid), Dropout; torch: Linear, ReLU, Tanh, Sigmoid, Softmax, "
+             "BatchNorm1d, Dropout, Flatten (and, in a torch.export program, Conv1d, pooling, "
+             "LSTM/GRU); ONNX: see ONNX_OPS")
+
+
+@dataclass
+class Layer:
+    name: str
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+
+@dataclass
+class Dense(Layer):
+    """``y = x @ w + b`` over the last axis."""
+
+    w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    b: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (*shape[:-1], self.w.shape[1])
+
+
+@dataclass
+class Act(Layer):
+    kind: str = "linear"
+    alpha: float = 0.0  # leaky_relu's negative slope
+
+
+@dataclass
+class Affine(Layer):
+    """``y = x * scale + shift`` per channel (last axis): an unfoldable batch normalization."""
+
+    scale: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    shift: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+
+
+@dataclass
+class Conv1D(Layer):
+    """Channels-last 1-D convolution; ``pad`` is (left, right) zero padding of the time axis."""
+
+    w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0, 0), np.float32))
+    b: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    stride: int = 1
+    dilation: int = 1
+    pad: tuple[int, int] = (0, 0)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        t = shape[0] + self.pad[0] + self.pad[1]
+        span = (self.w.shape[0] - 1) * self.dilation + 1
+        return ((t - span) // self.stride + 1, self.w.shape[2])
+
+
+@dataclass
+class Pool1D(Layer):
+    kind: str = "max"  # max | avg
+    size: int = 2
+    stride: int = 2
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return ((shape[0] - self.size) // self.stride + 1, shape[1])
+
+
+@dataclass
+class GlobalPool1D(Layer):
+    kind: str = "avg"
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[1],)
+
+
+@dataclass
+class Flatten(Layer):
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (int(np.prod(shape)),)
+
+
+@dataclass
+class Recurrent(Layer):
+    """LSTM (gates i, f, c, o) or GRU (gates z, r, h) over the whole fixed window, Keras
+    semantics: zero initial state; ``kernel`` (n_in, G·u), ``recurrent`` (u, G·u), ``bias``
+    (G·u,) — for a GRU with ``reset_after`` (2, G·u): input bias, recurrent bias."""
+
+    cell: str = "lstm"  # lstm | gru
+    kernel: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    recurrent: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bias: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    units: int = 0
+    return_sequences: bool = False
+    reset_after: bool = True
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[0], self.units) if self.return_sequences else (self.units,)
+
+
+@dataclass
+class Network:
+    """The input shape (per sample) and the layer chain; :meth:`shapes` gives every layer's
+    output shape."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    layers: list[Layer]
+
+    def shapes(self) -> list[tuple[int, ...]]:
+        out, s = [], tuple(self.input_shape)
+        for layer in self.layers:
+            s = layer.out_shape(s)
+            out.append(s)
+        return out
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.shapes()[-1] if self.layers else tuple(self.input_shape)
+
+
+
+#: ONNX ops :func:`extract` takes, as refusals list them.
+ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Conv (1-D, group 1), "
+            "MaxPool/AveragePool (no padding), GlobalAveragePool/GlobalMaxPool, ReduceMean/ReduceMax "
+            "over time, LSTM/GRU (forward, one layer, tanh/sigmoid, zero initial state), the last "
+            "step of their sequence (Gather/Slice), Flatten/Reshape to (batch, features), "
+            "Transpose/Squeeze/Unsqueeze, Identity, Dropout, Cast, and the Shape arithmetic "
+            "around them")
+
+TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, BatchNorm1d (eval), Dropout (eval), "
+             "Conv1d (group 1), MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax "
+             "over time, LSTM/GRU (one layer, unidirectional, zero initial state) and the last step "
+             "of their output, transpose/permute/(un)squeeze, flatten/view to (batch, features)")
+
+def f32(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, np.float32))
+
+
+def first(v: Any) -> int:
+    return int(v[0] if isinstance(v, (list, tuple)) else v)

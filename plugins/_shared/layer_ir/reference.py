@@ -1,0 +1,170 @@
+"""The float64 NumPy reference of the IR, and the Dense-only view of a network."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hwbackends.errors import UnsupportedError
+
+from .. import batchnorm
+from .ir import (
+    ACTIVATIONS,
+    Act,
+    Affine,
+    Conv1D,
+    Dense,
+    Flatten,
+    GlobalPool1D,
+    Layer,
+    Network,
+    Pool1D,
+    Recurrent,
+)
+
+
+# -- the float64 reference of the IR -----------------------------------------------------------
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def activate(x: np.ndarray, kind: str, alpha: float = 0.0) -> np.ndarray:
+    if kind == "relu":
+        return np.maximum(x, 0)
+    if kind == "leaky_relu":
+        return np.where(x >= 0, x, alpha * x)
+    if kind == "tanh":
+        return np.tanh(x)
+    if kind == "sigmoid":
+        return _sigmoid(x)
+    if kind == "softmax":
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    return x
+
+
+def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """One layer on a batch ``x`` of shape ``(n, *in_shape)``, in float64."""
+    if isinstance(layer, Dense):
+        return x @ layer.w.astype(np.float64) + layer.b
+    if isinstance(layer, Act):
+        return activate(x, layer.kind, layer.alpha)
+    if isinstance(layer, Affine):
+        return x * layer.scale + layer.shift
+    if isinstance(layer, Conv1D):
+        xp = np.pad(x, ((0, 0), layer.pad, (0, 0)))
+        k, d, s = layer.w.shape[0], layer.dilation, layer.stride
+        t_out = (xp.shape[1] - (k - 1) * d - 1) // s + 1
+        y = np.zeros((x.shape[0], t_out, layer.w.shape[2])) + layer.b
+        for j in range(k):
+            y += xp[:, j * d: j * d + (t_out - 1) * s + 1: s] @ layer.w[j].astype(np.float64)
+        return y
+    if isinstance(layer, Pool1D):
+        t_out = (x.shape[1] - layer.size) // layer.stride + 1
+        win = np.stack([x[:, t * layer.stride: t * layer.stride + layer.size] for t in range(t_out)], 1)
+        return win.max(axis=2) if layer.kind == "max" else win.mean(axis=2)
+    if isinstance(layer, GlobalPool1D):
+        return x.max(axis=1) if layer.kind == "max" else x.mean(axis=1)
+    if isinstance(layer, Flatten):
+        return x.reshape(len(x), -1)
+    if isinstance(layer, Recurrent):
+        return _recurrent(layer, x)
+    raise UnsupportedError(f"no reference for layer {layer.name!r} ({type(layer).__name__})")
+
+
+def _recurrent(layer: Recurrent, x: np.ndarray) -> np.ndarray:
+    u = layer.units
+    k, r = layer.kernel.astype(np.float64), layer.recurrent.astype(np.float64)
+    b = layer.bias.astype(np.float64)
+    h = np.zeros((len(x), u))
+    c = np.zeros((len(x), u))
+    seq = []
+    for t in range(x.shape[1]):
+        if layer.cell == "lstm":
+            z = x[:, t] @ k + h @ r + b
+            i, f, g, o = _sigmoid(z[:, :u]), _sigmoid(z[:, u:2 * u]), np.tanh(z[:, 2 * u:3 * u]), _sigmoid(z[:, 3 * u:])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+        else:
+            bi, br = (b[0], b[1]) if layer.reset_after else (b, np.zeros_like(b))
+            xz = x[:, t] @ k + bi
+            if layer.reset_after:
+                hz = h @ r + br
+                zg, rg = _sigmoid(xz[:, :u] + hz[:, :u]), _sigmoid(xz[:, u:2 * u] + hz[:, u:2 * u])
+                hh = np.tanh(xz[:, 2 * u:] + rg * hz[:, 2 * u:])
+            else:
+                hz = h @ r[:, :2 * u]
+                zg, rg = _sigmoid(xz[:, :u] + hz[:, :u]), _sigmoid(xz[:, u:2 * u] + hz[:, u:2 * u])
+                hh = np.tanh(xz[:, 2 * u:] + (rg * h) @ r[:, 2 * u:])
+            h = zg * h + (1 - zg) * hh
+        seq.append(h)
+    return np.stack(seq, 1) if layer.return_sequences else h
+
+
+def forward(net: Network, x: np.ndarray, upto: int | None = None) -> list[np.ndarray]:
+    """The float64 outputs of every layer (up to ``upto`` layers) for a batch ``x``."""
+    outs, y = [], np.asarray(x, np.float64)
+    for layer in net.layers[:upto]:
+        y = apply(layer, y)
+        outs.append(y)
+    return outs
+
+
+# -- the Dense-only view (targets that build one circuit per weight matrix) ---------------------
+@dataclass
+class DenseAct:
+    """``y = act(x @ w + b)``; ``w`` is (n_in, n_out): a :class:`Dense` with the activation
+    after it fused in."""
+
+    name: str
+    w: np.ndarray
+    b: np.ndarray
+    activation: str = "linear"
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Float reference of this layer."""
+        return activate(x @ self.w + self.b, self.activation)
+
+
+def dense_chain(net: Network, target: str, activations: tuple[str, ...] = ACTIVATIONS,
+                why_not: dict[type, str] | None = None) -> list[DenseAct]:
+    """``net`` (over a flat input) as :class:`DenseAct` layers: each activation fused into the
+    Dense right before it, an :class:`Affine` after a Dense without activation folded into it
+    (float64, keeping ``w``'s dtype), Flatten dropped (the identity on a vector). Anything
+    else, an activation not in ``activations``, or one not right after a bare Dense is refused
+    naming the layer (``why_not``: the target's reason for a layer type it cannot take), as
+    is a network over anything but a flat vector."""
+    supported = (f"Dense/Linear, activations {', '.join(activations)}, BatchNormalization "
+                 f"(folded into the Dense before it), Flatten, Dropout")
+    out: list[DenseAct] = []
+    for layer in net.layers:
+        bare = bool(out) and out[-1].activation == "linear"
+        if isinstance(layer, Dense):
+            out.append(DenseAct(layer.name, layer.w, layer.b))
+        elif isinstance(layer, Act):
+            if layer.kind not in activations:
+                raise UnsupportedError(f"{target}: activation {layer.kind!r} ({layer.name}) is not "
+                                       f"implemented; supported: {', '.join(activations)}")
+            if not bare:
+                raise UnsupportedError(f"{target}: activation {layer.kind!r} ({layer.name}) must "
+                                       f"follow a Dense/Linear layer without an activation of its own")
+            out[-1].activation = layer.kind
+        elif isinstance(layer, Affine):
+            if not bare:
+                raise UnsupportedError(f"{target} cannot compile BatchNormalization {layer.name!r}: "
+                                       f"{batchnorm.WHERE}; it must directly follow a Dense/Linear "
+                                       f"without activation")
+            w, b = batchnorm.fold(out[-1].w, out[-1].b, layer.scale.astype(np.float64),
+                                  layer.shift.astype(np.float64))
+            out[-1].w, out[-1].b = w.astype(out[-1].w.dtype), b.astype(out[-1].b.dtype)
+        elif not isinstance(layer, Flatten):
+            why = (why_not or {}).get(type(layer))
+            kind = layer.cell.upper() if isinstance(layer, Recurrent) else type(layer).__name__
+            raise UnsupportedError(f"{target} cannot compile layer {layer.name!r} ({kind}): "
+                                   + (why or f"supported: {supported}"))
+    if not out:
+        raise UnsupportedError(f"{target} found no Dense/Linear layer in the model")
+    if len(net.input_shape) != 1:  # after the layers: their refusal says more
+        raise UnsupportedError(f"{target} compiles models over a flat feature vector; the input "
+                               f"has shape {tuple(net.input_shape)}")
+    return out
