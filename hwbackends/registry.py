@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import importlib.metadata
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -16,6 +18,11 @@ from .specs import Availability
 from .target import CONTRACT_VERSION, Converter, Target
 
 ENTRY_POINT_GROUP = "hwbackends"
+#: Comma-separated plugin modules (``pkg.mod`` or ``pkg.mod:attr``) registered after the entry
+#: points, like pytest's ``PYTEST_PLUGINS``: try a plugin before packaging it. An environment
+#: variable, so every process that builds a registry (compile worker, Ray node, `hwb serve`)
+#: sees the same plugins.
+PLUGINS_ENV = "HWB_PLUGINS"
 
 
 @dataclass
@@ -227,11 +234,37 @@ def build_registry(entry_points: bool = True) -> Registry:
                 continue
             finally:
                 reg.import_seconds[ep.name] = time.perf_counter() - t0
+            _register_checked(reg, plugin, ep.name)
+        for spec in filter(None, (s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(","))):
+            t0 = time.perf_counter()
             try:
-                reg.register(plugin, ep.name)
-            except (Exception, SystemExit) as exc:  # pluggy validation (bad hookimpl signature...)
-                reg.problems.append(PluginProblem(ep.name, "register", _short(exc)))
+                plugin = _import_spec(spec)
+            except (Exception, SystemExit) as exc:
+                reg.problems.append(PluginProblem(spec, "import", f"{_short(exc)} (named in "
+                                                  f"{PLUGINS_ENV}: is it on sys.path?)"))
+                continue
+            finally:
+                reg.import_seconds[spec] = time.perf_counter() - t0
+            if reg.pm.is_registered(plugin):  # also an entry point: once is enough
+                continue
+            _register_checked(reg, plugin, spec)
     return reg
+
+
+def _import_spec(spec: str) -> Any:
+    """``pkg.mod`` → the module; ``pkg.mod:attr`` → that attribute of it."""
+    mod, _, attr = spec.partition(":")
+    obj: Any = importlib.import_module(mod)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _register_checked(reg: Registry, plugin: Any, name: str) -> None:
+    try:
+        reg.register(plugin, name)
+    except (Exception, SystemExit) as exc:  # pluggy validation (bad hookimpl signature...)
+        reg.problems.append(PluginProblem(name, "register", _short(exc)))
 
 
 _REGISTRY: Registry | None = None

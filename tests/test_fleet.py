@@ -191,31 +191,50 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
     first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
     _netns_or_skip()
     zoo_model("signal")
+    started, release = tmp_path / "stalled.started", tmp_path / "stalled.release"
     # RAY_ADDRESS naming a cluster that is not there (or a stale /tmp/ray/ray_current_cluster)
-    # must not make the embedded Ray try to join it
-    env = dict(os.environ, HWB_CACHE_DIR=str(store_dir), RAY_ADDRESS="127.0.0.1:9")
+    # must not make the embedded Ray try to join it. The second variant, cpu.stalled
+    # (tests/hwbt_stalled.py, loaded in every process through HWB_PLUGINS), waits in its Ray
+    # worker until the interrupt has killed it: the Ctrl-C lands while a job is provably
+    # running, whatever the machine's speed.
+    env = dict(os.environ, HWB_CACHE_DIR=str(store_dir), RAY_ADDRESS="127.0.0.1:9",
+               HWB_PLUGINS="hwbt_stalled", HWBT_STALLED_STARTED=str(started),
+               HWBT_STALLED_RELEASE=str(release),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                        os.environ.get("PYTHONPATH")])))
     hwb = [sys.executable, "-c", "import sys; from hwbackends.cli import main; sys.exit(main())"]
-    # server scenario, 5000 arrivals at 1 kHz: each variant measures for ≥ 5 s, time to interrupt
-    proc = subprocess.Popen(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime", "-p",
-                                   "fp32,int8-dynamic", "-s", "server:rate_hz=1000,n=5000",
-                                   "--fleet", "local", "-o", str(tmp_path / "r.json")],
+    proc = subprocess.Popen(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime,cpu.stalled",
+                                   "-p", "fp32", "-s", "single-stream:n=300", "--fleet", "local",
+                                   "-o", str(tmp_path / "r.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=tmp_path, preexec_fn=_sigint_default)
     err = []
     deadline = time.time() + 600
-    for line in proc.stderr:  # exec'd (unshare → sh → python): proc.pid is the hwb process
-        err.append(line)
-        if ": done in " in line:
-            proc.send_signal(signal.SIGINT)
-            break
-        assert time.time() < deadline, "".join(err)
-    out, rest = proc.communicate(timeout=120)
+    try:
+        for line in proc.stderr:  # exec'd (unshare → sh → python): proc.pid is the hwb process
+            err.append(line)
+            if ": done in " in line:
+                break
+            assert time.time() < deadline, "".join(err)
+        while not started.exists():
+            assert proc.poll() is None and time.time() < deadline, "".join(err)
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        release.touch()  # a stalled job that outlived the interrupt ends now, not in 10 min
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, "".join(err) + rest + out
+    # the interrupted task unwound on its node (KeyboardInterrupt before any kill): its
+    # temporary directory is gone
+    assert not list(Path(tempfile.gettempdir()).glob("hwb-fleet-*"))
     res = BenchResults.load(tmp_path / "r.json")
     assert res.interrupted and res.fleet["mode"] == "local" and len(res.fleet["nodes"]) == 1
     assert len(res.profiles) == 1 and res.profiles[0].target == "cpu.onnxruntime"
     assert res.profiles[0].machine["node_id"] == res.fleet["nodes"][0]["node_id"]
-    assert any("interrupted" in (v.error or "") for v in res.variants)
+    (stalled,) = [v for v in res.variants if v.target == "cpu.stalled"]
+    assert "interrupted (Ctrl-C) before it finished" in (stalled.error or ""), stalled
     # reading what it wrote only prints: in this process (hwb_cli), no interpreter start each
     rc, _, err = hwb_cli("report", str(tmp_path / "r.json"), "-o", str(tmp_path / "r.html"))
     assert rc == 0, err

@@ -176,3 +176,22 @@ def test_registry_rules_in_process():
     assert "not a named Target" in msgs["junk"]
     with pytest.raises(UnknownTargetError, match="plugins that failed to load: .*second"):
         reg.target("cpu.old")
+
+
+def test_hwb_plugins_env_registers_modules_in_every_registry(tmp_path, monkeypatch):
+    """``HWB_PLUGINS`` (as pytest's PYTEST_PLUGINS): modules named there register after the
+    entry points, in any process that builds a registry; a bad name is a reported problem
+    naming the variable, an entry point named again is not registered twice."""
+    (tmp_path / "hwbt_env_plugin.py").write_text(_TARGET.format(
+        name="cpu.hwbt_env", version=CONTRACT_VERSION, probe="return Availability.hardware('CPU')")
+        + "\nclass P:\n    @hookimpl\n    def hwb_targets(self):\n        return [T()]\n\nplugin = P()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("HWB_PLUGINS", " hwbt_env_plugin:plugin, hwbt_not_there ,hwb_plugins.cpu_litert")
+    reg = build_registry()
+    assert reg.target_plugin["cpu.hwbt_env"] == "hwbt_env_plugin:plugin"
+    (p,) = [p for p in reg.problems if p.plugin == "hwbt_not_there"]
+    assert p.stage == "import" and "HWB_PLUGINS" in p.error and "hwbt_not_there" in p.error
+    assert reg.target_plugin["cpu.litert"] == "cpu_litert"  # the entry point, once
+    assert not [p for p in reg.problems if "cpu_litert" in p.plugin]
+    monkeypatch.delenv("HWB_PLUGINS")
+    assert "cpu.hwbt_env" not in build_registry().targets

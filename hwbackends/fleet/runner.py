@@ -409,9 +409,8 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
     except KeyboardInterrupt:
         res.interrupted = True
         say("interrupted: keeping what was measured")
+        _cancel(ray, [it.ref for it in fleet.running.values() if it.ref is not None])
         for it in list(fleet.running.values()):
-            if it.ref is not None:
-                ray.cancel(it.ref, force=True)
             if it.status == "running":  # not already merged or failed
                 fleet.fail(it, "interrupted (Ctrl-C) before it finished")
         fleet.running.clear()
@@ -429,6 +428,26 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
     if not res.model:
         res.model = {"name": model}
     return res
+
+
+#: After Ctrl-C, how long a running task gets to unwind (its ``finally`` blocks: temporary
+#: directories, the node's compile worker) before it is killed.
+CANCEL_GRACE_S = 5.0
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Cancel ``refs`` as a Ctrl-C would: KeyboardInterrupt in each task first, so it cleans up
+    after itself on its node, then, for any still running after :data:`CANCEL_GRACE_S` (stuck
+    in a compiler or in C), a kill. A second Ctrl-C skips the wait."""
+    for ref in refs:
+        ray.cancel(ref, force=False)
+    try:
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+    except KeyboardInterrupt:
+        pass
+    for ref in refs:
+        ray.cancel(ref, force=True)
 
 
 def _bench_task() -> Callable[..., Any]:
