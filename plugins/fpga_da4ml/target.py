@@ -142,7 +142,7 @@ class Da4mlTarget(Target):
         search_s = time.perf_counter() - t0
         w = rtl.write(chosen.comb, workdir / PROJECT, opts.latency_cutoff, opts.part, opts.clock_mhz)
         fmt = _word_format(chosen.plan, w)
-        lib_path, build_s = rtl.build(w)
+        lib_path, build_s, build_cached = rtl.build(w)
         lib = RtlLibrary(lib_path, w.path / "src" / "memfiles", n_in, n_out)
         timing = measure.timing(lib, chosen.comb, fmt)
         if timing.latency_cycles != w.stages:
@@ -178,6 +178,7 @@ class Da4mlTarget(Target):
             "search": chosen.search, "bit_exact": exact, "da4ml": w.da4ml_meta,
             "verilog": f"{PROJECT}/src", "xdc": f"{PROJECT}/src/{rtl.TOP}.xdc",
             "synthesis": synth, "hardware_estimate": est,
+            "verilator_cached": build_cached,  # the library came from the store's build cache
             "seconds": {"search": round(search_s, 2), "verilator": round(build_s, 1),
                         "yosys": synth.get("seconds", 0.0),
                         "total": round(time.perf_counter() - t0, 1)},
