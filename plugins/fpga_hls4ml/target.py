@@ -148,6 +148,7 @@ class Hls4mlTarget(Target):
                 "calibration_fidelity": fid.to_dict(),
                 "meets_target": not target.tolerance(P.SEARCH_MARGIN if search_meta else 1.0).violations(fid),
                 "search": search_meta, "builds": len(builder.builds),
+                "builds_cached": sum(b[2].cached for b in builder.builds.values()),
                 "build_seconds": round(sum(b[2].seconds for b in builder.builds.values()), 2),
                 "compile_seconds": round(time.perf_counter() - t0, 2),
                 "synthesis": _synthesis(hm, opts, workdir),
@@ -231,9 +232,9 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
     start = P.first_guess(target, float(np.ptp(ref)))
     evaluate = P.evaluate_fn(lambda f: (builder.make(P.assign(base, ranges, f), f"f{f}"), None),
                              calib, ref)
-    best, probes = P.search(evaluate, target, start)
+    best, trials = P.search(evaluate, target, start)
     if best is None:
-        closest = probes[-1]
+        closest = trials[-1]
         raise CompileError(
             f"precision='auto' found no fixed-point design meeting {target.to_dict()} "
             f"with up to {P.F_MAX} fractional bits (best: {closest.fidelity}; "
@@ -241,11 +242,11 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
             f"explicit precision such as ap_fixed<32,12>")
     evaluate_weights = P.evaluate_fn(
         lambda fw: (builder.make(P.assign(base, ranges, best, fw), f"f{best}w{fw}"), None), calib, ref)
-    best_w, wprobes = P.narrow_weights(evaluate_weights, target, best)
+    best_w, wtrials = P.narrow_weights(evaluate_weights, target, best)
     tag = f"f{best}" if best_w == best else f"f{best}w{best_w}"
     search = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
-              "trace_seconds": round(trace_s, 2), "probes": [p.__dict__ for p in probes],
-              "weight_probes": [p.__dict__ for p in wprobes], "target": target.to_dict(),
+              "trace_seconds": round(trace_s, 2), "trials": [p.__dict__ for p in trials],
+              "weight_trials": [p.__dict__ for p in wtrials], "target": target.to_dict(),
               "ranges": {k: list(v) for k, v in ranges.results.items()}}
     return P.assign(base, ranges, best, best_w), tag, search
 
