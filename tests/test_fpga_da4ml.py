@@ -221,7 +221,7 @@ def test_auto_with_synthesis_is_bit_exact_meets_the_gate_and_carries_a_consisten
     meta = signal.artifact.meta
     assert signal.mode is Mode.EMULATED
     assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
-    assert meta["meets_target"] and meta["search"]["probes"]
+    assert meta["meets_target"] and meta["search"]["trials"]
     assert (signal.artifact.path / meta["verilog"] / "hwb.v").exists()
     assert (signal.artifact.path / meta["xdc"]).exists()
     est = signal.describe()["hardware_estimate"]
@@ -247,7 +247,7 @@ def test_auto_with_synthesis_is_bit_exact_meets_the_gate_and_carries_a_consisten
 def test_signal_without_synthesis_is_bit_exact_with_measured_cycles(signal):
     meta = signal.artifact.meta
     assert meta["bit_exact"]["samples"] >= 10_000 and meta["bit_exact"]["mismatches"] == 0
-    assert meta["meets_target"] and meta["search"]["probes"]
+    assert meta["meets_target"] and meta["search"]["trials"]
     assert meta["synthesis"]["reason"] == "option synth=false"
     est = signal.describe()["hardware_estimate"]
     assert est["latency_cycles"] == est["pipeline_depth"] == meta["latency_cycles"] >= 1

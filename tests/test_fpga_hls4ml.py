@@ -115,13 +115,13 @@ def test_integer_bits_and_search_logic():
                 err = 2.0 ** (-f * slope) * 40
                 return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0
 
-            best, probes = P.search(evaluate, P.FidelityTarget(), start)
+            best, trials = P.search(evaluate, P.FidelityTarget(), start)
             assert best == want, (slope, start, calls)
             assert len(calls) == len(set(calls)) <= 5, (slope, start, calls)
-            assert [p.frac_bits for p in probes] == sorted(calls)
+            assert [p.frac_bits for p in trials] == sorted(calls)
     target = P.FidelityTarget()
-    best, probes = P.search(lambda f: (Fidelity(1, 1, 1, 1, 0, 0, None), 0.0), target, 10)
-    assert best is None and probes
+    best, trials = P.search(lambda f: (Fidelity(1, 1, 1, 1, 0, 0, None), 0.0), target, 10)
+    assert best is None and trials
 
 
 # -- end to end: real hls4ml + g++ ------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_mlp_auto_meets_the_target_where_hls4ml_default_fails(compiled):
     assert tol.violations(default.fidelity), default.fidelity
     assert not tol.violations(auto.fidelity), auto.fidelity  # on validation data, unseen
     meta = auto.artifact.meta
-    assert meta["meets_target"] and meta["builds"] >= 2 and meta["search"]["probes"]
+    assert meta["meets_target"] and meta["builds"] >= 2 and meta["search"]["trials"]
     assert meta["bits"]["total_bits"] < default.artifact.meta["bits"]["total_bits"]
     widths = meta["bits"]["result_widths"]
     assert max(widths.values()) <= 24, widths  # narrow, not a blanket wide type

@@ -1,7 +1,7 @@
 """Fixed-point precision search shared by the FPGA targets (``fpga.hls4ml``, ``fpga.da4ml``).
 
 The fidelity target an ``auto`` precision must meet, and the search for the fewest
-fractional bits meeting it: each probe builds and measures one design, the error of a probe
+fractional bits meeting it: each trial builds and measures one design, the error of a trial
 predicts the next (rounding error ∝ 2^-f), and a pass/fail bracket keeps the search honest.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class FidelityTarget:
 
 
 @dataclass
-class Probe:
+class Trial:
     """One candidate design the search built and measured."""
 
     frac_bits: int
@@ -77,7 +77,7 @@ def first_guess(target: FidelityTarget, out_range: float) -> int:
 
 
 def error_ratio(fid: Fidelity, tol: Tolerance) -> float:
-    """How far a probe is from the budget (> 1: over it), for the scalable metrics: rounding
+    """How far a trial is from the budget (> 1: over it), for the scalable metrics: rounding
     error roughly halves per fractional bit, so log2 of this is the number of bits to add
     (or, below 1, that could be removed)."""
     r = 0.0
@@ -91,23 +91,23 @@ def error_ratio(fid: Fidelity, tol: Tolerance) -> float:
 
 
 def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-           start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Probe]]:
-    """Smallest ``f`` in [F_MIN, F_MAX] that passes, probing as few values as possible.
+           start: int, margin: float = SEARCH_MARGIN) -> tuple[int | None, list[Trial]]:
+    """Smallest ``f`` in [F_MIN, F_MAX] that passes, trying as few values as possible.
 
     ``evaluate(f)`` builds and runs one design and returns (fidelity, build seconds). Each
-    probe's error predicts the next ``f`` (error ∝ 2^-f); the known pass/fail bracket keeps
-    it honest, and bisection finishes when a prediction lands on a probed value. Assumes
+    trial's error predicts the next ``f`` (error ∝ 2^-f); the known pass/fail bracket keeps
+    it honest, and bisection finishes when a prediction lands on a tried value. Assumes
     fidelity improves monotonically with ``f``."""
     tol = target.tolerance(margin)
-    probes: dict[int, Probe] = {}
+    trials: dict[int, Trial] = {}
     ratios: dict[int, float] = {}
 
     def ok(f: int) -> bool:
-        if f not in probes:
+        if f not in trials:
             fid, secs = evaluate(f)
-            probes[f] = Probe(f, fid.to_dict(), tol.violations(fid), secs)
+            trials[f] = Trial(f, fid.to_dict(), tol.violations(fid), secs)
             ratios[f] = error_ratio(fid, tol)
-        return probes[f].passed
+        return trials[f].passed
 
     lo, hi = F_MIN - 1, None  # lo: largest known failure; hi: smallest known pass
     f = min(max(start, F_MIN), F_MAX)
@@ -117,35 +117,35 @@ def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTa
         else:
             lo = max(lo, f)
         if lo >= F_MAX:
-            return None, sorted(probes.values(), key=lambda p: p.frac_bits)
+            return None, sorted(trials.values(), key=lambda p: p.frac_bits)
         if hi is not None and hi - lo <= 1:
-            return hi, sorted(probes.values(), key=lambda p: p.frac_bits)
+            return hi, sorted(trials.values(), key=lambda p: p.frac_bits)
         r = ratios[f]
-        if probes[f].passed:
+        if trials[f].passed:
             step = math.floor(math.log2(1 / r)) if r > 0 else 4
             guess = f - max(1, step)
         else:
             guess = f + max(1, math.ceil(math.log2(r)) if r > 0 else 2)
         upper = F_MAX if hi is None else hi - 1
         guess = min(max(guess, lo + 1), upper)
-        if guess in probes:
+        if guess in trials:
             guess = (lo + hi) // 2 if hi is not None else min(F_MAX, lo + 2)
         f = guess
 
 
 def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Probe]]:
+                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Trial]]:
     """Second phase: weights are most of a design's bits (every multiplier's constant), so
     try fewer fractional bits for them than for the data, with one more build (``f-4``) or
     two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
-    when none did). Deliberately coarse: each probe is a build."""
+    when none did). Deliberately coarse: each trial is a build."""
     tol = target.tolerance(margin)
-    probes: list[Probe] = []
+    trials: list[Trial] = []
 
     def ok(fw: int) -> bool:
         fid, secs = evaluate(fw)
-        probes.append(Probe(fw, fid.to_dict(), tol.violations(fid), secs))
-        return probes[-1].passed
+        trials.append(Trial(fw, fid.to_dict(), tol.violations(fid), secs))
+        return trials[-1].passed
 
     best = f
     first = f - 4
@@ -154,7 +154,7 @@ def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: Fi
             best = first
         elif ok(f - 2):
             best = f - 2
-    return best, probes
+    return best, trials
 
 
 # -- ap_fixed arithmetic as integers (cpu.native's ``fixed`` precision) -----------------------

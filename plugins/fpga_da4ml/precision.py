@@ -4,7 +4,7 @@ an explicit ``fixed<W,I>`` / ``ap_fixed<W,I>``.
 ``auto`` uses the same search as ``fpga.hls4ml`` (plugins/_shared/fixed_point.py): integer
 bits per tensor from the float ranges on the calibration data (+1 bit headroom, results
 saturate), one number ``f`` of fractional bits for the data and ``fw`` for the constants,
-``f`` the smallest meeting the target, then ``fw`` narrowed. A probe here is a da4ml trace
+``f`` the smallest meeting the target, then ``fw`` narrowed. A trial here is a da4ml trace
 plus its bit-exact interpreter (``CombLogic.predict``), seconds rather than a Verilator build:
 only the chosen design is Verilated and synthesized.
 """
@@ -24,7 +24,7 @@ from .._shared.fixed_point import (
     F_MAX,
     F_MIN,
     FidelityTarget,
-    Probe,
+    Trial,
     first_guess,
     int_bits,
     narrow_weights,
@@ -151,7 +151,7 @@ def choose(precision: str, layers: list[DenseLayer], calib: np.ndarray, ref: np.
     used: dict[tuple[int, int], design.Plan] = {}
     combs: dict[tuple[int, int], Any] = {}
 
-    def probe(f: int, fw: int, narrowing: bool) -> tuple[Fidelity, float]:
+    def trial(f: int, fw: int, narrowing: bool) -> tuple[Fidelity, float]:
         t0 = time.perf_counter()
 
         def make(off: int) -> design.Plan | None:
@@ -167,24 +167,24 @@ def choose(precision: str, layers: list[DenseLayer], calib: np.ndarray, ref: np.
         return _fidelity(got[1], got[0], calib, ref), time.perf_counter() - t0
 
     start = first_guess(target, float(np.ptp(ref)))
-    best, probes = search(lambda f: probe(f, f, False), target, start)
+    best, trials = search(lambda f: trial(f, f, False), target, start)
     if best is None:
         raise CompileError(
             f"precision='auto' found no fixed-point design meeting {target.to_dict()} with up to "
-            f"{F_MAX} fractional bits (best: {probes[-1].fidelity}; {'; '.join(probes[-1].violations)}). "
+            f"{F_MAX} fractional bits (best: {trials[-1].fidelity}; {'; '.join(trials[-1].violations)}). "
             f"Loosen option fidelity, or compile an explicit precision such as fixed<24,8>")
     chosen_f = used[(best, best)].f
-    best_w, wprobes = narrow_weights(lambda fw: probe(chosen_f, fw, True), target, chosen_f)
+    best_w, wtrials = narrow_weights(lambda fw: trial(chosen_f, fw, True), target, chosen_f)
     key = (chosen_f, best_w) if (chosen_f, best_w) in used else (best, best)
     plan, comb = used[key], combs[key]
     meta = {"frac_bits": plan.f, "weight_frac_bits": plan.fw, "start": start, "target": target.to_dict(),
-            "probes": [_probe(p) for p in probes], "weight_probes": [_probe(p) for p in wprobes],
+            "trials": [_trial(p) for p in trials], "weight_trials": [_trial(p) for p in wtrials],
             "skipped_for_da4ml_bug": builds.skipped,
             "ranges": {"input": ranges.inp, "layers": ranges.layers}}
     return Chosen(plan, comb, _fidelity(comb, plan, calib, ref), meta)
 
 
-def _probe(p: Probe) -> dict[str, Any]:
+def _trial(p: Trial) -> dict[str, Any]:
     return p.__dict__
 
 

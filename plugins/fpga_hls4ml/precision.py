@@ -15,7 +15,7 @@ Method (documented with results in docs/targets-fpga.md):
    bits + f per tensor), chosen as the smallest ``f`` whose C-simulation meets the
    fidelity target on the calibration data. The search starts from a guess derived from the
    target's error budget and gallops/bisects, assuming fidelity is monotone in ``f``; every
-   probe is one g++ build (~4–8 s), so the search is a handful of builds.
+   trial is one g++ build (~4–8 s), so the search is a handful of builds.
    Activation tables of sigmoid/tanh layers grow with ``f`` (size and precision): their
    resolution, not the data types, limits an LSTM's accuracy.
 4. Accumulators stay ``auto``: hls4ml infers exact ones from the operand types.
@@ -37,7 +37,7 @@ from .._shared.fixed_point import (  # noqa: F401 — re-exported: the search li
     F_MIN,
     SEARCH_MARGIN,
     FidelityTarget,
-    Probe,
+    Trial,
     error_ratio,
     first_guess,
     int_bits,
