@@ -27,13 +27,18 @@ RUN_TMP = Path(tempfile.mkdtemp(prefix="hwbt-", dir=os.environ.setdefault("HWB_T
                                                                           tempfile.gettempdir())))
 os.environ["TMPDIR"] = str(RUN_TMP)
 tempfile.tempdir = None  # re-read TMPDIR
+# One artifact store for the whole run, shared by the pytest-xdist workers (the controller
+# makes it in its RUN_TMP before they start; they inherit HWB_TEST_STORE): a variant one
+# worker built is a load in the other, as for two processes of one user (the store is safe
+# for that: tests/test_store_races.py). Its key sits beside it, so both verify each other's
+# entries. HWB_TEST_STORE set by the caller keeps a store across runs instead.
+SHARED_STORE = "hwb-shared-store"
+if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("HWB_TEST_STORE"):
+    os.environ["HWB_TEST_STORE"] = str(RUN_TMP / SHARED_STORE)
 # The store's signing key (hwbackends.trust) never lands in the user's ~/.config during tests:
 # a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
-if os.environ.get("HWB_TEST_STORE"):
-    os.environ.setdefault("HWB_KEY_FILE", os.environ["HWB_TEST_STORE"].rstrip("/") + ".key")
-else:
-    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
-    os.environ.pop("HWB_KEY_FILE", None)
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
+os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"
 
 
 @pytest.fixture(scope="session")
@@ -108,13 +113,13 @@ def hwb_cli(capsys):
 
 # -- leftovers (issue 20 #11) -------------------------------------------------------------------
 #: What may stay in RUN_TMP at the end (removed with it): pytest's own temp dirs, this
-#: conftest's config dir, ONNX Runtime's telemetry session id (kept per TMPDIR by design),
+#: conftest's config dir, the run's shared store and its key, ONNX Runtime's telemetry session id (kept per TMPDIR by design),
 #: TensorFlow autograph's generated modules (one per converted function, never removed by TF,
 #: in the process that converts), torch's compile cache (torchinductor_USER, reused across
 #: runs by design) and the compile worker's private dir (hwbackends.isolate.private_dir), if
 #: it is empty.
 _ALLOWED = ("pytest-of-", "hwb-test-config-", ".ses", "__autograph_generated_file",
-            "torchinductor_")
+            "torchinductor_", SHARED_STORE)
 _first_seen: dict[str, str] = {}
 
 

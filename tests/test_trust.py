@@ -59,7 +59,9 @@ def test_store_creates_private_dirs_files_and_key(tmp_path: Path):
     assert (d / MANIFEST).stat().st_mode & 0o777 == 0o600
     key = trust.key_path()
     assert key.stat().st_mode & 0o777 == 0o600
-    assert str(key).startswith(os.environ["XDG_CONFIG_HOME"]), "tests must not use ~/.config"
+    # the run's key, beside its shared store (tests/conftest.py), never the user's ~/.config
+    assert str(key) == os.environ["HWB_KEY_FILE"]
+    assert not key.resolve().is_relative_to(Path("~/.config").expanduser().resolve())
 
 
 @pytest.mark.parametrize("where", ["root", "entry", "file"])
