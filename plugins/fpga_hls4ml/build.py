@@ -26,6 +26,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from hwbackends import build_cache
 from hwbackends.errors import CompileError, UnavailableError
@@ -165,3 +168,24 @@ def _cache_key(project: Path, common: list[str], srcs: list[str]) -> str | None:
             return None
         parts.append(out)
     return build_cache.digest(*parts)
+
+
+def trace(hm: Any, project: Path, x: np.ndarray) -> tuple[Any, dict[str, np.ndarray]]:
+    """hls4ml's ``ModelGraph.trace(x)`` (every traced layer's output, fixed-point, per sample)
+    on a library built by :func:`build` -- both translation units at once, and from the
+    store's build cache when the same design was traced before -- instead of hls4ml's
+    ``build_lib.sh``, which compiles them one after the other. ``project``: ``hm``'s output
+    directory."""
+    from .convert import PROJECT
+    from .csim import CsimLibrary
+
+    hm.config.trace_output = True
+    hm.write()
+    n_in, n_out = (int(np.prod(v[0].shape)) for v in (hm.get_input_variables(), hm.get_output_variables()))
+    patch_bridge(project, PROJECT, n_in, n_out)
+    built = build(project, PROJECT, "trace")
+    lib = CsimLibrary(built.lib, built.weights_dir, n_in, n_out)
+    hm._top_function_lib = lib.cdll
+    hm.compile = lambda: None  # trace() compiles first: the library above is that build
+    return hm.trace(x)
+

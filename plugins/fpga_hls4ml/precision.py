@@ -70,9 +70,11 @@ def fixed(integer: int, frac: int, signed: bool = True, quant: str = "RND", ovf:
     return f"{kind}<{integer + frac},{integer},{quant},{ovf}>"
 
 
-def measure_ranges(hmodel: Any, x: np.ndarray) -> Ranges:
-    """Trace ``hmodel`` (converted at a wide precision, every layer traced) on ``x``."""
-    _, trace = hmodel.trace(np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32))
+def measure_ranges(hmodel: Any, x: np.ndarray,
+                   trace: Callable[[np.ndarray], tuple[Any, dict[str, np.ndarray]]] | None = None) -> Ranges:
+    """Trace ``hmodel`` (converted at a wide precision, every layer traced) on ``x``, with
+    ``trace`` (default: hls4ml's own ``hmodel.trace``; the target passes build.trace)."""
+    _, trace = (trace or hmodel.trace)(np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32))
     r = Ranges()
     for layer in hmodel.get_layers():
         r.classes[layer.name] = layer.class_name

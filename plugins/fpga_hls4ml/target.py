@@ -16,7 +16,7 @@ from hwbackends.target import Artifact, CompileOptions, Target
 
 from .._shared.fpga_summary import bits_lines, report_meta
 from .._util import cpu_name, importable, version
-from .build import build, gxx, gxx_version, patch_bridge
+from .build import build, gxx, gxx_version, patch_bridge, trace
 from .csim import CsimExecutor, CsimLibrary
 
 # The compile-side modules (convert, precision, synth, bitstreams, pynq_exec: ~150 ms together
@@ -227,7 +227,7 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
         lc["Trace"] = True
     t1 = time.perf_counter()
     thm = convert.convert(model, tcfg, opts, builder.scratch / "trace")
-    ranges = P.measure_ranges(thm, calib)
+    ranges = P.measure_ranges(thm, calib, lambda x: trace(thm, builder.scratch / "trace", x))
     trace_s = time.perf_counter() - t1
     start = P.first_guess(target, float(np.ptp(ref)))
     evaluate = P.evaluate_fn(lambda f: (builder.make(P.assign(base, ranges, f), f"f{f}"), None),

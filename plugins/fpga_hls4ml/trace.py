@@ -25,6 +25,7 @@ import numpy as np
 from hwbackends.errors import UnsupportedError
 
 from . import convert
+from .build import trace
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def trace_layers(model: Any, compiled: Any, x: np.ndarray) -> list[LayerDiff]:
     out = Path(tempfile.mkdtemp(prefix="hwb-trace-"))
     try:
         hm = convert.convert(model, cfg, opts, out)
-        _, fixed = hm.trace(x.reshape(len(x), -1))
+        _, fixed = trace(hm, out, x.reshape(len(x), -1))
         ref = keras_layer_outputs(model.obj, x)
         types = {layer.name: str(layer.get_output_variable().type.precision) for layer in hm.get_layers()}
         rows = []
