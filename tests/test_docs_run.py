@@ -155,6 +155,15 @@ def _match(table: dict[tuple[str, str], str], s: Snippet) -> str | None:
                  if doc == s.doc and needle in s.text), None)
 
 
+def _same_as_earlier(s: Snippet) -> Snippet | None:
+    """An earlier snippet, run here, whose command is exactly ``s``'s (comments aside): every
+    scratch directory holds the same files, so running it again tests nothing new (README's
+    `hwb fleet … --fleet local` is docs/fleet.md's, ~14 s)."""
+    text = s.text.split("#")[0].strip()
+    return next((e for e in SNIPPETS[:SNIPPETS.index(s)] if e.kind == s.kind
+                 and e.text.split("#")[0].strip() == text and _match(SKIP, e) is None), None)
+
+
 def _params(kind: str) -> list:
     out = []
     for s in SNIPPETS:
@@ -163,6 +172,8 @@ def _params(kind: str) -> list:
         marks = []
         if (why := _match(SKIP, s)) is not None:
             marks.append(pytest.mark.skip(reason=why))
+        elif (first := _same_as_earlier(s)) is not None:
+            marks.append(pytest.mark.skip(reason=f"the same command as {first.id}, which runs"))
         elif _match(SLOW, s) is not None:
             marks.append(pytest.mark.slow)
         marks.append(pytest.mark.timeout(_timeout(s)))  # in this process: no subprocess timeout
