@@ -21,9 +21,11 @@ demo: $(STAMP)
 	$(VENV)/bin/hwb demo
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), one module per worker at a time
-# (--dist loadscope), so a module's fixtures are built once; TEST_WORKERS=0 runs it serially.
+# (--dist loadscope), so a module's fixtures are built once, handed out longest first
+# (tests/conftest.py MODULE_SECONDS; --no-loadscope-reorder keeps that order);
+# TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
