@@ -40,14 +40,14 @@ def main() -> int:
         if not hwb.get_registry().target(target).probe().usable:
             print(f"{target:<12} unavailable here")
             continue
-        times, hits = [], []
+        times, hits, key = [], [], None
         for i, model in enumerate((m, m, retrained)):
-            if i == 1:
-                hwb.ArtifactStore(store).evict(cm.artifact.key)
+            if i == 1 and key:
+                hwb.ArtifactStore(store).evict(key)
             t0 = time.perf_counter()
             cm = hwb.compile(model, target, precision, store=store, options=opts, fidelity=False)
             times.append(time.perf_counter() - t0)
-            meta = cm.artifact.meta
+            key, meta = cm.artifact.key, cm.artifact.meta
             hits.append(f"{meta['builds_cached']}/{meta['builds']} builds" if "builds" in meta
                         else f"verilator {'cached' if meta.get('verilator_cached') else 'built'}")
         print(f"{target:<12} {precision:<16} {times[0]:8.1f} {times[1]:8.1f} {times[2]:12.1f}  "

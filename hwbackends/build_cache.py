@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import trust
+from .store import file_sha256, private_mkdir
 
 log = logging.getLogger("hwbackends.build_cache")
 DIRNAME = "build-cache"
@@ -47,14 +48,6 @@ def digest(*parts: bytes | str) -> str:
         b = p.encode() if isinstance(p, str) else bytes(p)
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -83,7 +76,7 @@ class BuildCache:
             record = json.loads((d / _RECORD).read_text())
             ok = (isinstance(record, dict) and record.get("digest") == name
                   and trust.verify(trust.load_key(), record)
-                  and _sha256(d / _BLOB) == record.get("sha256"))
+                  and file_sha256(d / _BLOB) == record.get("sha256"))
         except FileNotFoundError:
             return False  # removed meanwhile (another process found it invalid)
         except (OSError, ValueError) as exc:
@@ -105,8 +98,6 @@ class BuildCache:
         d = self._entry(name)
         if d.exists():
             return
-        from .store import private_mkdir
-
         private_mkdir(self.root)
         private_mkdir(self.root / "tmp")
         stage = self.root / "tmp" / uuid.uuid4().hex
@@ -114,7 +105,7 @@ class BuildCache:
         try:
             shutil.copyfile(src, stage / _BLOB)
             os.chmod(stage / _BLOB, 0o600)
-            record = {"digest": name, "sha256": _sha256(stage / _BLOB),
+            record = {"digest": name, "sha256": file_sha256(stage / _BLOB),
                       "size": (stage / _BLOB).stat().st_size, "from": src.name}
             record["hmac"] = trust.sign(trust.load_key(), record)
             fd = os.open(stage / _RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
