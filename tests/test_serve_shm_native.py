@@ -234,11 +234,19 @@ def _calls_while_the_gil_is_held(srv: ShmServer, hold_s: float) -> float:
     p = subprocess.Popen([sys.executable, "-c", _TIMED_CLIENT, srv.name], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    libc = ctypes.PyDLL(None)  # its calls keep the GIL
     try:
         assert p.stdout.readline().strip() == "ready"
-        p.stdin.write("go\n")
-        p.stdin.flush()
-        ctypes.PyDLL(None).usleep(int(hold_s * 1e6))  # the GIL stays taken throughout
+        # "go" is written with the GIL already taken and kept until the sleep ends: no switch
+        # interval elapses between the two calls, so the Python path's handler cannot answer
+        # in between (on a fast machine it had answered all 100 calls there: 0.3 ms)
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(60.0)
+        try:
+            assert libc.write(p.stdin.fileno(), b"go\n", 3) == 3
+            libc.usleep(int(hold_s * 1e6))
+        finally:
+            sys.setswitchinterval(switch)
         out, _ = p.communicate(timeout=60)
     finally:
         p.kill()
