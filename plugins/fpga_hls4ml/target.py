@@ -165,7 +165,7 @@ class Hls4mlTarget(Target):
         shutil.copytree(built.weights_dir, workdir / WEIGHTS,
                         ignore=lambda d, names: [n for n in names if not n.endswith(".txt")])
         shutil.copytree(project, workdir / "project",
-                        ignore=shutil.ignore_patterns("*.so", "*.o", "*.tar.gz"))
+                        ignore=shutil.ignore_patterns("*.so", "*.o", "*.gch", "*.tar.gz"))
 
     # -- load (parent process) --------------------------------------------------------------
     def load(self, artifact: Artifact, options: CompileOptions) -> Any:
