@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,34 +46,33 @@ def test_torch_export_and_torchscript_files(tmp_path: Path, store_dir: Path, zoo
         np.testing.assert_allclose(cm.predict(x), want.reference(x), atol=2e-5)
 
 
-def hwb_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hwbackends", *args], capture_output=True,
-                          text=True, check=check, timeout=300)
-
-
-def test_cli_compile_and_predict(tmp_path: Path, store_dir: Path, zoo_model):
-    out = hwb_cli("compile", "zoo:signal", "-t", "cpu.litert", "-p", "int8", "--json",
-                  "--cache-dir", str(store_dir))
-    d = json.loads(out.stdout)
+# hwb's main() in this process (the conftest's hwb_cli), as a user's shell would run it but
+# without a TensorFlow import per call (~6.5 s each in a subprocess); only output is checked.
+def test_cli_compile_and_predict(tmp_path: Path, store_dir: Path, zoo_model, hwb_cli):
+    rc, out, err = hwb_cli("compile", "zoo:signal", "-t", "cpu.litert", "-p", "int8", "--json",
+                           "--cache-dir", str(store_dir))
+    assert rc == 0, err[-2000:]
+    d = json.loads(out)
     assert d["variant"] == "cpu.litert:int8" and d["mode"] == "hardware"
     assert d["fidelity"]["corr"] > 0.999
     x = zoo_model("signal").validation_data[:5]
     np.save(tmp_path / "x.npy", x)
-    out = hwb_cli("predict", "zoo:signal", "-t", "cpu.onnxruntime", "--input",
-                  str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"),
-                  "--cache-dir", str(store_dir))
+    rc, out, err = hwb_cli("predict", "zoo:signal", "-t", "cpu.onnxruntime", "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy"),
+                           "--cache-dir", str(store_dir))
+    assert rc == 0, err[-2000:]
     y = np.load(tmp_path / "y.npy")
     np.testing.assert_allclose(y, zoo_model("signal").reference(x), atol=1e-5)
-    assert "cpu.onnxruntime:fp32" in out.stdout
+    assert "cpu.onnxruntime:fp32" in out
 
 
-def test_cli_errors_are_one_clear_line(tmp_path: Path, store_dir: Path):
+def test_cli_errors_are_one_clear_line(tmp_path: Path, store_dir: Path, hwb_cli):
     np.save(tmp_path / "bad.npy", np.zeros((2, 7), np.float32))
-    r = hwb_cli("predict", "zoo:signal", "--input", str(tmp_path / "bad.npy"),
-                "--cache-dir", str(store_dir), check=False)
-    assert r.returncode == 1 and "InputError" in r.stderr and "expected (32,)" in r.stderr
-    r = hwb_cli("compile", str(tmp_path / "none.keras"), check=False)
-    assert r.returncode == 1 and "model file not found" in r.stderr
-    r = hwb_cli("compile", "zoo:mlp", "-t", "cpu.litert", "-p", "int3", check=False)
-    assert r.returncode == 1 and "fp32, fp16, int8-dynamic, int8" in r.stderr
-    assert "Traceback" not in r.stderr
+    rc, _, err = hwb_cli("predict", "zoo:signal", "--input", str(tmp_path / "bad.npy"),
+                         "--cache-dir", str(store_dir))
+    assert rc == 1 and "InputError" in err and "expected (32,)" in err
+    rc, _, err = hwb_cli("compile", str(tmp_path / "none.keras"))
+    assert rc == 1 and "model file not found" in err
+    rc, _, err = hwb_cli("compile", "zoo:mlp", "-t", "cpu.litert", "-p", "int3")
+    assert rc == 1 and "fp32, fp16, int8-dynamic, int8" in err
+    assert "Traceback" not in err

@@ -217,23 +217,21 @@ def test_single_io_models_keep_one_array(compiled):
     assert isinstance(y, np.ndarray) and y.shape == (3, 3)
 
 
-def test_cli_predict_takes_an_npz_keyed_by_input_name(tmp_path, store_dir, two_head, data):
-    import subprocess
-    import sys
-
+def test_cli_predict_takes_an_npz_keyed_by_input_name(tmp_path, store_dir, two_head, data, hwb_cli):
+    # hwb's main() in this process (only its output is checked): a subprocess per call cost a
+    # TensorFlow import each (~6.5 s).
     np.savez(tmp_path / "x.npz", state=data[1][:3], features=data[0][:3])
-    args = [sys.executable, "-m", "hwbackends", "predict", "zoo:two_head", "-t", "cpu.onnxruntime",
-            "--batch-size", "4", "--cache-dir", str(store_dir)]
-    subprocess.run([*args, "-i", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz")],
-                   check=True, capture_output=True, text=True, timeout=300)
+    args = ["predict", "zoo:two_head", "-t", "cpu.onnxruntime", "--batch-size", "4",
+            "--cache-dir", str(store_dir)]
+    rc, out, err = hwb_cli(*args, "-i", str(tmp_path / "x.npz"), "--output", str(tmp_path / "y.npz"))
+    assert rc == 0, err[-2000:]
     y = np.load(tmp_path / "y.npz")
     want = two_head.reference((data[0][:3], data[1][:3]))
     np.testing.assert_allclose(y["signal"], want[0], atol=1e-5)
     np.testing.assert_allclose(y["confidence"], want[1], atol=1e-5)
     np.save(tmp_path / "one.npy", data[0][:3])
-    r = subprocess.run([*args, "-i", str(tmp_path / "one.npy")], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 1 and "takes 2 inputs (features, state)" in r.stderr and ".npz" in r.stderr
+    rc, out, err = hwb_cli(*args, "-i", str(tmp_path / "one.npy"))
+    assert rc == 1 and "takes 2 inputs (features, state)" in err and ".npz" in err
 
 
 def test_validation_data_as_a_tuple_or_dict(store_dir, data):

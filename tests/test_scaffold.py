@@ -103,15 +103,17 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
     kit = [([HWB, "targets", "--json"], None),
            # the generated tests: the whole kit, probe_is_light included (an entry point now)
            ([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-             "--hwb-models", "mlp,lstm"], d),
+             "--hwb-models", "mlp,lstm"], d)]
+    # `hwb plugin check` finds the installed target's kit (-k and arguments after -- reach
+    # pytest). Only the checks that need no compile: the whole kit ran just above, through the
+    # scaffold's own tests (a second full run through the CLI cost ~15 s and tested no more).
+    cli = [([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata",
+             "--", "-q"], None),
            ([HWB, "route", str(cfg), "--json", "--cache-dir", str(tmp_path / "store")], None)]
-    # the CLI runs the same suite: same counts; arguments after -- go to pytest
-    cli = [([HWB, "plugin", "check", target, "--models", "mlp,lstm", "--", "-q"], None),
-           ([HWB, "plugin", "check", target, "--models", "mlp", "-k", "probe or metadata"], None)]
     with ThreadPoolExecutor(2) as pool:
         chains = [pool.submit(lambda cmds: [_run(c, cwd=cwd, env=env) for c, cwd in cmds], cmds)
                   for cmds in (kit, cli)]
-        (targets, direct, route), (check, check_k) = (c.result() for c in chains)
+        (targets, direct), (check_k, route) = (c.result() for c in chains)
     data = json.loads(targets.stdout)
     row = next((t for t in data["targets"] if t["name"] == target), None)
     assert row is not None, [t["name"] for t in data["targets"]]
@@ -121,8 +123,6 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
     assert direct.returncode == 0, out[-4000:]
     assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
     assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
-    assert check.returncode == 0, (check.stdout + check.stderr)[-3000:]
-    assert "10 passed, 5 skipped" in check.stdout, check.stdout[-2000:]
     assert check_k.returncode == 0, (check_k.stdout + check_k.stderr)[-3000:]
     assert "3 passed" in check_k.stdout
     assert route.returncode == 0, (route.stdout + route.stderr)[-3000:]
