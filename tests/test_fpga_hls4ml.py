@@ -123,6 +123,46 @@ def test_integer_bits_and_search_logic():
     best, trials = P.search(lambda f: (Fidelity(1, 1, 1, 1, 0, 0, None), 0.0), target, 10)
     assert best is None and trials
 
+    # The weights' phase: f-4 then f-2 without a guess; the guess, then one bit more, with one;
+    # no build at all when the guess is f itself.
+    def weights(passing_from):
+        calls = []
+
+        def evaluate(fw):
+            calls.append(fw)
+            err = 0.001 if fw >= passing_from else 0.5
+            return Fidelity(100, err, err / 2, err, 1 - err / 100, 1.0, None), 0.0
+        return evaluate, calls
+    for first, passing_from, want, tried in ((None, 0, 10, [10]), (None, 12, 12, [10, 12]),
+                                             (None, 13, 14, [10, 12]),
+                                             (11, 12, 12, [11, 12]), (11, 11, 11, [11]),
+                                             (14, 0, 14, []), (13, 20, 14, [13])):
+        evaluate, calls = weights(passing_from)
+        got, wtrials = P.narrow_weights(evaluate, target, 14, first=first)
+        assert (got, calls) == (want, tried), (first, passing_from, got, calls)
+        assert [t.frac_bits for t in wtrials] == tried
+
+
+def test_the_first_guess_is_the_fewest_bits_the_rounded_model_meets():
+    from hwb_plugins._shared import fixed_point as FP
+    from hwb_plugins._shared.layer_ir import Act, Dense, Network
+
+    rng = np.random.default_rng(0)
+    net = Network("t", (8,), [Dense("d", w=rng.normal(0, 0.4, (8, 4)), b=rng.normal(0, 0.1, 4)),
+                              Act("a", kind="tanh")])
+    x = rng.normal(0, 1, (256, 8))
+    ref = np.tanh(x @ net.layers[0].w + net.layers[0].b).astype(np.float32)
+    target = FP.FidelityTarget()
+    f, fw = FP.predict_bits(net, x, ref, target)
+    tol = target.tolerance(FP.SEARCH_MARGIN)
+
+    def ok(f, fw):
+        y = FP.rounded_forward(net, x, f, fw).astype(np.float32)
+        return not tol.violations(hwb.fidelity.compare(ref, y))
+    assert ok(f, f) and not ok(f - 1, f - 1)  # the fewest data bits
+    assert fw <= f and ok(f, fw) and (fw == max(FP.F_MIN, f - 4) or not ok(f, fw - 1))
+    assert np.array_equal(FP.round_to([0.3, -0.3, 0.125, -0.125], 2), [0.25, -0.25, 0.25, 0.0])
+
 
 # -- end to end: real hls4ml + g++ ------------------------------------------------------------
 @pytest.mark.slow
@@ -143,6 +183,19 @@ def test_mlp_auto_meets_the_target_where_hls4ml_default_fails(compiled):
     widths = meta["bits"]["result_widths"]
     assert max(widths.values()) <= 24, widths  # narrow, not a blanket wide type
     json.dumps(auto.describe(), default=str)
+    # The softmax's tables are the types the search assigned, as hls4ml built them: hls4ml
+    # 1.3 reads them only as `*_t` layer-config keys, and had kept its fixed<18,8> default
+    # (an inverse-table index step of 1/16: f=14 was needed instead of 10).
+    sm = meta["types"]["probs_softmax"]
+    f = meta["search"]["frac_bits"]
+    for key in ("exp_table", "inv_table"):
+        assert sm[key].startswith(f"ufixed<{f + 1},1"), sm
+    assert sm["inv_inp"].startswith("ufixed<") and sm["inv_inp"] == sm["accum"], sm
+    # The float model of the design (emulate.py) predicted the answer: two builds, the
+    # answer and one bit less, and no weight build (fewer weight bits failed in the model).
+    s = meta["search"]
+    assert s["predicted"]["frac_bits"] == f == s["start"], s["predicted"]
+    assert [t["frac_bits"] for t in s["trials"]] == [f - 1, f], s["trials"]
 
 
 @pytest.mark.slow

@@ -134,11 +134,15 @@ def search(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTa
 
 
 def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: FidelityTarget,
-                   f: int, margin: float = SEARCH_MARGIN) -> tuple[int, list[Trial]]:
+                   f: int, margin: float = SEARCH_MARGIN, first: int | None = None
+                   ) -> tuple[int, list[Trial]]:
     """Second phase: weights are most of a design's bits (every multiplier's constant), so
-    try fewer fractional bits for them than for the data, with one more build (``f-4``) or
-    two when that fails (then ``f-2``). Returns the smallest passing weight fraction (``f``
-    when none did). Deliberately coarse: each trial is a build."""
+    try fewer fractional bits for them than for the data, with one more build or two.
+    Without a prediction: ``f-4``, then ``f-2`` when that fails. With one (``first``, from
+    :func:`predict_bits`): ``first``, then ``first+1`` when that fails; none when ``first``
+    is ``f`` (fewer weight bits failed even without the design's other error sources).
+    Returns the smallest passing weight fraction (``f`` when none did). Deliberately coarse:
+    each trial is a build."""
     tol = target.tolerance(margin)
     trials: list[Trial] = []
 
@@ -147,14 +151,69 @@ def narrow_weights(evaluate: Callable[[int], tuple[Fidelity, float]], target: Fi
         trials.append(Trial(fw, fid.to_dict(), tol.violations(fid), secs))
         return trials[-1].passed
 
-    best = f
-    first = f - 4
-    if first >= F_MIN:
-        if ok(first):
-            best = first
-        elif ok(f - 2):
-            best = f - 2
-    return best, trials
+    tries = [f - 4, f - 2] if first is None else [first, first + 1]
+    for fw in tries:
+        if F_MIN <= fw < f and ok(fw):
+            return fw, trials
+    return f, trials
+
+
+# -- a prediction from the float model, before any build ---------------------------------------
+def round_to(x: Any, frac: int) -> Any:
+    """``x`` on the grid of ``frac`` fractional bits, half up (ap_fixed's AP_RND)."""
+    import numpy as np
+
+    s = 2.0 ** frac
+    return np.floor(np.asarray(x, dtype=np.float64) * s + 0.5) / s
+
+
+#: A target's model of one activation layer of its design: ``(layer, x, f) -> y``, or None
+#: for the float activation (then rounded to ``f``).
+ActivationModel = Callable[[Any, Any, int], Any]
+
+
+def rounded_forward(net: Any, x: Any, f: int, fw: int,
+                    activation: ActivationModel | None = None) -> Any:
+    """The float64 reference of a layer-IR network (:mod:`.layer_ir`) with its input and
+    every layer's output rounded to ``f`` fractional bits and its weights to ``fw``: the
+    rounding a fixed-point design adds. ``activation`` models what the target's activations
+    add (lookup tables); saturation and accumulator widths are not modelled."""
+    import dataclasses
+
+    from .layer_ir import Act, reference
+
+    h = round_to(x, f)
+    for layer in net.layers:
+        y = activation(layer, h, f) if activation is not None and isinstance(layer, Act) else None
+        if y is None:
+            weights = {k: round_to(getattr(layer, k), fw) for k in ("w", "b", "scale", "shift")
+                       if hasattr(layer, k)}
+            y = reference.apply(dataclasses.replace(layer, **weights) if weights else layer, h)
+        h = round_to(y, f)
+    return h
+
+
+def predict_bits(net: Any, x: Any, ref: Any, target: FidelityTarget,
+                 activation: ActivationModel | None = None,
+                 margin: float = SEARCH_MARGIN) -> tuple[int, int] | None:
+    """The search's first guesses, (data ``f``, weights ``fw`` for that ``f``): the fewest
+    fractional bits whose :func:`rounded_forward` meets ``target`` on ``x`` against ``ref``
+    (the source model's outputs). Milliseconds of NumPy instead of builds; a design has more
+    error sources than rounding, so the search still measures every value it returns. None
+    when not even ``F_MAX`` bits pass (the search then starts from :func:`first_guess`)."""
+    from hwbackends.fidelity import compare
+
+    tol = target.tolerance(margin)
+
+    def passes(f: int, fw: int) -> bool:
+        y = rounded_forward(net, x, f, fw, activation).astype("float32").reshape(ref.shape)
+        return not tol.violations(compare(ref, y))
+
+    f = next((f for f in range(F_MIN, F_MAX + 1) if passes(f, f)), None)
+    if f is None:
+        return None
+    fw = next((fw for fw in range(max(F_MIN, f - 4), f) if passes(f, fw)), f)
+    return f, fw
 
 
 # -- ap_fixed arithmetic as integers (cpu.native's ``fixed`` precision) -----------------------

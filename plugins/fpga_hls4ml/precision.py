@@ -149,13 +149,29 @@ def assign(cfg: dict[str, Any], ranges: Ranges, f: int, fw: int | None = None) -
             prec["accum"] = fixed(int_bits(max(abs(lo), abs(hi)) * n, True, headroom=1), f)
         if cls == "Softmax":
             _softmax(prec, lc, ranges, name, f)
+            _table_types(prec, lc)
             continue
         if "table" in prec and (recurrent or ranges.activations.get(name) in TABLE_ACTIVATIONS):
             # Values of sigmoid/tanh are within (-1, 1): 2 integer bits suffice.
             prec["table"] = fixed(2, max(f + 2, 16), True, "RND", "SAT")
             lc["TableSize"] = table_size(f)
+        _table_types(prec, lc)
     _unify_recurrent(out, ranges, f)
     return out
+
+
+#: Type attributes hls4ml 1.3 takes only as layer-config keys (``table_t``: ``Layer.__init__``
+#: converts a string under a key ending in ``_t``), never from ``Precision``: its
+#: ``config_from_keras_model`` writes ``Precision['table']`` and nothing reads it, so a table
+#: type set there silently stays hls4ml's default ``fixed<18,8>``.
+CONFIG_TYPES = ("table", "exp_table", "inv_table", "inv_inp")
+
+
+def _table_types(prec: dict[str, Any], lc: dict[str, Any]) -> None:
+    """Copy the table types of ``Precision`` to the ``*_t`` keys hls4ml reads."""
+    for key in CONFIG_TYPES:
+        if key in prec:
+            lc[f"{key}_t"] = prec[key]
 
 
 def _unify_recurrent(cfg: dict[str, Any], ranges: Ranges, f: int) -> None:

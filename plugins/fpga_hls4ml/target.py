@@ -216,7 +216,7 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
                     ref: np.ndarray) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """precision='auto': trace the layer ranges, search the fewest fractional bits that meet
     ``target``, then narrow the weights'. Returns (hls4ml config, build tag, search record)."""
-    from . import convert
+    from . import convert, emulate
     from . import precision as P
 
     model, opts = builder.model, builder.opts
@@ -229,7 +229,8 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
     thm = convert.convert(model, tcfg, opts, builder.scratch / "trace")
     ranges = P.measure_ranges(thm, calib, lambda x: trace(thm, builder.scratch / "trace", x))
     trace_s = time.perf_counter() - t1
-    start = P.first_guess(target, float(np.ptp(ref)))
+    predicted = emulate.first_bits(model, calib, ref, target)
+    start = predicted[0] if predicted else P.first_guess(target, float(np.ptp(ref)))
     evaluate = P.evaluate_fn(lambda f: (builder.make(P.assign(base, ranges, f), f"f{f}"), None),
                              calib, ref)
     best, trials = P.search(evaluate, target, start)
@@ -242,9 +243,15 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
             f"explicit precision such as ap_fixed<32,12>")
     evaluate_weights = P.evaluate_fn(
         lambda fw: (builder.make(P.assign(base, ranges, best, fw), f"f{best}w{fw}"), None), calib, ref)
-    best_w, wtrials = P.narrow_weights(evaluate_weights, target, best)
+    # The weights' guess is the model's for the chosen f (the same f it predicted, or the
+    # search moved away from it: then no guess, the coarse f-4 / f-2).
+    w_first = predicted[1] if predicted and predicted[0] == best else None
+    best_w, wtrials = P.narrow_weights(evaluate_weights, target, best, first=w_first)
     tag = f"f{best}" if best_w == best else f"f{best}w{best_w}"
     search = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
+              "predicted": ({"frac_bits": predicted[0], "weight_frac_bits": predicted[1],
+                             "by": "float model of the design's rounding and tables "
+                                   "(plugins/fpga_hls4ml/emulate.py)"} if predicted else None),
               "trace_seconds": round(trace_s, 2), "trials": [p.__dict__ for p in trials],
               "weight_trials": [p.__dict__ for p in wtrials], "target": target.to_dict(),
               "ranges": {k: list(v) for k, v in ranges.results.items()}}
@@ -308,11 +315,19 @@ def _synthesis_lines(meta: dict[str, Any]) -> list[str]:
 
 
 def _types(hm: Any) -> dict[str, dict[str, str]]:
+    """Each layer's types as hls4ml built them: result, weights, and the tables and
+    accumulators (``table``, ``exp_table``, ``inv_table``, ``inv_inp``, ``accum``)."""
+    from .precision import CONFIG_TYPES
+
     out: dict[str, dict[str, str]] = {}
     for layer in hm.get_layers():
         d = {"result": str(layer.get_output_variable().type.precision)}
         for k, w in layer.weights.items():
             d[k] = str(w.type.precision)
+        for k in (*CONFIG_TYPES, "accum"):
+            t = layer.get_attr(f"{k}_t")
+            if t is not None and hasattr(t, "precision"):
+                d[k] = str(t.precision)
         out[layer.name] = d
     return out
 

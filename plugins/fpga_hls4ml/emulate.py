@@ -1,0 +1,85 @@
+"""The ``auto`` search's first guess for fpga.hls4ml: the model in float64 with the rounding
+and the lookup tables of the design :func:`.precision.assign` builds at ``f`` fractional bits.
+
+The search needs two builds at least (the answer, and one bit less failing); it used to start
+from the error budget alone and spend one to three more. This model takes milliseconds and,
+on the zoo and the classifiers of the tests, lands on the search's answer or next to it; the
+builds still decide. What it models, from hls4ml 1.3's ``nnet_activation.h``:
+
+* every layer output rounded to ``f`` bits (``AP_RND``), weights to the weight fraction;
+* sigmoid/tanh: a table of :func:`.precision.table_size` entries over [-8, 8) / [-4, 4),
+  indexed by truncation, entries rounded to the table type's ``max(f+2, 16)`` bits;
+* the stable softmax: ``max - x`` indexing the exp table by its top bits (the input type's
+  integer bits, ``TableSize`` entries as ``precision._softmax`` sets them, capped as hls4ml's
+  FixSoftmaxTableSize does), entries and their sum at ``f`` bits, the sum indexing the
+  inverse table by its top bits.
+
+Not modelled: saturation, accumulators, recurrent layers (their state is rounded every step:
+:func:`first_bits` gives None and the search starts from the error budget).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .._shared.fixed_point import FidelityTarget, int_bits, predict_bits, round_to
+from .._shared.layer_ir import Recurrent, extract
+from .precision import table_size
+
+
+def _floor_to(x: np.ndarray, step: float) -> np.ndarray:
+    return np.floor(x / step) * step
+
+
+def _table(x: np.ndarray, f: int, kind: str) -> np.ndarray:
+    """hls4ml's sigmoid / tanh: ``index = x·N/span + N/2`` (truncated, clipped), the entry
+    the float function at the index's point."""
+    n = table_size(f)
+    span = 16.0 if kind == "sigmoid" else 8.0
+    idx = np.clip(np.floor(x * n / span) + n // 2, 0, n - 1)
+    v = (idx - n // 2) * span / n
+    y = 1.0 / (1.0 + np.exp(-v)) if kind == "sigmoid" else np.tanh(v)
+    return round_to(y, max(f + 2, 16))
+
+
+def _softmax(x: np.ndarray, f: int) -> np.ndarray:
+    n = x.shape[-1]
+    s = max(1, math.ceil(math.log2(max(n, 2))))
+    i_in = int_bits(float(np.abs(x).max()), True, headroom=1)
+    bits = int(min(16, max(10, max(i_in - 1, 1 + s) + f - 2)))
+    # hls4ml caps the table at the input's and the inverse table type's (ufixed<1+f>) widths
+    # (FixSoftmaxTableSize), and the exp table at the normalised input's (ufixed<i_in-1+f>).
+    bits = min(bits, i_in + f, 1 + f)
+    exp_bits = min(bits, i_in - 1 + f)
+    d = np.minimum(x.max(axis=-1, keepdims=True) - x, 2.0 ** (i_in - 1) - 2.0 ** -f)
+    e = round_to(np.exp(-_floor_to(d, 2.0 ** (i_in - 1 - exp_bits))), f)
+    step = 2.0 ** (1 + s - bits)
+    inv = np.minimum(round_to(1.0 / np.maximum(_floor_to(e.sum(axis=-1, keepdims=True), step), step), f),
+                     2.0 - 2.0 ** -f)
+    return e * inv
+
+
+def _activation(layer: Any, x: np.ndarray, f: int) -> np.ndarray | None:
+    if layer.kind in ("sigmoid", "tanh"):
+        return _table(x, f, layer.kind)
+    if layer.kind == "softmax" and x.ndim == 2:
+        return _softmax(x, f)
+    return None
+
+
+def first_bits(model: Any, x: np.ndarray, ref: np.ndarray,
+               target: FidelityTarget) -> tuple[int, int] | None:
+    """(data ``f``, weight ``fw``) predicted for ``model`` (as :func:`.convert.for_hls4ml`
+    gives it), or None where the model does not apply (recurrent layers, layers the layer IR
+    does not read)."""
+    from hwbackends.errors import HwbError
+
+    try:
+        net = extract(model, "fpga.hls4ml", dtype=np.float64)
+    except HwbError:
+        return None
+    if any(isinstance(layer, Recurrent) for layer in net.layers):
+        return None
+    return predict_bits(net, x, ref, target, _activation)
