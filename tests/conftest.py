@@ -41,18 +41,17 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
 os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"
 
 
-#: Seconds each heavier module takes (mean of two quiet -n 2 runs here, 2026-12-01). The run
+#: Seconds each heavier module takes (a quiet -n 2 run here, 2026-12-01 21:17 UTC). The run
 #: hands modules to the xdist workers longest first (this order, with --no-loadscope-reorder
 #: in the Makefile; xdist's own order is by test count): a 3-test module of 95 s handed out
 #: last had left one worker idle for 61 s. A stale figure only changes the order.
 MODULE_SECONDS = {
-    "test_docs_run": 172, "test_conformance": 143, "test_fpga_classifiers": 95,
-    "test_fpga_hls4ml": 68, "test_fleet": 64, "test_accelerators": 52, "test_export": 41,
-    "test_serve_stress": 40, "test_cpu_native_fixed": 38, "test_scaffold": 36,
-    "test_cpu_targets": 34, "test_formats_cli": 31, "test_fpga_da4ml": 27, "test_multi_io": 27,
-    "test_report": 23, "test_cpu_native": 18, "test_layer_ir_formats": 18,
-    "test_conformance_kit": 17, "test_shm_trust": 15, "test_router": 14, "test_real_models": 12,
-    "test_torch_multi_io": 12, "test_serve_cli": 11, "test_build_cache": 10,
+    "test_docs_run": 179, "test_conformance": 124, "test_fpga_classifiers": 69, "test_fleet": 68,
+    "test_fpga_hls4ml": 62, "test_accelerators": 61, "test_export": 58, "test_serve_stress": 46,
+    "test_fpga_da4ml": 31, "test_cpu_native_fixed": 30, "test_scaffold": 29, "test_report": 23,
+    "test_conformance_kit": 21, "test_cpu_native": 21, "test_cpu_targets": 19,
+    "test_multi_io": 16, "test_layer_ir_formats": 15, "test_shm_trust": 15, "test_serve_cli": 15,
+    "test_build_cache": 12, "test_real_models": 11, "test_torch_multi_io": 11, "test_router": 10,
 }
 
 
