@@ -196,6 +196,8 @@ def test_mlp_auto_meets_the_target_where_hls4ml_default_fails(compiled):
     s = meta["search"]
     assert s["predicted"]["frac_bits"] == f == s["start"], s["predicted"]
     assert [t["frac_bits"] for t in s["trials"]] == [f - 1, f], s["trials"]
+    # and its layer outputs gave the ranges: no C-simulation build of a traced design
+    assert s["ranges_from"] == "float model (layer IR)" and meta["builds"] == 2, s
 
 
 @pytest.mark.slow
@@ -216,6 +218,10 @@ def test_lstm_auto_end_to_end(compiled, zoo_model):
         np.testing.assert_array_equal(out[0], y[i])
     types = cm.artifact.meta["types"]
     assert types["lstm"]["result"] == types["window"]["result"]  # hls4ml's LSTM needs one type
+    # Recurrent: no float model of the design; the ranges come from the traced C-simulation
+    search = cm.artifact.meta["search"]
+    assert search["predicted"] is None and search["ranges_from"].startswith("hls4ml C-simulation")
+    assert types["lstm"]["table"].split(",")[1] == "2", types["lstm"]  # ours, not fixed<18,8>
 
 
 # A second identical compile is a cached load with identical outputs, a corrupted artifact file

@@ -83,3 +83,37 @@ def first_bits(model: Any, x: np.ndarray, ref: np.ndarray,
     if any(isinstance(layer, Recurrent) for layer in net.layers):
         return None
     return predict_bits(net, x, ref, target, _activation)
+
+
+#: hls4ml layer classes each layer-IR type may stand for, in a graph converted from the same
+#: model (activations split off, BatchNormalization folded before conversion).
+_CLASSES = {"Dense": ("Dense",), "Act": ("Activation", "Softmax", "ReLU", "LeakyReLU",
+                                         "ParametrizedActivation", "TanH", "Sigmoid"),
+            "Conv1D": ("Conv1D",), "Pool1D": ("Pooling1D",), "GlobalPool1D": ("GlobalPooling1D",)}
+
+
+def float_trace(model: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray] | None:
+    """Every layer's float output on ``x``, keyed by the name of the hls4ml layer it is, for
+    the range measurement (:func:`.precision.measure_ranges`) without a C-simulation build.
+    None unless the hls4ml graph (``hmodel``, converted from ``model``) is the layer IR's chain
+    one for one, class and shape (then the C-simulation's trace measures the ranges)."""
+    from hwbackends.errors import HwbError
+
+    from .._shared.layer_ir import reference
+
+    try:
+        net = extract(model, "fpga.hls4ml", dtype=np.float64)
+    except HwbError:
+        return None
+    layers = [layer for layer in hmodel.get_layers() if layer.class_name != "Input"]
+    if len(layers) != len(net.layers):
+        return None
+    h, out = np.asarray(x, dtype=np.float64).reshape(len(x), *net.input_shape), {}
+    for hl, il in zip(layers, net.layers, strict=True):
+        if hl.class_name not in _CLASSES.get(type(il).__name__, ()):
+            return None
+        h = reference.apply(il, h)
+        if tuple(h.shape[1:]) != tuple(int(d) for d in hl.get_output_variable().shape):
+            return None
+        out[hl.name] = h
+    return out

@@ -227,7 +227,12 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
         lc["Trace"] = True
     t1 = time.perf_counter()
     thm = convert.convert(model, tcfg, opts, builder.scratch / "trace")
-    ranges = P.measure_ranges(thm, calib, lambda x: trace(thm, builder.scratch / "trace", x))
+    # Ranges from the float model where the hls4ml graph is the layer IR's chain one for one
+    # (the zoo's dense and conv models: the types assigned were identical to the C-sim
+    # trace's); else from a C-simulation build of the traced design.
+    floats = emulate.float_trace(model, thm, calib)
+    ranges = P.measure_ranges(thm, calib, (lambda x: (None, floats)) if floats is not None
+                              else (lambda x: trace(thm, builder.scratch / "trace", x)))
     trace_s = time.perf_counter() - t1
     predicted = emulate.first_bits(model, calib, ref, target)
     start = predicted[0] if predicted else P.first_guess(target, float(np.ptp(ref)))
@@ -252,7 +257,10 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
               "predicted": ({"frac_bits": predicted[0], "weight_frac_bits": predicted[1],
                              "by": "float model of the design's rounding and tables "
                                    "(plugins/fpga_hls4ml/emulate.py)"} if predicted else None),
-              "trace_seconds": round(trace_s, 2), "trials": [p.__dict__ for p in trials],
+              "trace_seconds": round(trace_s, 2),
+              "ranges_from": ("float model (layer IR)" if floats is not None
+                              else "hls4ml C-simulation trace at " + P.TRACE_PRECISION),
+              "trials": [p.__dict__ for p in trials],
               "weight_trials": [p.__dict__ for p in wtrials], "target": target.to_dict(),
               "ranges": {k: list(v) for k, v in ranges.results.items()}}
     return P.assign(base, ranges, best, best_w), tag, search
