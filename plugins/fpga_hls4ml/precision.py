@@ -2,10 +2,12 @@
 
 Method (documented with results in docs/targets-fpga.md):
 
-1. **Ranges.** Convert at a wide precision with tracing on every layer and run the
-   calibration data through hls4ml's own ``ModelGraph.trace`` (C-simulation): the maximum
-   magnitude of every layer's output, as hls4ml's graph computes it (split activations,
-   fused layers and all). Weight ranges come from the converted graph's weight arrays.
+1. **Ranges.** The maximum magnitude of every layer's output of hls4ml's graph (split
+   activations, fused layers and all): from the float model's layers where the graph is the
+   layer IR's chain one for one (:func:`.emulate.float_trace`), else by converting at a wide
+   precision with tracing on every layer and running the calibration data through hls4ml's
+   own ``ModelGraph.trace`` (C-simulation). Weight ranges come from the converted graph's
+   weight arrays.
 2. **Integer bits per tensor** from its range (+1 bit of headroom for results, because
    validation data can exceed calibration data; results saturate instead of wrapping).
    Non-negative results (ReLU) use ``ufixed`` and save the sign bit. Recurrent layers keep
@@ -13,9 +15,10 @@ Method (documented with results in docs/targets-fpga.md):
    output, which tanh bounds.
 3. **Fractional bits**: one number ``f`` shared by all weights and results (width = integer
    bits + f per tensor), chosen as the smallest ``f`` whose C-simulation meets the
-   fidelity target on the calibration data. The search starts from a guess derived from the
-   target's error budget and gallops/bisects, assuming fidelity is monotone in ``f``; every
-   trial is one g++ build (~4–8 s), so the search is a handful of builds.
+   fidelity target on the calibration data. The search starts from the float model's answer
+   (:mod:`.emulate`; for recurrent models a guess from the target's error budget) and
+   gallops/bisects, assuming fidelity is monotone in ``f``; every trial is one g++ build
+   (~4–8 s), so the search is two builds when the guess is right.
    Activation tables of sigmoid/tanh layers grow with ``f`` (size and precision): their
    resolution, not the data types, limits an LSTM's accuracy.
 4. Accumulators stay ``auto``: hls4ml infers exact ones from the operand types.
