@@ -69,18 +69,23 @@ def _activation(layer: Any, x: np.ndarray, f: int) -> np.ndarray | None:
     return None
 
 
+def _network(model: Any) -> Any:
+    """The layer IR of ``model``, or None. Any failure means "no model of the design": the
+    search then starts from the error budget and traces the C-simulation, as it would for a
+    layer the IR does not read; an accelerator must not fail a compile hls4ml can make."""
+    try:
+        return extract(model, "fpga.hls4ml", dtype=np.float64)
+    except Exception:
+        return None
+
+
 def first_bits(model: Any, x: np.ndarray, ref: np.ndarray,
                target: FidelityTarget) -> tuple[int, int] | None:
     """(data ``f``, weight ``fw``) predicted for ``model`` (as :func:`.convert.for_hls4ml`
     gives it), or None where the model does not apply (recurrent layers, layers the layer IR
     does not read)."""
-    from hwbackends.errors import HwbError
-
-    try:
-        net = extract(model, "fpga.hls4ml", dtype=np.float64)
-    except HwbError:
-        return None
-    if any(isinstance(layer, Recurrent) for layer in net.layers):
+    net = _network(model)
+    if net is None or any(isinstance(layer, Recurrent) for layer in net.layers):
         return None
     return predict_bits(net, x, ref, target, _activation)
 
@@ -97,13 +102,10 @@ def float_trace(model: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray]
     the range measurement (:func:`.precision.measure_ranges`) without a C-simulation build.
     None unless the hls4ml graph (``hmodel``, converted from ``model``) is the layer IR's chain
     one for one, class and shape (then the C-simulation's trace measures the ranges)."""
-    from hwbackends.errors import HwbError
-
     from .._shared.layer_ir import reference
 
-    try:
-        net = extract(model, "fpga.hls4ml", dtype=np.float64)
-    except HwbError:
+    net = _network(model)
+    if net is None:
         return None
     layers = [layer for layer in hmodel.get_layers() if layer.class_name != "Input"]
     if len(layers) != len(net.layers):
