@@ -143,6 +143,31 @@ def test_integer_bits_and_search_logic():
         assert [t.frac_bits for t in wtrials] == tried
 
 
+def test_ranges_come_from_the_traced_c_sim_where_the_graph_is_not_the_chain(tmp_path):
+    """float_trace answers only for a graph that is the layer IR's chain one for one; here
+    hls4ml turns Flatten into a Reshape the IR does not have, so the search would trace the
+    C-simulation instead (hls4ml conversion only, no build)."""
+    import keras
+
+    from hwb_plugins.fpga_hls4ml import convert, emulate
+    from hwbackends.models import load_model
+
+    keras.utils.set_random_seed(1)
+    m = convert.for_hls4ml(load_model(keras.Sequential(
+        [keras.Input((4, 2)), keras.layers.Flatten(name="flat"), keras.layers.Dense(3, name="d")]),
+        name="flat"))
+    opts = convert.HlsOptions.from_extra({})
+    x = m.representative(16)
+    hm = convert.convert(m, convert.hls_config(m, opts, "fixed<16,6>"), opts, tmp_path / "p")
+    assert [layer.class_name for layer in hm.get_layers()][1:] != ["Dense"]
+    assert emulate.float_trace(m, hm, x) is None
+    plain = convert.for_hls4ml(load_model(keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(3, activation="relu", name="d")]), name="plain"))
+    hm = convert.convert(plain, convert.hls_config(plain, opts, "fixed<16,6>"), opts, tmp_path / "q")
+    got = emulate.float_trace(plain, hm, plain.representative(16))
+    assert got is not None and sorted(got) == ["d", "d_relu"]
+
+
 def test_the_first_guess_is_the_fewest_bits_the_rounded_model_meets():
     from hwb_plugins._shared import fixed_point as FP
     from hwb_plugins._shared.layer_ir import Act, Dense, Network
@@ -218,9 +243,10 @@ def test_lstm_auto_end_to_end(compiled, zoo_model):
         np.testing.assert_array_equal(out[0], y[i])
     types = cm.artifact.meta["types"]
     assert types["lstm"]["result"] == types["window"]["result"]  # hls4ml's LSTM needs one type
-    # Recurrent: no float model of the design; the ranges come from the traced C-simulation
+    # Recurrent: no float model of the design's rounding (the search starts from the budget),
+    # but its layer outputs give the ranges (hls4ml's graph is Input, LSTM, Dense)
     search = cm.artifact.meta["search"]
-    assert search["predicted"] is None and search["ranges_from"].startswith("hls4ml C-simulation")
+    assert search["predicted"] is None and search["ranges_from"] == "float model (layer IR)"
     assert types["lstm"]["table"].split(",")[1] == "2", types["lstm"]  # ours, not fixed<18,8>
 
 

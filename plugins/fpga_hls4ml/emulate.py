@@ -94,7 +94,8 @@ def first_bits(model: Any, x: np.ndarray, ref: np.ndarray,
 #: model (activations split off, BatchNormalization folded before conversion).
 _CLASSES = {"Dense": ("Dense",), "Act": ("Activation", "Softmax", "ReLU", "LeakyReLU",
                                          "ParametrizedActivation", "TanH", "Sigmoid"),
-            "Conv1D": ("Conv1D",), "Pool1D": ("Pooling1D",), "GlobalPool1D": ("GlobalPooling1D",)}
+            "Conv1D": ("Conv1D",), "Pool1D": ("Pooling1D",), "GlobalPool1D": ("GlobalPooling1D",),
+            "Recurrent": ("LSTM", "GRU")}
 
 
 def float_trace(model: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray] | None:
