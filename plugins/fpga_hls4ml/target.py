@@ -228,8 +228,9 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
     t1 = time.perf_counter()
     thm = convert.convert(model, tcfg, opts, builder.scratch / "trace")
     # Ranges from the float model where the hls4ml graph is the layer IR's chain one for one
-    # (the zoo's dense and conv models: the types assigned were identical to the C-sim
-    # trace's); else from a C-simulation build of the traced design.
+    # (every zoo model, the LSTM included: the types assigned were identical to the C-sim
+    # trace's); else from a C-simulation build of the traced design. The traced graph is
+    # converted either way: measure_ranges reads its layers.
     floats = emulate.float_trace(model, thm, calib)
     ranges = P.measure_ranges(thm, calib, (lambda x: (None, floats)) if floats is not None
                               else (lambda x: trace(thm, builder.scratch / "trace", x)))
