@@ -160,11 +160,11 @@ def test_ranges_come_from_the_traced_c_sim_where_the_graph_is_not_the_chain(tmp_
     x = m.representative(16)
     hm = convert.convert(m, convert.hls_config(m, opts, "fixed<16,6>"), opts, tmp_path / "p")
     assert [layer.class_name for layer in hm.get_layers()][1:] != ["Dense"]
-    assert emulate.float_trace(m, hm, x) is None
+    assert emulate.float_trace(emulate.network(m), hm, x) is None
     plain = convert.for_hls4ml(load_model(keras.Sequential(
         [keras.Input((8,)), keras.layers.Dense(3, activation="relu", name="d")]), name="plain"))
     hm = convert.convert(plain, convert.hls_config(plain, opts, "fixed<16,6>"), opts, tmp_path / "q")
-    got = emulate.float_trace(plain, hm, plain.representative(16))
+    got = emulate.float_trace(emulate.network(plain), hm, plain.representative(16))
     assert got is not None and sorted(got) == ["d", "d_relu"]
 
 

@@ -69,7 +69,7 @@ def _activation(layer: Any, x: np.ndarray, f: int) -> np.ndarray | None:
     return None
 
 
-def _network(model: Any) -> Any:
+def network(model: Any) -> Any:
     """The layer IR of ``model``, or None. Any failure means "no model of the design": the
     search then starts from the error budget and traces the C-simulation, as it would for a
     layer the IR does not read; an accelerator must not fail a compile hls4ml can make."""
@@ -79,12 +79,11 @@ def _network(model: Any) -> Any:
         return None
 
 
-def first_bits(model: Any, x: np.ndarray, ref: np.ndarray,
+def first_bits(net: Any, x: np.ndarray, ref: np.ndarray,
                target: FidelityTarget) -> tuple[int, int] | None:
-    """(data ``f``, weight ``fw``) predicted for ``model`` (as :func:`.convert.for_hls4ml`
-    gives it), or None where the model does not apply (recurrent layers, layers the layer IR
-    does not read)."""
-    net = _network(model)
+    """(data ``f``, weight ``fw``) predicted for ``net`` (:func:`network` of the model as
+    :func:`.convert.for_hls4ml` gives it), or None where the model does not apply (no
+    network, recurrent layers)."""
     if net is None or any(isinstance(layer, Recurrent) for layer in net.layers):
         return None
     return predict_bits(net, x, ref, target, _activation)
@@ -98,14 +97,14 @@ _CLASSES = {"Dense": ("Dense",), "Act": ("Activation", "Softmax", "ReLU", "Leaky
             "Recurrent": ("LSTM", "GRU")}
 
 
-def float_trace(model: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray] | None:
+def float_trace(net: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray] | None:
     """Every layer's float output on ``x``, keyed by the name of the hls4ml layer it is, for
     the range measurement (:func:`.precision.measure_ranges`) without a C-simulation build.
     None unless the hls4ml graph (``hmodel``, converted from ``model``) is the layer IR's chain
-    one for one, class and shape (then the C-simulation's trace measures the ranges)."""
+    one for one, class and shape (then the C-simulation's trace measures the ranges).
+    ``net``: :func:`network` of the model ``hmodel`` was converted from."""
     from .._shared.layer_ir import reference
 
-    net = _network(model)
     if net is None:
         return None
     layers = [layer for layer in hmodel.get_layers() if layer.class_name != "Input"]

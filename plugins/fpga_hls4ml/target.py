@@ -231,11 +231,12 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
     # (every zoo model, the LSTM included: the types assigned were identical to the C-sim
     # trace's); else from a C-simulation build of the traced design. The traced graph is
     # converted either way: measure_ranges reads its layers.
-    floats = emulate.float_trace(model, thm, calib)
+    net = emulate.network(model)  # the layer IR, read once for the ranges and the first guess
+    floats = emulate.float_trace(net, thm, calib)
     ranges = P.measure_ranges(thm, calib, (lambda x: (None, floats)) if floats is not None
                               else (lambda x: trace(thm, builder.scratch / "trace", x)))
     trace_s = time.perf_counter() - t1
-    predicted = emulate.first_bits(model, calib, ref, target)
+    predicted = emulate.first_bits(net, calib, ref, target)
     start = predicted[0] if predicted else P.first_guess(target, float(np.ptp(ref)))
     evaluate = P.evaluate_fn(lambda f: (builder.make(P.assign(base, ranges, f), f"f{f}"), None),
                              calib, ref)
