@@ -2,7 +2,8 @@
 costs with them. For each case, in one fresh store: the first compile (everything built), then
 the same variant again after evicting its artifact (what a corrupted or evicted entry costs:
 the build cache serves the C-sim library / Verilator model), then a retrained model (same
-architecture, other weights) at the same precision. Prints seconds per compile and the
+architecture, other weights) at the same precision (fpga.da4ml: its RTL is new, Verilator's
+runtime library comes from the cache). Prints seconds per compile and the
 cache's hits as each target records them.
 
     .venv/bin/python bench/build_cache.py [--store DIR]
@@ -49,7 +50,9 @@ def main() -> int:
             times.append(time.perf_counter() - t0)
             key, meta = cm.artifact.key, cm.artifact.meta
             hits.append(f"{meta['builds_cached']}/{meta['builds']} builds" if "builds" in meta
-                        else f"verilator {'cached' if meta.get('verilator_cached') else 'built'}")
+                        else f"verilator {'cached' if meta.get('verilator_cached') else 'built'} "
+                        f"{meta['seconds']['verilator']} s (runtime "
+                        f"{'cached' if meta.get('verilator_runtime_cached') else 'built'})")
         print(f"{target:<12} {precision:<16} {times[0]:8.1f} {times[1]:8.1f} {times[2]:12.1f}  "
               + "; ".join(hits))
     return 0

@@ -83,7 +83,8 @@ def test_a_retrained_model_reuses_the_csim_library_and_stays_bit_exact(store_dir
 @pytest.mark.slow
 def test_a_rebuilt_rtl_design_takes_its_verilator_model_from_the_cache(tmp_path) -> None:
     """fpga.da4ml: the same design built again (here: a rebuild after the artifact was
-    evicted) verilates nothing and still passes its own bit-exact check against da4ml."""
+    evicted) verilates nothing and still passes its own bit-exact check against da4ml; another
+    design builds only its own model and links Verilator's cached runtime."""
     if not get_registry().target("fpga.da4ml").probe().usable:
         pytest.skip("fpga.da4ml unavailable here")
     import keras
@@ -101,3 +102,8 @@ def test_a_rebuilt_rtl_design_takes_its_verilator_model_from_the_cache(tmp_path)
     assert b.artifact.meta["bit_exact"]["bit_exact"] and b.artifact.meta["seconds"]["verilator"] < 5
     x = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)
     np.testing.assert_array_equal(a.predict(x), b.predict(x))
+    # Another design: its model is verilated and built, Verilator's runtime is the cached one.
+    c = hwb.compile(m, "fpga.da4ml", "fixed<10,4>", store=tmp_path, options=opts, fidelity=False)
+    assert c.artifact.meta["verilator_cached"] is False and c.artifact.meta["verilator_runtime_cached"] is True
+    assert a.artifact.meta["verilator_runtime_cached"] is False
+    assert c.artifact.meta["bit_exact"]["bit_exact"] and c.artifact.meta["bit_exact"]["mismatches"] == 0
