@@ -243,11 +243,27 @@ def test_lstm_auto_end_to_end(compiled, zoo_model):
         np.testing.assert_array_equal(out[0], y[i])
     types = cm.artifact.meta["types"]
     assert types["lstm"]["result"] == types["window"]["result"]  # hls4ml's LSTM needs one type
-    # Recurrent: no float model of the design's rounding (the search starts from the budget),
-    # but its layer outputs give the ranges (hls4ml's graph is Input, LSTM, Dense)
-    search = cm.artifact.meta["search"]
-    assert search["predicted"] is None and search["ranges_from"] == "float model (layer IR)"
     assert types["lstm"]["table"].split(",")[1] == "2", types["lstm"]  # ours, not fixed<18,8>
+    # The float model of hls4ml's LSTM (emulate.py: products, gates, state rounded every
+    # step) predicted the answer, data and weights: three builds (f, f-1 failing, fw), and
+    # its layer outputs gave the ranges (hls4ml's graph is Input, LSTM, Dense).
+    s = cm.artifact.meta["search"]
+    f, fw = s["frac_bits"], s["weight_frac_bits"]
+    assert (s["predicted"]["frac_bits"], s["predicted"]["weight_frac_bits"]) == (f, fw) and fw < f, s
+    assert [t["frac_bits"] for t in s["trials"]] == [f - 1, f], s["trials"]
+    assert [t["frac_bits"] for t in s["weight_trials"]] == [fw], s["weight_trials"]
+    assert s["ranges_from"] == "float model (layer IR)" and cm.artifact.meta["builds"] == 3, s
+    # and it is hls4ml's arithmetic, not an approximation: on the calibration data, the
+    # model's error at every trial is the C-simulation's (they agree to ~1e-7 relative)
+    from hwb_plugins._shared.fixed_point import rounded_forward
+    from hwb_plugins.fpga_hls4ml import emulate
+    calib = m.representative(256)
+    net, ref_c = emulate.network(m), m.reference(calib)
+    for t in s["trials"] + [{**w, "weights": w["frac_bits"]} for w in s["weight_trials"]]:
+        fd, fwd = (f, t["weights"]) if "weights" in t else (t["frac_bits"], t["frac_bits"])
+        y = rounded_forward(net, calib, fd, fwd, emulate.layer_model).astype(np.float32)
+        got = hwb.fidelity.compare(ref_c, y.reshape(ref_c.shape)).rel_err
+        assert got == pytest.approx(t["fidelity"]["rel_err"], rel=1e-4), (fd, fwd, got, t)
 
 
 # A second identical compile is a cached load with identical outputs, a corrupted artifact file

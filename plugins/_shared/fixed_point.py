@@ -167,24 +167,25 @@ def round_to(x: Any, frac: int) -> Any:
     return np.floor(np.asarray(x, dtype=np.float64) * s + 0.5) / s
 
 
-#: A target's model of one activation layer of its design: ``(layer, x, f) -> y``, or None
-#: for the float activation (then rounded to ``f``).
-ActivationModel = Callable[[Any, Any, int], Any]
+#: A target's model of one layer of its design: ``(layer, x, f, fw) -> y`` (its output before
+#: the rounding to ``f`` that every layer gets), or None for the generic one: the float layer
+#: with its weights rounded to ``fw``. Targets model what their implementation adds (lookup
+#: tables; a recurrent layer's state rounded every step).
+LayerModel = Callable[[Any, Any, int, int], Any]
 
 
-def rounded_forward(net: Any, x: Any, f: int, fw: int,
-                    activation: ActivationModel | None = None) -> Any:
+def rounded_forward(net: Any, x: Any, f: int, fw: int, model: LayerModel | None = None) -> Any:
     """The float64 reference of a layer-IR network (:mod:`.layer_ir`) with its input and
     every layer's output rounded to ``f`` fractional bits and its weights to ``fw``: the
-    rounding a fixed-point design adds. ``activation`` models what the target's activations
-    add (lookup tables); saturation and accumulator widths are not modelled."""
+    rounding a fixed-point design adds. ``model`` gives the target's own layers (lookup
+    tables, recurrent state); saturation and accumulator widths are not modelled."""
     import dataclasses
 
-    from .layer_ir import Act, reference
+    from .layer_ir import reference
 
     h = round_to(x, f)
     for layer in net.layers:
-        y = activation(layer, h, f) if activation is not None and isinstance(layer, Act) else None
+        y = model(layer, h, f, fw) if model is not None else None
         if y is None:
             weights = {k: round_to(getattr(layer, k), fw) for k in ("w", "b", "scale", "shift")
                        if hasattr(layer, k)}
@@ -194,7 +195,7 @@ def rounded_forward(net: Any, x: Any, f: int, fw: int,
 
 
 def predict_bits(net: Any, x: Any, ref: Any, target: FidelityTarget,
-                 activation: ActivationModel | None = None,
+                 model: LayerModel | None = None,
                  margin: float = SEARCH_MARGIN) -> tuple[int, int] | None:
     """The search's first guesses, (data ``f``, weights ``fw`` for that ``f``): the fewest
     fractional bits whose :func:`rounded_forward` meets ``target`` on ``x`` against ``ref``
@@ -206,7 +207,7 @@ def predict_bits(net: Any, x: Any, ref: Any, target: FidelityTarget,
     tol = target.tolerance(margin)
 
     def passes(f: int, fw: int) -> bool:
-        y = rounded_forward(net, x, f, fw, activation).astype("float32").reshape(ref.shape)
+        y = rounded_forward(net, x, f, fw, model).astype("float32").reshape(ref.shape)
         return not tol.violations(compare(ref, y))
 
     f = next((f for f in range(F_MIN, F_MAX + 1) if passes(f, f)), None)

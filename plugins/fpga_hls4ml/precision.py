@@ -16,7 +16,7 @@ Method (documented with results in docs/targets-fpga.md):
 3. **Fractional bits**: one number ``f`` shared by all weights and results (width = integer
    bits + f per tensor), chosen as the smallest ``f`` whose C-simulation meets the
    fidelity target on the calibration data. The search starts from the float model's answer
-   (:mod:`.emulate`; for recurrent models a guess from the target's error budget) and
+   (:mod:`.emulate`, LSTM included; for a GRU a guess from the target's error budget) and
    gallops/bisects, assuming fidelity is monotone in ``f``; every trial is one g++ build
    (~4–8 s), so the search is two builds when the guess is right.
    Activation tables of sigmoid/tanh layers grow with ``f`` (size and precision): their
