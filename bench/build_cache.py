@@ -51,8 +51,8 @@ def main() -> int:
             key, meta = cm.artifact.key, cm.artifact.meta
             hits.append(f"{meta['builds_cached']}/{meta['builds']} builds" if "builds" in meta
                         else f"verilator {'cached' if meta.get('verilator_cached') else 'built'} "
-                        f"{meta['seconds']['verilator']} s (runtime "
-                        f"{'cached' if meta.get('verilator_runtime_cached') else 'built'})")
+                        f"{meta['seconds']['verilator']} s (from the cache: "
+                        f"{', '.join(meta.get('verilator_reused') or ['nothing shared'])})")
         print(f"{target:<12} {precision:<16} {times[0]:8.1f} {times[1]:8.1f} {times[2]:12.1f}  "
               + "; ".join(hits))
     return 0

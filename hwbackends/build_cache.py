@@ -119,6 +119,13 @@ class BuildCache:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
+    def discard(self, name: str) -> None:
+        """Remove the product ``name`` (one its user found unusable): the next build makes
+        it again."""
+        d = self._entry(name)
+        if d.exists():
+            self._remove(d)
+
     def _remove(self, d: Path) -> None:
         trash = self.root / "tmp" / f"evict-{uuid.uuid4().hex}"
         try:

@@ -48,6 +48,11 @@ def test_a_put_product_comes_back_and_a_tampered_one_never_does(tmp_path) -> Non
     assert not cache.fetch(name, tmp_path / "other.so") and not entry.exists()
     with pytest.raises(ValueError, match="not a build-cache digest"):
         cache.fetch("../" + "a" * 61, tmp_path / "x")
+    # one its user found unusable (a valid file the tool refuses): discarded, then a miss
+    cache.put(name, src)
+    cache.discard(name)
+    cache.discard(name)  # already gone: nothing to do
+    assert not entry.exists() and not cache.fetch(name, tmp_path / "again.so")
 
 
 def _hls4ml_or_skip() -> None:
@@ -84,26 +89,44 @@ def test_a_retrained_model_reuses_the_csim_library_and_stays_bit_exact(store_dir
 def test_a_rebuilt_rtl_design_takes_its_verilator_model_from_the_cache(tmp_path) -> None:
     """fpga.da4ml: the same design built again (here: a rebuild after the artifact was
     evicted) verilates nothing and still passes its own bit-exact check against da4ml; another
-    design builds only its own model and links Verilator's cached runtime."""
+    design builds only its own model (Verilator's runtime and a precompiled verilated.h are
+    the cached ones), and a cached header g++ refuses costs a rebuild, never the compile."""
     if not get_registry().target("fpga.da4ml").probe().usable:
         pytest.skip("fpga.da4ml unavailable here")
     import keras
 
-    keras.utils.set_random_seed(5)
-    km = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, activation="relu"),
+    # large enough for Verilator to split the model into files with precompiled headers
+    keras.utils.set_random_seed(6)
+    km = keras.Sequential([keras.Input((24,)), keras.layers.Dense(24, activation="relu"),
                            keras.layers.Dense(1)])
-    m = hwb.load_model(km, name="tiny")
+    m = hwb.load_model(km, name="mid")
     opts = {"synth": False}
     a = hwb.compile(m, "fpga.da4ml", "fixed<12,4>", store=tmp_path, options=opts, fidelity=False)
     assert a.artifact.meta["verilator_cached"] is False
+    assert a.artifact.meta["verilator_reused"] == []  # the store's first design builds all
     shutil.rmtree(a.artifact.path)
     b = hwb.compile(m, "fpga.da4ml", "fixed<12,4>", store=tmp_path, options=opts, fidelity=False)
     assert b.artifact.meta["verilator_cached"] is True and not b.artifact.cached
     assert b.artifact.meta["bit_exact"]["bit_exact"] and b.artifact.meta["seconds"]["verilator"] < 5
-    x = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((64, 24)).astype(np.float32)
     np.testing.assert_array_equal(a.predict(x), b.predict(x))
-    # Another design: its model is verilated and built, Verilator's runtime is the cached one.
-    c = hwb.compile(m, "fpga.da4ml", "fixed<10,4>", store=tmp_path, options=opts, fidelity=False)
-    assert c.artifact.meta["verilator_cached"] is False and c.artifact.meta["verilator_runtime_cached"] is True
-    assert a.artifact.meta["verilator_runtime_cached"] is False
-    assert c.artifact.meta["bit_exact"]["bit_exact"] and c.artifact.meta["bit_exact"]["mismatches"] == 0
+    # Other designs verilate and build only their own model.
+    built = {}
+    for prec in ("fixed<10,4>", "fixed<11,4>"):
+        if prec == "fixed<11,4>":  # a cached header g++ will not take (a compiler changed in place)
+            cache = BuildCache(tmp_path / "build-cache")
+            for rec in list((tmp_path / "build-cache").glob("*/*/record.json")):
+                if json.loads(rec.read_text())["from"].endswith(".gch"):
+                    (tmp_path / "garbage.gch").write_bytes(b"not a precompiled header")
+                    cache.discard(rec.parent.name)
+                    cache.put(rec.parent.name, tmp_path / "garbage.gch")
+        cm = hwb.compile(m, "fpga.da4ml", prec, store=tmp_path, options=opts, fidelity=False)
+        meta = cm.artifact.meta
+        assert meta["verilator_cached"] is False and meta["bit_exact"]["bit_exact"], meta["bit_exact"]
+        built[prec] = meta["verilator_reused"]
+    assert built == {"fixed<10,4>": ["verilated.h.gch", "libverilated.a"],
+                     # refused: the bad entry removed, the header built again and cached
+                     "fixed<11,4>": ["libverilated.a"]}, built
+    blobs = [r.parent / "blob" for r in (tmp_path / "build-cache").glob("*/*/record.json")
+             if json.loads(r.read_text())["from"].endswith(".gch")]
+    assert len(blobs) == 1 and blobs[0].read_bytes() != b"not a precompiled header"

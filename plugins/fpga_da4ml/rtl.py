@@ -7,6 +7,7 @@ does not take da4ml's own latency figure on trust.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 from hwbackends import build_cache
 from hwbackends.errors import CompileError
 
+log = logging.getLogger("hwbackends.fpga_da4ml")
 TOP = "hwb"
 WRAPPER = f"{TOP}_wrapper"
 LIB = "sim/libhwb_rtl.so"
@@ -155,7 +157,7 @@ class Built:
     lib: Path
     seconds: float
     cached: bool  # the whole library came from the store's build cache
-    runtime_cached: bool  # Verilator's runtime (libverilated.a) did
+    reused: tuple[str, ...] = ()  # the parts every design shares that came from it
 
 
 def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
@@ -177,19 +179,21 @@ def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
     key = _cache_key(w, cxx) if cache is not None else None
     (w.path / LIB).parent.mkdir(parents=True, exist_ok=True)
     if cache is not None and key is not None and cache.fetch(key, w.path / LIB):
-        return Built(w.path / LIB, time.perf_counter() - t0, True, True)
+        return Built(w.path / LIB, time.perf_counter() - t0, True)
     obj = sim / "obj_dir"
-    # Verilate only; make builds the model's library, and Verilator's own runtime
-    # (libverilated.a, ~6 s of g++ that is the same for every design) comes from the cache.
+    # Verilate only, then make the model's library. What every design compiles alike comes
+    # from the build cache: Verilator's runtime (libverilated.a, ~6 s of g++) and a
+    # precompiled verilated.h (~3 s, twice: the model's fast and slow halves).
     _run([str(root / "bin" / "verilator"), "--cc", "--no-timing",
           "-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", f"V{WRAPPER}", "--top-module", WRAPPER,
           "-CFLAGS", "-fPIC", "-I" + str(src), "-I" + str(src / "static"),
           "--Mdir", str(obj), str(src / f"{WRAPPER}.v")], sim, env, timeout)
     make = ["make", "-j", str(jobs), "-f", f"V{WRAPPER}.mk", *_MAKEFLAGS.split(), f"CXX={cxx}", f"LINK={cxx}"]
-    _run([*make, f"libV{WRAPPER}.a"], obj, env, timeout)
+    cc = _cxx_version(cxx)
+    pch = _make_model(obj, make, env, timeout, cache, cc)
     runtime = obj / "libverilated.a"
-    runtime_key = _runtime_key(obj, cxx) if cache is not None else None
-    runtime_cached = cache is not None and runtime_key is not None and cache.fetch(runtime_key, runtime)
+    runtime_key = _recipe_key("libverilated", make, "libverilated.a", obj, env, cc) if cache else None
+    runtime_cached = bool(cache and runtime_key and cache.fetch(runtime_key, runtime))
     if not runtime_cached:
         _run([*make, "libverilated.a"], obj, env, timeout)
         if cache is not None and runtime_key is not None:
@@ -201,7 +205,9 @@ def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
     shutil.rmtree(obj, ignore_errors=True)
     if cache is not None and key is not None:
         cache.put(key, w.path / LIB)
-    return Built(w.path / LIB, time.perf_counter() - t0, False, runtime_cached)
+    reused = ((("verilated.h.gch",) if pch is not None and pch.cached else ())
+              + (("libverilated.a",) if runtime_cached else ()))
+    return Built(w.path / LIB, time.perf_counter() - t0, False, reused)
 
 
 def _cache_key(w: Written, cxx: str) -> str | None:
@@ -209,9 +215,8 @@ def _cache_key(w: Written, cxx: str) -> str | None:
     da4ml's static modules; the lookup tables, read at run time, are in the key too, which
     costs only hits), the testbench, the tools' versions and flags
     (:mod:`hwbackends.build_cache`)."""
-    try:
-        cc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+    cc = _cxx_version(cxx)
+    if cc is None:
         return None
     parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, f"{w.n_in} {w.n_out} {w.bw_in} {w.bw_out}",
                                 (w.path / "sim" / "hwb_harness.cc").read_text()]
@@ -221,24 +226,97 @@ def _cache_key(w: Written, cxx: str) -> str | None:
     return build_cache.digest(*parts)
 
 
-def _runtime_key(obj: Path, cxx: str) -> str | None:
-    """What Verilator's runtime library is built from: Verilator's version, the compiler, the
-    flags, and the build settings Verilator wrote for this model (tracing, timing, coverage,
-    the runtime's object list: the lines of ``*_classes.mk`` that do not name the design's
-    own classes)."""
+#: A header holding only verilated.h: precompiled with the model's exact flags (make's own
+#: ``%.fast.gch`` rule builds it), it stands in for both of the model's precompiled headers,
+#: which are verilated.h plus two small headers of the design that the sources include again
+#: (guarded). g++ writes byte-identical objects with either (checked on zoo:signal's).
+_PCH_SRC = "hwb_verilated.h"
+
+
+@dataclass
+class _Pch:
+    key: str
+    cached: bool  # taken from the build cache, not built for this model
+
+
+def _shared_pch(obj: Path, make: list[str], env: dict[str, str], timeout: float,
+                cache: build_cache.BuildCache | None, cc: str | None) -> _Pch | None:
+    """Put the cached precompiled verilated.h in place of the model's two precompiled headers,
+    building and caching it the first time. None where the model uses none (a small model is
+    one translation unit, no PCH), there is no cache, the model's halves are compiled with
+    different flags, or it could not be built."""
     try:
-        cc = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-        classes = (obj / f"V{WRAPPER}_classes.mk").read_text()
+        parallel = "VM_PARALLEL_BUILDS = 1" in (obj / f"V{WRAPPER}_classes.mk").read_text()
+    except OSError:
+        parallel = False
+    if (not parallel or cache is None or cc is None or "OPT_FAST=-O0" not in _MAKEFLAGS
+            or "OPT_SLOW=-O0" not in _MAKEFLAGS):
+        return None
+    (obj / _PCH_SRC).write_text('#include "verilated.h"\n')
+    target = f"{_PCH_SRC}.fast.gch"
+    key = _recipe_key("verilated.h pch", make, target, obj, env, cc)
+    if key is None:
+        return None
+    pch = obj / target
+    cached = cache.fetch(key, pch)
+    if not cached:
+        try:
+            _run([*make, target], obj, env, timeout)
+        except CompileError as exc:
+            log.warning("precompiling verilated.h failed (%s); the model builds its own",
+                        str(exc).splitlines()[-1][:200])
+            return None
+        cache.put(key, pch)
+    for kind in ("fast", "slow"):  # copied after verilation: newer than the header, make keeps them
+        shutil.copyfile(pch, obj / f"V{WRAPPER}__pch.h.{kind}.gch")
+    return _Pch(key, cached)
+
+
+def _make_model(obj: Path, make: list[str], env: dict[str, str], timeout: float,
+                cache: build_cache.BuildCache | None, cc: str | None) -> _Pch | None:
+    """make the model's library (with the shared precompiled header where it applies). A
+    cached header g++ refuses (it then looks for the generated one, absent, and fails) is
+    removed from the cache and built again; a fresh one refused, the model's own headers are
+    built, as Verilator does. Returns the shared header used, if one was."""
+    pch = _shared_pch(obj, make, env, timeout, cache, cc)
+    while True:
+        try:
+            _run([*make, f"libV{WRAPPER}.a"], obj, env, timeout)
+            return pch
+        except CompileError as exc:
+            if pch is None or cache is None:
+                raise
+            log.warning("the %s precompiled verilated.h did not build this model (%s); %s",
+                        "cached" if pch.cached else "fresh", str(exc).splitlines()[-1][:200],
+                        "building it again" if pch.cached else "building the model's own")
+            cache.discard(pch.key)
+            for kind in ("fast", "slow"):
+                (obj / f"V{WRAPPER}__pch.h.{kind}.gch").unlink(missing_ok=True)
+            pch = _shared_pch(obj, make, env, timeout, cache, cc) if pch.cached else None
+
+
+def _cxx_version(cxx: str) -> str | None:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    settings, block = [], ""
-    for line in classes.splitlines():
-        if line.startswith("VM_"):
-            block = line.split()[0]
-        if line.startswith("VM_GLOBAL") or (block.startswith("VM_GLOBAL") and line.startswith("  ")) \
-                or re.match(r"VM_\w+ = ", line):
-            settings.append(line)
-    return build_cache.digest("libverilated", verilator_version(), cc, _MAKEFLAGS, *settings)
+
+
+def _recipe_key(product: str, make: list[str], target: str, obj: Path, env: dict[str, str],
+                cc: str | None) -> str | None:
+    """A product every design builds alike, named by its recipe: the commands make would run
+    for ``target`` (``make -n``: every source, flag and define), Verilator's version and the
+    compiler's."""
+    if cc is None:
+        return None
+    try:
+        r = subprocess.run([*make, "-n", target], cwd=obj, env=env, capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    return build_cache.digest(product, verilator_version(), cc, r.stdout)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> None:

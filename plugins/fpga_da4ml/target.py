@@ -179,7 +179,9 @@ class Da4mlTarget(Target):
             "verilog": f"{PROJECT}/src", "xdc": f"{PROJECT}/src/{rtl.TOP}.xdc",
             "synthesis": synth, "hardware_estimate": est,
             "verilator_cached": built.cached,  # the library came from the store's build cache
-            "verilator_runtime_cached": built.runtime_cached,  # libverilated.a did
+            # the parts every design shares (Verilator's runtime, a precompiled verilated.h)
+            # that came from it
+            "verilator_reused": list(built.reused),
             "seconds": {"search": round(search_s, 2), "verilator": round(built.seconds, 1),
                         "yosys": synth.get("seconds", 0.0),
                         "total": round(time.perf_counter() - t0, 1)},
