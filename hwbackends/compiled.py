@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from .chunked import as_returned, predict_in_batches, tuple_call
+from .exclusive import lock_for
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
 from .specs import Availability, Mode, TensorSpec
@@ -134,10 +135,16 @@ class CompiledModel:
     def predict(self, x: Any) -> Any:
         """Outputs for ``x`` of shape ``input.shape`` (one sample) or ``(n, *input.shape)``
         (several inputs: a tuple or a dict of those). Validates shape, dtype and (by default)
-        NaN/Inf; returns a new array (a tuple of arrays for several outputs)."""
+        NaN/Inf; returns a new array (a tuple of arrays for several outputs).
+
+        It holds the executor's lock (:mod:`hwbackends.exclusive`), so calling it on a model
+        an :class:`~hwbackends.serve.Engine` (or another thread) is serving is safe: the
+        executor and this object's staging buffers run one call at a time. The hot path,
+        :meth:`predict_into`, takes no lock: one caller at a time."""
         xs, single = self.validate(x)
-        ys = predict_in_batches(self._call, xs, self.batch_size, self.inputs, self.outputs,
-                                static_batch=self.static_batch, xbufs=self._xs, ybufs=self._ys)
+        with lock_for(self):
+            ys = predict_in_batches(self._call, xs, self.batch_size, self.inputs, self.outputs,
+                                    static_batch=self.static_batch, xbufs=self._xs, ybufs=self._ys)
         return as_returned(ys, single)
 
     def warmup(self, n: int = 20) -> None:

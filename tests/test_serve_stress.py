@@ -294,6 +294,37 @@ def test_stress_a_million_calls(world):
     assert total >= 1_000_000, total
 
 
+def test_predict_on_a_model_an_engine_is_serving_never_runs_it_on_two_threads(world):
+    """CI once failed test_serve_shm's cross-process test with a wrong answer: the test
+    thread's ``cm.predict(xs)`` ran LiteRT while the engine serving the same compiled model
+    (for a second client) was inside it. ``predict`` takes the executor's lock."""
+    eng = Engine(world.lit, EngineConfig.preset("latency")).start()
+    tally, stop = Tally(), threading.Event()
+
+    def client() -> None:
+        rng = np.random.default_rng(3)
+        while not stop.is_set():
+            k = int(rng.integers(len(world.xs)))
+            y = eng.predict(world.xs[k])
+            if isinstance(y, Unavailable) or abs(float(y[0]) - world.ref[k, 0]) > ATOL:
+                tally.wrong.append((k, y))
+            else:
+                tally.ok += 1
+    t = threading.Thread(target=client)
+    t.start()
+    try:
+        for _ in range(300):  # the batch path, 64 rows per call, while the engine serves
+            got = world.lit.predict(world.xs[:64])
+            bad = np.flatnonzero(np.abs(got[:, 0] - world.ref[:64, 0]) > ATOL)
+            tally.wrong += [(int(k), float(got[k, 0])) for k in bad]
+    finally:
+        stop.set()
+        t.join(30)
+        eng.stop()
+    assert not tally.wrong, tally.wrong[:5]
+    assert tally.ok > 100, tally.ok  # the engine did serve meanwhile
+
+
 def test_deadline_lanes_over_one_compiled_model_never_run_it_on_two_threads(world):
     """The slow stress run once gave a wrong answer: a lane's deadline worker ran LiteRT while
     another lane's worker (over the same compiled model) was still inside it. Two deadline

@@ -171,7 +171,10 @@ def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
         HARNESS.replace("@WRAPPER@", WRAPPER).replace("@N_IN@", str(w.n_in)).replace("@N_OUT@", str(w.n_out))
         .replace("@BW_IN@", str(w.bw_in)).replace("@BW_OUT@", str(w.bw_out)))
     env = dict(os.environ, VERILATOR_ROOT=str(root))
-    env.pop("CXXFLAGS", None)
+    # nothing of a make we may run under (`make test`: its jobserver, MAKELEVEL, whose
+    # "Entering directory" lines would put a path into every recipe key)
+    for var in ("CXXFLAGS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEFILES", "MAKEOVERRIDES"):
+        env.pop(var, None)
     t0 = time.perf_counter()
     src = w.path / "src"
     cxx = shutil.which(os.environ.get("HWB_CXX", "g++")) or "g++"
@@ -188,7 +191,7 @@ def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
           "-Wno-fatal", "-Wno-lint", "-Wno-style", "--prefix", f"V{WRAPPER}", "--top-module", WRAPPER,
           "-CFLAGS", "-fPIC", "-I" + str(src), "-I" + str(src / "static"),
           "--Mdir", str(obj), str(src / f"{WRAPPER}.v")], sim, env, timeout)
-    make = ["make", "-j", str(jobs), "-f", f"V{WRAPPER}.mk", *_MAKEFLAGS.split(), f"CXX={cxx}", f"LINK={cxx}"]
+    make = ["make", "--no-print-directory", "-j", str(jobs), "-f", f"V{WRAPPER}.mk", *_MAKEFLAGS.split(), f"CXX={cxx}", f"LINK={cxx}"]
     cc = _cxx_version(cxx)
     pch = _make_model(obj, make, env, timeout, cache, cc)
     runtime = obj / "libverilated.a"
