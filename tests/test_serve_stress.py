@@ -312,11 +312,16 @@ def test_predict_on_a_model_an_engine_is_serving_never_runs_it_on_two_threads(wo
                 tally.ok += 1
     t = threading.Thread(target=client)
     t.start()
+    # The batch path, 64 rows per call, while the engine serves: at least 300 calls, and on
+    # until the client has been answered 100 times meanwhile (CI once had 300 calls end after
+    # 58 answers), so the two overlap however the machine schedules the threads.
+    calls, until = 0, time.monotonic() + 60
     try:
-        for _ in range(300):  # the batch path, 64 rows per call, while the engine serves
+        while (calls < 300 or tally.ok <= 100) and time.monotonic() < until:
             got = world.lit.predict(world.xs[:64])
             bad = np.flatnonzero(np.abs(got[:, 0] - world.ref[:64, 0]) > ATOL)
             tally.wrong += [(int(k), float(got[k, 0])) for k in bad]
+            calls += 1
     finally:
         stop.set()
         t.join(30)
