@@ -280,8 +280,9 @@ def _resolve(ask: CompileRequest) -> _Request:
 def _own_copy(m: Model) -> Model:
     """A copy of ``m`` whose fields and ``meta`` the compile may set (an in-process target,
     a converter, the reference cache) without reaching the caller's object."""
-    return dataclasses.replace(m, meta=copy.deepcopy(m.meta), inputs=list(m.inputs),
-                               outputs=list(m.outputs))
+    own = copy.copy(m)  # a deferred model stays deferred: a cached artifact needs no framework
+    own.meta, own.inputs, own.outputs = copy.deepcopy(m.meta), list(m.inputs), list(m.outputs)
+    return own
 
 
 def _check_request(m: Model, tgt: Target, precision: str | None, batch_size: int | None,

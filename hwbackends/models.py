@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,9 +26,14 @@ KERAS_SUFFIXES = (".keras", ".h5", ".hdf5", ".json")
 
 @dataclass
 class Model:
-    """One source model and everything the targets and the fidelity check need from it."""
+    """One source model and everything the targets and the fidelity check need from it.
 
-    obj: Any
+    A model made by :meth:`deferred` knows its fingerprint, specs and meta (from a signed
+    memo: :mod:`hwbackends.zoo`) but not yet its framework object: ``obj`` and the reference
+    load it on first use, once (copies share the load), so serving a cached artifact of it
+    never imports the framework."""
+
+    obj: Any = field(repr=False)
     format: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -38,6 +44,36 @@ class Model:
     validation_data: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     _ref: Callable[..., Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def deferred(cls, load: Callable[[], Model], format: str, inputs: list[TensorSpec],
+                 outputs: list[TensorSpec], fingerprint: str, name: str, **kw: Any) -> Model:
+        """A model whose framework object ``load()`` makes on first use (``load`` returns the
+        whole :class:`Model`; its fingerprint must be this one)."""
+        m = cls(None, format, inputs, outputs, fingerprint, name, **kw)
+        del m.obj  # reads reach __getattr__ until it is loaded
+        m.__dict__["_deferred"] = _Deferred(load)
+        return m
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when ``obj`` is not loaded yet (a deferred model): load it now.
+        deferred = self.__dict__.get("_deferred")
+        if name != "obj" or deferred is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        real = deferred.get()
+        if real.fingerprint != self.fingerprint:
+            raise ModelError(f"model {self.name!r} loaded with fingerprint {real.fingerprint}, "
+                             f"but its memo said {self.fingerprint}: {deferred.stale_hint}")
+        self.__dict__["obj"] = real.obj
+        if self._ref is None:
+            self._ref = real._ref
+        return real.obj
+
+    def __copy__(self) -> Model:
+        # A copy of a deferred model stays deferred (dataclasses.replace would load it).
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
     @property
     def multi_io(self) -> bool:
@@ -60,6 +96,8 @@ class Model:
         *spec.shape)`` array per input, in ``inputs`` order. Given a tuple it returns a tuple
         with one array per output; given an array, the array of the one output (a tuple when
         there are several)."""
+        if self._ref is None:
+            self.obj  # noqa: B018 -- a deferred model loads here, and with it its reference
         if self._ref is None:
             self._ref = _reference_fn(self)
         xs = _as_tuple(x)
@@ -140,6 +178,23 @@ class Model:
             info["imports"] = legacy.keras_imports(self.obj)
         (directory / "model.json").write_text(json.dumps(info, default=str))
         return directory
+
+
+class _Deferred:
+    """The load of a deferred model's framework object: run once, shared by its copies."""
+
+    stale_hint = "the memo was out of date and is removed: load the model again"
+
+    def __init__(self, load: Callable[[], Model]) -> None:
+        self._load = load
+        self._model: Model | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Model:
+        with self._lock:
+            if self._model is None:
+                self._model = self._load()
+            return self._model
 
 
 def _save_torch(model: Model, directory: Path) -> str:

@@ -156,7 +156,7 @@ def test_torch_model_needs_an_input_spec():
 
 def test_fingerprint_is_stable_across_processes(zoo_model):
     here = zoo_model("lstm").fingerprint
-    code = "from hwbackends import zoo; print(zoo.get('lstm').fingerprint)"
+    code = "from hwbackends import zoo; print(zoo.get('lstm', deferred=False).fingerprint)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == here
     assert zoo_model("mlp").fingerprint != here
