@@ -196,10 +196,18 @@ def pytest_testnodedown(node, error):
     _worker_leftovers.extend(getattr(node, "workeroutput", {}).get("hwb_leftovers", []))
 
 
+def _contents(p: Path) -> str:
+    """What a leftover directory holds (its first 10 paths): which library wrote it."""
+    if not p.is_dir() or p.is_symlink():
+        return ""
+    inside = sorted(str(q.relative_to(p)) for q in p.rglob("*"))
+    return f"; holds {inside[:10]}" + (f" and {len(inside) - 10} more" if len(inside) > 10 else "")
+
+
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session, exitstatus):
     lines = [f"  {p}  (first seen after {_first_seen.get(str(p), 'a session fixture')})"
-             for p in leftovers(RUN_TMP)]
+             f"{_contents(p)}" for p in leftovers(RUN_TMP)]
     if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller reports them
         session.config.workeroutput["hwb_leftovers"] = lines
         lines = []
