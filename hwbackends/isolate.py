@@ -82,17 +82,6 @@ def _become_subreaper() -> None:
         pass
 
 
-def _remove_job_dir(path: str) -> None:
-    """Remove a job's private TMPDIR. A library may still be writing into it as the job
-    returns (a loaded machine once left one: a file landed between rmtree's unlinks and its
-    rmdir), so a tree that is still there is removed again, a few times, briefly apart."""
-    for wait in (0.0, 0.05, 0.2, 1.0):
-        time.sleep(wait)
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path):
-            return
-
-
 def _worker_main(fd: int, log_fd: int) -> None:
     """The worker's loop: receive (job id, tmpdir, fn, args, kwargs), run, reply with the id."""
     from multiprocessing.connection import Connection
@@ -298,7 +287,7 @@ class Worker:
                 self.kill()
                 raise
             finally:
-                _remove_job_dir(tmpdir)
+                shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _exchange(self, job_id: int, tmpdir: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
                   timeout: float, what: str, target: str, precision: str, log_start: int) -> Any:
