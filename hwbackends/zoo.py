@@ -256,10 +256,6 @@ def signal_path() -> Path:
     return path
 
 
-#: The framework each zoo model is built with (its version is part of the memo's key).
-_FRAMEWORK = {"mlp": "keras", "lstm": "keras", "conv1d": "keras", "signal": "keras",
-              "two_head": "keras", "mlp_torch": "torch", "lstm_torch": "torch"}
-
 _BUILDERS: dict[str, Callable[[], Model]] = {
     "mlp": lambda: load_model(keras_mlp(), name="mlp"),
     "lstm": lambda: load_model(keras_lstm(), name="lstm"),
@@ -284,11 +280,12 @@ def get(name: str, *, deferred: bool = True) -> Model:
 
     After its first build a zoo model's fingerprint, specs and meta are kept in a memo beside
     the trained model (``<store>/zoo/NAME.model.json``, signed with the store key like the
-    model, keyed by this module's and models.py's code and the framework's version); from
-    then on ``get`` returns a :meth:`~hwbackends.models.Model.deferred` model that builds the
-    framework object only when something uses it. A cached artifact of a zoo model is served
-    without importing TensorFlow or torch (``hwb serve zoo:signal``: ~1.5 s to serve instead
-    of ~6 s here). ``deferred=False`` always builds."""
+    model, keyed by the code that builds and fingerprints it and the frameworks' versions);
+    from then on ``get`` returns a :meth:`~hwbackends.models.Model.deferred` model that builds
+    the framework object only when something uses it. A cached artifact of a zoo model is
+    served without importing TensorFlow or torch (``hwb serve zoo:signal``: 0.83–0.93 s to
+    start and stop instead of 7.4–10.5 s here, docs/performance.md). ``deferred=False``
+    always builds."""
     try:
         build = _BUILDERS[name]
     except KeyError:
@@ -339,7 +336,7 @@ def _memo_key(name: str) -> str | None:
     here = Path(__file__).resolve().parent
     for f in ("zoo.py", "models.py", "legacy.py", "specs.py"):
         h.update(hashlib.sha256((here / f).read_bytes()).digest())
-    for dist in ("keras", "tensorflow-cpu", "tensorflow") if _FRAMEWORK[name] == "keras" else ("torch",):
+    for dist in ("keras", "tensorflow-cpu", "tensorflow", "torch"):  # whichever builds it
         try:
             h.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
