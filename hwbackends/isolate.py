@@ -94,6 +94,7 @@ def _worker_main(fd: int, log_fd: int) -> None:
     os.dup2(log_fd, 2)
     os.close(log_fd)
     base_tmp = os.environ.get("TMPDIR")
+    _pin_library_caches()
     while True:
         try:
             job_id, tmpdir, fn, args, kwargs = conn.recv()
@@ -121,6 +122,23 @@ def _worker_main(fd: int, log_fd: int) -> None:
             conn.send((job_id, "err", f"{type(exc).__name__}: {exc}", tb))
         finally:
             _reap()
+
+
+def _pin_library_caches() -> None:
+    """Fix the cache dirs libraries derive from ``gettempdir()`` to the worker's own TMPDIR,
+    before any job sets the job's. torch computes its cache dir once, when ``torch._dynamo``
+    is first imported (``package.DynamoCache``), and writes there later: imported during a job
+    (the first ``torch.export``), it re-created the removed job dir (a run under load left
+    ``job-N/torchinductor_root``). The path is torch's default, so the cache is shared with
+    every other torch process as before; an explicit setting is kept."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
 
 
 def _restore_tmpdir(base: str | None) -> None:

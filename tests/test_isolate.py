@@ -156,6 +156,25 @@ def _failing_job() -> None:
     raise RuntimeError("toolchain failed")
 
 
+def _torch_cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
+def test_torch_caches_outside_the_job_dir(own_tmp):
+    """torch fixes its cache dir when torch._dynamo is first imported and writes there later:
+    computed inside a job, it re-created the removed job dir (job-N/torchinductor_root)."""
+    pytest.importorskip("torch")
+    w = Worker()
+    try:
+        got = Path(w.run(_torch_cache_dir, timeout=120, what="torch cache dir"))
+    finally:
+        w.kill()
+    assert got.parent == Path(tempfile.gettempdir()) and got.name.startswith("torchinductor_"), got
+    assert not _job_dirs()
+
+
 def test_job_temp_files_are_removed_on_failure(own_tmp):
     before, tmp_before = _job_dirs(), _tmp_left()
     w = Worker()
