@@ -23,9 +23,13 @@ ISAS = {"native": "native", "x86-64-v2": "x86-64-v2", "x86-64-v3": "x86-64-v3",
         "x86-64-v4": "x86-64-v4"}
 #: Flags of the model code (the generated function). ``-fopenmp-simd`` honours the emitter's
 #: ``omp simd reduction`` pragmas only (no OpenMP runtime); ``-fno-math-errno`` keeps libm-free
-#: code free of errno stores; no ``-ffast-math``: the emitter writes vectorisable loops itself,
-#: so results stay IEEE (NaN in, NaN out).
-MODEL_FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno-semantic-interposition")
+#: code free of errno stores; ``-fno-trapping-math`` lets the vectoriser compute both arms of
+#: a ``?:`` (the LSTM gates' loop): without it GCC 12 if-converts such loops only where the
+#: ISA has masked stores (AVX-512) and left them scalar on AVX2 (an AMD EPYC, znver3). Results
+#: are unchanged: FP exceptions are never trapped here. No ``-ffast-math``: the emitter writes
+#: vectorisable loops itself, so results stay IEEE (NaN in, NaN out).
+MODEL_FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
+               "-fno-semantic-interposition")
 #: The extension's own code only checks and dispatches: built for the baseline ISA.
 EXT_FLAGS = ("-O2", "-fPIC")
 #: Where the load-time check reads this CPU's features (a module attribute, so a test can
