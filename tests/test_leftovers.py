@@ -36,8 +36,9 @@ def _run(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_x.py").write_text(body)
     # The inner run's temp dirs go under this test's TMPDIR (where the checks below look), not
-    # beside the outer run's: drop the root the outer conftest exported for its xdist workers.
-    env = {k: v for k, v in os.environ.items() if k != "HWB_TEST_TMP_ROOT"}
+    # beside the outer run's: drop the root the outer conftest exported for its xdist workers,
+    # and the outer run's HWB_TEST_KEEP_TMP (the inner runs must clean up to be checked).
+    env = {k: v for k, v in os.environ.items() if k not in ("HWB_TEST_TMP_ROOT", "HWB_TEST_KEEP_TMP")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "no:randomly", *args, str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
