@@ -441,12 +441,16 @@ def _cancel(ray: Any, refs: list[Any]) -> None:
     in a compiler or in C), a kill. A second Ctrl-C skips the wait."""
     for ref in refs:
         ray.cancel(ref, force=False)
+    left = refs
     try:
         if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+            _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
     except KeyboardInterrupt:
         pass
-    for ref in refs:
+    # Only what is still running: a forced cancel of a task that has just unwound crashed
+    # Ray 2.60's core worker when the task's late reply arrived ("Tried to complete task that
+    # was not pending", the process exited 1 instead of 130; seen under load).
+    for ref in left:
         ray.cancel(ref, force=True)
 
 
