@@ -129,8 +129,9 @@ def _pin_library_caches() -> None:
     before any job sets the job's. torch computes its cache dir once, when ``torch._dynamo``
     is first imported (``package.DynamoCache``), and writes there later: imported during a job
     (the first ``torch.export``), it re-created the removed job dir (a run under load left
-    ``job-N/torchinductor_root``). The path is torch's default, so the cache is shared with
-    every other torch process as before; an explicit setting is kept."""
+    ``job-N/torchinductor_root``), and exported that path to ``os.environ`` for every later
+    job and child. The path is torch's default, so the cache is shared with every other torch
+    process as before; an explicit setting (or the parent's torch's export) is kept."""
     import getpass
 
     try:

@@ -162,10 +162,13 @@ def _torch_cache_dir() -> str:
     return cache_dir()
 
 
-def test_torch_caches_outside_the_job_dir(own_tmp):
+def test_torch_caches_outside_the_job_dir(own_tmp, monkeypatch):
     """torch fixes its cache dir when torch._dynamo is first imported and writes there later:
     computed inside a job, it re-created the removed job dir (job-N/torchinductor_root)."""
     pytest.importorskip("torch")
+    # torch exports the dir it computed to its own environment: this process's (an earlier
+    # test's torch) would be inherited and hide what the worker does without it.
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     w = Worker()
     try:
         got = Path(w.run(_torch_cache_dir, timeout=120, what="torch cache dir"))
