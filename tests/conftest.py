@@ -41,17 +41,21 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
 os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"
 
 
-#: Seconds each heavier module takes (a quiet -n 2 run here, 2026-12-01 21:17 UTC). The run
-#: hands modules to the xdist workers longest first (this order, with --no-loadscope-reorder
-#: in the Makefile; xdist's own order is by test count): a 3-test module of 95 s handed out
-#: last had left one worker idle for 61 s. A stale figure only changes the order.
+#: Seconds each heavier module takes (2026-12-02, an AMD EPYC 2-core machine: a run beside a
+#: busy loop scaled to the quiet run's 705 s; test_fleet from the quiet run, since Ray's start
+#: slows far more than the rest under load; test_export_triton as on a fresh machine, where it
+#: builds its Triton venv, ~65 s). The run hands modules to the xdist workers longest first
+#: (this order, with --no-loadscope-reorder in the Makefile; xdist's own order is by test
+#: count): a 3-test module of 95 s handed out last had left one worker idle for 61 s. A stale
+#: figure only changes the order.
 MODULE_SECONDS = {
-    "test_docs_run": 179, "test_conformance": 124, "test_fpga_classifiers": 69, "test_fleet": 68,
-    "test_fpga_hls4ml": 62, "test_accelerators": 61, "test_export": 58, "test_serve_stress": 46,
-    "test_fpga_da4ml": 31, "test_cpu_native_fixed": 30, "test_scaffold": 29, "test_report": 23,
-    "test_conformance_kit": 21, "test_cpu_native": 21, "test_cpu_targets": 19,
-    "test_multi_io": 16, "test_layer_ir_formats": 15, "test_shm_trust": 15, "test_serve_cli": 15,
-    "test_build_cache": 12, "test_real_models": 11, "test_torch_multi_io": 11, "test_router": 10,
+    "test_docs_run": 251, "test_conformance": 138, "test_fleet": 100, "test_serve_stress": 72,
+    "test_export_triton": 65, "test_export": 63, "test_fpga_classifiers": 52,
+    "test_fpga_hls4ml": 50, "test_accelerators": 49, "test_cpu_native_fixed": 42,
+    "test_build_cache": 36, "test_scaffold": 31, "test_cpu_targets": 31, "test_report": 31,
+    "test_layer_ir_formats": 26, "test_conformance_kit": 25, "test_torch_multi_io": 23,
+    "test_multi_io": 22, "test_router": 18, "test_cpu_native": 17, "test_cli_data": 15,
+    "test_core": 12, "test_isolate": 12, "test_shm_trust": 12, "test_fleet_import": 11,
 }
 
 
