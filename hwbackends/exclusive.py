@@ -6,8 +6,10 @@ layer that runs a backend — the engine's serving thread, an inline call, a swa
 shadow replay, a second engine serving the same compiled model — takes the backend's lock
 from here, so sharing one object between them is safe. Uncontended it costs about 0.1 µs a
 batch; the router's lanes are single-caller by contract and do not take it on their direct
-path, but their deadline workers do: an abandoned call goes on running while its lane, or
-another lane over the same compiled model, moves on.
+path, but their deadline workers do, from the hand-off until the call ends: an abandoned call
+goes on running while its lane, or another lane over the same compiled model, moves on. A
+direct lane built while such a call is in flight waits for it, or calls that executor under
+its lock (``router.runtime._unless_abandoned``).
 
 A wrapper around another backend (a test double, a router strategy) names what it runs in
 ``exclusive_key`` so it shares the lock of the thing it wraps; a

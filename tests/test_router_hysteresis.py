@@ -7,13 +7,14 @@ measured; their bench p99s are the inputs a routing decision would hand the lane
 """
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from hwbackends.router import Lane
+from hwbackends.router import Lane, NoRouteError
 from hwbackends.specs import TensorSpec
 
 SWITCHES = ("re-route", "breaker-open", "retry", "retry-failed")
@@ -164,3 +165,49 @@ def test_served_label_and_failovers_follow_the_router(monkeypatch) -> None:
     assert b and float(b[0].rsplit(" ", 1)[1]) >= 10
     fo = [ln for ln in text.splitlines() if ln.startswith("hwb_serve_failovers{")]
     assert fo and float(fo[0].rsplit(" ", 1)[1]) == 1.0
+
+
+class _Counting:
+    """An executor that counts how many threads are inside it at once."""
+
+    batch_size = 1
+    input, output = TensorSpec("x", (1,)), TensorSpec("y", (1,))
+    inputs, outputs = [input], [output]
+
+    def __init__(self) -> None:
+        self.inside = self.most = 0
+        self.stall_s = 0.0
+        self.guard = threading.Lock()
+
+    def predict_into(self, x: np.ndarray, out: np.ndarray) -> None:
+        with self.guard:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        time.sleep(self.stall_s)
+        out[...] = x
+        with self.guard:
+            self.inside -= 1
+
+
+@pytest.mark.parametrize("wait_s", [1.0, 0.05], ids=["the-call-ends", "still-stuck"])
+def test_a_lane_built_during_an_abandoned_call_never_runs_beside_it(monkeypatch, wait_s) -> None:
+    """A deadline lane abandons a stalled call, which runs on in its worker thread; a direct
+    lane built over the same executor meanwhile (a re-plan, a new router) used to call it
+    at once, beside that call (the stress test saw the other call's answer). It waits for the
+    call to end, or, when the executor is still stuck after ABANDONED_WAIT_S, calls it under
+    its lock."""
+    from hwbackends.router import runtime
+
+    monkeypatch.setattr(runtime, "ABANDONED_WAIT_S", wait_s)
+    ex = _Counting()
+    order = [SimpleNamespace(variant="a:fp32", mode="hardware", cm=ex)]
+    x, out = np.full((1, 1), 7.0, np.float32), np.zeros((1, 1), np.float32)
+    ex.stall_s = 0.4
+    old = Lane("old", order, 1e9, timeout_us=1000.0)
+    with pytest.raises(NoRouteError, match="deadline"):
+        old.predict_into(x, out)  # abandoned: it sleeps on in old's worker thread
+    ex.stall_s = 0.0
+    new = Lane("new", order, 1e9)
+    new.predict_into(x, out)
+    assert out[0, 0] == 7.0
+    assert ex.most == 1  # never two threads in the executor

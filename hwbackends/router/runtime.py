@@ -64,7 +64,9 @@ class DeadlineWorker:
     caller takes only the reply to its own call. (Without it, a late reply to an abandoned
     call could be taken as the answer to the next one — seen under a short GIL switch
     interval.) A worker still busy with an abandoned call takes no new one, so the variant
-    never runs on two threads."""
+    never runs on two threads. The executor's lock is held from the hand-off until the call
+    has ended, so an abandoned call (queued or running) always shows as a held lock to a lane
+    built after it (:class:`Lane`)."""
 
     def __init__(self, fn: Callable[[Any, Any], None], x_shapes: Sequence[tuple[int, ...]],
                  y_shapes: Sequence[tuple[int, ...]], name: str, lock: Any = None):
@@ -92,10 +94,11 @@ class DeadlineWorker:
             seq = self._go.get()
             exc: BaseException | None = None
             try:
-                with self._lock:
-                    self.fn(self.x, self.y)
+                self.fn(self.x, self.y)
             except BaseException as e:  # handed to the caller of this sequence number
                 exc = e
+            finally:
+                self._lock.release()  # taken by call() at the hand-off
             with self._cv:
                 self._exc = exc
                 self._done_seq = seq
@@ -111,16 +114,43 @@ class DeadlineWorker:
             self.busy = True
             self._seq += 1
             seq = self._seq
+        end = time.monotonic() + timeout_s
+        if not self._lock.acquire(timeout=timeout_s):  # another user of the executor is in it
+            with self._cv:
+                self.busy = False
+            return False
         _copy(self.x, (x,) if self._single else x)  # the worker is idle until the hand-off
-        self._go.put(seq)
+        self._go.put(seq)  # the worker releases the lock when the call ends
         with self._cv:
-            if not self._cv.wait_for(lambda: self._done_seq == seq, timeout_s):
+            if not self._cv.wait_for(lambda: self._done_seq == seq, max(0.0, end - time.monotonic())):
                 return False
             exc, self._exc = self._exc, None
             if exc is not None:
                 raise exc
             _copy((out,) if self._single else out, self.y)  # under the lock: no later call writes y
         return True
+
+
+#: How long a lane being built waits for an abandoned deadline call on one of its executors
+#: to end before it takes that executor's lock on every call instead.
+ABANDONED_WAIT_S = 1.0
+
+
+def _unless_abandoned(fn: Callable[[Any, Any], None], lock: Any) -> Callable[[Any, Any], None]:
+    """A direct lane's call of one executor: ``fn`` itself (lock-free; a lane has one caller),
+    unless another lane's deadline worker is still in an abandoned call on the same executor
+    (its lock is held): a lane built over cached compiled models while an old lane's stalled
+    call runs on (a re-plan, a new router) would run beside it and could answer with the
+    other call's output (seen in the stress test). Waits :data:`ABANDONED_WAIT_S` for that call
+    to end; an executor still stuck after that is called under its lock by this lane."""
+    if lock.acquire(timeout=ABANDONED_WAIT_S):
+        lock.release()
+        return fn
+
+    def locked(x: Any, out: Any) -> None:
+        with lock:
+            fn(x, out)
+    return locked
 
 
 @dataclass
@@ -214,10 +244,12 @@ class Lane:
                                       bench_p99_us=getattr(c, "p99_us", None), rest_s=retry_after_s)
                          for i, c in enumerate(order)]
         self.cms = [c.cm for c in order]
-        if self.timeout_s is not None:
-            for v, cm in zip(self.variants, self.cms, strict=True):
+        for v, cm in zip(self.variants, self.cms, strict=True):
+            lock = lock_for(cm)
+            if self.timeout_s is None:
+                v.fn = _unless_abandoned(v.fn, lock)
+            else:
                 b = cm.batch_size
-                lock = lock_for(cm)
                 v.worker = DeadlineWorker(v.fn, [s.batched(b) for s in cm.inputs],
                                           [s.batched(b) for s in cm.outputs], v.variant, lock)
         self.cur = 0
