@@ -119,7 +119,13 @@ class DeadlineWorker:
             with self._cv:
                 self.busy = False
             return False
-        _copy(self.x, (x,) if self._single else x)  # the worker is idle until the hand-off
+        try:
+            _copy(self.x, (x,) if self._single else x)  # the worker is idle until the hand-off
+        except BaseException:  # a bad input: the executor was never handed it
+            self._lock.release()
+            with self._cv:
+                self.busy = False
+            raise
         self._go.put(seq)  # the worker releases the lock when the call ends
         with self._cv:
             if not self._cv.wait_for(lambda: self._done_seq == seq, max(0.0, end - time.monotonic())):
