@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import trust
-from .store import file_sha256, private_mkdir
+from .store import KEY_RE, file_sha256, private_mkdir
 
 log = logging.getLogger("hwbackends.build_cache")
 DIRNAME = "build-cache"
@@ -57,15 +57,16 @@ class BuildCache:
 
     root: Path
 
-    def _entry(self, name: str) -> Path:
-        if len(name) != 64 or any(c not in "0123456789abcdef" for c in name):
+    def path_for(self, name: str) -> Path:
+        """The directory of the product ``name`` (a digest; anything else is refused)."""
+        if not isinstance(name, str) or not KEY_RE.fullmatch(name):
             raise ValueError(f"{name!r:.80} is not a build-cache digest (64 hex digits)")
         return self.root / name[:2] / name
 
     def fetch(self, name: str, dest: Path) -> bool:
         """Copy the product ``name`` to ``dest`` and return True, or False (absent, or invalid
         and now removed)."""
-        d = self._entry(name)
+        d = self.path_for(name)
         if not (d / _RECORD).exists():
             return False
         gid = trust.trusted_gid()
@@ -90,12 +91,21 @@ class BuildCache:
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
         shutil.copyfile(d / _BLOB, tmp)
         os.replace(tmp, dest)
+        with contextlib.suppress(OSError):
+            os.utime(d)  # last used: ``hwb store prune`` removes the least recently used first
         return True
+
+    def names(self) -> list[str]:
+        """Every product's digest (unverified: :meth:`fetch` verifies one)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(d.name for d in self.root.glob("*/*")
+                      if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2])
 
     def put(self, name: str, src: Path) -> None:
         """Keep ``src`` as the product ``name`` (a second writer of the same name keeps the
         first's: both built the same thing)."""
-        d = self._entry(name)
+        d = self.path_for(name)
         if d.exists():
             return
         private_mkdir(self.root)
@@ -122,11 +132,12 @@ class BuildCache:
     def discard(self, name: str) -> None:
         """Remove the product ``name`` (one its user found unusable): the next build makes
         it again."""
-        d = self._entry(name)
+        d = self.path_for(name)
         if d.exists():
             self._remove(d)
 
     def _remove(self, d: Path) -> None:
+        private_mkdir(self.root / "tmp")
         trash = self.root / "tmp" / f"evict-{uuid.uuid4().hex}"
         try:
             os.rename(d, trash)

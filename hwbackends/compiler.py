@@ -430,6 +430,7 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
             close()
         st.evict(key)
         return None
+    st.touch(key)
     return executor, art
 
 

@@ -6,6 +6,10 @@ Layout under the root (``HWB_CACHE_DIR``, default ``~/.cache/hwbackends``)::
     objects/ab/abcdef…/<files>         what the target wrote
     tmp/<random>/                      staging; renamed into objects/ atomically
     locks/abcdef….lock                 held (flock) by the process building that key
+    build-cache/, zoo/, profiles/      build products, trained zoo models, measured profiles
+
+An entry directory's mtime is when it was last used (set at commit, touched on each load), so
+``hwb store prune`` (:mod:`hwbackends.store_prune`) removes the least recently used first.
 
 A missing manifest, a missing, extra or changed file, a manifest whose HMAC does not
 verify with this user's key (:mod:`hwbackends.trust`), or one signed for another key (an
@@ -192,12 +196,17 @@ class ArtifactStore:
         tmp = self.root / "tmp"
         private_mkdir(tmp)
         trust.check_path(tmp, "store directory", trust.trusted_gid())
-        self._sweep(tmp)
+        self.sweep_tmp()
         d = tmp / uuid.uuid4().hex
         d.mkdir(mode=0o700)
         return d
 
-    def _sweep(self, tmp: Path, max_age: float = 24 * 3600) -> None:
+    def sweep_tmp(self, max_age: float = 24 * 3600) -> None:
+        """Remove what ``tmp/`` holds older than ``max_age`` s: stagings of builds that died,
+        evictions interrupted half-way (a live build's staging is younger)."""
+        tmp = self.root / "tmp"
+        if not tmp.is_dir():
+            return
         now = time.time()
         for p in tmp.iterdir():
             try:
@@ -301,6 +310,47 @@ class ArtifactStore:
             if held:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def remove_idle_locks(self) -> int:
+        """Remove the lock files no build holds (one is left behind per key ever built);
+        returns how many. A process that opened a lock file just before it is removed may
+        build beside a later one: a build done twice, never a wrong entry (commits are
+        atomic and the first wins)."""
+        locks = self.root / "locks"
+        if not locks.is_dir():
+            return 0
+        n = 0
+        for p in locks.glob("*.lock"):
+            try:
+                fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a build is running
+                os.close(fd)
+                continue
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return n
+
+    def touch(self, key: str) -> None:
+        """Record that ``key`` was just used (its directory's mtime): ``hwb store prune``
+        removes the least recently used first."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path_for(key))
+
+    def keys(self) -> list[str]:
+        """The keys of every entry directory (unverified: :meth:`get` verifies one)."""
+        if not self._exists() or not self.objects.is_dir():
+            return []
+        return sorted(d.name for d in self.objects.glob("*/*")
+                      if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2])
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)

@@ -17,7 +17,7 @@ from ..errors import HwbError
 CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"
 #: Core subcommand modules, in the order ``hwb --help`` lists them (plugins' commands follow).
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fleet", "node", "export")
+            "fleet", "node", "export", "store")
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
