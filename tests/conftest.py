@@ -55,7 +55,8 @@ MODULE_SECONDS = {
     "test_build_cache": 36, "test_scaffold": 31, "test_cpu_targets": 31, "test_report": 31,
     "test_layer_ir_formats": 26, "test_conformance_kit": 25, "test_torch_multi_io": 23,
     "test_multi_io": 22, "test_router": 18, "test_cpu_native": 17, "test_cli_data": 15,
-    "test_core": 12, "test_isolate": 12, "test_shm_trust": 12, "test_fleet_import": 11,
+    "test_core": 12, "test_isolate": 12, "test_shm_trust": 12, "test_store_prune": 12,
+    "test_fleet_import": 11,
 }
 
 
