@@ -95,12 +95,14 @@ def _du(p: Path) -> int:
 
 
 def _artifact_label(store: ArtifactStore, key: str) -> str:
-    """"MODEL TARGET:PRECISION" from the entry's manifest when its signature verifies (no file
+    """"MODEL TARGET:PRECISION [batch N]" from the entry's manifest when its signature verifies (no file
     is hashed: a listing must not cost a read of every artifact); else says it is unverified."""
     try:
         record = json.loads((store.path_for(key) / MANIFEST).read_text())
         if isinstance(record, dict) and trust.verify(store.key, record):
-            return f"{record.get('model', '?')} {record.get('target', '?')}:{record.get('precision', '?')}"
+            batch = record.get("batch_size")
+            return (f"{record.get('model', '?')} {record.get('target', '?')}:"
+                    f"{record.get('precision', '?')}" + (f" batch {batch}" if batch != 1 else ""))
     except (OSError, ValueError):
         pass
     return "(unverified: removed when next loaded)"
