@@ -32,6 +32,7 @@ from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
 from .specs import Availability
 from .store import ArtifactStore, cache_key
+from .store_prune import keep_within_limit
 from .target import Artifact, CompileOptions, Converter, Manifest, Target
 
 log = logging.getLogger("hwbackends")
@@ -534,6 +535,7 @@ def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
         st.discard(staged)
         raise
     run.say(f"{tgt.name}:{opts.precision} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
+    keep_within_limit(st, run.say)  # HWB_CACHE_MAX_SIZE, when set
     return executor, man.artifact(st.path_for(req.key))
 
 

@@ -14,19 +14,26 @@ and the measured profiles are small and are kept; idle lock files and old stagin
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import trust
 from .build_cache import DIRNAME as BUILD_CACHE_DIR
 from .build_cache import BuildCache
 from .store import MANIFEST, ArtifactStore
+from .units import fmt_bytes, parse_size
+
+log = logging.getLogger("hwbackends.store")
 
 #: An entry used this recently is never removed (seconds).
 GRACE_S = 60.0
+#: The environment variable that caps the store: after each compile commits, the least
+#: recently used entries go until it holds at most this much (``20G``; unset: no cap).
+MAX_SIZE_ENV = "HWB_CACHE_MAX_SIZE"
 #: The store's other directories, counted in the total but never pruned.
 KEPT = ("zoo", "profiles", "tmp", "locks")
 
@@ -123,10 +130,11 @@ def _mtime(p: Path) -> float | None:
         return None
 
 
-def usage(store: ArtifactStore) -> Usage:
+def usage(store: ArtifactStore, *, labels: bool = True) -> Usage:
     """Every artifact and build product of ``store`` with its size and last use, newest first,
     and the bytes of the directories that are kept. Checks the root as every store access
-    does (:class:`StoreTrustError` for a root others could change)."""
+    does (:class:`StoreTrustError` for a root others could change). ``labels=False`` leaves
+    ``what`` empty and reads no manifest (the automatic limit needs sizes and times only)."""
     store.check_root()
     root = store.root
     out = Usage(str(root))
@@ -134,13 +142,15 @@ def usage(store: ArtifactStore) -> Usage:
         d = store.path_for(key)
         t = _mtime(d)
         if t is not None:
-            out.entries.append(Entry("artifact", key, _du(d), t, _artifact_label(store, key)))
+            out.entries.append(Entry("artifact", key, _du(d), t,
+                                     _artifact_label(store, key) if labels else ""))
     cache = BuildCache(root / BUILD_CACHE_DIR)
     for name in cache.names():
         d = cache.path_for(name)
         t = _mtime(d)
         if t is not None:
-            out.entries.append(Entry("build product", name, _du(d), t, _product_label(cache, name)))
+            out.entries.append(Entry("build product", name, _du(d), t,
+                                     _product_label(cache, name) if labels else ""))
     out.entries.sort(key=lambda e: -e.last_used)
     out.kept = {name: _du(root / name) for name in KEPT if (root / name).is_dir()}
     return out
@@ -148,7 +158,7 @@ def usage(store: ArtifactStore) -> Usage:
 
 def prune(store: ArtifactStore, *, max_bytes: int | None = None,
           older_than_s: float | None = None, dry_run: bool = False,
-          now: float | None = None) -> Pruned:
+          now: float | None = None, labels: bool = True) -> Pruned:
     """Remove entries not used for ``older_than_s`` seconds, then the least recently used until
     the artifacts and build products take at most ``max_bytes``; entries used within
     :data:`GRACE_S` stay whatever the limits. Also removes idle lock files and stagings over a
@@ -159,7 +169,7 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
         raise ValueError(f"limits must not be negative (max_bytes={max_bytes}, "
                          f"older_than_s={older_than_s})")
     now = time.time() if now is None else now
-    before = usage(store)
+    before = usage(store, labels=labels)
     size = before.removable_bytes
     removed: list[Entry] = []
     kept_recent = 0
@@ -183,6 +193,30 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
                 cache.discard(e.name)
         store.sweep_tmp()
         locks = store.remove_idle_locks()
-    after = usage(store) if not dry_run else Usage(
+    after = usage(store, labels=labels) if not dry_run else Usage(
         before.root, [e for e in before.entries if e not in removed], before.kept)
     return Pruned(removed, kept_recent, locks, after, dry_run)
+
+
+def keep_within_limit(store: ArtifactStore, say: Callable[[str], None] | None = None) -> Pruned | None:
+    """Prune ``store`` to :data:`MAX_SIZE_ENV` when that is set (ccache's ``max_size``):
+    called after each compile commits. Never raises: a bad value or a failed prune is logged
+    and the compile that called it stands."""
+    limit = os.environ.get(MAX_SIZE_ENV, "").strip()
+    if not limit:
+        return None
+    try:
+        max_bytes = parse_size(limit)
+    except ValueError as exc:
+        log.warning("%s: %s; the store is not pruned", MAX_SIZE_ENV, exc)
+        return None
+    try:
+        r = prune(store, max_bytes=max_bytes, labels=False)
+    except Exception as exc:  # noqa: BLE001 - keeping the cap is never worth a failed compile
+        log.warning("%s=%s: pruning %s failed (%s: %s); the store is left as it is",
+                    MAX_SIZE_ENV, limit, store.root, type(exc).__name__, exc)
+        return None
+    if r.removed and say is not None:
+        say(f"store over {MAX_SIZE_ENV}={limit}: removed {len(r.removed)} least recently used "
+            f"entr{'y' if len(r.removed) == 1 else 'ies'} ({fmt_bytes(sum(e.bytes for e in r.removed))})")
+    return r

@@ -39,6 +39,9 @@ if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("HWB_TEST_ST
 # a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
 os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"
+# A user's store cap (HWB_CACHE_MAX_SIZE) would prune the run's store under tests that expect
+# a cache hit; the tests that check the cap set it themselves.
+os.environ.pop("HWB_CACHE_MAX_SIZE", None)
 
 
 #: Seconds each heavier module takes (2026-12-02, an AMD EPYC 2-core machine: a run beside a

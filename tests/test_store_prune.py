@@ -18,7 +18,7 @@ import pytest
 import hwbackends as hwb
 from hwbackends.build_cache import DIRNAME, BuildCache, digest
 from hwbackends.store import ArtifactStore
-from hwbackends.store_prune import GRACE_S, prune, usage
+from hwbackends.store_prune import GRACE_S, MAX_SIZE_ENV, prune, usage
 
 DAY = 86400.0
 
@@ -104,6 +104,31 @@ def test_age_limit_and_the_grace_period(two_variants) -> None:
     r = prune(st, older_than_s=GRACE_S)
     assert [e.name for e in r.removed] == [stale]
     assert not st.path_for(stale).exists() and st.path_for(fresh).exists()
+
+
+def test_hwb_cache_max_size_prunes_after_each_compile(two_variants, monkeypatch, caplog) -> None:
+    """ccache's max_size: with HWB_CACHE_MAX_SIZE set, each compile that commits prunes the
+    least recently used entries over it (what it just built is within the grace period)."""
+    m, st, keys = two_variants
+    old, recent = keys["cpu.onnxruntime"], keys["cpu.litert"]
+    _age(st.path_for(old), 3 * DAY)
+    _age(st.path_for(recent), 1 * DAY)
+    said: list[str] = []
+    monkeypatch.setenv(MAX_SIZE_ENV, "1")
+    new = hwb.compile(m, "cpu.onnxruntime", "int8-dynamic", store=st.root, fidelity=False,
+                      progress=said.append)
+    assert not new.artifact.cached
+    assert st.keys() == [new.artifact.key]  # both older entries gone, the new one kept
+    assert any(f"store over {MAX_SIZE_ENV}=1: removed 2 least recently used entries" in s
+               for s in said), said
+    x = np.ones((4, *m.inputs[0].shape), np.float32)
+    assert np.isfinite(new.predict(x)).all()  # what it built is served
+    # a value it cannot read: said in the log, the compile stands, nothing removed
+    monkeypatch.setenv(MAX_SIZE_ENV, "lots")
+    with caplog.at_level("WARNING", logger="hwbackends.store"):
+        again = hwb.compile(m, "cpu.litert", "fp32", store=st.root, fidelity=False)
+    assert not again.artifact.cached and len(st.keys()) == 2
+    assert f"{MAX_SIZE_ENV}: 'lots' is not a size" in caplog.text
 
 
 def test_build_products_are_listed_touched_when_fetched_and_pruned(tmp_path) -> None:

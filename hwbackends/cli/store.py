@@ -23,7 +23,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                                     "used first, until the limits hold; one used in the last "
                                     "minute is kept. The zoo's trained models and measured "
                                     "profiles are kept. A removed artifact is rebuilt when next "
-                                    "compiled.")
+                                    "compiled. HWB_CACHE_MAX_SIZE=SIZE does this after every "
+                                    "compile by itself.")
     q.add_argument("--max-size", metavar="SIZE",
                    help="keep artifacts + build products within SIZE (0, 800M, 2G, …; default: no size limit)")
     q.add_argument("--older-than", metavar="AGE",
