@@ -193,8 +193,10 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
                 cache.discard(e.name)
         store.sweep_tmp()
         locks = store.remove_idle_locks()
-    after = usage(store, labels=labels) if not dry_run else Usage(
-        before.root, [e for e in before.entries if e not in removed], before.kept)
+    if removed and not dry_run:
+        after = usage(store, labels=labels)
+    else:  # nothing left the entries: no second scan (the common case of the automatic cap)
+        after = Usage(before.root, [e for e in before.entries if e not in removed], before.kept)
     return Pruned(removed, kept_recent, locks, after, dry_run)
 
 
