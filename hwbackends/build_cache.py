@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import trust
-from .store import KEY_RE, file_sha256, private_mkdir
+from .store import KEY_RE, file_sha256, private_mkdir, two_level_names
 
 log = logging.getLogger("hwbackends.build_cache")
 DIRNAME = "build-cache"
@@ -97,10 +97,7 @@ class BuildCache:
 
     def names(self) -> list[str]:
         """Every product's digest (unverified: :meth:`fetch` verifies one)."""
-        if not self.root.is_dir():
-            return []
-        return sorted(d.name for d in self.root.glob("*/*")
-                      if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2])
+        return two_level_names(self.root)
 
     def put(self, name: str, src: Path) -> None:
         """Keep ``src`` as the product ``name`` (a second writer of the same name keeps the

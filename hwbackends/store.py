@@ -87,6 +87,20 @@ def private_mkdir(d: Path) -> None:
         raise CacheError(f"{d} exists and is not a directory")
 
 
+def two_level_names(top: Path) -> list[str]:
+    """The names of the ``top/ab/abcdef…`` directories (a key or digest each, filed under its
+    first two digits), sorted; anything else there is skipped with a warning."""
+    if not top.is_dir():
+        return []
+    names = []
+    for d in sorted(top.glob("*/*")):
+        if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2]:
+            names.append(d.name)
+        else:
+            log.warning("%s is not a store entry (its name is no key); skipped", d)
+    return names
+
+
 def check_key(key: Any) -> str:
     """``key`` if it is a store key (64 lowercase hex digits), else :class:`CacheError`: a key
     names a directory, so ``../`` or a slash in one would reach outside the store."""
@@ -347,10 +361,7 @@ class ArtifactStore:
 
     def keys(self) -> list[str]:
         """The keys of every entry directory (unverified: :meth:`get` verifies one)."""
-        if not self._exists() or not self.objects.is_dir():
-            return []
-        return sorted(d.name for d in self.objects.glob("*/*")
-                      if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2])
+        return two_level_names(self.objects) if self._exists() else []
 
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)
@@ -373,11 +384,8 @@ class ArtifactStore:
         if not self._exists() or not self.objects.exists():
             return
         self.check_root()
-        for d in sorted(self.objects.glob("*/*")):
-            if not KEY_RE.fullmatch(d.name) or d.parent.name != d.name[:2]:
-                log.warning("%s is not a store entry (its name is no key); skipped", d)
-                continue
-            record = self.get(d.name)
+        for key in two_level_names(self.objects):
+            record = self.get(key)
             if record is not None:
                 yield record
 

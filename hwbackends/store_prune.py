@@ -138,19 +138,15 @@ def usage(store: ArtifactStore, *, labels: bool = True) -> Usage:
     store.check_root()
     root = store.root
     out = Usage(str(root))
-    for key in store.keys():
-        d = store.path_for(key)
-        t = _mtime(d)
-        if t is not None:
-            out.entries.append(Entry("artifact", key, _du(d), t,
-                                     _artifact_label(store, key) if labels else ""))
     cache = BuildCache(root / BUILD_CACHE_DIR)
-    for name in cache.names():
-        d = cache.path_for(name)
-        t = _mtime(d)
-        if t is not None:
-            out.entries.append(Entry("build product", name, _du(d), t,
-                                     _product_label(cache, name) if labels else ""))
+    sources = (("artifact", store.keys(), store.path_for, lambda n: _artifact_label(store, n)),
+               ("build product", cache.names(), cache.path_for, lambda n: _product_label(cache, n)))
+    for kind, names, path_for, label in sources:
+        for name in names:
+            d = path_for(name)
+            t = _mtime(d)
+            if t is not None:  # None: removed meanwhile
+                out.entries.append(Entry(kind, name, _du(d), t, label(name) if labels else ""))
     out.entries.sort(key=lambda e: -e.last_used)
     out.kept = {name: _du(root / name) for name in KEPT if (root / name).is_dir()}
     return out
@@ -196,7 +192,8 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
     if removed and not dry_run:
         after = usage(store, labels=labels)
     else:  # nothing left the entries: no second scan (the common case of the automatic cap)
-        after = Usage(before.root, [e for e in before.entries if e not in removed], before.kept)
+        gone = {e.name for e in removed}
+        after = Usage(before.root, [e for e in before.entries if e.name not in gone], before.kept)
     return Pruned(removed, kept_recent, locks, after, dry_run)
 
 

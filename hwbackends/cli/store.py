@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..units import fmt_age, fmt_bytes, parse_age, parse_size
 from . import CACHE_DIR_HELP, emit
 
 
@@ -43,8 +44,6 @@ def _store(args: argparse.Namespace):
 
 
 def _summary(u) -> str:
-    from ..units import fmt_bytes
-
     arts = [e for e in u.entries if e.kind == "artifact"]
     prods = [e for e in u.entries if e.kind != "artifact"]
     kept = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in u.kept.items() if v)
@@ -53,9 +52,12 @@ def _summary(u) -> str:
             f"{fmt_bytes(sum(e.bytes for e in prods))}" + (f"; kept: {kept}" if kept else ""))
 
 
+def _row(e) -> str:
+    return f"  {e.name[:12]}  {e.kind:13}  {e.what[:40]:40}  {fmt_bytes(e.bytes):>10}"
+
+
 def run_list(args: argparse.Namespace) -> int:
     from ..store_prune import usage
-    from ..units import fmt_age, fmt_bytes
 
     u = usage(_store(args))
     now = time.time()
@@ -63,8 +65,7 @@ def run_list(args: argparse.Namespace) -> int:
     lines = [_summary(u)]
     if rows:
         lines.append(f"  {'KEY':12}  {'KIND':13}  {'WHAT':40}  {'SIZE':>10}  LAST USED")
-        lines += [f"  {e.name[:12]}  {e.kind:13}  {e.what[:40]:40}  {fmt_bytes(e.bytes):>10}  "
-                  f"{fmt_age(now - e.last_used)} ago" for e in rows]
+        lines += [f"{_row(e)}  {fmt_age(now - e.last_used)} ago" for e in rows]
     if len(rows) < len(u.entries):
         lines.append(f"  … {len(u.entries) - len(rows)} more (--limit 0 lists all)")
     lines.append("remove the least recently used: hwb store prune --max-size SIZE / --older-than AGE")
@@ -75,7 +76,6 @@ def run_list(args: argparse.Namespace) -> int:
 def run_prune(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..store_prune import GRACE_S, prune
-    from ..units import fmt_bytes, parse_age, parse_size
 
     if args.max_size is None and args.older_than is None:
         raise ConfigError("say what to keep: --max-size SIZE (e.g. 2G) and/or "
@@ -91,8 +91,7 @@ def run_prune(args: argparse.Namespace) -> int:
     lines = [f"{verb} {n_art} artifact(s) and {len(r.removed) - n_art} build product(s), "
              f"{fmt_bytes(sum(e.bytes for e in r.removed))}"
              + (f"; {r.locks_removed} idle lock file(s)" if r.locks_removed else "")]
-    lines += [f"  {e.name[:12]}  {e.kind:13}  {e.what[:40]:40}  {fmt_bytes(e.bytes):>10}"
-              for e in r.removed]
+    lines += [_row(e) for e in r.removed]
     if r.kept_recent:
         lines.append(f"kept {r.kept_recent} entr{'y' if r.kept_recent == 1 else 'ies'} over the "
                      f"limit: used in the last {GRACE_S:.0f} s")
