@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,29 @@ def test_shm_loop_sends_each_status_as_its_own_code():
         st = srv.stats()
         assert st["served"] == 1 and st["bad_payloads"] == 1 and st["errors"] == 3
         assert st["deadline_missed"] == 1
+    finally:
+        srv.close()
+        eng.stop()
+
+
+def test_a_deadline_under_a_microsecond_away_when_batch_mode_reads_it_is_a_miss(monkeypatch):
+    """The C loop checks a request's deadline, then batch mode hands the rest of it to the
+    engine, whose smallest deadline is MIN_DEADLINE_US: a request read with 0.5 µs left was
+    refused as the client's bad input (BAD_INPUT, counted in bad_payloads; seen once in a
+    full run of the test above). It is a deadline miss."""
+    import hwbackends.serve.shm as shm
+
+    eng = Engine(Flaky(), EngineConfig.preset("latency", warmup=1)).start()
+    srv = ShmServer(eng, slots=2)
+    try:
+        assert srv.mode == "batch"
+        now = 10**15
+        monkeypatch.setattr(shm, "time", types.SimpleNamespace(monotonic_ns=lambda: now))
+        x, y = np.ones((1, 8), np.float32), np.empty((1, 1), np.float32)
+        res = srv._batch([(x, y, now + 500), (x, y, now - 1), (x, y, 0)])
+        monkeypatch.undo()
+        assert res[0] == res[1] == (int(Status.DEADLINE), DEADLINE.reason), res
+        assert res[2] is None and np.allclose(y, x @ Flaky.w)  # no deadline: answered
     finally:
         srv.close()
         eng.stop()

@@ -56,7 +56,7 @@ from ..inputs import as_sample
 from ..specs import TensorSpec
 from . import _shmloop  # built with the package; request.py explains when it is missing
 from .engine import Engine
-from .request import DEADLINE, Status, Unavailable
+from .request import DEADLINE, MIN_DEADLINE_US, Status, Unavailable
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -304,9 +304,10 @@ class ShmServer:
         hs = []
         for x, _, dl in items:
             budget = (dl - now) / 1e3 if dl > 0 else None
-            if budget is not None and budget <= 0:
-                # Passed between the C loop's check and now: a deadline miss, never the
-                # client's bad input (submit would refuse a budget ≤ 0 as an InputError).
+            if budget is not None and budget < MIN_DEADLINE_US:
+                # Passed, or under the engine's smallest deadline, between the C loop's check
+                # and now: a deadline miss, never the client's bad input (submit refuses a
+                # budget under MIN_DEADLINE_US as an InputError, which was answered BAD_INPUT).
                 hs.append(DEADLINE)
                 continue
             try:
