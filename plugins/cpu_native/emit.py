@@ -616,7 +616,7 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
         e.line(f"for (int i = 0; i < {int(np.prod(net.input_shape))}; i++) y[i] = x[i];")
     cur, shape = ("x" if last >= 0 else "y"), tuple(net.input_shape)
     for i, (layer, out_shape) in enumerate(zip(net.layers, shapes, strict=True)):
-        e.line(f"/* {layer.name}: {type(layer).__name__} {shape} -> {out_shape} */")
+        e.line(f"/* layer {i}: {type(layer).__name__} {shape} -> {out_shape} */")  # no model text
         e.cur = i
         cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
         shape = out_shape

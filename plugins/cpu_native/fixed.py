@@ -480,8 +480,8 @@ class FixedEmitter:
         self.line(f"for (int i = 0; i < {net.n_in}; i++) {cur}[i] = ({_ctype(t_in)})"
                   f"fx_from_float(x[i], {_scale(t_in.frac)}, {_mode(t_in)});")
         typ = t_in
-        for layer in net.layers:
-            self.line(f"/* {layer.name}: {layer.kind} -> {layer.result} */")
+        for k, layer in enumerate(net.layers):
+            self.line(f"/* layer {k}: {layer.kind} */")  # no model text in generated code
             kind = layer.kind if layer.kind in ("dense", "softmax") else "act"
             cur = getattr(self, kind)(layer, cur, typ)
             typ = layer.result
