@@ -31,10 +31,12 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from . import trust
 from .errors import CacheError
@@ -101,6 +103,35 @@ def two_level_names(top: Path) -> list[str]:
     return names
 
 
+#: Entries pinned against pruning in this process: (real store root, key) -> how many pins.
+_PINS: Counter[tuple[str, str]] = Counter()
+_PINS_LOCK = threading.Lock()
+
+
+class Pins:
+    """The handle :meth:`ArtifactStore.pinned` yields: :meth:`add` pins more keys (each
+    released when the ``with`` block ends)."""
+
+    def __init__(self, root: str):
+        self._root = root
+        self._keys: list[str] = []
+
+    def add(self, *keys: str) -> None:
+        checked = [check_key(k) for k in keys]
+        with _PINS_LOCK:
+            for k in checked:
+                _PINS[(self._root, k)] += 1
+            self._keys += checked
+
+    def _release(self) -> None:
+        with _PINS_LOCK:
+            for k in self._keys:
+                _PINS[(self._root, k)] -= 1
+                if _PINS[(self._root, k)] <= 0:
+                    del _PINS[(self._root, k)]
+            self._keys = []
+
+
 def check_key(key: Any) -> str:
     """``key`` if it is a store key (64 lowercase hex digits), else :class:`CacheError`: a key
     names a directory, so ``../`` or a slash in one would reach outside the store."""
@@ -132,6 +163,37 @@ class ArtifactStore:
         if self._key is None:
             self._key = trust.load_key()
         return self._key
+
+    @contextlib.contextmanager
+    def pinned(self, keys: Iterable[str] = ()) -> Iterator[Pins]:
+        """Keep ``keys`` (and any added with the yielded handle's ``add``) from being pruned
+        while the block runs: every :func:`~hwbackends.store_prune.prune` in this process
+        skips them, including the automatic one ``HWB_CACHE_MAX_SIZE`` runs after each
+        compile commits. For a caller that compiles many variants and then reads them
+        (``hwb export`` over a batch-size sweep)::
+
+            with store.pinned() as pins:
+                for b in sizes:
+                    cm = hwbackends.compile(m, target, batch_size=b, store=store)
+                    pins.add(cm.artifact.key)   # just used: within the grace period
+                copy(...)                       # none of them is pruned meanwhile
+
+        Pins are per process and per store root (any :class:`ArtifactStore` of the same real
+        root sees them) and nest (a key pinned twice is free when both blocks end); they do
+        not stop another process's ``hwb store prune``, which keeps what was used in the last
+        :data:`~hwbackends.store_prune.GRACE_S` seconds. A key that is not a store key is
+        :class:`CacheError`. Pinning does not make an absent or evicted entry present."""
+        pins = Pins(str(self.root))
+        try:
+            pins.add(*keys)
+            yield pins
+        finally:
+            pins._release()
+
+    def is_pinned(self, key: str) -> bool:
+        """Whether ``key`` is pinned (:meth:`pinned`) in this process."""
+        with _PINS_LOCK:
+            return _PINS.get((str(self.root), key), 0) > 0
 
     def check_root(self) -> None:
         """Refuse a root someone else could change (:class:`StoreTrustError`); create it 0700.

@@ -81,11 +81,13 @@ class Pruned:
     locks_removed: int
     after: Usage
     dry_run: bool
+    kept_pinned: int = 0  # entries over the limit but pinned (ArtifactStore.pinned)
 
     def to_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "removed": [asdict(e) for e in self.removed],
                 "removed_bytes": sum(e.bytes for e in self.removed),
-                "kept_recent": self.kept_recent, "locks_removed": self.locks_removed,
+                "kept_recent": self.kept_recent, "kept_pinned": self.kept_pinned,
+                "locks_removed": self.locks_removed,
                 "after": self.after.to_dict()}
 
 
@@ -168,7 +170,7 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
     before = usage(store, labels=labels)
     size = before.removable_bytes
     removed: list[Entry] = []
-    kept_recent = 0
+    kept_recent = kept_pinned = 0
     for e in sorted(before.entries, key=lambda e: e.last_used):  # least recently used first
         stale = older_than_s is not None and now - e.last_used > older_than_s
         over = max_bytes is not None and size > max_bytes
@@ -176,6 +178,9 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
             continue
         if now - e.last_used < GRACE_S:
             kept_recent += 1
+            continue
+        if e.kind == "artifact" and store.is_pinned(e.name):
+            kept_pinned += 1
             continue
         removed.append(e)
         size -= e.bytes
@@ -194,7 +199,7 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
     else:  # nothing left the entries: no second scan (the common case of the automatic cap)
         gone = {e.name for e in removed}
         after = Usage(before.root, [e for e in before.entries if e.name not in gone], before.kept)
-    return Pruned(removed, kept_recent, locks, after, dry_run)
+    return Pruned(removed, kept_recent, locks, after, dry_run, kept_pinned)
 
 
 def keep_within_limit(store: ArtifactStore, say: Callable[[str], None] | None = None) -> Pruned | None:

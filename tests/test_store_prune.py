@@ -131,6 +131,32 @@ def test_hwb_cache_max_size_prunes_after_each_compile(two_variants, monkeypatch,
     assert f"{MAX_SIZE_ENV}: 'lots' is not a size" in caplog.text
 
 
+def test_pinned_entries_outlive_the_automatic_cap(two_variants, monkeypatch) -> None:
+    """What ``hwb export`` does over a batch-size sweep: the variants it will copy are pinned,
+    and the cap each later compile enforces removes only what is not pinned."""
+    m, st, keys = two_variants
+    old, recent = keys["cpu.onnxruntime"], keys["cpu.litert"]
+    _age(st.path_for(old), 3 * DAY)
+    _age(st.path_for(recent), 1 * DAY)
+    monkeypatch.setenv(MAX_SIZE_ENV, "1")
+    with ArtifactStore(st.root).pinned([old]) as pins:  # another instance, the same root
+        assert st.is_pinned(old) and not st.is_pinned(recent)
+        new = hwb.compile(m, "cpu.onnxruntime", "int8-dynamic", store=st.root, fidelity=False)
+        pins.add(new.artifact.key)
+        assert sorted(st.keys()) == sorted([old, new.artifact.key])  # the unpinned one went
+        r = prune(st, max_bytes=0, now=time.time() + 2 * GRACE_S)
+        assert r.removed == [] and r.kept_pinned == 2
+        with st.pinned([old]):  # nested: still pinned after the inner block
+            pass
+        assert st.is_pinned(old)
+    assert not st.is_pinned(old) and not st.is_pinned(new.artifact.key)
+    r = prune(st, max_bytes=0, now=time.time() + 2 * GRACE_S)
+    assert {e.name for e in r.removed} == {old, new.artifact.key} and st.keys() == []
+    with pytest.raises(hwb.errors.CacheError, match="not a store key"):
+        with st.pinned(["../x"]):
+            pass
+
+
 def test_build_products_are_listed_touched_when_fetched_and_pruned(tmp_path) -> None:
     st = ArtifactStore(tmp_path / "store")
     cache = BuildCache(st.root / DIRNAME)
