@@ -214,15 +214,17 @@ def test_prune_needs_a_limit() -> None:
         prune(ArtifactStore("/nonexistent-never-created"))
 
 
-def test_cli_lists_and_prunes(two_variants, hwb_cli) -> None:
+def test_cli_lists_and_prunes(two_variants, hwb_cli, capsys) -> None:
     _, st, _ = two_variants
     root = str(st.root)
     rc, out, _ = hwb_cli("store", "--cache-dir", root)
     assert rc == 0 and f"store {st.root}" in out and "mlp cpu.litert:fp32" in out, out
     rc, out, err = hwb_cli("store", "--cache-dir", root, "prune")
     assert rc != 0 and "--max-size SIZE" in err and "--older-than AGE" in err, err
-    rc, out, err = hwb_cli("store", "prune", "--max-size", "2 bananas", "--cache-dir", root)
-    assert rc != 0 and "'2 bananas' is not a size" in err and "800M, 2G" in err, err
+    with pytest.raises(SystemExit) as usage_error:  # argparse: a usage error
+        hwb_cli("store", "prune", "--max-size", "2 bananas", "--cache-dir", root)
+    err = capsys.readouterr().err
+    assert usage_error.value.code == 2 and "'2 bananas' is not a size" in err and "800M, 2G" in err, err
     for k in st.keys():
         _age(st.path_for(k), 2 * DAY)
     rc, out, _ = hwb_cli("store", "--cache-dir", root, "prune", "--max-size", "0", "--dry-run")

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ..units import fmt_age, fmt_bytes, parse_age, parse_size
-from . import CACHE_DIR_HELP, emit
+from . import CACHE_DIR_HELP, emit, usage_type
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -26,9 +26,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                     "profiles are kept. A removed artifact is rebuilt when next "
                                     "compiled. HWB_CACHE_MAX_SIZE=SIZE does this after every "
                                     "compile by itself.")
-    q.add_argument("--max-size", metavar="SIZE",
+    q.add_argument("--max-size", metavar="SIZE", type=usage_type(parse_size, "size"),
                    help="keep artifacts + build products within SIZE (0, 800M, 2G, …; default: no size limit)")
-    q.add_argument("--older-than", metavar="AGE",
+    q.add_argument("--older-than", metavar="AGE", type=usage_type(parse_age, "age"),
                    help="remove what was not used for AGE (12h, 30d, 2w, …; default: no age limit)")
     q.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     q.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
@@ -80,12 +80,8 @@ def run_prune(args: argparse.Namespace) -> int:
     if args.max_size is None and args.older_than is None:
         raise ConfigError("say what to keep: --max-size SIZE (e.g. 2G) and/or "
                           "--older-than AGE (e.g. 30d)")
-    try:
-        max_bytes = None if args.max_size is None else parse_size(args.max_size)
-        older = None if args.older_than is None else parse_age(args.older_than)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    r = prune(_store(args), max_bytes=max_bytes, older_than_s=older, dry_run=args.dry_run)
+    r = prune(_store(args), max_bytes=args.max_size, older_than_s=args.older_than,
+              dry_run=args.dry_run)
     verb = "would remove" if r.dry_run else "removed"
     n_art = sum(e.kind == "artifact" for e in r.removed)
     lines = [f"{verb} {n_art} artifact(s) and {len(r.removed) - n_art} build product(s), "
