@@ -9,6 +9,7 @@ from .chunked import as_returned, predict_in_batches, tuple_call
 from .exclusive import lock_for
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
+from .sliding import Window, open_window
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io
 
@@ -158,6 +159,24 @@ class CompiledModel:
             x, out = (x,), (out,)
         check_io(x, out, self.inputs, self.outputs, self.batch_size,
                  contiguous=getattr(self.executor, "contiguous", False))
+
+    # -- the sliding window and the stream (hwbackends/sliding.py) ------------------------------
+    def sliding(self, *, auto_prepare: bool = True) -> Window:
+        """A :class:`~hwbackends.sliding.Window` over the input's first axis: ``push_into(x_t,
+        out)`` takes one step (``input.shape[1:]``) and writes what ``predict_into`` returns for
+        the window ending at ``x_t`` (zero state at the window's start; zero-filled before
+        ``input.shape[0]`` steps were pushed). The target's incremental form where it offers
+        one (``window.form == "incremental"``), else the window recomputed each tick.
+        ``auto_prepare=False``: ``push_into`` only answers; call ``window.prepare()`` before
+        the next tick (off the critical path), or the next push runs it first."""
+        return open_window(self, stateful=False, auto_prepare=auto_prepare)
+
+    def streaming(self, *, auto_prepare: bool = True) -> Window:
+        """A stream for a model trained stateful: each ``push_into(x_t, out)`` advances the
+        state by one step (never reset between ticks) and answers; ``reset()`` zeroes it.
+        Only where the target has an incremental form for the model (cpu.native: recurrent
+        models); else :class:`~hwbackends.errors.UnsupportedError`."""
+        return open_window(self, stateful=True, auto_prepare=auto_prepare)
 
     def close(self) -> None:
         close = getattr(self.executor, "close", None)

@@ -348,6 +348,28 @@ class Executor:
         input and one output."""
         return None
 
+    def incremental(self, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
+        """Optional: an exact incremental form of the sliding window (``stateful=False``) or
+        of the stream (``stateful=True``), behind ``CompiledModel.sliding()`` /
+        ``streaming()`` (hwbackends/sliding.py states both semantics). ``None`` (the default):
+        there is none; ``sliding()`` then recomputes the window with :meth:`predict_into`
+        each tick and ``streaming()`` is refused.
+
+        Return a :class:`hwbackends.sliding.Steps`: ``push_into(x_t, out)`` takes one step's
+        features (shape ``input.shape[1:]``) and writes ``out`` (``output.shape``, one sample):
+        for the window, what :meth:`predict_into` gives on the window ending at ``x_t``, zero
+        state at its start, zero-filled before it is full (within the precision's fidelity; in
+        fp32 within 1e-5); for the stream, the model after one more step from the state left
+        by the last push (zero after ``reset``). Only what needs ``x_t`` runs there; the rest
+        runs in ``prepare()`` (a no-op when nothing is pending), which ``push_into`` runs first
+        when the caller did not, and after writing ``out`` when ``auto_prepare``. ``reset()``
+        returns to the start. A wrong array raises :class:`~hwbackends.errors.InputError`; no
+        allocation per call; one caller at a time (the rules of :meth:`predict_into`). When the
+        state is shared (a C library's globals) and new ``Steps`` are handed out over it, call
+        the old ones' ``revoke(reason)`` first. The conformance kit's ``sliding`` check
+        compares ``push_into`` with ``predict_into`` over many ticks."""
+        return None
+
     def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """The model call: write one output per buffer of ``outs`` for the inputs ``xs``
         (sequences in spec order, one array each: the caller's tuples, or for one tensor each

@@ -18,6 +18,7 @@ This module is their index; each lives in a module of its own:
 ``check_variant``    compile, predict, fidelity (:mod:`.tolerances`)
 ``alloc``            no_allocation (per-call peak and net, tracemalloc)
 ``bad_inputs``       bad_inputs (every wrong array → InputError)
+``check_sliding``    sliding (``cm.sliding()`` equals ``predict_into`` on each window)
 ===================  ==============================================================
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable
 
 from .alloc import ALLOC_BOUND_BYTES, ALLOC_CALLS, PEAK_BOUND_BYTES, check_no_allocation
 from .bad_inputs import STRIDED, bad_input_cases, check_bad_inputs
+from .check_sliding import check_sliding
 from .check_store import check_compile_isolated, check_store_roundtrip
 from .check_target import PROBE_BUDGET_S, check_metadata, check_probe
 from .check_variant import check_compile, check_fidelity, check_predict
@@ -41,7 +43,7 @@ TARGET_CHECKS: dict[str, Callable[[Conformance], str]] = {
 }
 VARIANT_CHECKS: dict[str, Callable[[Conformance, Variant], str]] = {
     "compile": check_compile, "predict": check_predict, "no_allocation": check_no_allocation,
-    "fidelity": check_fidelity, "bad_inputs": check_bad_inputs,
+    "fidelity": check_fidelity, "bad_inputs": check_bad_inputs, "sliding": check_sliding,
 }
 #: Target checks that still run (and must pass) when the target is unavailable here.
 WHEN_UNAVAILABLE = ("metadata", "probe", "probe_is_light")

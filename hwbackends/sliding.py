@@ -1,0 +1,204 @@
+"""The sliding window and the stream: one tick in, the answer out (``CompiledModel.sliding()``
+and ``CompiledModel.streaming()``).
+
+A model over a window of ``T`` steps (input shape ``(T, *step)``) is, in trading, run on a
+window that slides by one tick: the answer at tick ``t`` is the model on the ``T`` most recent
+steps, with zero state at the window's start (STAC-ML Tacana's semantics). A :class:`Window`
+holds that window: :meth:`Window.push_into` takes one step's features ``x_t`` (shape
+``input.shape[1:]``) and writes into ``out`` (shape ``output.shape``, one sample) exactly what
+``predict_into`` returns for the window ending at ``x_t``. Before ``T`` steps were pushed, the
+window is zero-filled at its start: the answer is ``predict_into`` on
+``[0, …, 0, x_0, …, x_t]`` (so is it after :meth:`Window.reset`).
+
+Two forms give those answers:
+
+* **recompute** (:class:`RecomputeSteps`, every model on every target): the window is kept in a
+  ring buffer and ``predict_into`` runs on it each tick; nothing to prepare;
+* **incremental**, where a target offers one (:meth:`hwbackends.target.Executor.incremental`):
+  only the work that needs ``x_t`` runs in ``push_into``; the rest (advancing the windows in
+  flight, the next window's recurrent products) runs in :meth:`Window.prepare`, which a
+  strategy may call while it waits for the next tick. ``push_into`` runs a pending prepare
+  first itself, so a caller that never calls it still gets the right answers (then paying
+  for it on the tick).
+
+``streaming()`` is the other semantics (VOLLO's): a stateful model whose state is never reset
+between ticks; each push advances it by one step and answers; :meth:`Window.reset` zeroes it.
+It exists only as a target's incremental form (``predict_into`` cannot express it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .errors import InputError, UnsupportedError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .compiled import CompiledModel
+
+_F32 = np.dtype(np.float32)
+
+
+@dataclass
+class Steps:
+    """What a target's incremental form (or the core's fallback) provides: the calls behind a
+    :class:`Window`.
+
+    ``push_into(x_t, out)`` writes the answer (and, with ``auto_prepare``, prepares the next
+    tick after writing ``out``); ``prepare()`` does the work for the next tick that does not
+    need it (a no-op when nothing is pending); ``reset()`` empties the window (zero-filled) or
+    zeroes the stream's state. ``form`` is ``"incremental"`` or ``"recompute"``. A target whose
+    state lives outside this object (a C library's globals) calls :attr:`revoke` on the
+    :class:`Steps` it handed out before when it hands out new ones over the same state: the
+    :class:`Window` that the core built over the old ones then refuses every call."""
+
+    push_into: Callable[[np.ndarray, np.ndarray], None]
+    prepare: Callable[[], None]
+    reset: Callable[[], None]
+    form: str = "incremental"
+    #: Set by the core (:class:`Window`): makes the window refuse every later call, saying why.
+    revoke: Callable[[str], None] = field(default=lambda why: None, repr=False)
+
+
+class Window:
+    """The handle ``cm.sliding()`` / ``cm.streaming()`` return (see the module docstring).
+
+    ``push_into`` *is* the form's own call (for cpu.native one C function), so a tick costs what
+    the target costs. One caller at a time, like ``predict_into``; it takes no lock."""
+
+    def __init__(self, steps: Steps, *, window: int, step_shape: tuple[int, ...],
+                 output_shape: tuple[int, ...], stateful: bool):
+        self.form = steps.form
+        #: The window's length in steps (``input.shape[0]``); for a stream, the compiled one.
+        self.window = window
+        self.step_shape = step_shape
+        self.output_shape = output_shape
+        self.stateful = stateful
+        self.push_into = steps.push_into
+        self.prepare = steps.prepare
+        self.reset = steps.reset
+        steps.revoke = self._revoke
+
+    def _revoke(self, why: str) -> None:
+        def refused(*_: Any) -> None:
+            raise UnsupportedError(why)
+        self.push_into = self.prepare = self.reset = refused  # type: ignore[method-assign]
+
+    def __repr__(self) -> str:
+        kind = "stream" if self.stateful else f"window of {self.window}"
+        return f"<Window {kind} × {self.step_shape} ({self.form})>"
+
+
+def step_shapes(cm: "CompiledModel") -> tuple[int, tuple[int, ...]]:
+    """``(window length, one step's shape)`` of ``cm``'s input; UnsupportedError for a model
+    with no window (several inputs or outputs, a scalar input)."""
+    if cm.multi_io:
+        raise UnsupportedError(
+            f"sliding()/streaming() take a model with one input and one output; "
+            f"{cm.model_name} has {len(cm.inputs)} inputs and {len(cm.outputs)} outputs. Keep "
+            f"the window yourself and call predict_into")
+    shape = tuple(cm.input.shape)
+    if not shape:
+        raise UnsupportedError(f"{cm.model_name}'s input is a scalar: there is no time axis to "
+                               f"slide (sliding() slides the input's first axis)")
+    return int(shape[0]), shape[1:]
+
+
+class RecomputeSteps:
+    """The fallback form: the last ``T`` steps in a ring buffer, ``predict_into`` on them.
+
+    The ring holds every step twice (``ring[k]`` and ``ring[k + T]``), so the window ending at
+    the newest step is always the contiguous slice ``ring[k + 1 : k + 1 + T]``; with batch size
+    1 those ``T`` slices are made once and handed to ``predict_into`` as they are (no copy, no
+    allocation per tick); a larger compiled batch copies the window into row 0 of a staging
+    batch (the other rows stay zero)."""
+
+    form = "recompute"
+
+    def __init__(self, cm: "CompiledModel"):
+        t, step = step_shapes(cm)
+        self._t, self._step = t, step
+        self._ring = np.zeros((2 * t, *step), np.float32)
+        self._k = 0
+        self._predict = cm.predict_into
+        b = cm.batch_size
+        self._y = np.zeros(cm.output.batched(b), np.float32)
+        self._y0 = self._y[0]
+        if b == 1:
+            self._views = [self._ring[k + 1:k + 1 + t][None] for k in range(t)]
+            self._x = None
+        else:
+            self._views = [self._ring[k + 1:k + 1 + t] for k in range(t)]
+            self._x = np.zeros(cm.input.batched(b), np.float32)
+        self._out_shape = tuple(cm.output.shape)
+
+    def steps(self) -> Steps:
+        return Steps(self.push_into, self.prepare, self.reset, self.form)
+
+    def push_into(self, x_t: np.ndarray, out: np.ndarray) -> None:
+        """Write ``x_t`` into the ring and the answer of the window ending at it into ``out``."""
+        try:
+            ok = (x_t.shape == self._step and out.shape == self._out_shape and x_t.dtype is _F32
+                  and out.dtype is _F32 and out.flags.writeable)
+        except AttributeError:
+            ok = False
+        if not ok:
+            check_step(x_t, out, self._step, self._out_shape)
+        k, t = self._k, self._t
+        self._ring[k] = x_t
+        self._ring[k + t] = x_t
+        view = self._views[k]
+        self._k = k + 1 if k + 1 < t else 0
+        if self._x is None:
+            self._predict(view, self._y)
+        else:
+            self._x[0] = view
+            self._predict(self._x, self._y)
+        out[...] = self._y0
+
+    def prepare(self) -> None:
+        """Nothing to prepare: the whole window is computed on the tick."""
+
+    def reset(self) -> None:
+        """Empty the window: zero-filled, as at the start."""
+        self._ring[...] = 0.0
+        self._k = 0
+
+
+def check_step(x_t: Any, out: Any, step: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
+    """Raise InputError saying what is wrong with ``push_into``'s ``x_t`` / ``out``."""
+    for label, a, shape, writeable in (("x_t", x_t, step, False), ("out", out, out_shape, True)):
+        if not isinstance(a, np.ndarray):
+            raise InputError(f"push_into: {label} must be a numpy.ndarray of shape {shape} and "
+                             f"dtype float32; got {type(a).__name__}")
+        if tuple(a.shape) != tuple(shape):
+            what = "one step's features (input.shape[1:])" if label == "x_t" else "one sample's output"
+            raise InputError(f"push_into: {label} has shape {tuple(a.shape)}; expected {shape}, "
+                             f"{what}, without a batch dimension")
+        if a.dtype != _F32:
+            raise InputError(f"push_into: {label} has dtype {a.dtype}; expected float32. Convert "
+                             f"once outside the hot path: {label}.astype(np.float32)")
+        if writeable and not a.flags.writeable:
+            raise InputError("push_into: out is read-only; pass a writeable preallocated array")
+    if not (x_t.flags.c_contiguous and out.flags.c_contiguous):
+        raise InputError("push_into: x_t and out must be C-contiguous; use np.ascontiguousarray() "
+                         "once outside the hot path")
+
+
+def open_window(cm: "CompiledModel", *, stateful: bool, auto_prepare: bool) -> Window:
+    """The :class:`Window` of ``cm``: the executor's incremental form when it offers one for
+    these semantics, else (sliding only) :class:`RecomputeSteps`."""
+    t, step = step_shapes(cm)
+    hook = getattr(cm.executor, "incremental", None)
+    steps = hook(stateful=stateful, auto_prepare=auto_prepare) if hook is not None else None
+    if steps is None:
+        if stateful:
+            raise UnsupportedError(
+                f"{cm.variant} offers no streaming form for {cm.model_name}: a stream (state "
+                f"never reset) needs a target's incremental form; cpu.native has one for "
+                f"recurrent models (LSTM/GRU layers, then a Dense head). Use sliding() for a "
+                f"window with zero state at its start")
+        steps = RecomputeSteps(cm).steps()
+    return Window(steps, window=t, step_shape=step, output_shape=tuple(cm.output.shape),
+                  stateful=stateful)
