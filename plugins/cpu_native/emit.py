@@ -81,6 +81,14 @@ HWB_INLINE float hwb_exp_le88(float x) {
     return p * s.f;
 }
 HWB_INLINE float hwb_sigmoid(float x) { return 1.0f / (1.0f + hwb_exp(-x)); }
+/* gelu(x) = x·Φ(x) with erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), branch-free */
+HWB_INLINE float hwb_gelu(float x) {
+    const float z = (x < 0.0f ? -x : x) * 0.70710678118654752f, t = 1.0f / (1.0f + 0.3275911f * z);
+    const float p = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f
+                    + t * 1.061405429f))));
+    const float e = 1.0f - p * hwb_exp(-z * z);
+    return 0.5f * x * (1.0f + (x < 0.0f ? -e : e));
+}
 /* tanh: (1-e)/(1+e) with e = exp(-2|x|); near 0 its odd Taylor series (no cancellation). */
 HWB_INLINE float hwb_tanh(float x) {
     float a = x < 0.0f ? -x : x;
@@ -145,6 +153,8 @@ class _Emitter:
         self.cur = 0
         #: index of an Act layer already applied by the layer before it (a conv's epilogue)
         self.fused = -1
+        #: the chain being emitted (the network's, or a residual's branch): ``cur`` indexes it
+        self.seq: list[ir.Layer] = net.layers
 
     def const(self, stem: str, a: np.ndarray) -> str:
         name = f"{stem}{len(self.consts)}"
@@ -160,6 +170,13 @@ class _Emitter:
 
     def line(self, s: str) -> None:
         self.body.append("    " + s)
+
+    def writable(self, src: str, size: int) -> str:
+        """A stack copy of the ``size`` floats at ``src`` (the read-only input ``x``), for a
+        layer that works in place."""
+        dst = self.buf(size)
+        self.line(f"for (int i = 0; i < {size}; i++) {dst}[i] = {src}[i];")
+        return dst
 
     # -- building blocks ---------------------------------------------------------------------
     def matvec(self, segs: list[tuple[str, int]], dst: str, n_out: int, w: np.ndarray,
@@ -231,7 +248,9 @@ class _Emitter:
 
     def act(self, kind: str, alpha: float, buf: str, size: int, last: int) -> None:
         f = {"relu": "v > 0.0f ? v : 0.0f", "leaky_relu": f"v > 0.0f ? v : {float(alpha).hex()}f * v",
-             "tanh": "hwb_tanh(v)", "sigmoid": "hwb_sigmoid(v)"}.get(kind)
+             "tanh": "hwb_tanh(v)", "sigmoid": "hwb_sigmoid(v)", "gelu": "hwb_gelu(v)",
+             "gelu_tanh": "0.5f * v * (1.0f + hwb_tanh(0x1.988454p-1f * (v + 0x1.6e4a8cp-5f * v * v * v)))",
+             }.get(kind)
         if f is not None:
             self.line(f"for (int i = 0; i < {size}; i++) {{ const float v = {buf}[i]; {buf}[i] = {f}; }}")
         elif kind == "softmax":
@@ -253,6 +272,8 @@ class _Emitter:
         def out() -> str:
             return dst if dst is not None else self.buf(size)
 
+        if isinstance(layer, (ir.Act, ir.Affine)) and src == "x" and self.fused != self.cur:
+            src = self.writable(src, size)  # element-wise layers work in place; x is read-only
         if isinstance(layer, ir.Act):
             if self.fused == self.cur:
                 return src
@@ -261,11 +282,15 @@ class _Emitter:
         if isinstance(layer, ir.Flatten):
             return src
         if isinstance(layer, ir.Affine):
+            # an affine rescales: recurrent state after it is no longer bounded by 1 (int8)
+            self.state.discard(src)
             s, h = self.const("S", layer.scale), self.const("H", layer.shift)
             c = shape[-1]
             self.line(f"for (int r = 0; r < {size // c}; r++) for (int i = 0; i < {c}; i++) "
                       f"{src}[r * {c} + i] = {src}[r * {c} + i] * {s}[i] + {h}[i];")
             return src
+        if isinstance(layer, ir.Dense) and len(shape) == 2:  # per time step
+            return self.per_step(src, shape, out(), layer.w, layer.b)
         if isinstance(layer, ir.Dense):
             o = out()
             self.matvec([(src, shape[0])], o, out_shape[0], layer.w, layer.b)
@@ -293,6 +318,8 @@ class _Emitter:
             return o
         if isinstance(layer, ir.Recurrent):
             return self.recurrent(layer, src, shape, out())
+        if isinstance(layer, _DESK):
+            return self.desk(layer, src, shape, out(), out_shape)
         raise UnsupportedError(f"cpu.native cannot emit layer {layer.name!r} ({type(layer).__name__})")
 
     def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
@@ -347,7 +374,7 @@ class _Emitter:
         bp[:co] = layer.b
         wn, bn = self.const("W", wp), self.const("B", bp)
         self.matvecs += 1
-        nxt = self.net.layers[self.cur + 1] if self.cur + 1 < len(self.net.layers) else None
+        nxt = self.seq[self.cur + 1] if self.cur + 1 < len(self.seq) else None
         epi = ""
         if isinstance(nxt, ir.Act) and nxt.kind in ("relu", "leaky_relu"):
             self.fused = self.cur + 1
@@ -449,6 +476,106 @@ class _Emitter:
                   f"{tanh_parts('cc', 'c')} {h}[j] = cn / (do_ * cd); }}")
 
 
+    # -- the desk layers: padding, slicing, residuals, layer norm, bidirectional, attention --
+    def desk(self, layer: ir.Layer, src: str, shape: tuple[int, ...], o: str,
+             out_shape: tuple[int, ...]) -> str:
+        size, c = int(np.prod(out_shape)), shape[-1]
+        if isinstance(layer, ir.Pad1D):
+            left = layer.pad[0] * c
+            self.line(f"for (int i = 0; i < {size}; i++) {o}[i] = 0.0f;")
+            self.line(f"for (int i = 0; i < {int(np.prod(shape))}; i++) {o}[{left} + i] = {src}[i];")
+        elif isinstance(layer, ir.TimeSlice):
+            self.line(f"for (int i = 0; i < {size}; i++) {o}[i] = {src}[{layer.start * c} + i];")
+        elif isinstance(layer, ir.LayerNorm):
+            g, b = self.const("G", layer.gamma), self.const("H", layer.beta)
+            self.line(f"for (int r = 0; r < {size // c}; r++) {{ const float *q = {src} + r * {c}; "
+                      f"float m = 0.0f, v = 0.0f; for (int i = 0; i < {c}; i++) m += q[i]; m *= "
+                      f"{float(np.float32(1.0 / c)).hex()}f; for (int i = 0; i < {c}; i++) {{ const float "
+                      f"d = q[i] - m; v += d * d; }} const float inv = 1.0f / __builtin_sqrtf(v * "
+                      f"{float(np.float32(1.0 / c)).hex()}f + {float(np.float32(layer.eps)).hex()}f); "
+                      f"for (int i = 0; i < {c}; i++) {o}[r * {c} + i] = (q[i] - m) * inv * {g}[i] + {b}[i]; }}")
+        elif isinstance(layer, ir.Residual):
+            body = self.chain(layer.body, src, shape)
+            short = self.chain(layer.shortcut, src, shape)
+            self.line(f"for (int i = 0; i < {size}; i++) {o}[i] = {body}[i] + {short}[i];")
+        elif isinstance(layer, ir.Bidirectional):
+            self.bidirectional(layer, src, shape, o)
+        else:
+            self.attention(layer, src, shape, o)  # type: ignore[arg-type]
+        return o
+
+    def chain(self, layers: list[ir.Layer], src: str, shape: tuple[int, ...]) -> str:
+        """Emit a residual branch reading ``src`` (left intact: element-wise layers before the
+        branch's first new tensor work on a copy); the buffer holding its output."""
+        saved = (self.seq, self.cur, self.fused)
+        self.seq, self.fused, cur = layers, -1, src
+        for i, layer in enumerate(layers):
+            if cur == src and isinstance(layer, (ir.Act, ir.Affine)):
+                cur = self.writable(src, int(np.prod(shape)))
+            self.cur = i
+            out_shape = layer.out_shape(shape)
+            cur = self.layer(layer, cur, shape, None, out_shape)
+            shape = out_shape
+        self.seq, self.cur, self.fused = saved
+        return cur
+
+    def per_step(self, src: str, shape: tuple[int, ...], o: str, w: np.ndarray, b: np.ndarray | None) -> str:
+        """``o[t] = src[t] @ w + b`` for every time step (a Dense over (time, channels))."""
+        t_len, ci = shape
+        self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+        self.matvec([(f"({src} + t * {ci})", ci)], f"({o} + t * {w.shape[1]})", w.shape[1], w, b)
+        self.line("}")
+        return o
+
+    def bidirectional(self, layer: ir.Bidirectional, src: str, shape: tuple[int, ...], o: str) -> None:
+        """The forward layer over ``src``, the backward one over a time-reversed copy; the two
+        outputs side by side (the backward sequence back in time order)."""
+        t_len, ci = shape
+        fw, bw = layer.forward, layer.backward
+        rev = self.buf(t_len * ci)
+        self.line(f"for (int t = 0; t < {t_len}; t++) for (int i = 0; i < {ci}; i++) "
+                  f"{rev}[t * {ci} + i] = {src}[({t_len - 1} - t) * {ci} + i];")
+        seq = fw.return_sequences
+        n_f, n_b = (t_len if seq else 1) * fw.units, (t_len if seq else 1) * bw.units
+        yf = self.recurrent(fw, src, shape, self.buf(n_f))
+        yb = self.recurrent(bw, rev, shape, self.buf(n_b))
+        uf, ub = fw.units, bw.units
+        steps, back = (t_len, f"({t_len - 1} - t)") if seq else (1, "0")
+        self.line(f"for (int t = 0; t < {steps}; t++) {{ for (int j = 0; j < {uf}; j++) "
+                  f"{o}[t * {uf + ub} + j] = {yf}[t * {uf} + j]; for (int j = 0; j < {ub}; j++) "
+                  f"{o}[t * {uf + ub} + {uf} + j] = {yb}[{back} * {ub} + j]; }}")
+
+    def attention(self, layer: ir.Attention, src: str, shape: tuple[int, ...], o: str) -> None:
+        """q, k, v per step (matvecs), then per head and query step the scaled scores over the
+        window, their softmax, the weighted sum of v; the heads' outputs projected by ``wo``."""
+        t_len, _ = shape
+        hd = layer.wq.shape[1]
+        d = hd // layer.heads
+        q, k, v, a = (self.buf(t_len * hd) for _ in range(4))
+        for buf, w, b in ((q, layer.wq, layer.bq), (k, layer.wk, layer.bk), (v, layer.wv, layer.bv)):
+            self.per_step(src, shape, buf, w, b)
+        p = self.buf(t_len)
+        scale = float(np.float32(1.0 / np.sqrt(d))).hex()
+        self.line(f"for (int h = 0; h < {layer.heads}; h++) for (int t = 0; t < {t_len}; t++) {{ "
+                  f"const float *qt = {q} + t * {hd} + h * {d}; float m = -3.0e38f; "
+                  f"for (int s = 0; s < {t_len}; s++) {{ const float *ks = {k} + s * {hd} + h * {d}; "
+                  f"float z = 0.0f; for (int e = 0; e < {d}; e++) z += qt[e] * ks[e]; z *= {scale}f; "
+                  f"{p}[s] = z; m = z > m ? z : m; }} float sum = 0.0f; "
+                  f"for (int s = 0; s < {t_len}; s++) {{ {p}[s] = hwb_exp({p}[s] - m); sum += {p}[s]; }} "
+                  f"const float inv = 1.0f / sum; float *at = {a} + t * {hd} + h * {d}; "
+                  f"for (int e = 0; e < {d}; e++) at[e] = 0.0f; for (int s = 0; s < {t_len}; s++) {{ "
+                  f"const float ps = {p}[s] * inv; const float *vs = {v} + s * {hd} + h * {d}; "
+                  f"for (int e = 0; e < {d}; e++) at[e] += ps * vs[e]; }} }}")
+        self.attention_out(a, (t_len, hd), o, layer)
+
+    def attention_out(self, a: str, shape: tuple[int, ...], o: str, layer: ir.Attention) -> None:
+        self.per_step(a, shape, o, layer.wo, layer.bo)
+
+
+#: layers :meth:`_Emitter.desk` writes
+_DESK = (ir.Pad1D, ir.TimeSlice, ir.LayerNorm, ir.Residual, ir.Bidirectional, ir.Attention)
+
+
 def vector_shape(requires: list[str]) -> tuple[int, int]:
     """``(vector width, accumulators)`` for a build whose CPU features are ``requires``."""
     return VECTORS["avx512" if "avx512f" in requires else "default"]
@@ -464,8 +591,9 @@ class _Int8Emitter(_Emitter):
     by 128·Σw: unsigned × signed bytes is the form CPUs multiply-accumulate in one instruction
     (VNNI ``vpdpbusd``; GCC's dot-product pattern emits it when the ISA has it)."""
 
-    def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: list[float], requires: list[str]):
+    def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: dict[int, float], requires: list[str]):
         super().__init__(net, vw, acc)
+        #: max |input| of every layer (residual branches' included), by ``id(layer)``
         self.in_amax = in_amax
         #: float input expression -> its already quantised bytes (a Conv1D window)
         self.prequant: dict[str, str] = {}
@@ -491,7 +619,7 @@ class _Int8Emitter(_Emitter):
         k, _, co = layer.w.shape
         left, right = layer.pad
         n = (t_in + left + right) * ci
-        s_in = max(self.in_amax[self.cur], 1e-30) / 127.0
+        s_in = max(self.in_range(), 1e-30) / 127.0
         self.n += 1
         qin = f"qin{self.n}"
         # 16 spare bytes: a window's dot product reads up to its padded length (zero weights)
@@ -550,7 +678,7 @@ class _Int8Emitter(_Emitter):
         self.line("{")
         row = 0
         for k, (src, n) in enumerate(segs):
-            s_in = (1.0 / 127.0) if src in self.state else max(self.in_amax[self.cur], 1e-30) / 127.0
+            s_in = (1.0 / 127.0) if src in self.state else max(self.in_range(), 1e-30) / 127.0
             npad = -(-n // 16) * 16
             wt = np.zeros((n_out, npad), np.int8)
             wt[:, :n] = wq[row:row + n].T
@@ -578,6 +706,19 @@ class _Int8Emitter(_Emitter):
             row += n
         self.line("}")
 
+    def in_range(self) -> float:
+        """max |input| of the layer being emitted, over the calibration samples."""
+        return self.in_amax[id(self.seq[self.cur])]
+
+    def attention_out(self, a: str, shape: tuple[int, ...], o: str, layer: ir.Attention) -> None:
+        """The heads' output projection in float: its input (the attention's output) has a
+        range of its own that the per-layer calibration does not measure."""
+        t_len, hd = shape
+        self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+        _Emitter.matvec(self, [(f"({a} + t * {hd})", hd)], f"({o} + t * {layer.wo.shape[1]})",
+                        layer.wo.shape[1], layer.wo, layer.bo)
+        self.line("}")
+
     def const_i8(self, a: np.ndarray) -> str:
         name = f"Q{len(self.consts)}"
         self.consts.append(f"static const int8_t {name}[{a.size}] A64 = {{{','.join(map(str, a.ravel().tolist()))}}};")
@@ -589,11 +730,22 @@ class _Int8Emitter(_Emitter):
         return name
 
 
-def input_ranges(net: ir.Network, calibration: np.ndarray) -> list[float]:
-    """max |input| of every layer over the calibration samples (the IR's float reference)."""
-    outs = ir.forward(net, calibration)
-    ins = [np.asarray(calibration, np.float64), *outs[:-1]]
-    return [float(np.abs(a).max()) if a.size else 0.0 for a in ins]
+def input_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
+    """max |input| of every layer, residual branches' included, by ``id(layer)``, over the
+    calibration samples (the IR's float reference)."""
+    out: dict[int, float] = {}
+
+    def walk(layers: list[ir.Layer], x: np.ndarray) -> np.ndarray:
+        for layer in layers:
+            out[id(layer)] = float(np.abs(x).max()) if x.size else 0.0
+            if isinstance(layer, ir.Residual):
+                walk(layer.body, x)
+                walk(layer.shortcut, x)
+            x = ir.apply(layer, x)
+        return x
+
+    walk(net.layers, np.asarray(calibration, np.float64))
+    return out
 
 
 def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
@@ -638,10 +790,26 @@ def emit_fixed(net: object, tabs: dict[str, np.ndarray], requires: list[str]) ->
         raise UnsupportedError(f"cpu.native: model {e.net.name!r} needs {e.stack >> 10} KiB of "
                                f"intermediate tensors (at most {MAX_STACK_BYTES >> 10} KiB)")
     n_out = e.net.layers[-1].n_out if e.net.layers else e.net.n_in
-    return _assemble(e, e.net.n_in, n_out)  # type: ignore[arg-type]
+    return _assemble(e, e.net.n_in, n_out, nan_out=False)  # type: ignore[arg-type]
 
 
-def _assemble(e: _Emitter, n_in: int, n_out: int) -> Source:
+#: The NaN rule (docs/targets.md, "NaN and Inf"): a sample with a NaN or ±Inf anywhere in its
+#: input gets NaN in every output, whatever its layers do with it (a ReLU's max or int8's
+#: clamp would make it finite). Checked after the batch, off the model's dependency chain: one
+#: vectorised compare per input float, read from cache.
+_NAN_OUT = """\
+    for (long i = 0; i < n; i++) {
+        const float *xi = x + i * %(n_in)d;
+        int bad = 0;
+        for (int j = 0; j < %(n_in)d; j++) bad |= !(__builtin_fabsf(xi[j]) <= 3.40282347e38f);
+        if (__builtin_expect(bad, 0))
+            for (int j = 0; j < %(n_out)d; j++) y[i * %(n_out)d + j] = __builtin_nanf("");
+    }"""
+
+
+def _assemble(e: _Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source:
+    """The translation unit; ``nan_out``: apply the NaN rule (not for ``fixed``, which
+    computes what hls4ml's C-simulation does with the same input)."""
     code = "\n".join([
         "/* generated by hwbackends cpu.native from the layer IR; do not edit */",
         f"#define HWB_VW {e.vw}", _PRELUDE, *e.consts, "",
@@ -651,6 +819,7 @@ def _assemble(e: _Emitter, n_in: int, n_out: int) -> Source:
         *e.body, "}", "",
         "int hwb_model_predict_n(const float *x, float *y, long n) {",
         f"    for (long i = 0; i < n; i++) hwb_one(x + i * {n_in}, y + i * {n_out});",
+        *(_NAN_OUT % {"n_in": n_in, "n_out": n_out} if nan_out else "").splitlines(),
         "    return 0;", "}", "",
         "int hwb_model_predict(const float *x, float *y) {",
         "    return hwb_model_predict_n(x, y, HWB_MODEL_BATCH);", "}", "",

@@ -37,18 +37,25 @@ from .ir import (
     TORCH_OPS,
     Act,
     Affine,
+    Attention,
+    Bidirectional,
     Conv1D,
     Dense,
     Flatten,
     GlobalPool1D,
     Layer,
+    LayerNorm,
     Network,
+    Pad1D,
     Pool1D,
     Recurrent,
+    Residual,
+    TimeSlice,
 )
 from .read import extract
 from .reference import DenseAct, activate, apply, dense_chain, forward
 
-__all__ = ["ACTIVATIONS", "ONNX_OPS", "SUPPORTED", "TORCH_OPS", "Act", "Affine", "Conv1D", "Dense",
-           "DenseAct", "Flatten", "GlobalPool1D", "Layer", "Network", "Pool1D", "Recurrent",
+__all__ = ["ACTIVATIONS", "ONNX_OPS", "SUPPORTED", "TORCH_OPS", "Act", "Affine", "Attention",
+           "Bidirectional", "Conv1D", "Dense", "DenseAct", "Flatten", "GlobalPool1D", "Layer",
+           "LayerNorm", "Network", "Pad1D", "Pool1D", "Recurrent", "Residual", "TimeSlice",
            "activate", "apply", "dense_chain", "extract", "forward"]

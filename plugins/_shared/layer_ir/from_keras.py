@@ -13,16 +13,22 @@ from .ir import (
     SUPPORTED,
     Act,
     Affine,
+    Attention,
+    Bidirectional,
     Conv1D,
     Dense,
     Flatten,
     GlobalPool1D,
     Layer,
+    LayerNorm,
+    Pad1D,
     Pool1D,
     Recurrent,
+    TimeSlice,
     f32,
     first,
 )
+from .walk import Chains
 
 _KERAS_SKIP = {"InputLayer", "Dropout", "GaussianNoise", "GaussianDropout", "ActivityRegularization",
                "SpatialDropout1D", "AlphaDropout"}
@@ -61,6 +67,10 @@ def _chain(km: Any, target: str) -> list[Any]:
 
 
 def read_keras(km: Any, target: str) -> list[Layer]:
+    import keras
+
+    if not isinstance(km, keras.Sequential):
+        return _functional(km, target)
     out: list[Layer] = []
     for layer in _chain(km, target):
         cls = type(layer).__name__
@@ -71,6 +81,129 @@ def read_keras(km: Any, target: str) -> list[Layer]:
             raise _refuse(target, layer)
         out += conv(target, layer, layer.get_config(), layer.get_weights())
     return out
+
+
+def _functional(km: Any, target: str) -> list[Layer]:
+    """A functional model whose graph is a chain with residual adds (:class:`.walk.Chains`):
+    ``Add`` of two tensors, self-attention (query = value = key), ``x[:, i]`` slices of time."""
+    if len(km.inputs) != 1 or len(km.outputs) != 1:
+        raise UnsupportedError(f"{target} compiles Keras models with one input and one output")
+    ch = Chains([[]], [tuple(int(d) for d in km.inputs[0].shape[1:])])
+    ch.at[id(km.inputs[0])] = (0, 0)
+    for op in km.operations:
+        cls = type(op).__name__
+        if cls == "InputLayer":
+            continue
+        nodes = [nd for nd in op._inbound_nodes if all(id(t) in ch.at or t is None for t in nd.input_tensors)]
+        if len(nodes) != 1:
+            raise _refuse(target, op, "a layer called more than once (shared weights)" if nodes else
+                          "it reads a tensor the chain of layers and residual adds does not hold")
+        ins = [id(t) for t in nodes[0].input_tensors]
+        outs = nodes[0].output_tensors
+        if len(outs) != 1:
+            raise _refuse(target, op, "more than one output")
+        if cls == "Add" and len(ins) == 2:
+            why = ch.merge(ins[0], ins[1], op.name)
+            if why:
+                raise _refuse(target, op, f"a residual add only ({why})")
+        else:
+            if len(set(ins)) != 1 or not ch.enter(ins[0]):
+                raise _refuse(target, op, "the graph branches or merges here; chains with residual "
+                                          "adds (Add) and self-attention are compiled")
+            ch.chains[ch.cur] += _k_layer(target, op, nodes[0])
+        ch.put(id(outs[0]))
+    if not (ch.tip(id(km.outputs[0])) and ch.at[id(km.outputs[0])][0] == 0):
+        raise UnsupportedError(f"{target}: the Keras output is not the end of the chain of layers")
+    return ch.chains[0]
+
+
+def _k_layer(target: str, op: Any, node: Any) -> list[Layer]:
+    """The IR layers of one Keras layer or op (``x[:, i]`` is a GetItem op)."""
+    cls = type(op).__name__
+    if cls in _KERAS_SKIP:
+        return []
+    if cls == "GetItem":
+        return _k_getitem(target, op, node)
+    conv = _KERAS.get(cls)
+    if conv is None or not hasattr(op, "get_config"):
+        raise _refuse(target, op)
+    return conv(target, op, op.get_config(), op.get_weights())
+
+
+def _k_getitem(target: str, op: Any, node: Any) -> list[Layer]:
+    """``x[:, i]`` / ``x[:, a:b]`` of a (batch, time, channels) tensor."""
+    args = node.arguments.args
+    x, key = args[0], args[1] if len(args) > 1 else None
+    key = tuple(key) if isinstance(key, (tuple, list)) else (key,)
+    steps = x.shape[1] if len(x.shape) == 3 else None
+    if (steps is None or len(key) != 2 or key[0] != slice(None)
+            or not isinstance(key[1], (int, slice))):
+        raise _refuse(target, op, f"indexing {key} of a tensor of shape {tuple(x.shape)} (only "
+                                  f"x[:, i] or x[:, a:b] of (batch, time, channels))")
+    if isinstance(key[1], int):
+        i = key[1] % steps
+        return [TimeSlice(op.name, i, i + 1, False)]
+    a, b, step = key[1].indices(steps)
+    if step != 1 or b <= a:
+        raise _refuse(target, op, f"a time slice {key[1]} (contiguous, non-empty slices only)")
+    return [TimeSlice(op.name, a, b, True)]
+
+
+def _k_pad(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    p = cfg["padding"]
+    left, right = (p, p) if isinstance(p, int) else (int(p[0]), int(p[1]))
+    return [Pad1D(layer.name, (left, right))]
+
+
+def _k_crop(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    c = cfg["cropping"]
+    a, b = (c, c) if isinstance(c, int) else (int(c[0]), int(c[1]))
+    steps = int(layer.input.shape[1])
+    if a + b >= steps:
+        raise _refuse(target, layer, f"cropping {a}+{b} of {steps} steps leaves none")
+    return [TimeSlice(layer.name, a, steps - b, True)]
+
+
+def _k_layernorm(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    axis, last = cfg.get("axis", -1), len(layer.input.shape) - 1
+    if axis not in (-1, [-1], last, [last]) or cfg.get("rms_scaling"):
+        raise _refuse(target, layer, f"normalizes axis {axis} (or rms_scaling); the last axis only")
+    c = int(layer.input.shape[-1])
+    ws = list(ws)
+    gamma = ws.pop(0) if cfg.get("scale", True) else np.ones(c)
+    beta = ws.pop(0) if cfg.get("center", True) else np.zeros(c)
+    return [LayerNorm(layer.name, f32(gamma), f32(beta), float(cfg.get("epsilon", 1e-3)))]
+
+
+def _k_bidirectional(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("merge_mode", "concat") != "concat":
+        raise _refuse(target, layer, f"merge_mode {cfg.get('merge_mode')!r} (concat only)")
+    sides = []
+    for sub in (layer.forward_layer, layer.backward_layer):
+        if type(sub).__name__ not in ("LSTM", "GRU"):
+            raise _refuse(target, layer, f"a {type(sub).__name__} inside (LSTM/GRU only)")
+        sub_cfg = {**sub.get_config(), "go_backwards": False}
+        sides += _keras_recurrent(target, sub, sub_cfg, sub.get_weights())
+    fw, bw = sides
+    return [Bidirectional(layer.name, fw, bw)]  # type: ignore[arg-type]
+
+
+def _k_attention(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    """Keras MultiHeadAttention as self-attention: kernels (C, heads, d), biases (heads, d),
+    the output kernel (heads, d, C_out); Keras scales the query by 1/sqrt(key_dim)."""
+    heads, dk = int(cfg["num_heads"]), int(cfg["key_dim"])
+    dv = int(cfg.get("value_dim") or dk)
+    axes = cfg.get("attention_axes")
+    if (dv != dk or cfg.get("use_gate") or cfg.get("output_shape") not in (None, ())
+            or axes not in (None, (1,), [1]) or not cfg.get("use_bias", True)):
+        raise _refuse(target, layer, "value_dim != key_dim, use_gate, output_shape, use_bias=False "
+                                     "or attention over other axes than time")
+    qk, qb, kk, kb, vk, vb, ok, ob = ws
+    c = qk.shape[0]
+    return [Attention(layer.name, f32(qk.reshape(c, heads * dk)), f32(qb.reshape(-1)),
+                      f32(kk.reshape(c, heads * dk)), f32(kb.reshape(-1)),
+                      f32(vk.reshape(c, heads * dk)), f32(vb.reshape(-1)),
+                      f32(ok.reshape(heads * dk, -1)), f32(ob), heads)]
 
 
 def _k_dense(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
@@ -158,4 +291,6 @@ _KERAS = {
     "LeakyReLU": lambda t, layer, cfg, ws: [Act(layer.name, "leaky_relu",
                                                float(cfg.get("negative_slope", cfg.get("alpha", 0.3))))],
     "Flatten": lambda t, layer, cfg, ws: [Flatten(layer.name)],
+    "ZeroPadding1D": _k_pad, "Cropping1D": _k_crop, "LayerNormalization": _k_layernorm,
+    "Bidirectional": _k_bidirectional, "MultiHeadAttention": _k_attention,
 }

@@ -7,82 +7,60 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
-from .. import batchnorm
-from ..torch_export import as_sequential
 from .ir import (
-    SUPPORTED,
     TORCH_OPS,
     Act,
     Affine,
     Conv1D,
-    Dense,
     GlobalPool1D,
     Layer,
+    LayerNorm,
+    Pad1D,
     Pool1D,
     Recurrent,
     f32,
     first,
 )
-from .walk import Walk, final_axes, last_step, walk_dense, walk_flatten
+from .walk import Walk, final_axes, last_step, time_slice, walk_dense, walk_flatten
 
 
 def read_torch(obj: Any, target: str, in_shape: tuple[int, ...]) -> list[Layer]:
+    """Every torch model is read as the ``torch.export`` program of its forward (what the
+    compile worker gets anyway), ``nn.Sequential`` included: one walk that labels each
+    tensor's axes, so a module acting on another axis than the channels (``BatchNorm1d`` or
+    ``Softmax(dim=1)`` over a (batch, time, channels) input) is refused, not applied to the
+    channels."""
     import torch
-    from torch import nn
 
-    if isinstance(obj, nn.Module) and not isinstance(obj, nn.Sequential):
-        # A module with its own forward (as the compile worker gets it: a torch.export program)
-        obj = torch.export.export(obj.eval(), (torch.zeros((2, *in_shape)),))
-    if _aten_wide(obj):
-        return _aten(obj, target)
-    m = as_sequential(obj, target, "Pass an nn.Sequential of those modules, or its Keras twin")
-    if not isinstance(m, nn.Sequential):
-        raise UnsupportedError(f"{target} compiles torch nn.Sequential models; module "
-                               f"{type(m).__name__} has its own forward. Supported: {SUPPORTED}")
-    acts = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Softmax: "softmax"}
-    out: list[Layer] = []
-    for i, mod in enumerate(m.children()):
-        name = f"{i}_{type(mod).__name__.lower()}"
-        if isinstance(mod, nn.Linear):
-            w = mod.weight.detach().cpu().numpy().T
-            b = mod.bias.detach().cpu().numpy() if mod.bias is not None else np.zeros(w.shape[1])
-            out.append(Dense(name, f32(w), f32(b)))
-        elif type(mod) in acts:
-            if isinstance(mod, nn.Softmax) and mod.dim not in (-1, 1, None):
-                raise UnsupportedError(f"{target} cannot compile module {i} (Softmax over dim {mod.dim})")
-            out.append(Act(name, acts[type(mod)]))
-        elif isinstance(mod, nn.LeakyReLU):
-            out.append(Act(name, "leaky_relu", float(mod.negative_slope)))
-        elif isinstance(mod, nn.BatchNorm1d):
-            scale, shift = batchnorm.torch_affine(mod)  # float64, as in _k_batchnorm
-            out.append(Affine(name, np.asarray(scale, np.float64), np.asarray(shift, np.float64)))
-        elif isinstance(mod, (nn.Dropout, nn.Identity, nn.Flatten)):
-            continue
-        else:
-            raise UnsupportedError(f"{target} cannot compile module {i} ({type(mod).__name__}). "
-                                   f"Supported: {SUPPORTED}")
-    return out
+    if not isinstance(obj, torch.export.ExportedProgram):
+        obj = export_module(obj, target, in_shape)
+    return _aten(obj, target)
 
 
+def export_module(obj: Any, target: str, in_shape: tuple[int, ...]) -> Any:
+    """``obj`` (an ``nn.Module``, eval mode) as a ``torch.export`` program over a batch of 2;
+    what torch.export cannot trace is refused naming the module and torch's reason."""
+    import torch
 
-# -- torch.export programs beyond the MLP chain ------------------------------------------------
-#: aten ops whose presence sends a torch.export program through :func:`_aten` (what
-#: ``torch_export.as_sequential`` does not rebuild).
-_ATEN_WIDE = {"aten.lstm.input", "aten.gru.input", "aten.conv1d.default", "aten.conv1d.padding",
-              "aten.max_pool1d.default", "aten.avg_pool1d.default", "aten.adaptive_avg_pool1d.default",
-              "aten.transpose.int", "aten.permute.default", "aten.select.int", "aten.slice.Tensor",
-              "aten.mean.dim", "aten.amax.default", "aten.leaky_relu.default"}
+    if not isinstance(obj, torch.nn.Module) or isinstance(obj, torch.jit.ScriptModule):
+        raise UnsupportedError(f"{target} reads torch models through torch.export; a "
+                               f"{type(obj).__name__} cannot be exported: pass the nn.Module "
+                               f"itself (or a .pt2 written by torch.export.save)")
+    try:
+        return torch.export.export(obj.eval(), (torch.zeros((2, *in_shape)),))
+    except Exception as exc:  # torch.export raises a family of its own types (dynamo's)
+        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise UnsupportedError(f"{target}: torch.export cannot trace module "
+                               f"{type(obj).__name__} ({type(exc).__name__}: {why}). Write its "
+                               f"forward with the ops {target} takes ({TORCH_OPS})") from None
+
+
+# -- torch.export programs ---------------------------------------------------------------------
 #: torch ops :func:`_aten` takes, as refusals list them.
 
 _ATEN_ACTS = {"aten.relu.default": "relu", "aten.tanh.default": "tanh", "aten.sigmoid.default": "sigmoid"}
 _ATEN_PASS = {"aten.dropout.default", "aten.alias.default", "aten.clone.default",
               "aten.contiguous.default", "aten.detach.default"}
-
-
-def _aten_wide(obj: Any) -> bool:
-    import torch
-    return isinstance(obj, torch.export.ExportedProgram) and any(
-        str(n.target) in _ATEN_WIDE for n in obj.graph.nodes if n.op == "call_function")
 
 
 def _aten(ep: Any, target: str) -> list[Layer]:
@@ -107,12 +85,13 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     data: dict[Any, list[str]] = {user[0]: ["N", "C"] if len(in_shape) == 1 else ["N", "T", "C"]}
     meta: dict[Any, bool] = {}
     prev: set[Any] = {user[0]}
+    w.put(user[0])
     rec: Any = None  # the last recurrent node, whose getitems are its outputs
     for n in ep.graph.nodes:
         if n.op != "call_function":
             if n.op == "output":
                 out = n.args[0][0] if isinstance(n.args[0], (list, tuple)) else n.args[0]
-                if out not in prev:
+                if not (w.branches.tip(out) and w.branches.at[out][0] == 0):
                     raise UnsupportedError(f"{target}: the torch output is not the end of the op chain")
                 final_axes(w, data[out])
             continue
@@ -127,9 +106,15 @@ def _aten(ep: Any, target: str) -> list[Layer]:
         if op == "<built-in function getitem>":
             data[n] = _aten_getitem(w, n, rec)
             prev.add(n)
+            w.put(n)
             continue
-        if len(din) != 1 or din[0] not in prev or any(a in data for a in flat if a is not din[0]):
-            raise w.refuse(n.name, op, "the graph is not a chain of single-input ops")
+        if op in ("aten.add.Tensor", "aten.add_.Tensor") and len(din) == 2:
+            data[n] = _aten_residual(w, n, op, din, data)
+            prev = {n}
+            continue
+        if len(din) != 1 or any(a in data for a in flat if a is not din[0]):
+            raise w.refuse(n.name, op, "the graph is not a chain of single-input ops or residual adds")
+        w.enter(din[0], n.name, op)
         ax = list(data[din[0]])
         if "cell" in ax:
             raise w.refuse(n.name, op, "an LSTM's cell state (only its output or h_n is compiled)")
@@ -138,9 +123,20 @@ def _aten(ep: Any, target: str) -> list[Layer]:
             ax = ["C" if a == "H" else a for a in ax]
         data[n] = _aten_node(w, n, op, ax, consts, meta)
         prev = {n}
+        w.put(n)
         if op in ("aten.lstm.input", "aten.gru.input"):
             rec = n
-    return w.layers
+    return w.main()
+
+
+def _aten_residual(w: Walk, n: Any, op: str, din: list[Any], data: dict) -> list[str]:
+    """``a + b`` of two data values: a residual add (:class:`Residual`)."""
+    if data[din[0]] != data[din[1]] or n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
+        raise w.refuse(n.name, op, f"an add of tensors laid out {data[din[0]]} and {data[din[1]]} "
+                                   f"(or scaled by alpha)")
+    w.merge(din[0], din[1], n.name, op)
+    w.put(n)
+    return list(data[din[0]])
 
 
 def _aten_getitem(w: Walk, n: Any, rec: Any) -> list[str]:
@@ -187,15 +183,37 @@ def _aten_node(w: Walk, n: Any, op: str, ax: list[str], consts: dict, meta: dict
         b = t(args[2]) if len(args) > 2 and args[2] is not None else np.zeros(k.shape[1])
         walk_dense(w, name, op, ax, k, b)
         return ax
+    if op in _ATEN_DESK:
+        return _aten_desk(w, n, op, ax, t)
     if op == "aten.batch_norm.default":
-        if args[5] or ax[1] != "C":
-            raise w.refuse(name, op, "batch norm in training mode or over other than the channels")
+        if args[5]:
+            raise w.refuse(name, op, "batch norm in training mode (call .eval() before exporting)")
+        if ax[1] != "C":
+            held = {"T": "time", "1": "a singleton"}.get(ax[1], ax[1])
+            raise w.refuse(name, op, f"BatchNorm1d normalizes dim 1, which holds {held} here, not "
+                                     f"the channels: transpose to (batch, channels, time) first")
         wt, bt, mean, var = (t(a) for a in args[1:5])
         scale = (wt if wt is not None else 1.0) / np.sqrt(var + float(args[7]))
         shift = (bt if bt is not None else 0.0) - mean * scale
-        w.layers.append(Affine(name, np.asarray(scale, np.float64), np.asarray(shift, np.float64)))
+        _affine(w, name, op, scale, shift)
         return ax
     return _aten_layout(w, n, op, ax, t, meta)
+
+
+def _affine(w: Walk, name: str, op: str, scale: Any, shift: Any) -> None:
+    """Append ``y = x·scale + shift`` per feature (an eval-mode batch norm). After a
+    channels-first flatten (:attr:`Walk.perm`) the vectors, in the source tensor's feature
+    order, are put in the IR's; a vector of another length than the features is refused."""
+    n = w.shape()[-1]
+    scale, shift = (np.asarray(v, np.float64).ravel() for v in (scale, shift))
+    if scale.size != n or shift.size != n:
+        raise w.refuse(name, op, f"it normalizes {scale.size} features; its input has {n} on the "
+                                 f"axis it acts on (shape {w.shape()})")
+    if w.perm is not None:
+        ir_scale, ir_shift = np.empty_like(scale), np.empty_like(shift)
+        ir_scale[w.perm], ir_shift[w.perm] = scale, shift
+        scale, shift = ir_scale, ir_shift
+    w.layers.append(Affine(name, scale, shift))
 
 
 def _aten_layout(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:
@@ -258,24 +276,70 @@ def _aten_pool(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> l
         return [("1" if a == "T" else a) for i, a in enumerate(ax) if keep or i not in dims]
     if op == "aten.select.int" and ax[args[1] % len(ax)] == "1" and args[2] in (0, -1):
         return [a for i, a in enumerate(ax) if i != args[1] % len(ax)]  # h_n[-1]: one layer
-    if op == "aten.select.int":
-        steps = w.shape()[0] if "T" in ax else 0
-        if ax[args[1] % len(ax)] != "T" or args[2] % max(steps, 1) != steps - 1:
-            raise w.refuse(name, op, "selecting other than the last time step")
-        last_step(w, name, op)
-        return [a for i, a in enumerate(ax) if i != args[1] % len(ax)]
-    if op == "aten.slice.Tensor":
-        steps = w.shape()[0] if "T" in ax else 0
-        start = args[2] if len(args) > 2 and args[2] is not None else 0
-        end = args[3] if len(args) > 3 and args[3] is not None else steps
-        if ax[args[1] % len(ax)] != "T" or start % steps != steps - 1 or end < steps or (
-                len(args) > 4 and args[4] != 1):
-            raise w.refuse(name, op, "slicing other than the last time step")
-        last_step(w, name, op)
-        return ["1" if a == "T" else a for a in ax]
+    if op in ("aten.select.int", "aten.slice.Tensor"):
+        return _aten_time(w, n, op, ax)
     if op in ("aten.lstm.input", "aten.gru.input"):
         return _aten_recurrent(w, n, op, ax, t, meta)
     raise w.refuse(name, op)
+
+
+_ATEN_DESK = {"aten.gelu.default", "aten.pad.default", "aten.constant_pad_nd.default",
+              "aten.layer_norm.default"}
+
+
+def _aten_desk(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
+    """GELU, zero padding of time, LayerNorm over the channels."""
+    args, name = list(n.args), n.name
+    if op == "aten.gelu.default":
+        approx = n.kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+        w.layers.append(Act(name, "gelu_tanh" if approx == "tanh" else "gelu"))
+        return ax
+    if op in ("aten.pad.default", "aten.constant_pad_nd.default"):
+        return _aten_pad(w, n, op, ax)
+    if ax[-1] != "C" or len(args[1]) != 1 or w.perm is not None:
+        raise w.refuse(name, op, f"a layer norm over {list(args[1])} of axes {ax} (the channels only)")
+    c = w.shape()[-1]
+    g = t(args[2]) if len(args) > 2 and args[2] is not None else np.ones(c)
+    b = t(args[3]) if len(args) > 3 and args[3] is not None else np.zeros(c)
+    w.layers.append(LayerNorm(name, f32(g), f32(b), float(args[4]) if len(args) > 4 else 1e-5))
+    return ax
+
+
+def _aten_time(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
+    """``x[:, i]`` / ``x[..., a:b]`` along time (:class:`TimeSlice`; the last step of an
+    LSTM/GRU's sequence becomes its last state)."""
+    args, name = list(n.args) + [None] * 4, n.name
+    dim = args[1] % len(ax)
+    if ax[dim] != "T":
+        raise w.refuse(name, op, f"indexing axis {dim} (holding {ax[dim]}; only time is indexed)")
+    steps = w.shape()[0]
+    if op == "aten.select.int":
+        i = args[2] % steps
+        time_slice(w, name, op, i, i + 1, 1, False)
+        return [a for j, a in enumerate(ax) if j != dim]
+    start = 0 if args[2] is None else args[2]
+    stop = steps if args[3] is None else min(args[3], steps)
+    a, b, _ = slice(start, stop).indices(steps)
+    one = b - a == 1
+    time_slice(w, name, op, start, stop, 1 if args[4] is None else args[4], not one)
+    return ["1" if one and a_ == "T" else a_ for a_ in ax]
+
+
+def _aten_pad(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
+    """``F.pad`` with zeros along time (:class:`Pad1D`, folded into the Conv1d after it)."""
+    args = list(n.args) + [None] * 3
+    pads = list(args[1])
+    mode = n.kwargs.get("mode", args[2] if op == "aten.pad.default" else "constant")
+    value = n.kwargs.get("value", args[3] if op == "aten.pad.default" else args[2])
+    pairs = {len(ax) - 1 - k: (pads[2 * k], pads[2 * k + 1]) for k in range(len(pads) // 2)}
+    if (mode or "constant") != "constant" or value not in (None, 0, 0.0) or any(
+            p != (0, 0) for d, p in pairs.items() if ax[d] != "T") or min(pads, default=0) < 0:
+        raise w.refuse(n.name, op, f"padding {pads} (mode {mode!r}, value {value}) over axes {ax}: "
+                                   f"only zero padding of time is compiled")
+    t = ax.index("T") if "T" in ax else -1
+    if t in pairs and pairs[t] != (0, 0):
+        w.layers.append(Pad1D(n.name, pairs[t]))
+    return ax
 
 
 def _aten_conv(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 #: Element-wise activations an :class:`Act` may hold (``softmax`` is over the last axis).
-ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax")
+ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax", "gelu", "gelu_tanh")
 #: What :func:`extract` takes, as refusals list it.
 SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, sigmoid, "
              "softmax), BatchNormalization, Conv1D (valid/same/causal), MaxPooling1D/"
@@ -106,6 +106,96 @@ class Recurrent(Layer):
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (shape[0], self.units) if self.return_sequences else (self.units,)
+
+
+@dataclass
+class Pad1D(Layer):
+    """Zero padding of the time axis: ``pad`` (left, right) steps (``F.pad``, ZeroPadding1D,
+    an ONNX Pad); :func:`extract` folds it into a Conv1D right after it."""
+
+    pad: tuple[int, int] = (0, 0)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[0] + self.pad[0] + self.pad[1], *shape[1:])
+
+
+@dataclass
+class TimeSlice(Layer):
+    """Steps ``start:stop`` of the time axis (``x[:, a:b]``; a Conv's right padding cut
+    off); ``keep=False`` takes one step and drops the axis (``x[:, -1]``)."""
+
+    start: int = 0
+    stop: int = 1
+    keep: bool = True
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.stop - self.start, *shape[1:]) if self.keep else tuple(shape[1:])
+
+
+@dataclass
+class Residual(Layer):
+    """``y = body(x) + shortcut(x)``: two sub-chains from one value, added (an empty
+    ``shortcut`` is the identity). Why a layer holding chains and not a graph of named values:
+    every model desks write merges only this way (TCN blocks, a transformer's two residuals),
+    and the chain stays a chain for every consumer — emitters recurse into the two lists, a
+    target that cannot add refuses one layer type by name, and the float reference, int8
+    calibration and shape checks keep their one loop."""
+
+    body: list[Layer] = field(default_factory=list)
+    shortcut: list[Layer] = field(default_factory=list)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return chain_shape(self.body, shape)
+
+
+@dataclass
+class LayerNorm(Layer):
+    """``(x - mean) / sqrt(var + eps) * gamma + beta`` over the last axis (per time step)."""
+
+    gamma: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    beta: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    eps: float = 1e-5
+
+
+@dataclass
+class Bidirectional(Layer):
+    """Two recurrent layers over the window, ``backward`` over it reversed, outputs
+    concatenated on channels (forward first); with ``return_sequences`` the backward
+    sequence is put back in time order (Keras', torch's and ONNX's convention)."""
+
+    forward: Recurrent = field(default_factory=lambda: Recurrent("fw"))
+    backward: Recurrent = field(default_factory=lambda: Recurrent("bw"))
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        f, b = self.forward.out_shape(shape), self.backward.out_shape(shape)
+        return (*f[:-1], f[-1] + b[-1])
+
+
+@dataclass
+class Attention(Layer):
+    """Multi-head self-attention over the fixed window (T, C), no mask: per head
+    ``softmax(q·kᵀ / sqrt(d)) · v`` with ``q = x·wq + bq`` (``wq`` (C, heads·d)), likewise k and
+    v; heads concatenated and projected by ``wo`` (heads·d, C_out) + ``bo``."""
+
+    wq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    wk: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bk: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    wv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bv: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    wo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
+    bo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    heads: int = 1
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[0], self.wo.shape[1])
+
+
+def chain_shape(layers: list[Layer], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output shape of ``layers`` applied in turn to ``shape``."""
+    for layer in layers:
+        shape = layer.out_shape(shape)
+    return tuple(shape)
 
 
 @dataclass

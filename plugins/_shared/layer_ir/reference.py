@@ -12,14 +12,20 @@ from .ir import (
     ACTIVATIONS,
     Act,
     Affine,
+    Attention,
+    Bidirectional,
     Conv1D,
     Dense,
     Flatten,
     GlobalPool1D,
     Layer,
+    LayerNorm,
     Network,
+    Pad1D,
     Pool1D,
     Recurrent,
+    Residual,
+    TimeSlice,
 )
 
 
@@ -40,6 +46,11 @@ def activate(x: np.ndarray, kind: str, alpha: float = 0.0) -> np.ndarray:
     if kind == "softmax":
         e = np.exp(x - x.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
+    if kind == "gelu":  # exact: x·Φ(x)
+        from math import erf
+        return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / np.sqrt(2.0)))
+    if kind == "gelu_tanh":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
     return x
 
 
@@ -69,6 +80,27 @@ def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
         return x.reshape(len(x), -1)
     if isinstance(layer, Recurrent):
         return _recurrent(layer, x)
+    return _apply_desk(layer, x)
+
+
+def _apply_desk(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """Padding, slicing, residual, layer norm, bidirectional recurrence, attention."""
+    if isinstance(layer, Pad1D):
+        return np.pad(x, ((0, 0), layer.pad, (0, 0)))
+    if isinstance(layer, TimeSlice):
+        return x[:, layer.start:layer.stop] if layer.keep else x[:, layer.start]
+    if isinstance(layer, Residual):
+        return run_chain(layer.body, x) + run_chain(layer.shortcut, x)
+    if isinstance(layer, LayerNorm):
+        mu = x.mean(axis=-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + layer.eps) * layer.gamma.astype(np.float64) + layer.beta
+    if isinstance(layer, Bidirectional):
+        f = _recurrent(layer.forward, x)
+        b = _recurrent(layer.backward, x[:, ::-1])
+        return np.concatenate([f, b[:, ::-1] if layer.backward.return_sequences else b], -1)
+    if isinstance(layer, Attention):
+        return _attention(layer, x)
     raise UnsupportedError(f"no reference for layer {layer.name!r} ({type(layer).__name__})")
 
 
@@ -99,6 +131,27 @@ def _recurrent(layer: Recurrent, x: np.ndarray) -> np.ndarray:
             h = zg * h + (1 - zg) * hh
         seq.append(h)
     return np.stack(seq, 1) if layer.return_sequences else h
+
+
+def _attention(layer: Attention, x: np.ndarray) -> np.ndarray:
+    h = layer.heads
+    q, k, v = (x @ w.astype(np.float64) + b for w, b in ((layer.wq, layer.bq), (layer.wk, layer.bk),
+                                                      (layer.wv, layer.bv)))
+    d = q.shape[-1] // h
+    outs = []
+    for j in range(h):
+        sl = slice(j * d, (j + 1) * d)
+        s = q[..., sl] @ np.swapaxes(k[..., sl], 1, 2) / np.sqrt(d)
+        outs.append(activate(s, "softmax") @ v[..., sl])
+    return np.concatenate(outs, -1) @ layer.wo.astype(np.float64) + layer.bo
+
+
+def run_chain(layers: list[Layer], x: np.ndarray) -> np.ndarray:
+    """``layers`` applied in turn to the batch ``x`` (float64)."""
+    y = np.asarray(x, np.float64)
+    for layer in layers:
+        y = apply(layer, y)
+    return y
 
 
 def forward(net: Network, x: np.ndarray, upto: int | None = None) -> list[np.ndarray]:

@@ -9,11 +9,78 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
-from .ir import ONNX_OPS, Dense, Flatten, Layer, Recurrent, f32
+from .ir import ONNX_OPS, Dense, Flatten, Layer, Recurrent, Residual, TimeSlice, chain_shape, f32
 
 # An ONNX tensor's axes are labelled by what they hold of the IR's channels-last state:
 # "N" the batch, "T" time, "C" channels, "1" a singleton. Transposes, (un)squeezes and the
 # NCHW convolutions tf2onnx and torch.onnx write around a 1-D layer only move labels.
+
+@dataclass
+class Chains:
+    """The chains of IR layers between a graph's values, for graphs whose only merges are
+    residual adds: a value read a second time starts a side chain from it, and an add of a
+    chain's tip with a value before it (or with a side chain from that value) replaces the
+    layers in between by one :class:`Residual`. Chain 0 is the model's own."""
+
+    chains: list[list[Layer]]
+    shapes: list[tuple[int, ...]]  # each chain's input shape
+    bases: list[tuple[int, int] | None] = field(default_factory=lambda: [None])  # a side chain's fork
+    at: dict[Any, tuple[int, int]] = field(default_factory=dict)  # value → (chain, position)
+    cur: int = 0
+
+    def put(self, value: Any) -> None:
+        """``value`` is the current chain's tip."""
+        self.at[value] = (self.cur, len(self.chains[self.cur]))
+
+    def tip(self, value: Any) -> bool:
+        c, pos = self.at.get(value, (-1, -1))
+        return c >= 0 and pos == len(self.chains[c])
+
+    def enter(self, value: Any) -> bool:
+        """Make ``value`` the current chain's tip (switching to its chain, or forking a side
+        chain from it); False for a value the walk does not know (or one inside a residual)."""
+        if value not in self.at:
+            return False
+        c, pos = self.at[value]
+        if pos == len(self.chains[c]):
+            self.cur = c
+            return True
+        self.chains.append([])
+        self.shapes.append(chain_shape(self.chains[c][:pos], self.shapes[c]))
+        self.bases.append((c, pos))
+        self.cur = len(self.chains) - 1
+        return True
+
+    def merge(self, a: Any, b: Any, name: str) -> str:
+        """Add values ``a`` and ``b`` as a :class:`Residual`; "" or why it is not one."""
+        plan = self._plan(a, b) if a in self.at and b in self.at else None
+        plan = plan or (self._plan(b, a) if a in self.at and b in self.at else None)
+        if plan is None:
+            return "the two operands do not branch from one value"
+        main, fork, body, short, gone = plan
+        self.chains[main][fork:] = [Residual(name, list(body), list(short))]
+        self.at = {v: (c, p) for v, (c, p) in self.at.items()
+                   if not (c == main and p > fork) and c not in gone}
+        self.cur = main
+        return ""
+
+    def _plan(self, a: Any, b: Any) -> tuple[int, int, list[Layer], list[Layer], set[int]] | None:
+        """(chain, fork position, body, shortcut, side chains used up) of ``a + b`` with ``b``
+        a chain's tip, or None."""
+        if not self.tip(b):
+            return None
+        (ca, pa), (cb, _) = self.at[a], self.at[b]
+        if ca == cb:  # b's chain goes on from a: an identity shortcut
+            return ca, pa, self.chains[ca][pa:], [], set()
+        base_a = self.bases[ca]
+        if not self.tip(a) or base_a is None:
+            return None
+        if base_a[0] == cb:  # a's side chain forks from b's chain
+            return cb, base_a[1], self.chains[cb][base_a[1]:], self.chains[ca], {ca}
+        if self.bases[cb] == base_a and base_a[1] == len(self.chains[base_a[0]]):
+            return base_a[0], base_a[1], self.chains[cb], self.chains[ca], {ca, cb}
+        return None
+
 
 @dataclass
 class Walk:
@@ -27,6 +94,38 @@ class Walk:
     kind: str = "ONNX node"
     supported: str = ONNX_OPS
     pad: tuple[int, int] = (0, 0)  # an ONNX Pad of time, for the Conv after it
+    branches: Chains = field(init=False)  # residual branches between the graph's values
+
+    def __post_init__(self) -> None:
+        self.branches = Chains([self.layers], [self.in_shape])
+
+    def enter(self, value: Any, name: str, op: str) -> None:
+        """Go on from ``value`` (the chain's tip, or a value read a second time: a branch)."""
+        ch = self.branches
+        if ch.tip(value) and ch.at[value][0] == ch.cur:
+            return
+        if self.perm is not None or self.pad != (0, 0) or not ch.enter(value):
+            raise self.refuse(name, op, "the graph is not a chain of single-input ops or residual adds")
+        self._sync()
+
+    def put(self, value: Any) -> None:
+        """``value`` is what the current chain's layers give."""
+        self.branches.put(value)
+
+    def merge(self, a: Any, b: Any, name: str, op: str) -> None:
+        """``a + b`` of two data values: a residual add."""
+        why = "a channels-first flatten before it" if self.perm is not None else self.branches.merge(a, b, name)
+        if why:
+            raise self.refuse(name, op, f"a residual add only ({why})")
+        self._sync()
+
+    def _sync(self) -> None:
+        self.layers = self.branches.chains[self.branches.cur]
+        self.in_shape = self.branches.shapes[self.branches.cur]
+
+    def main(self) -> list[Layer]:
+        """The model's chain of layers (its output must be that chain's tip)."""
+        return self.branches.chains[0]
 
     def shape(self) -> tuple[int, ...]:
         s = self.in_shape
@@ -82,6 +181,17 @@ def walk_flatten(w: Walk, name: str, op: str, ax: list[str]) -> list[str]:
         raise w.refuse(name, op, f"flattening axes {ax}")
     return ["N", "C"]
 
+
+
+def time_slice(w: Walk, name: str, op: str, start: int, stop: int, step: int, keep: bool) -> None:
+    """Steps ``start:stop`` (Python's slice semantics) of time; ``keep=False``: one step, the
+    axis dropped."""
+    steps = w.shape()[0]
+    a, b, s = slice(start, stop, step).indices(steps)
+    if s != 1 or b - a < 1:
+        raise w.refuse(name, op, f"a time slice {start}:{stop}:{step} of {steps} steps (contiguous, "
+                                 f"non-empty slices only)")
+    w.layers.append(TimeSlice(name, a, b, keep))
 
 
 def last_step(w: Walk, name: str, op: str) -> None:
