@@ -96,6 +96,21 @@ def _group(gid: int) -> str:
         return str(gid)
 
 
+def others_can_change(st: os.stat_result) -> str | None:
+    """Why someone besides this user could change what ``st`` (an ``lstat``/``fstat``)
+    describes — a symlink, another owner, group- or world-writable — or ``None``. For paths
+    outside the store (``hwb export``'s output directory), whose callers word their errors."""
+    me = os.getuid()
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if st.st_uid != me:
+        return f"is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you ({_user(me)})"
+    if st.st_mode & 0o022:
+        return (f"is writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode "
+                f"{stat.filemode(st.st_mode)})")
+    return None
+
+
 def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False) -> os.stat_result:
     """Refuse ``path`` unless only this user (or members of ``gid``) can change it. Raises
     :class:`StoreTrustError` naming the path and the fix; returns its ``lstat``. A path that

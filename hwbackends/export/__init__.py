@@ -8,13 +8,17 @@ framework at module level: TensorFlow, ONNX and the runtimes load inside the wri
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from ..errors import ConfigError, InputError, UnsupportedError
+from ..errors import CacheError, ConfigError, InputError, UnsupportedError
 from .measurements import Measured, Settings, plan, read_measurements, strategy_deadline
+from .outdir import ExportPathError
 from .textproto import comment
+
+__all__ = ["CORE_FORMATS", "ExportPathError", "ExportResult", "export"]
 
 #: Formats the core writes; a target's own ``exports`` add more.
 CORE_FORMATS = ("triton", "tf-serving")
@@ -30,10 +34,13 @@ class ExportResult:
     settings: dict[str, Settings] = field(default_factory=dict)
     measured: dict[str, Measured] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Each served name that is not the model's own, for people (:meth:`.names.Served.lines`).
+    names: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "directory": str(self.directory),
                 "files": [str(f) for f in self.files], "notes": self.notes,
+                "names": self.names,
                 "settings": {k: {"max_batch_size": s.max_batch_size,
                                  "preferred_batch_size": list(s.preferred),
                                  "max_queue_delay_us": s.queue_delay_us,
@@ -47,29 +54,39 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
            config: str | Path | None = None, strategy: str | None = None,
            machine: str | None = None, max_batch_size: int | None = None,
            threads: int = 1, instances: int | None = None, flavour: str | None = None,
-           name: str | None = None, version_compatible: bool = False,
+           name: str | None = None, version_compatible: bool = False, replace: bool = False,
            store: Any = None, command: str = "", progress: Any = None) -> ExportResult:
     """Write ``model``'s variant ``target:precision`` in format ``fmt`` into ``outdir``.
 
     ``results``: a ``hwb bench``/``hwb fleet`` results file with the variant's batch sweep
-    (required for ``triton`` and ``tf-serving``: every setting comes from it). ``config`` +
-    ``strategy``: the deadline (the strategy's ``timeout_us``, else its tier's p99). Errors
-    are :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
+    (required for ``triton`` and ``tf-serving``: every setting comes from it), validated as
+    untrusted input (:func:`.measurements.read_measurements`). ``config`` + ``strategy``: the
+    deadline (the strategy's ``timeout_us``, else its tier's p99). ``outdir`` is written as
+    :mod:`.outdir` says: created, or the user's own and not writable by others, no link
+    followed; a model directory holding other versions is refused unless ``replace``. Every
+    name written comes from :mod:`.names`. ``command`` is no longer written into the files
+    (they carry no free text); it is kept for callers. Errors are
+    :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
     from ..models import load_model
     from ..registry import get_registry
+    from ..store import ArtifactStore
+    from .names import served
+    from .outdir import OutputDir
 
     reg = get_registry()
     tgt = reg.target(target)
     prec = precision or tgt.precisions[0]
     tgt.check_precision(prec)
-    out = Path(outdir)
+    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
     if fmt not in CORE_FORMATS:
         if fmt not in tgt.exports:
             raise UnsupportedError(f"unknown export format {fmt!r} for {target}; formats: "
                                    f"{', '.join(CORE_FORMATS + tuple(tgt.exports))}")
-        cm = _compile(model, target, prec, None, threads, store, progress)
-        out.mkdir(parents=True, exist_ok=True)
-        return ExportResult(fmt, out, list(tgt.export(cm.artifact, fmt, out)))
+        with OutputDir(Path(outdir), replace) as od:
+            _with_miss_retry(lambda: tgt.export(
+                _compile(model, target, prec, None, threads, st, progress).artifact, fmt,
+                od.stage), st, f"{target}:{prec}")
+            return ExportResult(fmt, od.real, od.publish())
     if fmt == "triton":  # a variant Triton cannot run is refused before anything is read
         from .triton import flavour_for
         flavour_for(target, flavour)
@@ -81,20 +98,46 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
         raise ConfigError("--config and --strategy go together: the strategy's deadline is "
                           "read from the strategies file")
     m = load_model(model) if not hasattr(model, "fingerprint") else model
+    names = served(m, name)
     variant = f"{target}:{prec}"
     measured = read_measurements(results, variant, m, machine)
     deadline = strategy_deadline(config, strategy) if config is not None else None
     main = sorted(measured)[0] if machine is None else machine
-    nm = name or _safe_name(m.name)
-    if fmt == "triton":
-        return _triton(m, target, prec, out, nm, measured, main, deadline, max_batch_size,
-                       threads, instances, flavour, version_compatible, store, command, progress)
-    return _tf_serving(m, out, nm, measured[main], deadline, max_batch_size, threads,
-                       instances, command)
+    memory = (row_bytes(names.inputs + names.outputs), memory_limit())
+    entries = TRITON_ENTRIES if fmt == "triton" else TF_SERVING_ENTRIES
+    with OutputDir(Path(outdir), replace, entries) as od:
+        od.check()  # refuse a planted link or another version before compiling anything
+        if fmt == "triton":
+            res = _triton(m, names, target, prec, od.stage, measured, main, deadline,
+                          max_batch_size, threads, instances, flavour, version_compatible, st,
+                          progress, memory)
+        else:
+            res = _tf_serving(m, names, od, measured[main], deadline, max_batch_size, threads,
+                              instances, memory)
+        res.files = od.publish()
+        res.directory = od.real
+    res.names = names.lines()
+    return res
 
 
-def _safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name) or "model"
+#: What an export writes inside the model directory (anything else there is refused).
+TRITON_ENTRIES = frozenset({"config.pbtxt", "configs", "1"})
+TF_SERVING_ENTRIES = frozenset({"1"})
+
+
+def row_bytes(specs: list[Any]) -> int:
+    """Bytes one row of the served tensors takes (inputs and outputs, per sample)."""
+    import numpy as np
+
+    return sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in specs)
+
+
+def memory_limit() -> int:
+    """The most one batch's tensors may take: a quarter of this machine's memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 4 << 30
 
 
 def _compile(model: Any, target: str, prec: str, batch: int | None, threads: int, store: Any,
@@ -105,10 +148,54 @@ def _compile(model: Any, target: str, prec: str, batch: int | None, threads: int
                        fidelity=False, progress=progress)
 
 
-def _triton(m: Any, target: str, prec: str, out: Path, name: str,
+def _with_miss_retry(take: Callable[[], Any], store: Any, what: str) -> Any:
+    """Run ``take`` (compile, then copy the artifact's files out of the store); an entry
+    pruned between the two (another compile's ``HWB_CACHE_MAX_SIZE`` cap, or ``hwb store
+    prune`` in another process) is a miss: compiled again, once."""
+    try:
+        return take()
+    except FileNotFoundError:
+        pass
+    try:
+        return take()
+    except FileNotFoundError as exc:
+        raise CacheError(f"the store pruned {what} twice between its compile and the export's "
+                         f"copy of it ({exc.filename}); raise HWB_CACHE_MAX_SIZE (or unset it) "
+                         f"for this export, or stop the concurrent `hwb store prune`") from None
+
+
+def _pins(store: Any) -> Any:
+    """The store's pin (no prune in this process removes what the export compiled), where the
+    store offers one."""
+    import contextlib
+
+    return store.pinned() if hasattr(store, "pinned") else contextlib.nullcontext(None)
+
+
+def _compile_sizes(m: Any, target: str, prec: str, sizes: list[int], threads: int, store: Any,
+                   progress: Any, vdir: Path, pins: Any) -> dict[int, Any]:
+    """Each batch size compiled and its artifact copied into ``vdir/bN/`` right away."""
+    from .triton import stage_artifact
+
+    compiled: dict[int, Any] = {}
+    for b in sizes:
+        def take(b: int = b) -> Any:
+            cm = _compile(m, target, prec, b, threads, store, progress)
+            if pins is not None:
+                pins.add(cm.artifact.key)
+            stage_artifact(vdir, target, b, cm.artifact)
+            return cm
+        compiled[b] = _with_miss_retry(take, store, f"{target}:{prec} at batch {b}")
+    return compiled
+
+
+def _triton(m: Any, names: Any, target: str, prec: str, stage: Path,
             measured: dict[str, Measured], main: str, deadline: float | None,
             max_batch: int | None, threads: int, instances: int | None, flavour: str | None,
-            version_compat: bool, store: Any, command: str, progress: Any) -> ExportResult:
+            version_compat: bool, store: Any, progress: Any,
+            memory: tuple[int, int]) -> ExportResult:
+    import shutil
+
     from . import triton as T
 
     how = T.flavour_for(target, flavour)
@@ -123,56 +210,66 @@ def _triton(m: Any, target: str, prec: str, out: Path, name: str,
                                    "VERSION_COMPATIBLE, so it runs only on the TensorRT version "
                                    "it was built with; rebuild it version-compatible first")
     settings = {k: plan(v, deadline_us=deadline, max_batch=max_batch, engine_max=engine_max,
-                        threads=threads, instances=instances) for k, v in measured.items()}
+                        threads=threads, instances=instances, memory=memory)
+                for k, v in measured.items()}
     s = settings[main]
-    vdir = out / name / "1"
-    notes: list[str] = []
+    vdir = stage / names.name / "1"
+    notes: list[str] = []     # for people: hwb export's output
+    comments: list[str] = []  # our own words only: the config's comment
     if target == "gpu.tensorrt":
-        files, bound = T.plan_file(vdir, art)
-        tm = T.TritonModel(name, art.inputs, art.outputs, T.NATIVE[target][1], threads,
-                           static_batch=art.batch_size)
+        files, bound = _with_miss_retry(lambda: T.plan_file(vdir, art), store, f"{target}:{prec}")
+        tm = T.TritonModel(names.name, names.inputs, names.outputs, T.NATIVE[target][1],
+                           threads, static_batch=art.batch_size)
         notes += bound
+        comments += bound
     else:
         sizes = sorted({*s.warmup_sizes, *(b for st in settings.values() for b in st.warmup_sizes)})
-        compiled = {b: _compile(m, target, prec, b, threads, store, progress) for b in sizes}
+        with _pins(store) as pins:
+            compiled = _compile_sizes(m, target, prec, sizes, threads, store, progress, vdir, pins)
         if how == "native":
             try:
-                files = T.onnx_file(vdir, compiled)
-                tm = T.TritonModel(name, m.inputs, m.outputs, T.NATIVE[target][1], threads)
+                src = vdir / f"b{max(compiled)}" / T.NATIVE[target][0]
+                files = T.onnx_file(vdir, compiled, src, names.inputs, names.outputs)
+                for b in compiled:
+                    shutil.rmtree(vdir / f"b{b}")
+                tm = T.TritonModel(names.name, names.inputs, names.outputs, T.NATIVE[target][1],
+                                   threads)
             except UnsupportedError as exc:
                 if flavour == "native" or target not in T.PYTHON:
                     raise
                 # a graph with its batch fixed inside (an LSTM's initial state): the python
                 # backend runs the compiled graph per measured size instead
                 notes.append(f"python backend instead of {T.NATIVE[target][1]}: {exc}")
+                comments.append(f"python backend instead of {T.NATIVE[target][1]}: the graph "
+                                f"does not take a dynamic batch (hwb export said why)")
                 how = "python"
         if how == "python":
-            files = T.python_files(vdir, target, compiled, threads)
-            tm = T.TritonModel(name, m.inputs, m.outputs, {"backend": "python"}, threads)
-    written = T.write_repository(out, tm, settings, measured, main,
-                                 command or f"hwb export {m.name} -t {target}:{prec} --format triton")
-    if notes:  # the engine's binding or a backend fallback: at the top of every config
+            files = T.python_files(vdir, target, compiled, threads, names.inputs, names.outputs)
+            tm = T.TritonModel(names.name, names.inputs, names.outputs, {"backend": "python"},
+                               threads)
+    written = T.write_repository(stage, tm, settings, measured, main,
+                                 f"hwb export -t {target}:{prec} --format triton")
+    if comments:  # the engine's binding or a backend fallback: at the top of every config
         for p in written:
-            p.write_text(comment(notes) + p.read_text())
-    return ExportResult("triton", out, written + files, settings, measured, notes)
+            p.write_text(comment(comments) + p.read_text())
+    return ExportResult("triton", stage, written + files, settings, measured, notes)
 
 
-def _tf_serving(m: Any, out: Path, name: str, meas: Measured, deadline: float | None,
+def _tf_serving(m: Any, names: Any, od: Any, meas: Measured, deadline: float | None,
                 max_batch: int | None, threads: int, instances: int | None,
-                command: str) -> ExportResult:
+                memory: tuple[int, int]) -> ExportResult:
     from . import tfserving as S
 
     s = plan(meas, deadline_us=deadline, max_batch=max_batch, threads=threads,
-             instances=instances)
-    vdir = out / name / "1"
-    S.saved_model(m, vdir)
-    warm = S.warmup_file(vdir / "assets.extra" / "tf_serving_warmup_requests", name, m,
-                         s.warmup_sizes)
-    cmd = command or f"hwb export {m.name} -t {meas.variant} --format tf-serving"
-    files = [vdir / "saved_model.pb", warm]
+             instances=instances, memory=memory)
+    stage, name = od.stage, names.name
+    vdir = stage / name / "1"
+    S.saved_model(m, vdir, names.inputs, names.outputs)
+    S.warmup_file(vdir / "assets.extra" / "tf_serving_warmup_requests", name, names.inputs,
+                  s.warmup_sizes)
+    cmd = f"hwb export -t {meas.variant} --format tf-serving"
     for fname, text in (("batching_parameters.txt", S.batching_text(s, meas, cmd)),
-                        ("models.config", S.models_config(name, str((out / name).resolve()))),
+                        ("models.config", S.models_config(name, os.fsencode(od.real / name))),
                         ("README.md", S.readme(name, meas.variant))):
-        (out / fname).write_text(text)
-        files.append(out / fname)
-    return ExportResult("tf-serving", out, files, {meas.machine: s}, {meas.machine: meas})
+        (stage / fname).write_text(text)
+    return ExportResult("tf-serving", stage, [], {meas.machine: s}, {meas.machine: meas})

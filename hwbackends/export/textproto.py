@@ -6,13 +6,16 @@ dependencies of hwbackends (tritonclient's ``[grpc]`` extra pins protobuf < 7, a
 Serving's API package has no batching message), so the files are written here and the tests
 parse them with the servers' own protos.
 
-Values: ``str`` → a quoted string, ``bool`` → ``true``/``false``, ``int``/``float`` as they
-are, :class:`Enum` → the bare identifier, a ``dict`` → a nested message, a list of scalars →
-``[a, b]``, a list of dicts → the message repeated.
+Values: ``str`` (UTF-8) or ``bytes`` → a quoted string, every byte outside printable ASCII
+and ``"``, ``'``, ``\\`` as a 3-digit octal escape (text format's own, which protobuf's C++
+and Python parsers read back byte for byte: no newline, quote or NUL ends the literal);
+``bool`` → ``true``/``false``, ``int``/``float`` as they are, :class:`Enum` → the bare
+identifier, a ``dict`` → a nested message, a list of scalars → ``[a, b]``, a list of dicts →
+the message repeated. Comments (:func:`comment`) hold only hwbackends' own text and figures,
+never a name from a model or a results file.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +35,19 @@ def _scalar(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # a valid text-format string literal
+        try:
+            return string(v.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, so no proto string
+            raise ValueError(f"text format: {v!r:.80} is not valid Unicode text") from None
+    if isinstance(v, bytes):
+        return string(v)
     raise TypeError(f"text format: cannot write {type(v).__name__} {v!r}")
+
+
+def string(data: bytes) -> str:
+    """``data`` as a text-format string literal (see the module docstring)."""
+    return '"' + "".join(chr(b) if 0x20 <= b < 0x7F and b not in b"\"'\\" else f"\\{b:03o}"
+                         for b in data) + '"'
 
 
 def dumps(msg: dict[str, Any], indent: int = 0) -> str:

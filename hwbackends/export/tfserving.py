@@ -24,9 +24,10 @@ from .textproto import comment, dumps
 SIGNATURE = "serving_default"
 
 
-def saved_model(model: Any, version_dir: Path) -> Path:
+def saved_model(model: Any, version_dir: Path, inputs: list[Any], outputs: list[Any]) -> Path:
     """Write ``model`` (a Keras model) as a SavedModel with a ``serving_default`` signature
-    keyed by the model's input and output names."""
+    keyed by the served input and output names (``inputs``/``outputs``: the model's specs
+    under those names, :mod:`.names`)."""
     if model.format != "keras":
         raise UnsupportedError(
             f"TF Serving serves TensorFlow SavedModels; {model.name!r} is a {model.format} model "
@@ -36,14 +37,14 @@ def saved_model(model: Any, version_dir: Path) -> Path:
     import tensorflow as tf
 
     km = model.obj
-    specs = [tf.TensorSpec([None, *s.shape], tf.float32, name=s.name) for s in model.inputs]
-    out_names = [s.name for s in model.outputs]
+    specs = [tf.TensorSpec([None, *s.shape], tf.float32, name=s.name) for s in inputs]
+    out_names = [s.name for s in outputs]
     multi_in = len(specs) > 1
 
     def serve(*xs: Any) -> dict[str, Any]:
         ys = km(list(xs) if multi_in else xs[0], training=False)
-        if isinstance(ys, dict):
-            ys = [ys[n] for n in out_names]
+        if isinstance(ys, dict):  # keyed by the model's own output names (its specs')
+            ys = [ys[s.name] for s in model.outputs]
         ys = ys if isinstance(ys, (list, tuple)) else [ys]
         return {n: tf.identity(y, name=n) for n, y in zip(out_names, ys, strict=True)}
 
@@ -73,8 +74,9 @@ def batching_text(s: Settings, m: Measured, command: str) -> str:
                       f"{m.cores} cores)"]) + dumps(cfg)
 
 
-def models_config(name: str, base: str) -> str:
-    """``models.config`` (ModelServerConfig) naming the one model."""
+def models_config(name: str, base: bytes) -> str:
+    """``models.config`` (ModelServerConfig) naming the one model; ``base``: its directory's
+    path as the file system has it (written byte for byte, escaped)."""
     return dumps({"model_config_list": {"config": [
         {"name": name, "base_path": base, "model_platform": "tensorflow"}]}})
 
@@ -110,7 +112,7 @@ def predict_log(name: str, inputs: dict[str, np.ndarray]) -> bytes:
     return _field(6, _field(1, req))
 
 
-def warmup_file(path: Path, name: str, model: Any, sizes: tuple[int, ...]) -> Path:
+def warmup_file(path: Path, name: str, inputs: list[Any], sizes: tuple[int, ...]) -> Path:
     """``assets.extra/tf_serving_warmup_requests``: one request per batch size, a TFRecord."""
     import tensorflow as tf
 
@@ -119,7 +121,7 @@ def warmup_file(path: Path, name: str, model: Any, sizes: tuple[int, ...]) -> Pa
     with tf.io.TFRecordWriter(str(path)) as w:
         for b in sizes:
             w.write(predict_log(name, {s.name: rng.standard_normal(s.batched(b)).astype(np.float32)
-                                       for s in model.inputs}))
+                                       for s in inputs}))
     return path
 
 

@@ -146,74 +146,107 @@ def write_repository(outdir: Path, tm: TritonModel, settings: dict[str, Settings
 
 
 # -- model files -------------------------------------------------------------------------------
-def python_files(version_dir: Path, target: str, compiled: dict[int, Any], threads: int) -> list[Path]:
-    """``model.py``, ``hwb_model.json`` and one artifact per compiled batch size (``bN/``)
-    for the python backend. ``compiled``: batch size → :class:`~hwbackends.CompiledModel`."""
+def stage_artifact(version_dir: Path, target: str, batch: int, artifact: Any) -> Path:
+    """Copy ``artifact``'s model file into ``version_dir/bN/`` (where the python backend reads
+    it, and what :func:`onnx_file` reads); a copy taken right after its compile, before
+    another compile's store cap can prune it. A pruned file raises ``FileNotFoundError``."""
+    fname = PYTHON[target][1] if target in PYTHON else NATIVE[target][0]
+    d = version_dir / f"b{batch}"
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(artifact.file(fname), d / fname)
+    return d / fname
+
+
+def python_files(version_dir: Path, target: str, compiled: dict[int, Any], threads: int,
+                 inputs: list[Any], outputs: list[Any]) -> list[Path]:
+    """``model.py`` and ``hwb_model.json`` for the python backend, beside one artifact per
+    compiled batch size (``bN/``, from :func:`stage_artifact`). ``compiled``: batch size →
+    :class:`~hwbackends.CompiledModel`; ``inputs``/``outputs``: the served specs. The manifest
+    names tensors by their served names and finds them in the runtime by position: it holds
+    no text from the model."""
     runtime, fname = PYTHON[target]
-    version_dir.mkdir(parents=True, exist_ok=True)
-    written, batches = [], {}
-    any_cm = next(iter(compiled.values()))
-    for b, cm in sorted(compiled.items()):
-        d = version_dir / f"b{b}"
-        d.mkdir(exist_ok=True)
-        shutil.copyfile(cm.artifact.file(fname), d / fname)
-        batches[str(b)] = f"b{b}/{fname}"
-        written.append(d / fname)
-    ikeys, okeys = runtime_keys(runtime, any_cm)
+    batches = {str(b): f"b{b}/{fname}" for b in sorted(compiled)}
+    written = [version_dir / p for p in batches.values()]
+    any_b = min(compiled)
+    ikeys, okeys = runtime_keys(runtime, compiled[any_b], version_dir / batches[str(any_b)])
     manifest = {
-        "format": "hwbackends-triton-python", "runtime": runtime, "variant": any_cm.variant,
-        "threads": threads, "batches": batches,
-        "inputs": [{"name": s.name, "key": k, "shape": list(s.shape), "dtype": s.dtype}
-                   for s, k in zip(any_cm.inputs, ikeys, strict=True)],
-        "outputs": [{"name": s.name, "key": k, "shape": list(s.shape), "dtype": s.dtype}
-                    for s, k in zip(any_cm.outputs, okeys, strict=True)],
+        "format": "hwbackends-triton-python", "runtime": runtime,
+        "variant": compiled[any_b].variant, "threads": threads, "batches": batches,
+        "inputs": [{"name": s.name, "index": k, "shape": list(s.shape), "dtype": s.dtype}
+                   for s, k in zip(inputs, ikeys, strict=True)],
+        "outputs": [{"name": s.name, "index": k, "shape": list(s.shape), "dtype": s.dtype}
+                    for s, k in zip(outputs, okeys, strict=True)],
     }
     (version_dir / "hwb_model.json").write_text(json.dumps(manifest, indent=1))
     shutil.copyfile(Path(__file__).with_name("triton_model.py"), version_dir / "model.py")
     return written + [version_dir / "hwb_model.json", version_dir / "model.py"]
 
 
-def runtime_keys(runtime: str, cm: Any) -> tuple[list[str], list[str]]:
-    """What each input/output (in spec order) is called inside the runtime: LiteRT's tensor
-    names as the loaded executor bound them, the ONNX graph's names, or positions for XLA."""
+def runtime_keys(runtime: str, cm: Any, path: Path) -> tuple[list[int], list[int]]:
+    """Where each input/output (in spec order) is inside the runtime, by position: among the
+    LiteRT interpreter's input/output details (as the loaded executor bound them), among the
+    ONNX graph's inputs/outputs (what ONNX Runtime lists), or the XLA call's arguments and
+    results. ``path``: the staged artifact file."""
     if runtime == "litert":
-        det_in, det_out = cm.executor.input_details, cm.executor.output_details
+        ex = cm.executor
+        det_in, det_out = ex.input_details, ex.output_details
         det_in = det_in if isinstance(det_in, list) else [det_in]
         det_out = det_out if isinstance(det_out, list) else [det_out]
-        return [d["name"] for d in det_in], [d["name"] for d in det_out]
+        all_in = [d["index"] for d in ex.interpreter.get_input_details()]
+        all_out = [d["index"] for d in ex.interpreter.get_output_details()]
+        return [all_in.index(d["index"]) for d in det_in], [all_out.index(d["index"]) for d in det_out]
     if runtime == "onnxruntime":
         import onnx
 
-        g = onnx.load(str(cm.artifact.file("model.onnx"))).graph
-        return graph_names(g, cm.inputs, cm.outputs)
-    return [str(i) for i in range(len(cm.inputs))], [str(i) for i in range(len(cm.outputs))]
+        g = onnx.load(str(path)).graph
+        ins, outs = graph_names(g, cm.inputs, cm.outputs)
+        gin, gout = _graph_io(g)
+        return [gin.index(n) for n in ins], [gout.index(n) for n in outs]
+    return list(range(len(cm.inputs))), list(range(len(cm.outputs)))
+
+
+def _graph_io(graph: Any) -> tuple[list[str], list[str]]:
+    inits = {i.name for i in graph.initializer}
+    return ([i.name for i in graph.input if i.name not in inits], [o.name for o in graph.output])
 
 
 def graph_names(graph: Any, inputs: list[Any], outputs: list[Any]) -> tuple[list[str], list[str]]:
     """The graph's input and output names in spec order. Converted models keep their
     converter's names in spec order (tf2onnx calls a Keras model's outputs ``Identity:0``,
     ``Identity_1:0``, …), ONNX models carry the spec's names."""
-    inits = {i.name for i in graph.initializer}
-    gin = [i.name for i in graph.input if i.name not in inits]
-    gout = [o.name for o in graph.output]
+    gin, gout = _graph_io(graph)
 
     def order(names: list[str], specs: list[Any]) -> list[str]:
         return [s.name for s in specs] if set(names) == {s.name for s in specs} else names
     return order(gin, inputs), order(gout, outputs)
 
 
-def onnx_file(version_dir: Path, compiled: dict[int, Any]) -> list[Path]:
-    """``model.onnx`` for Triton's onnxruntime backend: the compiled graph with a dynamic
-    batch dimension and the model's tensor names, checked in ONNX Runtime against each
-    compiled batch size (same inputs, outputs equal to 1e-5) before it is written."""
+def onnx_file(version_dir: Path, compiled: dict[int, Any], src: Path, inputs: list[Any],
+              outputs: list[Any]) -> list[Path]:
+    """``model.onnx`` for Triton's onnxruntime backend: the compiled graph (``src``, staged
+    from the largest compiled size) with a dynamic batch dimension and the served tensor
+    names, checked in ONNX Runtime against each compiled batch size (same inputs, outputs
+    equal to 1e-5) before it is kept."""
     import onnx
     import onnxruntime as ort
 
     top = compiled[max(compiled)]
-    proto = onnx.load(str(top.artifact.file("model.onnx")))
+    proto = onnx.load(str(src))
     g = proto.graph
     ins, outs = graph_names(g, top.inputs, top.outputs)
-    rename = {old: s.name for old, s in zip([*ins, *outs], [*top.inputs, *top.outputs], strict=True)}
+    rename = {old: s.name for old, s in zip([*ins, *outs], [*inputs, *outputs], strict=True)}
+    taken = ({n for node in g.node for n in [*node.input, *node.output]}
+             | {i.name for i in g.initializer}) - set(rename)
+    clash = sorted(set(rename.values()) & taken)
+    out = version_dir / "model.onnx"
+
+    def refuse(why: str) -> UnsupportedError:
+        out.unlink(missing_ok=True)
+        return UnsupportedError(f"the {top.variant} graph does not take a dynamic batch under "
+                                f"the served names: {why}; export it with --flavour python, "
+                                f"which ships the compiled graph per batch size")
+    if clash:
+        raise refuse(f"served name(s) {', '.join(clash)} name tensors inside the graph")
     for vi in [*g.input, *g.output]:
         if vi.name in rename:
             vi.name = rename[vi.name]
@@ -226,14 +259,7 @@ def onnx_file(version_dir: Path, compiled: dict[int, Any]) -> list[Path]:
         node.output[:] = [rename.get(n, n) for n in node.output]
     del g.value_info[:]  # shapes inferred at the compiled batch; ORT infers them again
     version_dir.mkdir(parents=True, exist_ok=True)
-    out = version_dir / "model.onnx"
     onnx.save(proto, str(out))
-
-    def refuse(why: str) -> UnsupportedError:
-        out.unlink()
-        return UnsupportedError(f"the {top.variant} graph does not take a dynamic batch: {why}; "
-                                f"export it with --flavour python, which ships the compiled "
-                                f"graph per batch size")
     rng = np.random.default_rng(0)
     try:
         sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -241,9 +267,9 @@ def onnx_file(version_dir: Path, compiled: dict[int, Any]) -> list[Path]:
             xs = tuple(rng.standard_normal(s.batched(b)).astype(np.float32) for s in cm.inputs)
             want = cm.predict(xs if cm.multi_io else xs[0])
             want = want if isinstance(want, tuple) else (want,)
-            got = sess.run([s.name for s in cm.outputs],
-                           {s.name: x for s, x in zip(cm.inputs, xs, strict=True)})
-            for s, w, g_ in zip(cm.outputs, want, got, strict=True):
+            got = sess.run([s.name for s in outputs],
+                           {s.name: x for s, x in zip(inputs, xs, strict=True)})
+            for s, w, g_ in zip(outputs, want, got, strict=True):
                 if not np.allclose(w, g_, atol=1e-5, rtol=1e-5):
                     raise refuse(f"at batch {b} output {s.name} differs from the compiled "
                                  f"variant by {float(np.max(np.abs(w - g_))):.3g}")

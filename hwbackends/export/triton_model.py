@@ -1,7 +1,9 @@
 """Triton python-backend model for variants with no native Triton backend (LiteRT, XLA).
 
 ``hwb export --format triton`` copies this file to ``NAME/1/model.py`` beside
-``hwb_model.json`` (runtime, tensor names, one compiled artifact per measured batch size).
+``hwb_model.json`` (runtime, served tensor names and each tensor's position in the runtime,
+one compiled artifact per measured batch size). The file is the same for every model: no
+text from a model is ever written into it.
 It runs inside Triton's python-backend stub, whose interpreter does not have hwbackends:
 it imports only numpy and the variant's own runtime (``ai_edge_litert``, ``onnxruntime`` or
 ``jax``), and ``triton_python_backend_utils`` (the stub's module) only in the Triton class.
@@ -40,10 +42,9 @@ class Runner:
 
         it = Interpreter(model_path=str(path), num_threads=self.threads)
         it.allocate_tensors()
-        by_name = {d["name"]: d["index"] for d in [*it.get_input_details(),
-                                                    *it.get_output_details()]}
-        ins = [by_name[t["key"]] for t in self.inputs]
-        outs = [by_name[t["key"]] for t in self.outputs]
+        det_in, det_out = it.get_input_details(), it.get_output_details()
+        ins = [det_in[int(t["index"])]["index"] for t in self.inputs]
+        outs = [det_out[int(t["index"])]["index"] for t in self.outputs]
 
         def call(xs: list[np.ndarray]) -> list[np.ndarray]:
             for i, x in zip(ins, xs, strict=True):
@@ -59,8 +60,9 @@ class Runner:
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        ins = [t["key"] for t in self.inputs]
-        outs = [t["key"] for t in self.outputs]
+        gin, gout = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
+        ins = [gin[int(t["index"])] for t in self.inputs]
+        outs = [gout[int(t["index"])] for t in self.outputs]
         return lambda xs: sess.run(outs, dict(zip(ins, xs, strict=True)))
 
     def _xla(self, path: Path, batch: int) -> Any:
