@@ -4,6 +4,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.metadata
+import logging
 import os
 import time
 import traceback
@@ -23,6 +24,7 @@ ENTRY_POINT_GROUP = "hwbackends"
 #: variable, so every process that builds a registry (compile worker, Ray node, `hwb serve`)
 #: sees the same plugins.
 PLUGINS_ENV = "HWB_PLUGINS"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -88,6 +90,27 @@ class Registry:
                 if problem not in self.problems:
                     self.problems.append(problem)
         return out, failed
+
+    def call_first(self, hook_name: str, **kwargs: Any) -> tuple[str, Any] | None:
+        """A ``firstresult`` hook (``hwb_choose``), called as pluggy would — implementations
+        in pluggy's call order, the first answer that is not ``None`` wins — but with each
+        implementation isolated as in :meth:`call_each`: one that raises is recorded in
+        :attr:`problems` and skipped, and the next one is asked. ``(plugin, answer)``, or
+        ``None`` when no plugin answered."""
+        hook = getattr(self.pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):  # pluggy calls the last registered first
+            try:
+                answer = impl.function(**{a: kwargs[a] for a in impl.argnames})
+            except (Exception, SystemExit) as exc:  # a plugin's bug is reported, not propagated
+                problem = PluginProblem(impl.plugin_name, hook_name, _short(exc))
+                if problem not in self.problems:
+                    self.problems.append(problem)
+                log.warning("plugin %s raised in %s (skipped): %s", impl.plugin_name, hook_name,
+                            problem.error)
+                continue
+            if answer is not None:
+                return impl.plugin_name, answer
+        return None
 
     def register(self, plugin: Any, name: str) -> None:
         """Register one plugin object (module or instance) and collect its targets/converters."""

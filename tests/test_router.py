@@ -342,6 +342,36 @@ def test_pin_and_hwb_choose_plugin(tmp_path, store_dir) -> None:
     assert d.chosen.p99_us == max(c.p99_us for c in d.order)
 
 
+def test_a_raising_hwb_choose_plugin_is_skipped_and_reported(tmp_path, store_dir) -> None:
+    """The contract's promise for every hook: a plugin that raises is reported and skipped;
+    the next ``hwb_choose`` plugin answers, and the routing table is still built."""
+
+    class Raises:
+        @hwb.hookimpl
+        def hwb_choose(self, candidates, tier):
+            raise RuntimeError("choose bug")
+
+    class Slowest:
+        @hwb.hookimpl
+        def hwb_choose(self, candidates, tier):
+            return max(candidates, key=lambda c: c.p99_us)
+
+    reg = hwb.get_registry()
+    plugins = [(Slowest(), "choose-slowest"), (Raises(), "choose-raises")]  # Raises is asked first
+    for plugin, name in plugins:
+        reg.pm.register(plugin, name=name)
+    try:
+        r = _router(tmp_path, store_dir, ["cpu.onnxruntime", "cpu.litert"])
+    finally:
+        for plugin, _ in plugins:
+            reg.pm.unregister(plugin)
+    d = r.decisions["s"]
+    assert d.chosen_by == "plugin (hwb_choose)"
+    assert d.chosen.p99_us == max(c.p99_us for c in d.order)
+    assert any(p.plugin == "choose-raises" and p.stage == "hwb_choose" and "choose bug" in p.error
+               for p in reg.problems)
+
+
 def test_predict_and_cli_explain_json(tmp_path, store_dir, zoo_model, capsys) -> None:
     r = _router(tmp_path, store_dir, ["cpu.onnxruntime"])
     xs = _inputs(zoo_model, 5)
@@ -362,7 +392,7 @@ def test_predict_and_cli_explain_json(tmp_path, store_dir, zoo_model, capsys) ->
 
 
 def test_results_routing_ranks_a_modelled_estimate_only_when_allowed(compiled, tmp_path: Path) -> None:
-    """Issue 21 #2: `hwb route --fleet` (fleet/placement.py) kept its own copy of the
+    """Issue 21 #2: `hwb route --fleet-results` (fleet/placement.py) kept its own copy of the
     candidate rules and ignored ``allow_modelled``: a variant with a modelled hardware
     estimate was always "rejected: emulated". Now one policy (plan.judge) judges the records
     of a results file as the live router judges a fresh build."""

@@ -32,7 +32,7 @@ def node_info(targets: Sequence[str]) -> dict[str, Any]:
     """Availability (probed here, as ``hwb targets`` does), precisions (the listed ones and
     the rule of the further ones it accepts) and toolchain of each advertised target on this
     node."""
-    from ..registry import get_registry
+    from ..registry import get_registry, safe_probe
 
     reg = get_registry()
     out: dict[str, Any] = {}
@@ -43,11 +43,11 @@ def node_info(targets: Sequence[str]) -> dict[str, Any]:
                          "device": "", "reason": f"advertised, but no plugin registers {name} "
                                                  f"on this node (registered: {', '.join(sorted(reg.targets))})"}
             continue
+        av = safe_probe(tgt).to_dict()
         try:
-            av = tgt.probe().to_dict()
             tc = tgt.toolchain() if av["mode"] != "unavailable" else {}
-        except Exception as exc:  # a raising probe is the reason, as in hwb targets
-            av, tc = {"mode": "unavailable", "reason": f"probe raised {type(exc).__name__}: {exc}",
+        except Exception as exc:  # a plugin's bug is this target's reason, as for its probe
+            av, tc = {"mode": "unavailable", "reason": f"toolchain() raised {type(exc).__name__}: {exc}",
                       "device": ""}, {}
         out[name] = {"mode": av["mode"], "reason": av.get("reason", ""),
                      "device": av.get("device", ""), "family": tgt.family,

@@ -12,7 +12,7 @@ name the closest.
 What a built variant is worth (build error, fidelity gate, modelled and emulated rules) is
 one function, :func:`judge`, over its :class:`~hwbackends.variant.VariantRecord`: the live
 planning here and the routing of a results file (:func:`decide_from_results`: ``hwb bench
---route``, ``hwb route --fleet``) both go through it.
+--route``, ``hwb route --fleet-results``) both go through it.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def judge(rec: VariantRecord, name: str, s: "StrategyConfig", cfg: "StrategiesFi
     """The candidate policy, one place for every router: what variant record ``rec`` is worth
     to strategy ``name``, whether it was compiled just now (:func:`plan_strategy`) or read
     from a results file (:func:`candidates_from_results`: ``hwb bench --route``,
-    ``hwb route --fleet``). In order: a build error fails it; **fidelity gates speed** (a
+    ``hwb route --fleet-results``). In order: a build error fails it; **fidelity gates speed** (a
     variant outside the strategy's tolerance, or with none measured, is rejected); with
     ``allow_modelled`` a modelled hardware estimate is its latency (labelled so); an emulated
     variant is rejected unless the strategy ranks emulated latencies. What survives has
@@ -313,7 +313,7 @@ def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
 def decide_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
                         cfg: "StrategiesFile", reg: "Registry", node: str | None = None) -> Decision:
     """:func:`decide` on :func:`candidates_from_results`: the routing a results file implies,
-    from its own profiles (``hwb bench --route``; per machine, ``hwb route --fleet``)."""
+    from its own profiles (``hwb bench --route``; per machine, ``hwb route --fleet-results``)."""
     budget = cfg.tiers[s.tier].p99_us
     unmeasured = unmeasured_model(s, res)
     if unmeasured:
@@ -352,8 +352,9 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
             return d
         d.chosen_by = "pin"
     if chosen is None:
-        picked = reg.pm.hook.hwb_choose(candidates=list(eligible), tier=Tier(s.tier, budget))
-        if picked is not None:
+        answer = reg.call_first("hwb_choose", candidates=list(eligible), tier=Tier(s.tier, budget))
+        if answer is not None:
+            picked = answer[1]
             if picked in eligible:
                 chosen, d.chosen_by = picked, "plugin (hwb_choose)"
             else:
