@@ -296,6 +296,8 @@ def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str
     v = v.reshape((1,) * (len(ax) - v.ndim) + v.shape)
     if v.ndim != len(ax) or any(d != 1 and a != "C" for d, a in zip(v.shape, ax, strict=True)):
         raise w.refuse(name, op, f"an operand of shape {k[0].shape} over axes {ax} (per channel only)")
+    if v.size not in (1, w.shape()[-1]):
+        raise w.refuse(name, op, f"an operand of {v.size} values over {w.shape()[-1]} channels")
     v = np.broadcast_to(v.ravel(), (w.shape()[-1],)).astype(np.float64)
     last = w.layers[-1] if w.layers else None
     if op == "Add" and isinstance(last, (Dense, Conv1D)):

@@ -1,0 +1,183 @@
+"""The five defects the differential fuzz of cpu.native found (issue 34), one test each,
+through ``hwb.compile`` (the isolated compile worker, where a torch model arrives as a
+``torch.export`` program) and compared with the source framework; and the IR's check of
+every per-channel vector against the axis it acts on. tests/test_fuzz_layer_ir.py is the
+fuzz itself."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import hwbackends as hwb
+from hwbackends.errors import UnsupportedError
+from hwbackends.fidelity import compare
+from hwbackends.testing.tolerances import TOLERANCES
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+
+
+def _x(shape: tuple[int, ...], n: int = 64, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
+
+
+def _fp32_error(cm, want: np.ndarray, x: np.ndarray) -> float:
+    """max |C - framework| over the framework output's scale (its max |value|, at least 1e-3)."""
+    got = cm.predict(x)
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-3))
+
+
+def _torch_out(module, x: np.ndarray) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        return module.eval()(torch.from_numpy(x)).numpy()
+
+
+def _randomize_bn(module) -> None:
+    """Non-trivial running statistics and affine parameters (seeded)."""
+    import torch
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        n = module.running_mean.shape[0]
+        module.running_mean.copy_(torch.randn(n, generator=g))
+        module.running_var.copy_(torch.rand(n, generator=g) * 2 + 0.3)
+        module.weight.copy_(torch.rand(n, generator=g) + 0.5)
+        module.bias.copy_(torch.randn(n, generator=g) * 0.3)
+
+
+# -- (1) an element-wise first layer (or first after a Flatten) -----------------------------------
+def _keras_first(kind: str):
+    import keras
+    keras.utils.set_random_seed(1)
+    first = {"activation": lambda: keras.layers.Activation("tanh"), "relu": keras.layers.ReLU,
+             "leaky": lambda: keras.layers.LeakyReLU(negative_slope=0.1),
+             "softmax": keras.layers.Softmax, "bn": keras.layers.BatchNormalization}[kind]
+    after_flatten = kind in ("relu", "bn")  # the other three first of all, over (time, channels)
+    layers = [keras.Input((6, 4)), *([keras.layers.Flatten()] if after_flatten else []), first(),
+              *([] if after_flatten else [keras.layers.Flatten()]), keras.layers.Dense(3)]
+    km = keras.Sequential(layers, name=f"first_{kind}")
+    for layer in km.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            n = layer.get_weights()[0].shape[0]
+            rng = np.random.default_rng(2)
+            layer.set_weights([rng.uniform(0.5, 1.5, n), rng.normal(0, 0.3, n),
+                               rng.normal(0, 0.5, n), rng.uniform(0.3, 2.0, n)])
+    return km
+
+
+@pytest.mark.parametrize("kind", ["activation", "relu", "leaky", "softmax", "bn"])
+def test_elementwise_first_layer_builds_and_is_right(store_dir, kind) -> None:
+    """The emitter wrote element-wise layers into the read-only input: gcc refused the C
+    (a softmax went through a cast and overwrote the caller's array)."""
+    km = _keras_first(kind)
+    cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
+    x = _x((6, 4))
+    assert _fp32_error(cm, km(x).numpy(), x) <= 1e-5
+    one, out = x[:1].copy(), np.zeros((1, 3), np.float32)
+    cm.predict_into(one, out)  # the C entry on the caller's own array
+    np.testing.assert_array_equal(one, x[:1])  # read, never written
+
+
+# -- (2) int8 after LSTM/GRU -> BatchNormalization -> Dense ---------------------------------------
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_int8_dense_after_recurrent_then_batchnorm_is_not_clipped(store_dir, cell) -> None:
+    """The Dense read the BN's output with the recurrent state's fixed ±1 scale (clipping a
+    BN that scales by ~4); it now takes its calibrated range like any other input."""
+    import keras
+    keras.utils.set_random_seed(4)
+    km = keras.Sequential([keras.Input((8, 3)), getattr(keras.layers, cell)(6),
+                           keras.layers.BatchNormalization(), keras.layers.Dense(2)], name=f"{cell}_bn")
+    bn = km.layers[1]
+    bn.set_weights([np.full(6, 4.0), np.full(6, 0.5), np.zeros(6), np.full(6, 0.25)])
+    calib, x = _x((8, 3), 256, 1), _x((8, 3), 256, 2)
+    cm = hwb.compile(km, "cpu.native", "int8", store=store_dir, fidelity=False, calibration_data=calib)
+    f = compare(km(x).numpy(), cm.predict(x))
+    assert not TOLERANCES["quantized"].violations(f), f
+
+
+# -- (3) torch nn.Sequential over (time, features): BatchNorm1d(T) / Softmax(dim=1) ---------------
+@pytest.mark.parametrize("case", ["bn_time", "bn_time_wider", "softmax_dim1"])
+def test_torch_sequential_over_time_axis_is_refused_not_wrong(store_dir, case) -> None:
+    """These act on dim 1, time, of a (batch, time, features) input; the IR applied them to
+    the channels (wrong answers, and reads past the constants when features > time)."""
+    import torch
+    from torch import nn
+    t, f = (6, 4) if case != "bn_time_wider" else (3, 5)
+    head = nn.BatchNorm1d(t) if case.startswith("bn") else nn.Softmax(dim=1)
+    if case.startswith("bn"):
+        _randomize_bn(head)
+    m = hwb.load_model(nn.Sequential(head, nn.Tanh()).eval(), example_input=torch.zeros(2, t, f))
+    for precision in ("fp32", "int8"):
+        with pytest.raises(UnsupportedError, match="batch_norm|softmax") as err:
+            hwb.compile(m, "cpu.native", precision, store=store_dir, fidelity=False)
+        assert "dim 1" in str(err.value)
+
+
+# -- (4) transpose -> Conv1d -> flatten -> BatchNorm1d -> Linear ----------------------------------
+def test_batchnorm_after_channels_first_flatten_uses_each_features_statistics(store_dir) -> None:
+    import torch
+    from torch import nn
+
+    class ConvHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn, self.out = nn.Conv1d(4, 3, 2), nn.BatchNorm1d(15), nn.Linear(15, 2)
+
+        def forward(self, x):
+            return self.out(self.bn(torch.flatten(self.conv(x.transpose(1, 2)), 1)))
+
+    torch.manual_seed(0)
+    mod = ConvHead().eval()
+    _randomize_bn(mod.bn)
+    m = hwb.load_model(mod, example_input=torch.zeros(2, 6, 4))
+    cm = hwb.compile(m, "cpu.native", store=store_dir, fidelity=False)
+    x = _x((6, 4))
+    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+
+
+# -- (5) nn.Sequential(Flatten, Linear, ...) over (time, features) --------------------------------
+def test_torch_sequential_flatten_linear_over_a_window_compiles(store_dir) -> None:
+    """Refused unless an nn.LeakyReLU sent the program down the op-by-op walk."""
+    import torch
+    from torch import nn
+    torch.manual_seed(1)
+    seq = nn.Sequential(nn.Flatten(), nn.Linear(24, 5), nn.ReLU(), nn.Linear(5, 1)).eval()
+    cm = hwb.compile(hwb.load_model(seq, example_input=torch.zeros(2, 6, 4)), "cpu.native",
+                     store=store_dir, fidelity=False)
+    x = _x((6, 4))
+    assert _fp32_error(cm, _torch_out(seq, x), x) <= 1e-5
+
+
+# -- per-channel vectors against their axis -------------------------------------------------------
+def test_a_vector_of_the_wrong_length_is_refused_by_name() -> None:
+    """A hand-made (hostile) ONNX file: a per-channel Mul of 5 values over 3 channels."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hwb_plugins._shared import layer_ir
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    s = numpy_helper.from_array(np.ones(5, np.float32), "s")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                           helper.make_node("Mul", ["h", "s"], ["y"], name="bad_scale")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], [w, s])
+    om = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedError, match="bad_scale.*5 values over 3 channels"):
+        layer_ir.extract(hwb.load_model(om), "cpu.native")
+    assert onnx.checker.check_model(om) is None  # a valid file: only its values are wrong
+
+
+def test_ir_checks_every_vector_against_its_axis() -> None:
+    from hwb_plugins._shared import layer_ir
+    from hwb_plugins._shared.layer_ir import read
+
+    f = np.float32
+    bad = [layer_ir.Affine("bn", np.ones(6, f), np.zeros(6, f)),
+           layer_ir.Conv1D("conv", np.ones((2, 5, 3), f), np.zeros(3, f)),
+           layer_ir.Recurrent("lstm", "lstm", np.ones((4, 8), f), np.ones((2, 8), f), np.ones(7, f), 2)]
+    for layer in bad:
+        net = layer_ir.Network("n", (6, 4), [layer])
+        with pytest.raises(UnsupportedError, match=f"{layer.name}.*needs"):
+            read._check_shapes(net, "cpu.native")
