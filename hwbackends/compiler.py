@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import build_cache, isolate
+from . import build_cache, cost, isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CacheError, CompileError, HwbError, UnavailableError, UnsupportedError
@@ -120,10 +120,13 @@ def _data(m: Model, calibration_data: Any, validation_data: Any,
 
 
 def _compile_job(target: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
-                 workdir: str, build_cache_dir: str | None = None) -> dict[str, Any]:
+                 workdir: str, build_cache_dir: str | None = None,
+                 limits: cost.Limits | None = None) -> dict[str, Any]:
     """Runs in the worker process (or in-process when isolation is off). ``build_cache_dir``:
-    the store's build cache, offered to the target for the compile (:mod:`.build_cache`)."""
-    model = load_saved(Path(model_src)) if isinstance(model_src, (str, Path)) else model_src
+    the store's build cache, offered to the target for the compile (:mod:`.build_cache`).
+    The saved model's cost is checked against ``limits`` again as the worker reads it."""
+    model = (load_saved(Path(model_src), limits) if isinstance(model_src, (str, Path))
+             else model_src)
     scratch = Path(tempfile.mkdtemp(prefix="hwb-convert-"))
     try:
         for i, conv in enumerate(chain):
@@ -150,7 +153,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
             store: ArtifactStore | str | Path | None = None,
             isolate_compile: bool = True, timeout: float | None = None,
             rebuild: bool = False, progress: Progress | None = None,
-            registry: Registry | None = None) -> CompiledModel:
+            registry: Registry | None = None, limits: cost.Limits | None = None) -> CompiledModel:
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
@@ -166,11 +169,13 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
     inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
     build runs in an isolated child process unless ``isolate_compile=False``; a crash or
-    timeout raises :class:`CompileError`.
+    timeout raises :class:`CompileError`. A model loaded here is refused before any work when
+    its declared cost is over ``limits`` (:mod:`hwbackends.cost`; default from the
+    environment), and the worker runs under a memory limit (``HWB_WORKER_MEMORY``).
     """
     say = progress or (lambda msg: log.info(msg))
     req = _resolve(CompileRequest(model, target, precision, batch_size, threads, options,
-                                  calibration_data, validation_data, registry))
+                                  calibration_data, validation_data, registry, limits))
     tgt = req.tgt
     run = _Run(store if isinstance(store, ArtifactStore) else ArtifactStore(store),
                isolate_compile, timeout or tgt.compile_timeout, say)
@@ -219,6 +224,8 @@ class CompileRequest:
     calibration_data: Any = None
     validation_data: Any = None
     registry: Registry | None = None
+    #: What a model loaded here may cost (:mod:`hwbackends.cost`); ``None``: the environment's.
+    limits: cost.Limits | None = None
 
 
 @dataclasses.dataclass
@@ -236,6 +243,7 @@ class _Request:
     val: Any
     #: Where the calibration and validation inputs came from (hwbackends/samples.py).
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    limits: cost.Limits | None = None
 
     @property
     def what(self) -> str:
@@ -258,7 +266,7 @@ def _resolve(ask: CompileRequest) -> _Request:
     """Load the model, resolve the target, check the request, and compute its key. The
     caller's :class:`Model` is never changed: the compile works on its own copy (fields and
     ``meta``; the framework object is shared, and the targets receive it read-only)."""
-    m = _own_copy(load_model(ask.model))
+    m = _own_copy(load_model(ask.model, limits=ask.limits))
     reg = ask.registry or get_registry()
     tgt = reg.target(ask.target)
     prec, batch_size = _check_request(m, tgt, ask.precision, ask.batch_size, ask.options)
@@ -275,7 +283,7 @@ def _resolve(ask: CompileRequest) -> _Request:
     opts, key, parts = _plan(m, tgt, prec, chain, calib,
                              CompileOptions(prec, batch_size, ask.threads, dict(ask.options or {}),
                                             None))
-    return _Request(m, tgt, avail, chain, opts, key, parts, val, data)
+    return _Request(m, tgt, avail, chain, opts, key, parts, val, data, ask.limits)
 
 
 def _own_copy(m: Model) -> Model:
@@ -583,7 +591,8 @@ def _run_compile(req: _Request, run: _Run, staged: Path) -> dict[str, Any]:
     try:
         req.m.save(model_dir)
         return isolate.worker().run(_compile_job, tgt, req.chain, str(model_dir), opts,
-                                    str(staged), cache_dir, timeout=run.timeout, what=req.what,
+                                    str(staged), cache_dir, req.limits or cost.Limits.from_env(),
+                                    timeout=run.timeout, what=req.what,
                                     target=tgt.name, precision=opts.precision)
     finally:
         run.store.discard(model_dir)

@@ -19,6 +19,13 @@ What the worker leaves behind is bounded:
   left behind however either process ends (a Ray worker killed at shutdown included) —, and
   truncated when it grows past :data:`LOG_LIMIT`; each job's temp dir (converter scratch, ``cc*.s``) is removed when the job ends,
   however it ends.
+- **Memory is bounded.** Each job runs under :func:`hwbackends.cost.worker_memory`
+  (``HWB_WORKER_MEMORY``): the worker sets it as its ``RLIMIT_DATA`` (not ``RLIMIT_AS``: CUDA
+  and XLA reserve address space they never touch; ``RLIMIT_DATA`` counts only writable private
+  memory, so an allocation past it fails in the job as a ``MemoryError``), and the parent
+  watches the resident memory of the worker and every process it started while it waits
+  (:data:`WATCH_EVERY`), stopping the tree past the limit. Either way the caller gets a
+  :class:`CompileError` that names the limit and how to raise it.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import ctypes
 import fcntl
 import itertools
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -41,11 +49,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import CompileError, HwbError
+from .units import fmt_bytes
 
 _SIGNALS = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
 #: The log is truncated before a job when it is larger than this.
 LOG_LIMIT = 4 << 20
 _PR_SET_CHILD_SUBREAPER = 36
+#: Seconds between two reads of the worker tree's resident memory while a job runs.
+WATCH_EVERY = 0.2
+_MEMORY_ADVICE = ("raise it with HWB_WORKER_MEMORY=SIZE (e.g. 32G; 0 turns it off), or compile a "
+                  "smaller model or with options that need less")
 
 
 _FALLBACK: dict[str, Path] = {}
@@ -97,9 +110,10 @@ def _worker_main(fd: int, log_fd: int) -> None:
     _pin_library_caches()
     while True:
         try:
-            job_id, tmpdir, fn, args, kwargs = conn.recv()
+            job_id, tmpdir, memory, fn, args, kwargs = conn.recv()
         except (EOFError, OSError):
             return
+        _limit_memory(memory)
         # Compilers (g++'s cc*.s, converters' scratch dirs) write under TMPDIR: the job's own.
         os.environ["TMPDIR"] = tempfile.tempdir = tmpdir
         try:
@@ -113,6 +127,9 @@ def _worker_main(fd: int, log_fd: int) -> None:
             conn.send((job_id, "ok", result))
         except BaseException as exc:  # report everything, including SystemExit from a toolchain
             tb = traceback.format_exc()
+            if isinstance(exc, MemoryError):
+                conn.send((job_id, "memory", f"{type(exc).__name__}: {exc}", tb))
+                continue
             if isinstance(exc, HwbError):
                 try:
                     conn.send((job_id, "hwb", exc, tb))
@@ -122,6 +139,30 @@ def _worker_main(fd: int, log_fd: int) -> None:
             conn.send((job_id, "err", f"{type(exc).__name__}: {exc}", tb))
         finally:
             _reap()
+
+
+def _limit_memory(limit: int) -> None:
+    """This job's memory limit as the worker's soft ``RLIMIT_DATA`` (``0``: the hard limit,
+    i.e. none of ours); the compilers it starts inherit it."""
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        soft = hard if not limit or (hard != resource.RLIM_INFINITY and limit > hard) else limit
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and every live descendant (0 for those already gone)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for p in (pid, *descendants(pid)):
+        try:
+            with open(f"/proc/{p}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _pin_library_caches() -> None:
@@ -232,6 +273,8 @@ class Worker:
 
     def __init__(self) -> None:
         self._proc: Any = None
+        #: The running job's memory limit (bytes; 0: none), for the crash message.
+        self._memory = 0
         self._conn: Any = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -288,6 +331,11 @@ class Worker:
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str,
             target: str = "", precision: str = "", **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the worker, within ``timeout`` seconds and the memory
+        limit (:func:`hwbackends.cost.worker_memory`, read now)."""
+        from .cost import worker_memory
+
+        memory = worker_memory()
         with self._lock:
             if not self.alive():
                 self.kill()
@@ -297,7 +345,7 @@ class Worker:
             tmpdir = tempfile.mkdtemp(prefix=f"job-{job_id}-", dir=private_dir())
             try:
                 return self._exchange(job_id, tmpdir, fn, args, kwargs, timeout, what,
-                                      target, precision, log_start)
+                                      target, precision, log_start, memory)
             except HwbError:
                 raise  # a reply (the worker is idle), or a timeout/crash (it was replaced)
             except BaseException:
@@ -309,16 +357,23 @@ class Worker:
                 shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _exchange(self, job_id: int, tmpdir: str, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                  timeout: float, what: str, target: str, precision: str, log_start: int) -> Any:
+                  timeout: float, what: str, target: str, precision: str, log_start: int,
+                  memory: int = 0) -> Any:
+        self._memory = memory
         try:
-            self._conn.send((job_id, tmpdir, fn, args, kwargs))
+            self._conn.send((job_id, tmpdir, memory, fn, args, kwargs))
         except Exception as exc:
             raise CompileError(f"{what}: could not send the job to the compile process "
                                f"({type(exc).__name__}: {exc}); is the model picklable?",
                                target=target, precision=precision) from exc
         deadline = time.monotonic() + timeout
         while True:
-            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+            left = deadline - time.monotonic()
+            ready = self._conn.poll(max(0.0, min(left, WATCH_EVERY) if memory else left))
+            if not ready and memory and left > WATCH_EVERY:
+                self._watch_memory(memory, what, target, precision)
+                continue
+            if not ready:
                 log = self._log_tail()
                 self.kill()
                 raise CompileError(
@@ -338,8 +393,24 @@ class Worker:
             return msg[2]
         if status == "hwb":
             raise msg[2]
+        if status == "memory":
+            raise CompileError(f"{what} ran out of memory under the compile worker's limit of "
+                               f"{fmt_bytes(memory)} ({msg[2]}); {_MEMORY_ADVICE}",
+                               target=target, precision=precision, log=self._get_log(log_start))
         raise CompileError(f"{what} failed: {msg[2]}\n{msg[3][-3000:]}",
                            target=target, precision=precision, log=self._get_log(log_start))
+
+    def _watch_memory(self, memory: int, what: str, target: str, precision: str) -> None:
+        """Stop the worker tree (and raise) when its resident memory is past ``memory``."""
+        used = tree_rss(self._proc.pid) if self._proc is not None else 0
+        if used <= memory:
+            return
+        log = self._log_tail()
+        self.kill()
+        raise CompileError(f"{what} used {fmt_bytes(used)} of memory (the compile worker and "
+                           f"the compilers it started), over the worker's limit of "
+                           f"{fmt_bytes(memory)}, and was stopped; {_MEMORY_ADVICE}",
+                           target=target, precision=precision, log=log)
 
     def _crashed(self, what: str, target: str, precision: str, log_start: int) -> CompileError:
         try:
@@ -350,9 +421,12 @@ class Worker:
         how = f"signal {sig} ({code})" if sig else f"exit code {code}"
         log = self._get_log(log_start)
         self.kill()
+        memory = self._memory
+        mem = (f" If it ran out of memory (a toolchain may abort on a failed allocation): the "
+               f"worker's limit is {fmt_bytes(memory)}; {_MEMORY_ADVICE}.") if memory else ""
         return CompileError(
             f"{what} crashed the compile process ({how}). Your process is unaffected. "
-            f"This is a bug or limit of the toolchain; try another precision or option. "
+            f"This is a bug or limit of the toolchain; try another precision or option.{mem} "
             f"Last output:\n{log[-2000:]}", target=target, precision=precision, log=log)
 
     def _rotate_log(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import batchdim, legacy
+from . import batchdim, cost, legacy
 from .errors import HwbError, ModelError
 from .inputs import as_batches
 from .specs import TensorSpec, several
@@ -221,13 +221,14 @@ def _save_torch(model: Model, directory: Path) -> str:
     return "model.pt2"
 
 
-def load_saved(directory: Path) -> Model:
-    """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data."""
+def load_saved(directory: Path, limits: cost.Limits | None = None) -> Model:
+    """Inverse of :meth:`Model.save`: same fingerprint, specs, name and data (its cost
+    checked against ``limits`` again: the compile worker reads it under its own)."""
     info = json.loads((directory / "model.json").read_text())
     legacy.import_modules(info.get("imports", []))
     shapes = [tuple(d["shape"]) for d in info["inputs"]]
     m = load_model(directory / info["file"], name=info["name"],
-                   input_shape=shapes[0] if len(shapes) == 1 else shapes)
+                   input_shape=shapes[0] if len(shapes) == 1 else shapes, limits=limits)
     m.fingerprint = info["fingerprint"]
     m.inputs = [TensorSpec.from_dict(d) for d in info["inputs"]]
     m.outputs = [TensorSpec.from_dict(d) for d in info["outputs"]]
@@ -266,7 +267,8 @@ def register_source(prefix: str, get: Callable[[str], Model]) -> None:
 def load_model(source: Any, *, name: str | None = None, example_input: Any = None,
                input_shape: Sequence[int] | None = None,
                validation_data: np.ndarray | None = None,
-               weights: str | os.PathLike | None = None, trust_pickle: bool = False) -> Model:
+               weights: str | os.PathLike | None = None, trust_pickle: bool = False,
+               limits: cost.Limits | None = None) -> Model:
     """Load a source model.
 
     ``source`` is a path (``.keras``/``.h5`` Keras, ``.json`` a Keras 2 architecture with its
@@ -277,7 +279,13 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
     ``onnx.ModelProto``, or a ``torch.nn.Module`` together with ``example_input`` (a tensor of
     one batch) or ``input_shape`` (per sample, without the batch dimension). An
     ``input_shape`` that contradicts the model's own is refused, never ignored.
+
+    The model's declared cost (:mod:`hwbackends.cost`: weights, external data, multiply-adds
+    and activations per sample) is checked against ``limits`` (default
+    :meth:`~hwbackends.cost.Limits.from_env`) before its weights are read or anything runs;
+    over a limit is a :class:`~hwbackends.cost.CostError`. The estimate is ``meta["cost"]``.
     """
+    lim = limits or cost.Limits.from_env()
     if isinstance(source, Model):
         if validation_data is not None:
             source.validation_data = validation_data
@@ -290,16 +298,17 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
         return m
     if isinstance(source, (str, os.PathLike)):
         model = _load_path(Path(source), name, example_input, input_shape,
-                           Path(weights) if weights is not None else None, trust_pickle)
+                           Path(weights) if weights is not None else None, trust_pickle, lim)
     else:
         mods = _module_of(source)
         if "keras" in mods and hasattr(source, "get_config"):
             nm = name or getattr(source, "name", "model")
-            model = _from_keras(legacy.build_keras(source, input_shape, nm), nm, None)
+            model = _from_keras(legacy.build_keras(source, input_shape, nm), nm, None, lim)
         elif "onnx" in mods and hasattr(source, "graph"):
-            model = _from_onnx(source, name or "model", None)
+            model = _from_onnx(source, name or "model", None, lim)
         elif "torch" in mods:
-            model = _from_torch(source, name or type(source).__name__, None, example_input, input_shape)
+            model = _from_torch(source, name or type(source).__name__, None, example_input,
+                                input_shape, lim)
         else:
             raise ModelError(f"cannot load a model from {type(source).__qualname__}; expected a file "
                              f"path, 'zoo:NAME', a keras.Model, a torch.nn.Module or an onnx.ModelProto")
@@ -328,30 +337,34 @@ def _check_input_shape(model: Model, input_shape: Any) -> None:
 
 
 def _load_path(path: Path, name: str | None, example: Any = None, input_shape: Any = None,
-               weights: Path | None = None, trust_pickle: bool = False) -> Model:
+               weights: Path | None = None, trust_pickle: bool = False,
+               lim: cost.Limits | None = None) -> Model:
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
     suffix = path.suffix.lower()
     name = name or path.stem
+    lim = lim or cost.Limits.from_env()
+    if path.is_file():  # its size bounds the weights before any framework parses it
+        cost.check_file(path, name, lim)
     try:
         if suffix in (".h5", ".hdf5") and legacy.h5_kind(path) == "weights":
             raise legacy.weights_only_error(path)
         if suffix in (".keras", ".h5", ".hdf5"):
             import keras
             km = keras.saving.load_model(path, compile=False)
-            return _from_keras(legacy.build_keras(km, input_shape, name), name, path)
+            return _from_keras(legacy.build_keras(km, input_shape, name), name, path, lim)
         if suffix == ".json":
-            return _from_keras(legacy.keras2_json(path, weights), name, path)
+            return _from_keras(legacy.keras2_json(path, weights), name, path, lim)
         if suffix == ".onnx":
-            import onnx
-            return _from_onnx(onnx.load(str(path)), name, path)
+            return _load_onnx(path, name, lim)
         if suffix == ".pt2":
             import torch
             ep = torch.export.load(str(path))
-            return _from_torch(ep, name, path, None, None)
+            return _from_torch(ep, name, path, None, None, lim)
         if suffix in (".pt", ".pth", ".ts"):
-            return _from_torch(legacy.torch_file(path, trust_pickle), name, path, example, input_shape)
+            return _from_torch(legacy.torch_file(path, trust_pickle), name, path, example,
+                               input_shape, lim)
     except ModelError:
         raise
     except Exception as exc:
@@ -363,6 +376,19 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
                          f"training code.") from exc
     raise ModelError(f"unknown model file type {suffix!r} ({path}); supported: .keras .h5 "
                      f".json (Keras 2 + weights) .onnx .pt2 (torch.export) .pt/.ts (TorchScript)")
+
+
+def _load_onnx(path: Path, name: str, lim: cost.Limits) -> Model:
+    """An ONNX file: the graph is read without its external data, its cost checked (the
+    external tensors against the files they live in), and only then the data read."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    c = cost.onnx_cost(proto, name, path.parent)
+    lim.check(c, name)
+    if c.external_bytes:
+        onnx.load_external_data_for_model(proto, str(path.parent))
+    return _from_onnx(proto, name, path, lim, c)
 
 
 def _clip(text: str, limit: int = 300) -> str:
@@ -421,8 +447,10 @@ def keras_call_input(km: Any, flat: Sequence[Any]) -> Any:
     return keras.tree.pack_sequence_as(km.input, flat)
 
 
-def _from_keras(km: Any, name: str, path: Path | None) -> Model:
+def _from_keras(km: Any, name: str, path: Path | None, lim: cost.Limits | None = None) -> Model:
     _unique("input", _keras_names(km, "input"), name)
+    c = cost.keras_cost(km)
+    (lim or cost.Limits.from_env()).check(c, name)
     ins = [TensorSpec(n, _static(t.shape[1:], "input", name))
            for n, t in zip(_keras_names(km, "input"), km.inputs, strict=True)]
     outs = [TensorSpec(n, _static(t.shape[1:], "output", name))
@@ -439,6 +467,7 @@ def _from_keras(km: Any, name: str, path: Path | None) -> Model:
         meta = {} if km.inputs[0].shape[0] is None else {"fixed_batch": int(km.inputs[0].shape[0])}
     else:
         meta = _keras_batch(km, ins[0], ref)
+    meta["cost"] = c.to_dict()
     return Model(km, "keras", ins, outs, fp, name, path, meta=meta, _ref=ref)
 
 
@@ -460,7 +489,11 @@ def _keras_batch(km: Any, inp: TensorSpec, ref: Callable[..., tuple[np.ndarray, 
         b, batchdim.FIXED, f"built with batch_size={b} and runs only at it").to_dict()}
 
 
-def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
+def _from_onnx(proto: Any, name: str, path: Path | None, lim: cost.Limits | None = None,
+               c: cost.Cost | None = None) -> Model:
+    if c is None:  # an in-memory graph: its data is in it (estimated all the same)
+        c = cost.onnx_cost(proto, name)
+        (lim or cost.Limits.from_env()).check(c, name)
     g = proto.graph
     inits = {i.name for i in g.initializer}
     real_inputs = [i for i in g.input if i.name not in inits]
@@ -480,7 +513,7 @@ def _from_onnx(proto: Any, name: str, path: Path | None) -> Model:
         graph, info = _onnx_batch_multi(proto, real_inputs, name)
     else:
         graph, info = _onnx_batch(proto, ins[0].shape, name)
-    meta: dict[str, Any] = {"batch": info.to_dict()}
+    meta: dict[str, Any] = {"batch": info.to_dict(), "cost": c.to_dict()}
     if info.handling == batchdim.FIXED:
         meta["fixed_batch"] = info.exported
     return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)
@@ -539,7 +572,8 @@ def _onnx_batch(proto: Any, sample: tuple[int, ...], name: str) -> tuple[Any, ba
     return graph, info
 
 
-def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any) -> Model:
+def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shape: Any,
+                lim: cost.Limits | None = None) -> Model:
     """A torch model: an ``nn.Module``/TorchScript module with ``example`` (one batch: a
     tensor, or a tuple with one tensor per ``forward`` argument) or ``input_shape``, or a
     ``torch.export`` program. Several inputs are named after ``forward``'s arguments, several
@@ -559,12 +593,18 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         state = obj.state_dict()
         if hasattr(module, "eval"):
             module.eval()
-    with torch.no_grad():
+    lim = lim or cost.Limits.from_env()
+    base = cost.torch_param_cost(state)
+    lim.check(base, name)  # the weights, before the example call
+    lim.check(cost.torch_input_cost(base, examples), name)  # the inputs, before the call
+    with torch.no_grad(), cost.TorchProbe(module) as probe:
         try:
             result = module(*examples)
         except Exception as exc:
             raise _torch_shape_error(obj, name, examples, example is not None, exc) from exc
         ys = _torch_outputs(result, name)
+    c = probe.cost(base, examples, int(examples[0].shape[0]) if examples[0].dim() else 1)
+    lim.check(c, name)
     multi = len(examples) > 1 or len(ys) > 1
     ins = [TensorSpec(n if multi else "input", _static(tuple(e.shape[1:]), "input", name))
            for n, e in zip(in_names, examples, strict=True)]
@@ -576,7 +616,8 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
     # a multi-IO one covers every output spec as well.
     specs = repr(ins).encode() + (repr(outs).encode() if multi else b"")
     fp = _digest(b"torch", arch, specs, *wb)
-    meta = {"fixed_batch": fixed_batch} if fixed_batch is not None else {}
+    meta: dict[str, Any] = {"fixed_batch": fixed_batch} if fixed_batch is not None else {}
+    meta["cost"] = c.to_dict()
 
     def ref(*xs: np.ndarray, m: Any = module) -> tuple[np.ndarray, ...]:  # one array per output
         with torch.no_grad():

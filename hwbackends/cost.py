@@ -1,0 +1,444 @@
+"""What a model will cost before any work is done on it, and the limits it must stay within.
+
+A model file is data: its shapes and sizes are untrusted. A graph that declares a window of a
+million steps, or external weights of 40 GB, must be refused from its declarations, before a
+framework reads the weights, before synthetic inputs are drawn for it and before a converter
+runs — not by the operating system after minutes and gigabytes. :class:`Cost` is the estimate
+(parameters, weight bytes, external-data bytes, multiply-adds and activation bytes per sample)
+and :class:`Limits` what is allowed; :meth:`Limits.check` refuses with a :class:`CostError`
+that gives the figure, the limit and the option that raises it.
+
+The estimates come from declarations only:
+
+- **ONNX**: the protobuf read with ``load_external_data=False``; external tensors counted from
+  their dims (or declared ``length``, whichever is larger) and checked against the real size
+  of the file they live in; activations and multiply-adds from ONNX shape inference (a
+  symbolic batch counts as one sample).
+- **Keras**: each layer's output shape and weights (the layer graph, no call).
+- **torch**: parameter sizes before any call, then the one-sample example call that loading
+  already makes, observed with forward hooks.
+- **any file**: its size (and a zip's declared entry sizes) bound the weights before the
+  framework opens it.
+
+Activation bytes are the sum over every tensor of one sample (inputs included): an upper
+bound on what a framework keeps alive, and what the compile multiplies by the validation
+samples it runs through the reference (:data:`SAMPLES_PER_PASS`).
+
+The limits are set by environment variables (``HWB_MAX_WEIGHTS``, ``HWB_MAX_ACTIVATIONS``,
+``HWB_MAX_MACS``; ``hwb compile --limit NAME=VALUE`` sets them for one command) or passed as
+``Limits`` to :func:`hwbackends.load_model` / :func:`hwbackends.compile`. The compile worker's
+memory limit (:func:`worker_memory`, ``HWB_WORKER_MEMORY``) is enforced in
+:mod:`hwbackends.isolate`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import ConfigError, ModelError
+from .units import fmt_bytes, parse_size
+
+#: The compile runs this many samples through the reference at once (the validation set;
+#: hwbackends/samples.py), so per-sample activations are multiplied by it.
+SAMPLES_PER_PASS = 512
+#: Nothing declared beyond this is believed (an int64 shape product overflows past it).
+_HUGE = 1 << 62
+
+#: name → (environment variable, default, what it bounds, unit).
+LIMITS: dict[str, tuple[str, float, str, str]] = {
+    "weights": ("HWB_MAX_WEIGHTS", 4 << 30, "weight bytes (in the file and its external data)", "bytes"),
+    "activations": ("HWB_MAX_ACTIVATIONS", 16 << 20, "activation bytes per sample (every tensor "
+                    "of one sample)", "bytes"),
+    "macs": ("HWB_MAX_MACS", 1e10, "multiply-adds per sample", "count"),
+}
+WORKER_MEMORY_ENV = "HWB_WORKER_MEMORY"
+_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8,
+                14: 8, 15: 16, 16: 2}
+
+
+class CostError(ModelError):
+    """A model whose declared cost exceeds a limit (:class:`Limits`), refused before work."""
+
+
+@dataclass
+class Cost:
+    """A model's declared cost. ``None``: not estimated (an op or layer the estimate does not
+    know, a shape inference failure); a figure that is known is a lower bound then."""
+
+    params: int | None = None
+    weight_bytes: int | None = None
+    external_bytes: int = 0
+    macs: float | None = None
+    activation_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        def b(v: int | None) -> str:
+            return "?" if v is None else fmt_bytes(int(v))
+        return (f"{self.params if self.params is not None else '?'} parameters, weights "
+                f"{b(self.weight_bytes)} (external {b(self.external_bytes)}), "
+                f"{'?' if self.macs is None else f'{self.macs:.3g}'} multiply-adds and "
+                f"{b(self.activation_bytes)} of activations per sample")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a model may cost (see :data:`LIMITS`); ``0`` turns a limit off."""
+
+    weights: float = LIMITS["weights"][1]
+    activations: float = LIMITS["activations"][1]
+    macs: float = LIMITS["macs"][1]
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Limits:
+        """The defaults, each raised or lowered by its environment variable."""
+        env = os.environ if env is None else env
+        kw = {}
+        for name, (var, _, _, unit) in LIMITS.items():
+            if env.get(var, "").strip():
+                kw[name] = parse_limit(env[var], unit, var)
+        return cls(**kw)
+
+    def check(self, cost: Cost, name: str) -> None:
+        """Raise :class:`CostError` for the first figure over its limit."""
+        figures = {"weights": max(cost.weight_bytes or 0, cost.external_bytes),
+                   "activations": cost.activation_bytes, "macs": cost.macs}
+        for key, value in figures.items():
+            limit = getattr(self, key)
+            if value is None or not limit or value <= limit:
+                continue
+            var, _, what, unit = LIMITS[key]
+            shown, cap = (fmt_bytes(int(value)), fmt_bytes(int(limit))) if unit == "bytes" else \
+                (f"{value:.3g}", f"{limit:.3g}")
+            extra = (f" (× {SAMPLES_PER_PASS} validation samples ≈ "
+                     f"{fmt_bytes(int(value) * SAMPLES_PER_PASS)})") if key == "activations" else ""
+            raise CostError(
+                f"model {name!r} declares {shown} of {what}{extra}, over the limit of {cap}; "
+                f"refused before any work on it. If the model is meant to be this large, "
+                f"raise the limit: {var}=VALUE in the environment, hwb compile --limit {key}=VALUE, "
+                f"or load_model/compile(..., limits=Limits({key}=VALUE)); 0 turns it off")
+
+
+def parse_limit(text: str, unit: str, what: str) -> float:
+    """A limit's value: a size (``8G``) for bytes, a number (``1e11``) for counts; ``0``: off."""
+    try:
+        value = float(parse_size(text)) if unit == "bytes" else float(str(text).strip())
+    except (ValueError, OverflowError):
+        value = float("nan")
+    if not (math.isfinite(value) and 0 <= value <= _HUGE):
+        form = "a size such as 8G or 512M" if unit == "bytes" else "a number such as 1e11"
+        raise ConfigError(f"{what}={text[:40]!r}: expected {form} (0 turns the limit off), "
+                          f"at most {_HUGE:.3g}")
+    return value
+
+
+def limits_from_items(items: Iterable[str], base: Limits | None = None) -> Limits:
+    """``["weights=8G", "macs=1e11"]`` (``hwb compile --limit``) applied to ``base``."""
+    lim = base or Limits.from_env()
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in LIMITS:
+            raise ConfigError(f"--limit {item[:60]!r}: expected NAME=VALUE with NAME one of "
+                              f"{', '.join(LIMITS)}")
+        lim = replace(lim, **{key: parse_limit(value, LIMITS[key][3], f"--limit {key}")})
+    return lim
+
+
+def export_limits(lim: Limits, env: Any = None) -> None:
+    """Set the environment variables to ``lim`` (a command's ``--limit``: every load in this
+    process and the compile worker, which inherits the environment, see the same limits)."""
+    env = os.environ if env is None else env
+    for key, (var, _, _, _) in LIMITS.items():
+        env[var] = repr(float(getattr(lim, key))) if LIMITS[key][3] == "count" else str(int(getattr(lim, key)))
+
+
+def worker_memory() -> int:
+    """The compile worker's memory limit in bytes (``HWB_WORKER_MEMORY``; default ¾ of this
+    machine's memory, so a runaway compile fails with a message instead of the machine
+    swapping or the OOM killer choosing a victim); ``0``: no limit."""
+    text = os.environ.get(WORKER_MEMORY_ENV, "").strip()
+    if text:
+        return int(parse_limit(text, "bytes", WORKER_MEMORY_ENV))
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+# -- files, before a framework opens them ------------------------------------------------------
+def file_bytes(path: Path) -> int:
+    """What a model file may hold once unpacked: its size, or a zip's declared entry sizes
+    (``.keras``, ``.pt2``: the central directory, read without inflating anything)."""
+    size = path.stat().st_size
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                return max(size, sum(i.file_size for i in z.infolist()))
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return size
+    return size
+
+
+def check_file(path: Path, name: str, limits: Limits) -> None:
+    """Refuse a file whose size alone is over the weight limit, before it is parsed."""
+    limits.check(Cost(weight_bytes=file_bytes(path)), name)
+
+
+# -- ONNX ---------------------------------------------------------------------------------------
+def onnx_external_bytes(proto: Any, base: Path | None, name: str) -> int:
+    """Bytes of the external-data tensors ``proto`` declares (read without their data), each
+    checked against the file it lives in: a location outside the model's directory, or a
+    file shorter than the tensor, is refused here, not by a read that fails at an outside
+    memory cap."""
+    total = 0
+    for t in _onnx_initializers(proto):
+        if t.data_location != 1:  # TensorProto.EXTERNAL
+            continue
+        info = {kv.key: kv.value for kv in t.external_data}
+        want = max(_int(info.get("length")), _numel(t.dims) * _DTYPE_BYTES.get(t.data_type, 8))
+        total += want
+        if base is None:
+            continue
+        loc = info.get("location", "")
+        p = (base / loc).resolve()
+        if not loc or Path(loc).is_absolute() or not p.is_relative_to(base.resolve()):
+            raise ModelError(f"ONNX model {name!r}: tensor {t.name[:80]!r} keeps its data at "
+                             f"{loc[:200]!r}, outside the model's directory; external data must "
+                             f"sit beside the .onnx file (re-save with onnx.save(..., "
+                             f"save_as_external_data=True))")
+        try:
+            have = p.stat().st_size
+        except OSError:
+            have = -1
+        end = _int(info.get("offset")) + want
+        if have < end:
+            raise ModelError(f"ONNX model {name!r}: tensor {t.name[:80]!r} declares {fmt_bytes(want)} "
+                             f"at offset {_int(info.get('offset'))} of {loc[:200]!r}, which holds "
+                             f"{'nothing' if have < 0 else fmt_bytes(have)}: the external data is "
+                             f"missing or incomplete; copy it beside the .onnx file or re-export")
+    return min(total, _HUGE)
+
+
+def onnx_cost(proto: Any, name: str, base: Path | None = None) -> Cost:
+    """The cost of an ONNX graph from its declarations (``proto`` may lack its external data)."""
+    import onnx
+
+    external = onnx_external_bytes(proto, base, name)
+    params = sum(_numel(t.dims) for t in _onnx_initializers(proto))
+    weight = sum(_numel(t.dims) * _DTYPE_BYTES.get(t.data_type, 8) for t in _onnx_initializers(proto))
+    cost = Cost(params=min(params, _HUGE), weight_bytes=min(max(weight, external), _HUGE),
+                external_bytes=external)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception as exc:  # noqa: BLE001 - an estimate is not a verdict
+        cost.notes.append(f"shape inference failed ({type(exc).__name__}); activations not estimated")
+        return cost
+    g = inferred.graph
+    shapes = {v.name: _vi_shape(v) for v in (*g.input, *g.value_info, *g.output)}
+    batch = _onnx_batch(g, {t.name for t in g.initializer})
+    act, macs, unknown = 0, 0.0, set()
+    init_names = {t.name for t in g.initializer}
+    for v in (*g.input, *g.value_info, *g.output):
+        s = shapes.get(v.name)
+        if s is not None and v.name not in init_names:
+            act += _numel(s) * _DTYPE_BYTES.get(v.type.tensor_type.elem_type, 4)
+    inits = {t.name: tuple(t.dims) for t in g.initializer}
+    for node in g.node:
+        m = _onnx_node_macs(node, shapes, inits)
+        if m is None:
+            unknown.add(node.op_type)
+        else:
+            macs += m
+    if unknown:
+        cost.notes.append(f"multiply-adds of {', '.join(sorted(unknown))} not counted")
+    cost.activation_bytes = min(act // batch, _HUGE)
+    cost.macs = macs / batch
+    return cost
+
+
+def _onnx_initializers(proto: Any) -> list[Any]:
+    return list(proto.graph.initializer)
+
+
+def _onnx_batch(g: Any, inits: set[str]) -> int:
+    """The graph's fixed batch (its first real input's first dimension), 1 when symbolic."""
+    for i in g.input:
+        if i.name in inits:
+            continue
+        dims = i.type.tensor_type.shape.dim
+        if len(dims) and dims[0].HasField("dim_value") and dims[0].dim_value > 1:
+            return int(dims[0].dim_value)
+        return 1
+    return 1
+
+
+def _vi_shape(v: Any) -> tuple[int, ...] | None:
+    """A value's shape with symbolic dimensions as 1 (the batch), ``None`` when unknown."""
+    tt = v.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return tuple(max(1, d.dim_value) if d.HasField("dim_value") else 1 for d in tt.shape.dim)
+
+
+def _onnx_node_macs(node: Any, shapes: dict[str, Any], inits: dict[str, tuple[int, ...]]) -> float | None:
+    """Multiply-adds of one node: the weighted ops exactly, element-wise ops as one per output."""
+    def shape(i: int, outs: bool = False) -> tuple[int, ...] | None:
+        names = node.output if outs else node.input
+        if i >= len(names):
+            return None
+        return shapes.get(names[i]) or inits.get(names[i])
+
+    out = shape(0, True)
+    op = node.op_type
+    if op in ("Conv", "ConvInteger", "QLinearConv"):
+        w = shape(3 if op == "QLinearConv" else 1)
+        return None if out is None or w is None else _numel(out) * _numel(w[1:])
+    if op == "ConvTranspose":
+        x, w = shape(0), shape(1)
+        return None if x is None or w is None else _numel(x) * _numel(w[1:])
+    if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul"):
+        a = shape(0)
+        if out is None or a is None or not a:
+            return None
+        k = a[0] if op == "Gemm" and any(x.name == "transA" and x.i for x in node.attribute) else a[-1]
+        return _numel(out) * k
+    if op in ("LSTM", "GRU", "RNN"):
+        x, w, r = shape(0), shape(1), shape(2)
+        if x is None or w is None or r is None:
+            return None
+        return x[0] * (_numel(w) + _numel(r))  # steps × (input + recurrent weights)
+    return None if out is None else float(_numel(out))
+
+
+# -- Keras and torch ---------------------------------------------------------------------------
+def keras_cost(km: Any) -> Cost:
+    """The cost of a built Keras model from its layers' shapes and weights (nothing runs)."""
+    params = sum(_numel(w.shape) for w in km.weights)
+    wbytes = sum(_numel(w.shape) * _itemsize(w) for w in km.weights)
+    act = sum(_numel(_batchless(t.shape)) * 4 for t in km.inputs)
+    macs, notes = 0.0, []
+    for layer in _keras_layers(km):
+        try:
+            outs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
+            ins = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
+        except (AttributeError, ValueError, RuntimeError):
+            notes.append(f"layer {type(layer).__name__} has no single output shape")
+            continue
+        act += sum(_numel(_batchless(o.shape)) * 4 for o in outs)
+        positions = _numel(_batchless(ins[0].shape)[:-1]) if ins and len(ins[0].shape) > 2 else 1
+        macs += positions * sum(_numel(w.shape) for w in layer.weights if len(w.shape) >= 2)
+        macs += sum(_numel(_batchless(o.shape)) for o in outs)
+    return Cost(params=params, weight_bytes=wbytes, macs=macs, activation_bytes=min(act, _HUGE),
+                notes=notes)
+
+
+def _keras_layers(km: Any) -> list[Any]:
+    out = []
+    for layer in getattr(km, "layers", []):
+        if type(layer).__name__ == "InputLayer":
+            continue
+        inner = getattr(layer, "layers", None)
+        out.extend(_keras_layers(layer) if inner else [layer])
+    return out
+
+
+def _itemsize(w: Any) -> int:
+    import numpy as np
+
+    try:
+        return np.dtype(str(getattr(w, "dtype", "float32"))).itemsize
+    except TypeError:
+        return 4
+
+
+def torch_param_cost(state: dict[str, Any]) -> Cost:
+    """Parameters and weight bytes of a torch state dict (before any call)."""
+    params = sum(int(v.numel()) for v in state.values() if hasattr(v, "numel"))
+    wbytes = sum(int(v.numel()) * int(v.element_size()) for v in state.values() if hasattr(v, "numel"))
+    return Cost(params=params, weight_bytes=wbytes)
+
+
+def torch_input_cost(base: Cost, examples: Iterable[Any]) -> Cost:
+    """``base`` with the example inputs' bytes per sample as its activations (a floor)."""
+    ex = list(examples)
+    b = max(1, int(ex[0].shape[0])) if ex and ex[0].dim() else 1
+    return replace(base, activation_bytes=sum(int(e.numel()) * int(e.element_size()) for e in ex) // b)
+
+
+class TorchProbe:
+    """Forward hooks on a module's leaves for one call: activation bytes and multiply-adds
+    of the one-sample example call that loading makes anyway (``with TorchProbe(m) as p``)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.act = 0
+        self.macs = 0.0
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> TorchProbe:
+        import torch
+
+        leaves = [m for m in getattr(self.module, "modules", lambda: [])()
+                  if not list(m.children())]
+        for m in leaves:
+            self._hooks.append(m.register_forward_hook(self._hook))
+        self._torch = torch
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._hooks:
+            h.remove()
+
+    def _hook(self, mod: Any, inputs: Any, output: Any) -> None:
+        torch = self._torch
+        outs = [o for o in (output if isinstance(output, (tuple, list)) else [output])
+                if isinstance(o, torch.Tensor)]
+        self.act += sum(int(o.numel()) * int(o.element_size()) for o in outs)
+        weights = [p for p in mod.parameters(recurse=False) if p.dim() >= 2]
+        x = next((i for i in inputs if isinstance(i, torch.Tensor)), None)
+        if not weights or x is None or not outs:
+            self.macs += sum(int(o.numel()) for o in outs)
+            return
+        if isinstance(mod, torch.nn.RNNBase):
+            positions = int(x.numel()) // max(1, int(mod.input_size))
+        elif isinstance(mod, torch.nn.modules.conv._ConvNd):
+            positions = int(outs[0].numel()) // max(1, int(weights[0].shape[0]))
+        else:
+            positions = int(x.numel()) // max(1, int(weights[0].shape[-1]))
+        self.macs += positions * sum(int(w.numel()) for w in weights)
+
+    def cost(self, base: Cost, examples: Iterable[Any], batch: int) -> Cost:
+        """``base`` (parameters) with this call's figures per sample (``batch`` rows ran)."""
+        act = self.act + sum(int(e.numel()) * int(e.element_size()) for e in examples)
+        b = max(1, batch)
+        return replace(base, macs=self.macs / b, activation_bytes=act // b)
+
+
+def _batchless(shape: Any) -> tuple[int, ...]:
+    dims = tuple(shape)[1:]
+    return tuple(int(d) if isinstance(d, int) and d > 0 else 1 for d in dims)
+
+
+def _numel(dims: Iterable[Any]) -> int:
+    n = 1
+    for d in dims:
+        n *= max(0, int(d))
+        if n > _HUGE:
+            return _HUGE
+    return n
+
+
+def _int(text: Any) -> int:
+    try:
+        v = int(str(text))
+    except (TypeError, ValueError):
+        return 0
+    return v if 0 <= v <= _HUGE else _HUGE
