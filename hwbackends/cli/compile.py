@@ -23,6 +23,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target-specific option (repeatable; see hwb targets -v); VALUE parsed "
                         "as JSON if it can be (default: none)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
+    p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                   help="raise (or lower) what a model may cost before it is refused: weights=8G, "
+                        "activations=64M (per sample), macs=1e11 (per sample); 0 turns one off "
+                        "(default: HWB_MAX_WEIGHTS/ACTIVATIONS/MACS, else 4G, 16M, 1e10)")
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
 
@@ -44,7 +48,10 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     from ..compiler import compile as hwb_compile
+    from ..cost import export_limits, limits_from_items
 
+    if args.limit:  # this command's loads and its compile worker all read them
+        export_limits(limits_from_items(args.limit))
     model = model_from_args(args)
     return hwb_compile(model, args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),
