@@ -30,14 +30,15 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from . import trust
-from .store import KEY_RE, file_sha256, private_mkdir, two_level_names
+from .errors import StoreTrustError
+from .store import KEY_RE, evict_at, file_sha256, private_mkdir, two_level_names
 
 log = logging.getLogger("hwbackends.build_cache")
 DIRNAME = "build-cache"
-_RECORD, _BLOB = "record.json", "blob"
+RECORD, BLOB = "record.json", "blob"
 
 
 def digest(*parts: bytes | str) -> str:
@@ -64,35 +65,35 @@ class BuildCache:
         return self.root / name[:2] / name
 
     def fetch(self, name: str, dest: Path) -> bool:
-        """Copy the product ``name`` to ``dest`` and return True, or False (absent, or invalid
-        and now removed)."""
+        """Copy the product ``name`` to ``dest`` and return True, or False (absent, removed
+        meanwhile by a prune or another process, or invalid and now removed). ``dest`` is
+        replaced only by a complete, verified copy."""
         d = self.path_for(name)
-        if not (d / _RECORD).exists():
+        if not (d / RECORD).exists():
             return False
         gid = trust.trusted_gid()
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
         try:
             for p in (self.root, d.parent):
                 trust.check_path(p, "build cache directory", gid)
             trust.check_tree(d, gid)
-            record = json.loads((d / _RECORD).read_text())
+            with contextlib.suppress(OSError):  # a use, recorded before the read: a prune that
+                os.utime(d, follow_symlinks=False)  # scanned earlier puts it back
+            record = json.loads((d / RECORD).read_text())
             ok = (isinstance(record, dict) and record.get("digest") == name
                   and trust.verify(trust.load_key(), record)
-                  and file_sha256(d / _BLOB) == record.get("sha256"))
+                  and _copy_verified(d / BLOB, tmp, record.get("sha256")))
         except FileNotFoundError:
-            return False  # removed meanwhile (another process found it invalid)
+            return False  # pruned (or found invalid by another process) meanwhile: a miss
         except (OSError, ValueError) as exc:
             log.warning("build cache entry %s unreadable (%s); removing it", name[:12], exc)
             ok = False
         if not ok:
             log.warning("build cache entry %s does not match its signed record; removing it, "
                         "the product is rebuilt", name[:12])
-            self._remove(d)
+            self.discard(name)
             return False
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
-        shutil.copyfile(d / _BLOB, tmp)
         os.replace(tmp, dest)
-        with contextlib.suppress(OSError):
-            os.utime(d)  # last used: ``hwb store prune`` removes the least recently used first
         return True
 
     def names(self) -> list[str]:
@@ -107,18 +108,21 @@ class BuildCache:
             return
         private_mkdir(self.root)
         private_mkdir(self.root / "tmp")
+        private_mkdir(d.parent)
+        gid = trust.trusted_gid()
+        for p in (self.root, self.root / "tmp", d.parent):  # a link here would take the product
+            trust.check_path(p, "build cache directory", gid)  # out of the store
         stage = self.root / "tmp" / uuid.uuid4().hex
         stage.mkdir(mode=0o700)
         try:
-            shutil.copyfile(src, stage / _BLOB)
-            os.chmod(stage / _BLOB, 0o600)
-            record = {"digest": name, "sha256": file_sha256(stage / _BLOB),
-                      "size": (stage / _BLOB).stat().st_size, "from": src.name}
+            shutil.copyfile(src, stage / BLOB)
+            os.chmod(stage / BLOB, 0o600)
+            record = {"digest": name, "sha256": file_sha256(stage / BLOB),
+                      "size": (stage / BLOB).stat().st_size, "from": src.name}
             record["hmac"] = trust.sign(trust.load_key(), record)
-            fd = os.open(stage / _RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = os.open(stage / RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
-            private_mkdir(d.parent)
             try:
                 os.rename(stage, d)
             except OSError:  # another process put it first
@@ -126,21 +130,40 @@ class BuildCache:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
-    def discard(self, name: str) -> None:
-        """Remove the product ``name`` (one its user found unusable): the next build makes
-        it again."""
-        d = self.path_for(name)
-        if d.exists():
-            self._remove(d)
-
-    def _remove(self, d: Path) -> None:
-        private_mkdir(self.root / "tmp")
-        trash = self.root / "tmp" / f"evict-{uuid.uuid4().hex}"
+    def discard(self, name: str, keep: Callable[[os.stat_result], bool] | None = None) -> bool:
+        """Remove the product ``name`` (one its user found unusable, or pruned): renamed into
+        ``tmp/`` through directory fds, never following a link, then removed unless ``keep``
+        (given the moved directory's ``lstat``) puts it back (:meth:`ArtifactStore.evict`).
+        The next build makes it again. Returns whether it was removed."""
+        self.path_for(name)
         try:
-            os.rename(d, trash)
-        except OSError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
+            return evict_at(self.root, [name[:2]], name, keep)
+        except StoreTrustError as exc:
+            log.warning("build cache entry %s not removed: %s", name[:12], exc)
+            return False
+
+
+def _copy_verified(src: Path, dst: Path, sha256: Any) -> bool:
+    """Copy ``src`` to a new file ``dst``, hashing the bytes as they are copied: True when they
+    are ``sha256`` (the copy is what was verified, in one read), else ``dst`` is removed and
+    False. :class:`FileNotFoundError` when ``src`` is gone (a reader that opened it keeps
+    reading it whole even if it is removed meanwhile)."""
+    h = hashlib.sha256()
+    with open(src, "rb") as f:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+                    out.write(chunk)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(dst)
+            raise
+    if h.hexdigest() == sha256:
+        return True
+    os.unlink(dst)
+    return False
 
 
 _CURRENT: BuildCache | None = None

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -38,8 +39,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from . import trust
-from .errors import CacheError
+from . import dirfd, trust
+from .errors import CacheError, StoreTrustError
 
 log = logging.getLogger("hwbackends.store")
 #: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
@@ -89,18 +90,54 @@ def private_mkdir(d: Path) -> None:
         raise CacheError(f"{d} exists and is not a directory")
 
 
-def two_level_names(top: Path) -> list[str]:
-    """The names of the ``top/ab/abcdef…`` directories (a key or digest each, filed under its
-    first two digits), sorted; anything else there is skipped with a warning."""
-    if not top.is_dir():
+def two_level(top_fd: int, rel: str, links: list[dirfd.Link]) -> Iterator[tuple[int, str]]:
+    """``(fd of top/ab, name)`` for each ``top/ab/abcdef…`` directory (a key or digest, filed
+    under its first two digits) in the directory ``top_fd``, by name; ``rel`` names ``top`` in
+    reports. A symlink on the way is appended to ``links`` and not followed; anything else
+    that is no entry is skipped with a warning (``tmp``, a staging directory, silently). The
+    fd is open until the next item."""
+    for ab in dirfd.entries(top_fd):
+        where = f"{rel}/{ab.name}"
+        if ab.is_symlink():
+            links.append(dirfd.link_at(top_fd, ab.name, where))
+            continue
+        if ab.name == "tmp":
+            continue
+        if len(ab.name) != 2 or not ab.is_dir(follow_symlinks=False):
+            log.warning("%s is not a store directory (ab/, the first two digits of a key); skipped",
+                        where)
+            continue
+        try:
+            fd = dirfd.open_dir(ab.name, top_fd)
+        except FileNotFoundError:
+            continue
+        except dirfd.NotFollowed:  # swapped for a link since it was listed
+            links.append(dirfd.link_at(top_fd, ab.name, where))
+            continue
+        try:
+            for e in dirfd.entries(fd):
+                if e.is_symlink():
+                    links.append(dirfd.link_at(fd, e.name, f"{where}/{e.name}"))
+                elif KEY_RE.fullmatch(e.name) and e.name[:2] == ab.name and e.is_dir(follow_symlinks=False):
+                    yield fd, e.name
+                else:
+                    log.warning("%s/%s is not a store entry (its name is no key); skipped", where, e.name)
+        finally:
+            os.close(fd)
+
+
+def two_level_names(top: Path, links: list[dirfd.Link] | None = None) -> list[str]:
+    """The names of the ``top/ab/abcdef…`` directories (:func:`two_level`), never following a
+    link (one found is appended to ``links``; ``top`` itself a link lists nothing)."""
+    found = [] if links is None else links
+    try:
+        with dirfd.opened(top) as fd:
+            return [name for _, name in two_level(fd, str(top), found)]
+    except FileNotFoundError:
         return []
-    names = []
-    for d in sorted(top.glob("*/*")):
-        if KEY_RE.fullmatch(d.name) and d.parent.name == d.name[:2]:
-            names.append(d.name)
-        else:
-            log.warning("%s is not a store entry (its name is no key); skipped", d)
-    return names
+    except dirfd.NotFollowed as exc:
+        log.warning("%s is %s; nothing in it is listed", top, exc.strerror)
+        return []
 
 
 #: Entries pinned against pruning in this process: (real store root, key) -> how many pins.
@@ -132,12 +169,36 @@ class Pins:
             self._keys = []
 
 
+def evict_at(root: Path, parts: list[str], name: str,
+             keep: Callable[[os.stat_result], bool] | None = None) -> bool:
+    """Evict ``root/parts…/name`` into ``root/tmp`` through directory fds (:func:`dirfd.evict`).
+    A link on the way is not followed (nothing to evict there: ``False``); a ``tmp`` that is
+    a link is :class:`StoreTrustError`."""
+    private_mkdir(root / "tmp")
+    try:
+        with dirfd.opened(root, parts) as parent, dirfd.opened(root, ["tmp"]) as trash:
+            return dirfd.evict(parent, name, trash, f"evict-{uuid.uuid4().hex}", keep)
+    except FileNotFoundError:
+        return False
+    except dirfd.NotFollowed as exc:
+        if exc.filename == "tmp":
+            raise StoreTrustError(f"store directory {root / 'tmp'} is {exc.strerror}; the store "
+                                  f"follows none. Remove it (rm {root / 'tmp'})") from None
+        log.warning("%s: %s/%s is %s; nothing evicted there", name[:12], root,
+                    "/".join(parts), exc.strerror)
+        return False
+
+
 def check_key(key: Any) -> str:
     """``key`` if it is a store key (64 lowercase hex digits), else :class:`CacheError`: a key
     names a directory, so ``../`` or a slash in one would reach outside the store."""
     if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise CacheError(f"{key!r:.80} is not a store key (64 hex digits, a sha256); refused")
     return key
+
+
+class _Vanished(CacheError):
+    """The entry was removed while it was read (a prune or another process): absent."""
 
 
 class ArtifactStore:
@@ -210,8 +271,11 @@ class ArtifactStore:
         check_key(key)
         return self.objects / key[:2] / key
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The verified manifest of ``key``, or ``None`` (absent, or invalid and now removed)."""
+    def get(self, key: str, *, touch: bool = True) -> dict[str, Any] | None:
+        """The verified manifest of ``key``, or ``None`` (absent, removed meanwhile by a prune
+        or another process, or invalid and now removed). With ``touch`` (a use: the caller
+        reads the entry) its last use is recorded before it is read, so a prune that
+        scanned earlier keeps it (:func:`~hwbackends.store_prune.prune` re-checks at removal)."""
         self.check_root()
         d = self.path_for(key)
         if not d.exists():
@@ -223,9 +287,13 @@ class ArtifactStore:
             trust.check_tree(d, gid)  # before any byte of the entry is read
         except FileNotFoundError:
             return None  # evicted meanwhile (another process): absent, rebuilt by the caller
+        if touch:
+            self.touch(key)
         self.key  # a key problem is refused, not mistaken for a bad entry  # noqa: B018
         try:
             record = self._verify(d, key)
+        except _Vanished:
+            return None  # removed while it was read: absent, never "corrupt"
         except CacheError as exc:
             log.warning("artifact %s is corrupt (%s); removing it, it will be rebuilt", key[:12], exc)
             self.evict(key)
@@ -235,6 +303,10 @@ class ArtifactStore:
     def _verify(self, d: Path, key: str) -> dict[str, Any]:
         try:
             record = json.loads((d / MANIFEST).read_text())
+        except FileNotFoundError as exc:
+            if not os.path.lexists(d):
+                raise _Vanished("entry removed before its manifest was read") from exc
+            raise CacheError(f"unreadable manifest: {exc}") from exc
         except (OSError, ValueError) as exc:
             raise CacheError(f"unreadable manifest: {exc}") from exc
         if not isinstance(record, dict) or record.get("store_format") != STORE_FORMAT:
@@ -264,7 +336,7 @@ class ArtifactStore:
                 if file_sha256(p) != digest:
                     raise CacheError(f"checksum mismatch for {rel}")
         except OSError as exc:  # removed while it was read (a concurrent eviction)
-            raise CacheError(f"entry changed while it was verified ({exc})") from exc
+            raise _Vanished(f"entry removed while it was verified ({exc})") from exc
         return record
 
     def stage(self) -> Path:
@@ -280,16 +352,20 @@ class ArtifactStore:
     def sweep_tmp(self, max_age: float = 24 * 3600) -> None:
         """Remove what ``tmp/`` holds older than ``max_age`` s: stagings of builds that died,
         evictions interrupted half-way (a live build's staging is younger)."""
-        tmp = self.root / "tmp"
-        if not tmp.is_dir():
-            return
         now = time.time()
-        for p in tmp.iterdir():
-            try:
-                if now - p.stat().st_mtime > max_age:
-                    shutil.rmtree(p, ignore_errors=True)
-            except OSError:
-                pass
+        try:
+            with dirfd.opened(self.root, ["tmp"]) as fd:
+                for e in dirfd.entries(fd):
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISLNK(st.st_mode) or now - st.st_mtime > max_age:
+                        dirfd.remove_at(fd, e.name)  # a link: unlinked, never followed
+        except FileNotFoundError:
+            return
+        except dirfd.NotFollowed as exc:
+            log.warning("%s/tmp is %s; not swept", self.root, exc.strerror)
 
     def staged_files(self, staged: Path) -> dict[str, str]:
         """The sha256 of every file under ``staged`` (but a manifest), made private on the
@@ -392,34 +468,47 @@ class ArtifactStore:
         returns how many. A process that opened a lock file just before it is removed may
         build beside a later one: a build done twice, never a wrong entry (commits are
         atomic and the first wins)."""
-        locks = self.root / "locks"
-        if not locks.is_dir():
+        try:
+            dir_fd = dirfd.open_under(self.root, ["locks"])
+        except FileNotFoundError:
+            return 0
+        except dirfd.NotFollowed as exc:
+            log.warning("%s/locks is %s; idle locks not removed", self.root, exc.strerror)
             return 0
         n = 0
-        for p in locks.glob("*.lock"):
-            try:
-                fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: a build is running
-                os.close(fd)
-                continue
-            try:
-                p.unlink()
-                n += 1
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        try:
+            for e in dirfd.entries(dir_fd):
+                if not e.name.endswith(".lock"):
+                    continue
+                if e.is_symlink():  # never written by the store: unlinked, not followed
+                    dirfd.remove_at(dir_fd, e.name)
+                    continue
+                try:
+                    fd = os.open(e.name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                 dir_fd=dir_fd)
+                except OSError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # held: a build is running
+                    os.close(fd)
+                    continue
+                try:
+                    os.unlink(e.name, dir_fd=dir_fd)
+                    n += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dir_fd)
         return n
 
     def touch(self, key: str) -> None:
         """Record that ``key`` was just used (its directory's mtime): ``hwb store prune``
         removes the least recently used first."""
         with contextlib.suppress(OSError):
-            os.utime(self.path_for(key))
+            os.utime(self.path_for(key), follow_symlinks=False)
 
     def keys(self) -> list[str]:
         """The keys of every entry directory (unverified: :meth:`get` verifies one)."""
@@ -428,17 +517,14 @@ class ArtifactStore:
     def discard(self, staged: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)
 
-    def evict(self, key: str) -> None:
-        d = self.path_for(key)
-        if d.exists():
-            # Rename first so a concurrent reader never sees a half-deleted entry.
-            trash = self.root / "tmp" / f"evict-{uuid.uuid4().hex}"
-            private_mkdir(trash.parent)
-            try:
-                os.rename(d, trash)
-            except OSError:
-                trash = d
-            shutil.rmtree(trash, ignore_errors=True)
+    def evict(self, key: str, keep: Callable[[os.stat_result], bool] | None = None) -> bool:
+        """Remove the entry ``key``: renamed into ``tmp/`` first (a concurrent reader sees it
+        absent, never half of it), then removed, unless ``keep`` (called with the moved
+        entry's ``lstat``) says to put it back. Every directory on the way is opened without
+        following a link (:mod:`hwbackends.dirfd`): a linked ``objects/ab`` is not followed,
+        and an entry that is a link is unlinked. Returns whether it was removed."""
+        check_key(key)
+        return evict_at(self.root, ["objects", key[:2]], key, keep)
 
     def entries(self) -> Iterator[dict[str, Any]]:
         """Every entry's manifest, each verified as :meth:`get` does (an invalid entry is
@@ -447,7 +533,7 @@ class ArtifactStore:
             return
         self.check_root()
         for key in two_level_names(self.objects):
-            record = self.get(key)
+            record = self.get(key, touch=False)
             if record is not None:
                 yield record
 

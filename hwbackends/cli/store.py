@@ -56,6 +56,13 @@ def _row(e) -> str:
     return f"  {e.name[:12]}  {e.kind:13}  {e.what[:40]:40}  {fmt_bytes(e.bytes):>10}"
 
 
+def _links(links, what: str) -> list[str]:
+    if not links:
+        return []
+    return ([f"{len(links)} symlink(s) in the store {what}:"]
+            + [f"  {link.path} -> {link.target[:200]!r}" for link in links])
+
+
 def run_list(args: argparse.Namespace) -> int:
     from ..store_prune import usage
 
@@ -68,6 +75,8 @@ def run_list(args: argparse.Namespace) -> int:
         lines += [f"{_row(e)}  {fmt_age(now - e.last_used)} ago" for e in rows]
     if len(rows) < len(u.entries):
         lines.append(f"  … {len(u.entries) - len(rows)} more (--limit 0 lists all)")
+    lines += _links(u.links, "(never followed: the store writes none; hwb store prune removes "
+                             "those below objects/, build-cache/, tmp/ and locks/)")
     lines.append("remove the least recently used: hwb store prune --max-size SIZE / --older-than AGE")
     emit(args, u.to_dict(), "\n".join(lines))
     return 0
@@ -91,6 +100,8 @@ def run_prune(args: argparse.Namespace) -> int:
     if r.kept_recent:
         lines.append(f"kept {r.kept_recent} entr{'y' if r.kept_recent == 1 else 'ies'} over the "
                      f"limit: used in the last {GRACE_S:.0f} s")
+    lines += _links(r.links_removed, "removed (the links; nothing they name was followed)")
+    lines += _links(r.after.links, "left in place (never followed; remove them yourself)")
     lines.append(("would leave " if r.dry_run else "") + _summary(r.after))
     emit(args, r.to_dict(), "\n".join(lines))
     return 0
