@@ -132,3 +132,37 @@ def test_evict_never_follows_a_linked_ab_dir(store, tmp_path) -> None:
     removed = store.evict(KEY)
     assert _tree(outside) == before
     assert removed is False
+
+
+def _profile():
+    from hwbackends.bench.profile import LatencyProfile
+
+    return LatencyProfile("ref:fp32", "ref", "fp32", 1, "single-stream", {}, "hardware", 10,
+                          1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.1)
+
+
+@pytest.mark.parametrize("where", ["root", "ab"])
+def test_the_profile_cache_reads_and_clears_nothing_through_a_link(tmp_path, where) -> None:
+    """Issue 37.4: ProfileCache read without the store's path checks (and clear() unlinked
+    ``*/*.json`` through a linked root)."""
+    from hwbackends.bench import ProfileCache
+    from hwbackends.errors import StoreTrustError
+
+    key = "cd" * 32
+    elsewhere = tmp_path / "elsewhere"
+    ProfileCache(elsewhere).put(key, _profile())  # a genuine, signed profile, outside
+    before = _tree(elsewhere)
+    root = tmp_path / "store" / "profiles"
+    if where == "root":
+        root.parent.mkdir(mode=0o700)
+        root.symlink_to(elsewhere)
+    else:
+        root.mkdir(mode=0o700, parents=True)
+        (root / "cd").symlink_to(elsewhere / "cd")
+    pc = ProfileCache(root)
+    with pytest.raises(StoreTrustError, match="symlink"):
+        pc.get(key)
+    with pytest.raises(StoreTrustError, match="symlink"):
+        pc.put(key, _profile())
+    assert pc.clear() == 0
+    assert _tree(elsewhere) == before

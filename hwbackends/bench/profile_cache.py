@@ -7,7 +7,9 @@ different machine fingerprint or other scenario parameters is a miss.
 Profiles decide routing, so an entry is signed like a store manifest (hmac-sha256 under the
 user's store key, :mod:`hwbackends.trust`) and bound to its cache key: an edited, planted or
 moved entry is ignored (and measured again), never believed. Like the store, its directories
-are created 0700 and its files 0600 (a profile tells how this machine's hardware behaves).
+are created 0700 and its files 0600 (a profile tells how this machine's hardware behaves), and
+it reads and writes with the store's path checks (:func:`trust.check_path`: no symlink, nothing
+another user can change; :class:`~hwbackends.errors.StoreTrustError` otherwise).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import trust
+from .. import dirfd, trust
 from .profile import LatencyProfile
 
 #: Bumped when what a cached profile means changes (it is then re-measured). 2: signed.
@@ -55,10 +57,20 @@ class ProfileCache:
             self._hmac_key = trust.load_key()
         return self._hmac_key
 
+    def _check(self, p: Path) -> None:
+        """The root, ``ab/`` and (when present) the file ``p``: each as the store checks its
+        own (:func:`trust.check_path`: not a link, not changeable by others)."""
+        gid = trust.trusted_gid()
+        for q in (self.root, p.parent, p):
+            trust.check_path(q, "profile cache path", gid)
+
     def get(self, key: str) -> LatencyProfile | None:
         p = self._path(key)
         try:
-            d = json.loads(p.read_text())
+            self._check(p)
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                d = json.loads(f.read(4 << 20))
         except (OSError, ValueError):
             return None  # absent or damaged: measure again
         if not isinstance(d, dict) or d.get("key") != key or not trust.verify(self._key(), d):
@@ -80,6 +92,9 @@ class ProfileCache:
 
         p = self._path(key)
         private_mkdir(p.parent)
+        gid = trust.trusted_gid()
+        for q in (self.root, p.parent):
+            trust.check_path(q, "profile cache directory", gid)
         # Signed as it will read back (JSON round trip), bound to its key.
         rec = json.loads(json.dumps({"key": key, "profile": prof.to_dict()}, default=str))
         rec["hmac"] = trust.sign(self._key(), rec)
@@ -90,8 +105,28 @@ class ProfileCache:
         os.replace(tmp, p)
 
     def clear(self) -> int:
+        """Remove every cached profile (``ab/*.json``, through directory fds: a link is not
+        followed); returns how many."""
         n = 0
-        for f in self.root.glob("*/*.json"):
-            f.unlink(missing_ok=True)
-            n += 1
+        try:
+            top = dirfd.open_dir(self.root)
+        except (FileNotFoundError, dirfd.NotFollowed):
+            return 0
+        try:
+            for ab in dirfd.entries(top):
+                if not ab.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    fd = dirfd.open_dir(ab.name, top)
+                except OSError:
+                    continue
+                try:
+                    for f in dirfd.entries(fd):
+                        if f.name.endswith(".json") and f.is_file(follow_symlinks=False):
+                            os.unlink(f.name, dir_fd=fd)
+                            n += 1
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(top)
         return n
