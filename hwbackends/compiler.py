@@ -26,8 +26,8 @@ import numpy as np
 from . import build_cache, cost, isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
-from .errors import CacheError, CompileError, HwbError, UnavailableError, UnsupportedError
-from .fidelity import Fidelity, compare
+from .errors import CacheError, CompileError, ConfigError, HwbError, UnavailableError, UnsupportedError
+from .fidelity import Fidelity, check_kind, compare
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
 from .specs import Availability
@@ -153,7 +153,8 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
             store: ArtifactStore | str | Path | None = None,
             isolate_compile: bool = True, timeout: float | None = None,
             rebuild: bool = False, progress: Progress | None = None,
-            registry: Registry | None = None, limits: cost.Limits | None = None) -> CompiledModel:
+            registry: Registry | None = None, limits: cost.Limits | None = None,
+            output_kind: str | dict[str, str] | None = None) -> CompiledModel:
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
@@ -172,10 +173,14 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     timeout raises :class:`CompileError`. A model loaded here is refused before any work when
     its declared cost is over ``limits`` (:mod:`hwbackends.cost`; default from the
     environment), and the worker runs under a memory limit (``HWB_WORKER_MEMORY``).
+    ``output_kind`` says what the output is (``signed``, ``regression``, ``probabilities``,
+    ``logits``; a dict by output name for several), which decides the metrics the fidelity
+    gates on; without it the kind is inferred from the reference and ``cm.fidelity`` says so.
     """
     say = progress or (lambda msg: log.info(msg))
     req = _resolve(CompileRequest(model, target, precision, batch_size, threads, options,
                                   calibration_data, validation_data, registry, limits))
+    kinds = _output_kinds(req.m, output_kind)
     tgt = req.tgt
     run = _Run(store if isinstance(store, ArtifactStore) else ArtifactStore(store),
                isolate_compile, timeout or tgt.compile_timeout, say)
@@ -197,16 +202,31 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     cm = _wrap(executor, art, req.avail, req.m.name, nan_policy, tgt)
     cm.data = req.data
     if fidelity:
-        cm.fidelity = _fidelity(req.m, cm, req.val)
+        cm.fidelity = _fidelity(req.m, cm, req.val, kinds)
         say(f"{cm.variant} fidelity: {cm.fidelity}")
     return cm
 
 
-def _fidelity(m: Model, cm: CompiledModel, val: Any) -> Fidelity:
+def _output_kinds(m: Model, output_kind: str | dict[str, str] | None) -> str | dict[str, str] | None:
+    """``output_kind`` checked: one kind, or one per output name of ``m``."""
+    if output_kind is None or isinstance(output_kind, str):
+        return None if output_kind is None else check_kind(output_kind)
+    if not isinstance(output_kind, dict):
+        raise ConfigError(f"output_kind must be a kind or a dict of kinds by output name; got "
+                          f"{type(output_kind).__name__}")
+    names = [s.name for s in m.outputs]
+    unknown = sorted(set(output_kind) - set(names))
+    if unknown:
+        raise ConfigError(f"output_kind names output(s) {', '.join(map(repr, unknown))[:200]}; "
+                          f"{m.name!r} has {', '.join(names)}")
+    return {k: check_kind(v, f"output_kind[{k!r}]") for k, v in output_kind.items()}
+
+
+def _fidelity(m: Model, cm: CompiledModel, val: Any, kind: str | dict[str, str] | None = None) -> Fidelity:
     """``cm`` against ``m``'s own fp32 reference on the validation data ``val`` (per output,
-    named, for a multi-IO model)."""
+    named, for a multi-IO model), judged as output ``kind`` (inferred when ``None``)."""
     xs = _as_tuple(val)
-    return compare(m.reference(xs), _as_tuple(cm.predict(xs)),
+    return compare(m.reference(xs), _as_tuple(cm.predict(xs)), kind=kind,
                    names=[s.name for s in m.outputs] if m.multi_io else None)
 
 

@@ -8,6 +8,7 @@
     tier = "fast"
     targets = ["cpu.*", "fpga.hls4ml"]         # allowed targets, globs
     fidelity = { corr_min = 0.999, max_abs = 1e-3 }
+    output_kind = "signed"                     # signed, regression, probabilities, logits
     # pin = "cpu.litert:int8"                  # optional explicit choice
 
 Parsing is ``tomllib``; the schema is pydantic v2 (``extra="forbid"``, so a misspelt key is
@@ -25,7 +26,7 @@ import stat
 import tomllib
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -71,8 +72,20 @@ class FidelityConfig(_Strict):
     sign_min: float | None = Field(None, ge=0, le=1)
     argmax_min: float | None = Field(None, ge=0, le=1)
 
-    def tolerance(self) -> Tolerance:
-        return Tolerance(**self.model_dump())
+    def tolerance(self, kind: str | None = None) -> Tolerance:
+        """The gate, for outputs of ``kind`` (the strategy's ``output_kind``; ``None``: as
+        each fidelity measured it)."""
+        return Tolerance(**self.model_dump(), kind=kind)
+
+    def describe(self) -> str:
+        """The gate in words, each value marked as set in the file or the default, and the
+        keys not checked (``hwb route --explain``)."""
+        vals = self.model_dump()
+        shown = [f"{k} {v:g} ({'set' if k in self.model_fields_set else 'default'})"
+                 for k, v in vals.items() if v is not None]
+        unset = [k for k, v in vals.items() if v is None]
+        return (", ".join(shown) or "nothing checked") + (f"; not checked: {', '.join(unset)}"
+                                                          if unset else "")
 
 
 class StrategyConfig(_Strict):
@@ -84,6 +97,10 @@ class StrategyConfig(_Strict):
     precisions: list[str] | None = None
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
     pin: str | None = None
+    #: What the model's output is: it decides which fidelity metrics gate (sign for a signed
+    #: output, the decision for probabilities, errors only for a regression). Unset, it is
+    #: inferred from the reference outputs, and ``hwb route --explain`` says so.
+    output_kind: Literal["signed", "regression", "probabilities", "logits"] | None = None
     batch_size: int = Field(1, ge=1, le=MAX_BATCH)
     #: Hard per-call deadline: calls go through a watchdog thread and a call that misses it is
     #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
@@ -492,6 +509,12 @@ def _check_strategy(tiers: list[str], base: tuple[str, ...], s: Any, p: Path,
     fields are skipped)."""
     if s.tier is not None and s.tier not in tiers:
         bad(base + ("tier",), f"unknown tier {s.tier!r}; defined tiers: {', '.join(tiers)}")
+    kind, fid = getattr(s, "output_kind", None), getattr(s, "fidelity", None)
+    if kind is not None and isinstance(fid, FidelityConfig):
+        try:
+            fid.tolerance().check_kind(kind)
+        except ConfigError as exc:
+            bad(base + ("fidelity", fid.tolerance().misapplied(kind)[0]), str(exc))
     _check_files(base, s, p, bad)
     if reg is None or s.targets is None:
         return

@@ -1,17 +1,25 @@
 """Numerical fidelity of a compiled variant against the source model's fp32 reference.
 
-Which metrics mean something depends on what the output *is*, so :func:`classify` decides
-that from the reference outputs and :func:`compare` records the metric set it gates on:
+Which metrics mean something depends on what the output *is*. The model's owner says so
+(``output_kind``: :func:`hwbackends.compile`, a strategy's ``output_kind`` in strategies.toml);
+without that, :func:`classify` infers it from the reference outputs, and the result says it
+was inferred (``kind_source``), because a guess can be wrong: a regression whose values
+happen to lie in [0, 1] looks like a probability. :func:`compare` records the metric set the
+kind gates on:
 
 =============  =====================================  =========================================
-kind           recognised by (reference outputs)      gated metrics
+kind           inferred when (reference outputs)      gated metrics
 =============  =====================================  =========================================
 probabilities  ≥ 0 and rows sum to 1 (softmax), or    corr, max_abs/rel_err/mae, decision
                all in [0, 1] (sigmoid)                (argmax; ``> 0.5`` for one column)
-nonnegative    ≥ 0, unbounded (ReLU, prices, counts)  corr, max_abs/rel_err/mae
+regression     ≥ 0, unbounded (ReLU, prices, counts)  corr, max_abs/rel_err/mae
 signed         has negative values, one column        corr, max_abs/rel_err/mae, sign
 logits         has negative values, ≥ 2 columns       corr, max_abs/rel_err/mae, sign, argmax
 =============  =====================================  =========================================
+
+A tolerance that the kind does not gate (``sign_min`` on probabilities or a regression,
+``argmax_min`` on a signed or regression output) is an error naming the kind
+(:meth:`Tolerance.violations`), never skipped in silence.
 
 A **degenerate** reference — every output the same for every validation input (the model
 saturates on inputs unlike its training data, e.g. the synthetic N(0,1) used when no
@@ -28,9 +36,11 @@ without being wrong (a probability that rounds to exactly 0 is not a sign flip).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from .errors import ConfigError
 
 #: Share of the reference output's range (peak to peak) around a decision boundary in which
 #: sign/argmax disagreements are not counted.
@@ -49,9 +59,22 @@ ALL_METRICS = ("corr", "max_abs", "rel_err", "mae", "sign", "argmax")
 _ERRORS = ("corr", "max_abs", "rel_err", "mae")
 GATED: dict[str, tuple[str, ...]] = {
     "probabilities": (*_ERRORS, "argmax"),
-    "nonnegative": _ERRORS,
+    "regression": _ERRORS,
     "signed": (*_ERRORS, "sign"),
     "logits": (*_ERRORS, "sign", "argmax"),
+    "nonnegative": _ERRORS,  # what records written before ``regression`` call it
+}
+#: The kinds an output may be declared as (``output_kind``).
+KINDS = ("signed", "regression", "probabilities", "logits")
+#: The tolerance fields that gate one metric, and the metric (the others gate errors, which
+#: every kind gates).
+KIND_TOLERANCES = {"sign_min": "sign", "argmax_min": "argmax"}
+#: Why :func:`classify` inferred each kind, for the messages that show an inferred kind.
+INFERRED_BECAUSE = {
+    "probabilities": "the reference outputs are ≥ 0 and within [0, 1] or sum to 1",
+    "regression": "the reference outputs are ≥ 0 and exceed 1",
+    "signed": "the reference output has negative values (one column)",
+    "logits": "the reference outputs have negative values (several columns)",
 }
 
 
@@ -85,6 +108,8 @@ class Fidelity:
     #: ``outputs`` holds each output's own Fidelity. ``""`` / ``None`` for one output.
     output: str = ""
     outputs: dict[str, "Fidelity"] | None = None
+    #: ``declared`` (``output_kind`` given) or ``inferred`` (:func:`classify`).
+    kind_source: str = "inferred"
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)
@@ -110,7 +135,7 @@ class Fidelity:
     def __str__(self) -> str:
         am = "" if self.argmax_agree is None else f" argmax={self.argmax_agree:.4f}"
         warn = f"\n  WARNING: degenerate fidelity: {self.warning}" if self.degenerate else ""
-        own = (f"[{self.kind}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
+        own = (f"[{self.kind}{', inferred' if self.kind_source == 'inferred' else ''}] max_abs={self.max_abs:.3g} mae={self.mae:.3g} rel={self.rel_err:.3g} "
                f"corr={self.corr:.6f} sign={self.sign_agree:.4f}{am} (n={self.n}){warn}")
         if self.outputs is None:
             return own
@@ -131,8 +156,40 @@ def classify(reference: np.ndarray) -> str:
             return "probabilities"
         if ref.max() <= 1 + tol:
             return "probabilities"
-        return "nonnegative"
+        return "regression"
     return "logits" if ref.shape[1] > 1 else "signed"
+
+
+def describe_kind(f: Fidelity | None, declared: str | None = None) -> str:
+    """The output kind in words, saying whether it was declared or inferred (and how to
+    declare it): what ``hwb compile`` and ``hwb route --explain`` print."""
+    kind = declared or (f.kind if f is not None else None)
+    if kind is None:
+        return "not known yet (no fidelity measured); declare output_kind to set it"
+    gates = ", ".join(GATED.get(kind, _ERRORS))
+    if declared or (f is not None and f.kind_source == "declared"):
+        return f"{kind} (declared; gates {gates})"
+    return (f"{kind} (inferred: {INFERRED_BECAUSE.get(kind, 'from the reference outputs')}; "
+            f"gates {gates}; declare output_kind = one of {', '.join(KINDS)} if it is not)")
+
+
+def check_kind(kind: Any, what: str = "output_kind") -> str:
+    """``kind`` if it is one of :data:`KINDS`, else a :class:`ConfigError` listing them."""
+    if kind not in KINDS:
+        raise ConfigError(f"{what} {str(kind)[:40]!r} is not an output kind; one of "
+                          f"{', '.join(KINDS)}")
+    return kind
+
+
+def with_kind(f: Fidelity, kind: str) -> Fidelity:
+    """A measured Fidelity judged as a declared ``kind`` (a results file's variant, measured
+    before the strategy declared it): every metric is kept, ``gated`` follows the kind. A
+    decision agreement is only known where it was measured (one column judged as
+    probabilities needs it measured as such)."""
+    check_kind(kind)
+    outs = {k: with_kind(v, kind) for k, v in f.outputs.items()} if f.outputs is not None else None
+    return replace(f, kind=kind, kind_source="declared", outputs=outs,
+                   gated=_ERRORS[1:] if f.degenerate else GATED[kind])
 
 
 def is_degenerate(reference: np.ndarray) -> bool:
@@ -172,24 +229,27 @@ def _decision_agree(ref: np.ndarray, out: np.ndarray, band: float, kind: str) ->
     return float(np.mean(same[keep])) if keep.any() else 1.0
 
 
-def compare(reference: Any, got: Any, kind: str | None = None,
+def compare(reference: Any, got: Any, kind: str | Mapping[str, str] | None = None,
             names: Sequence[str] | None = None) -> Fidelity:
     """Fidelity of ``got`` against ``reference``: one ``(n, *output.shape)`` array each, or
     tuples with one such array per output (``names`` names them, in order). Several outputs
-    are compared each on its own (each classified on its own) and the result carries the
-    worst one's metrics (see :attr:`Fidelity.outputs`); ``kind`` overrides :func:`classify`
-    for one output."""
+    are compared each on its own (each classified on its own unless declared) and the result
+    carries the worst one's metrics (see :attr:`Fidelity.outputs`). ``kind`` declares the
+    output kind (one of :data:`KINDS`; for several outputs one for all, or a mapping by
+    output name); ``None`` infers it (:func:`classify`)."""
     refs = tuple(reference) if isinstance(reference, (tuple, list)) else (reference,)
     gots = tuple(got) if isinstance(got, (tuple, list)) else (got,)
     if names is None and len(refs) == 1:
         if len(gots) != 1:
             raise ValueError(f"1 reference output, {len(gots)} outputs")
-        return _compare_one(refs[0], gots[0], kind)
+        return _compare_one(refs[0], gots[0], kind if isinstance(kind, str) or kind is None
+                            else next(iter(kind.values()), None))
     names = list(names) if names is not None else [f"output_{i}" for i in range(len(refs))]
     if not (len(refs) == len(gots) == len(names)):
         raise ValueError(f"{len(refs)} reference outputs, {len(gots)} outputs, "
                          f"{len(names)} names")
-    each = {n: _compare_one(r, g) for n, r, g in zip(names, refs, gots, strict=True)}
+    kinds = dict(kind) if isinstance(kind, Mapping) else {n: kind for n in names}
+    each = {n: _compare_one(r, g, kinds.get(n)) for n, r, g in zip(names, refs, gots, strict=True)}
     worst = min(each, key=lambda n: (each[n].corr, -each[n].rel_err))
     flat = [n for n, f in each.items() if f.degenerate]
     # any constant output is worth the warning, worst or not
@@ -203,9 +263,8 @@ def _compare_one(reference: np.ndarray, got: np.ndarray, kind: str | None = None
     out = np.asarray(got, dtype=np.float64).reshape(len(got), -1)
     if ref.shape != out.shape:
         raise ValueError(f"reference shape {ref.shape} != output shape {out.shape}")
-    kind = kind or classify(ref)
-    if kind not in GATED:
-        raise ValueError(f"unknown output kind {kind!r}; known: {', '.join(GATED)}")
+    source = "declared" if kind else "inferred"
+    kind = check_kind(kind) if kind else classify(ref)
     err = np.abs(ref - out)
     rng = float(np.ptp(ref)) if ref.size else 0.0
     band = DEAD_BAND * (rng or 1.0)
@@ -217,13 +276,14 @@ def _compare_one(reference: np.ndarray, got: np.ndarray, kind: str | None = None
         sign_agree=_sign_agree(ref, out, band),
         argmax_agree=_decision_agree(ref, out, band, kind) if ref.size else None,
         kind=kind, gated=_ERRORS[1:] if degenerate else GATED[kind], degenerate=degenerate,
-        warning=DEGENERATE_ADVICE if degenerate else "")
+        warning=DEGENERATE_ADVICE if degenerate else "", kind_source=source)
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """What a variant must meet to be trusted. ``None`` fields are not checked, and neither
-    are metrics the fidelity's output kind does not gate (sign for probabilities)."""
+    """What a variant must meet to be trusted. ``None`` fields are not checked. A set field
+    whose metric the output kind does not gate (``sign_min`` for probabilities) is an error
+    (:meth:`misapplied`), not a check skipped; a degenerate reference gates errors only."""
 
     corr_min: float | None = 0.999
     max_abs: float | None = None
@@ -231,8 +291,36 @@ class Tolerance:
     mae: float | None = None
     sign_min: float | None = None
     argmax_min: float | None = None
+    #: The output kind declared for the model (``output_kind``): a Fidelity whose kind was
+    #: inferred is judged as this kind (:func:`with_kind`). ``None``: as measured.
+    kind: str | None = None
+
+    def misapplied(self, kind: str) -> list[str]:
+        """The set fields that do not apply to an output of ``kind``."""
+        gated = GATED.get(kind, _ERRORS)
+        return [k for k, metric in KIND_TOLERANCES.items()
+                if getattr(self, k) is not None and metric not in gated]
+
+    def check_kind(self, kind: str, source: str = "declared") -> None:
+        """Raise :class:`ConfigError` when a set field does not apply to ``kind`` outputs."""
+        bad = self.misapplied(kind)
+        if not bad:
+            return
+        how = ("declared" if source == "declared" else
+               f"inferred: {INFERRED_BECAUSE.get(kind, 'from the reference outputs')}")
+        fits = sorted(k for k in KINDS if not self.misapplied(k))
+        raise ConfigError(f"fidelity {' and '.join(bad)} does not apply to a {kind} output "
+                          f"({how}); a {kind} output gates {', '.join(GATED.get(kind, _ERRORS))}. "
+                          f"Drop {' and '.join(bad)}, or declare the output kind it is meant for "
+                          f"(output_kind = one of {', '.join(fits)})")
 
     def violations(self, f: Fidelity) -> list[str]:
+        """What ``f`` misses of this tolerance (empty: it passes). Raises
+        :class:`ConfigError` when a set field does not apply to an output's kind."""
+        if self.kind is not None and (f.kind, f.kind_source) != (self.kind, "declared"):
+            f = with_kind(f, self.kind)
+        for one in (f, *(f.outputs or {}).values()):
+            self.check_kind(one.kind, one.kind_source)
         v = []
         g = set(f.gated)
         if "corr" in g and self.corr_min is not None and not f.corr >= self.corr_min:

@@ -26,6 +26,7 @@ from ..bench import LatencyProfile, ProfileCache, SingleStream
 from ..bench.harness import measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
+from ..fidelity import describe_kind, with_kind
 from ..registry import (
     get_registry,
     precisions_to_build,
@@ -119,6 +120,10 @@ class Decision:
     meets_budget: bool = False
     chosen_by: str = "policy"
     note: str = ""
+    #: The output kind the fidelity was judged as (declared or inferred, in words) and the
+    #: strategy's fidelity gate with its defaults (``--explain``).
+    output_kind: str = ""
+    tolerance: str = ""
 
     @property
     def chosen(self) -> Candidate | None:
@@ -130,6 +135,7 @@ class Decision:
                 "chosen": c.variant if c else None, "chosen_mode": c.mode if c else None,
                 "chosen_p99_us": c.p99_us if c else None, "meets_budget": self.meets_budget,
                 "chosen_by": self.chosen_by, "note": self.note,
+                "output_kind": self.output_kind, "tolerance": self.tolerance,
                 "failover": [x.variant for x in self.order[1:]],
                 "candidates": [x.to_dict() for x in self.candidates]}
 
@@ -146,6 +152,10 @@ def explain(d: Decision) -> str:
         or next((x.data for x in d.candidates if x.data), None)
     if data:
         lines.append(f"  fidelity {describe_data(data)}")
+    if d.output_kind:
+        lines.append(f"  output kind: {d.output_kind}")
+    if d.tolerance:
+        lines.append(f"  fidelity gate: {d.tolerance}")
     lines.append(f"  {'VARIANT':<30} {'MODE':<11} {'p99':>10} {'corr':>9} {'max abs':>9}  VERDICT")
     for x in d.candidates:
         f = x.fidelity or {}
@@ -191,12 +201,15 @@ def judge(rec: VariantRecord, name: str, s: "StrategyConfig", cfg: "StrategiesFi
     variant is rejected unless the strategy ranks emulated latencies. What survives has
     status ``to-measure``: the caller gives it its profile."""
     c = Candidate(name, rec.target, rec.precision, rec.mode, record=rec)
-    c.fidelity = rec.fidelity.to_dict() if rec.fidelity else None
+    fid = rec.fidelity
+    if fid is not None and s.output_kind and (fid.kind, fid.kind_source) != (s.output_kind, "declared"):
+        fid = with_kind(fid, s.output_kind)  # measured before the strategy declared it
+    c.fidelity = fid.to_dict() if fid else None
     c.data = rec.data
     if rec.error:
         c.status, c.reasons = "failed", [rec.error[:300]]
         return c
-    bad = s.fidelity.tolerance().violations(rec.fidelity) if rec.fidelity else ["no fidelity measured"]
+    bad = s.fidelity.tolerance(s.output_kind).violations(fid) if fid else ["no fidelity measured"]
     if bad:
         c.status, c.reasons = "rejected", ["fidelity: " + ", ".join(bad)]
         return c
@@ -246,7 +259,8 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             try:
                 cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
                                  isolate_compile=cfg.router.isolate_compile, progress=say,
-                                 calibration_data=calibration_data, registry=reg)
+                                 calibration_data=calibration_data, registry=reg,
+                                 output_kind=s.output_kind)
                 rec = VariantRecord.from_compiled(cm)
             except HwbError as exc:
                 rec = VariantRecord.failed(tname, prec, av.mode.value, f"{type(exc).__name__}: {exc}")
@@ -334,6 +348,9 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
            reg: "Registry") -> Decision:
     """Rank the measured candidates and choose (pin, then plugins, then the built-in policy)."""
     d = Decision(name, s.tier, budget, cands)
+    measured = next((c.record.fidelity for c in cands if c.record and c.record.fidelity), None)
+    d.output_kind = describe_kind(measured, s.output_kind)
+    d.tolerance = s.fidelity.describe()
     eligible = sorted((c for c in cands if c.profile is not None), key=lambda c: (c.profile.p99_us, c.profile.p50_us))
     for c in eligible:
         c.status = "fallback" if c.profile.p99_us <= budget else "over-budget"

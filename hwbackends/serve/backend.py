@@ -71,7 +71,8 @@ class RouterStrategy:
         self._label_for = -1
         self._label = ""
         # Swaps are validated with the strategy's own fidelity tolerance.
-        self.tolerance = router.config.strategies[name].fidelity.tolerance()
+        s = router.config.strategies[name]
+        self.tolerance = s.fidelity.tolerance(s.output_kind)
 
     @property
     def variant(self) -> str:
