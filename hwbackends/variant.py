@@ -3,7 +3,7 @@ variant (target × precision) *besides* its latency profiles — its mode, fidel
 where its data came from, its modelled hardware estimate, or the error that stopped it.
 
 It is the ``variants`` rows of a results file (``BenchResults.variants``), written by
-``hwb bench`` / ``hwb fleet`` and read by the report, ``hwb route --fleet`` and
+``hwb bench`` / ``hwb fleet`` and read by the report, ``hwb route --fleet-results`` and
 ``hwb bench --route``; and it is what the router's candidate policy
 (:func:`hwbackends.router.plan.judge`) judges, whether the variant was compiled just now or
 read back from a file. :meth:`VariantRecord.to_dict` / :meth:`VariantRecord.from_dict`

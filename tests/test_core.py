@@ -206,7 +206,7 @@ def test_machine_isa_names_the_host_instruction_set_for_toolchain_keys():
 
 def test_fidelity_round_trips_through_json_for_one_output_and_several():
     """A results file or a fleet node's answer rebuilds the same Fidelity (issue 21 #2: `hwb
-    route --fleet` crashed on a multi-output model's `Fidelity(**d)`)."""
+    route --fleet-results` crashed on a multi-output model's `Fidelity(**d)`)."""
     import json
 
     from hwbackends.fidelity import Fidelity, compare

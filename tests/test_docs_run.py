@@ -103,9 +103,9 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/fleet.md", "hwb node --address 10.0.0.5:6379 --node-ip-address"): _CLUSTER,
     ("docs/fleet.md", "hwb node --address 10.0.0.5:6379 -t"): _CLUSTER,
     ("docs/fleet.md", "hwb fleet zoo:signal --fleet 10.0.0.5:6379"): _CLUSTER,
-    ("docs/fleet.md", "hwb route --fleet fleet.json"): (
+    ("docs/fleet.md", "hwb route --fleet-results fleet.json"): (
         "reads fleet.json of the multi-machine run above ([--json] is optional); README's "
-        "`hwb route --fleet r.json` runs the same on a local fleet run"),
+        "`hwb route --fleet-results r.json` runs the same on a local fleet run"),
     ("docs/plugins.md", "hwb plugin check cpu.mynpu"): _PLUGIN,
     ("docs/plugins.md", "hwb compile zoo:signal --target cpu.mynpu"): _PLUGIN,
     ("docs/plugins.md", "# hwb_mynpu/__init__.py"): (
@@ -117,7 +117,7 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/serving.md", "--tls-cert c.pem"): (
         "needs your TLS certificate, key and token files and fixed ports 50051/9464 (a shared "
         "machine); tests/test_serve_cli.py serves TLS + token gRPC, shm and metrics on free ports"),
-    ("docs/targets-fpga.md", "-o synth=true"): "C-synthesis needs vitis_hls (not installed here)",
+    ("docs/targets-fpga.md", "-O synth=true"): "C-synthesis needs vitis_hls (not installed here)",
     ("docs/targets-fpga.md", "-t fpga.da4ml"): _FPGA_BUILD,
     ("docs/targets-fpga.md", 'hwb.compile("zoo:signal", "fpga.da4ml")'): _FPGA_BUILD,
 }
@@ -132,7 +132,7 @@ SLOW: dict[tuple[str, str], str] = {
     ("README.md", "hwb route examples/strategies.toml"): "plans every example strategy (FPGA builds included)",
     ("README.md", "hwb serve "): _COMPILES,
     ("README.md", "hwb fleet "): "an embedded Ray evaluating every CPU variant",
-    ("README.md", "hwb route --fleet r.json"): "reads what the fleet line above wrote",
+    ("README.md", "hwb route --fleet-results r.json"): "reads what the fleet line above wrote",
     ("README.md", "hwb export "): "reads what the bench line above wrote",
     ("docs/export.md", "hwb "): "measures two_head, then exports from that measurement",
     ("README.md", "hwb.load_model(\"model.keras\")"): _COMPILES,

@@ -1,4 +1,4 @@
-"""Fleet evaluation on Ray (hwbackends.fleet, hwb fleet / node / route --fleet, the fleet report).
+"""Fleet evaluation on Ray (hwbackends.fleet, hwb fleet / node / route --fleet-results, the fleet report).
 
 The multi-node test runs a real three-node Ray cluster on this machine inside a fresh network
 namespace holding only loopback (Ray binds the host's external interface otherwise); it skips
@@ -188,7 +188,7 @@ def _sigint_default() -> None:
 @pytest.mark.slow
 def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_path, hwb_cli) -> None:
     """`hwb fleet --fleet local` enters a loopback-only namespace itself; Ctrl-C after the
-    first variant keeps it; `hwb report` and `hwb route --fleet` read what it wrote."""
+    first variant keeps it; `hwb report` and `hwb route --fleet-results` read what it wrote."""
     _netns_or_skip()
     zoo_model("signal")
     started, release = tmp_path / "stalled.started", tmp_path / "stalled.release"
@@ -245,7 +245,7 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
                    'tier = "slow"\ntargets = ["cpu.*"]\nfidelity = { corr_min = 0.9 }\n')
     (tmp_path / "r2.json").write_text((tmp_path / "r.json").read_text().replace(
         '"scenario": "server"', '"scenario": "single-stream"'))  # placement ranks single-stream
-    rc, out, err = hwb_cli("route", "--fleet", str(tmp_path / "r2.json"), str(cfg), "--json")
+    rc, out, err = hwb_cli("route", "--fleet-results", str(tmp_path / "r2.json"), str(cfg), "--json")
     assert rc == 0, err
     (a,) = json.loads(out)
     assert a["best"]["variant"] == res.profiles[0].variant.split(" @ ")[0]
@@ -291,7 +291,7 @@ def test_hwb_node_head_then_hwb_fleet_address(store_dir, zoo_model, tmp_path) ->
 
 
 def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> None:
-    """Issue 21 #2: `hwb route --fleet` crashed on any multi-output model (``Fidelity(**d)``:
+    """Issue 21 #2: `hwb route --fleet-results` crashed on any multi-output model (``Fidelity(**d)``:
     unexpected keyword 'output'). A real two_head bench, once as written (one machine) and
     once with its rows tagged as a fleet node's, routes from its records and profiles."""
     from hwbackends.bench import BenchResults, SingleStream, bench_model
@@ -313,7 +313,7 @@ def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> No
         p.machine = dict(p.machine, **node)
     fleet = res.save(tmp_path / "fleet.json")
     for path in (one, fleet):
-        rc, out, err = hwb_cli("route", "--fleet", str(path), str(cfg), "--json")
+        rc, out, err = hwb_cli("route", "--fleet-results", str(path), str(cfg), "--json")
         assert rc == 0, err
         (row,) = json.loads(out)
         assert row["best"]["variant"] == "cpu.onnxruntime:fp32", row

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,6 +56,8 @@ class LatencyProfile:
     #: Server/burst: mean time a call waited for the one before it (µs), part of the latency.
     queue_mean_us: float | None = None
     created: float = field(default_factory=time.time)
+    #: The 95th percentile (µs); ``None`` in a profile measured before it was kept.
+    p95_us: float | None = None
 
     @property
     def emulated(self) -> bool:
@@ -72,13 +74,26 @@ class LatencyProfile:
     def row(self) -> str:
         """One line of the readable table (``*`` marks emulated figures)."""
         mark = "*" if self.emulated else " "
+        p95 = f"{self.p95_us:>9.1f}" if self.p95_us is not None else f"{'—':>9}"
         return (f"{self.variant:<26}{mark}{self.scenario:<14}{self.batch_size:>5} {self.n:>7} "
-                f"{self.p50_us:>9.1f} {self.p90_us:>9.1f} {self.p99_us:>9.1f} {self.p999_us:>9.1f} "
-                f"{self.max_us:>10.1f} {self.throughput:>12,.0f}")
+                f"{self.p50_us:>9.1f} {self.p90_us:>9.1f} {p95} {self.p99_us:>9.1f} "
+                f"{self.p999_us:>9.1f} {self.max_us:>10.1f} {self.throughput:>12,.0f}")
+
+    def csv_row(self) -> dict[str, Any]:
+        """The table's row as :data:`CSV_FIELDS` values (``mode`` spelled out, not a ``*``)."""
+        return {"variant": self.variant, "target": self.target, "precision": self.precision,
+                "mode": self.mode, "scenario": self.scenario, "batch_size": self.batch_size,
+                "n": self.n, "p50_us": self.p50_us, "p90_us": self.p90_us, "p95_us": self.p95_us,
+                "p99_us": self.p99_us, "p999_us": self.p999_us, "max_us": self.max_us,
+                "samples_per_s": self.throughput,
+                "machine": str(self.machine.get("node_id") or self.machine.get("id") or "")}
 
 
 TABLE_HEADER = (f"{'VARIANT':<27}{'SCENARIO':<14}{'BATCH':>5} {'N':>7} {'p50 µs':>9} {'p90 µs':>9} "
-                f"{'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12}")
+                f"{'p95 µs':>9} {'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12}")
+#: The columns of :func:`table_csv` (``hwb bench --csv``, ``hwb report --csv``).
+CSV_FIELDS = ("variant", "target", "precision", "mode", "scenario", "batch_size", "n", "p50_us",
+              "p90_us", "p95_us", "p99_us", "p999_us", "max_us", "samples_per_s", "machine")
 
 
 def table(profiles: list[LatencyProfile]) -> str:
@@ -89,6 +104,32 @@ def table(profiles: list[LatencyProfile]) -> str:
     if any(p.interrupted for p in profiles):
         lines.append("(interrupted: the last profile holds what was measured before Ctrl-C)")
     return "\n".join(lines)
+
+
+def table_csv(profiles: list[LatencyProfile]) -> str:
+    """The profiles as CSV (one header line, one row per profile), for a spreadsheet or a CI
+    script."""
+    return csv_text(CSV_FIELDS, [p.csv_row() for p in profiles])
+
+
+def csv_text(fields: Sequence[str], rows: list[dict[str, Any]]) -> str:
+    """``rows`` as CSV with the header ``fields``: floats to 6 significant digits, an empty
+    cell where a figure is unknown (``None``, NaN)."""
+    import csv
+    import io
+    import math
+
+    def cell(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return ""
+        return float(f"{v:.6g}") if isinstance(v, float) else v
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: cell(v) for k, v in r.items()})
+    return buf.getvalue()
 
 
 def samples_per_s(service_ns: np.ndarray | None, batch: int) -> float:
@@ -107,11 +148,11 @@ def summarize(latency_ns: np.ndarray) -> dict[str, Any]:
     us = np.asarray(latency_ns, dtype=np.float64) / 1e3
     if us.size == 0:
         nan = float("nan")
-        return {"n": 0, "p50_us": nan, "p90_us": nan, "p99_us": nan, "p999_us": nan,
+        return {"n": 0, "p50_us": nan, "p90_us": nan, "p95_us": nan, "p99_us": nan, "p999_us": nan,
                 "max_us": nan, "mean_us": nan, "min_us": nan, "cdf": []}
-    q = np.quantile(us, [0.5, 0.9, 0.99, 0.999])
+    q = np.quantile(us, [0.5, 0.9, 0.95, 0.99, 0.999])
     cdf = np.quantile(us, CDF_QUANTILES)
-    return {"n": int(us.size), "p50_us": float(q[0]), "p90_us": float(q[1]), "p99_us": float(q[2]),
-            "p999_us": float(q[3]), "max_us": float(us.max()), "mean_us": float(us.mean()),
+    return {"n": int(us.size), "p50_us": float(q[0]), "p90_us": float(q[1]), "p95_us": float(q[2]),
+            "p99_us": float(q[3]), "p999_us": float(q[4]), "max_us": float(us.max()), "mean_us": float(us.mean()),
             "min_us": float(us.min()),
             "cdf": [[float(a), float(b)] for a, b in zip(CDF_QUANTILES, cdf, strict=True)]}

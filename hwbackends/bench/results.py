@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import strict_json
 from ..errors import HwbError
 from ..variant import RecordError, VariantRecord
-from .profile import LatencyProfile, table
+from .profile import LatencyProfile, table, table_csv
 
 FORMAT = "hwbackends-bench-results"
 #: Bumped when the layout changes incompatibly; loading another version is a clear error.
@@ -59,7 +60,9 @@ class BenchResults:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, default=str, allow_nan=True))
+        # strict JSON: a NaN (a profile with no samples, an undefined correlation) is written
+        # as null with its reason (hwbackends/strict_json.py), and read back as NaN
+        tmp.write_text(strict_json.dumps(self.to_dict(), indent=1))
         tmp.replace(p)
         return p
 
@@ -70,7 +73,7 @@ class BenchResults:
             raise ResultsError(f"results file {p} does not exist; create one with "
                                f"`hwb bench MODEL -o {p.name}`")
         try:
-            d = json.loads(p.read_text())
+            d = strict_json.restore(json.loads(p.read_text()))
         except (OSError, ValueError) as exc:
             raise ResultsError(f"{p} is not a readable JSON results file: {exc}") from exc
         if not isinstance(d, dict) or d.get("format") != FORMAT:
@@ -93,3 +96,7 @@ class BenchResults:
 
     def table(self) -> str:
         return table(self.profiles)
+
+    def table_csv(self) -> str:
+        """:meth:`table` as CSV (``hwb bench --csv``, ``hwb report --csv``)."""
+        return table_csv(self.profiles)

@@ -126,8 +126,12 @@ def parse(spec: str) -> Scenario:
                 kw[k] = v
             elif k in ("n", "warmup", "seed"):
                 kw[k] = int(v)
+                if kw[k] < (1 if k == "n" else 0):
+                    raise ValueError(f"{k} must be ≥ {1 if k == 'n' else 0}")
             else:
                 kw[k] = float(v)
+                if not 0 < kw[k] < float("inf"):  # a rate, a duration, a time limit
+                    raise ValueError("must be a positive number")
         except ValueError as exc:
             raise ConfigError(f"scenario {name}: {k}={v!r} is not valid ({exc})") from None
     return cls(**kw)

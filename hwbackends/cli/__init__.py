@@ -9,15 +9,33 @@ import importlib
 import json
 import logging
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from ..errors import HwbError
+from .. import __version__, strict_json
+from ..errors import ConfigError, HwbError
 
 #: The ``--cache-dir`` help every command that compiles shares.
 CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"
 #: Core subcommand modules, in the order ``hwb --help`` lists them (plugins' commands follow).
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
-            "fleet", "node", "export", "store")
+            "fleet", "node", "export", "store", "compare")
+
+#: What ``hwb`` exits with (``hwb --help`` lists them; docs/cli.md): a script or CI job can
+#: tell a failed check from a broken run from a typo.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success"),
+    (EXIT_ERROR, "an error hwb reports (bad model or file, unavailable target, failed build; "
+                 "bench: nothing measured; route: a strategy with no variant)"),
+    (EXIT_USAGE, "usage error: a bad or missing argument (the message names the expected form)"),
+    (EXIT_GATE, "hwb compile: the variant was built but failed its precision's fidelity gate"),
+    (EXIT_REGRESSION, "hwb compare: a variant moved past a --max-* threshold"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); bench keeps its partial results"),
+)
+
+
+def exit_codes_epilog() -> str:
+    return "exit codes:\n" + "\n".join(f"  {code:<4} {what}" for code, what in EXIT_CODES)
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -33,25 +51,97 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return h + " (default: %(default)s)"
 
 
+class EpilogFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
+    """The top-level help: the exit-code table in the epilog keeps its lines."""
+
+
 class Parser(argparse.ArgumentParser):
-    """Every ``hwb`` subcommand's parser: help through :class:`DefaultsFormatter`."""
+    """Every ``hwb`` subcommand's parser: help through :class:`DefaultsFormatter`; no
+    abbreviated options (``--fleet`` never silently means ``--fleet-results``)."""
 
     def __init__(self, *a: Any, **k: Any) -> None:
         k.setdefault("formatter_class", DefaultsFormatter)
+        k.setdefault("allow_abbrev", False)
         super().__init__(*a, **k)
+
+
+VERBOSE_HELP = "more detail (and debug logs, toolchain log lines included)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="hwb", description="Compile one signal model for every hardware target, measure "
-                                "it, and serve it behind one predict interface.")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="more detail (and debug logs, toolchain log lines included)")
+                                "it, and serve it behind one predict interface.",
+        epilog=exit_codes_epilog(), formatter_class=EpilogFormatter)
+    p.add_argument("--version", action="version", version=f"hwb (hwbackends) {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").add(sub)
     add_plugin_commands(sub)
+    add_verbose_everywhere(sub)
     return p
+
+
+def add_verbose_everywhere(sub: argparse._SubParsersAction) -> None:
+    """``-v`` after the command too (``hwb targets -v`` as ``hwb -v targets``), on every
+    subcommand and sub-subcommand. Its default is SUPPRESS, so a subcommand that is not given
+    ``-v`` leaves the top-level value as it is."""
+    seen: set[int] = set()
+    todo = list(sub.choices.values())
+    while todo:
+        parser = todo.pop()
+        if id(parser) in seen:
+            continue
+        seen.add(id(parser))
+        if not {"-v", "--verbose"} & set(parser._option_string_actions):
+            parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                help=VERBOSE_HELP)
+        for act in parser._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                todo += act.choices.values()
+
+
+def split_list(items: Sequence[str] | None) -> list[str]:
+    """Repeatable comma-separated options (``-t a,b -t c``) as one list. A comma inside
+    ``<...>`` belongs to its item, so ``-p 'ap_fixed<16,6>,fp32'`` is two precisions."""
+    out: list[str] = []
+    for item in items or []:
+        depth, start = 0, 0
+        for i, ch in enumerate(item + ","):
+            depth += (ch == "<") - (ch == ">")
+            if ch == "," and depth <= 0:
+                part = item[start:i].strip()
+                if part:
+                    out.append(part)
+                start, depth = i + 1, 0
+    return out
+
+
+def positive_int(text: str) -> int:
+    """A count such as ``--n``: a whole number ≥ 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{text!r}: expected a whole number ≥ 1, e.g. 2000")
+    return n
+
+
+def usage_type(check: Callable[[str], Any], name: str = "") -> Callable[[str], Any]:
+    """An argparse ``type=`` from a parser that raises :class:`~hwbackends.errors.HwbError`
+    (or ValueError) for a bad value: argparse then reports it as a usage error (exit 2,
+    ``argument --pin: …``) with the check's own message, which names the expected form."""
+
+    def convert(text: str) -> Any:
+        try:
+            return check(text)
+        except (HwbError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = name or getattr(check, "__name__", "value")
+    return convert
 
 
 def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
@@ -69,7 +159,7 @@ def add_plugin_commands(sub: argparse._SubParsersAction) -> None:
 def emit(args: argparse.Namespace, data: Any, human: str) -> None:
     """Print ``data`` as JSON with ``--json``, else the human text."""
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=str))
+        print(strict_json.dumps(data, indent=2))
     else:
         print(human)
 
@@ -104,17 +194,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         install()
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except HwbError as exc:
         if getattr(args, "json", False):
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2))
         print(f"hwb {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"hwb {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

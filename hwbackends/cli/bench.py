@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CACHE_DIR_HELP, emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, positive_int, split_list, stderr_progress, usage_type
 from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,12 +17,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..config import StrategiesFile
 
 
-def csv_list(items: list[str] | None) -> list[str]:
-    """Repeatable comma-separated options (``-t a,b -t c``) as one list."""
-    return [s.strip() for item in items or [] for s in item.split(",") if s.strip()]
+#: ``-t a,b -t c`` as one list (a comma inside ``<...>`` stays: ``-p 'ap_fixed<16,6>'``).
+csv_list = split_list
 
 
 def parse_pin(spec: str | None) -> list[int] | None:
+    """``--pin``: CPU numbers, ``0`` or ``0,1`` or ``2-3`` (``None``/empty: not pinned)."""
     from ..errors import ConfigError
 
     if not spec:
@@ -30,11 +30,22 @@ def parse_pin(spec: str | None) -> list[int] | None:
     cpus: list[int] = []
     try:
         for part in spec.split(","):
-            a, _, b = part.partition("-")
-            cpus += list(range(int(a), int(b) + 1)) if b else [int(a)]
+            a, dash, b = part.partition("-")
+            lo, hi = int(a), int(b) if dash else int(a)
+            if lo < 0 or hi < lo:
+                raise ValueError(part)
+            cpus += list(range(lo, hi + 1))
     except ValueError:
-        raise ConfigError(f"--pin {spec!r}: expected CPU numbers like 0 or 0,1 or 2-3") from None
+        raise ConfigError(f"{spec!r}: expected CPU numbers like 0 or 0,1 or 2-3") from None
     return cpus
+
+
+def check_scenario(spec: str) -> str:
+    """``-s SPEC`` checked when parsed (a bad one is a usage error), kept as its text."""
+    from ..bench import parse
+
+    parse(spec)
+    return spec
 
 
 def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_output: str,
@@ -46,12 +57,13 @@ def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_outpu
     p.add_argument("--precisions", "-p", action="append", default=None, metavar="P[,P]",
                    help="precisions (default: every precision each target offers)")
     p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
+                   type=usage_type(check_scenario, "scenario"),
                    help="single-stream | server[:rate_hz=R,n=N] | burst[:trace=FILE,unit=ms] | "
                         "batch[:sizes=1/8/32]; repeatable (default: single-stream)")
-    p.add_argument("--n", type=int, default=None,
+    p.add_argument("--n", type=usage_type(positive_int, "count"), default=None,
                    help="timed calls per single-stream/server/batch run (default: each "
                         "scenario's own, 2000 for single-stream)")
-    p.add_argument("--pin", default=None, metavar="CPUS",
+    p.add_argument("--pin", default=None, metavar="CPUS", type=usage_type(parse_pin, "pin"),
                    help=f"pin the measuring thread{where}, e.g. 1 or 0-1 (default: not pinned)")
     p.add_argument("--output", "-o", default=default_output, help="results JSON (default %(default)s)")
     p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",
@@ -76,6 +88,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true",
                    help="print the results JSON instead of the table (default: the table)")
+    p.add_argument("--csv", action="store_true",
+                   help="print the table as CSV (p50/p90/p95/p99/p99.9 per profile); the notes "
+                        "go to stderr (default: the table)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress on stderr (default: progress)")
     add_source_args(p)
@@ -103,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = model_from_args(args)
         bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
-                    scenarios, store=args.cache_dir, pin=parse_pin(args.pin),
+                    scenarios, store=args.cache_dir, pin=args.pin,
                     progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
                     say=say, results=res, calibration_data=calibration_from_args(args, model))
         if cfg is not None and not res.interrupted:
@@ -115,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"hwb bench: stopped early; partial results: {path}", file=sys.stderr)
         raise
     path = save_uninterrupted(res, args.output)
-    human = res.table() + f"\n\nresults: {path}"
+    human = f"results: {path}"
     if res.data:
         from ..samples import describe as describe_data
         human += f"\nfidelity {describe_data(res.data)}"
@@ -127,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
         from ..report import write_report
         out = write_report(res, args.report)
         human += f"\nreport:  {out}"
-    emit(args, res.to_dict(), human)
+    if args.csv:
+        print(res.table_csv(), end="")
+        print(human, file=sys.stderr)
+    else:
+        emit(args, res.to_dict(), res.table() + "\n\n" + human)
     if res.interrupted:
         return 130
     if not res.profiles:  # nothing measurable: say why, and fail (a script must notice)
@@ -155,7 +174,7 @@ def nothing_measured(res: "BenchResults") -> str:
             why.append(f"{a['target']} unavailable ({a.get('reason', '')})")
         elif a.get("skipped"):
             why.append(f"{a['target']} {a['skipped']}")
-    why += [f"{v.variant} failed ({v.error[:200]})" for v in res.variants if v.error]
+    why += [f"{v.variant} failed ({v.error})" for v in res.variants if v.error]
     return "; ".join(why) or "no variant matched the targets and precisions given"
 
 

@@ -5,7 +5,7 @@ import argparse
 import json
 from typing import Any
 
-from . import CACHE_DIR_HELP, emit, stderr_progress
+from . import CACHE_DIR_HELP, EXIT_GATE, emit, positive_int, stderr_progress, usage_type
 from .source import add_source_args, calibration_from_args, model_from_args
 
 
@@ -14,12 +14,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", default="cpu.litert",
                    help="target name (see hwb targets; default %(default)s)")
     p.add_argument("--precision", "-p", default=None, help="precision (default: the target's first)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=usage_type(positive_int, "batch size"), default=None,
                    help="compiled batch (default: the model's fixed batch if it has one, else 1)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=usage_type(positive_int, "thread count"), default=None,
                    help="threads the runtime may use inside one call (default: 1, for batch-1 "
                         "latency)")
-    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   type=usage_type(parse_option, "option"),
                    help="target-specific option (repeatable; see hwb targets -v); VALUE parsed "
                         "as JSON if it can be (default: none)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
@@ -31,19 +32,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
 
 
-def parse_options(items: list[str]) -> dict[str, Any]:
+def parse_option(item: str) -> tuple[str, Any]:
+    """``-O KEY=VALUE``: the key and the value, parsed as JSON where it is JSON (``synth=true``,
+    ``clock_mhz=300``), else the text itself."""
     from ..errors import ConfigError
 
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"option {item!r} must be KEY=VALUE")
-        k, v = item.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out
+    k, eq, v = item.partition("=")
+    if not eq or not k.strip():
+        raise ConfigError(f"{item!r}: expected KEY=VALUE, e.g. -O synth=true")
+    try:
+        return k.strip(), json.loads(v)
+    except ValueError:
+        return k.strip(), v
+
+
+def parse_options(items: list[Any]) -> dict[str, Any]:
+    """The ``-O`` options as one dict (items parsed already by argparse, or ``KEY=VALUE`` text)."""
+    return dict(parse_option(i) if isinstance(i, str) else i for i in items)
 
 
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
@@ -121,4 +126,4 @@ def run(args: argparse.Namespace) -> int:
                      + "; ".join(gate["violations"]))
     lines += summary_lines(d)
     emit(args, d, "\n".join(lines))
-    return 0
+    return EXIT_GATE if gate and not gate["passed"] else 0

@@ -30,7 +30,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="zoo:signal", help="model (default: zoo:signal)")
     p.add_argument("--config", default=str(EXAMPLE), help="strategies file for the routing table "
                                                           "(default: examples/strategies.toml)")
-    p.add_argument("--out-dir", default="hwb-demo",
+    p.add_argument("--output-dir", "-o", "--out-dir", dest="out_dir", default="hwb-demo",
                    help="where results.json and report.html go (default: %(default)s)")
     p.add_argument("--n", type=int, default=2000,
                    help="timed calls per server run (default: %(default)s; single-stream uses the "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import emit, stderr_progress
-from .bench import add_measure_options, csv_list, parse_pin
+from .bench import add_measure_options, csv_list
 from .source import add_source_args, model_from_args, portable_model_file
 
 
@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
 
     quiet = args.quiet or args.json
     res = run_fleet(model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
-                    args.scenario or ["single-stream"], n=args.n, pin=parse_pin(args.pin),
+                    args.scenario or ["single-stream"], n=args.n, pin=args.pin,
                     use_cache=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,
                     say=(lambda m: None) if quiet else stderr_progress,
@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
     failed = [v for v in res.variants if v.error]
     human = (res.table() + f"\n\n{len({p.machine.get('node_id') for p in res.profiles})} machine(s), "
              f"{len(res.profiles)} profile(s), {len(failed)} failed row(s)"
-             + "".join(f"\n  FAILED {v.variant}: {v.error[:200]}" for v in failed)
+             + "".join(f"\n  FAILED {v.variant}: {v.error}" for v in failed)
              + f"\nresults: {path}")
     if args.report:
         from ..report import write_report

@@ -16,7 +16,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", "-i", required=True,
                    help=".npy file: one sample or (n, ...) batch; for a model with several "
                         "inputs, a .npz with one array per input name")
-    p.add_argument("--output", default=None,
+    p.add_argument("--output", "-o", default=None,
                    help="write outputs to this .npy file (.npz keyed by output name for "
                         "several outputs; default: print them)")
     p.add_argument("--nan-policy", choices=("reject", "pass"), default="reject",

@@ -20,7 +20,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="only validate the file, reporting every problem (no compile, no bench)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
-    p.add_argument("--fleet", default=None, metavar="RESULTS_JSON",
+    p.add_argument("--fleet-results", default=None, metavar="RESULTS_JSON",
                    help="placement advice from a `hwb fleet` results file: per strategy, the "
                         "router's choice on each machine and the best machine (measures nothing; "
                         "default: route on this machine)")
@@ -33,10 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..router import Router
 
-    if args.fleet:
+    if args.fleet_results:
         from ..bench import BenchResults
         from ..fleet.placement import place, render
-        advice = place(BenchResults.load(args.fleet), args.config)
+        advice = place(BenchResults.load(args.fleet_results), args.config)
         emit(args, advice, render(advice))
         return 0 if all(r["best"] for r in advice) else 1
     if args.check:

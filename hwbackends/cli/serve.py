@@ -11,8 +11,22 @@ import sys
 import threading
 from typing import Any
 
-from . import stderr_progress
+from . import stderr_progress, usage_type
+from .bench import parse_pin
 from .compile import add_model_args, compile_from_args
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``--batch-sizes 1,2,4``: distinct whole numbers ≥ 1, in ascending order."""
+    from ..errors import ConfigError
+
+    try:
+        sizes = sorted({int(s) for s in text.split(",")})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"{text!r}: expected batch sizes ≥ 1 separated by commas, e.g. 1,2,4")
+    return sizes
 
 
 class _PrintInclude(argparse.Action):
@@ -39,14 +53,14 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="batching policy; default: 'single' for one batch-1 program (nothing to "
                         "batch into: the shm endpoint then answers in its polling thread), "
                         "'latency' with --batch-sizes")
-    p.add_argument("--batch-sizes", default=None,
+    p.add_argument("--batch-sizes", default=None, type=usage_type(parse_batch_sizes, "batch sizes"),
                    help="comma-separated allowed batch sizes, compiled one variant each (e.g. "
                         "1,2,4; default: one variant at --batch-size)")
     p.add_argument("--deadline-us", type=float, default=None, help="per-call deadline in µs (default: none)")
     p.add_argument("--cache-entries", type=int, default=0,
                    help="inference cache size (default 0: off)")
-    p.add_argument("--pin", default=None,
-                   help="comma-separated cores for the serving thread (default: not pinned)")
+    p.add_argument("--pin", default=None, metavar="CPUS", type=usage_type(parse_pin, "pin"),
+                   help="cores for the serving thread, e.g. 1 or 0,1 or 2-3 (default: not pinned)")
     p.add_argument("--shm", default=None, metavar="NAME",
                    help="shared-memory endpoint name (default: no shm endpoint)")
     p.add_argument("--shm-slots", type=int, default=8, help="client slots of the shm endpoint")
@@ -93,7 +107,7 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
         return strategy_cls(router, args.strategy)
     if args.batch_sizes:
         backends = {}
-        for s in (int(s) for s in args.batch_sizes.split(",")):
+        for s in args.batch_sizes:
             args.batch_size = s
             backends[s] = compile_from_args(args, fidelity=False)
         return backends
@@ -130,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
     backends = _backends(args, RouterStrategy)
     args.preset = _preset(args, backends)
-    pin = tuple(int(c) for c in args.pin.split(",")) if args.pin else None
+    pin = tuple(args.pin) if args.pin else None
     cfg = EngineConfig.preset(args.preset, deadline_us=args.deadline_us,
                               cache_entries=args.cache_entries, pin_cores=pin)
     if args.batch_sizes:

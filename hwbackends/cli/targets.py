@@ -9,7 +9,7 @@ from . import emit
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("targets", help="list targets and whether they can run here")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--verbose", action="store_true", help="plugin import times and options")
+    # -v/--verbose (hwb's own, given before or after `targets`) adds options and import times
     p.set_defaults(func=run)
 
 

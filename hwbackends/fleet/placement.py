@@ -59,7 +59,7 @@ def place(res: BenchResults, config: str | Path, registry: "Registry | None" = N
 
 
 def render(placement: list[dict[str, Any]]) -> str:
-    """The table ``hwb route --fleet`` prints."""
+    """The table ``hwb route --fleet-results`` prints."""
     lines = [f"{'STRATEGY':<16} {'TIER':<9} {'BUDGET':>10}  {'MACHINE':<22} {'VARIANT':<24} "
              f"{'MODE':<9} {'p99':>10}"]
     for r in placement:

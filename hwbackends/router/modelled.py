@@ -34,7 +34,7 @@ def modelled_profile(rec: "VariantRecord", est: dict[str, Any]) -> LatencyProfil
         variant=rec.variant, target=rec.target, precision=rec.precision, batch_size=rec.batch_size,
         scenario="modelled", params={"basis": est.get("basis", ""),
                                      "io_assumption": est["end_to_end"].get("io_assumption", "")},
-        mode=MODELLED, n=0, p50_us=us, p90_us=us, p99_us=us, p999_us=us, max_us=us, mean_us=us,
+        mode=MODELLED, n=0, p50_us=us, p90_us=us, p95_us=us, p99_us=us, p999_us=us, max_us=us, mean_us=us,
         min_us=us, throughput=0.0, duration_s=0.0, artifact_key=rec.artifact_key)
 
 

@@ -244,7 +244,7 @@ def _synth(w: Any, opts: Da4mlOptions, est_luts: float) -> dict[str, Any]:
         return {"requested": True, "available": False, "da4ml_estimate_luts": est_luts,
                 "reason": f"da4ml estimates {est_luts:,.0f} LUTs > synth_max_luts "
                           f"{opts.synth_max_luts:,.0f} (open synthesis would take tens of minutes "
-                          f"here); pass -o synth_max_luts={int(est_luts) + 1} to run it"}
+                          f"here); pass -O synth_max_luts={int(est_luts) + 1} to run it"}
     cmd = yosys_cmd(allow_wasm=opts.yowasp)
     if cmd is None:
         return {"requested": True, "available": False,
