@@ -28,6 +28,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="raise (or lower) what a model may cost before it is refused: weights=8G, "
                         "activations=64M (per sample), macs=1e11 (per sample); 0 turns one off "
                         "(default: HWB_MAX_WEIGHTS/ACTIVATIONS/MACS, else 4G, 16M, 1e10)")
+    p.add_argument("--output-kind", default=None,
+                   choices=("signed", "regression", "probabilities", "logits"),
+                   help="what the model's output is: decides the fidelity metrics gated (sign, "
+                        "decision, or errors only) (default: inferred from the reference, and "
+                        "printed as inferred)")
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
 
@@ -61,7 +66,8 @@ def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     return hwb_compile(model, args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),
                        calibration_data=calibration_from_args(args, model),
-                       store=args.cache_dir, progress=None if args.json else stderr_progress, **kw)
+                       store=args.cache_dir, progress=None if args.json else stderr_progress,
+                       output_kind=getattr(args, "output_kind", None), **kw)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -119,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"{d['model']} → {d['variant']} ({d['mode']}, {d['device']})",
              f"  artifact  {d['artifact_path']} ({d['artifact_bytes']:,} bytes, {how})",
              f"  fidelity  {cm.fidelity}"]
+    if cm.fidelity is not None:
+        from ..fidelity import describe_kind
+        lines.append(f"  output    {describe_kind(cm.fidelity)}")
     if cm.data:
         lines.append(f"  data      {describe_data(cm.data)}")
     if gate and not gate["passed"]:
