@@ -170,7 +170,8 @@ def describe_kind(f: Fidelity | None, declared: str | None = None) -> str:
     if declared or (f is not None and f.kind_source == "declared"):
         return f"{kind} (declared; gates {gates})"
     return (f"{kind} (inferred: {INFERRED_BECAUSE.get(kind, 'from the reference outputs')}; "
-            f"gates {gates}; declare output_kind = one of {', '.join(KINDS)} if it is not)")
+            f"gates {gates}; if it is not, declare output_kind (hwb compile --output-kind) as one "
+            f"of {', '.join(KINDS)})")
 
 
 def check_kind(kind: Any, what: str = "output_kind") -> str:

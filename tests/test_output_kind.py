@@ -74,6 +74,16 @@ def test_a_tolerance_the_kind_does_not_gate_is_an_error_naming_the_kind():
     assert Tolerance(corr_min=None, sign_min=0.99).violations(flipped)[0].startswith("sign agreement")
 
 
+def test_hwb_compile_prints_the_kind_and_takes_it(model, store_dir, capsys):
+    assert main(["compile", str(model), "-t", "cpu.onnxruntime", "--cache-dir", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "[probabilities, inferred]" in out and "output    probabilities (inferred:" in out, out
+    assert main(["compile", str(model), "-t", "cpu.onnxruntime", "--cache-dir", str(store_dir),
+                 "--output-kind", "regression", "--json"]) == 0
+    fid = json.loads(capsys.readouterr().out)["fidelity"]
+    assert (fid["kind"], fid["kind_source"], fid["argmax_agree"]) == ("regression", "declared", None)
+
+
 STRATEGIES = """
 [tiers.any]
 p99_us = 1e6
@@ -113,7 +123,8 @@ def test_route_explain_shows_the_kind_and_the_default_tolerances(tmp_path, model
     assert main(["route", str(cfg), "--explain", "--cache-dir", str(store_dir)]) == 0
     out = capsys.readouterr().out
     assert "output kind: probabilities (inferred: the reference outputs are ≥ 0" in out, out
-    assert "declare output_kind = one of signed, regression, probabilities, logits" in out
+    assert "declare output_kind (hwb compile --output-kind) as one of signed, regression, " \
+           "probabilities, logits" in out
     assert "fidelity gate: corr_min 0.999 (default); not checked: max_abs, rel_err, mae, " \
            "sign_min, argmax_min" in out, out
 
