@@ -400,6 +400,9 @@ class ArtifactStore:
         os.replace(tmp_manifest, staged / MANIFEST)
         final = self.path_for(key)
         private_mkdir(final.parent)
+        gid = trust.trusted_gid()
+        for parent in (self.objects, final.parent):  # a link here would take the entry outside
+            trust.check_path(parent, "store directory", gid)
         try:
             os.rename(staged, final)
         except OSError:

@@ -166,3 +166,16 @@ def test_the_profile_cache_reads_and_clears_nothing_through_a_link(tmp_path, whe
         pc.put(key, _profile())
     assert pc.clear() == 0
     assert _tree(elsewhere) == before
+
+
+def test_a_commit_is_never_moved_through_a_linked_ab_dir(store, tmp_path) -> None:
+    from hwbackends.errors import StoreTrustError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (store.root / "objects" / "ab").symlink_to(outside)
+    staged = store.stage()
+    (staged / "model.bin").write_bytes(b"model")
+    with pytest.raises(StoreTrustError, match=r"objects/ab is a symlink"):
+        store.commit(staged, KEY, {"target": "t"})
+    assert list(outside.iterdir()) == []
