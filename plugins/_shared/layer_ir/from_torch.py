@@ -11,6 +11,7 @@ from .ir import (
     TORCH_OPS,
     Act,
     Affine,
+    Bidirectional,
     Conv1D,
     GlobalPool1D,
     Layer,
@@ -146,6 +147,11 @@ def _aten_getitem(w: Walk, n: Any, rec: Any) -> list[str]:
     i = int(n.args[1])
     if i == 0:
         return ["N", "T", "C"] if rec.args[8] else ["T", "N", "C"]
+    if i == 1 and rec.args[7]:
+        return ["B", "N", "H"]  # refused where it is read (_aten_time)
+    if i == 1 and rec.args[4] > 1:
+        w.stacked = int(rec.args[4])
+        return ["S", "N", "H"]  # h_n of every layer: h_n[-1] is the last layer's
     return ["1", "N", "H"] if i == 1 else ["cell"]
 
 
@@ -310,6 +316,14 @@ def _aten_time(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
     LSTM/GRU's sequence becomes its last state)."""
     args, name = list(n.args) + [None] * 4, n.name
     dim = args[1] % len(ax)
+    if ax[dim] == "B":
+        raise w.refuse(name, op, "h_n of a bidirectional LSTM/GRU (its last entry is the backward "
+                                 "state at step 0): take output[:, -1] instead")
+    if op == "aten.select.int" and ax[dim] == "S" and args[2] % w.stacked == w.stacked - 1:
+        return ax[:dim] + ax[dim + 1:]  # h_n[-1]: the last layer's last state
+    if op == "aten.slice.Tensor" and args[2] in (None, 0) and args[4] in (None, 1) and (
+            args[3] is None or args[3] >= 2 ** 62):
+        return ax  # x[:] of any axis (torch.export writes them over a dynamic batch)
     if ax[dim] != "T":
         raise w.refuse(name, op, f"indexing axis {dim} (holding {ax[dim]}; only time is indexed)")
     steps = w.shape()[0]
@@ -370,19 +384,27 @@ def _aten_recurrent(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict)
     batch_first)`` (gates i, f, g, o: Keras' order) / ``aten.gru`` (r, z, n → Keras z, r, h)."""
     x, hx, params, has_bias, layers, _, train, bidir, batch_first = n.args
     name, cell = n.name, "lstm" if "lstm" in op else "gru"
-    for bad, why in ((layers != 1, f"num_layers={layers} (stacked; one layer per module is "
-                                   f"compiled)"),
-                     (bool(bidir), "bidirectional=True"), (bool(train), "training mode")):
-        if bad:
-            raise w.refuse(name, op, why)
+    if train:
+        raise w.refuse(name, op, "training mode")
     if ax != (["N", "T", "C"] if batch_first else ["T", "N", "C"]):
         raise w.refuse(name, op, f"its input's axes hold {ax}")
     for h in hx if isinstance(hx, (list, tuple)) else [hx]:
         if not meta.get(h, False):
             raise w.refuse(name, op, "an initial state other than zeros")
-    g = 4 if cell == "lstm" else 3
-    if len(params) != (4 if has_bias else 2):
+    per = 4 if has_bias else 2
+    dirs = 2 if bidir else 1
+    if len(params) != per * layers * dirs:
         raise w.refuse(name, op, "proj_size (a projected LSTM)")
+    for i in range(layers):  # params: layer 0 forward, [layer 0 reverse], layer 1 forward, …
+        sides = [_torch_cell(f"{name}_{i}_{d}", cell, params[(i * dirs + d) * per:(i * dirs + d + 1) * per],
+                             has_bias, t) for d in range(dirs)]
+        w.layers.append(Bidirectional(f"{name}_{i}", *sides) if bidir else sides[0])
+    return ["tuple"]
+
+
+def _torch_cell(name: str, cell: str, params: list[Any], has_bias: bool, t: Any) -> Recurrent:
+    """One direction of one layer of a torch LSTM/GRU as a Keras-order :class:`Recurrent`."""
+    g = 4 if cell == "lstm" else 3
     wi, wh = t(params[0]), t(params[1])
     u = wh.shape[1]
     bi, bh = (t(params[2]), t(params[3])) if has_bias else (np.zeros(g * u), np.zeros(g * u))
@@ -392,5 +414,4 @@ def _aten_recurrent(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict)
         return np.concatenate([m[j * u:(j + 1) * u] for j in order]).T
 
     b = keras(bi + bh) if cell == "lstm" else np.stack([keras(bi), keras(bh)])
-    w.layers.append(Recurrent(name, cell, f32(keras(wi)), f32(keras(wh)), f32(b), u, True, True))
-    return ["tuple"]
+    return Recurrent(name, cell, f32(keras(wi)), f32(keras(wh)), f32(b), u, True, True)

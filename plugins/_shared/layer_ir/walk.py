@@ -9,7 +9,18 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
-from .ir import ONNX_OPS, Dense, Flatten, Layer, Recurrent, Residual, TimeSlice, chain_shape, f32
+from .ir import (
+    ONNX_OPS,
+    Bidirectional,
+    Dense,
+    Flatten,
+    Layer,
+    Recurrent,
+    Residual,
+    TimeSlice,
+    chain_shape,
+    f32,
+)
 
 # An ONNX tensor's axes are labelled by what they hold of the IR's channels-last state:
 # "N" the batch, "T" time, "C" channels, "1" a singleton. Transposes, (un)squeezes and the
@@ -95,6 +106,7 @@ class Walk:
     supported: str = ONNX_OPS
     pad: tuple[int, int] = (0, 0)  # an ONNX Pad of time, for the Conv after it
     branches: Chains = field(init=False)  # residual branches between the graph's values
+    stacked: int = 1  # layers of the stacked LSTM/GRU whose h_n is being indexed
 
     def __post_init__(self) -> None:
         self.branches = Chains([self.layers], [self.in_shape])
@@ -197,6 +209,9 @@ def time_slice(w: Walk, name: str, op: str, start: int, stop: int, step: int, ke
 def last_step(w: Walk, name: str, op: str) -> None:
     """A Gather/Slice of the last time step, right after a recurrent layer: its last state."""
     last = w.layers[-1] if w.layers else None
+    if isinstance(last, Bidirectional):
+        raise w.refuse(name, op, "h_n of a bidirectional LSTM/GRU (its last entry is the backward "
+                                 "state at step 0): take output[:, -1] instead")
     if not (isinstance(last, Recurrent) and last.return_sequences):
         raise w.refuse(name, op, "indexing time is only compiled as the last step of an LSTM/GRU")
     last.return_sequences = False

@@ -1,0 +1,295 @@
+"""The layers desks use, on cpu.native (issue 34, build item 2): causal/left padding, time
+slices, channels-first torch through transposes, residual adds, LayerNormalization, GELU,
+stacked and bidirectional LSTM/GRU, multi-head self-attention. Each family is drawn by
+Hypothesis (shapes, paddings, dilations, heads; a few examples each), compiled through the
+public API and compared with the source framework: fp32 within 1e-5 of the output scale;
+int8 within its gate. The router's ultra tier picks cpu.native for a causal dilated TCN."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hwbackends as hwb
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+
+FEW = settings(max_examples=3, deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str, tol: float = 1e-5) -> None:
+    """fp32: max error within ``tol`` of the output scale."""
+    scale = max(float(np.abs(want).max()), 1e-3)
+    err = float(np.abs(got - want).max())
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x output scale {scale:.3g}"
+
+
+def _x(shape: tuple[int, ...], n: int = 24, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, *shape)).astype(np.float32)
+
+
+def _native(model: hwb.Model, store: Any, precision: str = "fp32", calib: Any = None) -> Any:
+    return hwb.compile(model, "cpu.native", precision, store=store, fidelity=False,
+                       calibration_data=calib)
+
+
+# -- torch: causal dilated TCN, written the ways desks write it ------------------------------
+def tcn(c_in: int, ch: int, k: int, dils: list[int], style: str, last: str, gelu: bool) -> Any:
+    """A causal dilated TCN over (batch, time, c_in): channels-first through a transpose,
+    causal by ``F.pad`` (style "pad") or ``Conv1d(padding)`` and a slice (style "slice"),
+    residual blocks (a 1x1 conv where the channels change), the last step by ``x[:, :, -1]``
+    or ``x[..., -1]``."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    class TCN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(
+                nn.Conv1d(c_in if i == 0 else ch, ch, k, dilation=d,
+                          padding=(k - 1) * d if style == "slice" else 0) for i, d in enumerate(dils))
+            self.down = nn.Conv1d(c_in, ch, 1) if c_in != ch else None
+            self.head = nn.Linear(ch, 1)
+
+        def forward(self, x: Any) -> Any:
+            x = x.transpose(1, 2)
+            y = x
+            for i, (conv, d) in enumerate(zip(self.convs, dils, strict=True)):
+                p = (k - 1) * d
+                if style == "pad":
+                    z = conv(F.pad(y, (p, 0)))
+                else:
+                    z = conv(y)[:, :, :-p] if p else conv(y)
+                z = F.gelu(z) if gelu else torch.relu(z)
+                skip = self.down(y) if (i == 0 and self.down is not None) else y
+                y = z + skip
+            return self.head(y[:, :, -1] if last == "dim" else y[..., -1])
+
+    torch.manual_seed(k * 7 + len(dils))
+    return TCN().eval()
+
+
+@FEW
+@given(c_in=st.integers(1, 5), ch=st.integers(2, 9), k=st.integers(2, 4),
+       dils=st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3),
+       style=st.sampled_from(["pad", "slice"]), last=st.sampled_from(["dim", "ellipsis"]),
+       gelu=st.booleans())
+def test_torch_tcn_matches_torch(store_dir, c_in, ch, k, dils, style, last, gelu) -> None:
+    import torch
+
+    t = 24
+    m = tcn(c_in, ch, k, dils, style, last, gelu)
+    model = hwb.load_model(m, input_shape=(t, c_in), name="tcn")
+    x = _x((t, c_in))
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    _close(_native(model, store_dir).predict(x), want, f"tcn {style} {last} dils={dils}")
+
+
+def test_torch_tcn_int8_and_ir(store_dir) -> None:
+    """int8 over the TCN (residual branches calibrated per layer), and the IR it reads: the
+    pads folded into the convs, no slice left but the last step."""
+    import torch
+
+    from hwb_plugins._shared import layer_ir
+
+    m = tcn(3, 8, 3, [1, 2, 4], "slice", "dim", False)
+    model = hwb.load_model(m, input_shape=(32, 3), name="tcn8")
+    net = layer_ir.extract(model, "cpu.native")
+    kinds = [type(layer).__name__ for layer in net.layers]
+    assert kinds == ["Residual"] * 3 + ["TimeSlice", "Dense"], kinds
+    assert [c.pad for r in net.layers[:3] for c in r.body if isinstance(c, layer_ir.Conv1D)] == [
+        (2, 0), (4, 0), (8, 0)]
+    x = _x((32, 3), 256, seed=1)
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = _native(model, store_dir, "int8", x[:128]).predict(x)
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.995
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_torch_refusals_name_the_op(store_dir) -> None:
+    """What the IR cannot hold is refused naming the op: a reflect pad, a strided slice,
+    an add of differently laid out tensors."""
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    class Reflect(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(2, 3, 3)
+
+        def forward(self, x: Any) -> Any:
+            return self.conv(F.pad(x.transpose(1, 2), (2, 0), mode="reflect"))[:, :, -1]
+
+    with pytest.raises(hwb.UnsupportedError, match=r"pad.*only zero padding of time"):
+        _native(hwb.load_model(Reflect().eval(), input_shape=(8, 2), name="reflect"), store_dir)
+
+
+# -- Keras: residual blocks, LayerNormalization, GELU, attention, bidirectional --------------
+def transformer(t: int, f: int, dm: int, heads: int, n_out: int) -> Any:
+    """A small transformer classifier: projection, MultiHeadAttention + residual +
+    LayerNormalization, a GELU Dense FFN + residual + LayerNormalization, pooled, softmax."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(t * 31 + heads)
+    inp = keras.Input((t, f))
+    x = layers.Dense(dm)(inp)
+    a = layers.MultiHeadAttention(heads, max(dm // heads, 1))(x, x)
+    x = layers.LayerNormalization()(layers.Add()([x, a]))
+    h = layers.Dense(2 * dm, activation="gelu")(x)
+    x = layers.LayerNormalization(epsilon=1e-5)(x + layers.Dense(dm)(h))
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inp, layers.Dense(n_out, activation="softmax")(x), name="transformer")
+
+
+@FEW
+@given(t=st.integers(2, 12), f=st.integers(1, 6), dm=st.sampled_from([4, 8, 12]),
+       heads=st.sampled_from([1, 2, 4]), n_out=st.integers(2, 4))
+def test_keras_transformer_matches_keras(store_dir, t, f, dm, heads, n_out) -> None:
+    m = transformer(t, f, dm, heads, n_out)
+    x = _x((t, f))
+    _close(_native(hwb.load_model(m), store_dir).predict(x), m(x).numpy(), "transformer")
+
+
+def recurrent(t: int, f: int, u: int, cell: str, bidir: bool, stacked: bool) -> Any:
+    """A stacked (and maybe bidirectional) LSTM/GRU regression, the last step by ``x[:, -1]``."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(u * 13 + t)
+    rnn = layers.LSTM if cell == "lstm" else layers.GRU
+    inp = keras.Input((t, f))
+    x = inp
+    for _ in range(2 if stacked else 1):
+        r = rnn(u, return_sequences=True)
+        x = layers.Bidirectional(r)(x) if bidir else r(x)
+    x = x[:, -1]
+    return keras.Model(inp, layers.Dense(1)(x), name="rnn")
+
+
+@FEW
+@given(t=st.integers(2, 10), f=st.integers(1, 5), u=st.integers(1, 9),
+       cell=st.sampled_from(["lstm", "gru"]), bidir=st.booleans(), stacked=st.booleans())
+def test_keras_recurrent_matches_keras(store_dir, t, f, u, cell, bidir, stacked) -> None:
+    m = recurrent(t, f, u, cell, bidir, stacked)
+    x = _x((t, f))
+    _close(_native(hwb.load_model(m), store_dir).predict(x), m(x).numpy(), f"{cell} bidir={bidir}")
+
+
+@FEW
+@given(left=st.integers(0, 4), right=st.integers(0, 3), k=st.integers(1, 3), d=st.integers(1, 3),
+       crop=st.integers(0, 2))
+def test_keras_padding_and_residual(store_dir, left, right, k, d, crop) -> None:
+    """ZeroPadding1D before a dilated conv, Cropping1D, a residual add around a conv block
+    with LayerNormalization and GELU."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(left + 5 * right + k)
+    t, f = 12, 3
+    inp = keras.Input((t, f))
+    x = layers.ZeroPadding1D((left, right))(inp)
+    x = layers.Conv1D(6, k, dilation_rate=d, activation="gelu")(x)
+    x = layers.Cropping1D((crop, 0))(x)
+    y = layers.LayerNormalization()(layers.Conv1D(6, 1)(x))
+    x = layers.Add()([x, y])
+    out = layers.Dense(2)(layers.Flatten()(x))
+    m = keras.Model(inp, out)
+    x_in = _x((t, f))
+    _close(_native(hwb.load_model(m), store_dir).predict(x_in), m(x_in).numpy(), "pad/crop/residual")
+
+
+def test_int8_over_the_keras_families(store_dir) -> None:
+    """int8 takes the transformer (attention's output projection in float) and the
+    bidirectional LSTM; both stay within an int8 gate."""
+    for m in (transformer(8, 4, 8, 2, 3), recurrent(8, 3, 6, "lstm", True, True)):
+        x = _x(tuple(m.inputs[0].shape[1:]), 256, seed=2)
+        got = _native(hwb.load_model(m), store_dir, "int8", x[:128]).predict(x)
+        want = m(x).numpy()
+        assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99, m.name
+
+
+# -- the router -----------------------------------------------------------------------------
+def test_router_ultra_tier_picks_native_for_the_tcn(tmp_path: Path, store_dir, capsys) -> None:
+    """`hwb route --json` over a strategies file: a causal dilated TCN (torch.export file) in
+    the ultra tier (10 us) is served by cpu.native, not ONNX Runtime."""
+    import torch
+
+    from hwbackends.cli import main
+
+    m = tcn(4, 8, 3, [1, 2, 4], "pad", "dim", False)
+    batch = {0: torch.export.Dim("batch")}
+    torch.export.save(torch.export.export(m, (torch.zeros(2, 16, 4),), dynamic_shapes=(batch,)),
+                      tmp_path / "tcn.pt2")
+    cfg = tmp_path / "strategies.toml"
+    cfg.write_text("""
+[tiers.ultra]
+p99_us = 10
+
+[router]
+isolate_compile = false
+
+[router.bench]
+n = 400
+warmup = 50
+
+[strategies.mm]
+model = "tcn.pt2"
+tier = "ultra"
+targets = ["cpu.native", "cpu.onnxruntime"]
+precisions = ["fp32"]
+fidelity = { corr_min = 0.999, max_abs = 1e-4 }
+""")
+    assert main(["route", str(cfg), "--json", "--cache-dir", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    s = json.loads(out[out.index("{"):])["strategies"][0]
+    assert s["chosen"] == "cpu.native:fp32", s
+    assert {c["variant"] for c in s["candidates"]} == {"cpu.native:fp32", "cpu.onnxruntime:fp32"}
+
+
+# -- torch: stacked and bidirectional LSTM/GRU ------------------------------------------------
+def torch_rnn(cell: str, f: int, u: int, layers: int, bidir: bool, last: str) -> Any:
+    """``nn.LSTM``/``nn.GRU`` with ``num_layers`` and ``bidirectional``, read at the last step
+    of its output or (unidirectional) by ``h_n[-1]``."""
+    import torch
+    from torch import nn
+
+    class RNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = getattr(nn, cell)(f, u, num_layers=layers, bidirectional=bidir, batch_first=True)
+            self.head = nn.Linear(u * (2 if bidir else 1), 1)
+
+        def forward(self, x: Any) -> Any:
+            y, h = self.rnn(x)
+            if last == "h_n":
+                return self.head((h[0] if isinstance(h, tuple) else h)[-1])
+            return self.head(y[:, -1])
+
+    torch.manual_seed(u * 3 + layers)
+    return RNN().eval()
+
+
+@FEW
+@given(cell=st.sampled_from(["LSTM", "GRU"]), f=st.integers(1, 4), u=st.integers(1, 8),
+       layers=st.integers(1, 3), bidir=st.booleans(), last=st.sampled_from(["out", "h_n"]))
+def test_torch_stacked_bidirectional_matches_torch(store_dir, cell, f, u, layers, bidir, last) -> None:
+    import torch
+
+    last = "out" if bidir else last
+    m = torch_rnn(cell, f, u, layers, bidir, last)
+    x = _x((7, f))
+    with torch.no_grad():
+        want = m(torch.from_numpy(x)).numpy()
+    got = _native(hwb.load_model(m, input_shape=(7, f), name="rnn"), store_dir).predict(x)
+    _close(got, want, f"{cell} layers={layers} bidir={bidir} {last}")
