@@ -237,7 +237,7 @@ def onnx_cost(proto: Any, name: str, base: Path | None = None) -> Cost:
     cost = Cost(params=min(params, _HUGE), weight_bytes=min(max(weight, external), _HUGE),
                 external_bytes=external)
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
+        inferred = onnx.shape_inference.infer_shapes(_without_weights(proto))
     except Exception as exc:  # noqa: BLE001 - an estimate is not a verdict
         cost.notes.append(f"shape inference failed ({type(exc).__name__}); activations not estimated")
         return cost
@@ -262,6 +262,23 @@ def onnx_cost(proto: Any, name: str, base: Path | None = None) -> Cost:
     cost.activation_bytes = min(act // batch, _HUGE)
     cost.macs = macs / batch
     return cost
+
+
+def _without_weights(proto: Any) -> Any:
+    """``proto`` with each initializer reduced to its name, type and dims: what shape
+    inference needs, without copying (and serializing) the weights."""
+    import onnx
+
+    light = onnx.ModelProto(ir_version=proto.ir_version)
+    light.opset_import.extend(proto.opset_import)
+    light.functions.extend(proto.functions)
+    g, src = light.graph, proto.graph
+    g.name = src.name
+    for part in ("node", "input", "output", "value_info"):
+        getattr(g, part).extend(getattr(src, part))
+    g.initializer.extend(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+                         for t in src.initializer)
+    return light
 
 
 def _onnx_initializers(proto: Any) -> list[Any]:
@@ -382,15 +399,23 @@ class TorchProbe:
         self.act = 0
         self.macs = 0.0
         self._hooks: list[Any] = []
+        self.blind = False
 
     def __enter__(self) -> TorchProbe:
         import torch
 
+        self._torch = torch
+        self.blind = isinstance(self.module, torch.jit.ScriptModule)  # takes no hooks
+        if self.blind:
+            return self
         leaves = [m for m in getattr(self.module, "modules", lambda: [])()
                   if not list(m.children())]
-        for m in leaves:
-            self._hooks.append(m.register_forward_hook(self._hook))
-        self._torch = torch
+        try:
+            for m in leaves:
+                self._hooks.append(m.register_forward_hook(self._hook))
+        except RuntimeError:  # a module type that refuses hooks: inputs counted only
+            self.__exit__()
+            self.blind = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -419,6 +444,9 @@ class TorchProbe:
         """``base`` (parameters) with this call's figures per sample (``batch`` rows ran)."""
         act = self.act + sum(int(e.numel()) * int(e.element_size()) for e in examples)
         b = max(1, batch)
+        if self.blind:
+            return replace(base, activation_bytes=act // b,
+                           notes=[*base.notes, "a TorchScript module: its inputs counted only"])
         return replace(base, macs=self.macs / b, activation_bytes=act // b)
 
 
