@@ -59,7 +59,7 @@ MODULE_SECONDS = {
     "test_layer_ir_formats": 26, "test_conformance_kit": 25, "test_torch_multi_io": 23,
     "test_multi_io": 22, "test_router": 18, "test_cpu_native": 17, "test_cli_data": 15,
     "test_core": 12, "test_isolate": 12, "test_shm_trust": 12, "test_store_prune": 12,
-    "test_fleet_import": 11,
+    "test_fleet_import": 11, "test_export_hostile": 30,
     "test_cost": 39,
     "test_store_prune_races": 10,
 }

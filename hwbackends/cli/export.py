@@ -44,7 +44,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="require a VERSION_COMPATIBLE TensorRT engine (refused otherwise)")
     p.add_argument("--name", default=None, help="model name in the repository (default: the "
                                                 "model's name)")
-    p.add_argument("--out", "-o", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--output", "-o", "--out", dest="out", required=True, metavar="DIR",
+                   help="output directory: created, or yours and not writable by others; no "
+                        "link in it is followed")
+    p.add_argument("--replace", action="store_true",
+                   help="replace the model directory even when it holds other model versions "
+                        "or files this export does not write (default: refuse)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
@@ -60,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                  config=args.config, strategy=args.strategy, machine=args.machine,
                  max_batch_size=args.max_batch_size, threads=args.threads,
                  instances=args.instances, flavour=args.flavour, name=args.name,
-                 version_compatible=args.trt_version_compatible, store=args.cache_dir,
+                 version_compatible=args.trt_version_compatible, replace=args.replace,
+                 store=args.cache_dir,
                  command="hwb " + shlex.join(getattr(args, "argv", []) or []),
                  progress=None if args.json else stderr_progress)
     lines = [f"{res.format} export of {args.model} ({target}) in {res.directory}"]
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                      f"{s.instances} instance(s) × {s.threads} thread(s)")
         lines += [f"    {w}" for w in s.why]
     lines += [f"  {n}" for n in res.notes]
+    lines += [f"  served name {n}" for n in res.names]
     lines += [f"  wrote {f}" for f in res.files]
     emit(args, res.to_dict(), "\n".join(lines))
     return 0

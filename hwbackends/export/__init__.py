@@ -106,7 +106,9 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     memory = (row_bytes(names.inputs + names.outputs), memory_limit())
     entries = TRITON_ENTRIES if fmt == "triton" else TF_SERVING_ENTRIES
     with OutputDir(Path(outdir), replace, entries) as od:
-        od.check()  # refuse a planted link or another version before compiling anything
+        # refuse a planted link or another version before compiling anything
+        od.check({names.name: True} if fmt == "triton" else
+                 {names.name: True, **{f: False for f in TF_SERVING_FILES}})
         if fmt == "triton":
             res = _triton(m, names, target, prec, od.stage, measured, main, deadline,
                           max_batch_size, threads, instances, flavour, version_compatible, st,
@@ -123,6 +125,7 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
 #: What an export writes inside the model directory (anything else there is refused).
 TRITON_ENTRIES = frozenset({"config.pbtxt", "configs", "1"})
 TF_SERVING_ENTRIES = frozenset({"1"})
+TF_SERVING_FILES = ("batching_parameters.txt", "models.config", "README.md")
 
 
 def row_bytes(specs: list[Any]) -> int:
@@ -268,8 +271,8 @@ def _tf_serving(m: Any, names: Any, od: Any, meas: Measured, deadline: float | N
     S.warmup_file(vdir / "assets.extra" / "tf_serving_warmup_requests", name, names.inputs,
                   s.warmup_sizes)
     cmd = f"hwb export -t {meas.variant} --format tf-serving"
-    for fname, text in (("batching_parameters.txt", S.batching_text(s, meas, cmd)),
-                        ("models.config", S.models_config(name, os.fsencode(od.real / name))),
-                        ("README.md", S.readme(name, meas.variant))):
+    texts = (S.batching_text(s, meas, cmd), S.models_config(name, os.fsencode(od.real / name)),
+             S.readme(name, meas.variant))
+    for fname, text in zip(TF_SERVING_FILES, texts, strict=True):
         (stage / fname).write_text(text)
     return ExportResult("tf-serving", stage, [], {meas.machine: s}, {meas.machine: meas})

@@ -81,25 +81,28 @@ class OutputDir:
         except FileNotFoundError:
             return None
 
-    def check(self) -> None:
+    def check(self, planned: dict[str, bool] | None = None) -> None:
         """Refuse (:class:`ExportPathError`) what :meth:`publish` would write through or over:
         a link where a staged file or the model directory goes, a link anywhere inside the old
         model directory, a directory where a file goes, and (without ``replace``) entries of
-        the old model directory the export does not write."""
-        for entry in os.scandir(self.stage):
-            where = self.real / entry.name
-            st = self._lstat(self.fd, entry.name)
+        the old model directory the export does not write. ``planned``: top-level name → is a
+        directory, checked before anything is staged (default: what is staged)."""
+        if planned is None:
+            planned = {e.name: e.is_dir(follow_symlinks=False) for e in os.scandir(self.stage)}
+        for name, is_dir in planned.items():
+            where = self.real / name
+            st = self._lstat(self.fd, name)
             if st is None:
                 continue
             if stat.S_ISLNK(st.st_mode):
                 raise _link(where)
-            if entry.is_dir(follow_symlinks=False):
+            if is_dir:
                 if not stat.S_ISDIR(st.st_mode):
                     raise ExportPathError(f"{where} is a file where the export writes the model "
                                           f"directory; remove it (rm {where}) or export into "
                                           f"another directory")
-                self._check_model_dir(entry.name, where)
-            elif not stat.S_ISREG(st.st_mode):
+                self._check_model_dir(name, where)
+            elif not stat.S_ISREG(st.st_mode):  # a directory or a FIFO where a file goes
                 raise ExportPathError(f"{where} is not a regular file; the export writes one "
                                       f"there: remove it or export into another directory")
 
@@ -204,11 +207,19 @@ def _open_dir(name: str, dir_fd: int | None, where: Path) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        # O_NOFOLLOW | O_DIRECTORY on a link: ELOOP, or ENOTDIR on Linux
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(name, dir_fd)):
             raise _link(where) from None
         if exc.errno == errno.ENOTDIR:
             raise ExportPathError(f"{where} is not a directory; give a directory with -o") from None
         raise ExportPathError(f"cannot open {where} ({exc.strerror or exc})") from None
+
+
+def _is_link(name: str, dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _link(where: Path) -> ExportPathError:
