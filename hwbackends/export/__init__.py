@@ -103,7 +103,7 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     measured = read_measurements(results, variant, m, machine)
     deadline = strategy_deadline(config, strategy) if config is not None else None
     main = sorted(measured)[0] if machine is None else machine
-    memory = (row_bytes(names.inputs + names.outputs), memory_limit())
+    memory = (row_bytes(m), memory_limit())
     entries = TRITON_ENTRIES if fmt == "triton" else TF_SERVING_ENTRIES
     with OutputDir(Path(outdir), replace, entries) as od:
         # refuse a planted link or another version before compiling anything
@@ -128,11 +128,16 @@ TF_SERVING_ENTRIES = frozenset({"1"})
 TF_SERVING_FILES = ("batching_parameters.txt", "models.config", "README.md")
 
 
-def row_bytes(specs: list[Any]) -> int:
-    """Bytes one row of the served tensors takes (inputs and outputs, per sample)."""
+def row_bytes(model: Any) -> int:
+    """Bytes one row (sample) takes: its inputs and outputs, and the activations between them
+    where the model's declared cost knows them (``meta["cost"]``, :mod:`hwbackends.cost`)."""
     import numpy as np
 
-    return sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in specs)
+    io = sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize
+             for s in [*model.inputs, *model.outputs])
+    cost = (getattr(model, "meta", None) or {}).get("cost")
+    act = cost.get("activation_bytes") if isinstance(cost, dict) else getattr(cost, "activation_bytes", None)
+    return io + (int(act) if isinstance(act, int) and act > 0 else 0)
 
 
 def memory_limit() -> int:

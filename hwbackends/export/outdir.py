@@ -8,8 +8,9 @@ the output directory:
 
 - the output directory is one this call creates, or one owned by the user and not writable by
   group or others (:func:`hwbackends.trust.others_can_change`). It is opened once
-  (``O_DIRECTORY | O_NOFOLLOW``) and every later step goes through that descriptor and those
-  of directories opened from it (``O_NOFOLLOW`` again), never through a path;
+  (``O_DIRECTORY | O_NOFOLLOW``, :mod:`hwbackends.dirfd` as the store does) and every later
+  step goes through that descriptor and those of directories opened from it (``O_NOFOLLOW``
+  again), never through a path;
 - a symbolic link where the export writes — the model directory, a top-level file, anything
   inside the model directory — is refused with :class:`ExportPathError` before anything is
   written; the link and what it points at are left as they are;
@@ -27,7 +28,6 @@ choice, as for any command that writes a file); from there down nothing is follo
 """
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import shutil
@@ -36,12 +36,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import trust
+from .. import dirfd, trust
 from ..errors import HwbError
 
 #: Created directories: readable by the server's user, writable by this user only.
 DIR_MODE = 0o755
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class ExportPathError(HwbError):
@@ -119,7 +118,7 @@ class OutputDir:
         finally:
             os.close(fd)
         if link is not None:
-            raise _link(link)
+            raise link
         if foreign and not self.replace:
             versions = [f for f in foreign if f.isdigit()]
             what = (f"model version(s) {', '.join(v + '/' for v in versions)} that this export "
@@ -151,7 +150,7 @@ class OutputDir:
         new, old = f".{name}.hwb-new-{token}", f".{name}.hwb-old-{token}"
         os.mkdir(new, DIR_MODE, dir_fd=self.fd)
         try:
-            fd = os.open(new, _DIR_FLAGS, dir_fd=self.fd)
+            fd = dirfd.open_dir(new, self.fd)
             try:
                 rel = _copy_tree(src, fd)
             finally:
@@ -205,47 +204,32 @@ def open_output(path: str | Path) -> tuple[int, Path]:
 
 def _open_dir(name: str, dir_fd: int | None, where: Path) -> int:
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        # O_NOFOLLOW | O_DIRECTORY on a link: ELOOP, or ENOTDIR on Linux
-        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(name, dir_fd)):
+        return dirfd.open_dir(name, dir_fd)
+    except dirfd.NotFollowed as exc:
+        if exc.is_link:
             raise _link(where) from None
-        if exc.errno == errno.ENOTDIR:
-            raise ExportPathError(f"{where} is not a directory; give a directory with -o") from None
+        raise ExportPathError(f"{where} is not a directory; give a directory with -o") from None
+    except OSError as exc:
         raise ExportPathError(f"cannot open {where} ({exc.strerror or exc})") from None
 
 
-def _is_link(name: str, dir_fd: int | None) -> bool:
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+def _link(where: Path, target: str | None = None) -> ExportPathError:
+    if target is None:
+        try:
+            target = os.readlink(where)
+        except OSError:
+            target = "?"
+    return ExportPathError(f"{where} is a symbolic link (to {target!r}); hwb export writes "
+                           f"through no link and removes none. Nothing was written: remove the "
+                           f"link (rm {where}) and export again, or export into another directory")
 
 
-def _link(where: Path) -> ExportPathError:
-    try:
-        target = f" (to {os.readlink(where)!r})"
-    except OSError:
-        target = ""
-    return ExportPathError(f"{where} is a symbolic link{target}; hwb export writes through no "
-                           f"link and removes none. Nothing was written: remove the link "
-                           f"(rm {where}) and export again, or export into another directory")
-
-
-def _find_link(fd: int, where: Path) -> Path | None:
-    """The first symlink under the directory open as ``fd`` (descriptors all the way down)."""
-    for entry in os.scandir(fd):
-        if entry.is_symlink():
-            return where / entry.name
-        if entry.is_dir(follow_symlinks=False):
-            sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
-            try:
-                found = _find_link(sub, where / entry.name)
-            finally:
-                os.close(sub)
-            if found is not None:
-                return found
-    return None
+def _find_link(fd: int, where: Path) -> ExportPathError | None:
+    """The refusal for the first symlink under the directory open as ``fd``, if any (the
+    store's own walk by descriptor, :func:`hwbackends.dirfd.tree_bytes`)."""
+    links: list[dirfd.Link] = []
+    dirfd.tree_bytes(fd, "", links)
+    return _link(where / links[0].path.lstrip("/"), links[0].target) if links else None
 
 
 def _copy_tree(src: Path, dst_fd: int) -> list[Path]:
@@ -254,7 +238,7 @@ def _copy_tree(src: Path, dst_fd: int) -> list[Path]:
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         if entry.is_dir(follow_symlinks=False):
             os.mkdir(entry.name, DIR_MODE, dir_fd=dst_fd)
-            sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dst_fd)
+            sub = dirfd.open_dir(entry.name, dst_fd)
             try:
                 out += [Path(entry.name) / r for r in _copy_tree(Path(entry.path), sub)]
             finally:
