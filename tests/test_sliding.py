@@ -8,30 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sliding_ref import window_answers
 
 from hwbackends.errors import InputError, UnsupportedError
 
 pytest.importorskip("onnxruntime")
-
-
-def window_answers(cm, xs: np.ndarray, starts: set[int] = frozenset()) -> np.ndarray:
-    """predict_into on the window ending at each step of ``xs``, zero-filled before it is full;
-    the window empties before each index in ``starts`` (a reset)."""
-    t = cm.input.shape[0]
-    out = np.zeros((len(xs), *cm.output.shape), np.float32)
-    y = np.zeros(cm.output.batched(cm.batch_size), np.float32)
-    x = np.zeros(cm.input.batched(cm.batch_size), np.float32)
-    begin = 0
-    for i in range(len(xs)):
-        if i in starts:
-            begin = i
-        win = np.zeros(cm.input.shape, np.float32)
-        seen = xs[max(begin, i - t + 1):i + 1]
-        win[t - len(seen):] = seen
-        x[0] = win
-        cm.predict_into(x, y)
-        out[i] = y[0]
-    return out
 
 
 @pytest.fixture(scope="module")

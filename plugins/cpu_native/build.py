@@ -128,8 +128,10 @@ def arch() -> str:
 
 # -- the generated header and extension --------------------------------------------------------
 def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precision: str,
-           batch: int, stack: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str:
-    """``hwb_model.h``: the stable C ABI of one artifact (ABI version 1)."""
+           batch: int, stack: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+           extra: str = "") -> str:
+    """``hwb_model.h``: the stable C ABI of one artifact (ABI version 1); ``extra``: more
+    declarations (the sliding window's, plugins/cpu_native/sliding.py)."""
     n_in, n_out = _prod(in_shape), _prod(out_shape)
 
     def dims(s: tuple[int, ...]) -> str:
@@ -170,7 +172,7 @@ int hwb_model_predict(const float *x, float *y);
 int hwb_model_predict_n(const float *x, float *y, long n);
 const char *hwb_model_fingerprint(void);
 const char *hwb_model_isa(void);
-#ifdef __cplusplus
+{extra}#ifdef __cplusplus
 }}
 #endif
 #endif
@@ -275,9 +277,10 @@ typedef struct {
 static const hwb_native_entry ENTRY = {1u, (uint32_t)sizeof(hwb_native_entry), hwb_model_predict,
     HWB_MODEL_INPUT_SIZE, HWB_MODEL_OUTPUT_SIZE, HWB_MODEL_BATCH, 0u};
 
+@EXTRA_DEFS@
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(check, ndarray, InputError) -> predict_into"},
-    {"info", info, METH_NOARGS, "the artifact's fingerprint, ISA and C ABI version"},
+    {"info", info, METH_NOARGS, "the artifact's fingerprint, ISA and C ABI version"},@EXTRA_METHODS@
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "@MOD@", NULL, -1, methods};
@@ -297,9 +300,12 @@ PyMODINIT_FUNC PyInit_@MOD@(void) {
 
 
 def extension_source(module: str, batch: int, in_shape: tuple[int, ...],
-                     out_shape: tuple[int, ...]) -> str:
+                     out_shape: tuple[int, ...], extra: tuple[str, str] = ("", "")) -> str:
+    """The extension's C; ``extra``: more definitions and method-table entries (the sliding
+    window's, plugins/cpu_native/sliding.py), which may use the placeholders below."""
     xs, ys = (batch, *in_shape), (batch, *out_shape)
-    subs = {"@XSHAPE@": ", ".join(map(str, xs)), "@YSHAPE@": ", ".join(map(str, ys)),
+    subs = {"@EXTRA_DEFS@": extra[0], "@EXTRA_METHODS@": extra[1],
+            "@XSHAPE@": ", ".join(map(str, xs)), "@YSHAPE@": ", ".join(map(str, ys)),
             "@XND@": str(len(xs)), "@YND@": str(len(ys)), "@BATCH@": str(batch), "@MOD@": module}
     text = _EXT
     for k, v in subs.items():

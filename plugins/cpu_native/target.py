@@ -35,6 +35,7 @@ class NativeExecutor(Executor):
     def __init__(self, module: Any, artifact: Artifact):
         self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
         self.module = module
+        self._artifact = artifact
         self.predict_into = module.bind(self._fail, np.ndarray, InputError)  # type: ignore[method-assign]
 
     def _fail(self, *args: Any) -> None:
@@ -45,6 +46,14 @@ class NativeExecutor(Executor):
 
     def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
         self.predict_into(xs[0], outs[0])
+
+    def incremental(self, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
+        """The library's sliding window or stream (plugins/cpu_native/sliding.py), reset."""
+        from . import sliding
+
+        art = self._artifact
+        return sliding.steps(self.module, art.meta, tuple(art.inputs[0].shape),
+                             tuple(art.outputs[0].shape), stateful=stateful, auto_prepare=auto_prepare)
 
     def native_entry(self) -> Any:
         """The generated model function as the contract's native entry (the extension's
@@ -87,7 +96,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "2"
+    version = "4"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
                    "fixed/ap_fixed<W,I>: bit-exact with fpga.hls4ml's C-simulation")
@@ -126,6 +135,7 @@ class NativeTarget(Target):
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
+        from . import sliding
         from .emit import emit
 
         self.check_options(options)
@@ -137,6 +147,7 @@ class NativeTarget(Target):
         requires = build.required_flags(cc, isa)
         hls_prec = hls_precision(options.precision)
         fixed_meta: dict[str, Any] = {}
+        net = None
         if hls_prec is not None:
             src, in_shape, out_shape, layers, fixed_meta = self._fixed(model, hls_prec, cc,
                                                                        requires, workdir)
@@ -147,12 +158,15 @@ class NativeTarget(Target):
             in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
             layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
+        window = sliding.emit(net, in_shape, options.precision, requires)
+        code = src.code + "\n" + window.code
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
-                           stack=src.stack_bytes, in_shape=in_shape, out_shape=out_shape)
-        module = build.module_name(src.code, hdr, cc, isa)
-        ext = build.extension_source(module, batch, in_shape, out_shape)
-        (workdir / "model.c").write_text(src.code)
+                           stack=src.stack_bytes, in_shape=in_shape, out_shape=out_shape,
+                           extra=window.header)
+        module = build.module_name(code, hdr, cc, isa)
+        ext = build.extension_source(module, batch, in_shape, out_shape, sliding.ext_parts(in_shape))
+        (workdir / "model.c").write_text(code)
         (workdir / "hwb_model.h").write_text(hdr)
         (workdir / "ext.c").write_text(ext)
         facts = build.build(workdir, cc, isa, module)
@@ -161,7 +175,7 @@ class NativeTarget(Target):
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
-                "layers": layers, **fixed_meta,
+                "layers": layers, "sliding": window.meta, **fixed_meta,
                 "build_seconds": round(time.perf_counter() - t0, 3), **facts}
 
     @staticmethod

@@ -1,0 +1,435 @@
+"""cpu.native's sliding window and stream in C: ``hwb_model_push`` / ``hwb_model_prepare`` /
+``hwb_model_reset`` (and ``hwb_model_stream_*``), appended to ``model.c``; their header lines
+and the extension's FASTCALL entries; the executor's :meth:`Executor.incremental` hook.
+
+**The incremental form** (fp32 recurrent models: per-step element-wise layers, a stack of
+LSTM/GRU layers, each but the last returning sequences, then a head of Dense/activation layers
+on the last state). The answer at tick ``t`` is the model on the window ``x[t-T+1 .. t]`` from
+zero state. ``T`` windows are in flight, one per slot: the one that finishes at ``t`` has
+consumed ``T-1`` steps, the newest none. After each answer, :c:func:`hwb_model_prepare`
+advances every other window by the step ``x_t`` (each layer's gates from the recurrent
+product prepared for it and its input), restarts the finished slot as the newest window,
+and computes, for every window, the next step's recurrent products ``R·h + b``. So the
+push (the critical path) is one step per layer of the finishing window with only the products
+that need ``x_t``: the first layer's input projection ``K₁·x_t`` (computed once and shared with
+every window in the prepare), each later layer's ``K_l·h_{l-1}``, the gates, and the head.
+
+Before ``T`` steps were pushed the window is zero-filled at its start (hwbackends/sliding.py):
+:c:func:`hwb_model_reset` sets each slot to the state a window has after as many zero steps as
+its age (one run over zero steps, copied into the slots), and runs when the library loads.
+
+**The recompute form** (every other model and precision): the window in a doubled ring
+buffer and the model function (``hwb_one``) on it each tick, so its answers are
+``predict_into``'s bit for bit; there is no stream.
+
+The state lives in the library (static arrays): one window and one stream per loaded library,
+one caller at a time. :func:`steps` revokes the :class:`~hwbackends.sliding.Steps` it handed
+out before over the same state.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hwbackends.errors import InputError
+from hwbackends.sliding import Steps, check_step
+
+from .._shared import layer_ir as ir
+from .emit import _Emitter, vector_shape
+
+#: Per-step layers an incremental form applies to ``x_t`` before the first recurrent layer.
+_PER_STEP = (ir.Act, ir.Affine)
+#: Layers of the head (on the last recurrent layer's final state, a vector).
+_HEAD = (ir.Dense, ir.Act, ir.Affine, ir.Flatten)
+
+
+@dataclass
+class Plan:
+    """The incremental form's parts (:func:`plan`)."""
+
+    prefix: list[ir.Layer]
+    cells: list[ir.Recurrent]
+    head: list[ir.Layer]
+    window: int
+    step: int
+
+
+def plan(net: ir.Network, precision: str) -> Plan | None:
+    """The incremental form of ``net``, or None when it has none (then the recompute form)."""
+    if precision != "fp32" or len(net.input_shape) != 2:
+        return None
+    layers = list(net.layers)
+    i = 0
+    while i < len(layers) and isinstance(layers[i], _PER_STEP) and not (
+            isinstance(layers[i], ir.Act) and layers[i].kind == "softmax"):
+        i += 1
+    prefix = layers[:i]
+    cells: list[ir.Recurrent] = []
+    while i < len(layers) and isinstance(layers[i], ir.Recurrent):
+        cells.append(layers[i])  # type: ignore[arg-type]
+        i += 1
+    head = layers[i:]
+    if not cells or any(not c.return_sequences for c in cells[:-1]) or cells[-1].return_sequences:
+        return None
+    if not all(isinstance(layer, _HEAD) for layer in head):
+        return None
+    return Plan(prefix, cells, head, int(net.input_shape[0]), int(net.input_shape[1]))
+
+
+def _pad(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+class _StepEmitter(_Emitter):
+    """The emitter's building blocks (matvec, gates, layers) with constants of their own names
+    (``model.c`` already holds the model function's)."""
+
+    def const(self, stem: str, a: np.ndarray) -> str:
+        name = super().const(f"SL{stem}", a)
+        return name
+
+    def function(self, signature: str) -> list[str]:
+        """The lines emitted since the last call, as the C function ``signature``."""
+        body, self.body = self.body, []
+        return [f"static void {signature} {{", *body, "}", ""]
+
+
+def _gates(cell: ir.Recurrent) -> int:
+    return 4 if cell.cell == "lstm" else 3
+
+
+def _biases(cell: ir.Recurrent) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(the input projection's bias, the recurrent product's bias) of one layer."""
+    if cell.cell == "lstm":
+        return None, cell.bias
+    if cell.reset_after:
+        return cell.bias[0], cell.bias[1]
+    return cell.bias, None
+
+
+def _rec_weights(cell: ir.Recurrent) -> np.ndarray:
+    """The recurrent kernel part that multiplies the previous state alone (a GRU without
+    ``reset_after`` multiplies ``r·h`` by its candidate columns, on the push)."""
+    if cell.cell == "gru" and not cell.reset_after:
+        return np.ascontiguousarray(cell.recurrent[:, :2 * cell.units])
+    return cell.recurrent
+
+
+def emit_incremental(net: ir.Network, p: Plan, requires: list[str]) -> str:
+    """The incremental form's C (see the module docstring); appended to ``model.c``."""
+    vw, acc = vector_shape(requires)
+    e = _StepEmitter(net, vw, acc)
+    nw = p.window
+    out: list[str] = [f"#define HWB_NW {nw}", "static int hwb_f, hwb_pend, hwb_spend;"]
+    names = []
+    for li, cell in enumerate(p.cells):
+        u = cell.units
+        nr = _rec_weights(cell).shape[1]
+        h, c, r = f"hwb_h{li}", f"hwb_c{li}", f"hwb_r{li}"
+        names.append((h, c, r, u, nr))
+        # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
+        out += [f"static float {h}[HWB_NW + 2][{_pad(u)}] A64;", f"static float {c}[HWB_NW + 2][{_pad(u)}] A64;",
+                f"static float {r}[HWB_NW + 2][{_pad(nr)}] A64;"]
+    g0u = _gates(p.cells[0]) * p.cells[0].units
+    out += [f"static float hwb_zx[{_pad(g0u)}] A64, hwb_szx[{_pad(g0u)}] A64, hwb_tzx[{_pad(g0u)}] A64;"]
+    # the step's per-step layers and the first layer's input projection, shared by the windows
+    e.line(f"float xt[{_pad(p.step)}] A64;")
+    e.line(f"for (int i = 0; i < {p.step}; i++) xt[i] = x[i];")
+    for layer in p.prefix:
+        e.layer(layer, "xt", (p.step,), None, (p.step,))
+    ib0, _ = _biases(p.cells[0])
+    e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
+    fns = e.function("hwb_in(const float *restrict x, float *restrict zx)")
+    for li, cell in enumerate(p.cells):
+        fns += _cell(e, li, cell, names)
+        h, _, r, u, nr = names[li]
+        e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
+        fns += e.function(f"hwb_rec{li}(int slot)")
+    fns += _head(e, p, names[-1][0])
+    lines = [*out, *e.consts, "", *fns]
+    n = len(p.cells)
+    tick = " ".join(f"hwb_cell{li}(slot, zx);" for li in range(n))
+    rec = " ".join(f"hwb_rec{li}(slot);" for li in range(n))
+    zero = " ".join(f"__builtin_memset({h}[slot], 0, sizeof {h}[slot]); __builtin_memset({c}[slot], 0, sizeof {c}[slot]);"
+                    for h, c, _, _, _ in names)
+    copy = " ".join(f"__builtin_memcpy({a}[d], {a}[s], sizeof {a}[d]);" for h, c, r, _, _ in names for a in (h, c, r))
+    last_h = names[-1][0]
+    lines += [
+        f"static void hwb_tick(int slot, const float *zx) {{ {tick} }}",
+        f"static void hwb_rec_all(int slot) {{ {rec} }}",
+        f"static void hwb_zero(int slot) {{ {zero} hwb_rec_all(slot); }}",
+        f"static void hwb_copy(int d, int s) {{ {copy} }}",
+        "int hwb_model_prepare(void) {",
+        "    if (!hwb_pend) return 0;",
+        "    for (int s = 0; s < HWB_NW; s++) if (s != hwb_f) { hwb_tick(s, hwb_zx); hwb_rec_all(s); }",
+        "    hwb_zero(hwb_f);",
+        "    hwb_f = hwb_f + 1 == HWB_NW ? 0 : hwb_f + 1;",
+        "    hwb_pend = 0;", "    return 0;", "}",
+        "int hwb_model_push(const float *x, float *y) {",
+        "    if (hwb_pend) hwb_model_prepare();",
+        "    hwb_in(x, hwb_zx);", "    hwb_tick(hwb_f, hwb_zx);", f"    hwb_head({last_h}[hwb_f], y);",
+        "    hwb_pend = 1;", "    return 0;", "}",
+        "int hwb_model_reset(void) {",
+        f"    static const float zeros[{_pad(p.step)}] A64;",
+        "    hwb_pend = 0; hwb_f = 0;",
+        "    hwb_in(zeros, hwb_tzx); hwb_zero(HWB_NW + 1);",
+        "    for (int age = 0; age < HWB_NW; age++) {",
+        "        hwb_copy((hwb_f + HWB_NW - 1 - age) % HWB_NW, HWB_NW + 1);",
+        "        if (age + 1 < HWB_NW) { hwb_tick(HWB_NW + 1, hwb_tzx); hwb_rec_all(HWB_NW + 1); }",
+        "    }", "    return 0;", "}",
+        "int hwb_model_stream_prepare(void) { if (hwb_spend) { hwb_rec_all(HWB_NW); hwb_spend = 0; } return 0; }",
+        "int hwb_model_stream_push(const float *x, float *y) {",
+        "    if (hwb_spend) hwb_model_stream_prepare();",
+        f"    hwb_in(x, hwb_szx); hwb_tick(HWB_NW, hwb_szx); hwb_head({last_h}[HWB_NW], y);",
+        "    hwb_spend = 1;", "    return 0;", "}",
+        "int hwb_model_stream_reset(void) { hwb_zero(HWB_NW); hwb_spend = 0; return 0; }",
+        "__attribute__((constructor)) static void hwb_window_init(void) { hwb_model_reset(); hwb_model_stream_reset(); }",
+        ""]
+    return "\n".join(lines)
+
+
+def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+    """``hwb_cell<li>(slot, zx)``: one step of layer ``li`` for window ``slot``, from its
+    prepared recurrent product ``r`` (which it overwrites) and its input: the shared ``zx``
+    for the first layer, the layer below's new state otherwise."""
+    h, c, r, u, _ = names[li]
+    hs, cs, rs = f"{h}[slot]", f"{c}[slot]", f"{r}[slot]"
+    g = _gates(cell)
+    ib, _ = _biases(cell)
+    if li == 0:
+        zx = "zx"
+    elif cell.cell == "lstm":
+        zx = ""
+    else:
+        zx = e.buf(g * u)
+    below = (f"{names[li - 1][0]}[slot]", names[li - 1][3]) if li else None
+    if cell.cell == "lstm":
+        if below is None:
+            e.line(f"for (int j = 0; j < {g * u}; j++) {rs}[j] += zx[j];")
+        else:
+            e.matvec([below], rs, g * u, cell.kernel, None, accumulate=True)
+        e.lstm_gates(rs, cs, hs, u)
+        return e.function(f"hwb_cell{li}(int slot, const float *restrict zx)")
+    if below is not None:
+        e.matvec([below], zx, g * u, cell.kernel, ib)
+    if cell.reset_after:
+        e.line(f"for (int j = 0; j < {u}; j++) {{ const float zg = hwb_sigmoid({zx}[j] + {rs}[j]), "
+               f"rg = hwb_sigmoid({zx}[{u} + j] + {rs}[{u} + j]), "
+               f"hh = hwb_tanh({zx}[{2 * u} + j] + rg * {rs}[{2 * u} + j]); "
+               f"{hs}[j] = zg * {hs}[j] + (1.0f - zg) * hh; }}")
+    else:  # the candidate's recurrent term multiplies r·h: its matvec is on the push
+        z, hz, rh = e.buf(u), e.buf(2 * u), e.buf(u)
+        e.line(f"for (int j = 0; j < {2 * u}; j++) {hz}[j] = hwb_sigmoid({zx}[j] + {rs}[j]);")
+        e.line(f"for (int j = 0; j < {u}; j++) {{ {rh}[j] = {hz}[{u} + j] * {hs}[j]; {z}[j] = {zx}[{2 * u} + j]; }}")
+        e.matvec([(rh, u)], z, u, np.ascontiguousarray(cell.recurrent[:, 2 * u:]), None, accumulate=True)
+        e.line(f"for (int j = 0; j < {u}; j++) {{ const float zg = {hz}[j], hh = hwb_tanh({z}[j]); "
+               f"{hs}[j] = zg * {hs}[j] + (1.0f - zg) * hh; }}")
+    return e.function(f"hwb_cell{li}(int slot, const float *restrict zx)")
+
+
+def _head(e: _StepEmitter, p: Plan, h: str) -> list[str]:
+    """``hwb_head(h, y)``: the head layers on a copy of the last layer's state."""
+    u = p.cells[-1].units
+    e.line(f"float hv[{_pad(u)}] A64;")
+    e.line(f"for (int j = 0; j < {u}; j++) hv[j] = h[j];")
+    producing = [i for i, layer in enumerate(p.head) if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
+    last = producing[-1] if producing else -1
+    cur, shape = "hv", (u,)
+    for i, layer in enumerate(p.head):
+        out_shape = layer.out_shape(shape)
+        e.cur = 1_000_000 + i  # no layer of the net: no conv epilogue fused into it
+        cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
+        shape = out_shape
+    if last < 0:
+        e.line(f"for (int j = 0; j < {int(np.prod(shape))}; j++) y[j] = {cur}[j];")
+    return e.function("hwb_head(const float *restrict h, float *restrict y)")
+
+
+def emit_recompute(window: int, step: int) -> str:
+    """The recompute form's C: the window in a doubled ring, ``hwb_one`` on it each tick."""
+    return "\n".join([
+        f"#define HWB_NW {window}", f"#define HWB_STEP {step}",
+        "static float hwb_ring[2 * HWB_NW * HWB_STEP] A64;", "static int hwb_k;",
+        "int hwb_model_push(const float *x, float *y) {",
+        "    __builtin_memcpy(hwb_ring + hwb_k * HWB_STEP, x, 4 * HWB_STEP);",
+        "    __builtin_memcpy(hwb_ring + (hwb_k + HWB_NW) * HWB_STEP, x, 4 * HWB_STEP);",
+        "    hwb_one(hwb_ring + (hwb_k + 1) * HWB_STEP, y);",
+        "    hwb_k = hwb_k + 1 == HWB_NW ? 0 : hwb_k + 1;", "    return 0;", "}",
+        "int hwb_model_prepare(void) { return 0; }",
+        "int hwb_model_reset(void) { __builtin_memset(hwb_ring, 0, sizeof hwb_ring); hwb_k = 0; return 0; }",
+        "int hwb_model_stream_push(const float *x, float *y) { (void)x; (void)y; return -1; }",
+        "int hwb_model_stream_prepare(void) { return -1; }",
+        "int hwb_model_stream_reset(void) { return -1; }", ""])
+
+
+@dataclass
+class WindowC:
+    """What :func:`emit` gives the target: the C to append, its header lines, the metadata."""
+
+    code: str
+    header: str
+    meta: dict[str, Any]
+
+
+def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str]) -> WindowC:
+    """The sliding window's and stream's C for a model of input ``in_shape`` (``net``: its
+    layer IR, None for the fixed-point path, which takes the recompute form)."""
+    window = int(in_shape[0]) if in_shape else 1
+    step = int(np.prod(in_shape[1:])) if len(in_shape) > 1 else 1
+    p = plan(net, precision) if net is not None else None
+    form = "incremental" if p is not None else "recompute"
+    code = emit_incremental(net, p, requires) if p is not None else emit_recompute(window, step)  # type: ignore[arg-type]
+    header = HEADER.format(window=window, step=step, form=form, stream=int(p is not None))
+    return WindowC("/* ---- the sliding window and the stream (plugins/cpu_native/sliding.py) ---- */\n"
+                   + code, header, {"form": form, "window": window, "step": step, "stream": p is not None})
+
+
+HEADER = """
+/* The sliding window (hwbackends/sliding.py): hwb_model_push(x_t, y) takes one step's
+   HWB_MODEL_STEP_SIZE floats and writes into y (HWB_MODEL_OUTPUT_SIZE floats) what
+   hwb_model_predict gives on the window of the last HWB_MODEL_WINDOW steps, zero state at its
+   start, zero-filled before it is full; then call hwb_model_prepare() off the critical path
+   (push runs it first when it was not). hwb_model_reset() empties the window. The stream
+   (HWB_MODEL_STREAM 1 only, else they return -1): state never reset between pushes, zeroed by
+   hwb_model_stream_reset(). Both keep their state in this library (it is initialised when the
+   library loads): one caller at a time, not reentrant. Return 0. */
+#define HWB_MODEL_WINDOW {window}
+#define HWB_MODEL_STEP_SIZE {step}
+#define HWB_MODEL_SLIDING "{form}"
+#define HWB_MODEL_STREAM {stream}
+int hwb_model_push(const float *x_t, float *y);
+int hwb_model_prepare(void);
+int hwb_model_reset(void);
+int hwb_model_stream_push(const float *x_t, float *y);
+int hwb_model_stream_prepare(void);
+int hwb_model_stream_reset(void);
+"""
+
+# -- the extension's entries ---------------------------------------------------------------
+EXT_DEFS = r"""
+/* The sliding window's and stream's entries (plugins/cpu_native/sliding.py): METH_FASTCALL
+   push(x_t, out) and step(x_t, out) (push, then prepare), over the buffer protocol; a wrong
+   array calls the check set by window_check(), which raises the core's InputError. */
+static const Py_ssize_t SXSHAPE[] = {@SXSHAPE@};
+static PyObject *window_check_fn = NULL, *window_err = NULL;
+
+static PyObject *window_fail(PyObject *const *args, Py_ssize_t nargs) {
+    if (window_check_fn != NULL) {
+        PyObject *r = PyObject_Vectorcall(window_check_fn, args, (size_t)nargs, NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    PyErr_SetString(window_err ? window_err : PyExc_TypeError, "push_into(x_t, out): x_t must be a "
+                    "C-contiguous float32 array of one step's shape and out a writeable one of the output's");
+    return NULL;
+}
+
+static PyObject *window_call(PyObject *const *args, Py_ssize_t nargs, int (*push)(const float *, float *),
+                             int (*prepare)(void)) {
+    if (nargs != 2) return window_fail(args, nargs);
+    Py_buffer xb, yb;
+    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        return window_fail(args, nargs);
+    }
+    if (PyObject_GetBuffer(args[1], &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&xb);
+        return window_fail(args, nargs);
+    }
+    if (!shape_is(&xb, SXSHAPE, @SXND@) || !shape_is(&yb, YSHAPE + 1, @YND@ - 1)) {
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&yb);
+        return window_fail(args, nargs);
+    }
+    int rc = push((const float *)xb.buf, (float *)yb.buf);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&yb);
+    if (rc != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "this artifact has no stream form");
+        return NULL;
+    }
+    if (prepare != NULL) prepare();
+    Py_RETURN_NONE;
+}
+
+static PyObject *w_push(PyObject *m, PyObject *const *a, Py_ssize_t n) { return window_call(a, n, hwb_model_push, NULL); }
+static PyObject *w_step(PyObject *m, PyObject *const *a, Py_ssize_t n) {
+    return window_call(a, n, hwb_model_push, hwb_model_prepare);
+}
+static PyObject *s_push(PyObject *m, PyObject *const *a, Py_ssize_t n) { return window_call(a, n, hwb_model_stream_push, NULL); }
+static PyObject *s_step(PyObject *m, PyObject *const *a, Py_ssize_t n) {
+    return window_call(a, n, hwb_model_stream_push, hwb_model_stream_prepare);
+}
+static PyObject *w_prepare(PyObject *m, PyObject *u) { hwb_model_prepare(); Py_RETURN_NONE; }
+static PyObject *w_reset(PyObject *m, PyObject *u) { hwb_model_reset(); Py_RETURN_NONE; }
+static PyObject *s_prepare(PyObject *m, PyObject *u) { hwb_model_stream_prepare(); Py_RETURN_NONE; }
+static PyObject *s_reset(PyObject *m, PyObject *u) { hwb_model_stream_reset(); Py_RETURN_NONE; }
+static PyObject *window_check(PyObject *m, PyObject *args) {
+    PyObject *fn, *err;
+    if (!PyArg_ParseTuple(args, "OO", &fn, &err)) return NULL;
+    Py_XSETREF(window_check_fn, Py_NewRef(fn));
+    Py_XSETREF(window_err, Py_NewRef(err));
+    Py_RETURN_NONE;
+}
+"""
+
+EXT_METHODS = r"""
+    {"push_into", (PyCFunction)(void (*)(void))w_push, METH_FASTCALL, "the window: push one step"},
+    {"step_into", (PyCFunction)(void (*)(void))w_step, METH_FASTCALL, "the window: push, then prepare"},
+    {"stream_push_into", (PyCFunction)(void (*)(void))s_push, METH_FASTCALL, "the stream: push one step"},
+    {"stream_step_into", (PyCFunction)(void (*)(void))s_step, METH_FASTCALL, "the stream: push, then prepare"},
+    {"prepare", w_prepare, METH_NOARGS, "the window: prepare the next tick"},
+    {"reset", w_reset, METH_NOARGS, "the window: empty it"},
+    {"stream_prepare", s_prepare, METH_NOARGS, "the stream: prepare the next step"},
+    {"stream_reset", s_reset, METH_NOARGS, "the stream: zero its state"},
+    {"window_check", window_check, METH_VARARGS, "window_check(check, InputError)"},"""
+
+
+def ext_parts(in_shape: tuple[int, ...]) -> tuple[str, str]:
+    """The extension's definitions and method-table entries for one artifact."""
+    step = tuple(in_shape[1:])
+    defs = EXT_DEFS.replace("@SXSHAPE@", ", ".join(map(str, step)) or "0").replace("@SXND@", str(len(step)))
+    return defs, EXT_METHODS
+
+
+# -- the executor's hook -------------------------------------------------------------------
+#: The Steps last handed out per loaded library and semantics (the state they run on).
+_LIVE: "weakref.WeakKeyDictionary[Any, dict[bool, Steps]]" = weakref.WeakKeyDictionary()
+
+
+def steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+          *, stateful: bool, auto_prepare: bool) -> Steps | None:
+    """The :class:`Steps` over the library's window (``stateful``: its stream), reset; None
+    when the artifact has none (built before it, or no stream form)."""
+    info = meta.get("sliding")
+    if not info or not hasattr(module, "push_into") or (stateful and not info.get("stream")):
+        return None
+    module.window_check(functools.partial(_check, tuple(in_shape[1:]), tuple(out_shape)), InputError)
+    live = _LIVE.setdefault(module, {})
+    old = live.get(stateful)
+    if old is not None:
+        old.revoke("this window was replaced: a later sliding()/streaming() on the same cpu.native "
+                   "library took over its state (one window and one stream per loaded model); use "
+                   "the newest")
+    if stateful:
+        module.stream_reset()
+        s = Steps(module.stream_step_into if auto_prepare else module.stream_push_into,
+                  module.stream_prepare, module.stream_reset, "incremental")
+    else:
+        module.reset()
+        s = Steps(module.step_into if auto_prepare else module.push_into, module.prepare,
+                  module.reset, info["form"])
+    live[stateful] = s
+    return s
+
+
+def _check(step: tuple[int, ...], out_shape: tuple[int, ...], *args: Any) -> None:
+    if len(args) != 2:
+        raise TypeError(f"push_into takes 2 arguments (x_t, out); got {len(args)}")
+    check_step(args[0], args[1], step, out_shape)
+

@@ -1,0 +1,41 @@
+"""The reference answers of a sliding window, from ``predict_into`` on each window itself
+(tests/test_sliding*.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def window_answers(cm, xs: np.ndarray, starts: set[int] = frozenset()) -> np.ndarray:
+    """predict_into on the window ending at each step of ``xs``, zero-filled before it is full;
+    the window empties before each index in ``starts`` (a reset)."""
+    t = cm.input.shape[0]
+    out = np.zeros((len(xs), *cm.output.shape), np.float32)
+    y = np.zeros(cm.output.batched(cm.batch_size), np.float32)
+    x = np.zeros(cm.input.batched(cm.batch_size), np.float32)
+    begin = 0
+    for i in range(len(xs)):
+        if i in starts:
+            begin = i
+        win = np.zeros(cm.input.shape, np.float32)
+        seen = xs[max(begin, i - t + 1):i + 1]
+        win[t - len(seen):] = seen
+        x[0] = win
+        cm.predict_into(x, y)
+        out[i] = y[0]
+    return out
+
+
+def push_all(w, xs: np.ndarray, out_shape: tuple[int, ...], resets: set[int] = frozenset(),
+             prepare_every: int = 0) -> np.ndarray:
+    """``w.push_into`` over every step of ``xs`` (``reset()`` before each index in ``resets``,
+    ``prepare()`` after every ``prepare_every``-th push when it is not 0)."""
+    got = np.zeros((len(xs), *out_shape), np.float32)
+    out = np.zeros(out_shape, np.float32)
+    for i in range(len(xs)):
+        if i in resets:
+            w.reset()
+        w.push_into(xs[i, ...], out)
+        got[i] = out
+        if prepare_every and i % prepare_every == 0:
+            w.prepare()
+    return got

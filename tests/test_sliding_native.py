@@ -1,0 +1,137 @@
+"""cpu.native's incremental sliding window and stream (plugins/cpu_native/sliding.py), through
+the public API: random recurrent Keras models (LSTM/GRU stacks, both GRU forms, a per-step
+activation before them, a Dense head) compiled, then ``sliding().push_into`` against
+``predict_into`` on the same window over many ticks, with resets and prepare patterns; the
+stream against the layer IR's float64 reference over a sequence longer than the window.
+``HWB_SLIDING_EXAMPLES`` raises the number of random models (default 3)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sliding_ref import push_all, window_answers
+
+import hwbackends as hwb
+from hwbackends.errors import InputError, UnsupportedError
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+EXAMPLES = int(os.environ.get("HWB_SLIDING_EXAMPLES", "3"))
+#: The issue's bound on |push_into - predict_into| in fp32, over the answers' scale.
+FP32_ERR = 1e-5
+
+cells = st.lists(st.tuples(st.sampled_from(["lstm", "gru", "gru_v1"]), st.integers(1, 12)),
+                 min_size=1, max_size=3)
+
+
+def recurrent_model(seed: int, window: int, features: int, stack, prefix: bool, head: int):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((window, features), name="window")]
+    if prefix:
+        layers.append(keras.layers.Activation("tanh", name="squash"))
+    for i, (kind, units) in enumerate(stack):
+        seq = i + 1 < len(stack)
+        if kind == "lstm":
+            layers.append(keras.layers.LSTM(units, return_sequences=seq, name=f"rec{i}"))
+        else:
+            layers.append(keras.layers.GRU(units, return_sequences=seq, reset_after=kind == "gru",
+                                           name=f"rec{i}"))
+    if head:
+        layers.append(keras.layers.Dense(head, activation="relu", name="hidden"))
+    layers.append(keras.layers.Dense(2, name="signal"))
+    m = keras.Sequential(layers, name="sliding_rand")
+    rng = np.random.default_rng(seed)  # biases too, so a zero window's state is not zero
+    m.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in m.get_weights()])
+    return m
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), window=st.integers(1, 9), features=st.integers(1, 6), stack=cells,
+       prefix=st.booleans(), head=st.sampled_from([0, 5]), data=st.data())
+def test_incremental_window_equals_predict_into_on_the_window(store_dir, seed, window, features, stack,
+                                                              prefix, head, data):
+    km = recurrent_model(seed, window, features, stack, prefix, head)
+    cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
+    assert cm.artifact.meta["sliding"]["form"] == "incremental"
+    n = data.draw(st.integers(1, 3 * window + 8), label="ticks")
+    resets = data.draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2), label="resets")
+    auto = data.draw(st.booleans(), label="auto_prepare")
+    every = data.draw(st.integers(0, 2), label="prepare_every")
+    xs = np.random.default_rng(seed + 1).normal(0, 1.5, (n, features)).astype(np.float32)
+    w = cm.sliding(auto_prepare=auto)
+    assert w.form == "incremental"
+    got = push_all(w, xs, tuple(cm.output.shape), resets, every)
+    want = window_answers(cm, xs, {r for r in resets if r < n})
+    err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
+    assert err <= FP32_ERR, (err, got, want)
+    # the stream: state never reset; after `window` pushes it is the window from zero state
+    s = cm.streaming(auto_prepare=auto)
+    long = np.concatenate([xs, xs[::-1]])
+    got_s = push_all(s, long, tuple(cm.output.shape), prepare_every=every)
+    ref = _ir_reference(km, long)
+    np.testing.assert_allclose(got_s, ref, atol=FP32_ERR * max(1.0, np.abs(ref).max()), rtol=0)
+
+
+def _ir_reference(km, seq: np.ndarray) -> np.ndarray:
+    """The float64 layer-IR model on every prefix of ``seq`` (the stream's answers)."""
+    from hwb_plugins._shared import layer_ir
+
+    net = layer_ir.extract(hwb.load_model(km), "test")
+    return np.array([layer_ir.forward(net, seq[None, :i + 1])[-1][0] for i in range(len(seq))],
+                    np.float32)
+
+
+@pytest.fixture(scope="module")
+def lstm_native(compiled):
+    return compiled("lstm", "cpu.native")
+
+
+def test_zoo_lstm_over_many_ticks(lstm_native):
+    """2,000 ticks of the zoo LSTM (window 16): every answer within 1e-5 of predict_into's."""
+    cm = lstm_native
+    xs = np.random.default_rng(7).normal(size=(2000, 8)).astype(np.float32)
+    got = push_all(cm.sliding(), xs, (1,))
+    want = window_answers(cm, xs)
+    assert np.abs(got - want).max() <= FP32_ERR * max(1.0, np.abs(want).max())
+
+
+def test_a_second_window_takes_over_and_the_first_says_so(lstm_native):
+    a = lstm_native.sliding()
+    out = np.zeros(1, np.float32)
+    a.push_into(np.ones(8, np.float32), out)
+    b = lstm_native.sliding()
+    with pytest.raises(UnsupportedError, match="replaced"):
+        a.push_into(np.ones(8, np.float32), out)
+    b.push_into(np.ones(8, np.float32), out)  # the new one starts from an empty window
+    np.testing.assert_array_equal(out, window_answers(lstm_native, np.ones((1, 8), np.float32))[0])
+
+
+def test_native_push_refuses_wrong_arrays(lstm_native):
+    w = lstm_native.sliding()
+    out = np.zeros(1, np.float32)
+    for x, o, msg in [(np.zeros((1, 8), np.float32), out, r"x_t has shape \(1, 8\)"),
+                      (np.zeros(8), out, "dtype float64"),
+                      (np.zeros(16, np.float32)[::2], out, "C-contiguous"),
+                      (np.zeros(8, np.float32), np.zeros(2, np.float32), r"out has shape \(2,\)")]:
+        with pytest.raises(InputError, match=msg):
+            w.push_into(x, o)
+
+
+def test_models_without_an_incremental_form_recompute_in_c(compiled):
+    """The conv1d (no incremental form yet) and the mlp (a window of 64 scalars) take the
+    recompute form in C: predict's own function on the ring, so equal bit for bit; no stream."""
+    for name, step in (("conv1d", (8,)), ("mlp", ())):
+        cm = compiled(name, "cpu.native")
+        assert cm.artifact.meta["sliding"]["form"] == "recompute"
+        xs = np.random.default_rng(3).normal(size=(cm.input.shape[0] + 9, *step)).astype(np.float32)
+        w = cm.sliding()
+        assert w.form == "recompute"
+        np.testing.assert_array_equal(push_all(w, xs, tuple(cm.output.shape)), window_answers(cm, xs))
+        with pytest.raises(UnsupportedError, match="no streaming form"):
+            cm.streaming()
