@@ -90,11 +90,22 @@ class Cost:
 
 @dataclass(frozen=True)
 class Limits:
-    """What a model may cost (see :data:`LIMITS`); ``0`` turns a limit off."""
+    """What a model may cost (see :data:`LIMITS`): numbers, or text as the environment
+    variables take it (``"8G"``, ``"1e11"``); ``0`` turns a limit off."""
 
-    weights: float = LIMITS["weights"][1]
-    activations: float = LIMITS["activations"][1]
-    macs: float = LIMITS["macs"][1]
+    weights: float | str = LIMITS["weights"][1]
+    activations: float | str = LIMITS["activations"][1]
+    macs: float | str = LIMITS["macs"][1]
+
+    def __post_init__(self) -> None:
+        for key, (_, _, _, unit) in LIMITS.items():
+            v = getattr(self, key)
+            text = v if isinstance(v, str) else repr(v) if isinstance(v, (int, float)) else None
+            if text is None or isinstance(v, bool):
+                raise ConfigError(f"Limits({key}=…) must be a number or a size such as '8G'; "
+                                  f"got {type(v).__name__}")
+            object.__setattr__(self, key, parse_limit(text, "count" if not isinstance(v, str)
+                                                      else unit, f"Limits({key}=…)"))
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Limits:
@@ -119,11 +130,24 @@ class Limits:
                 (f"{value:.3g}", f"{limit:.3g}")
             extra = (f" (× {SAMPLES_PER_PASS} validation samples ≈ "
                      f"{fmt_bytes(int(value) * SAMPLES_PER_PASS)})") if key == "activations" else ""
+            want = _suggest(value, unit)
             raise CostError(
                 f"model {name!r} declares {shown} of {what}{extra}, over the limit of {cap}; "
                 f"refused before any work on it. If the model is meant to be this large, "
-                f"raise the limit: {var}=VALUE in the environment, hwb compile --limit {key}=VALUE, "
-                f"or load_model/compile(..., limits=Limits({key}=VALUE)); 0 turns it off")
+                f"raise the limit: {var}={want} in the environment, hwb compile --limit "
+                f"{key}={want}, or load_model/compile(..., limits=hwbackends.cost.Limits("
+                f"{key}={want!r})); 0 turns it off")
+
+
+def _suggest(value: float, unit: str) -> str:
+    """A limit just above ``value``, as a person writes it: ``128M``, ``64G``, ``1e+11``."""
+    if unit != "bytes":
+        return f"{10.0 ** math.ceil(math.log10(max(value, 1.0))):.0e}"
+    for suffix, size in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        n = math.ceil(value / size)
+        if n < 1024 or suffix == "T":
+            return f"{1 << max(0, n - 1).bit_length()}{suffix}"
+    return str(int(value))
 
 
 def parse_limit(text: str, unit: str, what: str) -> float:

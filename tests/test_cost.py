@@ -89,7 +89,7 @@ def test_million_step_window_is_refused_by_hwb_compile_fast_and_small(tmp_path):
     assert r["rc"] != 0, r
     msg = r["out"]
     assert "CostError" in msg and "activation" in msg and "over the limit of 16.0 MiB" in msg, msg
-    assert "HWB_MAX_ACTIVATIONS" in msg and "--limit activations=" in msg, msg
+    assert "HWB_MAX_ACTIVATIONS=128M" in msg and "--limit activations=128M" in msg, msg
     assert "Traceback" not in msg
     assert r["rss"] < 1 * GIB, f"peak RSS {r['rss'] / GIB:.2f} GiB"
     assert r["seconds"] < 30, r["seconds"]  # most of it is the interpreter's start and imports
@@ -213,3 +213,6 @@ def test_limit_values_are_checked():
     with pytest.raises(ConfigError, match="NAME one of weights, activations, macs"):
         limits_from_items(["flops=3"])
     assert limits_from_items(["weights=0"]).weights == 0
+    assert Limits(activations="128M").activations == 128 << 20 and Limits(macs=1e11).macs == 1e11
+    with pytest.raises(ConfigError, match="must be a number or a size"):
+        Limits(weights=[1])
