@@ -24,6 +24,8 @@ import hwbackends
 from hwbackends.bench import BenchResults
 from hwbackends.bench.profile import LatencyProfile, summarize
 from hwbackends.cli import EXIT_CODES, build_parser, main, split_list
+from hwbackends.specs import Availability
+from hwbackends.target import Target
 
 HWB = shutil.which("hwb", path=str(Path(sys.executable).parent)) or "hwb"
 
@@ -283,3 +285,51 @@ def test_compare_fails_on_a_variant_that_failed_in_new(hwb_cli, measured: Path, 
 def test_compare_of_a_missing_file_is_an_error(hwb_cli, measured: Path, tmp_path: Path):
     rc, _, err = hwb_cli("compare", str(measured), str(tmp_path / "nope.json"))
     assert rc == 1 and "does not exist" in err
+
+
+# -- route --explain prints no traceback ----------------------------------------------------------
+class _BoomTarget(Target):
+    """Compiles nothing: raises with a traceback-like multi-line message, as a converter's
+    crash inside the compile worker reads."""
+
+    name = "cpu.hwbt_boom"
+    family = "cpu"
+    formats = ("keras",)
+    description = "test target whose compile fails with a multi-line error"
+
+    def probe(self) -> Availability:
+        return Availability.hardware("CPU (test)")
+
+    def toolchain(self) -> dict[str, str]:
+        return {"hwbt": "1"}
+
+    def compile(self, model, options, workdir):
+        raise RuntimeError("the converter crashed\nTraceback (most recent call last):\n"
+                           "  File \"conv.py\", line 7, in convert\nValueError: deep inside")
+
+    def load(self, artifact, options):  # pragma: no cover - never built
+        raise AssertionError
+
+
+def test_route_explain_prints_an_error_on_one_line(hwb_cli, monkeypatch, tmp_path: Path, store_dir: Path):
+    from hwbackends import hookimpl, registry
+
+    reg = registry.build_registry()
+    plug = type(sys)("hwbt_boom_plugin")
+    plug.hwb_targets = hookimpl(lambda: [_BoomTarget()])
+    reg.register(plug, "hwbt_boom")
+    monkeypatch.setattr(registry, "_REGISTRY", reg)
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[tiers.fast]\np99_us = 1000\n[router]\nisolate_compile = false\n'
+                   '[strategies.a]\nmodel = "zoo:mlp"\ntier = "fast"\ntargets = ["cpu.hwbt_boom"]\n')
+    rc, out, err = hwb_cli("route", str(cfg), "--explain", "--cache-dir", str(store_dir))
+    rc2, plain, _ = hwb_cli("route", str(cfg), "--cache-dir", str(store_dir))
+    assert rc2 == 1 and "Traceback" not in plain and "the converter crashed" in plain
+    assert rc == 1  # no variant for the strategy
+    row = next(line for line in out.splitlines() if line.strip().startswith("cpu.hwbt_boom"))
+    assert "failed" in row and "the converter crashed" in row and "--json has the whole error" in row
+    assert "Traceback" not in out and "deep inside" not in out, out
+    rc, out, _ = hwb_cli("route", str(cfg), "--json", "--cache-dir", str(store_dir))
+    (strategy,) = json.loads(out)["strategies"]
+    (cand,) = strategy["candidates"]
+    assert "ValueError: deep inside" in cand["reasons"][0]  # the whole error, not cut

@@ -11,6 +11,7 @@ import pytest
 
 from hwbackends.bench import Batch, BenchResults, Burst, Server, SingleStream, bench_model
 from hwbackends.report import write_report
+from hwbackends.units import fmt_us
 
 CONFIG = """
 [tiers.fast]
@@ -76,7 +77,44 @@ def test_emulated_profiles_are_labelled(results, tmp_path) -> None:
     html = write_report(res, tmp_path / "e.html").read_text()
     assert "EMULATED" in html and "Emulated figures" in html
     assert "not</b> how fast the hardware would be" in html
-    assert "fastest emulated variant (not hardware)" in html
+    # The summary names the emulated variants and gives no latency figure for them: a
+    # stand-in's time would read as the device's ("fastest emulated 2.34 µs (Edge TPU)").
+    summary = html[html.index("<h2>Summary</h2>"):html.index("Routing decision per tier")]
+    assert "emulated variants (no device latency)" in summary and "ref:fp32" in summary
+    assert "fastest emulated" not in html
+    emu_p99 = next(p.p99_us for p in res.profiles if p.emulated and p.scenario == "single-stream")
+    assert fmt_us(emu_p99) not in summary
+
+
+def test_report_folds_long_text_counts_failures_and_other_models(results, tmp_path, capsys) -> None:
+    """Through `hwb report`: a long error and routing reasons are whole (the first part opens
+    a fold holding all of it, no silent cut at 200/240 characters), failed variants are
+    counted in the summary, and a strategy of a model this run did not measure is shown as
+    such instead of counting as one of this run's strategies over budget; p95 in the tables."""
+    from hwbackends.cli import main
+    from hwbackends.variant import VariantRecord
+
+    res = copy.deepcopy(results)
+    tail = "the last line of a long traceback: " + "x" * 20
+    error = "CompileError: compiling failed\n" + "  File 'conv.py', line 1\n" * 30 + tail
+    res.variants.append(VariantRecord.failed("cpu.onnxruntime", "int8", "hardware", error))
+    reason = "rejected: " + "because " * 60 + "END-OF-REASON"
+    res.routing[0]["candidates"][0]["reasons"] = [reason]
+    other = copy.deepcopy(res.routing[1]) | {"strategy": "lstm_desk", "model": "zoo:lstm",
+                                             "model_in_run": False, "chosen": None,
+                                             "meets_budget": False, "candidates": []}
+    res.routing.append(other)
+    path = res.save(tmp_path / "r.json")
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
+    capsys.readouterr()
+    html = (tmp_path / "r.html").read_text()
+    assert tail in html and "END-OF-REASON" in html
+    assert html.count('<details class="long">') >= 2
+    assert "1 failed" in html
+    summary = html[html.index("<h2>Summary</h2>"):html.index("Routing decision per tier")]
+    assert "1 / 2" in summary and "1 of other models, not in this run" in summary
+    assert "other model (zoo:lstm): not in this run" in html
+    assert "<th class=\"num\">p95</th>" in html
 
 
 def test_cli_report_and_version_error(results, tmp_path, capsys) -> None:
@@ -118,13 +156,14 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     cfg = tmp_path / "s.toml"
     cfg.write_text(CONFIG)
     rc = main(["demo", "--quick", "--targets", "cpu.onnxruntime,ref", "--config", str(cfg),
-               "--out-dir", str(tmp_path / "demo"), "--cache-dir", str(store_dir)])
+               "-o", str(tmp_path / "demo"), "--cache-dir", str(store_dir)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "routing (examples: s.toml)" in out and "report:" in out
     res = BenchResults.load(tmp_path / "demo" / "results.json")
     assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst"}
     assert [r["strategy"] for r in res.routing] == ["a", "b"]
+    assert all(r["model"] == "zoo:signal" and r["model_in_run"] for r in res.routing)
     assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
 
 

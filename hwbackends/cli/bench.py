@@ -163,7 +163,21 @@ def route_measured(res: "BenchResults", cfg: "StrategiesFile") -> list[dict[str,
     from ..router.plan import decide_from_results
 
     reg = get_registry()
-    return [decide_from_results(res, name, s, cfg, reg).to_dict() for name, s in cfg.strategies.items()]
+    return routing_rows(res, cfg, [decide_from_results(res, name, s, cfg, reg)
+                                   for name, s in cfg.strategies.items()])
+
+
+def routing_rows(res: "BenchResults", cfg: "StrategiesFile", decisions: list[Any]) -> list[dict[str, Any]]:
+    """The decisions as the results file keeps them, each with its strategy's ``model`` and
+    whether this run measured that model (``model_in_run``): the report counts a strategy of
+    another model apart, not as one of this run's strategies over budget."""
+    from ..router.plan import unmeasured_model
+
+    rows = []
+    for d in decisions:
+        s = cfg.strategies[d.strategy]
+        rows.append(d.to_dict() | {"model": s.model, "model_in_run": not unmeasured_model(s, res)})
+    return rows
 
 
 def nothing_measured(res: "BenchResults") -> str:

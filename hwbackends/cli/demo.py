@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import CACHE_DIR_HELP, emit, stderr_progress
+from .bench import routing_rows
 from .source import add_data_args, calibration_from_args, model_from_args
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies.toml"
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         router = Router.from_config(args.config, store=args.cache_dir, cache=cache, strict=False,
                                     progress=say, calibration_data=args.calibration_data,
                                     validation_data=args.validation_data)
-        res.routing = [d.to_dict() for d in router.decisions.values()]
+        res.routing = routing_rows(res, cfg, list(router.decisions.values()))
         if cfg_model != {args.model}:
             say(f"note: the strategies use {', '.join(sorted(cfg_model))}; the bench used {args.model}")
     res.command = "hwb " + " ".join(sys.argv[1:]) if sys.argv[1:] else "hwb demo"

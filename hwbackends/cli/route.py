@@ -32,6 +32,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..router import Router
+    from ..router.plan import one_line
 
     if args.fleet_results:
         from ..bench import BenchResults
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                         f"{(c.variant if c else 'NONE'):<30} {(c.mode if c else ''):<9} {p99:>10}"
                         + ("" if d.meets_budget else "  ! over budget" if c else "  ! no variant"))
             if d.note:
-                rows.append(f"{'':<18} {d.note}")
+                rows.append(f"{'':<18} {one_line(d.note)}")
         human = "\n".join(rows)
     emit(args, router.to_dict(), human)
     return 0 if all(d.order for d in router.decisions.values()) else 1

@@ -15,6 +15,7 @@ from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
 from ..units import fmt_us
 from ..variant import machine_key
+from .html import long_text
 
 #: Fingerprint fields compared between machines (libraries are compared one by one).
 MACHINE_FIELDS = (("cpu", "CPU"), ("arch", "arch"), ("cores", "cores"),
@@ -158,7 +159,7 @@ def _machine_section(res: BenchResults, key: str, node: dict[str, Any]) -> str:
         ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == f"{v.target}:{v.precision}"]
         if v.error:
             rows.append([_e(f"{v.target}:{v.precision}"), _badge("failed"), "—", "—", "—", "—",
-                         f'<span class="note">{_e(v.error[:240])}</span>'])
+                         f'<span class="note">{long_text(v.error, 240)}</span>'])
             continue
         how = ("artifact from " + _e(_label(machines(res), v.artifact_from_node))
                if v.artifact_from_node and v.cached else

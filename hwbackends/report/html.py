@@ -43,12 +43,30 @@ td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:now
 .emu-banner{border-left:4px solid var(--warn);background:#fff8ec;padding:8px 12px;margin:10px 0;font-size:13px}
 .plot svg{max-width:100%;height:auto}.over{color:var(--bad);font-weight:600}.ok{color:var(--ok);font-weight:600}
 code{background:#f1f3f6;padding:0 4px;border-radius:3px;font-size:12px}
+details.long summary{cursor:pointer}pre.full{white-space:pre-wrap;word-break:break-word;font-size:11.5px;
+background:#f6f8fb;border:1px solid var(--line);padding:6px 8px;margin:4px 0;max-height:420px;overflow:auto}
 footer{color:var(--mute);font-size:12px;margin-top:26px}
 """
 
 
 def _e(x: Any) -> str:
     return html.escape(str(x))
+
+
+def long_text(text: Any, n: int = 200) -> str:
+    """``text`` escaped, never cut: past ``n`` characters the first ``n`` (and an ellipsis)
+    open a fold that holds all of it (an error with its traceback, every routing reason)."""
+    t = str(text)
+    if len(t) <= n:
+        return _e(t)
+    return (f'<details class="long"><summary>{_e(t[:n].rstrip())}…</summary>'
+            f'<pre class="full">{_e(t)}</pre></details>')
+
+
+def _in_run(r: dict[str, Any]) -> bool:
+    """Whether a routing row's strategy is about the model this run measured (rows written
+    before ``model_in_run`` was kept count as this run's)."""
+    return r.get("model_in_run", True) is not False
 
 
 def _badge(mode: str) -> str:
@@ -80,19 +98,30 @@ def _cards(res: BenchResults) -> str:
         best = min(hw, key=lambda p: p.p99_us)
         cards.append(("fastest hardware variant (p99, batch 1)", fmt_us(best.p99_us),
                       f"{best.variant} · p50 {fmt_us(best.p50_us)} · n={best.n:,}"))
-    emu = [p for p in ss if p.emulated]
-    if emu:
-        b = min(emu, key=lambda p: p.p99_us)
-        cards.append(("fastest emulated variant (not hardware)", fmt_us(b.p99_us), f"{b.variant} · EMULATED"))
+    emu = sorted({p.variant for p in ss if p.emulated})
+    if emu:  # no latency figure here: a stand-in's time is not the device's
+        cards.append(("emulated variants (no device latency)", f"{len(emu)} emulated",
+                      f"{', '.join(emu)}: timed on a stand-in (C-simulation, the CPU instead of "
+                      f"the accelerator), not the hardware; their figures in the tables below "
+                      f"are marked EMULATED"))
     av = res.availability
+    failed = sum(not v.ok for v in res.variants)
     cards.append(("targets", f"{sum(a['mode'] == 'hardware' for a in av)} hw · "
                              f"{sum(a['mode'] == 'emulated' for a in av)} emu · "
                              f"{sum(a['mode'] == 'unavailable' for a in av)} n/a",
-                  f"{sum(v.ok for v in res.variants)} variants compiled"))
-    if res.routing:
-        met = sum(1 for r in res.routing if r.get("meets_budget"))
-        cards.append(("strategies served within budget", f"{met} / {len(res.routing)}",
-                      ", ".join(f"{r['strategy']}→{r['chosen'] or 'none'}" for r in res.routing)))
+                  f"{sum(v.ok for v in res.variants)} variants compiled, {failed} failed"
+                  + (" (see Fidelity, build cost)" if failed else "")))
+    ours = [r for r in res.routing or [] if _in_run(r)]
+    others = [r for r in res.routing or [] if not _in_run(r)]
+    if ours:
+        met = sum(1 for r in ours if r.get("meets_budget"))
+        cards.append(("strategies served within budget", f"{met} / {len(ours)}",
+                      ", ".join(f"{r['strategy']}→{r['chosen'] or 'none'}" for r in ours)
+                      + (f"; {len(others)} of other models, not in this run" if others else "")))
+    elif others:
+        cards.append(("strategies", f"{len(others)} of other models",
+                      f"no strategy of {res.model.get('name', 'this model')} in the strategies "
+                      f"file: {', '.join(sorted({str(r.get('model')) for r in others}))}"))
     return '<div class="cards">' + "".join(
         f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
         f'<div class="d">{_e(d)}</div></div>' for k, v, d in cards) + "</div>"
@@ -105,7 +134,9 @@ def _routing(res: BenchResults) -> str:
     rows = []
     for r in res.routing:
         ok = r.get("meets_budget")
-        verdict = ('<span class="ok">within budget</span>' if ok else
+        verdict = (f'<span class="note">other model ({_e(r.get("model"))}): not in this run</span>'
+                   if not _in_run(r) and not r.get("chosen") else
+                   '<span class="ok">within budget</span>' if ok else
                    '<span class="over">over budget</span>' if r.get("chosen") else
                    '<span class="over">no variant</span>')
         rows.append([_e(r["strategy"]), _e(r["tier"]), fmt_us(r["budget_us"]),
@@ -118,7 +149,8 @@ def _routing(res: BenchResults) -> str:
             'measured interleaved in rounds, so they share the same machine noise. The latency '
             'tables below are separate runs; variants within a few percent of each other may '
             'trade places between the two.</p>')
-    notes = [f"<li><b>{_e(r['strategy'])}</b>: {_e(r['note'])}</li>" for r in res.routing if r.get("note")]
+    notes = [f"<li><b>{_e(r['strategy'])}</b>: {long_text(r['note'], 240)}</li>"
+             for r in res.routing if r.get("note")]
     if notes:
         out += "<ul class='note'>" + "".join(notes) + "</ul>"
     # per-strategy candidate details
@@ -130,7 +162,7 @@ def _routing(res: BenchResults) -> str:
                          f"{f['corr']:.6f}" if "corr" in f else "—",
                          f"{f['max_abs']:.2g}" if "max_abs" in f else "—",
                          f'<span class="badge {"chosen" if c["status"] == "chosen" else c["status"] if c["status"] in ("rejected", "failed", "unavailable") else ""}">{_e(c["status"])}</span> '
-                         + _e("; ".join(c.get("reasons", []))[:240])])
+                         + long_text("; ".join(c.get("reasons", [])), 240)])
         out += (f"<details><summary>{_e(r['strategy'])}: every candidate and why</summary>"
                 + _table(["variant", "mode", "p99", "corr", "max abs", "verdict"], crow, {2, 3, 4})
                 + "</details>")
@@ -269,7 +301,7 @@ def _fidelity_row(v: VariantRecord) -> list[str]:
     if v.error:
         return [_e(v.variant) + (f" (batch {v.batch_size})" if v.batch_size != 1 else ""),
                 _badge("failed"), "—", "—", "—", "—", "—", "—",
-                f'<span class="note">{_e(v.error[:200])}</span>']
+                f'<span class="note">{long_text(v.error, 200)}</span>']
     nan = math.nan
     return [f"<b>{_e(v.variant)}</b>", _badge(v.mode),
             f"{f.corr if f else nan:.6f}", f"{f.max_abs if f else nan:.2g}",
@@ -374,14 +406,14 @@ def _load_note(ps: list[LatencyProfile], res: BenchResults) -> str:
 
 
 def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
-    head = ["variant", "mode", "batch", "n", "p50", "p90", "p99", "p99.9", "max", "samples/s"]
+    head = ["variant", "mode", "batch", "n", "p50", "p90", "p95", "p99", "p99.9", "max", "samples/s"]
     if server:
         head.insert(3, "offered")
         head.append("mean queue wait")
     rows = []
     for p in ps:
         r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
-             str(p.batch_size), f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p99_us),
+             str(p.batch_size), f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p95_us), fmt_us(p.p99_us),
              fmt_us(p.p999_us), fmt_us(p.max_us), f"{p.throughput:,.0f}"]
         if server:
             rate = p.params.get("rate_hz")

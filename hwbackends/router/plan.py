@@ -147,7 +147,7 @@ def explain(d: Decision) -> str:
             + (f"{c.variant} ({c.mode}, p99 {fmt_us(c.p99_us)})" if c else "NO VARIANT"))
     lines = [head]
     if d.note:
-        lines.append(f"  ! {d.note}")
+        lines.append(f"  ! {one_line(d.note)}")
     data = next((x.data for x in d.candidates if x.data and x.data.get("calibration")), None) \
         or next((x.data for x in d.candidates if x.data), None)
     if data:
@@ -161,11 +161,17 @@ def explain(d: Decision) -> str:
         f = x.fidelity or {}
         corr = f"{f['corr']:.6f}" if "corr" in f else "—"
         mx = f"{f['max_abs']:.2g}" if "max_abs" in f else "—"
-        verdict = x.status + (": " + "; ".join(x.reasons) if x.reasons else "")
+        verdict = x.status + (": " + "; ".join(map(one_line, x.reasons)) if x.reasons else "")
         lines.append(f"  {x.variant:<30} {x.mode:<11} {fmt_us(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
     if len(d.order) > 1:
         lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
     return "\n".join(lines)
+
+
+def one_line(reason: str) -> str:
+    """A reason as one table cell: an error's first line (its traceback stays in --json)."""
+    first, _, rest = reason.strip().partition("\n")
+    return first + (f" (+{rest.count(chr(10)) + 1} lines: --json has the whole error)" if rest else "")
 
 
 def allows_emulated(s: "StrategyConfig", cfg: "StrategiesFile") -> bool:
@@ -207,7 +213,7 @@ def judge(rec: VariantRecord, name: str, s: "StrategyConfig", cfg: "StrategiesFi
     c.fidelity = fid.to_dict() if fid else None
     c.data = rec.data
     if rec.error:
-        c.status, c.reasons = "failed", [rec.error[:300]]
+        c.status, c.reasons = "failed", [rec.error]  # whole: --json and the report's fold
         return c
     bad = s.fidelity.tolerance(s.output_kind).violations(fid) if fid else ["no fidelity measured"]
     if bad:
