@@ -75,7 +75,7 @@ class FidelityConfig(_Strict):
     def tolerance(self, kind: str | None = None) -> Tolerance:
         """The gate, for outputs of ``kind`` (the strategy's ``output_kind``; ``None``: as
         each fidelity measured it)."""
-        return Tolerance(**self.model_dump(), kind=kind)
+        return Tolerance(**self.model_dump(), kind=kind, strict=True)
 
     def describe(self) -> str:
         """The gate in words, each value marked as set in the file or the default, and the

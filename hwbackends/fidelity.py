@@ -282,9 +282,12 @@ def _compare_one(reference: np.ndarray, got: np.ndarray, kind: str | None = None
 
 @dataclass(frozen=True)
 class Tolerance:
-    """What a variant must meet to be trusted. ``None`` fields are not checked. A set field
-    whose metric the output kind does not gate (``sign_min`` for probabilities) is an error
-    (:meth:`misapplied`), not a check skipped; a degenerate reference gates errors only."""
+    """What a variant must meet to be trusted. ``None`` fields are not checked, and a
+    degenerate reference gates errors only. A set field whose metric the output kind does not
+    gate (``sign_min`` for probabilities) is skipped by a generic tolerance (the FPGA
+    auto-precision target names every metric, for whichever kind it meets), and is an error
+    naming the kind for a ``strict`` one: a strategy's gate, written for one model
+    (:meth:`hwbackends.config.FidelityConfig.tolerance`)."""
 
     corr_min: float | None = 0.999
     max_abs: float | None = None
@@ -295,6 +298,8 @@ class Tolerance:
     #: The output kind declared for the model (``output_kind``): a Fidelity whose kind was
     #: inferred is judged as this kind (:func:`with_kind`). ``None``: as measured.
     kind: str | None = None
+    #: A set field the output kind does not gate is an error (:meth:`check_kind`), not skipped.
+    strict: bool = False
 
     def misapplied(self, kind: str) -> list[str]:
         """The set fields that do not apply to an output of ``kind``."""
@@ -316,11 +321,11 @@ class Tolerance:
                           f"(output_kind = one of {', '.join(fits)})")
 
     def violations(self, f: Fidelity) -> list[str]:
-        """What ``f`` misses of this tolerance (empty: it passes). Raises
-        :class:`ConfigError` when a set field does not apply to an output's kind."""
+        """What ``f`` misses of this tolerance (empty: it passes). A ``strict`` tolerance
+        raises :class:`ConfigError` when a set field does not apply to an output's kind."""
         if self.kind is not None and (f.kind, f.kind_source) != (self.kind, "declared"):
             f = with_kind(f, self.kind)
-        for one in (f, *(f.outputs or {}).values()):
+        for one in (f, *(f.outputs or {}).values()) if self.strict else ():
             self.check_kind(one.kind, one.kind_source)
         v = []
         g = set(f.gated)

@@ -14,7 +14,7 @@ import pytest
 
 import hwbackends
 from hwbackends.cli import main
-from hwbackends.config import load_config
+from hwbackends.config import FidelityConfig, load_config
 from hwbackends.errors import ConfigError
 from hwbackends.fidelity import Tolerance, compare
 
@@ -65,13 +65,25 @@ def test_a_tolerance_the_kind_does_not_gate_is_an_error_naming_the_kind():
     f = compare(ref, ref + 1e-4)
     with pytest.raises(ConfigError, match=r"sign_min does not apply to a probabilities output "
                                           r"\(inferred: the reference outputs are ≥ 0 and within"):
-        Tolerance(sign_min=0.99).violations(f)
+        Tolerance(sign_min=0.99, strict=True).violations(f)
     with pytest.raises(ConfigError, match="argmax_min does not apply to a regression output"):
-        Tolerance(argmax_min=0.99).violations(compare(ref, ref, kind="regression"))
+        Tolerance(argmax_min=0.99, strict=True).violations(compare(ref, ref, kind="regression"))
+    # A strategy's gate is strict; a generic bundle (the FPGA search target) skips what the
+    # kind does not gate.
+    assert FidelityConfig(sign_min=0.99).tolerance().strict
+    assert Tolerance(sign_min=0.99, argmax_min=0.99).violations(f) == []
     # Declared for the strategy, the same measurement is judged as that kind.
-    assert Tolerance(sign_min=0.99, kind="signed").violations(f) == []
+    assert Tolerance(sign_min=0.99, kind="signed", strict=True).violations(f) == []
     flipped = compare(ref - 0.5, -(ref - 0.5))
     assert Tolerance(corr_min=None, sign_min=0.99).violations(flipped)[0].startswith("sign agreement")
+
+
+def test_several_outputs_take_one_kind_each():
+    rng = np.random.default_rng(1)
+    a, b = 0.5 + 0.05 * rng.standard_normal((64, 1)), rng.standard_normal((64, 3))
+    f = compare((a, b), (a, b), kind={"fill": "regression"}, names=["fill", "logits"])
+    assert f.outputs["fill"].kind == "regression" and f.outputs["fill"].kind_source == "declared"
+    assert (f.outputs["logits"].kind, f.outputs["logits"].kind_source) == ("logits", "inferred")
 
 
 def test_hwb_compile_prints_the_kind_and_takes_it(model, store_dir, capsys):
