@@ -365,8 +365,6 @@ def test_errors_say_what_to_do(measured_file, zoo_model, store_dir, tmp_path):
         export(m, "fpga.hls4ml", "triton", tmp_path, results=measured_file, store=store_dir)
     with pytest.raises(UnsupportedError, match="no native Triton backend; use --flavour python"):
         export(m, "cpu.litert", "triton", tmp_path, results=measured_file, flavour="native")
-    with pytest.raises(InputError, match="give --results"):
-        export(m, "cpu.litert", "triton", tmp_path)
     with pytest.raises(InputError, match="beyond the largest measured batch size 16"):
         export(m, "cpu.litert", "triton", tmp_path, results=measured_file, max_batch_size=64)
     with pytest.raises(UnsupportedError, match="exports no format|unknown export format 'c'"):

@@ -319,6 +319,20 @@ def test_single_tensor_keras_model_keeps_its_names(hwb_cli, store_dir, zoo_model
     assert [o.name for o in sess.get_outputs()] == ["probs"]
 
 
+def test_without_results_the_export_measures_the_sweep(cli, tiny, tmp_path, pylibs):
+    """Issue 36: no --results is no refusal: the sweep is measured first, with progress, and
+    the settings come from those figures (max_batch_size = the largest size measured)."""
+    p, _, _ = tiny
+    rc, out, err = cli(str(p), "-t", VARIANT, "--format", "triton", "-o", str(tmp_path / "repo"),
+                       "--max-batch-size", "4")
+    assert rc == 0, err
+    assert "no --results: measuring cpu.onnxruntime:fp32 at batch sizes 1/4" in err
+    assert "measured here (no --results)" in out
+    cfg = _parse_triton(pylibs, tmp_path / "repo" / "tiny" / "config.pbtxt")
+    assert cfg.max_batch_size == 4 and [w.batch_size for w in cfg.model_warmup] == [1, 4]
+    assert "# per batch size: b1 p50" in (tmp_path / "repo" / "tiny" / "config.pbtxt").read_text()
+
+
 # -- Hypothesis: hostile names and planted paths through every format ------------------------------
 PAYLOADS = [
     '*/ __attribute__((constructor)) static void p(void) { system("touch {M}"); } /*',

@@ -1,6 +1,6 @@
-"""``hwb export MODEL -t VARIANT --format triton|tf-serving --results R.json -o DIR``: the
+"""``hwb export MODEL -t VARIANT --format triton|tf-serving [--results R.json] -o DIR``: the
 variant as a Triton model repository or a TF Serving model, batching and instances set from
-its measurements (hwbackends/export, docs/export.md); other formats from the variant's target
+its measurements (measured here first without ``--results``) (hwbackends/export, docs/export.md); other formats from the variant's target
 (``Target.exports``)."""
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", "-f", dest="fmt", required=True,
                    help="triton, tf-serving, or a format the target exports (hwb targets -v)")
     p.add_argument("--results", "-r", default=None, metavar="R.json",
-                   help="hwb bench / hwb fleet results with the variant's batch sweep "
-                        "(required for triton and tf-serving; default: none)")
+                   help="hwb bench / hwb fleet results with the variant's batch sweep for "
+                        "triton and tf-serving (default: measure batch sizes 1/8/32 first, "
+                        "with progress)")
     p.add_argument("--config", default=None, metavar="STRATEGIES.toml",
                    help="strategies file whose --strategy gives the deadline (default: none: "
                         "no queue timeout, queue delay = one batch-1 p99)")

@@ -9,6 +9,7 @@ framework at module level: TensorFlow, ONNX and the runtimes load inside the wri
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -59,8 +60,9 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     """Write ``model``'s variant ``target:precision`` in format ``fmt`` into ``outdir``.
 
     ``results``: a ``hwb bench``/``hwb fleet`` results file with the variant's batch sweep
-    (required for ``triton`` and ``tf-serving``: every setting comes from it), validated as
-    untrusted input (:func:`.measurements.read_measurements`). ``config`` + ``strategy``: the
+    (every ``triton`` and ``tf-serving`` setting comes from it), validated as untrusted input
+    (:func:`.measurements.read_measurements`); without one the sweep is measured here first
+    (:func:`measure_sweep`). ``config`` + ``strategy``: the
     deadline (the strategy's ``timeout_us``, else its tier's p99). ``outdir`` is written as
     :mod:`.outdir` says: created, or the user's own and not writable by others, no link
     followed; a model directory holding other versions is refused unless ``replace``. Every
@@ -90,17 +92,22 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     if fmt == "triton":  # a variant Triton cannot run is refused before anything is read
         from .triton import flavour_for
         flavour_for(target, flavour)
-    if results is None:
-        raise InputError(f"--format {fmt} sets batching and instances from measurements: give "
-                         f"--results R.json from `hwb bench MODEL -t {target} -p {prec} "
-                         f"-s batch:sizes=1/8/32 -o R.json`")
     if (config is None) != (strategy is None):
         raise ConfigError("--config and --strategy go together: the strategy's deadline is "
                           "read from the strategies file")
     m = load_model(model) if not hasattr(model, "fingerprint") else model
+    if fmt == "tf-serving":
+        from .tfserving import check_servable
+        check_servable(m)
     names = served(m, name)
     variant = f"{target}:{prec}"
-    measured = read_measurements(results, variant, m, machine)
+    notes: list[str] = []
+    if results is None:
+        with tempfile.TemporaryDirectory(prefix="hwb-export-bench-") as tmp:
+            path = measure_sweep(m, target, prec, max_batch_size, st, progress, Path(tmp), notes)
+            measured = read_measurements(path, variant, m, machine)
+    else:
+        measured = read_measurements(results, variant, m, machine)
     deadline = strategy_deadline(config, strategy) if config is not None else None
     main = sorted(measured)[0] if machine is None else machine
     memory = (row_bytes(m), memory_limit())
@@ -119,7 +126,43 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
         res.files = od.publish()
         res.directory = od.real
     res.names = names.lines()
+    res.notes = notes + res.notes
     return res
+
+
+#: The sweep ``hwb export`` measures itself when no ``--results`` is given (``hwb bench``'s
+#: batch scenario, shorter: at most 2 s per size).
+SWEEP_SIZES = (1, 8, 32)
+
+
+def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, store: Any,
+                  progress: Any, tmp: Path, notes: list[str]) -> Path:
+    """Measure ``target:prec`` over :data:`SWEEP_SIZES` (those up to ``max_batch``, and it)
+    as ``hwb bench -s batch`` would, with progress on stderr; the results file's path (in
+    ``tmp``). A note says what was measured and how to keep it."""
+    from ..bench.harness import bench_model
+    from ..bench.scenarios import Batch
+
+    sizes = tuple(sorted({b for b in SWEEP_SIZES if max_batch is None or b <= max_batch}
+                         | ({max_batch} if max_batch is not None and max_batch >= 1 else set())))
+    spec = "/".join(map(str, sizes))
+    say = progress if callable(progress) else None
+    if say is not None:
+        say(f"no --results: measuring {target}:{prec} at batch sizes {spec} (about "
+            f"{2 * len(sizes)} s; pass --results R.json from `hwb bench` to skip this)")
+    res = bench_model(m, [target], [prec], [Batch(sizes=sizes, n=1000, max_s=2.0, warmup=50)],
+                      store=store, progress=say is not None, say=say)
+    res.command = f"hwb export (measured itself): batch:sizes={spec}"
+    failed = [v.error for v in res.variants if v.error]
+    if not any(p.n for p in res.profiles):
+        raise InputError(f"measuring {target}:{prec} for the export gave no figures"
+                         + (f": {failed[0]}" if failed else "") + "; measure it with `hwb bench "
+                         f"MODEL -t {target} -p {prec} -s batch:sizes={spec} -o R.json` and "
+                         f"pass --results R.json")
+    notes.append(f"measured here (no --results): {target}:{prec} at batch sizes {spec}; to "
+                 f"export again without measuring, save a sweep: hwb bench MODEL -t {target} "
+                 f"-p {prec} -s batch:sizes={spec} -o R.json")
+    return res.save(tmp / "measured.json")
 
 
 #: What an export writes inside the model directory (anything else there is refused).

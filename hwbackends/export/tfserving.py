@@ -28,11 +28,7 @@ def saved_model(model: Any, version_dir: Path, inputs: list[Any], outputs: list[
     """Write ``model`` (a Keras model) as a SavedModel with a ``serving_default`` signature
     keyed by the served input and output names (``inputs``/``outputs``: the model's specs
     under those names, :mod:`.names`)."""
-    if model.format != "keras":
-        raise UnsupportedError(
-            f"TF Serving serves TensorFlow SavedModels; {model.name!r} is a {model.format} model "
-            f"and hwbackends has no {model.format}→TensorFlow conversion. Export it with "
-            f"--format triton (ONNX Runtime or the python backend runs it)")
+    check_servable(model)
     import keras
     import tensorflow as tf
 
@@ -55,6 +51,15 @@ def saved_model(model: Any, version_dir: Path, inputs: list[Any], outputs: list[
     archive.add_endpoint(SIGNATURE, serve, input_signature=specs)
     archive.write_out(str(version_dir), verbose=False)
     return version_dir
+
+
+def check_servable(model: Any) -> None:
+    """Refuse a model TF Serving cannot run (no TensorFlow form: torch, ONNX)."""
+    if model.format != "keras":
+        raise UnsupportedError(
+            f"TF Serving serves TensorFlow SavedModels; {model.name!r:.80} is a {model.format} "
+            f"model and hwbackends has no {model.format}→TensorFlow conversion. Export it with "
+            f"--format triton (ONNX Runtime or the python backend runs it)")
 
 
 def batching_text(s: Settings, m: Measured, command: str) -> str:
