@@ -479,6 +479,10 @@ class Target:
     description: ClassVar[str] = ""
     #: Target-specific ``extra`` options: name -> one-line documentation.
     option_docs: ClassVar[dict[str, str]] = {}
+    #: The pip requirement that installs the Python packages this target needs
+    #: (``"hwbackends[keras]"``; a third-party plugin names its own package): ``hwb targets``
+    #: shows it for a target that is unavailable. "" when the core is enough.
+    install: ClassVar[str] = ""
     #: Whether the batch size is fixed at compile time (most fast paths are).
     static_batch: ClassVar[bool] = True
     #: The contract version this target was written for.

@@ -333,3 +333,21 @@ def test_route_explain_prints_an_error_on_one_line(hwb_cli, monkeypatch, tmp_pat
     (strategy,) = json.loads(out)["strategies"]
     (cand,) = strategy["candidates"]
     assert "ValueError: deep inside" in cand["reasons"][0]  # the whole error, not cut
+
+
+# -- hwb targets names the extra ----------------------------------------------------------------
+def test_targets_name_the_extra_that_installs_each_target(hwb_cli):
+    rc, out, _ = hwb_cli("targets", "--json")
+    rows = {r["name"]: r for r in json.loads(out)["targets"]}
+    assert rc == 0
+    assert rows["cpu.litert"]["install"] == rows["tpu.edgetpu"]["install"] == "hwbackends[keras]"
+    assert rows["cpu.onnxruntime"]["install"] == "hwbackends[cpu]"
+    assert rows["tpu.xla"]["install"] == "hwbackends[tpu]"
+    assert rows["fpga.hls4ml"]["install"] == rows["fpga.da4ml"]["install"] == "hwbackends[fpga]"
+    assert rows["gpu.torch"]["install"] == "hwbackends[torch]"
+    rc, out, _ = hwb_cli("targets")
+    lines = out.splitlines()
+    for name, r in rows.items():
+        if r["availability"]["mode"] == "unavailable" and r["install"]:
+            i = next(k for k, line in enumerate(lines) if line.startswith(name + " "))
+            assert f"packages: pip install '{r['install']}'" in "\n".join(lines[i:i + 3]), name

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"name": name, "family": t.family, "precisions": list(t.precisions),
                      "precision_rule": t.precision_rule, "formats": list(t.formats), "description": t.description,
                      "plugin": reg.target_plugin[name], "options": t.option_docs,
+                     "install": t.install or None,
                      "availability": safe_probe(t).to_dict()})
     data = {"targets": rows, "problems": [p.to_dict() for p in reg.problems],
             "plugin_import_seconds": reg.import_seconds,
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"{r['name']:<18} {r['family']:<6} {a['mode']:<12} "
                      f"{','.join(r['precisions']):<32} {a['reason']}"
                      + (f" [{a['device']}]" if a["device"] else ""))
+        if a["mode"] == "unavailable" and r["install"]:  # what installs its packages
+            lines.append(f"{'':<20}packages: pip install '{r['install']}'")
         if args.verbose and r["options"]:
             for k, v in r["options"].items():
                 lines.append(f"{'':<20}option {k}: {v}")

@@ -18,6 +18,7 @@ class LiteRTTarget(Target):
     precisions = ("fp32", "fp16", "int8-dynamic", "int8")
     calibrated = ("int8",)
     formats = ("keras",)
+    install = "hwbackends[keras]"
     description = "LiteRT (TFLite) + XNNPACK on the CPU"
     multi_io = True
     #: int8 calibrates every input (one array per input, fed in the converter's input order).

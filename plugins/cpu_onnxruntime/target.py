@@ -83,6 +83,7 @@ class OnnxRuntimeTarget(Target):
     #: 3: int8 and int8-dynamic quantise weights to 7 bits (reduce_range); older artifacts rebuild.
     version = "3"
     formats = ("onnx",)
+    install = "hwbackends[cpu]"
     description = "ONNX Runtime, CPU execution provider"
     multi_io = True
     #: int8 calibrates every input: one dict per batch, keyed by input name.

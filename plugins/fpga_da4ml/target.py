@@ -74,6 +74,7 @@ class Da4mlTarget(Target):
 
     calibrated = ("auto",)
     formats = ("keras", "torch")
+    install = "hwbackends[fpga]"
     description = ("da4ml distributed-arithmetic RTL (Verilog), cycle-accurate Verilator simulation "
                    "(emulated) + yosys resources; modelled latency in cycles and ns")
     option_docs = {

@@ -443,6 +443,7 @@ class TensorRTTarget(Target):
     precisions = ("fp32", "fp16", "int8")
     calibrated = ("int8",)
     formats = ("onnx",)
+    install = "hwbackends[gpu]"
     description = "TensorRT engine on an NVIDIA GPU, CUDA-graph replay, pinned buffers"
     #: Several inputs/outputs: one profile entry, buffer, address and copy per tensor name.
     multi_io = True

@@ -184,6 +184,7 @@ class TorchCudaTarget(Target):
     precisions = ("fp32", "fp16")
     formats = ("torch",)
     multi_io = True
+    install = "hwbackends[torch]"
     description = "PyTorch on an NVIDIA GPU: torch.compile + CUDA-graph replay, pinned buffers"
     option_docs = {
         "mode": "torch.compile mode: 'max-autotune-no-cudagraphs' (default), 'default', or "

@@ -157,6 +157,7 @@ class EdgeTpuTarget(Target):
     precisions = ("int8",)
     calibrated = ("int8",)
     formats = ("keras",)
+    install = "hwbackends[keras]"
     description = "Coral Edge TPU (full-int8 TFLite + edgetpu_compiler); int8 CPU emulation without one"
     #: Several inputs/outputs through the multi-IO TFLite conversion, calibrated on every input.
     multi_io = True

@@ -147,6 +147,7 @@ class XlaTarget(Target):
     family = "tpu"
     precisions = ("fp32", "bf16")
     formats = ("onnx",)
+    install = "hwbackends[tpu]"
     description = "XLA via JAX (AOT): TPU = hardware; GPU/CPU XLA backend = emulated"
     multi_io = True
     option_docs: dict[str, str] = {}
