@@ -172,6 +172,18 @@ def test_an_output_directory_others_can_write_is_refused(mode, cli, tiny, tmp_pa
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a directory to another uid needs root")
+def test_an_output_directory_of_another_user_is_refused(cli, tiny, tmp_path):
+    """A directory another uid owns (a stranger's /tmp/repo), even one mode 0755 that root
+    could write: refused, nothing written."""
+    out = tmp_path / "repo"
+    out.mkdir()
+    os.chown(out, 12345, 12345)
+    rc, _, err = _triton(cli, tiny, out)
+    assert rc == 1 and "is owned by" in err and "uid 12345" in err, err
+    assert list(out.iterdir()) == []
+
+
 def test_a_created_output_directory_is_private_to_write(cli, tiny, tmp_path):
     out = tmp_path / "new" / "repo"
     rc, _, err = _triton(cli, tiny, out)

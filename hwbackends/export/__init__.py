@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CacheError, ConfigError, InputError, UnsupportedError
+from ..identifiers import safe_ident
 from .measurements import Measured, Settings, plan, read_measurements, strategy_deadline
 from .outdir import ExportPathError
 from .textproto import comment
@@ -268,8 +269,17 @@ def _triton(m: Any, names: Any, target: str, prec: str, stage: Path,
     notes: list[str] = []     # for people: hwb export's output
     comments: list[str] = []  # our own words only: the config's comment
     if target == "gpu.tensorrt":
+        # a plan's bindings keep the names it was built with: the config must say them, so
+        # each must already be a safe one (nothing renames tensors inside an engine)
+        bad = [s_.name for s_ in [*art.inputs, *art.outputs] if safe_ident(s_.name) != s_.name]
+        if bad:
+            raise UnsupportedError(f"the TensorRT engine binds tensor(s) "
+                                   f"{', '.join(repr(b)[:60] for b in bad)}, which are not plain "
+                                   f"identifiers, and a plan's bindings cannot be renamed; "
+                                   f"rename them in the model, or export a variant whose graph "
+                                   f"the export renames (-t cpu.onnxruntime)")
         files, bound = _with_miss_retry(lambda: T.plan_file(vdir, art), store, f"{target}:{prec}")
-        tm = T.TritonModel(names.name, names.inputs, names.outputs, T.NATIVE[target][1],
+        tm = T.TritonModel(names.name, art.inputs, art.outputs, T.NATIVE[target][1],
                            threads, static_batch=art.batch_size)
         notes += bound
         comments += bound
