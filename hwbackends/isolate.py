@@ -55,8 +55,10 @@ _SIGNALS = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") an
 #: The log is truncated before a job when it is larger than this.
 LOG_LIMIT = 4 << 20
 _PR_SET_CHILD_SUBREAPER = 36
-#: Seconds between two reads of the worker tree's resident memory while a job runs.
+#: Seconds between two reads of the worker tree's resident memory while a job runs (its list
+#: of descendants, a scan of /proc, is re-read every :data:`TREE_EVERY`).
 WATCH_EVERY = 0.2
+TREE_EVERY = 1.0
 _MEMORY_ADVICE = ("raise it with HWB_WORKER_MEMORY=SIZE (e.g. 32G; 0 turns it off), or compile a "
                   "smaller model or with options that need less")
 
@@ -152,11 +154,12 @@ def _limit_memory(limit: int) -> None:
         pass
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every live descendant (0 for those already gone)."""
+def tree_rss(pid: int, tree: list[int] | None = None) -> int:
+    """Resident bytes of ``pid`` and its descendants (``tree``, else read from /proc now);
+    processes already gone count 0."""
     page = os.sysconf("SC_PAGE_SIZE")
     total = 0
-    for p in (pid, *descendants(pid)):
+    for p in (pid, *(descendants(pid) if tree is None else tree)):
         try:
             with open(f"/proc/{p}/statm", "rb") as f:
                 total += int(f.read().split()[1]) * page
@@ -275,6 +278,8 @@ class Worker:
         self._proc: Any = None
         #: The running job's memory limit (bytes; 0: none), for the crash message.
         self._memory = 0
+        #: The worker's descendants as last read, and when (the memory watch).
+        self._tree: tuple[float, list[int]] = (0.0, [])
         self._conn: Any = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -402,7 +407,12 @@ class Worker:
 
     def _watch_memory(self, memory: int, what: str, target: str, precision: str) -> None:
         """Stop the worker tree (and raise) when its resident memory is past ``memory``."""
-        used = tree_rss(self._proc.pid) if self._proc is not None else 0
+        if self._proc is None:
+            return
+        now = time.monotonic()
+        if now - self._tree[0] >= TREE_EVERY:
+            self._tree = (now, descendants(self._proc.pid))
+        used = tree_rss(self._proc.pid, self._tree[1])
         if used <= memory:
             return
         log = self._log_tail()
