@@ -147,9 +147,10 @@ def test_served_label_and_failovers_follow_the_router(monkeypatch) -> None:
 
     clock = {"all": 0.0, "a:fp32": 1000.0}
     lane = _lane(clock, {"a:fp32": 10.0, "b:fp32": 20.0}, window=20, retry_after_s=60.0)
-    tol = SimpleNamespace(tolerance=lambda: None)
+    tol = SimpleNamespace(tolerance=lambda kind=None: None)
+    strategy = SimpleNamespace(fidelity=tol, output_kind=None)
     router = SimpleNamespace(lane=lambda n: lane, handle=lambda n: lane.predict_into,
-                             config=SimpleNamespace(strategies={"s": SimpleNamespace(fidelity=tol)}))
+                             config=SimpleNamespace(strategies={"s": strategy}))
     prom = PromMetrics()
     x = np.ones(1, np.float32)
     with Engine(RouterStrategy(router, "s"), EngineConfig.preset("single", warmup=1),
