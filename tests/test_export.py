@@ -406,6 +406,7 @@ def test_every_cpu_variant_of_the_zoo_exports(name, zoo_model, store_dir, tmp_pa
     from hwbackends import compile as hwb_compile
     from hwbackends.bench.harness import bench_model
     from hwbackends.bench.scenarios import Batch
+    from hwbackends.export.names import served
 
     m = zoo_model(name)
     res = bench_model(m, ["cpu.litert", "cpu.onnxruntime"], None,
@@ -422,7 +423,8 @@ def test_every_cpu_variant_of_the_zoo_exports(name, zoo_model, store_dir, tmp_pa
         out = tmp_path / v.replace(":", "_")
         export(m, target, "triton", out, precision=prec, results=results, store=store_dir)
         cfg = _parse_triton(pylibs, out / m.name / "config.pbtxt")
-        assert cfg.max_batch_size == 4 and [i.name for i in cfg.input] == [s.name for s in m.inputs]
+        names = served(m)  # the model's own names (a single-input Keras model's Input name)
+        assert cfg.max_batch_size == 4 and [i.name for i in cfg.input] == [s.name for s in names.inputs]
         cm = hwb_compile(m, target, prec, batch_size=4, store=store_dir, fidelity=False)
         xs = _inputs(m, 4)
         want = cm.predict(xs if m.multi_io else xs[0])
@@ -441,8 +443,8 @@ def test_every_cpu_variant_of_the_zoo_exports(name, zoo_model, store_dir, tmp_pa
             import onnxruntime as ort
             sess = ort.InferenceSession(str(out / m.name / "1" / "model.onnx"),
                                         providers=["CPUExecutionProvider"])
-            got = sess.run([s.name for s in m.outputs],
-                           {s.name: x[:n] for s, x in zip(m.inputs, xs, strict=True)})
+            got = sess.run([s.name for s in names.outputs],
+                           {s.name: x[:n] for s, x in zip(names.inputs, xs, strict=True)})
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w[:n], atol=1e-5, err_msg=v)
         if m.format == "keras" and prec == "fp32":
