@@ -7,12 +7,25 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
-from .ir import Act, Affine, Conv1D, Dense, GlobalPool1D, Layer, Pool1D, Recurrent, f32
-from .walk import Walk, final_axes, last_step, walk_dense, walk_flatten
+from .ir import (
+    Act,
+    Affine,
+    Bidirectional,
+    Conv1D,
+    Dense,
+    GlobalPool1D,
+    Layer,
+    LayerNorm,
+    Pad1D,
+    Pool1D,
+    Recurrent,
+    f32,
+)
+from .walk import Walk, final_axes, last_step, time_slice, walk_dense, walk_flatten
 
 _META_OPS = {"Shape", "Size"}  # ops whose output is only the data's shape
 _PASS = {"Identity", "Dropout", "Cast"}
-_ZERO_KEEP = {"Expand", "Unsqueeze", "Reshape", "Cast", "Identity", "Tile", "Squeeze"}
+_ZERO_KEEP = {"Expand", "Unsqueeze", "Reshape", "Cast", "Identity", "Tile", "Squeeze", "Slice", "Gather"}
 
 
 
@@ -36,6 +49,7 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else ["N", "T", "C"]}
     meta: dict[str, bool] = {}  # shape-derived tensors → whether they are all zeros
     prev = {g.input[0].name}
+    w.put(g.input[0].name)
     users: dict[str, set[str]] = {}
     for n in g.node:
         for i in n.input:
@@ -52,10 +66,16 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
         din = [i for i in ins if i in data]
         if din and not any(users.get(o, set()) - _META_OPS or o in graph_out for o in n.output):
             continue  # a view of the data that only its Shape is taken of (torch.onnx writes them)
+        if not ins and _onnx_fold(n, consts):  # constant arithmetic (torch.onnx's F.pad amounts)
+            continue
         if not din or op in _META_OPS:
             _onnx_meta(n, consts, meta)
             continue
-        _onnx_operands(w, name, op, ins, din, prev, set(data), meta)
+        if op == "Add" and len(din) == 2 and len(ins) == 2:  # a residual add
+            prev = _onnx_residual(w, n, name, din, data)
+            continue
+        _onnx_operands(w, name, op, ins, din, prev | set(w.branches.at), set(data), meta)
+        w.enter(din[0], name, op)
         ax = list(data[din[0]])
         if "H" in ax:  # an LSTM/GRU's Y_h: the layer returns its last state
             last_step(w, name, op)
@@ -66,11 +86,23 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
             raise w.refuse(name, op, "a Pad that a Conv does not follow")
         data.update(outs)
         prev = set(outs)
+        for o in outs:
+            w.put(o)
     out = g.output[0].name
-    if out not in prev:
+    if out not in prev or not (w.branches.tip(out) and w.branches.at[out][0] == 0):
         raise UnsupportedError(f"{target}: ONNX output {out!r} is not the end of the op chain")
     final_axes(w, data[out])
-    return w.layers
+    return w.main()
+
+
+def _onnx_residual(w: Walk, n: Any, name: str, din: list[str], data: dict[str, list[str]]) -> set[str]:
+    """An Add of two data tensors: a residual add (:class:`Residual`); the new chain's tip."""
+    if data[din[0]] != data[din[1]]:
+        raise w.refuse(name, "Add", f"an add of tensors laid out {data[din[0]]} and {data[din[1]]}")
+    w.merge(din[0], din[1], name, "Add")
+    data[n.output[0]] = list(data[din[0]])
+    w.put(n.output[0])
+    return {n.output[0]}
 
 
 def _onnx_consts(g: Any) -> dict[str, np.ndarray]:
@@ -107,6 +139,32 @@ def _onnx_meta(n: Any, consts: dict[str, np.ndarray], meta: dict[str, bool]) -> 
         n.op_type in _ZERO_KEEP and bool(n.input) and _onnx_zero(n.input[0], consts, meta))
     for o in n.output:
         meta[o] = bool(zero)
+
+
+#: ops on constants only that are folded into constants (their outputs stay small)
+_FOLD = {"ConstantOfShape", "Concat", "Reshape", "Slice", "Transpose", "Cast", "Unsqueeze", "Squeeze",
+         "Gather"}
+
+
+def _onnx_fold(n: Any, consts: dict[str, np.ndarray]) -> bool:
+    """Evaluate node ``n`` whose inputs are all constants (ONNX's reference evaluator) and
+    record its outputs as constants; False for another op or an output over 4,096 values."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    args = [consts[i] for i in n.input if i]
+    if n.op_type not in _FOLD or any(a.size > 4096 for a in args) or (
+            n.op_type == "ConstantOfShape" and args and np.prod(args[0].astype(np.int64)) > 4096):
+        return False
+    try:
+        outs = ReferenceEvaluator(helper.make_node(n.op_type, list(n.input), list(n.output),
+                                                   **{a.name: helper.get_attribute_value(a)
+                                                      for a in n.attribute})).run(
+            None, {i: consts[i] for i in n.input if i})
+    except Exception:  # a malformed node: left to the walk, which refuses it by name
+        return False
+    consts.update({o: np.asarray(v) for o, v in zip(n.output, outs, strict=False)})
+    return True
 
 
 def _onnx_zero(name: str, consts: dict[str, np.ndarray], meta: dict[str, bool]) -> bool:
@@ -217,6 +275,12 @@ def _onnx_dense(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str,
         return {o: ax}
     if op in ("Add", "Mul", "Pad"):
         return _onnx_affine(w, n, name, op, ax)
+    if op == "Reshape" and "D" in ax:  # a bidirectional Y (…, directions, channels) → (…, 2·channels)
+        to = [int(v) for v in c[n.input[1]]] if n.input[1] in c else []
+        if ax[-2:] != ["D", "C"] or len(to) != len(ax) - 1 or to[-1] not in (-1, w.shape()[-1]):
+            raise w.refuse(name, op, f"a reshape of a bidirectional LSTM/GRU's output {ax} other than "
+                                     f"merging its directions into the channels")
+        return {o: ax[:-2] + ["C"]}
     if op in ("Flatten", "Reshape"):
         if op == "Flatten" and (attrs["axis"].i if "axis" in attrs else 1) != 1:
             raise w.refuse(name, op, "flattening from an axis other than 1")
@@ -270,6 +334,16 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
         return _onnx_index(w, n, name, op, ax, attrs)
     if op in ("LSTM", "GRU"):
         return _onnx_recurrent(w, n, name, op, ax, attrs, meta)
+    if op == "LayerNormalization":
+        axis = attrs["axis"].i if "axis" in attrs else -1
+        if ax[axis] != "C" or axis % len(ax) != len(ax) - 1 or n.input[1] not in c or w.perm is not None:
+            raise w.refuse(name, op, f"a layer norm over axis {axis} of {ax} (the channels, last, only)")
+        ch = w.shape()[-1]
+        b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(ch)
+        eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+        w.layers.append(LayerNorm(name, f32(np.broadcast_to(c[n.input[1]], (ch,))),
+                                  f32(np.broadcast_to(b, (ch,))), float(eps)))
+        return {o: ax}
     raise w.refuse(name, op)
 
 
@@ -287,7 +361,8 @@ def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str
                 or any(pads[i] or pads[i + r] for i in range(r) if ax[i] != "T")):
             raise w.refuse(name, op, "padding other than zeros along time")
         t = ax.index("T")
-        w.pad = (w.pad[0] + pads[t], w.pad[1] + pads[t + r])
+        if pads[t] or pads[t + r]:
+            w.layers.append(Pad1D(name, (pads[t], pads[t + r])))  # folded into a Conv after it
         return {o: ax}
     k = [c[i] for i in n.input if i in c]
     if len(k) != 1 or w.perm is not None:
@@ -319,18 +394,20 @@ def _onnx_index(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict)
         idx = c.get(n.input[1])
         if ax[axis] == "1" and idx is not None and idx.ndim == 0 and int(idx) in (0, -1):
             return {o: [a for i, a in enumerate(ax) if i != axis]}  # Y_h[-1]: one layer
-        if ax[axis] != "T" or idx is None or idx.ndim != 0 or int(idx) % max(steps, 1) != steps - 1:
-            raise w.refuse(name, op, f"gathering along {ax[axis]} (only the last time step is)")
-        last_step(w, name, op)
+        if ax[axis] != "T" or idx is None or idx.ndim != 0:
+            raise w.refuse(name, op, f"gathering along {ax[axis]} (only one time step is)")
+        i = int(idx) % steps
+        time_slice(w, name, op, i, i + 1, 1, False)
         return {o: [a for i, a in enumerate(ax) if i != axis]}
     starts, ends = (w.const_ints(n, i, attrs, k) for i, k in ((1, "starts"), (2, "ends")))
     axes = w.const_ints(n, 3, attrs, "axes") or list(range(len(starts or [])))
     stepv = w.const_ints(n, 4, attrs, "steps") or [1] * len(axes)
-    if (starts is None or ends is None or len(axes) != 1 or ax[axes[0] % len(ax)] != "T"
-            or stepv != [1] or starts[0] % steps != steps - 1 or ends[0] < steps):
-        raise w.refuse(name, op, "slicing other than the last time step")
-    last_step(w, name, op)
-    return {o: ["1" if a == "T" else a for a in ax]}
+    if starts is None or ends is None or len(axes) != 1 or ax[axes[0] % len(ax)] != "T":
+        raise w.refuse(name, op, "slicing other than time")
+    a, b, _ = slice(starts[0], min(ends[0], steps)).indices(steps)
+    one = b - a == 1
+    time_slice(w, name, op, starts[0], min(ends[0], steps), stepv[0], not one)
+    return {o: ["1" if one and x == "T" else x for x in ax]}
 
 
 def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict,
@@ -341,10 +418,11 @@ def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: d
     if [a for a in ax if a != "1"] != (["T", "N", "C"] if layout == 0 else ["N", "T", "C"]) or "1" in ax:
         raise w.refuse(name, op, f"its input's axes hold {ax}")
     direction = attrs["direction"].s.decode() if "direction" in attrs else "forward"
-    if direction != "forward":
-        raise w.refuse(name, op, f"direction {direction!r} (forward only)")
+    if direction not in ("forward", "bidirectional"):
+        raise w.refuse(name, op, f"direction {direction!r} (forward or bidirectional only)")
     acts = [a.decode().lower() for a in attrs["activations"].strings] if "activations" in attrs else []
     want = ["sigmoid", "tanh", "tanh"] if op == "LSTM" else ["sigmoid", "tanh"]
+    want = want * (2 if direction == "bidirectional" else 1)
     if acts and acts != want:
         raise w.refuse(name, op, f"activations {acts} (tanh/sigmoid only)")
     for key in ("clip", "input_forget"):
@@ -360,8 +438,23 @@ def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: d
         raise w.refuse(name, op, "computed weights")
     u = int(attrs["hidden_size"].i)
     g = 4 if op == "LSTM" else 3
-    wx, wh = c[ins[1]][0].astype(np.float64), c[ins[2]][0].astype(np.float64)
-    bias = c[ins[3]][0].astype(np.float64) if ins[3] else np.zeros(2 * g * u)
+    cells = [_onnx_cell(f"{name}_{d}" if direction == "bidirectional" else name, op, attrs,
+                        c[ins[1]][d].astype(np.float64), c[ins[2]][d].astype(np.float64),
+                        c[ins[3]][d].astype(np.float64) if ins[3] else np.zeros(2 * g * u), u)
+             for d in range(2 if direction == "bidirectional" else 1)]
+    w.layers.append(Bidirectional(name, *cells) if direction == "bidirectional" else cells[0])
+    dirs = "D" if direction == "bidirectional" else "1"  # D: the directions, merged by a Reshape
+    y = ["T", dirs, "N", "C"] if layout == 0 else ["N", "T", dirs, "C"]
+    out = {n.output[0]: y} if n.output[0] else {}
+    if len(n.output) > 1 and n.output[1]:  # Y_h: consumed, it makes the layer return its last state
+        out[n.output[1]] = ["1", "N", "H"] if layout == 0 else ["N", "1", "H"]
+    return out
+
+
+def _onnx_cell(name: str, op: str, attrs: dict, wx: np.ndarray, wh: np.ndarray, bias: np.ndarray,
+               u: int) -> Recurrent:
+    """One direction of an ONNX LSTM/GRU as a Keras-order :class:`Recurrent`."""
+    g = 4 if op == "LSTM" else 3
     order = [0, 2, 3, 1] if op == "LSTM" else [0, 1, 2]  # ONNX i,o,f,c → Keras i,f,c,o
 
     def keras(m: np.ndarray) -> np.ndarray:  # (G·u, …) in ONNX order → (…, G·u) in Keras'
@@ -373,10 +466,4 @@ def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: d
     else:
         reset_after = bool(attrs["linear_before_reset"].i) if "linear_before_reset" in attrs else False
         b = np.stack([bias[:g * u], bias[g * u:]]) if reset_after else bias[:g * u] + bias[g * u:]
-    w.layers.append(Recurrent(name, op.lower(), f32(keras(wx)), f32(keras(wh)), f32(b), u,
-                              True, reset_after))
-    y = ["T", "1", "N", "C"] if layout == 0 else ["N", "T", "1", "C"]
-    out = {n.output[0]: y} if n.output[0] else {}
-    if len(n.output) > 1 and n.output[1]:  # Y_h: consumed, it makes the layer return its last state
-        out[n.output[1]] = ["1", "N", "H"] if layout == 0 else ["N", "1", "H"]
-    return out
+    return Recurrent(name, op.lower(), f32(keras(wx)), f32(keras(wh)), f32(b), u, True, reset_after)

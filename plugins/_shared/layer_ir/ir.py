@@ -10,11 +10,11 @@ import numpy as np
 ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax", "gelu", "gelu_tanh")
 #: What :func:`extract` takes, as refusals list it.
 SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, sigmoid, "
-             "softmax), BatchNormalization, Conv1D (valid/same/causal), MaxPooling1D/"
-             "AveragePooling1D (valid), GlobalAverage/MaxPooling1D, Flatten, LSTM, GRU "
-             "(tanh/sigmoid), Dropout; torch: Linear, ReLU, Tanh, Sigmoid, Softmax, "
-             "BatchNorm1d, Dropout, Flatten (and, in a torch.export program, Conv1d, pooling, "
-             "LSTM/GRU); ONNX: see ONNX_OPS")
+             "softmax, gelu), BatchNormalization, LayerNormalization, Conv1D (valid/same/causal), "
+             "ZeroPadding1D, Cropping1D, MaxPooling1D/AveragePooling1D (valid), GlobalAverage/"
+             "MaxPooling1D, Flatten, LSTM, GRU (tanh/sigmoid), Bidirectional (concat), "
+             "MultiHeadAttention (self-attention), Add (residual), x[:, i] / x[:, a:b], Dropout; "
+             "torch: see TORCH_OPS; ONNX: see ONNX_OPS")
 
 
 @dataclass
@@ -223,15 +223,19 @@ class Network:
 #: ONNX ops :func:`extract` takes, as refusals list them.
 ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Conv (1-D, group 1), "
             "MaxPool/AveragePool (no padding), GlobalAveragePool/GlobalMaxPool, ReduceMean/ReduceMax "
-            "over time, LSTM/GRU (forward, one layer, tanh/sigmoid, zero initial state), the last "
-            "step of their sequence (Gather/Slice), Flatten/Reshape to (batch, features), "
+            "over time, LSTM/GRU (forward or bidirectional, stacked nodes, tanh/sigmoid, zero "
+            "initial state), LayerNormalization (last axis), Pad (zeros along time), Gather/Slice "
+            "of time, Add of two branches from one tensor (residual), Flatten/Reshape to (batch, "
+            "features), "
             "Transpose/Squeeze/Unsqueeze, Identity, Dropout, Cast, and the Shape arithmetic "
             "around them")
 
-TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, BatchNorm1d (eval), Dropout (eval), "
-             "Conv1d (group 1), MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax "
-             "over time, LSTM/GRU (one layer, unidirectional, zero initial state) and the last step "
-             "of their output, transpose/permute/(un)squeeze, flatten/view to (batch, features)")
+TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, BatchNorm1d (eval), LayerNorm "
+             "(over the channels), Dropout (eval), Conv1d (group 1), F.pad with zeros along time, "
+             "MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax over time, LSTM/GRU "
+             "(stacked, bidirectional, zero initial state), time indexing and contiguous slices "
+             "(x[:, -1], x[..., :-p]), residual adds (a + b of two branches from one tensor), "
+             "transpose/permute/(un)squeeze, flatten/view to (batch, features)")
 
 def f32(a: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, np.float32))
