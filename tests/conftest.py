@@ -61,6 +61,7 @@ MODULE_SECONDS = {
     "test_core": 12, "test_isolate": 12, "test_shm_trust": 12, "test_store_prune": 12,
     "test_fleet_import": 11, "test_export_hostile": 30,
     "test_cost": 39,
+    "test_desk_layers": 80,
     "test_store_prune_races": 10, "test_sliding_native": 45,
 }
 
