@@ -147,9 +147,9 @@ def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precis
 
 #define HWB_MODEL_ABI 1
 #define HWB_MODEL_NAME {c_string(name)}
-#define HWB_MODEL_FINGERPRINT "{fingerprint}"
+#define HWB_MODEL_FINGERPRINT {c_string(fingerprint)}
 #define HWB_MODEL_PRECISION {c_string(precision)}
-#define HWB_MODEL_ISA "{isa}"
+#define HWB_MODEL_ISA {c_string(isa)}
 /* the /proc/cpuinfo flags this build needs */
 #define HWB_MODEL_REQUIRES "{','.join(requires)}"
 /* samples per hwb_model_predict call (the compiled batch size) */

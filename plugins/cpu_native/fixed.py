@@ -32,6 +32,7 @@ import numpy as np
 from hwbackends.errors import CompileError, UnsupportedError
 
 from .._shared.fixed_point import OVF_MODES, QUANT_MODES, FxType
+from .._shared.hls4ml_names import Renamed, rename_keras
 
 #: ``ap_fixed<W,I[,Q,O[,N]]>`` (C++ spelling) or ``fixed<...>`` (hls4ml's), as fpga.hls4ml takes.
 _FIXED = re.compile(r"^(ap_)?(u?fixed)<\s*(\d+)\s*,\s*(-?\d+)\s*(,\s*[A-Z_0-9]+\s*)*>$")
@@ -106,9 +107,11 @@ def _type(p: Any, precision: str, where: str) -> FxType:
     return t
 
 
-def hls_graph(model: Any, hls_prec: str, scratch: Path) -> Any:
+def hls_graph(model: Any, hls_prec: str, scratch: Path) -> tuple[Any, Renamed]:
     """hls4ml's ``ModelGraph`` of ``model`` at ``hls_prec``, converted as fpga.hls4ml does
-    with its default options (Vitis, io_parallel, Latency, reuse 1). Not written or built."""
+    with its default options (Vitis, io_parallel, Latency, reuse 1), from a rebuild with
+    generated layer names as fpga.hls4ml's (:mod:`.._shared.hls4ml_names`); and the user's
+    names of its layers. Not written or built."""
     import hls4ml
 
     from .._shared import batchnorm
@@ -117,13 +120,13 @@ def hls_graph(model: Any, hls_prec: str, scratch: Path) -> Any:
     kw: dict[str, Any] = dict(output_dir=str(scratch), project_name="myproject", backend="Vitis",
                               io_type="io_parallel", clock_period=5.0, write_weights_txt=True)
     if model.format == "keras":
-        obj = batchnorm.fold_keras(model.obj, "cpu.native")
-        cfg = hls4ml.utils.config_from_keras_model(obj, granularity="name", backend="Vitis",
+        names = rename_keras(batchnorm.fold_keras(model.obj, "cpu.native"), "cpu.native")
+        cfg = hls4ml.utils.config_from_keras_model(names.obj, granularity="name", backend="Vitis",
                                                    default_precision=hls_prec, default_reuse_factor=1)
         cfg["Model"]["Strategy"], cfg["Model"]["ReuseFactor"] = "Latency", 1
         try:
-            return hls4ml.converters.convert_from_keras_model(obj, allow_da_fallback=False,
-                                                              hls_config=cfg, **kw)
+            return hls4ml.converters.convert_from_keras_model(names.obj, allow_da_fallback=False,
+                                                              hls_config=cfg, **kw), names
         except UnsupportedError:
             raise
         except Exception as exc:
@@ -136,7 +139,7 @@ def hls_graph(model: Any, hls_prec: str, scratch: Path) -> Any:
                 mod, tuple(model.input.shape), granularity="name", backend="Vitis",
                 default_precision=hls_prec, default_reuse_factor=1)
             cfg["Model"]["Strategy"], cfg["Model"]["ReuseFactor"] = "Latency", 1
-            return hls4ml.converters.convert_from_pytorch_model(mod, hls_config=cfg, **kw)
+            return hls4ml.converters.convert_from_pytorch_model(mod, hls_config=cfg, **kw), Renamed(mod)
         except UnsupportedError:
             raise
         except Exception as exc:
@@ -145,8 +148,11 @@ def hls_graph(model: Any, hls_prec: str, scratch: Path) -> Any:
     raise _unsupported(hls_prec, f"a {model.format} model (hls4ml converts keras and torch)")
 
 
-def describe(hm: Any, precision: str, name: str) -> FxNet:
-    """The chain of layers of hls4ml graph ``hm`` with their types and quantised weights."""
+def describe(hm: Any, precision: str, name: str, names: Renamed | None = None) -> FxNet:
+    """The chain of layers of hls4ml graph ``hm`` with their types and quantised weights.
+    Errors name the user's layers (``names``, from :func:`hls_graph`); the layers keep
+    hls4ml's (generated) names, which key the tables and never reach the C."""
+    user = names.user if names is not None else str
     layers = list(hm.get_layers())
     if not layers or layers[0].class_name != "Input":
         raise _unsupported(precision, "a graph that does not start with one input")
@@ -157,7 +163,7 @@ def describe(hm: Any, precision: str, name: str) -> FxNet:
     for layer in layers[1:]:
         cls = layer.class_name
         act = str(layer.get_attr("activation") or "").lower()
-        what = f"layer {layer.name!r} ({cls}{', ' + act if act and cls != 'Dense' else ''})"
+        what = f"layer {user(layer.name)!r} ({cls}{', ' + act if act and cls != 'Dense' else ''})"
         if list(layer.inputs) != list(prev.outputs):
             raise _unsupported(precision, f"{what}: the model is not a chain of layers")
         out = layer.get_output_variable()

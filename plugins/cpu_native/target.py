@@ -191,8 +191,8 @@ class NativeTarget(Target):
             raise UnsupportedError("cpu.native compiles models with one input and one output")
         scratch = workdir / ".hls4ml"
         try:
-            hm = fixed.hls_graph(model, hls_prec, scratch)
-            net = fixed.describe(hm, hls_prec, model.name)
+            hm, names = fixed.hls_graph(model, hls_prec, scratch)  # hls4ml sees generated names
+            net = fixed.describe(hm, hls_prec, model.name, names)
             src = emit_fixed(net, fixed.tables(net, cc, workdir), requires)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -200,13 +200,14 @@ class NativeTarget(Target):
                                                          "accum": str(fl.accum)} if fl.kind == "dense" else {}),
                            **({"table": str(fl.table_t), "table_size": fl.table_size} if fl.table_t else {})}
                  for fl in net.layers}
+        types = names.user_keys(types)  # the meta shows the user's names
         # hls4ml's version is recorded, not put into toolchain() (the cache key and the fleet's
         # node equality for every precision): types come from hls4ml's conversion.
         meta = {"hls4ml_precision": hls_prec, "hls4ml": version("hls4ml"),
                 "input_type": str(net.input_t), "types": types,
                 "mode": "bit-exact emulation of hls4ml's ap_fixed arithmetic (fpga.hls4ml C-sim)"}
         return (src, tuple(model.input.shape), tuple(model.output.shape),
-                [f"{fl.name}:{fl.kind}" for fl in net.layers], meta)
+                [f"{names.user(fl.name)}:{fl.kind}" for fl in net.layers], meta)
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         meta = artifact.meta

@@ -13,6 +13,7 @@ from typing import Any
 from hwbackends.errors import UnsupportedError
 
 from .._shared import batchnorm
+from .._shared.hls4ml_names import Renamed, generated, rename_keras
 from .._shared.torch_export import as_sequential
 
 BACKENDS = ("Vitis", "Vivado", "Quartus", "oneAPI", "Catapult")
@@ -103,18 +104,32 @@ def check_keras_layers(km: Any) -> None:
             raise _unsupported(layer.name, cls, "keras")
 
 
+#: ``Model.meta`` key of the generated → user's layer names of a model :func:`for_hls4ml` made.
+NAMES = "hls4ml_names"
+
+
 def for_hls4ml(model: Any) -> Any:
     """``model`` as hls4ml's converters take it: a Keras model with every BatchNormalization
-    folded into the Dense before it (and its layers checked), a ``torch.export`` program
-    rebuilt as its ``nn.Sequential``. The reference stays the source model's. Idempotent."""
+    folded into the Dense before it (and its layers checked), then rebuilt with generated
+    names (:mod:`.._shared.hls4ml_names`: no text of the file reaches hls4ml's C++); a
+    ``torch.export`` program rebuilt as its ``nn.Sequential``. The reference stays the source
+    model's. Idempotent."""
     import dataclasses
 
     if model.format == "keras":
+        if generated(model.obj) and NAMES in model.meta:
+            return model
         obj = batchnorm.fold_keras(model.obj, "fpga.hls4ml")
-        check_keras_layers(obj)
-    else:
-        obj = _torch_module(model.obj)
+        check_keras_layers(obj)  # refusals name the user's layers
+        ren = rename_keras(obj, "fpga.hls4ml")
+        return dataclasses.replace(model, obj=ren.obj, meta={**model.meta, NAMES: ren.names})
+    obj = _torch_module(model.obj)
     return model if obj is model.obj else dataclasses.replace(model, obj=obj)
+
+
+def renaming(model: Any) -> Renamed:
+    """The generated → user's names of a model :func:`for_hls4ml` made (none for torch)."""
+    return Renamed(model.obj, dict(model.meta.get(NAMES, {})))
 
 
 def _torch_module(obj: Any) -> Any:
@@ -171,7 +186,8 @@ def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> 
             return hls4ml.converters.convert_from_keras_model(model.obj, allow_da_fallback=False, **kw)
         except Exception as exc:
             layer, cls = _failing_keras_layer(model.obj, exc)
-            raise _unsupported(layer, cls, "keras", f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            raise _unsupported(renaming(model).user(layer), cls, "keras",
+                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
     try:
         return hls4ml.converters.convert_from_pytorch_model(_torch_module(model.obj), **kw)
     except UnsupportedError:

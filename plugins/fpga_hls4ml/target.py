@@ -72,7 +72,7 @@ class Hls4mlTarget(Target):
                  "on PATH; otherwise the report records why it is absent)",
     }
     compile_timeout = 900.0
-    version = "1"
+    version = "2"  # 2: hls4ml sees generated layer names (issue 33)
     batch_independent = True  # the C-simulation loops over samples; load() sizes the executor
 
     def accepts(self, precision: str) -> bool:
@@ -123,6 +123,7 @@ class Hls4mlTarget(Target):
         calib = np.ascontiguousarray(calib, dtype=np.float32)
         ref = model.reference(calib)
         model = convert.for_hls4ml(model)  # BatchNormalization folded, torch rebuilt: refusals first
+        names = convert.renaming(model)  # hls4ml sees generated names; the meta shows the user's
         # Scratch inside the staged artifact directory: removed below on success, and with
         # the staging directory by the core when the worker is killed (timeout, crash).
         builder = _Builder(model, opts, workdir / ".hwb-build")
@@ -145,10 +146,11 @@ class Hls4mlTarget(Target):
                 "mode": "emulated: hls4ml C-simulation (g++), bit-accurate for the fixed-point types",
                 "n_in": builder.n_in, "n_out": builder.n_out, "lib": LIB, "weights": WEIGHTS,
                 "hls4ml_config": _jsonable(cfg), "options": opts.to_dict(),
-                "types": _types(hm), "bits": P.design_bits(hm),
+                "layer_names": names.names,  # the config's generated names → the user's
+                "types": names.user_keys(_types(hm)), "bits": _user_bits(P.design_bits(hm), names),
                 "calibration_fidelity": fid.to_dict(),
                 "meets_target": not target.tolerance(P.SEARCH_MARGIN if search_meta else 1.0).violations(fid),
-                "search": search_meta, "builds": len(builder.builds),
+                "search": _user_ranges(search_meta, names), "builds": len(builder.builds),
                 "builds_cached": sum(b[2].cached for b in builder.builds.values()),
                 "build_seconds": round(sum(b[2].seconds for b in builder.builds.values()), 2),
                 "compile_seconds": round(time.perf_counter() - t0, 2),
@@ -341,6 +343,18 @@ def _types(hm: Any) -> dict[str, dict[str, str]]:
                 d[k] = str(t.precision)
         out[layer.name] = d
     return out
+
+
+def _user_bits(bits: dict[str, Any], names: Any) -> dict[str, Any]:
+    """:func:`.precision.design_bits` with the per-layer widths under the user's names."""
+    return {**bits, "result_widths": names.user_keys(bits.get("result_widths", {}))}
+
+
+def _user_ranges(search: dict[str, Any], names: Any) -> dict[str, Any]:
+    """The search record with its per-layer ranges under the user's names."""
+    if not search.get("ranges"):
+        return search
+    return {**search, "ranges": names.user_keys(search["ranges"])}
 
 
 def _jsonable(obj: Any) -> Any:

@@ -57,6 +57,7 @@ def trace_layers(model: Any, compiled: Any, x: np.ndarray) -> list[LayerDiff]:
     if compiled.target != "fpga.hls4ml":
         raise UnsupportedError(f"trace_layers needs an fpga.hls4ml variant, got {compiled.variant}")
     model = convert.for_hls4ml(model)  # the layers hls4ml built (BatchNormalization folded)
+    names = convert.renaming(model)  # rows show the user's layer names
     meta = compiled.artifact.meta
     cfg = copy.deepcopy(meta["hls4ml_config"])
     cfg["Model"]["TraceOutput"] = True
@@ -83,7 +84,7 @@ def trace_layers(model: Any, compiled: Any, x: np.ndarray) -> list[LayerDiff]:
             ptp = float(np.ptp(a)) or 1.0
             corr = float(np.corrcoef(a.ravel(), b.ravel())[0, 1]) if a.std() > 0 and b.std() > 0 else (
                 1.0 if np.allclose(a, b) else 0.0)
-            rows.append(LayerDiff(name, types.get(name, "?"), float(err.max()), float(err.max()) / ptp,
+            rows.append(LayerDiff(names.user(name), types.get(name, "?"), float(err.max()), float(err.max()) / ptp,
                                   corr, (float(a.min()), float(a.max()))))
         return rows
     finally:
