@@ -54,7 +54,7 @@ os.environ.pop("HWB_CACHE_MAX_SIZE", None)
 MODULE_SECONDS = {
     "test_docs_run": 251, "test_conformance": 138, "test_fleet": 100, "test_serve_stress": 72,
     "test_export_triton": 65, "test_export": 63, "test_fpga_classifiers": 52,
-    "test_fpga_hls4ml": 50, "test_accelerators": 49, "test_cpu_native_fixed": 42,
+    "test_fpga_hls4ml": 50, "test_accelerators": 49, "test_cpu_native_fixed": 42, "test_hostile_names": 35,
     "test_build_cache": 36, "test_scaffold": 31, "test_cpu_targets": 31, "test_report": 31,
     "test_layer_ir_formats": 26, "test_conformance_kit": 25, "test_torch_multi_io": 23,
     "test_multi_io": 22, "test_router": 18, "test_cpu_native": 17, "test_cli_data": 15,

@@ -248,7 +248,7 @@ def test_c_string_holds_any_text_exactly(tmp_path):
 
 
 # -- cpu.native -------------------------------------------------------------------------------------
-@_settings(3)
+@_settings(2)
 @given(ns=names(KERAS_PAYLOADS, 4))
 def test_keras_names_on_cpu_native_fp32(ns, tmp_path_factory):
     store = tmp_path_factory.mktemp("store")
@@ -263,7 +263,7 @@ def test_keras_names_on_cpu_native_fp32(ns, tmp_path_factory):
     reload_and_check(m, "cpu.native", "fp32", store, cm, x)
 
 
-@_settings(3)
+@_settings(2)
 @given(ns=names(PAYLOADS, 6), stem=hostile(STEM_PAYLOADS))
 def test_onnx_names_and_file_stem_on_cpu_native_fp32_and_int8(ns, stem, tmp_path_factory):
     import onnx
