@@ -8,11 +8,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint setup bench clean
 
+# Every extra that installs on a CPU machine, at the verified versions (constraints.txt).
 # The shm endpoint's C extension is built by the editable install: rebuild when its sources change.
-$(STAMP): pyproject.toml setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h
+$(STAMP): pyproject.toml constraints.txt setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,serve,fleet]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -42,4 +43,4 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info hwbackends/serve/_shmloop*.so
+	rm -rf $(VENV) .venv-cpu build *.egg-info hwbackends/serve/_shmloop*.so

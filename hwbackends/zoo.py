@@ -275,6 +275,21 @@ def _own_data(m: Model, label: str) -> Model:
     return m
 
 
+def _with_framework(name: str, build: Callable[[], Model]) -> Callable[[], Model]:
+    """``build`` with a missing framework (a ``pip install '.[cpu]'`` has no Keras or torch)
+    said as what to install, not as an import traceback."""
+    def run() -> Model:
+        try:
+            return build()
+        except ModuleNotFoundError as exc:
+            from .errors import UnavailableError
+            raise UnavailableError(
+                f"zoo:{name} is built with {exc.name}, which is not installed: pip install "
+                f"'hwbackends[keras]' (Keras zoo models) or 'hwbackends[torch]' (torch ones); "
+                f"with the cpu extra alone, pass your own .onnx model") from None
+    return run
+
+
 def get(name: str, *, deferred: bool = True) -> Model:
     """A zoo model by name (see the module docstring).
 
@@ -291,6 +306,7 @@ def get(name: str, *, deferred: bool = True) -> Model:
     except KeyError:
         raise ModelError(f"no zoo model {name!r}; available: "
                          f"{', '.join(NAMES + MULTI_IO_NAMES)}") from None
+    build = _with_framework(name, build)
     if not deferred:
         return build()
     key = _memo_key(name)

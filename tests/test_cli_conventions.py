@@ -28,6 +28,8 @@ from hwbackends.specs import Availability
 from hwbackends.target import Target
 
 HWB = shutil.which("hwb", path=str(Path(sys.executable).parent)) or "hwb"
+#: Runs on `pip install '.[cpu]'` alone (no TensorFlow: no zoo model): .ci/run's CPU venv.
+CPU_INSTALL = pytest.mark.cpu_install
 
 
 def _strict(text: str) -> object:
@@ -47,12 +49,14 @@ def _usage_error(capsys, *argv: str) -> str:
 
 
 # -- --version, -v, --help -----------------------------------------------------------------------
+@CPU_INSTALL
 def test_version_is_the_package_version():
     r = subprocess.run([HWB, "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"hwb (hwbackends) {hwbackends.__version__}"
 
 
+@CPU_INSTALL
 def test_verbose_is_taken_before_and_after_the_command(hwb_cli):
     rc, plain, _ = hwb_cli("targets")
     assert rc == 0 and "option " not in plain
@@ -62,6 +66,7 @@ def test_verbose_is_taken_before_and_after_the_command(hwb_cli):
         assert "option isa:" in out and "plugin import times" in out, argv
 
 
+@CPU_INSTALL
 def test_every_subcommand_takes_verbose():
     """Every parser under ``hwb`` (sub-subcommands too) knows ``-v``."""
     todo = [build_parser()]
@@ -73,6 +78,7 @@ def test_every_subcommand_takes_verbose():
                 todo += act.choices.values()
 
 
+@CPU_INSTALL
 def test_help_lists_the_exit_codes(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
@@ -85,6 +91,7 @@ def test_help_lists_the_exit_codes(capsys):
 
 
 # -- -o is --output ---------------------------------------------------------------------------
+@CPU_INSTALL
 def test_o_means_output_in_every_command():
     todo = [build_parser()]
     seen = 0
@@ -112,6 +119,7 @@ def test_predict_o_writes_the_outputs(hwb_cli, tmp_path: Path, store_dir: Path):
 
 
 # -- bad arguments are usage errors ------------------------------------------------------------
+@CPU_INSTALL
 @pytest.mark.parametrize("argv, expected", [
     (["serve", "zoo:mlp", "--shm", "s", "--pin", "1-0"], "expected CPU numbers like 0 or 0,1 or 2-3"),
     (["serve", "zoo:mlp", "--shm", "s", "--pin", "a"], "expected CPU numbers"),
@@ -132,12 +140,14 @@ def test_a_bad_argument_is_a_usage_error_naming_the_expected_form(capsys, argv, 
     assert "usage: hwb " + argv[0] in err
 
 
+@CPU_INSTALL
 def test_serve_pin_takes_a_range():
     args = build_parser().parse_args(["serve", "zoo:mlp", "--shm", "s", "--pin", "0-1",
                                       "--batch-sizes", "4,1,2"])
     assert args.pin == [0, 1] and args.batch_sizes == [1, 2, 4]
 
 
+@CPU_INSTALL
 def test_route_fleet_results_is_not_a_ray_address():
     """``--fleet`` is a Ray address (hwb fleet); the placement advice reads ``--fleet-results``."""
     route = build_parser().parse_args(["route", "s.toml", "--fleet-results", "r.json"])
@@ -147,6 +157,7 @@ def test_route_fleet_results_is_not_a_ray_address():
 
 
 # -- precisions with commas -------------------------------------------------------------------
+@CPU_INSTALL
 def test_split_list_keeps_commas_inside_angle_brackets():
     assert split_list(["ap_fixed<16,6>,fp32", "int8", "fixed<8,3,AP_RND,AP_SAT>"]) == [
         "ap_fixed<16,6>", "fp32", "int8", "fixed<8,3,AP_RND,AP_SAT>"]
@@ -196,6 +207,7 @@ def _profile(variant: str, p50: float, p99: float, **kw) -> LatencyProfile:
     return LatencyProfile(**(d | kw))
 
 
+@CPU_INSTALL
 def test_results_file_is_strict_json_with_null_reasons(tmp_path: Path):
     res = BenchResults(model={"name": "m"}, machine={"id": "m1"})
     res.profiles = [_profile("cpu.a:fp32", 2.0, 5.0),
@@ -336,6 +348,7 @@ def test_route_explain_prints_an_error_on_one_line(hwb_cli, monkeypatch, tmp_pat
 
 
 # -- hwb targets names the extra ----------------------------------------------------------------
+@CPU_INSTALL
 def test_targets_name_the_extra_that_installs_each_target(hwb_cli):
     rc, out, _ = hwb_cli("targets", "--json")
     rows = {r["name"]: r for r in json.loads(out)["targets"]}

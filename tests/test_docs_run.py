@@ -117,6 +117,9 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/serving.md", "--tls-cert c.pem"): (
         "needs your TLS certificate, key and token files and fixed ports 50051/9464 (a shared "
         "machine); tests/test_serve_cli.py serves TLS + token gRPC, shm and metrics on free ports"),
+    ("README.md", "hwb compare base.json"): (
+        "needs a baseline results file of an earlier run; tests/test_cli_conventions.py "
+        "compares real bench runs through hwb compare"),
     ("docs/targets-fpga.md", "-O synth=true"): "C-synthesis needs vitis_hls (not installed here)",
     ("docs/targets-fpga.md", "-t fpga.da4ml"): _FPGA_BUILD,
     ("docs/targets-fpga.md", 'hwb.compile("zoo:signal", "fpga.da4ml")'): _FPGA_BUILD,

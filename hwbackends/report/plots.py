@@ -9,7 +9,13 @@ from ..bench.profile import LatencyProfile
 
 
 def _mpl() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from ..errors import UnavailableError
+        raise UnavailableError("the report's plots need matplotlib: pip install 'hwbackends[report]' "
+                               "(the cpu extra has it); `hwb report RESULTS --csv` prints the "
+                               "tables without it") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     plt.rcParams.update({"svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
