@@ -63,6 +63,7 @@ MODULE_SECONDS = {
     "test_cost": 39,
     "test_desk_layers": 80,
     "test_store_prune_races": 10, "test_sliding_native": 45,
+    "test_cli_conventions": 60,
 }
 
 

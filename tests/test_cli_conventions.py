@@ -364,3 +364,24 @@ def test_targets_name_the_extra_that_installs_each_target(hwb_cli):
         if r["availability"]["mode"] == "unavailable" and r["install"]:
             i = next(k for k, line in enumerate(lines) if line.startswith(name + " "))
             assert f"packages: pip install '{r['install']}'" in "\n".join(lines[i:i + 3]), name
+
+
+# -- hwb predict without -p runs the variant compiled last ------------------------------------
+def test_predict_without_precision_runs_the_variant_compiled_last(hwb_cli, tmp_path: Path):
+    """`hwb compile -p int8` then `hwb predict` (no -p) runs that int8 variant, and says so,
+    instead of silently building the target's first precision (fp32)."""
+    store = str(tmp_path / "store")
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    rc, _, err = hwb_cli("compile", "zoo:mlp", "-t", "cpu.onnxruntime", "-p", "int8-dynamic",
+                         "--cache-dir", store)
+    assert rc in (0, 3), err
+    rc, out, err = hwb_cli("predict", "zoo:mlp", "-t", "cpu.onnxruntime", "-i", str(tmp_path / "x.npy"),
+                           "--cache-dir", store, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["variant"] == "cpu.onnxruntime:int8-dynamic"
+    assert "no -p given: cpu.onnxruntime:int8-dynamic, the variant of mlp the store used last" in err
+    assert "compiling" not in err  # loaded, not built
+    rc, out, err = hwb_cli("predict", "zoo:mlp", "-t", "cpu.onnxruntime", "-p", "fp32", "-i",
+                           str(tmp_path / "x.npy"), "--cache-dir", store, "--json")
+    assert rc == 0 and json.loads(out)["variant"] == "cpu.onnxruntime:fp32"
+    assert "no -p given" not in err

@@ -28,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from .source import read_arrays
 
     x = read_arrays(args.input)  # a .npz: its only array, else a dict keyed by input name
+    if args.precision is None:
+        args.precision = last_used_precision(args)
     cm = compile_from_args(args, fidelity=False, nan_policy=args.nan_policy)
     if isinstance(x, dict) and len(cm.inputs) == 1:
         x = _one_array(x, cm.inputs[0], args.input)
@@ -48,6 +50,34 @@ def run(args: argparse.Namespace) -> int:
                 "outputs": y.tolist()},
          f"{cm.variant} ({cm.mode.value}) → shape {y.shape}\n{np.array2string(y, precision=6)}")
     return 0
+
+
+def last_used_precision(args: argparse.Namespace) -> str | None:
+    """Without ``-p``: the precision of this model's variant for ``--target`` that the store
+    used last (``hwb compile … -p int8`` then ``hwb predict …`` runs that int8 variant, not a
+    fresh build of the target's first precision), said on stderr; ``None`` (the target's
+    first precision) when the store holds none. Read from the store's signed listing, no
+    artifact hashed; the compile then loads and verifies the one chosen."""
+    import sys
+
+    from ..models import load_model
+    from ..store import ArtifactStore
+    from ..store_prune import usage
+    from .source import model_from_args
+
+    m = load_model(model_from_args(args))
+    args.model = m  # loaded once: the compile takes the Model
+    want = f"{m.name} {args.target}:"
+    batch = f" batch {args.batch_size}" if args.batch_size not in (None, 1) else ""
+    for e in usage(ArtifactStore(args.cache_dir)).entries:  # newest first
+        if e.kind != "artifact" or not e.what.startswith(want):
+            continue
+        prec, _, b = e.what[len(want):].partition(" batch ")
+        if (f" batch {b}" if b else "") == batch and prec:
+            print(f"hwb predict: no -p given: {args.target}:{prec}, the variant of {m.name} the "
+                  f"store used last (-p PRECISION to choose)", file=sys.stderr)
+            return prec
+    return None
 
 
 def _one_array(arrays: dict[str, np.ndarray], spec: Any, path: str) -> np.ndarray:
