@@ -225,7 +225,9 @@ def test_cli_bench_writes_results(store_dir, tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "cpu.onnxruntime:fp32" in text and "p99 µs" in text
     assert BenchResults.load(out).profiles[0].n == 200
-    assert main(["bench", "zoo:signal", "-s", "warp-speed", "-q"]) == 1
+    with pytest.raises(SystemExit) as e:  # a bad scenario is a usage error, refused when parsed
+        main(["bench", "zoo:signal", "-s", "warp-speed", "-q"])
+    assert e.value.code == 2 and "unknown scenario 'warp-speed'" in capsys.readouterr().err
 
 
 def test_cli_bench_writes_results_on_every_exit_path(store_dir, tmp_path, monkeypatch) -> None:
