@@ -1,0 +1,149 @@
+"""A differential fuzz of the layer IR and cpu.native (issue 34): random Keras (Sequential and
+functional), torch (``nn.Sequential`` and modules with their own ``forward``) and ONNX models
+from the layers cpu.native claims (tests/fuzz_models.py), each compared with its own
+framework:
+
+* the IR reader: ``layer_ir.extract`` then the IR's float64 reference, max error ≤ 1e-5 of
+  the output's scale — many models, no C compiler;
+* the generated C through ``hwb.compile`` (in-process build, fp32): the same bound; and int8
+  within its gate (``TOLERANCES["quantized"]``, calibrated on other inputs than it is checked on).
+
+A refusal must be an ``UnsupportedError`` that names the layer or op; anything else (a
+``CompileError`` from gcc over a claimed layer, a raw exception, a wrong answer) fails.
+
+The default run is a small fixed budget (derandomized: the same models every run). Longer:
+``HWB_FUZZ_EXAMPLES=N`` (``make fuzz``) draws N models per IR test, N/4 per fp32 C test and
+N/10 per int8 one, fresh each run; ``HWB_FUZZ_REPORT=path.json`` writes the counts there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fuzz_models import FRONTENDS, Spec, build, load, reference, specs
+from hypothesis import HealthCheck, given, settings
+
+import hwbackends as hwb
+from hwbackends.errors import UnsupportedError
+from hwbackends.fidelity import compare
+from hwbackends.testing.tolerances import TOLERANCES
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+
+EXAMPLES = int(os.environ.get("HWB_FUZZ_EXAMPLES", "0") or 0)
+LONG = EXAMPLES > 0
+#: fp32: max |error| over the output's scale (its max |value| over the batch)
+FP32_BOUND = 1e-5
+COUNTS: Counter = Counter()
+
+
+def _settings(n_default: int, share: int) -> settings:
+    return settings(max_examples=max(EXAMPLES // share, 1) if LONG else n_default, deadline=None,
+                    derandomize=not LONG, database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    path = os.environ.get("HWB_FUZZ_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
+
+
+def _inputs(spec: Spec, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *spec.input_shape)).astype(np.float32)
+
+
+def _scale(want: np.ndarray) -> float:
+    return max(float(np.abs(want).max()), 1e-3)
+
+
+def _refused(spec: Spec, exc: UnsupportedError, what: str) -> None:
+    """A refusal of a claimed layer is allowed only as a clear one: it names the layer/op."""
+    msg = str(exc)
+    assert "cpu.native" in msg and re.search(r"'[^']+'", msg), f"{spec.describe()}: unnamed refusal: {msg}"
+    COUNTS[f"{what} refused"] += 1
+
+
+def _model(spec: Spec):
+    obj = build(spec)
+    return obj, load(obj, spec)
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_ir_reader_matches_the_framework(frontend) -> None:
+    from hwb_plugins._shared import layer_ir
+
+    @_settings(8, 1)
+    @given(specs(frontend))
+    def check(spec: Spec) -> None:
+        obj, m = _model(spec)
+        COUNTS["ir tried"] += 1
+        try:
+            net = layer_ir.extract(m, "cpu.native")
+        except UnsupportedError as exc:
+            _refused(spec, exc, "ir")
+            return
+        x = _inputs(spec, 32, spec.seed)
+        want = reference(obj, spec, x)
+        got = layer_ir.forward(net, x)[-1]
+        err = float(np.abs(got - want).max()) / _scale(want)
+        if err > FP32_BOUND:
+            COUNTS["ir wrong"] += 1
+        assert err <= FP32_BOUND, f"{spec.describe()}: IR reference off by {err:.3g} of the output scale"
+        COUNTS["ir right"] += 1
+
+    check()
+
+
+def _compile(m, precision: str, calibration=None):
+    with tempfile.TemporaryDirectory(prefix="hwb-fuzz-") as store:
+        return hwb.compile(m, "cpu.native", precision, store=store, isolate_compile=False,
+                           fidelity=False, calibration_data=calibration)
+
+
+@_settings(5, 4)
+@given(specs())
+def test_generated_c_fp32_matches_the_framework(spec: Spec) -> None:
+    obj, m = _model(spec)
+    COUNTS["fp32 tried"] += 1
+    try:
+        cm = _compile(m, "fp32")  # a CompileError (gcc over a claimed layer) fails the test
+    except UnsupportedError as exc:
+        _refused(spec, exc, "fp32")
+        return
+    x = _inputs(spec, 64, spec.seed + 1)
+    want = reference(obj, spec, x)
+    err = float(np.abs(cm.predict(x) - want).max()) / _scale(want)
+    if err > FP32_BOUND:
+        COUNTS["fp32 wrong"] += 1
+    assert err <= FP32_BOUND, f"{spec.describe()}: C off by {err:.3g} of the output scale"
+    COUNTS["fp32 right"] += 1
+
+
+@_settings(2, 10)
+@given(specs())
+def test_generated_c_int8_within_its_gate(spec: Spec) -> None:
+    obj, m = _model(spec)
+    COUNTS["int8 tried"] += 1
+    try:
+        cm = _compile(m, "int8", _inputs(spec, 256, spec.seed + 2))
+    except UnsupportedError as exc:
+        _refused(spec, exc, "int8")
+        return
+    x = _inputs(spec, 256, spec.seed + 3)
+    f = compare(reference(obj, spec, x), cm.predict(x))
+    bad = TOLERANCES["quantized"].violations(f)
+    if bad:
+        COUNTS["int8 wrong"] += 1
+    assert not bad, f"{spec.describe()}: int8 {bad} ({f})"
+    COUNTS["int8 right"] += 1
