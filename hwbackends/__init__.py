@@ -33,8 +33,7 @@ from .registry import get_registry, register_plugin
 from .specs import Availability, Mode, TensorSpec
 from .store import ArtifactStore
 from .target import CONTRACT_VERSION, Artifact, CompileOptions, Converter, Executor, Target
-
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401  (hwbackends.__version__)
 
 
 def targets() -> dict[str, Target]:

@@ -11,8 +11,9 @@ import logging
 import sys
 from typing import Any, Callable, Sequence
 
-from .. import __version__, strict_json
+from .. import strict_json
 from ..errors import ConfigError, HwbError
+from ..version import __version__
 
 #: The ``--cache-dir`` help every command that compiles shares.
 CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hwbackends)"

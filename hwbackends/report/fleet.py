@@ -15,7 +15,7 @@ from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
 from ..units import fmt_us
 from ..variant import machine_key
-from .html import long_text
+from .text import long_text
 
 #: Fingerprint fields compared between machines (libraries are compared one by one).
 MACHINE_FIELDS = (("cpu", "CPU"), ("arch", "arch"), ("cores", "cores"),

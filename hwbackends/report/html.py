@@ -19,6 +19,7 @@ from ..bench.results import BenchResults
 from ..units import fmt_us
 from ..variant import VariantRecord
 from . import plots
+from .text import long_text
 
 CSS = """
 :root{--ink:#1d2733;--mute:#5d6b7a;--line:#e2e7ee;--bg:#f6f8fb;--ok:#1b7f4b;--warn:#b26a00;
@@ -51,16 +52,6 @@ footer{color:var(--mute);font-size:12px;margin-top:26px}
 
 def _e(x: Any) -> str:
     return html.escape(str(x))
-
-
-def long_text(text: Any, n: int = 200) -> str:
-    """``text`` escaped, never cut: past ``n`` characters the first ``n`` (and an ellipsis)
-    open a fold that holds all of it (an error with its traceback, every routing reason)."""
-    t = str(text)
-    if len(t) <= n:
-        return _e(t)
-    return (f'<details class="long"><summary>{_e(t[:n].rstrip())}…</summary>'
-            f'<pre class="full">{_e(t)}</pre></details>')
 
 
 def _in_run(r: dict[str, Any]) -> bool:

@@ -139,7 +139,7 @@ class Source:
     consts: list[str] = field(default_factory=list)
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, net: ir.Network, vw: int, acc: int):
         self.net, self.vw, self.acc = net, vw, acc
         self.consts: list[str] = []
@@ -572,7 +572,7 @@ class _Emitter:
         self.per_step(a, shape, o, layer.wo, layer.bo)
 
 
-#: layers :meth:`_Emitter.desk` writes
+#: layers :meth:`Emitter.desk` writes
 _DESK = (ir.Pad1D, ir.TimeSlice, ir.LayerNorm, ir.Residual, ir.Bidirectional, ir.Attention)
 
 
@@ -581,7 +581,7 @@ def vector_shape(requires: list[str]) -> tuple[int, int]:
     return VECTORS["avx512" if "avx512f" in requires else "default"]
 
 
-class _Int8Emitter(_Emitter):
+class _Int8Emitter(Emitter):
     """int8: every matmul (Dense, Conv1D window, recurrent gates) quantises its input to
     int8 with a calibrated per-tensor scale (recurrent state: 1/127, as |h| <= 1), multiplies
     by symmetric per-output-channel int8 weights with int32 accumulation, and dequantises into
@@ -715,7 +715,7 @@ class _Int8Emitter(_Emitter):
         range of its own that the per-layer calibration does not measure."""
         t_len, hd = shape
         self.line(f"for (int t = 0; t < {t_len}; t++) {{")
-        _Emitter.matvec(self, [(f"({a} + t * {hd})", hd)], f"({o} + t * {layer.wo.shape[1]})",
+        Emitter.matvec(self, [(f"({a} + t * {hd})", hd)], f"({o} + t * {layer.wo.shape[1]})",
                         layer.wo.shape[1], layer.wo, layer.bo)
         self.line("}")
 
@@ -757,9 +757,9 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
-        e: _Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires)
+        e: Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires)
     else:
-        e = _Emitter(net, vw, acc)
+        e = Emitter(net, vw, acc)
     shapes = net.shapes()
     producing = [i for i, layer in enumerate(net.layers)
                  if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
@@ -807,7 +807,7 @@ _NAN_OUT = """\
     }"""
 
 
-def _assemble(e: _Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source:
+def _assemble(e: Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source:
     """The translation unit; ``nan_out``: apply the NaN rule (not for ``fixed``, which
     computes what hls4ml's C-simulation does with the same input)."""
     code = "\n".join([

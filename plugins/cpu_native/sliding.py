@@ -39,7 +39,7 @@ from hwbackends.errors import InputError
 from hwbackends.sliding import Steps, check_step
 
 from .._shared import layer_ir as ir
-from .emit import _Emitter, vector_shape
+from .emit import Emitter, vector_shape
 
 #: Per-step layers an incremental form applies to ``x_t`` before the first recurrent layer.
 _PER_STEP = (ir.Act, ir.Affine)
@@ -84,7 +84,7 @@ def _pad(n: int) -> int:
     return -(-n // 16) * 16
 
 
-class _StepEmitter(_Emitter):
+class _StepEmitter(Emitter):
     """The emitter's building blocks (matvec, gates, layers) with constants of their own names
     (``model.c`` already holds the model function's)."""
 
