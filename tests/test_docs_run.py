@@ -327,7 +327,9 @@ def test_doc_shell_line(s: Snippet, store_dir, tmp_path_factory, request, in_scr
         rc, out, err = hwb_cli(*argv[1:])
     except SystemExit as exc:  # argparse refusing the line as written
         rc, out, err = exc.code, "", f"SystemExit({exc.code})"
-    assert rc == 0, f"{s.id}: `{s.text}` exited {rc}\n{out[-2000:]}\n{err[-3000:]}"
+    # A line whose comment says "exits N" documents that exit code (hwb --help, exit codes).
+    want = int(m.group(1)) if (m := re.search(r"#.*\bexits (\d+)\b", s.text)) else 0
+    assert rc == want, f"{s.id}: `{s.text}` exited {rc}, not {want}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 @pytest.mark.parametrize("s", _params("python"))
