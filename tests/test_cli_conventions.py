@@ -132,6 +132,7 @@ def test_predict_o_writes_the_outputs(hwb_cli, tmp_path: Path, store_dir: Path):
     (["bench", "zoo:mlp", "--n", "0"], "expected a whole number ≥ 1"),
     (["compile", "zoo:mlp", "-O", "synth"], "expected KEY=VALUE, e.g. -O synth=true"),
     (["compile", "zoo:mlp", "--batch-size", "-1"], "expected a whole number ≥ 1"),
+    (["compile", "net.pt", "--input-shape", "0,x"], "expected positive integers separated by commas"),
     (["compare", "a.json", "b.json", "--max-p99", "-5"], "expected a number ≥ 0"),
 ])
 def test_a_bad_argument_is_a_usage_error_naming_the_expected_form(capsys, argv, expected):

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import usage_type
+
 TRUST_PICKLE_HELP = ("load a whole-module torch.save pickle (.pt/.pth). Unpickling runs code "
                      "from the file (and imports the module's class): only for files you trust")
 
@@ -32,6 +34,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
                         "custom Keras layer classes (registering them), e.g. qkeras or "
                         "my_layers (with PYTHONPATH=DIR for your own); repeatable (default: none)")
     g.add_argument("--input-shape", action="append", default=None, metavar="D[,D...]",
+                   type=usage_type(check_shape, "shape"),
                    help="per-sample input shape of a torch module file (TorchScript .pt/.ts or a "
                         "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order "
                         "(default: the shape the file records)")
@@ -56,6 +59,12 @@ def add_data_args(p: argparse.ArgumentParser, *, where: str = "") -> None:
                    help=CALIBRATION_HELP + where)
     g.add_argument("--validation-data", "--validation", dest="validation_data", default=None,
                    metavar="FILE", help=VALIDATION_HELP + where)
+
+
+def check_shape(item: str) -> str:
+    """One ``--input-shape`` checked when parsed (a bad one is a usage error), kept as text."""
+    parse_shapes([item])
+    return item
 
 
 def parse_shapes(items: list[str] | None) -> Any:
