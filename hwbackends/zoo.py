@@ -17,6 +17,9 @@ two_head  features →Dense 32 relu, state →Dense 8     features (16,) + state
 ``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
 conformance kit runs on every target).
 
+Without Keras (``pip install '.[cpu]'``) ``mlp`` is its ONNX twin (:func:`onnx_mlp`, the same
+seeded weights, the same outputs to float rounding); the others need their framework.
+
 ``mlp_torch`` and ``lstm_torch`` are PyTorch modules with *the same weights* as their Keras
 twins (same seeds, gate order mapped), so both frameworks compute the same function. Weights
 come from NumPy's seeded generator, so fingerprints are identical across processes.
@@ -78,6 +81,34 @@ def keras_mlp() -> Any:
     ], name="zoo_mlp")
     m.set_weights(mlp_weights())
     return m
+
+
+def onnx_mlp() -> Any:
+    """zoo:mlp as an ONNX graph written with onnx.helper, from the same seeded weights (the
+    same function as :func:`keras_mlp`): what ``zoo:mlp`` is where Keras is not installed
+    (``pip install '.[cpu]'``), so the CPU targets have a bundled model to run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = mlp_weights()
+    inits = [numpy_helper.from_array(a, f"p{i}") for i, a in enumerate(w)]
+    nodes, x = [], "features"
+    for i, act in enumerate(("Relu", "Relu", "Softmax")):
+        nodes.append(helper.make_node("Gemm", [x, f"p{2 * i}", f"p{2 * i + 1}"], [f"z{i}"]))
+        x = "probs" if act == "Softmax" else f"h{i}"
+        nodes.append(helper.make_node(act, [f"z{i}"], [x], **({"axis": -1} if act == "Softmax" else {})))
+    g = helper.make_graph(nodes, "zoo_mlp",
+                          [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 64])],
+                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _mlp_source() -> Any:
+    """The Keras mlp where Keras is installed, else its ONNX twin (:func:`onnx_mlp`)."""
+    import importlib.util
+
+    return keras_mlp() if importlib.util.find_spec("keras") else onnx_mlp()
 
 
 def keras_two_head() -> Any:
@@ -257,7 +288,7 @@ def signal_path() -> Path:
 
 
 _BUILDERS: dict[str, Callable[[], Model]] = {
-    "mlp": lambda: load_model(keras_mlp(), name="mlp"),
+    "mlp": lambda: load_model(_mlp_source(), name="mlp"),
     "lstm": lambda: load_model(keras_lstm(), name="lstm"),
     "conv1d": lambda: load_model(keras_conv1d(), name="conv1d"),
     "signal": lambda: _own_data(load_model(signal_path(), name="signal",
@@ -286,7 +317,7 @@ def _with_framework(name: str, build: Callable[[], Model]) -> Callable[[], Model
             raise UnavailableError(
                 f"zoo:{name} is built with {exc.name}, which is not installed: pip install "
                 f"'hwbackends[keras]' (Keras zoo models) or 'hwbackends[torch]' (torch ones); "
-                f"with the cpu extra alone, pass your own .onnx model") from None
+                f"with the cpu extra alone, zoo:mlp (ONNX) or your own .onnx model runs") from None
     return run
 
 

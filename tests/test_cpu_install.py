@@ -108,6 +108,29 @@ def test_the_report_without_frameworks(onnx_model: Path, tmp_path: Path, cache: 
 def test_a_zoo_model_says_which_extra_it_needs(hwb_cli, cache: Path):
     if os.environ.get("HWB_CPU_INSTALL") != "1":
         pytest.skip("HWB_CPU_INSTALL=1 only in the .[cpu] venv of .ci/run (Keras is here)")
-    rc, _, err = hwb_cli("compile", "zoo:mlp", "-t", "cpu.native", "--cache-dir", str(cache))
+    rc, _, err = hwb_cli("compile", "zoo:lstm", "-t", "cpu.native", "--cache-dir", str(cache))
     assert rc == 1 and "Traceback" not in err
-    assert "zoo:mlp is built with keras" in err and "pip install 'hwbackends[keras]'" in err
+    assert "zoo:lstm is built with keras" in err and "pip install 'hwbackends[keras]'" in err
+
+
+@pytest.mark.parametrize("target", ["cpu.native", "cpu.onnxruntime"])
+def test_zoo_mlp_runs_on_every_install(hwb_cli, cache: Path, target: str):
+    """zoo:mlp is Keras where Keras is installed, else its ONNX twin (same seeded weights)."""
+    rc, out, err = hwb_cli("compile", "zoo:mlp", "-t", target, "--cache-dir", str(cache), "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["fidelity_gate"]["passed"] is True
+    from hwbackends.models import load_model
+
+    want = "onnx" if importlib.util.find_spec("keras") is None else "keras"
+    assert load_model("zoo:mlp").format == want
+
+
+def test_the_onnx_mlp_is_the_keras_mlp():
+    pytest.importorskip("keras")
+    from hwbackends import zoo
+    from hwbackends.models import load_model
+
+    k, o = load_model(zoo.keras_mlp(), name="mlp"), load_model(zoo.onnx_mlp(), name="mlp")
+    x = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
+    np.testing.assert_allclose(o.reference(x), k.reference(x), atol=1e-6)
