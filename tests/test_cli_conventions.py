@@ -380,9 +380,14 @@ def test_predict_without_precision_runs_the_variant_compiled_last(hwb_cli, tmp_p
                            "--cache-dir", store, "--json")
     assert rc == 0, err
     assert json.loads(out)["variant"] == "cpu.onnxruntime:int8-dynamic"
-    assert "no -p given: cpu.onnxruntime:int8-dynamic, the variant of mlp the store used last" in err
+    assert "no -p given: cpu.onnxruntime:int8-dynamic, the variant of mlp the store holds" in err
     assert "compiling" not in err  # loaded, not built
     rc, out, err = hwb_cli("predict", "zoo:mlp", "-t", "cpu.onnxruntime", "-p", "fp32", "-i",
                            str(tmp_path / "x.npy"), "--cache-dir", store, "--json")
     assert rc == 0 and json.loads(out)["variant"] == "cpu.onnxruntime:fp32"
     assert "no -p given" not in err
+    # two stored now: which one to run is not guessed from their history
+    rc, out, err = hwb_cli("predict", "zoo:mlp", "-t", "cpu.onnxruntime", "-i", str(tmp_path / "x.npy"),
+                           "--cache-dir", store, "--json")
+    assert rc == 0 and json.loads(out)["variant"] == "cpu.onnxruntime:fp32"
+    assert "the store holds 2 variants of mlp for cpu.onnxruntime (fp32, int8-dynamic)" in err

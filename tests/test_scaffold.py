@@ -121,7 +121,7 @@ def test_scaffolded_plugin_installs_registers_and_passes_the_kit(tmp_path):
     assert not [p for p in data["problems"] if p["plugin"] == name]
     out = direct.stdout + direct.stderr
     assert direct.returncode == 0, out[-4000:]
-    assert "10 passed, 5 skipped" in out, out[-2000:]  # 5 target checks + 5 on the mlp
+    assert "11 passed, 6 skipped" in out, out[-2000:]  # 5 target checks + 6 on the mlp (sliding too)
     assert "layer 'lstm' is a LSTM" in out           # the LSTM is refused, naming the layer
     assert check_k.returncode == 0, (check_k.stdout + check_k.stderr)[-3000:]
     assert "3 passed" in check_k.stdout

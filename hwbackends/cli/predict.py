@@ -53,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def last_used_precision(args: argparse.Namespace) -> str | None:
-    """Without ``-p``: the precision of this model's variant for ``--target`` that the store
-    used last (``hwb compile … -p int8`` then ``hwb predict …`` runs that int8 variant, not a
-    fresh build of the target's first precision), said on stderr; ``None`` (the target's
-    first precision) when the store holds none. Read from the store's signed listing, no
-    artifact hashed; the compile then loads and verifies the one chosen."""
+    """Without ``-p``: the precision of this model's variant for ``--target`` when the store
+    holds exactly one (``hwb compile … -p int8`` then ``hwb predict …`` runs that int8
+    variant, not a fresh build of the target's first precision), said on stderr. ``None``
+    (the target's first precision, as a build request) when it holds none or several: which
+    of several to run is never guessed from their history; the message names them. Read from
+    the store's signed listing, no artifact hashed; the compile then loads and verifies it."""
     import sys
 
     from ..models import load_model
@@ -69,14 +70,21 @@ def last_used_precision(args: argparse.Namespace) -> str | None:
     args.model = m  # loaded once: the compile takes the Model
     want = f"{m.name} {args.target}:"
     batch = f" batch {args.batch_size}" if args.batch_size not in (None, 1) else ""
-    for e in usage(ArtifactStore(args.cache_dir)).entries:  # newest first
+    found: list[str] = []
+    for e in usage(ArtifactStore(args.cache_dir)).entries:
         if e.kind != "artifact" or not e.what.startswith(want):
             continue
         prec, _, b = e.what[len(want):].partition(" batch ")
-        if (f" batch {b}" if b else "") == batch and prec:
-            print(f"hwb predict: no -p given: {args.target}:{prec}, the variant of {m.name} the "
-                  f"store used last (-p PRECISION to choose)", file=sys.stderr)
-            return prec
+        if (f" batch {b}" if b else "") == batch and prec and prec not in found:
+            found.append(prec)
+    if len(found) == 1:
+        print(f"hwb predict: no -p given: {args.target}:{found[0]}, the variant of {m.name} the "
+              f"store holds (-p PRECISION to choose)", file=sys.stderr)
+        return found[0]
+    if found:
+        print(f"hwb predict: no -p given and the store holds {len(found)} variants of {m.name} "
+              f"for {args.target} ({', '.join(sorted(found))}): running the target's first "
+              f"precision; -p PRECISION to choose", file=sys.stderr)
     return None
 
 
