@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup bench clean
+.PHONY: demo test test-fast fuzz lint setup bench clean
 
 # Every extra that installs on a CPU machine, at the verified versions (constraints.txt).
 # The shm endpoint's C extension is built by the editable install: rebuild when its sources change.
@@ -35,6 +35,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(XDIST) -m 'not slow'
+
+# The long differential fuzz of the layer IR and cpu.native (issue 34): FUZZ_EXAMPLES models
+# per property, counts written to fuzz.json.
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_layer_ir.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
