@@ -13,6 +13,14 @@ two_head  features →Dense 32 relu, state →Dense 8     features (16,) + state
           tanh) and confidence (1, sigmoid)
 ========  =========================================  ===========================
 
+``lstm_a`` and ``lstm_b`` (:data:`STAC_NAMES`) have the *shapes* of STAC-ML Markets
+(Inference)'s LSTM_A and LSTM_B as public reconstructions give them — they are not STAC's
+models, weights or data: ``lstm_a`` a window of 50 ticks × 100 features, LSTM(100) →
+LSTM(100) → Dense(1); ``lstm_b`` 100 × 250, LSTM(200) ×3 → Dense(1). Untrained: Glorot-uniform
+kernels, recurrent kernels at 0.7 of that, forget-gate bias 1, from NumPy's generator with a
+fixed seed (cheap to build; latency does not depend on training). They are large, so they are
+built on request (``zoo:lstm_a``) and not in ``NAMES``.
+
 ``two_head`` has two inputs and two outputs (Keras functional API); only the targets with
 ``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
 conformance kit runs on every target).
@@ -44,6 +52,10 @@ log = logging.getLogger("hwbackends.zoo")
 NAMES = ("mlp", "lstm", "conv1d", "signal", "mlp_torch", "lstm_torch")
 #: Zoo models with several inputs/outputs (see the module docstring).
 MULTI_IO_NAMES = ("two_head",)
+#: The STAC-ML-shaped models (see the module docstring): (window, features, LSTM units, seed).
+STAC_SHAPES: dict[str, tuple[int, int, tuple[int, ...], int]] = {
+    "lstm_a": (50, 100, (100, 100), 11), "lstm_b": (100, 250, (200, 200, 200), 12)}
+STAC_NAMES = tuple(STAC_SHAPES)
 DEFAULT = "signal"
 SIGNAL_VERSION = "v1"
 
@@ -138,6 +150,31 @@ def keras_lstm() -> Any:
         keras.layers.Dense(1, name="signal"),
     ], name="zoo_lstm")
     m.set_weights(lstm_weights())
+    return m
+
+
+def stac_weights(name: str) -> list[np.ndarray]:
+    """The seeded weights of a STAC-shaped model, in Keras' ``get_weights`` order."""
+    _, features, units, seed = STAC_SHAPES[name]
+    rng = np.random.default_rng(seed)
+    ws, n_in = [], features
+    for u in units:
+        bias = np.zeros(4 * u, np.float32)
+        bias[u:2 * u] = 1.0
+        ws += [_glorot(rng, n_in, 4 * u, (n_in, 4 * u)), _glorot(rng, u, 4 * u, (u, 4 * u)) * 0.7, bias]
+        n_in = u
+    return ws + [_glorot(rng, n_in, 1, (n_in, 1)), np.zeros(1, np.float32)]
+
+
+def keras_stac(name: str) -> Any:
+    """``lstm_a`` / ``lstm_b``: the reconstructed STAC-ML shapes (module docstring)."""
+    import keras
+    window, features, units, _ = STAC_SHAPES[name]
+    layers = [keras.Input((window, features), name="window")]
+    layers += [keras.layers.LSTM(u, return_sequences=i + 1 < len(units), name=f"lstm_{i + 1}")
+               for i, u in enumerate(units)]
+    m = keras.Sequential([*layers, keras.layers.Dense(1, name="signal")], name=f"zoo_{name}")
+    m.set_weights(stac_weights(name))
     return m
 
 
@@ -297,6 +334,8 @@ _BUILDERS: dict[str, Callable[[], Model]] = {
     "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
     "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
     "two_head": lambda: load_model(keras_two_head(), name="two_head"),
+    "lstm_a": lambda: load_model(keras_stac("lstm_a"), name="lstm_a"),
+    "lstm_b": lambda: load_model(keras_stac("lstm_b"), name="lstm_b"),
 }
 
 
@@ -336,7 +375,7 @@ def get(name: str, *, deferred: bool = True) -> Model:
         build = _BUILDERS[name]
     except KeyError:
         raise ModelError(f"no zoo model {name!r}; available: "
-                         f"{', '.join(NAMES + MULTI_IO_NAMES)}") from None
+                         f"{', '.join(NAMES + MULTI_IO_NAMES + STAC_NAMES)}") from None
     build = _with_framework(name, build)
     if not deferred:
         return build()

@@ -135,3 +135,30 @@ def test_models_without_an_incremental_form_recompute_in_c(compiled):
         np.testing.assert_array_equal(push_all(w, xs, tuple(cm.output.shape)), window_answers(cm, xs))
         with pytest.raises(UnsupportedError, match="no streaming form"):
             cm.streaming()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler (g++)")
+def test_cpp_example_answers_equal_pythons_bit_for_bit(lstm_native, tmp_path):
+    """examples/sliding_push.cpp on the exported library (hwb_model_push, then prepare, per tick)
+    gives Python's sliding().push_into answers, bit for bit."""
+    import subprocess
+    from pathlib import Path
+
+    from hwbackends.registry import get_registry
+
+    cm = lstm_native
+    lib = tmp_path / "lib"
+    get_registry().target("cpu.native").export(cm.artifact, "c", lib)
+    header = (lib / "hwb_model.h").read_text()
+    assert "int hwb_model_push(const float *x_t, float *y);" in header and '"incremental"' in header
+    exe = tmp_path / "sliding_push"
+    src = Path(__file__).resolve().parents[1] / "examples" / "sliding_push.cpp"
+    subprocess.run(["g++", "-O2", "-std=c++17", "-Wall", "-Werror", f"-I{lib}", str(src),
+                    str(lib / "libhwb_model.so"), f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True, timeout=120)
+    xs = np.random.default_rng(11).normal(size=(300, 8)).astype(np.float32)
+    xs.tofile(tmp_path / "x.f32")
+    subprocess.run([str(exe), str(tmp_path / "x.f32"), str(tmp_path / "y.f32")], check=True, timeout=60)
+    got = np.fromfile(tmp_path / "y.f32", np.float32).reshape(len(xs), 1)
+    assert got.tobytes() == push_all(cm.sliding(), xs, (1,)).tobytes()
+    bench = subprocess.run([str(exe), "--bench", "300"], capture_output=True, text=True, check=True, timeout=60)
+    assert "hwb_model_push p50" in bench.stdout

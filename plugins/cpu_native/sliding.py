@@ -29,7 +29,6 @@ out before over the same state.
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,8 +397,9 @@ def ext_parts(in_shape: tuple[int, ...]) -> tuple[str, str]:
 
 
 # -- the executor's hook -------------------------------------------------------------------
-#: The Steps last handed out per loaded library and semantics (the state they run on).
-_LIVE: "weakref.WeakKeyDictionary[Any, dict[bool, Steps]]" = weakref.WeakKeyDictionary()
+#: The Steps last handed out per library (its module name: two executors of one artifact load
+#: one shared object, so they share its state) and semantics.
+_LIVE: dict[str, dict[bool, Steps]] = {}
 
 
 def steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -410,7 +410,7 @@ def steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...], out_shap
     if not info or not hasattr(module, "push_into") or (stateful and not info.get("stream")):
         return None
     module.window_check(functools.partial(_check, tuple(in_shape[1:]), tuple(out_shape)), InputError)
-    live = _LIVE.setdefault(module, {})
+    live = _LIVE.setdefault(module.__name__, {})
     old = live.get(stateful)
     if old is not None:
         old.revoke("this window was replaced: a later sliding()/streaming() on the same cpu.native "
