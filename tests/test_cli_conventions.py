@@ -391,3 +391,18 @@ def test_predict_without_precision_runs_the_variant_compiled_last(hwb_cli, tmp_p
                            "--cache-dir", store, "--json")
     assert rc == 0 and json.loads(out)["variant"] == "cpu.onnxruntime:fp32"
     assert "the store holds 2 variants of mlp for cpu.onnxruntime (fp32, int8-dynamic)" in err
+
+
+@CPU_INSTALL
+def test_store_prune_without_a_limit_is_a_usage_error(tmp_path: Path):
+    """``hwb store prune`` with neither limit: exit 2 (not 1), the expected form named, and
+    nothing removed (the installed ``hwb``, as a script calls it)."""
+    store = tmp_path / "store"
+    r = subprocess.run([HWB, "store", "--cache-dir", str(store), "prune"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "usage: hwb store prune" in r.stderr and "Traceback" not in r.stderr
+    assert "give --max-size SIZE" in r.stderr and "--older-than AGE" in r.stderr, r.stderr
+    r = subprocess.run([HWB, "store", "--cache-dir", str(store), "prune", "--older-than", "30d"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("removed 0 artifact(s)"), r.stdout + r.stderr

@@ -219,8 +219,11 @@ def test_cli_lists_and_prunes(two_variants, hwb_cli, capsys) -> None:
     root = str(st.root)
     rc, out, _ = hwb_cli("store", "--cache-dir", root)
     assert rc == 0 and f"store {st.root}" in out and "mlp cpu.litert:fp32" in out, out
-    rc, out, err = hwb_cli("store", "--cache-dir", root, "prune")
-    assert rc != 0 and "--max-size SIZE" in err and "--older-than AGE" in err, err
+    with pytest.raises(SystemExit) as no_limit:  # no limit at all: a usage error too
+        hwb_cli("store", "--cache-dir", root, "prune")
+    err = capsys.readouterr().err
+    assert no_limit.value.code == 2, err
+    assert "usage: hwb store prune" in err and "give --max-size SIZE" in err and "--older-than AGE" in err, err
     with pytest.raises(SystemExit) as usage_error:  # argparse: a usage error
         hwb_cli("store", "prune", "--max-size", "2 bananas", "--cache-dir", root)
     err = capsys.readouterr().err

@@ -34,7 +34,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
     q.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="machine-readable output")
-    q.set_defaults(func=run_prune)
+    q.set_defaults(func=run_prune, prune_parser=q)
 
 
 def _store(args: argparse.Namespace):
@@ -83,12 +83,11 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from ..errors import ConfigError
     from ..store_prune import GRACE_S, prune
 
-    if args.max_size is None and args.older_than is None:
-        raise ConfigError("say what to keep: --max-size SIZE (e.g. 2G) and/or "
-                          "--older-than AGE (e.g. 30d)")
+    if args.max_size is None and args.older_than is None:  # a usage error: argparse's exit 2
+        args.prune_parser.error("say what to keep: give --max-size SIZE (e.g. 2G) and/or "
+                                "--older-than AGE (e.g. 30d)")
     r = prune(_store(args), max_bytes=args.max_size, older_than_s=args.older_than,
               dry_run=args.dry_run)
     verb = "would remove" if r.dry_run else "removed"
