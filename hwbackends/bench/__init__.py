@@ -11,8 +11,8 @@ from .harness import bench_model, cached_measure, measure, pinned, select_target
 from .profile import LatencyProfile, summarize, table
 from .profile_cache import ProfileCache, profile_key
 from .results import BenchResults, ResultsError
-from .scenarios import Batch, Burst, Server, SingleStream, parse
+from .scenarios import Batch, Burst, Server, SingleStream, Sliding, parse
 
 __all__ = ["Batch", "BenchResults", "Burst", "LatencyProfile", "ProfileCache", "ResultsError",
-           "Server", "SingleStream", "bench_model", "cached_measure", "fingerprint", "measure",
+           "Server", "SingleStream", "Sliding", "bench_model", "cached_measure", "fingerprint", "measure",
            "parse", "pinned", "profile_key", "select_targets", "summarize", "table"]

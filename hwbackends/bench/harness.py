@@ -22,7 +22,7 @@ from ..registry import (
 )
 from ..variant import VariantRecord
 from . import machine as machine_mod
-from .profile import LatencyProfile, samples_per_s, summarize
+from .profile import LatencyProfile, brief, samples_per_s, summarize
 from .profile_cache import ProfileCache, profile_key
 from .results import BenchResults
 from .scenarios import (
@@ -32,9 +32,12 @@ from .scenarios import (
     Scenario,
     Server,
     SingleStream,
+    Sliding,
     Timing,
     closed_loop,
+    noop,
     open_loop,
+    sliding_loop,
     timeline,
 )
 
@@ -101,24 +104,34 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
     """Measure ``cm`` in ``scenario`` and return its profile. ``batch_size`` only applies to
     variants without a static batch (others run at their compiled batch). ``predict_into``
     overrides the callable timed (the router's own dispatch, in its overhead benchmark)."""
+    if isinstance(scenario, Sliding):
+        return measure_sliding(cm, scenario, data, pin, progress)
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     xs = input_set(data, cm, batch)
     out = output_buffer(cm, batch)
     fn = predict_into or cm.predict_into
     label = f"{cm.variant} b{batch} {scenario.name}"
     trace_info = None
+    floor: Timing | None = None
+    affinity: dict[str, Any] | None = None
     with pinned(pin):
         if isinstance(scenario, (SingleStream, Batch)):
             bar = Progress(label, scenario.n, progress)
             t: Timing = closed_loop(fn, xs, out, scenario.n, scenario.max_s, scenario.warmup, bar)
-        elif isinstance(scenario, Server):
-            bar = Progress(label, scenario.n, progress)
-            t = open_loop(fn, xs, out, scenario.arrivals(), scenario.max_s, scenario.warmup, bar)
-        elif isinstance(scenario, Burst):
-            trace = scenario.load()
-            trace_info = trace.describe()
-            bar = Progress(label, len(trace), progress)
-            t = open_loop(fn, xs, out, trace.timestamps, scenario.max_s, scenario.warmup, bar)
+        elif isinstance(scenario, (Server, Burst)):
+            if isinstance(scenario, Server):
+                arrivals, total = scenario.arrivals(), scenario.n
+            else:
+                trace = scenario.load()
+                trace_info = trace.describe()
+                arrivals, total = trace.timestamps, len(trace)
+            bar = Progress(label, total, progress)
+            # The measured thread on a core of its own when there are two and no --pin says
+            # otherwise; the same loop over a no-op, same arrivals, right after: the floor.
+            with open_loop_cores(pin) as affinity:
+                t = open_loop(fn, xs, out, arrivals, scenario.max_s, scenario.warmup, bar)
+                if not t.interrupted:
+                    floor = open_loop(noop, xs, out, arrivals, scenario.max_s, scenario.warmup)
         else:  # pragma: no cover - the type union is closed
             raise TypeError(f"unknown scenario {scenario!r}")
     stats = summarize(t.latency_ns)
@@ -139,8 +152,102 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
         prof.queue_mean_us = float((t.latency_ns - t.service_ns).mean() / 1e3)
     if isinstance(scenario, Burst) and t.arrivals_s is not None:
         prof.timeline = timeline(t.arrivals_s, t.latency_ns)
+    if floor is not None:
+        prof.noise_floor = brief(floor.latency_ns)
+        prof.interrupted = prof.interrupted or floor.interrupted
+    if affinity is not None:
+        prof.params["affinity"] = affinity
     bar.done(f"p50 {prof.p50_us:.1f} µs  p99 {prof.p99_us:.1f} µs  n={prof.n}"
+             + (f"  (no-op floor p99 {prof.noise_floor['p99_us']:.1f} µs"
+                + (", at the floor)" if prof.at_noise_floor else ")") if prof.noise_floor else "")
              + ("  (interrupted)" if t.interrupted else ""))
+    return prof
+
+
+@contextlib.contextmanager
+def open_loop_cores(pin: Sequence[int] | None) -> Iterator[dict[str, Any]]:
+    """Where an open loop's threads run, yielded as the row's ``affinity``: with two usable
+    cores or more (and no ``--pin``), the measuring thread goes to the last one and the
+    process's other threads (a target's worker pool, the interpreter's helpers) keep the
+    rest, so nothing started by the run competes for the measured core. The arrival schedule
+    is precomputed, so no generator thread runs during the loop. One core, or no
+    ``sched_setaffinity``: nothing changes, and the row says so."""
+    if pin or not hasattr(os, "sched_setaffinity"):
+        yield {"measured_cpus": sorted(pin) if pin else None, "pinned_by": "--pin" if pin else
+               "nobody (no sched_setaffinity)", "generator": "precomputed schedule"}
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        yield {"measured_cpus": cpus, "pinned_by": "nobody (one usable core)",
+               "generator": "precomputed schedule"}
+        return
+    mine = cpus[-1]
+    with pinned([mine]):
+        yield {"measured_cpus": [mine], "other_cpus": cpus[:-1], "pinned_by": "the harness",
+               "generator": "precomputed schedule"}
+
+
+def sliding_refusal(shape: Sequence[int], multi_io: bool, name: str) -> str:
+    """Why model ``name`` cannot run the sliding scenario ("" when it can): it needs one input
+    of rank ≥ 2, a time axis then each step's features."""
+    if multi_io:
+        return (f"{name} has several inputs or outputs; the sliding scenario slides one input's "
+                f"first axis (keep the window yourself and measure single-stream)")
+    if len(shape) < 2:
+        return (f"{name} is not windowed: its input has shape {tuple(shape)}, and the sliding "
+                f"scenario needs (T, *features), a time axis first; measure it with "
+                f"-s single-stream")
+    return ""
+
+
+def step_set(data: Any, cm: "CompiledModel", k: int = 4096) -> list[np.ndarray]:
+    """Up to ``k`` distinct steps (shape ``input.shape[1:]``, C-contiguous float32) from the
+    model's sample windows, in order: the sliding scenario pushes a new one each tick."""
+    shape = tuple(cm.input.shape)
+    if data is None or len(data) == 0:
+        data = np.random.default_rng(0).standard_normal((256, *shape)).astype(np.float32)
+    flat = np.ascontiguousarray(np.asarray(data, dtype=np.float32).reshape(-1, *shape[1:])[:k])
+    return [flat[j] for j in range(len(flat))]
+
+
+def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
+                    pin: Sequence[int] | None = None, progress: bool = False) -> LatencyProfile:
+    """The sliding scenario of ``cm`` (:func:`~.scenarios.sliding_loop`): the profile's
+    percentiles are ``push_into``'s; ``sliding`` holds the form, the prepare's and the full
+    window's figures from the same run. A model without a window is refused
+    (UnsupportedError, saying what it needs)."""
+    why = sliding_refusal(tuple(cm.input.shape), getattr(cm, "multi_io", False), cm.model_name)
+    if why:
+        raise UnsupportedError(why)
+    window = cm.sliding(auto_prepare=False)
+    steps = step_set(data, cm)
+    out_step = np.zeros(tuple(cm.output.shape), np.float32)
+    xs = input_set(data, cm, cm.batch_size)
+    out = output_buffer(cm, cm.batch_size)
+    bar = Progress(f"{cm.variant} sliding ({window.form})", scenario.n, progress)
+    with pinned(pin):
+        t = sliding_loop(window.push_into, window.prepare, cm.predict_into, steps, out_step,
+                         xs, out, scenario.n, scenario.max_s, scenario.warmup, scenario.rounds,
+                         bar)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    stats = summarize(t.push_ns)
+    full = brief(t.full_ns)
+    prof = LatencyProfile(
+        variant=cm.variant, target=cm.target, precision=cm.precision, batch_size=cm.batch_size,
+        scenario=scenario.name, params=scenario.key() | {"loadavg_1m": load}, mode=cm.mode.value,
+        throughput=samples_per_s(t.push_ns, 1), duration_s=t.wall_s,
+        machine=machine_mod.fingerprint(),
+        fidelity=cm.fidelity.to_dict() if cm.fidelity else None,
+        artifact_key=cm.artifact.key, interrupted=t.interrupted, **stats)
+    prof.sliding = {"form": window.form, "window": window.window,
+                    "prepare": brief(t.prepare_ns), "full": full,
+                    "push_over_full_p50": (prof.p50_us / full["p50_us"]
+                                           if full["n"] and full["p50_us"] > 0 else None)}
+    bar.done(f"push p50 {prof.p50_us:.2f} µs  p99 {prof.p99_us:.2f} µs  full window p50 "
+             f"{full['p50_us']:.1f} µs  n={prof.n}" + ("  (interrupted)" if t.interrupted else ""))
     return prof
 
 
@@ -258,10 +365,19 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
         if why:  # refused before the model is loaded
             raise UnsupportedError(why + "; choose one of those with -p")
     m = load_model(model)
+    no_window = sliding_refusal(tuple(m.inputs[0].shape), m.multi_io, m.name)
+    if no_window and any(isinstance(sc, Sliding) for sc in scenarios):
+        if all(isinstance(sc, Sliding) for sc in scenarios):
+            raise UnsupportedError(no_window)  # refused before anything is compiled
+        say(f"sliding: skipped: {no_window}")
+        scenarios = [sc for sc in scenarios if not isinstance(sc, Sliding)]
     res = results or BenchResults(model={}, machine={})
     # A caller's (empty) results object is filled in place, so it holds whatever was measured
     # however this function ends: ``hwb bench`` writes it on every exit path.
     res.model, res.machine = res.model or m.describe(), res.machine or machine_mod.fingerprint()
+    if any(isinstance(sc, (Server, Burst)) for sc in scenarios) and "open_loop" not in res.machine:
+        with open_loop_cores(pin) as where:  # what each open-loop row's ``affinity`` will say
+            res.machine = {**res.machine, "open_loop": where}
     data = m.representative(256, seed=2)
     try:
         for name in names:

@@ -17,6 +17,10 @@ CDF_QUANTILES = tuple(np.concatenate([np.linspace(0.0, 0.9, 46), np.linspace(0.9
                                       np.linspace(0.99, 0.999, 10)[1:], [0.9995, 1.0]]).round(5))
 
 
+#: A p99 within this factor of the no-op loop's p99 (same run) is "at the noise floor".
+FLOOR_FACTOR = 1.5
+
+
 @dataclass
 class LatencyProfile:
     """A measured latency distribution of one variant in one scenario on one machine.
@@ -58,10 +62,25 @@ class LatencyProfile:
     created: float = field(default_factory=time.time)
     #: The 95th percentile (µs); ``None`` in a profile measured before it was kept.
     p95_us: float | None = None
+    #: The ``sliding`` scenario (whose percentiles above are ``push_into``'s, tick → answer):
+    #: ``{"form", "window", "prepare": {...}, "full": {...}}``, the prepare and the full window
+    #: (``predict_into``) measured in the same interleaved run (:func:`brief` each); else None.
+    sliding: dict[str, Any] | None = None
+    #: Open-loop scenarios (server, burst): the same loop over a no-op in the same run
+    #: (:func:`brief`), the harness's own floor; None in other scenarios and older files.
+    noise_floor: dict[str, Any] | None = None
 
     @property
     def emulated(self) -> bool:
         return self.mode == "emulated"
+
+    @property
+    def at_noise_floor(self) -> bool:
+        """Whether this open-loop p99 is within :data:`FLOOR_FACTOR` × the no-op loop's p99
+        measured in the same run: the tail is then the harness's and the machine's, not the
+        variant's (False without a floor)."""
+        f = (self.noise_floor or {}).get("p99_us")
+        return f is not None and f > 0 and self.p99_us <= FLOOR_FACTOR * f
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,12 +117,45 @@ CSV_FIELDS = ("variant", "target", "precision", "mode", "scenario", "batch_size"
 
 def table(profiles: list[LatencyProfile]) -> str:
     lines = [TABLE_HEADER] + [p.row() for p in profiles]
+    lines += extra_lines(profiles)
     if any(p.emulated for p in profiles):
         lines.append("* emulated: measured on a stand-in (C-simulation, CPU instead of the "
                      "accelerator), not the hardware's latency")
     if any(p.interrupted for p in profiles):
         lines.append("(interrupted: the last profile holds what was measured before Ctrl-C)")
     return "\n".join(lines)
+
+
+def extra_lines(profiles: list[LatencyProfile]) -> list[str]:
+    """The table's notes on sliding rows (the prepare and the full window beside the push) and
+    on open-loop rows (their no-op noise floor, and whether the p99 is at it)."""
+    out = []
+    for p in profiles:
+        sl = p.sliding
+        if sl:
+            pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
+            out.append(f"  {p.variant} sliding ({sl.get('form')}, window {sl.get('window')}): "
+                       f"push p50 {p.p50_us:.2f} / p99 {p.p99_us:.2f} µs; prepare p50 "
+                       f"{_f(pr.get('p50_us'))} / p99 {_f(pr.get('p99_us'))} µs (apart); full "
+                       f"window p50 {_f(fu.get('p50_us'))} / p99 {_f(fu.get('p99_us'))} µs")
+        nf = p.noise_floor
+        if nf:
+            out.append(f"  {p.variant} {p.scenario}: no-op floor p50 {_f(nf.get('p50_us'))} / p99 "
+                       f"{_f(nf.get('p99_us'))} µs"
+                       + ("  (p99 at the noise floor)" if p.at_noise_floor else ""))
+    return out
+
+
+def _f(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) and v == v else "—"
+
+
+def brief(latency_ns: np.ndarray) -> dict[str, Any]:
+    """:func:`summarize` without the CDF: what a results row keeps of a secondary loop (the
+    sliding scenario's prepare and full window, an open loop's no-op floor)."""
+    d = summarize(latency_ns)
+    d.pop("cdf")
+    return d
 
 
 def table_csv(profiles: list[LatencyProfile]) -> str:

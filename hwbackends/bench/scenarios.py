@@ -7,6 +7,10 @@
   the wait (no coordinated omission, as MLPerf LoadGen).
 * ``burst``: open-loop replay of a tick-arrival trace (``hwb_sim``): quiet periods and bursts.
 * ``batch``: closed loop at N samples per tick (N symbols scored at once), N swept.
+* ``sliding``: a windowed model (input ``(T, *step)``) fed one tick at a time through
+  ``cm.sliding()``: tick → answer (``push_into``) timed, the ``prepare()`` after it timed apart
+  (as STAC-ML Tacana reports it), and the full window (``predict_into``) in the same
+  interleaved run, so the two are compared under the same noise.
 
 The loops time with ``perf_counter_ns`` around the bare ``predict_into`` (the hot path), keep
 the garbage collector off while measuring, and stop cleanly on Ctrl-C keeping what was
@@ -96,9 +100,26 @@ class Batch:
         return asdict(self)
 
 
-Scenario = SingleStream | Server | Burst | Batch
+@dataclass(frozen=True)
+class Sliding:
+    """``n`` ticks, in ``rounds`` rounds; each round pushes ``n / rounds`` fresh steps (each
+    followed by its timed ``prepare``) then runs as many full windows."""
+
+    n: int = 2000
+    max_s: float = 10.0
+    warmup: int = 200
+    rounds: int = 5
+    name: str = field(default="sliding", init=False)
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Scenario = SingleStream | Server | Burst | Batch | Sliding
 SCENARIOS: dict[str, type] = {"single-stream": SingleStream, "server": Server, "burst": Burst,
-                              "batch": Batch}
+                              "batch": Batch, "sliding": Sliding}
+#: The scenarios that run open loop (and so measure a no-op noise floor beside the variant).
+OPEN_LOOP = (Server, Burst)
 
 
 def parse(spec: str) -> Scenario:
@@ -124,10 +145,10 @@ def parse(spec: str) -> Scenario:
                     raise ValueError("sizes must be ≥ 1")
             elif k in ("trace", "unit"):
                 kw[k] = v
-            elif k in ("n", "warmup", "seed"):
+            elif k in ("n", "warmup", "seed", "rounds"):
                 kw[k] = int(v)
-                if kw[k] < (1 if k == "n" else 0):
-                    raise ValueError(f"{k} must be ≥ {1 if k == 'n' else 0}")
+                if kw[k] < (1 if k in ("n", "rounds") else 0):
+                    raise ValueError(f"{k} must be ≥ {1 if k in ('n', 'rounds') else 0}")
             else:
                 kw[k] = float(v)
                 if not 0 < kw[k] < float("inf"):  # a rate, a duration, a time limit
@@ -288,3 +309,76 @@ def timeline(arrivals_s: np.ndarray, latency_ns: np.ndarray, bins: int = 100) ->
         p99.append(float(np.quantile(sel, 0.99)) if len(sel) else float("nan"))
         mx.append(float(sel.max()) if len(sel) else float("nan"))
     return {"t_s": t, "rate_hz": rate, "p99_us": p99, "max_us": mx}
+
+
+def noop(x: Any, out: Any) -> None:
+    """What the noise-floor loop calls: nothing, through the same call the variant gets."""
+
+
+@dataclass
+class SlidingTiming:
+    """Raw outcome of :func:`sliding_loop`: per-tick ``push_into`` and ``prepare`` latency and
+    per-call full-window ``predict_into`` latency (ns)."""
+
+    push_ns: np.ndarray
+    prepare_ns: np.ndarray
+    full_ns: np.ndarray
+    wall_s: float
+    interrupted: bool = False
+
+
+def sliding_loop(push: Fn, prepare: Callable[[], None], full: Fn, steps: Sequence[np.ndarray],
+                 out_step: np.ndarray, xs: Sequence[np.ndarray], out: np.ndarray, n: int,
+                 max_s: float, warmup: int = 0, rounds: int = 5,
+                 progress: Progress | None = None) -> SlidingTiming:
+    """``rounds`` rounds of: ``n / rounds`` ticks (``push(steps[i], out_step)`` timed, then
+    ``prepare()`` timed apart), then ``n / rounds`` full windows (``full(xs[j], out)``).
+    ``steps`` are cycled, so every tick pushes a new step, not one repeated."""
+    k = len(steps)
+    for j in range(warmup):
+        push(steps[j % k], out_step)
+        prepare()
+    _warm(full, xs, out, min(warmup, 50))
+    clock = time.perf_counter_ns
+    per = max(n // max(rounds, 1), 1)
+    push_ns = np.empty(per * rounds, np.int64)
+    prep_ns = np.empty(per * rounds, np.int64)
+    full_ns = np.empty(per * rounds, np.int64)
+    kf = len(xs)
+    i = f = 0
+    s = warmup  # the next step to push: the window keeps sliding on from the warm-up
+    interrupted = False
+    gc_was = gc.isenabled()
+    gc.disable()
+    start = clock()
+    stop = start + int(max_s * 1e9)
+    try:
+        for _ in range(rounds):
+            for _ in range(per):
+                x = steps[s % k]
+                s += 1
+                t0 = clock()
+                push(x, out_step)
+                t1 = clock()
+                prepare()
+                t2 = clock()
+                push_ns[i] = t1 - t0
+                prep_ns[i] = t2 - t1
+                i += 1
+            for _ in range(per):
+                x = xs[f % kf]
+                t0 = clock()
+                full(x, out)
+                full_ns[f] = clock() - t0
+                f += 1
+            if progress:
+                progress.update(i)
+            if clock() > stop:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if gc_was:
+            gc.enable()
+    return SlidingTiming(push_ns[:i], prep_ns[:i], full_ns[:f], (clock() - start) / 1e9,
+                         interrupted)
