@@ -102,6 +102,10 @@ class StrategyConfig(_Strict):
     #: inferred from the reference outputs, and ``hwb route --explain`` says so.
     output_kind: Literal["signed", "regression", "probabilities", "logits"] | None = None
     batch_size: int = Field(1, ge=1, le=MAX_BATCH)
+    #: The scenario whose p99 ranks the variants: ``single-stream`` (a whole input per call,
+    #: the default) or ``sliding`` (a windowed model fed one tick at a time: ``push_into``'s
+    #: p99, the prepare apart; a variant with no sliding measurement is not eligible).
+    scenario: Literal["single-stream", "sliding"] = "single-stream"
     #: Hard per-call deadline: calls go through a watchdog thread and a call that misses it is
     #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
     timeout_us: float | None = Field(None, gt=0, le=MAX_US)

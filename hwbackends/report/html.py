@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..bench.machine import describe as machine_line
-from ..bench.profile import LatencyProfile
+from ..bench.profile import FLOOR_FACTOR, LatencyProfile
 from ..bench.results import BenchResults
 from ..units import fmt_us
 from ..variant import VariantRecord
@@ -130,7 +130,8 @@ def _routing(res: BenchResults) -> str:
                    '<span class="ok">within budget</span>' if ok else
                    '<span class="over">over budget</span>' if r.get("chosen") else
                    '<span class="over">no variant</span>')
-        rows.append([_e(r["strategy"]), _e(r["tier"]), fmt_us(r["budget_us"]),
+        rows.append([_e(r["strategy"]) + (" <i>(sliding)</i>" if r.get("scenario") == "sliding" else ""),
+                     _e(r["tier"]), fmt_us(r["budget_us"]),
                      f"<b>{_e(r['chosen'] or '—')}</b> " + (_badge(r["chosen_mode"]) if r.get("chosen_mode") else ""),
                      fmt_us(r.get("chosen_p99_us")), verdict, _e(r.get("chosen_by", "")),
                      _e(" → ".join(r.get("failover", [])) or "—")])
@@ -139,7 +140,8 @@ def _routing(res: BenchResults) -> str:
     out += ('<p class="note">“Measured p99” is the router\'s own profile: every eligible candidate '
             'measured interleaved in rounds, so they share the same machine noise. The latency '
             'tables below are separate runs; variants within a few percent of each other may '
-            'trade places between the two.</p>')
+            'trade places between the two. A <i>(sliding)</i> strategy is ranked by the p99 of '
+            '<code>push_into</code> (one tick in, the window\'s answer out).</p>')
     notes = [f"<li><b>{_e(r['strategy'])}</b>: {long_text(r['note'], 240)}</li>"
              for r in res.routing if r.get("note")]
     if notes:
@@ -258,6 +260,7 @@ def _server(ctx: _Ctx) -> str:
             + plot + "</div>" + _profile_table(sv, server=True)
             + '<p class="note">Latency is counted from each request\'s <i>scheduled</i> arrival, '
               'so time spent queued behind a slow call is included (no coordinated omission).</p>'
+            + FLOOR_NOTE
             + _load_note(sv, ctx.res) + "</section>")
 
 
@@ -276,7 +279,38 @@ def _burst(ctx: _Ctx) -> str:
               f'{float(tr.get("duration_s", 0)):.2f} s, mean {float(tr.get("mean_rate_hz", 0)):.0f}/s, '
               f'peak {float(tr.get("peak_rate_hz_10ms", 0)):.0f}/s over 10 ms '
               f'({_e(tr.get("source", ""))}, {_e(tr.get("bursts", "?"))} bursts).{_e(more)}</p>'
+            + FLOOR_NOTE
             + _load_note(bu, ctx.res) + "</section>")
+
+
+def _sliding(ctx: _Ctx) -> str:
+    """The sliding scenario: tick → answer (``push_into``) beside the prepare (timed apart)
+    and the full window (``predict_into``) of the same interleaved run."""
+    sl = [p for p in ctx.res.profiles if p.scenario == "sliding" and p.sliding]
+    if not sl:
+        return ""
+    rows = []
+    for p in sl:
+        d = p.sliding or {}
+        pr, fu = d.get("prepare") or {}, d.get("full") or {}
+        ratio = d.get("push_over_full_p50")
+        rows.append([f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""),
+                     _badge(p.mode), _e(d.get("form", "?")), _e(d.get("window", "?")),
+                     f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p95_us),
+                     fmt_us(p.p99_us), fmt_us(p.p999_us), fmt_us(pr.get("p50_us")),
+                     fmt_us(pr.get("p99_us")), fmt_us(fu.get("p50_us")), fmt_us(fu.get("p99_us")),
+                     f"{ratio:.3f}" if isinstance(ratio, float) else "—"])
+    return ('<section><h2>Sliding window: one tick in, the answer out</h2>'
+            + _table(["variant", "mode", "form", "window", "n", "push p50", "p90", "p95", "p99",
+                      "p99.9", "prepare p50", "prepare p99", "full window p50", "full p99",
+                      "push / full (p50)"], rows, set(range(3, 15)))
+            + '<p class="note">Each tick pushes a new step of the model\'s sample windows '
+              '(<code>push_into</code> on a preallocated output); the <i>prepare</i> (the work '
+              'that does not need the new step) is timed apart, as STAC-ML Tacana reports it, '
+              'and the full window (<code>predict_into</code>) runs in the same interleaved '
+              'rounds. <b>incremental</b>: the target\'s own form (only the newest step on the '
+              'critical path); <b>recompute</b>: the window recomputed each tick.</p>'
+            + _load_note(sl, ctx.res) + "</section>")
 
 
 def _batch(ctx: _Ctx) -> str:
@@ -367,7 +401,10 @@ Each variant runs its compiled artifact through <code>predict_into</code> (preal
 no allocation per call), timed with <code>perf_counter_ns</code> around each call, after a
 warm-up, with the garbage collector paused. <b>single-stream</b>: closed loop, one call after
 another. <b>server</b>: open loop with seeded Poisson arrivals. <b>burst</b>: open-loop replay of
-a seeded tick trace (quiet periods and bursts). <b>batch</b>: closed loop at N samples per call.
+a seeded tick trace (quiet periods and bursts); both also run the same loop over a no-op (the
+noise floor){_e(_affinity(res))}. <b>batch</b>: closed loop at N samples per call. <b>sliding</b>:
+one new step per tick through <code>cm.sliding()</code>, the prepare timed apart, the full window
+interleaved.
 Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.machine))}
 (fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
 </p></section>
@@ -377,9 +414,27 @@ Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.
 
 #: The report's sections in order (each ``f(ctx) -> str``; "" leaves it out).
 SECTIONS: list[Callable[[_Ctx], str]] = [
-    _head, _summary, _fleet, _routing_section, _availability, _single_stream, _server, _burst, _batch,
+    _head, _summary, _fleet, _routing_section, _availability, _single_stream, _sliding, _server,
+    _burst, _batch,
     _fidelity, _plugins, _method,
 ]
+
+
+#: What the open-loop tables' last column means.
+FLOOR_NOTE = ('<p class="note"><i>No-op floor</i>: the same loop, same arrivals, over a call '
+              'that does nothing, in the same run: the harness\'s and the machine\'s own tail. '
+              f'<b>p99 at the noise floor</b> marks a p99 within {FLOOR_FACTOR:g}× of it: that '
+              'tail says nothing about the variant.</p>')
+
+
+def _affinity(res: BenchResults) -> str:
+    """Where the open loops ran, from the results' machine info (" " + a sentence, or "")."""
+    a = res.machine.get("open_loop") or {}
+    if not a:
+        return ""
+    cpus = a.get("measured_cpus")
+    return (f"; the measuring thread on CPU {', '.join(map(str, cpus))} ({a.get('pinned_by')})"
+            if cpus else f"; not pinned ({a.get('pinned_by')})")
 
 
 def _load_note(ps: list[LatencyProfile], res: BenchResults) -> str:
@@ -400,7 +455,7 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
     head = ["variant", "mode", "batch", "n", "p50", "p90", "p95", "p99", "p99.9", "max", "samples/s"]
     if server:
         head.insert(3, "offered")
-        head.append("mean queue wait")
+        head += ["mean queue wait", "no-op floor p99"]
     rows = []
     for p in ps:
         r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
@@ -410,6 +465,9 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
             rate = p.params.get("rate_hz")
             r.insert(3, f"{rate:g}/s" if rate else "trace")
             r.append(fmt_us(p.queue_mean_us))
+            nf = p.noise_floor or {}
+            r.append(fmt_us(nf.get("p99_us")) + (' <span class="over">p99 at the noise floor</span>'
+                                                  if p.at_noise_floor else ""))
         rows.append(r)
     num = set(range(2, len(head)))
     return _table(head, rows, num)

@@ -5,7 +5,9 @@ no build could make eligible (an emulated target when emulated and modelled late
 ranked; a slow build only ``*`` matched); compile on every other available target ×
 precision (cached); reject variants whose fidelity misses the strategy's tolerance; never
 rank an emulated variant by latency unless the config allows it; measure the rest
-(single-stream profile, cached per artifact and machine); a ``hwb_choose`` plugin may pick;
+(the strategy's scenario: single-stream by default, or ``sliding``, a windowed model fed one
+tick at a time, ranked by ``push_into``'s p99; profiles cached per artifact and machine); a
+``hwb_choose`` plugin may pick;
 otherwise choose the lowest p99 within the tier's budget, and when none meets it say so and
 name the closest.
 
@@ -22,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..bench import LatencyProfile, ProfileCache, SingleStream
-from ..bench.harness import measure_interleaved
+from ..bench import LatencyProfile, ProfileCache, SingleStream, Sliding
+from ..bench.harness import cached_measure, measure_interleaved
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
 from ..fidelity import describe_kind, with_kind
@@ -124,6 +126,8 @@ class Decision:
     #: strategy's fidelity gate with its defaults (``--explain``).
     output_kind: str = ""
     tolerance: str = ""
+    #: The scenario whose p99 ranked the candidates (the strategy's ``scenario``).
+    scenario: str = "single-stream"
 
     @property
     def chosen(self) -> Candidate | None:
@@ -136,6 +140,7 @@ class Decision:
                 "chosen_p99_us": c.p99_us if c else None, "meets_budget": self.meets_budget,
                 "chosen_by": self.chosen_by, "note": self.note,
                 "output_kind": self.output_kind, "tolerance": self.tolerance,
+                "scenario": self.scenario,
                 "failover": [x.variant for x in self.order[1:]],
                 "candidates": [x.to_dict() for x in self.candidates]}
 
@@ -156,6 +161,9 @@ def explain(d: Decision) -> str:
         lines.append(f"  output kind: {d.output_kind}")
     if d.tolerance:
         lines.append(f"  fidelity gate: {d.tolerance}")
+    if d.scenario == "sliding":
+        lines.append("  ranked by the sliding scenario: p99 of push_into (one tick in, the "
+                     "window's answer out); the prepare and the full window are measured apart")
     lines.append(f"  {'VARIANT':<30} {'MODE':<11} {'p99':>10} {'corr':>9} {'max abs':>9}  VERDICT")
     for x in d.candidates:
         f = x.fidelity or {}
@@ -163,6 +171,14 @@ def explain(d: Decision) -> str:
         mx = f"{f['max_abs']:.2g}" if "max_abs" in f else "—"
         verdict = x.status + (": " + "; ".join(map(one_line, x.reasons)) if x.reasons else "")
         lines.append(f"  {x.variant:<30} {x.mode:<11} {fmt_us(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
+    for x in d.candidates:
+        sl = x.profile.sliding if x.profile else None
+        if sl:
+            pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
+            lines.append(f"  {x.variant}: sliding {sl.get('form')}, push p50 "
+                         f"{fmt_us(x.profile.p50_us)} / p99 {fmt_us(x.profile.p99_us)}, prepare "
+                         f"p50 {fmt_us(pr.get('p50_us'))}, full window p99 "
+                         f"{fmt_us(fu.get('p99_us'))}")
     if len(d.order) > 1:
         lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
     return "\n".join(lines)
@@ -273,14 +289,42 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             c = judge(rec, name, s, cfg)
             c.cm = cm
             cands.append(c)
-    # Measure the survivors together, interleaved, so they are compared under the same noise.
     todo = [c for c in cands if c.status == "to-measure"]
+    if todo and s.scenario == "sliding":
+        measure_sliding_candidates(todo, cfg, model, cache, refresh, say, name)
+        todo = []
+    # Measure the survivors together, interleaved, so they are compared under the same noise.
     if todo:
         profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
                                     cache, refresh, say=say, what=name)
         for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
+
+
+def no_sliding(why: str) -> str:
+    """The reason a candidate of a sliding strategy is not eligible."""
+    return f"no sliding measurement ({why}): a sliding strategy ranks only variants measured sliding"
+
+
+def measure_sliding_candidates(todo: list[Candidate], cfg: "StrategiesFile", model: "Model",
+                               cache: ProfileCache | None, refresh: bool,
+                               say: Callable[[str], None], name: str) -> None:
+    """A sliding strategy's candidates: each one's sliding profile (push, prepare apart, full
+    window, interleaved within its own run; cached per artifact and machine), on the model's
+    sample windows. One that cannot slide is rejected, saying why."""
+    b = cfg.router.bench
+    sc = Sliding(n=b.n, warmup=b.warmup, max_s=b.max_s, rounds=b.rounds)
+    data = model.representative(256, seed=2)
+    say(f"{name}: measuring {len(todo)} candidate(s) sliding ({sc.n} ticks each, the full "
+        f"window interleaved)")
+    for c in todo:
+        try:
+            c.profile, c.profile_cached = cached_measure(c.cm, sc, cache, data,  # type: ignore[arg-type]
+                                                         refresh=refresh)
+            c.status = "candidate"
+        except HwbError as exc:
+            c.status, c.reasons = "rejected", [no_sliding(f"{type(exc).__name__}: {exc}")]
 
 
 def unmeasured_model(s: "StrategyConfig", res: "BenchResults") -> str:
@@ -297,8 +341,9 @@ def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
     """The router's candidates for strategy ``name`` from a results file's rows (one
     machine's, ``node``, in a fleet file; every row when ``None``), measuring nothing: each
     variant record goes through :func:`judge`, and a survivor's profile is the newest
-    uninterrupted single-stream profile of the same variant at the strategy's batch size in
-    that file; unavailable and skipped targets keep their reason."""
+    uninterrupted profile of the strategy's scenario (single-stream, or sliding) of the same
+    variant at the strategy's batch size in that file (none in a sliding strategy: not
+    eligible, saying so); unavailable and skipped targets keep their reason."""
     def wanted(target: str) -> bool:
         return any(fnmatch.fnmatchcase(target, p) for p in s.targets)
 
@@ -319,8 +364,13 @@ def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
         if c.status != "to-measure":
             continue
         prof = [p for p in res.profiles if here(p) and p.target == c.target
-                and p.precision == c.precision and p.scenario == "single-stream"
+                and p.precision == c.precision and p.scenario == s.scenario
                 and p.batch_size == s.batch_size and not p.interrupted]
+        if not prof and s.scenario == "sliding":
+            c.status, c.reasons = "rejected", [no_sliding(
+                "none in the results" + (" of this machine" if node else "")
+                + "; measure it with hwb bench -s sliding")]
+            continue
         if not prof:
             c.status, c.reasons = "failed", [f"no single-stream profile at batch {s.batch_size} "
                                              f"in the results" + (" of this machine" if node else "")]
@@ -353,7 +403,7 @@ def decide_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
 def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate],
            reg: "Registry") -> Decision:
     """Rank the measured candidates and choose (pin, then plugins, then the built-in policy)."""
-    d = Decision(name, s.tier, budget, cands)
+    d = Decision(name, s.tier, budget, cands, scenario=s.scenario)
     measured = next((c.record.fidelity for c in cands if c.record and c.record.fidelity), None)
     d.output_kind = describe_kind(measured, s.output_kind)
     d.tolerance = s.fidelity.describe()
