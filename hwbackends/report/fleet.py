@@ -1,7 +1,7 @@
 """The cross-machine part of the report, for results written by ``hwb fleet``.
 
-One section per machine, a cross-machine table (model × target × machine → p50/p99/throughput
-and mode), the fastest hardware per target family (and per latency tier, when placement
+One section per machine, a cross-machine table (model × target × machine → p50/p90/p95/p99/
+p99.9, throughput and mode: the percentiles of the single-machine report), the fastest hardware per target family (and per latency tier, when placement
 advice was computed) across the fleet, the machine differences (CPU, cores, library versions)
 and the cost of the Ray layer per variant. :func:`sections` returns HTML that
 :func:`hwbackends.report.html.render` inserts after its summary when ``results.fleet`` is set."""
@@ -57,10 +57,17 @@ def _cross_table(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
     for p in sorted(res.profiles, key=lambda p: (p.scenario, _bare(p), p.batch_size, p.p99_us)):
         rows.append([_e(model), f"<b>{_e(_bare(p))}</b>", _e(_label(nodes, machine_key(p))),
                      _e(p.scenario) + (f" b{p.batch_size}" if p.batch_size != 1 else ""),
-                     _badge(p.mode), fmt_us(p.p50_us), fmt_us(p.p99_us), f"{p.throughput:,.0f}",
-                     f"{p.n:,}"])
-    return _table(["model", "variant", "machine", "scenario", "mode", "p50", "p99", "samples/s",
-                   "n"], rows, {5, 6, 7, 8})
+                     _badge(p.mode), *_tail(p), f"{p.throughput:,.0f}", f"{p.n:,}"])
+    return _table(["model", "variant", "machine", "scenario", "mode", *TAIL_HEAD, "samples/s",
+                   "n"], rows, set(range(5, 5 + len(TAIL_HEAD) + 2)))
+
+
+#: The latency percentiles every fleet table shows, as the single-machine report's tables do.
+TAIL_HEAD = ("p50", "p90", "p95", "p99", "p99.9")
+
+
+def _tail(p: LatencyProfile) -> list[str]:
+    return [fmt_us(v) for v in (p.p50_us, p.p90_us, p.p95_us, p.p99_us, p.p999_us)]
 
 
 def fastest(res: BenchResults) -> list[tuple[str, LatencyProfile]]:
@@ -79,9 +86,9 @@ def fastest(res: BenchResults) -> list[tuple[str, LatencyProfile]]:
 
 def _fastest_html(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
     rows = [[_e(f), f"<b>{_e(_bare(p))}</b>", _e(_label(nodes, machine_key(p))), fmt_us(p.p50_us),
-             fmt_us(p.p99_us), f"{p.throughput:,.0f}"] for f, p in fastest(res)]
+             fmt_us(p.p95_us), fmt_us(p.p99_us), f"{p.throughput:,.0f}"] for f, p in fastest(res)]
     out = ("<h3>Fastest hardware per target family</h3>"
-           + (_table(["family", "variant", "machine", "p50", "p99", "samples/s"], rows, {3, 4, 5})
+           + (_table(["family", "variant", "machine", "p50", "p95", "p99", "samples/s"], rows, {3, 4, 5, 6})
               if rows else '<p class="note">No hardware (non-emulated) single-stream profile.</p>'))
     placement = (res.fleet or {}).get("placement")
     if placement:
@@ -158,19 +165,20 @@ def _machine_section(res: BenchResults, key: str, node: dict[str, Any]) -> str:
             continue
         ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == f"{v.target}:{v.precision}"]
         if v.error:
-            rows.append([_e(f"{v.target}:{v.precision}"), _badge("failed"), "—", "—", "—", "—",
+            rows.append([_e(f"{v.target}:{v.precision}"), _badge("failed"), "—",
+                         *["—"] * len(TAIL_HEAD), "—",
                          f'<span class="note">{long_text(v.error, 240)}</span>'])
             continue
         how = ("artifact from " + _e(_label(machines(res), v.artifact_from_node))
                if v.artifact_from_node and v.cached else
                "cached" if v.cached else f"compiled {v.compile_seconds:.1f} s")
         for p in ps:
-            rows.append([f"<b>{_e(_bare(p))}</b>", _badge(p.mode), _e(p.scenario), fmt_us(p.p50_us),
-                         fmt_us(p.p99_us), f"{p.throughput:,.0f}", how])
+            rows.append([f"<b>{_e(_bare(p))}</b>", _badge(p.mode), _e(p.scenario), *_tail(p),
+                         f"{p.throughput:,.0f}", how])
     return (f"<section>{head}"
             + (_table(["target", "mode", "why / how"], av) if av else "")
-            + (_table(["variant", "mode", "scenario", "p50", "p99", "samples/s", "artifact"], rows,
-                      {3, 4, 5}) if rows else '<p class="note">Nothing measured on this machine.</p>')
+            + (_table(["variant", "mode", "scenario", *TAIL_HEAD, "samples/s", "artifact"], rows,
+                      set(range(3, 3 + len(TAIL_HEAD) + 1))) if rows else '<p class="note">Nothing measured on this machine.</p>')
             + "</section>")
 
 
