@@ -2,7 +2,9 @@
 
 every registered target × precision → compile (cached) → fidelity → bench (single-stream,
 server, burst; batch sweep and offered-load sweep on the hardware fp32 variants) → routing
-table for the example tiers (examples/strategies.toml) → results JSON + HTML report.
+table for the example tiers (examples/strategies.toml) → results JSON + HTML report; and the
+sliding window (issue 35): the zoo LSTM on cpu.native, one tick in and the answer out, beside
+the full window (a short bounded run, :func:`sliding_figure`).
 Sized to finish in a few minutes on a 2-core machine (less once the artifacts are cached).
 Slow builds (``Target.slow_compile``: ``fpga.da4ml``'s Verilator build and yosys synthesis
 take minutes) are listed, not built, unless ``--targets`` names them (``--targets '*,fpga.*'``
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             # bench_model re-appends the variant and availability rows: keep the first of each
             res.variants = _dedupe(res.variants, lambda v: (v.variant, v.batch_size, v.error))
             res.availability = _dedupe(res.availability, lambda a: a["target"])
+    sliding = None if res.interrupted else sliding_figure(args.cache_dir, args.quick, say)
     router = None
     if not res.interrupted:
         say(f"routing the strategies of {args.config}")
@@ -111,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
                          + (f"{c.variant} ({c.mode}, p99 {c.p99_us:.2f} µs)" if c else "none")
                          + ("" if d.meets_budget else "   ! " + d.note))
         lines.append("  (hwb route " + args.config + " --explain: every candidate and why)")
+    if sliding is not None:
+        lines += ["", sliding["line"]]
     if res.data:
         from ..samples import describe as describe_data
         lines += [f"fidelity {describe_data(res.data)}"]
@@ -119,8 +124,42 @@ def run(args: argparse.Namespace) -> int:
         lines += [f"not built (slow; --targets '*,{skipped[0]}' adds it): {', '.join(skipped)}"]
     lines += ["", f"results: {rpath.resolve()}", f"report:  {html}", f"took {took:.0f} s"]
     emit(args, {"results": str(rpath.resolve()), "report": str(html),
-                "routing": res.routing, "seconds": took}, "\n".join(lines))
+                "routing": res.routing, "sliding": sliding, "seconds": took}, "\n".join(lines))
     return 130 if res.interrupted else 0
+
+
+#: The sliding figure's model and target (the issue's: the zoo LSTM, cpu.native's exact form).
+SLIDING_MODEL, SLIDING_TARGET = "zoo:lstm", "cpu.native"
+
+
+def sliding_figure(store: Any, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """The demo's sliding line: ``zoo:lstm`` on cpu.native in the sliding scenario (push timed,
+    the prepare apart, the full window interleaved; at most 2 s), as ``{"line", "profile"}``;
+    a line saying why when cpu.native cannot run here or the build fails."""
+    from ..bench import Sliding, measure
+    from ..compiler import compile as hwb_compile
+    from ..errors import HwbError
+    from ..registry import get_registry, safe_probe
+
+    head = f"sliding window, {SLIDING_MODEL} on {SLIDING_TARGET}"
+    tgt = get_registry().targets.get(SLIDING_TARGET)
+    av = safe_probe(tgt) if tgt is not None else None
+    if av is None or not av.usable:
+        why = av.reason if av is not None else "not registered"
+        return {"line": f"{head}: not measured ({SLIDING_TARGET} unavailable: {why})",
+                "profile": None}
+    say(f"{head}: one tick at a time")
+    try:
+        cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", store=store, progress=say)
+        prof = measure(cm, Sliding(n=500 if quick else 5000, warmup=100, max_s=2.0, rounds=5))
+    except HwbError as exc:
+        return {"line": f"{head}: not measured ({type(exc).__name__}: {exc})", "profile": None}
+    sl = prof.sliding or {}
+    full, prep = sl.get("full") or {}, sl.get("prepare") or {}
+    line = (f"{head}: push p50 {prof.p50_us:.2f} µs / p99 {prof.p99_us:.2f} µs vs full window "
+            f"{full.get('p50_us', float('nan')):.2f} µs ({sl.get('form')}; prepare p50 "
+            f"{prep.get('p50_us', float('nan')):.2f} µs apart, n={prof.n})")
+    return {"line": line, "profile": prof.to_dict()}
 
 
 def _dedupe(rows: list[Any], key: Callable[[Any], Any]) -> list[Any]:
