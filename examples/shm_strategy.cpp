@@ -5,6 +5,12 @@
 //   ./shm_strategy NAME bench N                    # N back-to-back calls: latency percentiles
 //   ./shm_strategy NAME replay ticks.f64           # open loop: one call per scheduled arrival
 //
+// A sliding endpoint (`hwb serve ... --shm NAME --sliding`) takes one tick per call (its
+// in_count is one tick's floats; the header's `window` says how many ticks it keeps): every
+// mode above then sends ticks, and `predict` answers one row per tick, in order (a new
+// connection starts on an empty window; hwb_shm_reset() empties it mid-session). Pin this
+// process to another core than the server's loop (`hwb serve` prints it): taskset -c 0 ...
+//
 // Every failure is a status, never a wrong answer: a version, dtype or size mismatch is
 // refused at attach (exit 3); a tick whose answer did not come is skipped and counted.
 #include <hwb_shm.h>
@@ -59,6 +65,9 @@ int main(int argc, char **argv) {
     }
     const uint32_t ni = c.in_count, no = c.out_count;
     std::string mode = argv[2];
+    if (c.hdr->sliding == HWB_SHM_ONE_TICK)
+        std::fprintf(stderr, "%s: sliding endpoint, one tick of %u floats per call (window of %u)\n",
+                     argv[1], ni, c.hdr->window);
     std::vector<float> out(no);
     int status = 0;
 

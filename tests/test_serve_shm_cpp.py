@@ -19,7 +19,7 @@ import pytest
 from hwbackends.serve.shm import ShmClient, endpoint_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shm_raw import FakeServer  # noqa: E402
+from shm_raw import VERSION, FakeServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the C++ example")
@@ -91,7 +91,7 @@ def test_cpp_attach_refuses_mismatches_clearly(strategy_bin, hwb_serve, tmp_path
     # sealed read-only): refused at attach with the reason
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
-    fake = FakeServer(root / "ep", hello_version=4)
+    fake = FakeServer(root / "ep", hello_version=VERSION + 1)  # a newer server
     try:
         r = subprocess.run([str(strategy_bin), "ep", "bench", "1"], capture_output=True,
                            text=True, timeout=30, env=dict(os.environ, HWB_SHM_DIR=str(root)))

@@ -29,6 +29,30 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def parse_serve_pin(text: str) -> list[int]:
+    """``--pin``: CPU numbers (``1``, ``0,1``, ``2-3``) or ``none`` (an empty list: pin
+    nothing, the shm serving loop included)."""
+    if text.strip().lower() == "none":
+        return []
+    return parse_pin(text) or []
+
+
+def parse_loop_pin(text: str) -> int | str:
+    """``--shm-pin``: a CPU number, ``auto`` or ``none``."""
+    from ..errors import ConfigError
+
+    t = text.strip().lower()
+    if t in ("auto", "none"):
+        return t
+    try:
+        core = int(t)
+    except ValueError:
+        core = -1
+    if core < 0:
+        raise ConfigError(f"{text!r}: expected a CPU number, 'auto' or 'none'")
+    return core
+
+
 class _PrintInclude(argparse.Action):
     """Like --version: print the header directory (``-I$(hwb serve --print-include)``), exit."""
 
@@ -59,18 +83,27 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-us", type=float, default=None, help="per-call deadline in µs (default: none)")
     p.add_argument("--cache-entries", type=int, default=0,
                    help="inference cache size (default 0: off)")
-    p.add_argument("--pin", default=None, metavar="CPUS", type=usage_type(parse_pin, "pin"),
-                   help="cores for the serving thread, e.g. 1 or 0,1 or 2-3 (default: not pinned)")
+    p.add_argument("--pin", default=None, metavar="CPUS|none", type=usage_type(parse_serve_pin, "pin"),
+                   help="cores for the serving thread, e.g. 1 or 0,1 or 2-3; the shm serving loop "
+                        "takes the first. 'none': pin nothing (default: the engine's thread not "
+                        "pinned, the shm loop on the last allowed core when there are 2+)")
     p.add_argument("--shm", default=None, metavar="NAME",
                    help="shared-memory endpoint name (default: no shm endpoint)")
-    p.add_argument("--shm-slots", type=int, default=8, help="client slots of the shm endpoint")
+    p.add_argument("--shm-slots", type=int, default=None,
+                   help="client slots of the shm endpoint (default 8; 1 with --sliding)")
+    p.add_argument("--sliding", action="store_true",
+                   help="with --shm: serve the model's sliding window: each request is one tick "
+                        "(input shape[1:]), the server keeps the window; a request flagged "
+                        "reset (hwb_shm_reset) or a new connection empties it")
     p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
                    help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
                         "batch: through the engine's micro-batching; auto: direct for --preset single")
     p.add_argument("--shm-spin-us", type=float, default=50.0,
                    help="busy-poll budget of the shm polling thread before it sleeps on a futex")
-    p.add_argument("--shm-pin", type=int, default=None, metavar="CORE",
-                   help="pin the shm polling thread (default: not pinned)")
+    p.add_argument("--shm-pin", type=usage_type(parse_loop_pin, "shm pin"), default=None,
+                   metavar="CORE|auto|none",
+                   help="pin the shm polling thread (default: --pin's first CPU, else auto: the "
+                        "last allowed core when there are 2+, printed on start)")
     p.add_argument("--shm-group", default=None,
                    help="open the shm endpoint to this group (default: owner-only)")
     p.add_argument("--print-include", action=_PrintInclude, nargs=0,
@@ -142,9 +175,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
     if not args.config and not args.model:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
+    if args.sliding:
+        _check_sliding_args(args)
     backends = _backends(args, RouterStrategy)
     args.preset = _preset(args, backends)
-    pin = tuple(args.pin) if args.pin else None
+    pin = tuple(args.pin) if args.pin else None  # [] (--pin none): not pinned
     cfg = EngineConfig.preset(args.preset, deadline_us=args.deadline_us,
                               cache_entries=args.cache_entries, pin_cores=pin)
     if args.batch_sizes:
@@ -195,13 +230,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -> None:
-    from ..serve.shm import ShmServer, deny_same_user_inspection
+def _check_sliding_args(args: argparse.Namespace) -> None:
+    """``--sliding``: one compiled model behind one shm endpoint, answered in its loop."""
+    from ..errors import ConfigError
 
+    if not args.shm:
+        raise ConfigError("--sliding serves over shared memory: give --shm NAME")
+    if args.grpc_port is not None:
+        raise ConfigError("--sliding serves a window over --shm only (the window's state is the "
+                          "model's, one caller at a time); drop --grpc-port, or run gRPC from "
+                          "another `hwb serve` without --sliding")
+    if args.config or args.batch_sizes:
+        raise ConfigError("--sliding serves one compiled model: give MODEL -t TARGET (no "
+                          "--config router strategy, no --batch-sizes)")
+    if args.shm_mode == "batch" or args.preset not in (None, "single"):
+        raise ConfigError("--sliding answers each tick in the shm polling thread: drop --shm-mode "
+                          "batch / a batching --preset")
+
+
+def _loop_pin(args: argparse.Namespace) -> int | str:
+    """The shm loop's pin: --shm-pin, else --pin's first CPU ('none' for --pin none), else auto."""
+    if args.shm_pin is not None:
+        return args.shm_pin  # type: ignore[no-any-return]
+    if args.pin is not None:
+        return args.pin[0] if args.pin else "none"
+    return "auto"
+
+
+def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -> None:
+    from ..serve.shm import ShmServer, choose_loop_core, deny_same_user_inspection
+
+    core, line = choose_loop_core(_loop_pin(args))
     # clients' slots are mapped in this process: no other process of the user may read it
     info["shm_non_dumpable"] = deny_same_user_inspection()
-    shm = ShmServer(eng, args.shm, slots=args.shm_slots, mode=args.shm_mode,  # type: ignore[arg-type]
-                    spin_us=args.shm_spin_us, pin_core=args.shm_pin, group=args.shm_group)
+    slots = args.shm_slots if args.shm_slots is not None else (1 if args.sliding else 8)
+    shm = ShmServer(eng, args.shm, slots=slots, mode=args.shm_mode,  # type: ignore[arg-type]
+                    spin_us=args.shm_spin_us, pin_core=core, group=args.shm_group,
+                    sliding=args.sliding)
     stops.insert(0, shm.close)
     info["shm"] = shm.name
     info["shm_mode"] = shm.mode
+    info["shm_pin"] = core
+    if shm.window is not None:
+        info["shm_sliding"] = shm.window.describe()
+        info["tick_size"] = math.prod(shm.window.step_shape)
+        print(f"hwb serve: sliding window of {shm.window.length} ticks, one tick of "
+              f"{info['tick_size']} float32 per request ({shm.window.window.form} form, "
+              f"{'C loop calls hwb_model_push' if shm.native else 'Python Window: ' + shm.native_reason})",
+              file=sys.stderr)
+    print(f"hwb serve: {line}", file=sys.stderr, flush=True)

@@ -88,32 +88,73 @@ typedef struct {
 
 static PyTypeObject GateType;
 
+/* A sliding endpoint's window calls: the model library's C functions (hwb_model_push /
+ * _prepare / _reset of a cpu.native library, called without the GIL), or, when it has none,
+ * the Python Window's (`run` is then its push_into; prepare and reset Python callables). */
+typedef int (*sl_push_fn)(const float *x_t, float *y);
+typedef int (*sl_void_fn)(void);
+typedef struct {
+    uint32_t window;        /* ticks in the window; 0: not a sliding endpoint */
+    sl_push_fn push;        /* native (NULL: the Python path) */
+    sl_void_fn prepare, reset;
+    PyObject *py_prepare, *py_reset; /* the Python path's */
+} sliding_ops;
+
 typedef struct {
     hwb_shm_header *h; /* the server's writable mapping of the header */
     int hdr_fd, listen_fd, stop_fd;
     uint32_t nslots, in_count, out_count, slot_bytes; /* own copies; never re-read */
+    uint32_t in_shape0; /* the input's first axis (a whole-input endpoint's window length) */
     uint64_t generation;
     slot_t *slots;
     struct pollfd *pfd;
     PyObject *run, *make_slot, *batch, *input_error;
     GateObject *gate; /* NULL: no native fast path (batch mode) */
+    sliding_ops sl;
 } loop_ctx;
 
 static void count(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
 
+/* The refusal of a request whose size is not the endpoint's: what it takes, and what the
+ * request looks like when it is a whole window sent to a sliding endpoint or one tick sent
+ * to a whole-window one. */
+static const char *wrong_size(loop_ctx *L, uint32_t got, char *buf, size_t n) {
+    if (L->sl.window)
+        snprintf(buf, n, "wrong payload size: this sliding endpoint takes one tick of %u float32 "
+                 "features (it keeps the %u-tick window), the request carried %u%s",
+                 L->in_count, L->sl.window, got,
+                 (uint64_t)got == (uint64_t)L->in_count * L->sl.window
+                     ? ": a whole window? send only the newest tick" : "");
+    else
+        snprintf(buf, n, "wrong payload size: this endpoint takes %u float32 features, the "
+                 "request carried %u%s", L->in_count, got,
+                 L->in_shape0 > 1 && (uint64_t)got * L->in_shape0 == L->in_count
+                     ? ": one tick? this endpoint takes whole windows (serve it with --sliding "
+                       "to send ticks)" : "");
+    return buf;
+}
+
 /* A request the server refuses without running the model; NULL if it is acceptable. Reads
- * each client-written word once. */
+ * each client-written word once; the size and flags it accepted go to *got / *flags. */
 static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t *status,
-                            char *buf, size_t n) {
+                            char *buf, size_t n, uint32_t *got_out, uint32_t *flags_out) {
     uint32_t got = HWB_LOAD_RLX(&s->in_count);
+    uint32_t flags = HWB_LOAD_RLX(&s->flags);
     int64_t dl = HWB_LOAD_RLX(&s->deadline_ns);
     const float *x = hwb_shm_slot_in(s);
-    if (got != L->in_count) {
-        snprintf(buf, n, "wrong payload size: this endpoint takes %u float32 features, the "
-                 "request carried %u", L->in_count, got);
-        *status = HWB_SHM_BAD_INPUT;
+    *got_out = got;
+    *flags_out = flags;
+    *status = HWB_SHM_BAD_INPUT;
+    if (flags & ~HWB_SHM_FLAG_RESET) {
+        snprintf(buf, n, "unknown request flags 0x%x (this server knows HWB_SHM_FLAG_RESET only)",
+                 flags);
         return buf;
     }
+    if (flags && !L->sl.window)
+        return "a reset was asked of an endpoint that keeps no window (it takes whole inputs); "
+               "resets are for sliding endpoints (hwb serve --shm NAME --sliding)";
+    if (got == 0 && (flags & HWB_SHM_FLAG_RESET)) return NULL; /* a reset alone */
+    if (got != L->in_count) return wrong_size(L, got, buf, n);
     if (dl > 0 && now > dl) {
         *status = HWB_SHM_DEADLINE;
         return "deadline";
@@ -122,7 +163,6 @@ static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t 
         if (!isfinite(x[i])) {
             snprintf(buf, n, "input has NaN or Inf (feature %u); the endpoint refuses "
                      "non-finite features: clean them in the strategy", i);
-            *status = HWB_SHM_BAD_INPUT;
             return buf;
         }
     }
@@ -180,17 +220,82 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
     }
 }
 
+/* Empty the window: the native reset (no GIL needed) or the Python one (needs the GIL).
+ * 0, or -1 with a Python exception pending. */
+static int sliding_reset(loop_ctx *L) {
+    if (L->sl.push) return L->sl.reset() == 0 ? 0 : (PyErr_SetString(PyExc_RuntimeError,
+                                                     "the model's hwb_model_reset failed"), -1);
+    PyObject *r = PyObject_CallNoArgs(L->sl.py_reset);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+/* A sliding endpoint's pending slots: per request, the reset it asks for, then push on its
+ * tick and the answer published; the prepare for the next tick runs after every answer of
+ * this round is out (the client's critical path is the push only). Without the GIL; the
+ * Python path takes it for the round. */
+static void handle_sliding(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs,
+                           const int *valid, const uint32_t *gots, const uint32_t *flags, int nv) {
+    hwb_shm_header *h = L->h;
+    char buf[HWB_SHM_MSG + 1];
+    PyGILState_STATE g = PyGILState_UNLOCKED;
+    if (!L->sl.push) g = PyGILState_Ensure();
+    for (int j = 0; j < nv; j++) {
+        int k = valid[j];
+        slot_t *sl = &L->slots[idx[k]];
+        float *x = hwb_shm_slot_in(sl->s);
+        if (flags[k] & HWB_SHM_FLAG_RESET) {
+            if (sliding_reset(L) != 0) {
+                if (L->sl.push) { count(&h->errors); reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE,
+                                                            "server error: the window's reset failed"); }
+                else reply_py(h, sl->s, seqs[k], NULL, L->input_error);
+                continue;
+            }
+            if (gots[k] == 0) { /* a reset alone: answered, no outputs */
+                count(&h->served);
+                reply(sl->s, seqs[k], HWB_SHM_OK, NULL);
+                continue;
+            }
+        }
+        if (L->sl.push) {
+            int rc = L->sl.push(x, x + L->in_count);
+            if (rc == 0) {
+                count(&h->served);
+                reply(sl->s, seqs[k], HWB_SHM_OK, NULL);
+            } else {
+                snprintf(buf, sizeof buf, "server error: the model's hwb_model_push returned %d", rc);
+                count(&h->errors);
+                reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE, buf);
+            }
+        } else {
+            PyObject *res = PyObject_Call(L->run, sl->args, NULL);
+            reply_py(h, sl->s, seqs[k], res, L->input_error);
+            Py_XDECREF(res);
+        }
+    }
+    /* off the critical path: every answer of this round is published */
+    if (L->sl.push) {
+        L->sl.prepare();
+    } else {
+        PyObject *r = PyObject_CallNoArgs(L->sl.py_prepare);
+        if (!r) { PyErr_Clear(); count(&h->errors); } /* the next push prepares again itself */
+        Py_XDECREF(r);
+        PyGILState_Release(g);
+    }
+}
+
 /* Handle the pending slots; called and returns without the GIL. */
 static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n) {
     hwb_shm_header *h = L->h;
     int valid[MAX_SLOTS], nv = 0;
     int64_t dls[MAX_SLOTS];
+    uint32_t gots[MAX_SLOTS], flags[MAX_SLOTS];
     int64_t now = hwb_now_ns();
     char buf[HWB_SHM_MSG + 1];
     for (int k = 0; k < n; k++) {
         hwb_shm_slot *s = L->slots[idx[k]].s;
         uint32_t status = 0;
-        const char *why = precheck(L, s, now, &status, buf, sizeof buf);
+        const char *why = precheck(L, s, now, &status, buf, sizeof buf, &gots[k], &flags[k]);
         L->slots[idx[k]].answered = seqs[k];
         if (why) {
             count(status == HWB_SHM_DEADLINE ? &h->deadline_missed : &h->bad_payloads);
@@ -201,6 +306,10 @@ static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n
         }
     }
     if (nv == 0) return;
+    if (L->sl.window) {
+        handle_sliding(L, idx, seqs, valid, gots, flags, nv);
+        return;
+    }
     if (L->gate) {
         const hwb_native_entry *e = __atomic_load_n(&L->gate->entry, __ATOMIC_ACQUIRE);
         if (e) { /* the fast path: the model's C entry on the slot's own memory, no GIL */
@@ -338,6 +447,14 @@ static void attach_client(loop_ctx *L, int conn) {
     Py_DECREF(pair);
     sl->s = (hwb_shm_slot *)sl->view.buf;
     sl->answered = 0;
+    if (L->sl.window && sliding_reset(L) != 0) { /* a new session starts on an empty window */
+        sl->s = NULL;
+        PyBuffer_Release(&sl->view);
+        Py_CLEAR(sl->args);
+        Py_CLEAR(sl->mm);
+        pair = NULL; /* released above */
+        goto fail;
+    }
     sl->conn = conn;
     {
         int fds[2] = {L->hdr_fd, fd};
@@ -448,16 +565,66 @@ static void poll_loop(loop_ctx *L, int64_t spin_ns, int64_t reap_ns) {
     }
 }
 
+/* serve()'s `sliding`: None (whole inputs), or (window, push, prepare, reset): three ints, the
+ * addresses of a model library's hwb_model_push / _prepare / _reset (the native path), or
+ * push = None and two callables (the Python path: `run` is then the Window's push_into). */
+static int parse_sliding(PyObject *sliding, PyObject *gate, PyObject *batch, sliding_ops *o) {
+    unsigned long w;
+    PyObject *push, *prep, *rst;
+    memset(o, 0, sizeof *o);
+    if (sliding == Py_None) return 0;
+    if (!PyTuple_Check(sliding) || PyTuple_GET_SIZE(sliding) != 4 || gate != Py_None ||
+        batch != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "serve(): sliding must be (window, push, prepare, reset), "
+                        "in direct mode without a gate");
+        return -1;
+    }
+    w = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sliding, 0));
+    if (PyErr_Occurred()) return -1;
+    if (w == 0 || w > (1u << 24)) {
+        PyErr_SetString(PyExc_ValueError, "serve(): the window must be 1..16M ticks");
+        return -1;
+    }
+    o->window = (uint32_t)w;
+    push = PyTuple_GET_ITEM(sliding, 1);
+    prep = PyTuple_GET_ITEM(sliding, 2);
+    rst = PyTuple_GET_ITEM(sliding, 3);
+    if (push == Py_None) {
+        if (!PyCallable_Check(prep) || !PyCallable_Check(rst)) {
+            PyErr_SetString(PyExc_TypeError, "serve(): the Python path's prepare and reset must be callables");
+            return -1;
+        }
+        o->py_prepare = prep;
+        o->py_reset = rst;
+        return 0;
+    }
+    o->push = (sl_push_fn)PyLong_AsVoidPtr(push);
+    o->prepare = (sl_void_fn)PyLong_AsVoidPtr(prep);
+    o->reset = (sl_void_fn)PyLong_AsVoidPtr(rst);
+    if (PyErr_Occurred()) return -1;
+    if (!o->push || !o->prepare || !o->reset) {
+        PyErr_SetString(PyExc_ValueError, "serve(): a native window needs the three function addresses");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_serve(PyObject *self, PyObject *args) {
     Py_buffer buf;
     int hdr_fd, listen_fd, stop_fd, pin;
     unsigned nslots;
-    PyObject *run, *make_slot, *batch, *input_error, *gate = Py_None;
+    PyObject *run, *make_slot, *batch, *input_error, *gate = Py_None, *sliding = Py_None;
     long long spin_ns, reap_ns;
     loop_ctx L;
-    if (!PyArg_ParseTuple(args, "w*iiiIOOOOLLi|O", &buf, &hdr_fd, &listen_fd, &stop_fd, &nslots,
-                          &run, &make_slot, &batch, &input_error, &spin_ns, &reap_ns, &pin, &gate))
+    sliding_ops ops;
+    if (!PyArg_ParseTuple(args, "w*iiiIOOOOLLi|OO", &buf, &hdr_fd, &listen_fd, &stop_fd, &nslots,
+                          &run, &make_slot, &batch, &input_error, &spin_ns, &reap_ns, &pin, &gate,
+                          &sliding))
         return NULL;
+    if (parse_sliding(sliding, gate, batch, &ops) != 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
     if (gate != Py_None && (!PyObject_TypeCheck(gate, &GateType) || batch != Py_None)) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_TypeError, "serve(): gate must be a NativeGate (direct mode only) "
@@ -489,6 +656,14 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     L.batch = batch;
     L.input_error = input_error;
     L.gate = gate == Py_None ? NULL : (GateObject *)gate;
+    L.sl = ops;
+    L.in_shape0 = L.h->in_ndim ? L.h->in_shape[0] : 1;
+    if (ops.window && (L.h->sliding != HWB_SHM_ONE_TICK || L.h->window != ops.window)) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "serve(): a sliding loop needs a header initialised "
+                        "with the same window (init_header's window)");
+        return NULL;
+    }
     L.slots = (slot_t *)PyMem_RawCalloc(nslots, sizeof(slot_t));
     L.pfd = (struct pollfd *)PyMem_RawCalloc(nslots + 2, sizeof(struct pollfd));
     if (!L.slots || !L.pfd) {
@@ -522,16 +697,17 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* init_header(fd, nslots, in_shape, out_shape, uid, pid, generation): size, write and seal
+/* init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window]): size, write and seal
  * the header memfd; returns its size. The server maps it writable before the seal; after it,
  * nobody can map it writable again (F_SEAL_FUTURE_WRITE) or resize it. */
 static PyObject *py_init_header(PyObject *self, PyObject *args) {
     int fd, pid;
     unsigned nslots, uid;
     unsigned long long gen;
+    unsigned window = 0;
     PyObject *ins, *outs;
     hwb_shm_header hd;
-    if (!PyArg_ParseTuple(args, "iIOOIiK", &fd, &nslots, &ins, &outs, &uid, &pid, &gen))
+    if (!PyArg_ParseTuple(args, "iIOOIiK|I", &fd, &nslots, &ins, &outs, &uid, &pid, &gen, &window))
         return NULL;
     Py_ssize_t ni = PyTuple_Size(ins), no = PyTuple_Size(outs);
     if (ni < 0 || no < 0 || ni > HWB_SHM_MAXDIM || no > HWB_SHM_MAXDIM || nslots == 0 ||
@@ -562,6 +738,8 @@ static PyObject *py_init_header(PyObject *self, PyObject *args) {
     hd.owner_uid = uid;
     hd.server_pid = pid;
     hd.generation = gen;
+    hd.sliding = window ? HWB_SHM_ONE_TICK : HWB_SHM_WHOLE_INPUT;
+    hd.window = window;
     hd.state = HWB_SHM_STATE_RUNNING;
     if (ftruncate(fd, HWB_SHM_HEADER_BYTES) != 0 ||
         pwrite(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
@@ -737,18 +915,24 @@ static int float_buffer(PyObject *obj, Py_buffer *b, int writable, uint32_t coun
     return 0;
 }
 
-/* call(x, out, deadline_ns) -> status (int). x, out: float32 C-contiguous with the endpoint's
- * element counts (else RC_BAD_BUFFER, nothing sent). The GIL is released for the round trip. */
+/* call(x, out, deadline_ns[, flags]) -> status (int). x, out: float32 C-contiguous with the
+ * endpoint's element counts (else RC_BAD_BUFFER, nothing sent). flags: HWB_SHM_FLAG_* (a
+ * sliding endpoint's reset before this tick). The GIL is released for the round trip. */
 static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer bx, by;
     long long dl;
+    unsigned long flags = 0;
     int rc;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "call(x, out, deadline_ns)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "call(x, out, deadline_ns[, flags])");
         return NULL;
     }
     dl = PyLong_AsLongLong(args[2]);
     if (dl == -1 && PyErr_Occurred()) return NULL;
+    if (nargs == 4) {
+        flags = PyLong_AsUnsignedLong(args[3]);
+        if (PyErr_Occurred()) return NULL;
+    }
     if (!o->c.slot) return PyLong_FromLong(HWB_SHM_E_CLOSED);
     if (o->busy) return PyLong_FromLong(RC_BUSY); /* one slot serves one thread at a time */
     if (float_buffer(args[0], &bx, 0, o->c.in_count)) return PyLong_FromLong(RC_BAD_BUFFER);
@@ -758,12 +942,27 @@ static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t 
     }
     o->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = hwb_shm_predict(&o->c, (const float *)bx.buf, o->c.in_count, (float *)by.buf,
-                         o->c.out_count, (int64_t)dl);
+    rc = hwb_shm_call(&o->c, (const float *)bx.buf, o->c.in_count, (float *)by.buf,
+                      o->c.out_count, (int64_t)dl, (uint32_t)flags);
     Py_END_ALLOW_THREADS
     o->busy = 0;
     PyBuffer_Release(&bx);
     PyBuffer_Release(&by);
+    return PyLong_FromLong(rc);
+}
+
+/* reset(deadline_ns) -> status: a sliding endpoint's reset alone (hwb_shm_reset). */
+static PyObject *Client_reset(ClientObject *o, PyObject *arg) {
+    long long dl = PyLong_AsLongLong(arg);
+    int rc;
+    if (dl == -1 && PyErr_Occurred()) return NULL;
+    if (!o->c.slot) return PyLong_FromLong(HWB_SHM_E_CLOSED);
+    if (o->busy) return PyLong_FromLong(RC_BUSY);
+    o->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = hwb_shm_reset(&o->c, (int64_t)dl);
+    Py_END_ALLOW_THREADS
+    o->busy = 0;
     return PyLong_FromLong(rc);
 }
 
@@ -790,16 +989,18 @@ static PyObject *Client_info(ClientObject *o, PyObject *unused) {
     hwb_shm_client *c = &o->c;
     if (!c->hdr) Py_RETURN_NONE;
     /* slot_addr: where this process maps its own slot (diagnostics and tests of stray writes) */
-    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K,s:K,s:n}", "slot", c->slot_index, "in_shape",
+    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K,s:K,s:n,s:I,s:I}", "slot", c->slot_index, "in_shape",
                          shape_tuple(c->hdr->in_shape, c->hdr->in_ndim), "out_shape",
                          shape_tuple(c->hdr->out_shape, c->hdr->out_ndim), "server_pid",
                          c->server_pid, "nslots", c->hdr->nslots, "seq", c->seq, "generation",
                          (unsigned long long)c->hdr->generation, "slot_addr",
-                         (unsigned long long)(uintptr_t)c->slot, "slot_bytes", (Py_ssize_t)c->slot_size);
+                         (unsigned long long)(uintptr_t)c->slot, "slot_bytes", (Py_ssize_t)c->slot_size,
+                         "sliding", c->hdr->sliding, "window", c->hdr->window);
 }
 
 static PyMethodDef Client_methods[] = {
-    {"call", (PyCFunction)(void (*)(void))Client_call, METH_FASTCALL, "call(x, out, deadline_ns) -> status"},
+    {"call", (PyCFunction)(void (*)(void))Client_call, METH_FASTCALL, "call(x, out, deadline_ns[, flags]) -> status"},
+    {"reset", (PyCFunction)Client_reset, METH_O, "reset(deadline_ns) -> status: empty a sliding endpoint's window"},
     {"message", (PyCFunction)Client_message, METH_NOARGS, "the server's message for the last status"},
     {"detach", (PyCFunction)Client_detach, METH_NOARGS, "release the slot and unmap"},
     {"info", (PyCFunction)Client_info, METH_NOARGS, "slot, shapes, server pid"},
@@ -843,14 +1044,16 @@ static const field_off HEADER_FIELDS[] = {
     HWB_OFF(hwb_shm_header, in_ndim), HWB_OFF(hwb_shm_header, out_ndim),
     HWB_OFF(hwb_shm_header, in_shape), HWB_OFF(hwb_shm_header, out_shape),
     HWB_OFF(hwb_shm_header, owner_uid), HWB_OFF(hwb_shm_header, server_pid),
-    HWB_OFF(hwb_shm_header, generation), HWB_OFF(hwb_shm_header, state),
+    HWB_OFF(hwb_shm_header, generation), HWB_OFF(hwb_shm_header, sliding),
+    HWB_OFF(hwb_shm_header, window), HWB_OFF(hwb_shm_header, state),
     HWB_OFF(hwb_shm_header, server_sleeping), HWB_OFF(hwb_shm_header, heartbeat_ns),
     HWB_OFF(hwb_shm_header, served), HWB_OFF(hwb_shm_header, bad_payloads),
     HWB_OFF(hwb_shm_header, deadline_missed), HWB_OFF(hwb_shm_header, detached),
     HWB_OFF(hwb_shm_header, errors), {NULL, 0}};
 static const field_off SLOT_FIELDS[] = {
     HWB_OFF(hwb_shm_slot, req), HWB_OFF(hwb_shm_slot, resp), HWB_OFF(hwb_shm_slot, status),
-    HWB_OFF(hwb_shm_slot, client_waiting), HWB_OFF(hwb_shm_slot, in_count),
+    HWB_OFF(hwb_shm_slot, client_waiting), HWB_OFF(hwb_shm_slot, flags),
+    HWB_OFF(hwb_shm_slot, in_count),
     HWB_OFF(hwb_shm_slot, deadline_ns), HWB_OFF(hwb_shm_slot, msg_len),
     HWB_OFF(hwb_shm_slot, msg), {"in", HWB_SHM_SLOT_CTL}, {NULL, 0}};
 static const field_off HELLO_FIELDS[] = {
@@ -882,8 +1085,8 @@ static int add_statuses(PyObject *m) {
 }
 
 static PyMethodDef methods[] = {
-    {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin[, gate])"},
-    {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation)"},
+    {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin[, gate[, sliding]])"},
+    {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window]): window > 0: a sliding endpoint (in_shape one tick's)"},
     {"seal_header", py_seal_header, METH_VARARGS, "seal_header(fd): no resize, no new writable mapping"},
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
     {"slot_bytes", py_slot_bytes, METH_VARARGS, "slot_bytes(in_count, out_count)"},
@@ -909,6 +1112,7 @@ PyMODINIT_FUNC PyInit__shmloop(void) {
     PyModule_AddIntConstant(m, "SLOT_CTL", HWB_SHM_SLOT_CTL);
     PyModule_AddIntConstant(m, "RC_BAD_BUFFER", RC_BAD_BUFFER);
     PyModule_AddIntConstant(m, "RC_BUSY", RC_BUSY);
+    PyModule_AddIntConstant(m, "FLAG_RESET", HWB_SHM_FLAG_RESET);
     PyModule_AddIntConstant(m, "HELLO_BYTES", sizeof(hwb_shm_hello));
     if (PyModule_AddObject(m, "MAGIC", PyLong_FromUnsignedLongLong(HWB_SHM_MAGIC)) < 0 ||
         add_statuses(m) < 0 || add_offsets(m, "HEADER_OFFSETS", HEADER_FIELDS) < 0 ||

@@ -22,6 +22,17 @@ takes the GIL; the checks before it, the statuses and the counters are the Pytho
 The server follows every swap and rollback (:meth:`Versions.watch`); anything else (a router
 strategy, a static batch > 1, batch mode, an executor without one) keeps the Python path.
 
+Sliding endpoints (``sliding=True``, ``hwb serve --shm NAME --sliding``): each request carries
+one tick (``input.shape[1:]``) and the server keeps the window (``cm.sliding()``'s semantics:
+zero state at the window's start, zero-filled before it is full). The C loop calls push on the
+request, publishes the answer, then runs prepare before it waits for the next request, so the
+client's critical path is the push alone. For a model library with the C window ABI
+(cpu.native's ``hwb_model_push`` / ``_prepare`` / ``_reset``) the loop calls those functions
+itself, without the GIL; any other target is served through the Python
+:class:`~hwbackends.sliding.Window` (its recompute form: ``predict_into`` on the window each
+tick), with the GIL held for the tick. A request flagged ``HWB_SHM_FLAG_RESET`` (or a new
+connection) empties the window. One window per endpoint, so one client (``slots=1``).
+
 Trust (docs/serving.md states it in full): each client's slot is a memfd the server made for
 that connection alone; the header is sealed read-only for clients; the server keeps its own
 copy of every geometry and state value; a client checks that the directory and the process
@@ -46,6 +57,7 @@ import socket
 import stat
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +158,15 @@ class ShmServer:
     longest sleep between heartbeats (hang-ups and new clients wake the loop at once).
     ``pin_core``: pin the polling thread. ``group``: open the endpoint to this group (socket
     0660, dirs 0750/0710) instead of owner-only. ``native``: use the model's C entry when the
-    serving version has one (the module docstring says when); False: always the Python path."""
+    serving version has one (the module docstring says when); False: always the Python path.
+    ``sliding``: serve the model's sliding window, one tick per request (the module docstring);
+    direct mode and one slot only; ``native`` then chooses between the model library's C window
+    and the Python :class:`~hwbackends.sliding.Window`."""
 
     def __init__(self, engine: Engine, name: str | None = None, slots: int = 8, *,
                  mode: str = "auto", spin_us: float = 50.0, reap_every_s: float = 0.25,
                  pin_core: int | None = None, group: str | int | None = None,
-                 native: bool = True):
+                 native: bool = True, sliding: bool = False):
         native_mod = _shmloop
         if not 1 <= slots <= 1024:
             raise ConfigError(f"slots must be 1..1024, got {slots}")
@@ -169,6 +184,11 @@ class ShmServer:
         self.name = name or f"hwb-{os.getpid()}-{secrets.token_hex(4)}"
         _check_name(self.name)
         self.in_shape, self.out_shape = tuple(engine.input_shape), tuple(engine.output_shape)
+        #: A sliding endpoint's window (None: each request is a whole input).
+        self.window: SlidingWindow | None = None
+        if sliding:
+            self.window = SlidingWindow.of(engine, mode=mode, slots=slots, native=native)
+            self.in_shape = self.window.step_shape
         gid = _group_id(group)
         _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid, exact=False)
         self.dir = runtime_root() / self.name
@@ -183,7 +203,8 @@ class ShmServer:
         self._slot_bytes = native_mod.slot_bytes(self._fi, self._fo)
         self._hdr_fd = os.memfd_create("hwb-header", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         native_mod.init_header(self._hdr_fd, slots, self.in_shape, self.out_shape, os.geteuid(),
-                           os.getpid(), secrets.randbits(64))
+                               os.getpid(), secrets.randbits(64),
+                               self.window.length if self.window is not None else 0)
         self._mm = mmap.mmap(self._hdr_fd, native_mod.HEADER_BYTES)  # ours, writable: before the seal
         native_mod.seal_header(self._hdr_fd)  # from here on clients can only map it read-only
         self._sock, self._sock_ino = self._listen(0o600 if gid is None else 0o660, gid, slots)
@@ -196,11 +217,15 @@ class ShmServer:
         self.native_reason = "batch mode: every request goes through the engine's batching"
         if mode == "direct" and not native:
             self.native_reason = "turned off (native=False)"
-        self._gate = native_mod.NativeGate(self._fi, self._fo) if mode == "direct" and native else None
+        use_gate = mode == "direct" and native and self.window is None
+        self._gate = native_mod.NativeGate(self._fi, self._fo) if use_gate else None
         self._unwatch: Any = None
         if self._gate is not None:
             self._follow("start", engine.versions.active)
             self._unwatch = engine.versions.watch(self._follow)
+        elif self.window is not None:
+            self.native_reason = self.window.native_reason
+            self._unwatch = engine.versions.watch(self._keep_window)
         self._thread = threading.Thread(target=self._loop, name=f"hwb-shm-{self.name}", daemon=True)
         self._thread.start()
 
@@ -218,9 +243,18 @@ class ShmServer:
         log.info("shm %s: %s version %d: %s", self.name, kind, version.number,
                  "native fast path" if not why else f"Python path ({why})")
 
+    def _keep_window(self, kind: str, version: Any) -> None:
+        """A swap does not move a sliding endpoint: its window is the starting model's."""
+        assert self.window is not None
+        log.warning("shm %s: %s to version %d: this sliding endpoint keeps serving the window of "
+                    "%s (a window's state belongs to one model); restart it to serve the new one",
+                    self.name, kind, version.number, self.window.variant)
+
     @property
     def native(self) -> bool:
         """Whether requests are now served by the model's C entry without the GIL."""
+        if self.window is not None:
+            return self.window.native
         return self._gate is not None and bool(self._gate.active())
 
     # -- files ------------------------------------------------------------------------------
@@ -282,17 +316,21 @@ class ShmServer:
         """Views of a new client's slot for the model call (called by the loop, with the GIL)."""
         mm = mmap.mmap(fd, self._slot_bytes)
         ctl = _shmloop.SLOT_CTL
-        x = np.ndarray((1, *self.in_shape), np.float32, mm, ctl)
-        y = np.ndarray((1, *self.out_shape), np.float32, mm, ctl + 4 * self._fi)
+        one = () if self.window is not None else (1,)  # push_into takes one tick, no batch axis
+        x = np.ndarray((*one, *self.in_shape), np.float32, mm, ctl)
+        y = np.ndarray((*one, *self.out_shape), np.float32, mm, ctl + 4 * self._fi)
         return mm, (x, y)
 
     def _loop(self) -> None:
         native = _shmloop
         batch = self._batch if self.mode == "batch" else None
+        run, sliding = self.engine.run_direct, None
+        if self.window is not None:
+            run, sliding = self.window.loop_args()
         try:
             native.serve(self._mm, self._hdr_fd, self._sock.fileno(), self._stop_fd, self.nslots,
-                         self.engine.run_direct, self._make_slot, batch, InputError,
-                         self._spin_ns, self._reap_ns, self._pin, self._gate)
+                         run, self._make_slot, batch, InputError,
+                         self._spin_ns, self._reap_ns, self._pin, self._gate, sliding)
         except BaseException as exc:  # a broken loop must be visible, not a silent hang
             self._error = exc
             log.error("shm %s: poll loop failed: %s", self.name, exc)
@@ -327,8 +365,9 @@ class ShmServer:
         ``native_failed`` (answers of the C entry; included in served / errors)."""
         gate = self._gate.counters() if self._gate is not None else {
             "native_served": 0, "native_failed": 0}
+        extra = {} if self.window is None else {"sliding": self.window.describe()}
         return dict(_shmloop.counters(self._mm), mode=self.mode, slots=self.nslots,
-                    native=self.native, **gate)
+                    native=self.native, **gate, **extra)
 
     @property
     def served(self) -> int:
@@ -368,6 +407,113 @@ class ShmServer:
 
     def __exit__(self, *a: Any) -> None:
         self.close()
+
+
+def choose_loop_core(spec: int | str | None = "auto") -> tuple[int | None, str]:
+    """Where to pin the shm serving loop, and the line saying so. ``"auto"`` (or None): the
+    last core of this process's affinity mask when it holds two or more (the caller's core is
+    unknown here; clients are told to pin elsewhere), else unpinned; ``"none"``: unpinned; a
+    core number: that core (ConfigError if it is not allowed)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if spec == "none":
+        return None, "serving loop not pinned (--pin none)"
+    if spec is None or spec == "auto":
+        if len(allowed) < 2:
+            return None, (f"serving loop not pinned: only CPU {allowed[0]} is available, so a "
+                          f"client shares its core")
+        core = allowed[-1]
+    else:
+        core = int(spec)
+        if core not in allowed:
+            raise ConfigError(f"cannot pin the serving loop to CPU {core}: this process may run "
+                              f"on {allowed} only")
+    others = [c for c in allowed if c != core]
+    hint = (f"; pin your client elsewhere, e.g. taskset -c {others[0]}" if others
+            else "; no other CPU is available for the client")
+    return core, f"serving loop pinned to CPU {core}{hint}"
+
+
+#: The C window ABI of a model library (plugins/cpu_native/sliding.py's HEADER).
+WINDOW_SYMBOLS = ("hwb_model_push", "hwb_model_prepare", "hwb_model_reset")
+
+
+def native_window_of(cm: Any) -> tuple[tuple[int, int, int] | None, str]:
+    """The addresses of ``cm``'s library's C window functions (:data:`WINDOW_SYMBOLS`), and
+    ``""``; or ``None`` and why not. The library is the one the executor already loaded (the
+    same state ``cm.sliding()`` drives), looked up with ``RTLD_NOLOAD``: nothing new is
+    loaded, and a model without that ABI (every target but cpu.native) has none."""
+    import ctypes
+
+    path = getattr(getattr(getattr(cm, "executor", None), "module", None), "__file__", None)
+    if not path:
+        return None, f"{getattr(cm, 'variant', cm)}: its executor is not a C model library"
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        addrs = tuple(ctypes.cast(getattr(lib, s), ctypes.c_void_p).value for s in WINDOW_SYMBOLS)
+    except (OSError, AttributeError):
+        return None, f"{cm.variant}: its library has no C window ({', '.join(WINDOW_SYMBOLS)})"
+    if not all(addrs):
+        return None, f"{cm.variant}: its library has no C window"
+    return addrs, ""  # type: ignore[return-value]
+
+
+@dataclass
+class SlidingWindow:
+    """What a sliding endpoint serves: one compiled model's window. ``window`` is the
+    :class:`~hwbackends.sliding.Window` from ``cm.sliding(auto_prepare=False)`` (it claims and
+    resets the model's window state); ``addrs`` the C window's functions when the loop calls
+    them directly (``native``), else the loop calls ``window``'s methods."""
+
+    cm: Any
+    window: Any
+    addrs: tuple[int, int, int] | None
+    native_reason: str
+
+    @classmethod
+    def of(cls, engine: Engine, *, mode: str, slots: int, native: bool) -> "SlidingWindow":
+        """The window of ``engine``'s serving model, or ConfigError saying why it has none."""
+        if mode != "direct":
+            raise ConfigError("a sliding endpoint answers each tick in its polling thread: it "
+                              "needs mode='direct' (hwb serve --preset single, --shm-mode direct)")
+        if slots != 1:
+            raise ConfigError(f"a sliding endpoint keeps one window, fed by one client; got "
+                              f"slots={slots}. Use one slot (--shm-slots 1) and one endpoint "
+                              f"per strategy")
+        cm = engine.versions.active.plan.slot_for(1).backend
+        if not callable(getattr(cm, "sliding", None)):
+            raise ConfigError("a sliding endpoint serves one compiled model (a router strategy "
+                              "or a packed multi-IO model has no window); serve MODEL -t TARGET")
+        window = cm.sliding(auto_prepare=False)  # UnsupportedError (an HwbError) says why not
+        addrs, why = native_window_of(cm) if native else (None, "turned off (native=False)")
+        return cls(cm, window, addrs, why)
+
+    @property
+    def native(self) -> bool:
+        return self.addrs is not None
+
+    @property
+    def length(self) -> int:
+        return int(self.window.window)
+
+    @property
+    def step_shape(self) -> tuple[int, ...]:
+        return tuple(self.window.step_shape)
+
+    @property
+    def variant(self) -> str:
+        return str(getattr(self.cm, "variant", "the model"))
+
+    def loop_args(self) -> tuple[Any, tuple[Any, ...]]:
+        """``(run, sliding)`` for ``_shmloop.serve``: the C functions, or the Window's calls."""
+        w = self.window
+        if self.addrs is not None:
+            return None, (self.length, *self.addrs)
+        return w.push_into, (self.length, None, w.prepare, w.reset)
+
+    def describe(self) -> dict[str, Any]:
+        return {"window": self.length, "tick_shape": list(self.step_shape), "form": self.window.form,
+                "loop": "native" if self.native else "python",
+                **({"why_python": self.native_reason} if not self.native else {})}
 
 
 def native_entry_of(plan: Any) -> tuple[Any, str]:
@@ -435,6 +581,16 @@ _ATTACH_ERRORS = {
 }
 
 
+def _deadline_ns(deadline_us: float | None) -> int:
+    """A call's relative deadline in ns (0: none); InputError for a bad one."""
+    if deadline_us is None:
+        return 0
+    if deadline_us > 0 and math.isfinite(deadline_us):
+        return max(1, int(deadline_us * 1e3))
+    raise InputError(f"deadline_us must be a positive finite number of µs or None, "
+                     f"got {deadline_us!r}")
+
+
 class ShmClient:
     """One slot of a :class:`ShmServer`'s segment, for one thread of a client process.
     ``owner``: the server's user (name or uid; default this user)."""
@@ -456,32 +612,42 @@ class ShmClient:
         self.in_shape: tuple[int, ...] = info["in_shape"]
         self.out_shape: tuple[int, ...] = info["out_shape"]
         self.server_pid: int = info["server_pid"]
+        #: A sliding endpoint's window length in ticks (each request is then one tick, of
+        #: ``in_shape``); 0 for an endpoint that takes whole inputs.
+        self.window: int = info["window"] if info["sliding"] else 0
         self._in_spec = TensorSpec("x", self.in_shape)
         self._call = self._c.call
 
     def try_predict_into(self, x: np.ndarray, out: np.ndarray,
-                         deadline_us: float | None = None) -> bool | Unavailable:
-        """One sample (float32, C-contiguous, the endpoint's element count) → ``out``;
-        ``True`` or :class:`Unavailable` (deadline, server gone, …). A sample the server
-        refuses (NaN/Inf) or a wrong-size array raises :class:`InputError`."""
-        if deadline_us is None:
-            dl = 0
-        elif deadline_us > 0 and math.isfinite(deadline_us):
-            dl = max(1, int(deadline_us * 1e3))
-        else:
-            raise InputError(f"deadline_us must be a positive finite number of µs or None, "
-                             f"got {deadline_us!r}")
-        rc = self._call(x, out, dl)
+                         deadline_us: float | None = None, *, reset: bool = False) -> bool | Unavailable:
+        """One sample (float32, C-contiguous, the endpoint's element count; for a sliding
+        endpoint one tick) → ``out``; ``True`` or :class:`Unavailable` (deadline, server gone,
+        …). A sample the server refuses (NaN/Inf) or a wrong-size array raises
+        :class:`InputError`. ``reset``: a sliding endpoint empties its window before this
+        tick (a new session)."""
+        dl = _deadline_ns(deadline_us)
+        rc = self._call(x, out, dl, _shmloop.FLAG_RESET) if reset else self._call(x, out, dl)
         return True if rc == _OK else self._failed(rc, x, out)
+
+    def reset(self, deadline_us: float | None = None) -> bool | Unavailable:
+        """Empty a sliding endpoint's window (zero-filled, as at the start): ``True`` or
+        :class:`Unavailable`; InputError from an endpoint that keeps no window."""
+        rc = self._c.reset(_deadline_ns(deadline_us))
+        return True if rc == _OK else self._failed(rc, None, None)
 
     def _failed(self, rc: int, x: Any, out: Any) -> Unavailable:
         native = _shmloop
         if rc in (native.RC_BAD_BUFFER, native.RC_BAD_BUFFER - 1):
             which, a = ("x", x) if rc == native.RC_BAD_BUFFER else ("out", out)
             shape = self.in_shape if which == "x" else self.out_shape
+            tick = ""
+            if which == "x" and self.window:
+                tick = (f" — this endpoint is sliding: send one tick (it keeps the window of "
+                        f"{self.window} ticks)")
             raise InputError(f"shm endpoint {self.name!r}: {which} must be a float32 C-contiguous "
                              f"array with {int(np.prod(shape))} elements (shape {shape}), got "
-                             f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+                             f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}"
+                             f"{tick}")
         if rc == native.RC_BUSY:
             raise ConfigError(f"ShmClient {self.name!r} is in use by another thread: a client is "
                               f"one slot for one thread; give each thread its own ShmClient")
@@ -499,11 +665,14 @@ class ShmClient:
             return Unavailable(self._c.message() or st.reason, st)
         return Unavailable.of(st)  # breaker-open, engine-stopped, server-gone, ...
 
-    def predict(self, x: Any, deadline_us: float | None = None) -> np.ndarray | Unavailable:
-        """Outputs for one sample (a new array), or :class:`Unavailable`."""
-        x = as_sample(x, self._in_spec, "pass", where=f"shm endpoint {self.name!r}")
+    def predict(self, x: Any, deadline_us: float | None = None, *,
+                reset: bool = False) -> np.ndarray | Unavailable:
+        """Outputs for one sample (for a sliding endpoint: one tick; ``reset`` empties its
+        window first) as a new array, or :class:`Unavailable`."""
+        where = f"shm endpoint {self.name!r}" + (" (sliding: one tick)" if self.window else "")
+        x = as_sample(x, self._in_spec, "pass", where=where)
         out = np.empty(self.out_shape, np.float32)
-        r = self.try_predict_into(np.ascontiguousarray(x, np.float32), out, deadline_us)
+        r = self.try_predict_into(np.ascontiguousarray(x, np.float32), out, deadline_us, reset=reset)
         return out if r is True else r
 
     def close(self) -> None:

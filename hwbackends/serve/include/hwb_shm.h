@@ -46,7 +46,8 @@
  *     0 magic "HWBSHM\0\0"   8 version   12 header_bytes   16 nslots (max clients)
  *    20 slot_bytes   24 dtype (1 = float32)   28 in_count   32 out_count   36 in_ndim
  *    40 out_ndim   44 in_shape[6]   68 out_shape[6]   92 owner_uid   96 server_pid
- *   104 generation (random per server start)
+ *   104 generation (random per server start)   112 sliding (0 whole input per request, 1 one
+ *   tick per request: the server keeps the window)   116 window (ticks; 0 unless sliding)
  *   128 state (1 running, 2 closing)   132 _unused   136 server_sleeping
  *   144 heartbeat_ns   152 served   160 bad_payloads   168 deadline_missed   176 detached
  *   184 errors
@@ -56,7 +57,7 @@
  *               also the futex word a blocked client sleeps on
  *     8 status  HWB_SHM_OK / _UNAVAILABLE / _BAD_INPUT / _DEADLINE / _BREAKER_OPEN / _STOPPED
  *               (valid when resp == req; any status but OK means "no answer this tick")
- *    12 client_waiting   16 _unused   20 in_count (floats the client wrote)
+ *    12 client_waiting   16 flags (HWB_SHM_FLAG_RESET)   20 in_count (floats the client wrote)
  *    24 deadline_ns (absolute CLOCK_MONOTONIC, 0 = none)   32 msg_len
  *    64 msg[192]  (server's message for a non-OK status)
  *   256 in[in_count] float32, then out[out_count] float32
@@ -67,6 +68,14 @@
  * handshakes (client_waiting, server_sleeping) use a sequentially consistent fence on both
  * sides (Dekker); the server's doorbell is a byte in a socket buffer, which cannot be lost.
  * This is correct on weakly ordered CPUs (ARM) too.
+ *
+ * SLIDING ENDPOINTS (version 4). Header `sliding` = HWB_SHM_ONE_TICK: each request carries one
+ * tick (in_shape is one tick's, `window` the window's length in ticks); the server keeps the
+ * window, answers with the model on the window ending at the tick, then prepares the next
+ * tick after the answer is published. A request whose `flags` hold HWB_SHM_FLAG_RESET
+ * empties the window first (in_count 0: a reset alone, answered OK without outputs;
+ * hwb_shm_reset()); a new connection starts on an empty window. A whole-input endpoint
+ * refuses flags (BAD_INPUT). Clients of version 3 are refused at attach (E_VERSION).
  *
  * WAITING. The client spins (spin_ns, default 50 µs) re-reading resp, then sleeps on a futex
  * in ≤ 10 ms steps, checking between steps that the server's connection is still open: a dead
@@ -128,7 +137,7 @@ extern "C" {
 #endif
 
 #define HWB_SHM_MAGIC 0x00004D4853425748ULL /* "HWBSHM\0\0" little-endian */
-#define HWB_SHM_VERSION 3u
+#define HWB_SHM_VERSION 4u /* 4: sliding endpoints (header sliding/window, slot flags) */
 #define HWB_SHM_HEADER_BYTES 256u
 #define HWB_SHM_SLOT_CTL 256u
 #define HWB_SHM_MSG 192u
@@ -136,6 +145,12 @@ extern "C" {
 #define HWB_SHM_DTYPE_F32 1u
 #define HWB_SHM_STATE_RUNNING 1u
 #define HWB_SHM_STATE_CLOSING 2u
+/* header `sliding`: what one request carries */
+#define HWB_SHM_WHOLE_INPUT 0u /* the model's whole input (e.g. a whole window) */
+#define HWB_SHM_ONE_TICK 1u    /* one tick (the input's shape[1:]); the server keeps the window */
+/* slot `flags` (a sliding endpoint only; a whole-input endpoint refuses them, BAD_INPUT) */
+#define HWB_SHM_FLAG_RESET 1u /* empty the window (zero-filled) before this request's tick; with
+                                 in_count 0 the request only resets (status OK, no outputs) */
 /* seals the server puts on the slot memfd (and the header's, plus F_SEAL_FUTURE_WRITE) */
 #define HWB_SHM_SLOT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 #define HWB_SHM_HEADER_SEALS (HWB_SHM_SLOT_SEALS | F_SEAL_FUTURE_WRITE)
@@ -180,7 +195,9 @@ typedef struct {
     int32_t server_pid;
     uint32_t _pad0;
     uint64_t generation;
-    uint8_t _pad1[128 - 112];
+    uint32_t sliding; /* HWB_SHM_WHOLE_INPUT or HWB_SHM_ONE_TICK */
+    uint32_t window;  /* ONE_TICK: the window's length in ticks (in_shape is one tick's); else 0 */
+    uint8_t _pad1[128 - 120];
     /* words the server updates (clients only read them), on their own cache line */
     uint32_t state, _unused, server_sleeping, _pad2;
     uint64_t heartbeat_ns, served, bad_payloads, deadline_missed, detached, errors;
@@ -189,7 +206,7 @@ typedef struct {
 
 typedef struct {
     uint32_t req, resp, status, client_waiting;
-    int32_t _unused;
+    uint32_t flags; /* HWB_SHM_FLAG_*, read by the server with the request */
     uint32_t in_count;
     int64_t deadline_ns;
     uint32_t msg_len;
@@ -543,20 +560,23 @@ static inline void hwb_shm__ring(hwb_shm_client *c) {
     }
 }
 
-/* One sample: in[n_in] → out[n_out]. deadline_ns: relative budget (≤ 0: none, the client's
- * timeout_ns applies). Returns HWB_SHM_OK (out written) or another status; out is untouched
- * unless the status is HWB_SHM_OK. */
-static inline int hwb_shm_predict(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
-                                  uint32_t n_out, int64_t deadline_ns) {
+/* One request with flags (HWB_SHM_FLAG_*; 0 for a plain call): in[n_in] → out[n_out].
+ * deadline_ns: relative budget (≤ 0: none, the client's timeout_ns applies). Returns
+ * HWB_SHM_OK (out written) or another status; out is untouched unless the status is
+ * HWB_SHM_OK. n_in 0 with HWB_SHM_FLAG_RESET: a reset alone (out untouched). */
+static inline int hwb_shm_call(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
+                               uint32_t n_out, int64_t deadline_ns, uint32_t flags) {
     hwb_shm_slot *s = c->slot;
     int64_t t0, until;
     uint32_t seq, st;
     int rc;
+    int reset_only = n_in == 0 && (flags & HWB_SHM_FLAG_RESET);
     if (!s) return HWB_SHM_E_CLOSED;
-    if (n_in != c->in_count || n_out != c->out_count) return HWB_SHM_E_SHAPE;
+    if ((!reset_only && n_in != c->in_count) || n_out != c->out_count) return HWB_SHM_E_SHAPE;
     t0 = hwb_now_ns();
     until = deadline_ns > 0 ? t0 + deadline_ns : t0 + c->timeout_ns;
-    memcpy(c->in, in, (size_t)n_in * 4u);
+    if (n_in) memcpy(c->in, in, (size_t)n_in * 4u);
+    HWB_STORE_RLX(&s->flags, flags);
     HWB_STORE_RLX(&s->in_count, n_in);
     HWB_STORE_RLX(&s->deadline_ns, deadline_ns > 0 ? until : (int64_t)0);
     /* one past what stands in req: never the sequence the server answered last, even after
@@ -568,8 +588,21 @@ static inline int hwb_shm_predict(hwb_shm_client *c, const float *in, uint32_t n
     hwb_shm__ring(c);
     if ((rc = hwb_shm__wait(c, seq, until))) return rc;
     st = HWB_LOAD_RLX(&s->status);
-    if (st == HWB_SHM_OK) memcpy(out, c->out, (size_t)n_out * 4u);
+    if (st == HWB_SHM_OK && !reset_only) memcpy(out, c->out, (size_t)n_out * 4u);
     return (int)st;
+}
+
+/* One sample (a whole input, or one tick of a sliding endpoint): hwb_shm_call without flags. */
+static inline int hwb_shm_predict(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
+                                  uint32_t n_out, int64_t deadline_ns) {
+    return hwb_shm_call(c, in, n_in, out, n_out, deadline_ns, 0u);
+}
+
+/* Sliding endpoints: empty the server's window (a new session or day); the next tick's
+ * answer is the model on [0, ..., 0, x]. Also done for every new connection. */
+static inline int hwb_shm_reset(hwb_shm_client *c, int64_t deadline_ns) {
+    float none = 0.0f;
+    return hwb_shm_call(c, &none, 0u, &none, c->out_count, deadline_ns, HWB_SHM_FLAG_RESET);
 }
 
 #ifdef __cplusplus

@@ -1,0 +1,219 @@
+"""``hwb serve --shm NAME --sliding`` (issue 35 items 2 and 5): a sliding endpoint takes one tick
+per request and keeps the window; its answers are ``cm.sliding()``'s, bit for bit, over many
+ticks and across resets (a flagged tick, a reset alone, a new connection); a hostile client
+sending a whole window (or a tick to a whole-window endpoint, or a reset to it) gets a clear
+BAD_INPUT and the server keeps serving; a target without the C window is served through the
+Python Window; the serving loop is pinned to a core the client is told to avoid."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from shm_raw import RawClient
+
+from hwbackends.errors import ConfigError, InputError
+from hwbackends.serve import Engine, EngineConfig
+from hwbackends.serve.request import Status
+from hwbackends.serve.shm import ShmClient, ShmServer, choose_loop_core, endpoint_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="cpu.native needs a C compiler")
+TICKS = 400  # the zoo lstm's window is 16 ticks: 25 windows, every ring position many times
+
+
+def _ticks(cm, n: int, seed: int = 5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.normal(0, 1, (n, *cm.input.shape[1:])).astype(np.float32)
+
+
+def _reference(cm, xs: np.ndarray, resets: frozenset[int] = frozenset()) -> np.ndarray:
+    """cm.sliding() in this process over the same ticks (reset before the ticks in resets)."""
+    w = cm.sliding()
+    out = np.empty((len(xs), *cm.output.shape), np.float32)
+    for i, x in enumerate(xs):
+        if i in resets:
+            w.reset()
+        w.push_into(x, out[i])
+    return out
+
+
+def _cpus_of_threads(pid: int) -> list[str]:
+    got = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                got.append(line.split(":", 1)[1].strip())
+    return got
+
+
+@pytest.mark.slow
+def test_hwb_serve_sliding_answers_are_cm_sliding_bit_for_bit(store_dir, compiled):
+    cm = compiled("lstm", "cpu.native")  # in the session store: the server only loads it
+    xs = _ticks(cm, TICKS)
+    name = f"hwb-sltest-{secrets.token_hex(3)}"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "hwbackends", "serve", "zoo:lstm", "-t", "cpu.native",
+         "--cache-dir", str(store_dir), "--shm", name, "--sliding", "--duration", "300", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        info = json.loads(line)
+        assert info["shm_sliding"] == {"window": 16, "tick_shape": [8], "form": "incremental",
+                                       "loop": "native"}
+        assert info["tick_size"] == 8
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) >= 2:  # the loop's thread is pinned to the last core, and says so
+            assert info["shm_pin"] == allowed[-1]
+            assert str(allowed[-1]) in _cpus_of_threads(p.pid)
+        with ShmClient(name) as c:
+            assert c.window == 16 and c.in_shape == (8,)
+            got = np.stack([c.predict(x) for x in xs])
+            np.testing.assert_array_equal(got, _reference(cm, xs))
+            # a new session: the first tick flagged reset, then a reset alone mid-stream
+            again = [c.predict(xs[0], reset=True)] + [c.predict(x) for x in xs[1:50]]
+            assert c.reset() is True
+            again += [c.predict(x) for x in xs[50:90]]
+            np.testing.assert_array_equal(np.stack(again), _reference(cm, xs[:90], frozenset({50})))
+            with pytest.raises(InputError, match="sliding: one tick"):  # a whole window, refused here
+                c.predict(np.zeros(cm.input.shape, np.float32))
+        # hostile: a raw client writes a whole window's size into its request
+        raw = RawClient(endpoint_dir(name))
+        try:
+            st, msg, _ = raw.request(np.zeros(16 * 8, np.float32)[:8], count=16 * 8)
+            assert st == Status.BAD_INPUT and "one tick of 8 float32" in msg and "a whole window" in msg
+            st, msg, out = raw.request(xs[7])  # still serving; the new connection's window is empty
+            assert st == Status.OK, msg
+            np.testing.assert_array_equal(np.frombuffer(out, np.float32),
+                                          _reference(cm, xs[7:8])[0])
+        finally:
+            raw.close()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        if len(allowed) >= 2:
+            others = [c for c in allowed if c != allowed[-1]]
+            assert (f"serving loop pinned to CPU {allowed[-1]}; pin your client elsewhere, e.g. "
+                    f"taskset -c {others[0]}") in err
+        stats = json.loads(out.strip().splitlines()[-1])
+        assert stats["requests_ok"] == 0  # every tick was answered by the C loop, not the engine
+        assert not endpoint_dir(name).exists()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.fixture(scope="module")
+def lstm_engine(compiled):
+    eng = Engine(compiled("lstm", "cpu.native"), EngineConfig.preset("single", warmup=2)).start()
+    yield eng
+    eng.stop()
+
+
+def test_the_python_window_path_equals_the_c_loop(lstm_engine, compiled):
+    # native=False: the loop calls the Window's push_into/prepare/reset (with the GIL)
+    cm = compiled("lstm", "cpu.native")
+    xs = _ticks(cm, 120, seed=9)
+    with ShmServer(lstm_engine, slots=1, sliding=True, native=False) as srv:
+        assert not srv.native and srv.stats()["sliding"]["loop"] == "python"
+        with ShmClient(srv.name) as c:
+            got = [c.predict(x) for x in xs[:60]] + [c.predict(xs[60], reset=True)]
+            got += [c.predict(x) for x in xs[61:]]
+        assert srv.stats()["served"] == 120 and srv.stats()["errors"] == 0
+    np.testing.assert_array_equal(np.stack(got), _reference(cm, xs, frozenset({60})))
+
+
+def test_a_target_without_the_c_window_is_served_by_its_recompute_window(compiled):
+    cm = compiled("lstm", "cpu.onnxruntime")
+    xs = _ticks(cm, 60, seed=3)
+    eng = Engine(cm, EngineConfig.preset("single", warmup=1)).start()
+    try:
+        with ShmServer(eng, slots=1, sliding=True) as srv:
+            assert not srv.native and "not a C model library" in srv.native_reason
+            assert srv.stats()["sliding"]["form"] == "recompute"
+            with ShmClient(srv.name) as c:
+                got = np.stack([c.predict(x) for x in xs])
+    finally:
+        eng.stop()
+    np.testing.assert_array_equal(got, _reference(cm, xs))
+    window = np.zeros(cm.input.shape, np.float32)  # the recompute form is predict_into on it
+    window[-1] = xs[0]
+    np.testing.assert_array_equal(got[0], cm.predict(window).reshape(got[0].shape))
+
+
+def test_a_whole_window_endpoint_refuses_ticks_and_resets_clearly(lstm_engine):
+    with ShmServer(lstm_engine, slots=2) as srv:
+        raw = RawClient(srv.dir)
+        try:
+            st, msg, _ = raw.request(np.zeros(8, np.float32), count=8)
+            assert st == Status.BAD_INPUT and "one tick?" in msg and "--sliding" in msg
+        finally:
+            raw.close()
+        with ShmClient(srv.name) as c:
+            assert c.window == 0
+            with pytest.raises(InputError, match="keeps no window"):
+                c.reset()
+            assert isinstance(c.predict(np.zeros((16, 8), np.float32)), np.ndarray)  # serves on
+        assert srv.stats()["bad_payloads"] == 2
+
+
+def test_sliding_needs_one_slot_and_direct_mode(lstm_engine):
+    with pytest.raises(ConfigError, match="one window, fed by one client"):
+        ShmServer(lstm_engine, slots=2, sliding=True)
+    with pytest.raises(ConfigError, match="mode='direct'"):
+        ShmServer(lstm_engine, slots=1, sliding=True, mode="batch")
+
+
+def test_hwb_serve_sliding_refuses_what_it_cannot_serve(hwb_cli):
+    rc, _, err = hwb_cli("serve", "zoo:lstm", "--sliding", "--grpc-port", "0")
+    assert rc != 0 and "--shm NAME" in err
+    rc, _, err = hwb_cli("serve", "zoo:lstm", "--sliding", "--shm", "x", "--grpc-port", "0")
+    assert rc != 0 and "drop --grpc-port" in err
+    rc, _, err = hwb_cli("serve", "zoo:lstm", "--sliding", "--shm", "x", "--shm-mode", "batch")
+    assert rc != 0 and "--shm-mode" in err
+
+
+def test_loop_core_choice():
+    allowed = sorted(os.sched_getaffinity(0))
+    core, line = choose_loop_core("auto")
+    if len(allowed) >= 2:
+        assert core == allowed[-1] and f"pinned to CPU {core}" in line and "taskset -c" in line
+    else:
+        assert core is None and "not pinned" in line
+    assert choose_loop_core("none") == (None, "serving loop not pinned (--pin none)")
+    assert choose_loop_core(allowed[0])[0] == allowed[0]
+    with pytest.raises(ConfigError, match="may run on"):
+        choose_loop_core(max(allowed) + 1000)
+
+
+@pytest.mark.parametrize("flags, want", [((), "auto"), (("--pin", "none"), None), (("--shm-pin", "0"), 0)])
+def test_hwb_serve_prints_where_its_loop_is_pinned(monkeypatch, capsys, compiled, flags, want):
+    from hwbackends.cli import main
+    from hwbackends.cli import serve as serve_cli
+    from hwbackends.serve import shm
+
+    cm = compiled("signal", "cpu.native")
+    monkeypatch.setattr(serve_cli, "_backends", lambda args, cls: cm)  # no compile in the CLI
+    # prctl(PR_SET_DUMPABLE, 0) would outlive this test in the pytest process
+    monkeypatch.setattr(shm, "deny_same_user_inspection", lambda: False)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    name = f"hwb-sltest-{secrets.token_hex(3)}"
+    assert main(["serve", "zoo:signal", "--shm", name, "--duration", "0.05", *flags]) == 0
+    out = capsys.readouterr()
+    info = json.loads(out.out.splitlines()[0])
+    if want == "auto":
+        want = choose_loop_core("auto")[0]
+    assert info["shm_pin"] == want
+    if want is None:
+        assert "serving loop not pinned" in out.err
+    else:
+        assert f"hwb serve: serving loop pinned to CPU {want}" in out.err
