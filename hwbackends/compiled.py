@@ -11,7 +11,7 @@ from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
 from .sliding import Window, open_window
 from .specs import Availability, Mode, TensorSpec
-from .target import Artifact, Executor, check_io
+from .target import Artifact, Executor, check_io, close_executor
 
 
 class CompiledModel:
@@ -179,6 +179,5 @@ class CompiledModel:
         return open_window(self, stateful=True, auto_prepare=auto_prepare)
 
     def close(self) -> None:
-        close = getattr(self.executor, "close", None)
-        if close:
-            close()
+        """Release what the executor holds (device handles, native libraries)."""
+        close_executor(self.executor)

@@ -27,13 +27,14 @@ from . import build_cache, cost, isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
 from .errors import CacheError, CompileError, ConfigError, HwbError, UnavailableError, UnsupportedError
-from .fidelity import Fidelity, check_kind, compare
+from .fidelity import Fidelity, check_kind, compare, gate_violations, precision_family
+from .manifest import Manifest
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
 from .specs import Availability
 from .store import ArtifactStore, cache_key
 from .store_prune import keep_within_limit
-from .target import Artifact, CompileOptions, Converter, Manifest, Target
+from .target import Artifact, CompileOptions, Converter, Target, close_executor
 
 log = logging.getLogger("hwbackends")
 Progress = Callable[[str], None]
@@ -188,9 +189,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
         run.store.evict(req.key)
     loaded = None if rebuild else _load_cached(req, run)
     if loaded is None:
-        check = getattr(tgt, "check_options", None)
-        if callable(check):  # a mistake in the options costs no build
-            check(req.opts)
+        tgt.check_options(req.opts)  # a mistake in the options costs no build
         # One build per key at a time across processes sharing the store: the one that
         # waited loads what the other committed (an FPGA search is not repeated).
         with run.store.build_lock(req.key, req.what, say, run.timeout) as waited:
@@ -299,7 +298,7 @@ def _resolve(ask: CompileRequest) -> _Request:
     # The caller's data is checked here and used for this compile only (the model is not
     # changed); ``data`` says where calibration and validation inputs came from.
     calib, val, data = _data(m, ask.calibration_data, ask.validation_data,
-                             prec in getattr(tgt, "calibrated", ()))
+                             prec in tgt.calibrated)
     opts, key, parts = _plan(m, tgt, prec, chain, calib,
                              CompileOptions(prec, batch_size, ask.threads, dict(ask.options or {}),
                                             None))
@@ -336,15 +335,15 @@ def _check_multi_io(m: Model, tgt: Target, prec: str, reg: Registry) -> None:
     ``multi_io_calibrated``: they would be fed one calibration tensor)."""
     ins = ", ".join(str(s) for s in m.inputs)
     outs = ", ".join(str(s) for s in m.outputs)
-    if not getattr(tgt, "multi_io", False):
-        able = sorted(n for n, t in reg.targets.items() if getattr(t, "multi_io", False))
+    if not tgt.multi_io:
+        able = sorted(n for n, t in reg.targets.items() if t.multi_io)
         raise UnsupportedError(f"target {tgt.name} takes models with one input and one output; "
                                f"{m.name!r} has {len(m.inputs)} input(s) ({ins}) and "
                                f"{len(m.outputs)} output(s) ({outs}). Targets that take several: "
                                f"{', '.join(able) or 'none installed'}")
-    if prec in getattr(tgt, "calibrated", ()) and not getattr(tgt, "multi_io_calibrated", False):
+    if prec in tgt.calibrated and not tgt.multi_io_calibrated:
         able = sorted(f"{n}:{'/'.join(t.calibrated)}" for n, t in reg.targets.items()
-                      if getattr(t, "multi_io_calibrated", False) and getattr(t, "multi_io", False))
+                      if t.multi_io_calibrated and t.multi_io)
         raise UnsupportedError(f"{tgt.name}:{prec} calibrates on one input tensor; {m.name!r} has "
                                f"several inputs/outputs. Use an uncalibrated precision of "
                                f"{tgt.name} ({', '.join(p for p in tgt.precisions if p not in tgt.calibrated)})"
@@ -368,11 +367,11 @@ def _plan(m: Model, tgt: Target, prec: str, chain: list[Converter], calib: Any,
     """The compile options (with calibration data where the precision uses it), the cache
     key and what it hashes. A multi-input model's calibration data is a tuple, one array per
     input (checked and ordered by :func:`_data`)."""
-    uses_calib = prec in getattr(tgt, "calibrated", ())
+    uses_calib = prec in tgt.calibrated
     opts = dataclasses.replace(opts, calibration=calib if uses_calib else None)
     parts = {
         "core": CORE_FORMAT, "fingerprint": m.fingerprint, "target": tgt.name,
-        "target_version": getattr(tgt, "version", "1"), "options": _key_options(tgt, opts),
+        "target_version": tgt.version, "options": _key_options(tgt, opts),
         "calibration": _digest_inputs(calib) if uses_calib else None,
         "toolchain": tgt.toolchain(), "chain": [c.name for c in chain],
     }
@@ -384,7 +383,7 @@ def _key_options(tgt: Target, opts: CompileOptions) -> dict[str, Any]:
     """The options the store key hashes: without the batch size on a target whose artifact
     does not depend on it (``Target.batch_independent``: one build serves every size)."""
     d = opts.key_dict()
-    if getattr(tgt, "batch_independent", False):
+    if tgt.batch_independent:
         d.pop("batch_size", None)
     return d
 
@@ -393,6 +392,7 @@ def _wrap(executor: Any, art: Artifact, avail: Any, name: str, nan_policy: str,
           tgt: Target) -> CompiledModel:
     """A warmed-up CompiledModel. What load() found decides the mode: an FPGA target serves
     from a board when a matching bitstream is there, and from its C-simulation otherwise."""
+    # load() may return any object with predict_into (the contract's Executor or a duck type)
     avail = getattr(executor, "availability", None) or avail
     cm = CompiledModel(executor, art, avail, name, nan_policy, tgt.static_batch)
     cm.warmup()
@@ -404,7 +404,7 @@ def _identity_problem(rec: dict[str, Any], req: _Request) -> str | None:
     this request's and its model, target and precision agree with them; else what differs."""
     parts = rec.get("key_parts")
     if not isinstance(parts, dict):
-        return "the manifest signs no key_parts (written before store format 3)"
+        return "the manifest signs no key_parts"
     diff = _differences(parts, req.parts)
     if diff:
         return f"signed for another request ({diff})"
@@ -441,7 +441,7 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
         st.evict(key)
         return None
     art = man.artifact(st.path_for(key), cached=True)
-    if getattr(tgt, "batch_independent", False):  # built once for any size: serve this one
+    if tgt.batch_independent:  # built once for any size: serve this one
         art.batch_size = opts.batch_size
     run.say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
     try:
@@ -454,9 +454,7 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
     if problem:
         log.warning("cached artifact %s does not reproduce its stored outputs (%s); removing "
                     "it, it will be rebuilt", key[:12], problem)
-        close = getattr(executor, "close", None)
-        if close:
-            close()
+        close_executor(executor)
         st.evict(key)
         return None
     st.touch(key)
@@ -500,9 +498,9 @@ def _flat(ys: Any) -> np.ndarray:
 
 def check_reload(executor: Any, art: Artifact, tgt: Target, check: Any) -> str | None:
     """``None`` when the loaded artifact reproduces its reload check's stored outputs, else
-    what differs. Checks written before inputs were stored per tensor hold one ``"x"``."""
+    what differs (a check without them, or of another layout, is a difference)."""
     try:
-        xs = tuple(_unpack(d) for d in check["xs"]) if "xs" in check else (_unpack(check["x"]),)
+        xs = tuple(_unpack(d) for d in check["xs"])
         out, tol = _flat(_unpack(check["out"])), float(check["tol"])
     except (TypeError, KeyError, ValueError) as exc:
         return f"no usable stored outputs ({type(exc).__name__}: {exc})"
@@ -640,7 +638,7 @@ def import_artifact(store: ArtifactStore, staged: Path, sent: Any, model: Any, t
     package must be for it (its ``key_parts`` equal this node's: model fingerprint, target,
     precision, options, toolchain); its files must match its sha256 list; the artifact is
     loaded and its outputs on this node's validation data must meet the precision family's
-    tolerance (:data:`hwbackends.testing.tolerances.TOLERANCES`) against this node's own
+    tolerance (:func:`hwbackends.fidelity.gate_violations`) against this node's own
     reference model. Only then is it committed, with a manifest and stored outputs made
     here and signed with this node's key. Anything else raises :class:`CacheError` (the
     caller compiles locally); ``staged`` is always consumed (committed or removed)."""
@@ -690,23 +688,18 @@ def _adopt(store: ArtifactStore, staged: Path, sent: Any, req: _Request) -> None
                              f"({problem}){local}")
         man.reload_check = make_reload_check(executor, art, tgt, m, req.val)
     finally:
-        close = getattr(executor, "close", None)
-        if close:
-            close()
+        close_executor(executor)
     store.commit(staged, key, man.to_dict())
 
 
 def _reference_problem(executor: Any, art: Artifact, req: _Request) -> str | None:
     """What keeps ``executor`` from being ``req``'s model: its fidelity against this
     process's own reference on the validation data, gated by the precision family."""
-    from .testing.tolerances import TOLERANCES, precision_family
-
     cm = CompiledModel(executor, art, Availability.hardware("import"), req.m.name, "pass",
                        req.tgt.static_batch)
     try:
         f = _fidelity(req.m, cm, req.val)
     except Exception as exc:
         return f"predict on the validation data raised {type(exc).__name__}: {exc}"
-    family = precision_family(req.opts.precision)
-    bad = TOLERANCES[family].violations(f)
-    return f"{'; '.join(bad)} for {family} precision; {f}" if bad else None
+    bad = gate_violations(req.opts.precision, f)
+    return f"{'; '.join(bad)} for {precision_family(req.opts.precision)} precision; {f}" if bad else None

@@ -46,7 +46,10 @@ log = logging.getLogger("hwbackends.store")
 #: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
 #: 3: the manifest signs its key's parts (``key_parts``: fingerprint, target, precision,
 #: options, toolchain…), checked against the key on every load.
-STORE_FORMAT = 3
+#: 4: the record is :class:`hwbackends.manifest.Manifest`, its reload check named
+#: ``reload_check`` with one input array per tensor (``xs``); an entry of any other format is
+#: removed on read and rebuilt, so no reader keeps the older key names.
+STORE_FORMAT = 4
 MANIFEST = "manifest.json"
 #: What a store key is: the hex sha256 :func:`cache_key` returns (nothing else names a path).
 KEY_RE = re.compile(r"[0-9a-f]{64}")

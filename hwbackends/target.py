@@ -20,7 +20,7 @@ thread-safety of the hot path in :class:`Executor`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
@@ -109,72 +109,6 @@ class Artifact:
     def size_bytes(self) -> int:
         """Total size of the artifact's files on disk."""
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-
-
-@dataclass
-class Manifest:
-    """What the store keeps, signed, beside an artifact's files (``manifest.json``; the store
-    adds its own ``files`` sha256 list and ``hmac``): what was built, for which request
-    (``key_parts``, what the store key hashes), and the outputs a reload must reproduce
-    (``reload_check``). :meth:`to_dict` / :meth:`from_dict` are the one schema; every record the
-    core writes is made here, from this process's own request (never from a peer's)."""
-
-    target: str
-    precision: str
-    fingerprint: str
-    batch_size: int
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    model: str = "model"
-    #: The options as they enter the cache key (:meth:`CompileOptions.key_dict`).
-    options: dict[str, Any] = field(default_factory=dict)
-    #: What the target's ``compile`` returned.
-    meta: dict[str, Any] = field(default_factory=dict)
-    toolchain: dict[str, str] = field(default_factory=dict)
-    #: The converters that ran before the target, by name.
-    chain: list[str] = field(default_factory=list)
-    compile_seconds: float = 0.0
-    key_parts: dict[str, Any] | None = None
-    #: The *reload check*: a few inputs, the outputs for them and the tolerance a reload must
-    #: meet (``compiler.make_reload_check``). Stored as ``reload_check``; records written
-    #: before the name changed hold it as ``probe`` (:meth:`from_dict` reads both).
-    reload_check: dict[str, Any] | None = None
-    #: The store key; "" before the store assigns it.
-    key: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "target": self.target, "precision": self.precision, "fingerprint": self.fingerprint,
-            "model": self.model, "batch_size": self.batch_size,
-            "inputs": [s.to_dict() for s in self.inputs],
-            "outputs": [s.to_dict() for s in self.outputs], "options": self.options,
-            "meta": self.meta, "toolchain": self.toolchain, "chain": self.chain,
-            "compile_seconds": self.compile_seconds, "key_parts": self.key_parts}
-        if self.reload_check is not None:
-            d["reload_check"] = self.reload_check
-        if self.key:
-            d["key"] = self.key
-        return d
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> "Manifest":
-        """The inverse of :meth:`to_dict` (keys the store adds, ``files`` and ``hmac``, and
-        unknown ones are ignored; optional ones a record written earlier lacks default)."""
-        known = {f.name for f in fields(Manifest)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if "reload_check" not in kw and isinstance(d.get("probe"), dict):  # its name before
-            kw["reload_check"] = d["probe"]
-        kw["inputs"] = [TensorSpec.from_dict(x) for x in d["inputs"]]
-        kw["outputs"] = [TensorSpec.from_dict(x) for x in d["outputs"]]
-        return Manifest(**kw)
-
-    def artifact(self, path: Path, cached: bool = False) -> Artifact:
-        """The :class:`Artifact` this record describes, its files in ``path``."""
-        return Artifact(path=path, key=self.key, target=self.target, precision=self.precision,
-                        fingerprint=self.fingerprint, batch_size=self.batch_size,
-                        inputs=list(self.inputs), outputs=list(self.outputs), meta=self.meta,
-                        toolchain=self.toolchain, compile_seconds=self.compile_seconds,
-                        cached=cached)
 
 
 _F32 = np.dtype(np.float32)
@@ -370,6 +304,12 @@ class Executor:
         compares ``push_into`` with ``predict_into`` over many ticks."""
         return None
 
+    def close(self) -> None:
+        """Optional: release device resources (a board, a native library's handles). The core
+        calls it through :func:`close_executor` when it drops an executor it loaded (a
+        refused reload, a checked import) and from ``CompiledModel.close()``; the default
+        holds nothing."""
+
     def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """The model call: write one output per buffer of ``outs`` for the inputs ``xs``
         (sequences in spec order, one array each: the caller's tuples, or for one tensor each
@@ -386,6 +326,16 @@ class Executor:
             if getattr(first, "ndim", 0) == len(self._xshapes[0]):
                 batch = len(first)
         check_io(xs, outs, self._in_specs, self._out_specs, batch, contiguous=self._strict)
+
+
+def close_executor(executor: Any) -> None:
+    """Close a loaded executor: its ``close()``, the no-op :meth:`Executor.close` unless it
+    overrides it. What ``load()`` returned may be any object with ``predict_into`` (the
+    contract asks for an :class:`Executor`, the core accepts a duck type), so one without
+    ``close`` is left as it is: the one place that asks."""
+    close = getattr(executor, "close", None)
+    if callable(close):
+        close()
 
 
 class BufferedExecutor(Executor):

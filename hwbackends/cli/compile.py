@@ -79,19 +79,18 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def fidelity_gate(cm: Any) -> dict[str, Any] | None:
-    """The precision family's fidelity gate (hwbackends/testing/tolerances.py: what the
-    conformance kit and a fleet import hold a variant to) and, for an FPGA ``auto`` precision,
-    whether its search met its own target: ``{"passed", "family", "violations"}``."""
+    """The precision family's fidelity gate (:func:`hwbackends.fidelity.gate_violations`: what
+    the conformance kit and a fleet import hold a variant to) and, for an FPGA ``auto``
+    precision, whether its search met its own target: ``{"passed", "family", "violations"}``."""
     if cm.fidelity is None:
         return None
-    from ..testing.tolerances import TOLERANCES, precision_family
+    from ..fidelity import gate_violations, precision_family
 
-    family = precision_family(cm.precision)
-    bad = TOLERANCES[family].violations(cm.fidelity)
+    bad = gate_violations(cm.precision, cm.fidelity)
     if (cm.artifact.meta or {}).get("meets_target") is False:
         bad.append("the auto-precision search did not meet its fidelity target on the "
                    "calibration data (option fidelity)")
-    return {"passed": not bad, "family": family, "violations": bad}
+    return {"passed": not bad, "family": precision_family(cm.precision), "violations": bad}
 
 
 def summary_lines(d: dict[str, Any]) -> list[str]:

@@ -53,7 +53,7 @@ def node_info(targets: Sequence[str]) -> dict[str, Any]:
                      "device": av.get("device", ""), "family": tgt.family,
                      "precisions": list(tgt.precisions), "precision_rule": tgt.precision_rule,
                      "toolchain": tc,
-                     "target_version": str(getattr(tgt, "version", "1"))}
+                     "target_version": str(tgt.version)}
     return identity() | {"targets": out}
 
 

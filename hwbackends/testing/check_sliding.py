@@ -6,8 +6,8 @@ import numpy as np
 
 from ..compiled import CompiledModel
 from ..errors import UnsupportedError
+from ..fidelity import family_tolerance, precision_family
 from .context import Conformance, ConformanceError, NotApplicable, Variant
-from .tolerances import TOLERANCES, precision_family
 
 #: Ticks past the first full window: every ring position is written twice, and an incremental
 #: form retires and restarts each window in flight at least once.
@@ -68,7 +68,7 @@ def check_sliding(ctx: Conformance, v: Variant) -> str:
     if w.form == "recompute":
         tol = 1e-6
     else:
-        tol = FP32_SLIDING_ERR if fam == "fp32" else TOLERANCES[fam].rel_err
+        tol = FP32_SLIDING_ERR if fam == "fp32" else family_tolerance(v.precision).rel_err
     err = float(np.abs(got - want).max()) / scale
     if not err <= tol:
         tick = int(np.abs(got - want).reshape(len(xs), -1).max(axis=1).argmax())

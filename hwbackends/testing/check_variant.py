@@ -6,9 +6,8 @@ import json
 
 import numpy as np
 
-from ..fidelity import compare
+from ..fidelity import compare, family_tolerance, gate_violations, precision_family
 from .context import Conformance, ConformanceError, Variant
-from .tolerances import TOLERANCES, precision_family
 
 
 def check_compile(ctx: Conformance, v: Variant) -> str:
@@ -61,14 +60,15 @@ def check_predict(ctx: Conformance, v: Variant) -> str:
 
 def check_fidelity(ctx: Conformance, v: Variant) -> str:
     """Outputs match the source model's fp32 reference within the precision family's
-    tolerance (:data:`TOLERANCES`), on inputs the compile never saw."""
+    tolerance (:func:`hwbackends.fidelity.gate_violations`, the gate ``hwb compile`` applies),
+    on inputs the compile never saw."""
     cm = ctx.compiled(v)
     m = ctx.model(v.model)
     xs = m.representative(256, seed=11)
     fam = precision_family(v.precision)
     f = compare(m.reference(xs), cm.predict(xs))
-    bad = TOLERANCES[fam].violations(f)
+    bad = gate_violations(v.precision, f)
     if bad:
         raise ConformanceError(f"{cm.variant} on {v.model}: {'; '.join(bad)} (precision family "
-                               f"{fam}, tolerance {TOLERANCES[fam]}); measured {f}")
+                               f"{fam}, tolerance {family_tolerance(v.precision)}); measured {f}")
     return f"{fam}: {f}"

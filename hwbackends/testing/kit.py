@@ -15,7 +15,7 @@ This module is their index; each lives in a module of its own:
 ``check_target``     metadata (class attributes), probe (fast, never raises)
 ``light``            probe_is_light (measured import cost of the plugin and probe())
 ``check_store``      store_roundtrip (files, cache, corruption), compile_isolated
-``check_variant``    compile, predict, fidelity (:mod:`.tolerances`)
+``check_variant``    compile, predict, fidelity (:data:`hwbackends.fidelity.TOLERANCES`)
 ``alloc``            no_allocation (per-call peak and net, tracemalloc)
 ``bad_inputs``       bad_inputs (every wrong array → InputError)
 ``check_sliding``    sliding (``cm.sliding()`` equals ``predict_into`` on each window)
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..fidelity import TOLERANCES, precision_family
 from .alloc import ALLOC_BOUND_BYTES, ALLOC_CALLS, PEAK_BOUND_BYTES, check_no_allocation
 from .bad_inputs import STRIDED, bad_input_cases, check_bad_inputs
 from .check_sliding import check_sliding
@@ -34,7 +35,6 @@ from .check_variant import check_compile, check_fidelity, check_predict
 from .context import Conformance, ConformanceError, NotApplicable, Variant, zoo_format
 from .layers import layer_names, names_layer
 from .light import IMPORT_BUDGET_MS, LIGHT_PACKAGES, check_probe_is_light
-from .tolerances import TOLERANCES, precision_family
 
 #: Checks run once per target / once per (model, precision), in this order.
 TARGET_CHECKS: dict[str, Callable[[Conformance], str]] = {
