@@ -19,7 +19,6 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
 
-    from .bench.results import BenchResults
     from .target import Converter, Target
 
 PROJECT = "hwbackends"
@@ -84,8 +83,11 @@ def hwb_cli_commands(subparsers: "argparse._SubParsersAction") -> None:
 
 
 @hookspec
-def hwb_report_sections(results: "BenchResults") -> "Sequence[str]":
-    """Return this plugin's sections of the HTML report (``hwb report``) for ``results``.
+def hwb_report_sections(results: Any) -> "Sequence[str]":
+    """Return this plugin's sections of the HTML report (``hwb report``) for ``results``, a
+    :class:`hwbackends.bench.results.BenchResults` (annotated ``Any``: the contract module
+    imports nothing above the core's leaves, so ``bench`` → ``variant`` → ``registry`` →
+    ``hookspecs`` closes no circle).
 
     Each item is one self-contained HTML fragment, normally ``<section><h2>…</h2>…</section>``
     (figures as inline SVG; the report has no external resources). Return an empty sequence

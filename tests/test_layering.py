@@ -1,7 +1,8 @@
 """Layering rules of the source tree, read from the code itself (no import is executed):
 
-* no import cycle among the modules of ``hwbackends`` and ``hwb_plugins`` — counting imports
-  inside functions too, since a function-level import that closes a cycle only hides it;
+* no import cycle among the modules of ``hwbackends`` and ``hwb_plugins``, counting every
+  import: inside functions and under ``if TYPE_CHECKING:`` too, since an import that closes a
+  cycle there only hides it (and there is no list of edges to ignore);
 * no module imports another module's ``_private`` name;
 * the core never imports the built-in plugins (``hwb_plugins``): it reaches them, like any
   third-party plugin, only through the hooks. No exception, ``hwbackends/testing`` included:
@@ -21,8 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"hwbackends": REPO / "hwbackends", "hwb_plugins": REPO / "plugins"}
 #: Generated code (grpcio-tools), not written by hand.
 GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc")
-#: Edges the cycle check ignores (none: keep it that way).
-PENDING_EDGES: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -46,25 +45,13 @@ def modules() -> dict[str, Path]:
     return {m: f for m, f in out.items() if m not in GENERATED}
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    """Lines inside ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
 def imports_of(name: str, path: Path) -> list[Import]:
+    """Every import statement of module ``name`` (file ``path``), at any depth."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_lines(tree)
     is_pkg = path.name == "__init__.py"
     base = name.split(".") if is_pkg else name.split(".")[:-1]
     out = []
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             out += [Import(name, a.name, (), node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -86,7 +73,7 @@ def graph() -> dict[str, set[str]]:
             targets = [f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in mods]
             if imp.module in mods and len(targets) < len(imp.names) or not imp.names:
                 targets.append(imp.module)
-            edges[m] |= {t for t in targets if t in mods and t != m and (m, t) not in PENDING_EDGES}
+            edges[m] |= {t for t in targets if t in mods and t != m}
     return edges
 
 
@@ -139,8 +126,22 @@ def test_subpackages_do_not_import_the_package_root():
 
 def test_no_import_cycle():
     found = cycles(graph())
-    assert not found, "import cycles (module-level or inside functions):\n" + "\n".join(
-        " ↔ ".join(c) for c in found)
+    assert not found, ("import cycles (module-level, inside functions or under "
+                       "TYPE_CHECKING):\n" + "\n".join(" ↔ ".join(c) for c in found))
+
+
+@pytest.mark.parametrize("source", [
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+    "def f():\n    from .b import B\n",
+    "from . import b\n",
+])
+def test_the_cycle_check_counts_every_form_of_import(tmp_path, source):
+    """An annotation-only or function-level import is an edge like a module-level one."""
+    f = tmp_path / "a.py"
+    f.write_text(source)
+    imps = imports_of("hwbackends.a", f)
+    assert "hwbackends.b" in {i.module for i in imps} | {f"{i.module}.{n}" for i in imps
+                                                         for n in i.names}
 
 
 def test_no_module_imports_another_modules_private_names():
