@@ -2,7 +2,7 @@
 //
 //   g++ -O2 -std=c++17 -I"$(hwb serve --print-include)" examples/shm_strategy.cpp -o shm_strategy
 //   ./shm_strategy NAME predict in.f32 out.f32     # rows of float32 features -> float32 outputs
-//   ./shm_strategy NAME bench N                    # N back-to-back calls: latency percentiles
+//   ./shm_strategy NAME bench N [GAP_US]           # N calls (GAP_US apart; default back to back)
 //   ./shm_strategy NAME replay ticks.f64           # open loop: one call per scheduled arrival
 //
 // A sliding endpoint (`hwb serve ... --shm NAME --sliding`) takes one tick per call (its
@@ -10,6 +10,8 @@
 // mode above then sends ticks, and `predict` answers one row per tick, in order (a new
 // connection starts on an empty window; hwb_shm_reset() empties it mid-session). Pin this
 // process to another core than the server's loop (`hwb serve` prints it): taskset -c 0 ...
+// The server prepares the next tick after each answer: back to back, the next call waits for
+// that prepare; `bench N 20` leaves 20 µs between calls, as real ticks do, so it is not.
 //
 // Every failure is a status, never a wrong answer: a version, dtype or size mismatch is
 // refused at attach (exit 3); a tick whose answer did not come is skipped and counted.
@@ -93,14 +95,19 @@ int main(int argc, char **argv) {
         FILE *f = std::fopen(argv[4], "wb");
         if (!f || std::fwrite(y.data(), 4, y.size(), f) != y.size()) status = 2;
         if (f) std::fclose(f);
-    } else if (mode == "bench" && argc == 4) {
+    } else if (mode == "bench" && (argc == 4 || argc == 5)) {
         long n = std::atol(argv[3]), errors = 0;
+        const int64_t gap_ns = argc == 5 ? static_cast<int64_t>(std::atof(argv[4]) * 1e3) : 0;
         std::vector<float> xs(256 * ni);
         unsigned s = 12345;
         for (auto &v : xs) { s = s * 1103515245u + 12345u; v = ((s >> 8) & 0xFFFF) / 32768.0f - 1.0f; }
         std::vector<double> lat;
         lat.reserve(n);
         for (long i = 0; i < n; i++) {
+            if (gap_ns > 0) {  // spin, not sleep: the client stays on its core
+                int64_t until = hwb_now_ns() + gap_ns;
+                while (hwb_now_ns() < until) hwb_cpu_relax();
+            }
             int64_t t0 = hwb_now_ns();
             rc = hwb_shm_predict(&c, &xs[(i % 256) * ni], ni, out.data(), no, 0);
             int64_t t1 = hwb_now_ns();

@@ -217,3 +217,26 @@ def test_hwb_serve_prints_where_its_loop_is_pinned(monkeypatch, capsys, compiled
         assert "serving loop not pinned" in out.err
     else:
         assert f"hwb serve: serving loop pinned to CPU {want}" in out.err
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_cpp_client_sends_ticks_and_gets_the_windows_answers(lstm_engine, compiled, tmp_path):
+    from hwbackends.serve.shm import INCLUDE_DIR
+
+    cm = compiled("lstm", "cpu.native")
+    exe = tmp_path / "shm_strategy"
+    subprocess.run(["g++", "-O2", "-std=c++17", "-Wall", "-Werror", f"-I{INCLUDE_DIR}",
+                    str(ROOT / "examples" / "shm_strategy.cpp"), "-o", str(exe)], check=True)
+    xs = _ticks(cm, 100, seed=11)
+    xs.tofile(tmp_path / "in.f32")
+    with ShmServer(lstm_engine, slots=1, sliding=True) as srv:
+        assert srv.native
+        r = subprocess.run([str(exe), srv.name, "predict", str(tmp_path / "in.f32"),
+                            str(tmp_path / "out.f32")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "sliding endpoint, one tick of 8 floats per call (window of 16)" in r.stderr
+        r2 = subprocess.run([str(exe), srv.name, "bench", "200", "5"], capture_output=True,
+                            text=True, timeout=60)
+        assert r2.returncode == 0 and json.loads(r2.stdout)["errors"] == 0, r2.stderr
+    got = np.fromfile(tmp_path / "out.f32", np.float32).reshape(100, *cm.output.shape)
+    np.testing.assert_array_equal(got, _reference(cm, xs))
