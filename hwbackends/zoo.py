@@ -25,8 +25,15 @@ built on request (``zoo:lstm_a``) and not in ``NAMES``.
 ``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
 conformance kit runs on every target).
 
-Without Keras (``pip install '.[cpu]'``) ``mlp`` is its ONNX twin (:func:`onnx_mlp`, the same
-seeded weights, the same outputs to float rounding); the others need their framework.
+Without Keras (``pip install '.[cpu]'``; :func:`keras_available`) every Keras zoo model is its
+ONNX twin, written with ``onnx.helper`` from *the same seeded weights* (:mod:`hwbackends.zoo_onnx`:
+``onnx_mlp``, ``onnx_lstm``, ``onnx_conv1d``, ``onnx_two_head``, ``onnx_stac``), computing the same
+function to float rounding; ``mlp_torch`` and ``lstm_torch`` still need torch. ``signal`` is the
+exception: it is *trained*, and without Keras the same architecture is trained in NumPy on the same
+data and recipe (:func:`numpy_signal`, well under a second, kept signed as
+``signal-v1-numpy.onnx``). That is a different model from the Keras-trained signal (other
+initial weights and arithmetic; about the same correlation with the target, 0.85), with its own
+fingerprint, so artifacts, profiles and memos of the two never mix.
 
 ``mlp_torch`` and ``lstm_torch`` are PyTorch modules with *the same weights* as their Keras
 twins (same seeds, gate order mapped), so both frameworks compute the same function. Weights
@@ -35,6 +42,8 @@ come from NumPy's seeded generator, so fingerprints are identical across process
 from __future__ import annotations
 
 import hashlib
+import hmac
+import importlib.util
 import json
 import logging
 import os
@@ -99,34 +108,71 @@ def onnx_mlp() -> Any:
     """zoo:mlp as an ONNX graph written with onnx.helper, from the same seeded weights (the
     same function as :func:`keras_mlp`): what ``zoo:mlp`` is where Keras is not installed
     (``pip install '.[cpu]'``), so the CPU targets have a bundled model to run."""
-    from onnx import TensorProto, helper, numpy_helper
+    from .zoo_onnx import dense_stack
 
-    w = mlp_weights()
-    inits = [numpy_helper.from_array(a, f"p{i}") for i, a in enumerate(w)]
-    nodes, x = [], "features"
-    for i, act in enumerate(("Relu", "Relu", "Softmax")):
-        nodes.append(helper.make_node("Gemm", [x, f"p{2 * i}", f"p{2 * i + 1}"], [f"z{i}"]))
-        x = "probs" if act == "Softmax" else f"h{i}"
-        nodes.append(helper.make_node(act, [f"z{i}"], [x], **({"axis": -1} if act == "Softmax" else {})))
-    g = helper.make_graph(nodes, "zoo_mlp",
-                          [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 64])],
-                          [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return dense_stack("zoo_mlp", mlp_weights(), ("Relu", "Relu", "Softmax"), ("features", "probs"))
 
 
-def _mlp_source() -> Any:
-    """The Keras mlp where Keras is installed, else its ONNX twin (:func:`onnx_mlp`)."""
-    import importlib.util
+def keras_available() -> bool:
+    """Whether the import system finds Keras (cheap: nothing is imported). A finder that
+    refuses it (raises ImportError) counts as not installed, as a ``.[cpu]`` install."""
+    try:
+        return importlib.util.find_spec("keras") is not None
+    except (ImportError, ValueError):
+        return False
 
-    return keras_mlp() if importlib.util.find_spec("keras") else onnx_mlp()
+
+#: (window, features) of the zoo's sequence models, and two_head's weight shapes in the Keras
+#: model's ``get_weights`` order.
+LSTM_SHAPE, CONV1D_SHAPE = (16, 8), (32, 8)
+TWO_HEAD_SHAPES = ((16, 32), (32,), (4, 8), (8,), (40, 16), (16,), (16, 1), (1,), (16, 1), (1,))
+
+
+def two_head_weights(seed: int = 11) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [_glorot(rng, s[0], s[-1], s) if len(s) == 2
+            else rng.uniform(-0.1, 0.1, s).astype(np.float32) for s in TWO_HEAD_SHAPES]
+
+
+def conv1d_weights(seed: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [_glorot(rng, 24, 16, (3, 8, 16)), np.zeros(16, np.float32),
+            _glorot(rng, 48, 16, (3, 16, 16)), np.zeros(16, np.float32),
+            _glorot(rng, 16, 1, (16, 1)), np.zeros(1, np.float32)]
+
+
+def onnx_lstm() -> Any:
+    """zoo:lstm as ONNX (LSTM op, same seeded weights as :func:`keras_lstm`)."""
+    from .zoo_onnx import lstm_stack
+
+    return lstm_stack("zoo_lstm", *LSTM_SHAPE, lstm_weights())
+
+
+def onnx_conv1d() -> Any:
+    """zoo:conv1d as ONNX (Conv, GlobalAveragePool, Gemm; the weights of :func:`keras_conv1d`)."""
+    from .zoo_onnx import conv1d_stack
+
+    return conv1d_stack("zoo_conv1d", *CONV1D_SHAPE, conv1d_weights())
+
+
+def onnx_two_head() -> Any:
+    """zoo:two_head as ONNX (two inputs, two outputs; the weights of :func:`keras_two_head`)."""
+    from .zoo_onnx import two_head
+
+    return two_head("zoo_two_head", two_head_weights())
+
+
+def onnx_stac(name: str) -> Any:
+    """``lstm_a`` / ``lstm_b`` as ONNX (stacked LSTM ops; the weights of :func:`keras_stac`)."""
+    from .zoo_onnx import lstm_stack
+
+    window, features, _, _ = STAC_SHAPES[name]
+    return lstm_stack(f"zoo_{name}", window, features, stac_weights(name))
 
 
 def keras_two_head() -> Any:
     """features (16,) + state (4,) → signal (1,) + confidence (1,); seeded weights."""
     import keras
-    rng = np.random.default_rng(11)
     feats = keras.Input((16,), name="features")
     state = keras.Input((4,), name="state")
     h = keras.layers.Dense(32, activation="relu", name="feat_dense")(feats)
@@ -136,9 +182,7 @@ def keras_two_head() -> Any:
     signal = keras.layers.Dense(1, activation="tanh", name="signal")(z)
     conf = keras.layers.Dense(1, activation="sigmoid", name="confidence")(z)
     m = keras.Model([feats, state], [signal, conf], name="zoo_two_head")
-    m.set_weights([_glorot(rng, w.shape[0], w.shape[-1], tuple(w.shape)) if len(w.shape) == 2
-                   else rng.uniform(-0.1, 0.1, tuple(w.shape)).astype(np.float32)
-                   for w in m.get_weights()])
+    m.set_weights(two_head_weights())
     return m
 
 
@@ -180,7 +224,6 @@ def keras_stac(name: str) -> Any:
 
 def keras_conv1d() -> Any:
     import keras
-    rng = np.random.default_rng(3)
     m = keras.Sequential([
         keras.Input((32, 8), name="window"),
         keras.layers.Conv1D(16, 3, activation="relu", name="conv_1"),
@@ -188,9 +231,7 @@ def keras_conv1d() -> Any:
         keras.layers.GlobalAveragePooling1D(name="pool"),
         keras.layers.Dense(1, name="signal"),
     ], name="zoo_conv1d")
-    m.set_weights([_glorot(rng, 24, 16, (3, 8, 16)), np.zeros(16, np.float32),
-                   _glorot(rng, 48, 16, (3, 16, 16)), np.zeros(16, np.float32),
-                   _glorot(rng, 16, 1, (16, 1)), np.zeros(1, np.float32)])
+    m.set_weights(conv1d_weights())
     return m
 
 
@@ -301,19 +342,53 @@ def _signed(path: Path) -> bool:
     check_path(path, "zoo model", trusted_gid())
     sig = path.with_name(path.name + ".hmac")
     try:
-        return sig.read_text().strip() == sign_bytes(ArtifactStore().key, path.read_bytes())
+        return hmac.compare_digest(sig.read_text().strip().encode(),
+                                   sign_bytes(ArtifactStore().key, path.read_bytes()).encode())
     except OSError:
         return False
 
 
+def signal_init(seed: int = 7) -> list[np.ndarray]:
+    """The NumPy-trained signal's starting weights: Glorot-uniform kernels, zero biases (Keras'
+    Dense defaults), from a seeded generator."""
+    rng = np.random.default_rng(seed)
+    ws: list[np.ndarray] = []
+    for a, b in ((32, 32), (32, 16), (16, 1)):
+        ws += [_glorot(rng, a, b, (a, b)), np.zeros(b, np.float32)]
+    return ws
+
+
+def numpy_signal() -> Any:
+    """The signal architecture (Dense 32 relu → 16 relu → 1 tanh) trained in NumPy on the same
+    synthetic order-book data and recipe as :func:`keras_signal` (Adam 3e-3, MSE, batch 256, 4
+    epochs, in order), as an ONNX graph. It is *another model* than the Keras-trained signal
+    (other initial weights, other float arithmetic): its own weights and fingerprint. What
+    ``zoo:signal`` is where Keras is not installed; about a second to train."""
+    from .zoo_onnx import dense_stack, train_signal
+
+    x, y = orderbook_features(20000, seed=0)
+    ws = train_signal(signal_init(), x, y)
+    return dense_stack("signal", ws, ("Relu", "Relu", "Tanh"), ("book", "signal"))
+
+
+def _signal_file() -> Path:
+    """Where the trained signal is kept: the Keras one, or (no Keras) the NumPy-trained ONNX."""
+    suffix = ".keras" if keras_available() else "-numpy.onnx"
+    return _zoo_dir() / f"signal-{SIGNAL_VERSION}{suffix}"
+
+
 def signal_path() -> Path:
-    """The trained default model, trained once and kept as a ``.keras`` file in the cache,
-    signed with the store key: a file put there by anyone else (or edited) is retrained."""
-    path = _zoo_dir() / f"signal-{SIGNAL_VERSION}.keras"
+    """The trained default model, trained once and kept in the cache (a ``.keras`` file, or
+    without Keras the NumPy-trained ``-numpy.onnx`` of :func:`numpy_signal`), signed with the
+    store key: a file put there by anyone else (or edited) is retrained."""
+    path = _signal_file()
     if _signed(path):
         return path
     if path.exists():
         log.warning("%s is not signed with this user's store key; retraining it", path)
+    if path.suffix == ".onnx":
+        _write_signed(path, numpy_signal().SerializeToString())
+        return path
     m, _ = keras_signal()
     tmp = path.with_name(f".{os.getpid()}-saved-{path.name}")
     m.save(tmp)
@@ -324,18 +399,27 @@ def signal_path() -> Path:
     return path
 
 
+#: Each Keras zoo model and its ONNX twin (:mod:`hwbackends.zoo_onnx`): the same function from
+#: the same seeded weights; the twin is what the name builds where Keras is not installed.
+_TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "mlp": (keras_mlp, onnx_mlp), "lstm": (keras_lstm, onnx_lstm),
+    "conv1d": (keras_conv1d, onnx_conv1d), "two_head": (keras_two_head, onnx_two_head),
+    **{n: ((lambda n=n: keras_stac(n)), (lambda n=n: onnx_stac(n))) for n in STAC_NAMES}}
+
+
+def _source(name: str) -> Any:
+    """The Keras model ``name`` where Keras is installed, else its ONNX twin."""
+    keras_build, onnx_build = _TWINS[name]
+    return keras_build() if keras_available() else onnx_build()
+
+
 _BUILDERS: dict[str, Callable[[], Model]] = {
-    "mlp": lambda: load_model(_mlp_source(), name="mlp"),
-    "lstm": lambda: load_model(keras_lstm(), name="lstm"),
-    "conv1d": lambda: load_model(keras_conv1d(), name="conv1d"),
+    **{n: (lambda n=n: load_model(_source(n), name=n)) for n in _TWINS},
     "signal": lambda: _own_data(load_model(signal_path(), name="signal",
                                            validation_data=_signal_validation()),
                                 "zoo:signal's bundled order-book features (simulated, seed 1)"),
     "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
     "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
-    "two_head": lambda: load_model(keras_two_head(), name="two_head"),
-    "lstm_a": lambda: load_model(keras_stac("lstm_a"), name="lstm_a"),
-    "lstm_b": lambda: load_model(keras_stac("lstm_b"), name="lstm_b"),
 }
 
 
@@ -356,7 +440,8 @@ def _with_framework(name: str, build: Callable[[], Model]) -> Callable[[], Model
             raise UnavailableError(
                 f"zoo:{name} is built with {exc.name}, which is not installed: pip install "
                 f"'hwbackends[keras]' (Keras zoo models) or 'hwbackends[torch]' (torch ones); "
-                f"with the cpu extra alone, zoo:mlp (ONNX) or your own .onnx model runs") from None
+                f"with the cpu extra alone every zoo model but the torch ones (as ONNX) and "
+                f"your own .onnx model run") from None
     return run
 
 
@@ -427,9 +512,10 @@ def _memo_key(name: str) -> str | None:
             h.update(f"{dist}={metadata.version(dist)};".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
-    h.update(f"numpy={np.__version__};{name}".encode())
+    # the Keras build or its ONNX twin: another model (Keras may be installed but refused)
+    h.update(f"numpy={np.__version__};{name};source={'keras' if keras_available() else 'onnx'}".encode())
     if name == "signal":
-        path = _zoo_dir() / f"signal-{SIGNAL_VERSION}.keras"
+        path = _signal_file()
         try:
             if not _signed(path):
                 return None

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -105,12 +106,12 @@ def test_the_report_without_frameworks(onnx_model: Path, tmp_path: Path, cache: 
     assert "desk_mlp" in html and "<svg" in html and "cpu.onnxruntime:fp32" in html
 
 
-def test_a_zoo_model_says_which_extra_it_needs(hwb_cli, cache: Path):
+def test_a_torch_zoo_model_says_which_extra_it_needs(hwb_cli, cache: Path):
     if os.environ.get("HWB_CPU_INSTALL") != "1":
-        pytest.skip("HWB_CPU_INSTALL=1 only in the .[cpu] venv of .ci/run (Keras is here)")
-    rc, _, err = hwb_cli("compile", "zoo:lstm", "-t", "cpu.native", "--cache-dir", str(cache))
+        pytest.skip("HWB_CPU_INSTALL=1 only in the .[cpu] venv of .ci/run (torch is here)")
+    rc, _, err = hwb_cli("compile", "zoo:lstm_torch", "-t", "cpu.native", "--cache-dir", str(cache))
     assert rc == 1 and "Traceback" not in err
-    assert "zoo:lstm is built with keras" in err and "pip install 'hwbackends[keras]'" in err
+    assert "zoo:lstm_torch is built with torch" in err and "pip install 'hwbackends[torch]'" in err
 
 
 @pytest.mark.parametrize("target", ["cpu.native", "cpu.onnxruntime"])
@@ -120,10 +121,91 @@ def test_zoo_mlp_runs_on_every_install(hwb_cli, cache: Path, target: str):
     assert rc == 0, err
     d = json.loads(out)
     assert d["fidelity_gate"]["passed"] is True
+    from hwbackends import zoo
     from hwbackends.models import load_model
 
-    want = "onnx" if importlib.util.find_spec("keras") is None else "keras"
+    want = "keras" if zoo.keras_available() else "onnx"
     assert load_model("zoo:mlp").format == want
+
+
+# -- the bundled zoo without Keras: the ONNX twins (hwbackends.zoo_onnx) --------------------------
+#: Run first in a process (a sitecustomize on PYTHONPATH, so the compile worker gets it too):
+#: Keras and TensorFlow look not installed, to ``import`` and to importlib.util.find_spec alike.
+BLOCK_KERAS = textwrap.dedent("""
+    import sys
+
+    _REFUSED = ("keras", "tensorflow", "tf_keras")
+    for _name in _REFUSED:
+        sys.modules[_name] = None  # None: "absent" to import and find_spec
+
+    class _NoKeras:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in _REFUSED:
+                raise ModuleNotFoundError(f"No module named {name!r} (refused by the test)", name=name)
+            return None
+
+    sys.meta_path.insert(0, _NoKeras())
+""")
+
+
+@pytest.fixture(scope="module")
+def no_keras(tmp_path_factory) -> dict[str, str]:
+    """The environment of an ``hwb`` without Keras: in the `.[cpu]` venv as it is; in the full
+    venv with :data:`BLOCK_KERAS` first on PYTHONPATH. Checked, not assumed."""
+    env = dict(os.environ)
+    if importlib.util.find_spec("keras") is not None:
+        site = tmp_path_factory.mktemp("no-keras-site")
+        (site / "sitecustomize.py").write_text(BLOCK_KERAS)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
+    r = subprocess.run([sys.executable, "-c", "import importlib.util, sys\n"
+                        "from hwbackends import zoo\n"
+                        "assert not zoo.keras_available() and importlib.util.find_spec('tensorflow') is None\n"
+                        "try:\n    import keras\nexcept ImportError:\n    sys.exit(0)\nsys.exit(1)"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"Keras is still importable: {r.stderr}"
+    return env
+
+
+def _hwb_json(env: dict[str, str], *args: str) -> dict:
+    r = subprocess.run([HWB, *args, "--json"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("target", ["cpu.native", "cpu.onnxruntime"])
+@pytest.mark.parametrize("name", ["lstm", "conv1d", "signal"])
+def test_the_keras_zoo_compiles_without_keras(no_keras, tmp_path: Path, name: str, target: str):
+    """``hwb compile zoo:NAME`` where Keras is not installed: the ONNX twin is built, compiled
+    and passes the fidelity gate; it is the twin (its fingerprint), and the signal is the
+    NumPy-trained one, kept signed in the zoo directory, validated on its bundled data."""
+    from hwbackends import zoo
+    from hwbackends.models import load_model
+
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    env = no_keras | {"HWB_CACHE_DIR": str(store)}  # the zoo directory is the store's
+    d = _hwb_json(env, "compile", f"zoo:{name}", "-t", target)
+    assert d["variant"] == f"{target}:fp32" and d["mode"] == "hardware"
+    assert d["fidelity_gate"]["passed"] is True, d["fidelity_gate"]
+    assert d["fidelity"]["corr"] > 0.9999, d["fidelity"]
+    twin = {"lstm": zoo.onnx_lstm, "conv1d": zoo.onnx_conv1d, "signal": zoo.numpy_signal}[name]
+    assert d["fingerprint"] == load_model(twin(), name=name).fingerprint
+    if name == "signal":
+        assert (store / "zoo" / f"signal-{zoo.SIGNAL_VERSION}-numpy.onnx").is_file()
+        assert d["data"]["validation"]["kind"] == "model", d["data"]
+        # a second compile: from the store, the model from its memo (keyed by that file)
+        again = _hwb_json(env, "compile", f"zoo:{name}", "-t", target)
+        assert again["cached"] is True and again["fingerprint"] == d["fingerprint"]
+
+
+def test_the_multi_io_and_stac_zoo_without_keras(no_keras, tmp_path: Path):
+    """two_head (two inputs, two outputs: the multi_io targets) and lstm_a, as ONNX twins."""
+    store = str(tmp_path / "store")
+    d = _hwb_json(no_keras, "compile", "zoo:two_head", "-t", "cpu.onnxruntime", "--cache-dir", store)
+    assert d["fidelity_gate"]["passed"] is True and [o["name"] for o in d["outputs"]] == [
+        "signal", "confidence"], d["outputs"]
+    d = _hwb_json(no_keras, "compile", "zoo:lstm_a", "-t", "cpu.native", "--cache-dir", store)
+    assert d["fidelity_gate"]["passed"] is True and d["fidelity"]["corr"] > 0.9999
 
 
 def test_the_onnx_mlp_is_the_keras_mlp():
