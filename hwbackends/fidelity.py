@@ -62,7 +62,6 @@ GATED: dict[str, tuple[str, ...]] = {
     "regression": _ERRORS,
     "signed": (*_ERRORS, "sign"),
     "logits": (*_ERRORS, "sign", "argmax"),
-    "nonnegative": _ERRORS,  # what records written before ``regression`` call it
 }
 #: The kinds an output may be declared as (``output_kind``).
 KINDS = ("signed", "regression", "probabilities", "logits")

@@ -35,7 +35,7 @@ def check_metadata(ctx: Conformance) -> str:
     calibrated = t.calibrated
     if set(calibrated) - set(t.precisions):
         bad.append(f"calibrated {calibrated!r} lists precisions the target does not offer")
-    if getattr(t, "multi_io_calibrated", False) and not getattr(t, "multi_io", False):
+    if t.multi_io_calibrated and not t.multi_io:
         bad.append("multi_io_calibrated is True but multi_io is False (it says the calibrated "
                    "precisions take multi-IO models, which the target does not take)")
     if t.contract_version != CONTRACT_VERSION:
