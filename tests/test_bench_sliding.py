@@ -188,3 +188,26 @@ def test_older_results_without_the_new_fields_still_load(sliding_run, tmp_path) 
     res = BenchResults.load(old)
     assert all(p.sliding is None and p.noise_floor is None for p in res.profiles)
     assert main(["report", str(old), "-o", str(tmp_path / "old.html")]) == 0
+
+
+def test_router_sliding_handle_serves_the_ticks_it_was_ranked_by(store_dir, tmp_path) -> None:
+    from hwbackends.router import Router
+
+    r = Router.from_config(_strategies(tmp_path), store=store_dir, strategies=["slide"])
+    try:
+        d = r.decisions["slide"]
+        assert d.scenario == "sliding" and d.chosen.profile.sliding is not None
+        w = r.sliding("slide")
+        cm = r.lane("slide").cms[0]
+        assert w.form == d.chosen.profile.sliding["form"]
+        t, step = cm.input.shape[0], tuple(cm.input.shape[1:])
+        xs = np.random.default_rng(1).standard_normal((t + 3, *step)).astype(np.float32)
+        y, full = np.zeros(cm.output.shape, np.float32), np.zeros((1, *cm.output.shape), np.float32)
+        for i in range(len(xs)):
+            w.push_into(xs[i], y)
+        cm.predict_into(xs[-t:][None], full)
+        np.testing.assert_allclose(y, full[0], atol=1e-5)
+        # the lane times whole windows: a tick's budget never re-routes it on latency
+        assert r.lane("slide").budget_us == float("inf") and d.budget_us == 100_000
+    finally:
+        r.close()

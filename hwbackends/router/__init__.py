@@ -12,6 +12,7 @@ machine), rank, choose. Run time (:mod:`.runtime`): dispatch, failover, breakers
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ from ..bench import ProfileCache
 from ..chunked import as_returned, predict_in_batches, tuple_call
 from ..config import StrategiesFile, load_config, resolve_model
 from ..errors import ConfigError, InputError
+from ..sliding import Window
 from .plan import Candidate, Decision, Tier, decide, explain, plan_strategy
 from .runtime import Lane, NoRouteError, VariantState
 
@@ -46,7 +48,11 @@ class Router:
                 continue
             s = config.strategies[name]
             r = config.router
-            self._lanes[name] = Lane(name, d.order, d.budget_us, window=r.window,
+            # A sliding strategy's budget is a tick's (push_into); the lane times whole windows,
+            # which that budget cannot judge: it fails over on errors and deadlines, never on
+            # latency (the ticks go through :meth:`sliding`).
+            budget = math.inf if s.scenario == "sliding" else d.budget_us
+            self._lanes[name] = Lane(name, d.order, budget, window=r.window,
                                      switch_after=r.switch_after, retry_after_s=r.retry_after_s,
                                      breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
                                      sample_every=r.sample_every, switch_margin=r.switch_margin,
@@ -145,6 +151,13 @@ class Router:
         call = tuple_call(lane.predict_into, not getattr(cm, "multi_io", False))
         return as_returned(predict_in_batches(call, xs, cm.batch_size, cm.inputs, cm.outputs),
                            single)
+
+    def sliding(self, name: str, *, auto_prepare: bool = True) -> "Window":
+        """The sliding window of the variant serving strategy ``name`` (``cm.sliding()``):
+        ``push_into(x_t, out)`` per tick, what a ``scenario = "sliding"`` strategy was ranked
+        by. One caller at a time; it does not fail over (open a new one after a switch)."""
+        lane = self.lane(name)
+        return lane.cms[lane.cur].sliding(auto_prepare=auto_prepare)
 
     def serving(self, name: str) -> str:
         """The variant serving ``name`` right now."""
