@@ -4,9 +4,18 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from hwbackends.errors import CompileError, HwbError, UnsupportedError
 from hwbackends.models import Model, keras_call_input
 
 OPSET = 17
+
+#: What to do when a converter cannot take a model (every refusal below ends with it).
+ADVICE = ("What to do: compile it for a target that reads the model's own format (hwb targets "
+          "lists each target's formats: cpu.litert and cpu.native take Keras, gpu.torch takes "
+          "PyTorch), replace the layer with one the converter supports, or report it to "
+          "the converter ({issues}) with this message.")
+ISSUES = {"tf2onnx": "github.com/onnx/tensorflow-onnx/issues",
+          "torch.onnx": "github.com/pytorch/pytorch/issues"}
 
 
 def _as_onnx(model: Model, proto: Any) -> Model:
@@ -32,7 +41,13 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
         y = km(keras_call_input(km, xs), training=False)
         return list(y) if isinstance(y, (list, tuple)) else [y]
 
-    proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
+    try:
+        proto, _ = tf2onnx.convert.from_function(serve, input_signature=spec, opset=OPSET)
+    except HwbError:
+        raise
+    except Exception as exc:
+        raise converter_error("tf2onnx", model.name, exc) from None
+    check_ops("tf2onnx", model.name, proto)
     return _as_onnx(model, proto)
 
 
@@ -52,12 +67,68 @@ def torch_to_onnx(model: Model, workdir: Path) -> Model:
     examples = tuple(torch.zeros((batch, *s.shape), dtype=torch.float32) for s in model.inputs)
     in_names = [s.name for s in model.inputs]
     out_names = [s.name for s in model.outputs]
-    if isinstance(obj, torch.export.ExportedProgram):
-        prog = torch.onnx.export(obj, examples, dynamo=True, opset_version=18,
-                                 input_names=in_names, output_names=out_names)
-        return _as_onnx(model, prog.model_proto)
-    buf = io.BytesIO()
-    torch.onnx.export(obj.eval(), examples, buf, dynamo=False, opset_version=OPSET,
-                      input_names=in_names, output_names=out_names,
-                      dynamic_axes={n: {0: "batch"} for n in (*in_names, *out_names)})
-    return _as_onnx(model, onnx.load_from_string(buf.getvalue()))
+    try:
+        if isinstance(obj, torch.export.ExportedProgram):
+            prog = torch.onnx.export(obj, examples, dynamo=True, opset_version=18,
+                                     input_names=in_names, output_names=out_names)
+            proto = prog.model_proto
+        else:
+            buf = io.BytesIO()
+            torch.onnx.export(obj.eval(), examples, buf, dynamo=False, opset_version=OPSET,
+                              input_names=in_names, output_names=out_names,
+                              dynamic_axes={n: {0: "batch"} for n in (*in_names, *out_names)})
+            proto = onnx.load_from_string(buf.getvalue())
+    except HwbError:
+        raise
+    except Exception as exc:
+        raise converter_error("torch.onnx", model.name, exc) from None
+    check_ops("torch.onnx", model.name, proto)
+    return _as_onnx(model, proto)
+
+
+def converter_error(converter: str, name: str, exc: BaseException) -> CompileError:
+    """A converter's exception as a CompileError: the converter, the op or layer its message
+    names (when it names one), the message itself (not the traceback) and what to do."""
+    import re
+
+    msg = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split())
+    op = _named_op(msg)
+    return CompileError(f"{converter} could not convert {name!r} to ONNX"
+                        f"{f' at {op}' if op else ''}: {type(exc).__name__}: {_excerpt(msg, op)}. "
+                        + ADVICE.format(issues=ISSUES[converter]))
+
+
+def check_ops(converter: str, name: str, proto: Any) -> None:
+    """Refuse a graph in which the converter left ops ONNX does not define (tf2onnx keeps a TF
+    op it cannot convert, logs it and carries on; no ONNX runtime can run the result)."""
+    import onnx
+
+    bad = sorted({n.op_type for n in proto.graph.node
+                  if n.domain in ("", "ai.onnx", "ai.onnx.ml")
+                  and not onnx.defs.has(n.op_type, n.domain)})
+    if bad:
+        raise UnsupportedError(f"{converter} has no ONNX conversion for op(s) {', '.join(bad)} "
+                               f"of {name!r} (it left them unconverted). "
+                               + ADVICE.format(issues=ISSUES[converter]))
+
+
+def _named_op(msg: str) -> str:
+    """The op or layer a converter's message names, as \"op X\"; "" when none is found."""
+    import re
+
+    for pat in (r"OpOverload\(op='([\w.]+)'", r"[Uu]nsupported ops?:?\s*(?:Counter\(\{)?'?([A-Za-z_][\w.:]*)",
+                r"(aten::[\w.]+|aten\.[\w.]+)", r"\bop(?:erator)? '?([A-Z][\w.]*)'?"):
+        m = re.search(pat, msg)
+        if m:
+            return f"op {m.group(1)}"
+    return ""
+
+
+
+def _excerpt(msg: str, op: str, limit: int = 600) -> str:
+    """The message, cut to ``limit`` characters around where it names ``op`` (a converter's
+    message can run to pages; the part naming the op is the one to keep)."""
+    at = msg.find(op.removeprefix("op ")) if op else -1
+    if len(msg) <= limit or at < limit // 2:
+        return msg[:limit] + ("…" if len(msg) > limit else "")
+    return msg[:limit // 3] + " … " + msg[at - limit // 3:at + limit // 3] + "…"

@@ -6,13 +6,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.errors import HwbError, UnsupportedError
 from hwbackends.specs import Availability, TensorSpec
 from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Executor, Target
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._shared.onnx_io import graph_inputs, spec_order
 from .._util import cpu_name, importable, version
+from .quantiser import quantiser_error, with_default_domain
 
 
 def _session(path: Path, threads: int) -> Any:
@@ -114,11 +115,6 @@ class OnnxRuntimeTarget(Target):
         if options.precision == "fp32":
             fp32.rename(final)
         else:
-            from onnxruntime.quantization import (
-                QuantType,
-                quantize_dynamic,
-                quantize_static,
-            )
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             pre = workdir / "model.pre.onnx"
@@ -126,27 +122,40 @@ class OnnxRuntimeTarget(Target):
                 quant_pre_process(str(fp32), str(pre), skip_symbolic_shape=True)
             except Exception:
                 pre = fp32  # pre-processing is an optimisation, not a requirement
-            if options.precision == "int8-dynamic":
-                # 7-bit weights: ONNX Runtime's u8s8 kernels on AVX2/AVX-512 CPUs without VNNI
-                # saturate their 16-bit intermediate sums with full-range weights (its docs
-                # advise reduce_range there); on this project's EPYC machines the zoo MLP fell
-                # to corr 0.975 without it (static int8: 0.988 on mlp, 0.985 on lstm). Costs one
-                # bit of weight resolution everywhere.
-                quantize_dynamic(str(pre), str(final), weight_type=QuantType.QInt8,
-                                 reduce_range=True)
-            else:
-                if options.calibration is None:
-                    raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
-                reader = _Calibration(spec_order(graph_inputs(proto), model.inputs), options.calibration,
-                                      options.batch_size)
-                quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
-                                weight_type=QuantType.QInt8, reduce_range=True)
+            onnx.save(with_default_domain(onnx.load(str(pre))), str(pre))
+            try:
+                self._quantize(model, proto, options, pre, final)
+            except HwbError:
+                raise
+            except Exception as exc:
+                raise quantiser_error(model.name, options.precision, proto, exc) from None
             for p in (fp32, workdir / "model.pre.onnx"):
                 p.unlink(missing_ok=True)
         ops = sorted({n.op_type for n in onnx.load(str(final)).graph.node})
         return {"file": "model.onnx", "bytes": final.stat().st_size, "ops": ops,
                 "converted_from": model.meta.get("converted_from", "onnx"),
                 **batch_meta(model, options.batch_size)}
+
+    @staticmethod
+    def _quantize(model: Any, proto: Any, options: CompileOptions, pre: Path, final: Path) -> None:
+        """ONNX Runtime's dynamic or static int8 quantiser, ``pre`` → ``final``."""
+        from onnxruntime.quantization import QuantType, quantize_dynamic, quantize_static
+
+        if options.precision == "int8-dynamic":
+            # 7-bit weights: ONNX Runtime's u8s8 kernels on AVX2/AVX-512 CPUs without VNNI
+            # saturate their 16-bit intermediate sums with full-range weights (its docs
+            # advise reduce_range there); on this project's EPYC machines the zoo MLP fell
+            # to corr 0.975 without it (static int8: 0.988 on mlp, 0.985 on lstm). Costs one
+            # bit of weight resolution everywhere.
+            quantize_dynamic(str(pre), str(final), weight_type=QuantType.QInt8,
+                             reduce_range=True)
+        else:
+            if options.calibration is None:
+                raise UnsupportedError("cpu.onnxruntime:int8 needs calibration data")
+            reader = _Calibration(spec_order(graph_inputs(proto), model.inputs), options.calibration,
+                                  options.batch_size)
+            quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8, reduce_range=True)
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),
