@@ -401,7 +401,7 @@ def signal_path() -> Path:
 
 #: Each Keras zoo model and its ONNX twin (:mod:`hwbackends.zoo_onnx`): the same function from
 #: the same seeded weights; the twin is what the name builds where Keras is not installed.
-_TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "mlp": (keras_mlp, onnx_mlp), "lstm": (keras_lstm, onnx_lstm),
     "conv1d": (keras_conv1d, onnx_conv1d), "two_head": (keras_two_head, onnx_two_head),
     **{n: ((lambda n=n: keras_stac(n)), (lambda n=n: onnx_stac(n))) for n in STAC_NAMES}}
@@ -409,12 +409,12 @@ _TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
 
 def _source(name: str) -> Any:
     """The Keras model ``name`` where Keras is installed, else its ONNX twin."""
-    keras_build, onnx_build = _TWINS[name]
+    keras_build, onnx_build = TWINS[name]
     return keras_build() if keras_available() else onnx_build()
 
 
 _BUILDERS: dict[str, Callable[[], Model]] = {
-    **{n: (lambda n=n: load_model(_source(n), name=n)) for n in _TWINS},
+    **{n: (lambda n=n: load_model(_source(n), name=n)) for n in TWINS},
     "signal": lambda: _own_data(load_model(signal_path(), name="signal",
                                            validation_data=_signal_validation()),
                                 "zoo:signal's bundled order-book features (simulated, seed 1)"),

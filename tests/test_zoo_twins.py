@@ -14,7 +14,7 @@ from hwbackends.models import load_model
 keras = pytest.importorskip("keras")
 
 #: name → samples compared (lstm_b is large: 100 ticks × 250 features, LSTM 200 ×3)
-TWINS = {"mlp": 256, "lstm": 256, "conv1d": 256, "two_head": 256, "lstm_a": 64, "lstm_b": 16}
+SAMPLES = {"mlp": 256, "lstm": 256, "conv1d": 256, "two_head": 256, "lstm_a": 64, "lstm_b": 16}
 
 
 def _outputs(m, x) -> tuple[np.ndarray, ...]:
@@ -22,9 +22,9 @@ def _outputs(m, x) -> tuple[np.ndarray, ...]:
     return tuple(y) if isinstance(y, (tuple, list)) else (y,)
 
 
-@pytest.mark.parametrize("name", list(TWINS))
+@pytest.mark.parametrize("name", list(SAMPLES))
 def test_the_onnx_twin_computes_the_keras_model(name: str) -> None:
-    keras_build, onnx_build = zoo._TWINS[name]
+    keras_build, onnx_build = zoo.TWINS[name]
     k, o = load_model(keras_build(), name=name), load_model(onnx_build(), name=name)
     assert (k.format, o.format) == ("keras", "onnx")
     assert [s.shape for s in o.inputs] == [s.shape for s in k.inputs]
@@ -33,7 +33,7 @@ def test_the_onnx_twin_computes_the_keras_model(name: str) -> None:
         assert [s.name for s in o.inputs] == [s.name for s in k.inputs]
         assert [s.name for s in o.outputs] == [s.name for s in k.outputs]
     rng = np.random.default_rng(5)
-    x = tuple(rng.standard_normal((TWINS[name], *s.shape)).astype(np.float32) for s in k.inputs)
+    x = tuple(rng.standard_normal((SAMPLES[name], *s.shape)).astype(np.float32) for s in k.inputs)
     x = x if len(x) > 1 else x[0]
     for yk, yo in zip(_outputs(k, x), _outputs(o, x), strict=True):
         scale = float(np.abs(yk).max())
