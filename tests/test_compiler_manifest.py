@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
-import types
 
 import numpy as np
 import pytest
+from registry_helpers import registry_with
 
 import hwbackends as hwb
 from hwbackends import trust
-from hwbackends.hookspecs import hookimpl
 from hwbackends.manifest import Manifest
-from hwbackends.registry import build_registry
 from hwbackends.specs import TensorSpec
 from hwbackends.store import MANIFEST, STORE_FORMAT, ArtifactStore
 from hwbackends.target import close_executor
@@ -28,12 +26,7 @@ class Sample(NumpyDenseTarget):
 
 
 def _registry():
-    reg = build_registry(entry_points=False)
-    plugin = types.ModuleType("manifest_sample_plugin")
-    plugin.hwb_targets = hookimpl(lambda: [Sample()])
-    reg.register(plugin, "manifest_sample")
-    assert not reg.problems, reg.problems
-    return reg
+    return registry_with(Sample(), name="manifest_sample")
 
 
 def _compile(model, st, **kw):

@@ -5,10 +5,10 @@ one table changes all three."""
 from __future__ import annotations
 
 import shutil
-import types
 
 import numpy as np
 import pytest
+from registry_helpers import registry_with
 
 import hwbackends as hwb
 from hwbackends import fidelity
@@ -16,8 +16,6 @@ from hwbackends.cli.compile import fidelity_gate
 from hwbackends.compiler import import_artifact
 from hwbackends.errors import CacheError
 from hwbackends.fidelity import Tolerance, compare, gate_violations, precision_family
-from hwbackends.hookspecs import hookimpl
-from hwbackends.registry import build_registry
 from hwbackends.store import ArtifactStore
 from hwbackends.testing import Conformance, ConformanceError, Variant, run_variant_check
 from hwbackends.testing.sample_target import NumpyDenseTarget
@@ -31,12 +29,7 @@ class Sample(NumpyDenseTarget):
 
 
 def _registry():
-    reg = build_registry(entry_points=False)
-    plugin = types.ModuleType("policy_sample_plugin")
-    plugin.hwb_targets = hookimpl(lambda: [Sample()])
-    reg.register(plugin, "policy_sample")
-    assert not reg.problems, reg.problems
-    return reg
+    return registry_with(Sample(), name="policy_sample")
 
 
 def test_the_family_gate_separates_precisions():
