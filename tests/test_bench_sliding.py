@@ -175,6 +175,19 @@ def test_report_shows_sliding_beside_full_window(sliding_run, tmp_path, capsys) 
         assert col in page
     assert "incremental" in page and "recompute" in page
     assert "slide <i>(sliding)</i>" in page
+    assert "fastest tick → answer (sliding p99)" in page
+    # the CSV carries the same figures, beside the usual percentiles
+    import csv
+    import io
+    capsys.readouterr()
+    assert main(["report", str(out), "--csv"]) == 0
+    rows = {(r["variant"], r["scenario"]): r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    nat = rows[("cpu.native:fp32", "sliding")]
+    res = BenchResults.load(out)
+    prof = next(p for p in res.profiles if p.variant == "cpu.native:fp32" and p.scenario == "sliding")
+    assert nat["form"] == "incremental"
+    assert float(nat["full_p50_us"]) == pytest.approx(prof.sliding["full"]["p50_us"], rel=1e-5)
+    assert rows[("cpu.native:fp32", "single-stream")]["form"] == ""
 
 
 def test_older_results_without_the_new_fields_still_load(sliding_run, tmp_path) -> None:

@@ -105,14 +105,27 @@ class LatencyProfile:
                 "n": self.n, "p50_us": self.p50_us, "p90_us": self.p90_us, "p95_us": self.p95_us,
                 "p99_us": self.p99_us, "p999_us": self.p999_us, "max_us": self.max_us,
                 "samples_per_s": self.throughput,
-                "machine": str(self.machine.get("node_id") or self.machine.get("id") or "")}
+                "machine": str(self.machine.get("node_id") or self.machine.get("id") or "")} | self._csv_extra()
+
+    def _csv_extra(self) -> dict[str, Any]:
+        """The sliding and noise-floor columns (empty cells where the row has none)."""
+        sl = self.sliding or {}
+        pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
+        nf = self.noise_floor or {}
+        return {"form": sl.get("form"), "prepare_p50_us": pr.get("p50_us"),
+                "prepare_p99_us": pr.get("p99_us"), "full_p50_us": fu.get("p50_us"),
+                "full_p99_us": fu.get("p99_us"), "floor_p99_us": nf.get("p99_us"),
+                "at_noise_floor": int(self.at_noise_floor) if nf else None}
 
 
 TABLE_HEADER = (f"{'VARIANT':<27}{'SCENARIO':<14}{'BATCH':>5} {'N':>7} {'p50 µs':>9} {'p90 µs':>9} "
                 f"{'p95 µs':>9} {'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12}")
 #: The columns of :func:`table_csv` (``hwb bench --csv``, ``hwb report --csv``).
 CSV_FIELDS = ("variant", "target", "precision", "mode", "scenario", "batch_size", "n", "p50_us",
-              "p90_us", "p95_us", "p99_us", "p999_us", "max_us", "samples_per_s", "machine")
+              "p90_us", "p95_us", "p99_us", "p999_us", "max_us", "samples_per_s", "machine",
+              # sliding rows: the form, the prepare and the full window; open-loop rows: the floor
+              "form", "prepare_p50_us", "prepare_p99_us", "full_p50_us", "full_p99_us",
+              "floor_p99_us", "at_noise_floor")
 
 
 def table(profiles: list[LatencyProfile]) -> str:

@@ -89,6 +89,13 @@ def _cards(res: BenchResults) -> str:
         best = min(hw, key=lambda p: p.p99_us)
         cards.append(("fastest hardware variant (p99, batch 1)", fmt_us(best.p99_us),
                       f"{best.variant} · p50 {fmt_us(best.p50_us)} · n={best.n:,}"))
+    sl = [p for p in res.profiles if p.scenario == "sliding" and p.sliding and not p.emulated]
+    if sl:
+        best = min(sl, key=lambda p: p.p99_us)
+        full = (best.sliding or {}).get("full") or {}
+        cards.append(("fastest tick → answer (sliding p99)", fmt_us(best.p99_us),
+                      f"{best.variant} ({(best.sliding or {}).get('form')}) · push p50 "
+                      f"{fmt_us(best.p50_us)} vs full window p50 {fmt_us(full.get('p50_us'))}"))
     emu = sorted({p.variant for p in ss if p.emulated})
     if emu:  # no latency figure here: a stand-in's time is not the device's
         cards.append(("emulated variants (no device latency)", f"{len(emu)} emulated",
