@@ -195,7 +195,8 @@ def test_loop_core_choice():
         choose_loop_core(max(allowed) + 1000)
 
 
-@pytest.mark.parametrize("flags, want", [((), "auto"), (("--pin", "none"), None), (("--shm-pin", "0"), 0)])
+@pytest.mark.parametrize("flags, want", [((), "auto"), (("--pin", "auto"), "auto"), (("--pin", "none"), None),
+                                         (("--shm-pin", "0"), 0), (("--pin", "0"), 0)])
 def test_hwb_serve_prints_where_its_loop_is_pinned(monkeypatch, capsys, compiled, flags, want):
     from hwbackends.cli import main
     from hwbackends.cli import serve as serve_cli

@@ -29,10 +29,13 @@ def parse_batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def parse_serve_pin(text: str) -> list[int]:
-    """``--pin``: CPU numbers (``1``, ``0,1``, ``2-3``) or ``none`` (an empty list: pin
-    nothing, the shm serving loop included)."""
-    if text.strip().lower() == "none":
+def parse_serve_pin(text: str) -> list[int] | None:
+    """``--pin``: CPU numbers (``1``, ``0,1``, ``2-3``), ``none`` (an empty list: pin nothing,
+    the shm serving loop included) or ``auto`` (None: the default)."""
+    t = text.strip().lower()
+    if t == "auto":
+        return None
+    if t == "none":
         return []
     return parse_pin(text) or []
 
@@ -83,10 +86,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline-us", type=float, default=None, help="per-call deadline in µs (default: none)")
     p.add_argument("--cache-entries", type=int, default=0,
                    help="inference cache size (default 0: off)")
-    p.add_argument("--pin", default=None, metavar="CPUS|none", type=usage_type(parse_serve_pin, "pin"),
+    p.add_argument("--pin", default=None, metavar="CPUS|none|auto", type=usage_type(parse_serve_pin, "pin"),
                    help="cores for the serving thread, e.g. 1 or 0,1 or 2-3; the shm serving loop "
-                        "takes the first. 'none': pin nothing (default: the engine's thread not "
-                        "pinned, the shm loop on the last allowed core when there are 2+)")
+                        "takes the first. 'none': pin nothing (default 'auto': the engine's thread "
+                        "not pinned, the shm loop on the last allowed core when there are 2+)")
     p.add_argument("--shm", default=None, metavar="NAME",
                    help="shared-memory endpoint name (default: no shm endpoint)")
     p.add_argument("--shm-slots", type=int, default=None,
