@@ -86,8 +86,7 @@ def hwb_cli_commands(subparsers: "argparse._SubParsersAction") -> None:
 def hwb_report_sections(results: Any) -> "Sequence[str]":
     """Return this plugin's sections of the HTML report (``hwb report``) for ``results``, a
     :class:`hwbackends.bench.results.BenchResults` (annotated ``Any``: the contract module
-    imports nothing above the core's leaves, so ``bench`` → ``variant`` → ``registry`` →
-    ``hookspecs`` closes no circle).
+    imports nothing from ``bench``).
 
     Each item is one self-contained HTML fragment, normally ``<section><h2>…</h2>…</section>``
     (figures as inline SVG; the report has no external resources). Return an empty sequence
