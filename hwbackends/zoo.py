@@ -437,11 +437,13 @@ def _with_framework(name: str, build: Callable[[], Model]) -> Callable[[], Model
             return build()
         except ModuleNotFoundError as exc:
             from .errors import UnavailableError
+            root = (exc.name or "").split(".")[0]
+            extra = {"torch": "torch", "onnx": "cpu", "onnxruntime": "cpu"}.get(root, "keras")
             raise UnavailableError(
                 f"zoo:{name} is built with {exc.name}, which is not installed: pip install "
-                f"'hwbackends[keras]' (Keras zoo models) or 'hwbackends[torch]' (torch ones); "
-                f"with the cpu extra alone every zoo model but the torch ones (as ONNX) and "
-                f"your own .onnx model run") from None
+                f"'hwbackends[{extra}]'; with the cpu extra alone every zoo model but the torch "
+                f"ones (mlp_torch, lstm_torch) runs, as ONNX, and so does your own .onnx "
+                f"model") from None
     return run
 
 
