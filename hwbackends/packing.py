@@ -25,6 +25,7 @@ import numpy as np
 from .errors import InputError, UnsupportedError
 from .inputs import as_batches
 from .specs import TensorSpec
+from .target import close_executor
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,4 @@ class Packed:
         return int(f()) if f else 0
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if close:
-            close()
+        close_executor(self.inner)

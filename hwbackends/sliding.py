@@ -28,16 +28,31 @@ It exists only as a target's incremental form (``predict_into`` cannot express i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .errors import InputError, UnsupportedError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .compiled import CompiledModel
+from .specs import TensorSpec
 
 _F32 = np.dtype(np.float32)
+
+
+class Windowed(Protocol):
+    """What this module reads of a compiled model (``CompiledModel`` is one; naming the
+    protocol, not the class, keeps the import one way: compiled → sliding)."""
+
+    multi_io: bool
+    model_name: str
+    variant: str
+    batch_size: int
+    executor: Any
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+    input: TensorSpec
+    output: TensorSpec
+
+    def predict_into(self, xs: Any, outs: Any) -> None: ...
 
 
 @dataclass
@@ -90,7 +105,7 @@ class Window:
         return f"<Window {kind} × {self.step_shape} ({self.form})>"
 
 
-def step_shapes(cm: "CompiledModel") -> tuple[int, tuple[int, ...]]:
+def step_shapes(cm: Windowed) -> tuple[int, tuple[int, ...]]:
     """``(window length, one step's shape)`` of ``cm``'s input; UnsupportedError for a model
     with no window (several inputs or outputs, a scalar input)."""
     if cm.multi_io:
@@ -116,7 +131,7 @@ class RecomputeSteps:
 
     form = "recompute"
 
-    def __init__(self, cm: "CompiledModel"):
+    def __init__(self, cm: Windowed):
         t, step = step_shapes(cm)
         self._t, self._step = t, step
         self._ring = np.zeros((2 * t, *step), np.float32)
@@ -186,7 +201,7 @@ def check_step(x_t: Any, out: Any, step: tuple[int, ...], out_shape: tuple[int, 
                          "once outside the hot path")
 
 
-def open_window(cm: "CompiledModel", *, stateful: bool, auto_prepare: bool) -> Window:
+def open_window(cm: Windowed, *, stateful: bool, auto_prepare: bool) -> Window:
     """The :class:`Window` of ``cm``: the executor's incremental form when it offers one for
     these semantics, else (sliding only) :class:`RecomputeSteps`."""
     t, step = step_shapes(cm)

@@ -32,8 +32,7 @@ from hypothesis import HealthCheck, given, settings
 
 import hwbackends as hwb
 from hwbackends.errors import UnsupportedError
-from hwbackends.fidelity import compare
-from hwbackends.testing.tolerances import TOLERANCES
+from hwbackends.fidelity import TOLERANCES, compare
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
 
