@@ -102,6 +102,24 @@ def check_keras_layers(km: Any) -> None:
                                "separate layer for it")
         if cls not in ok and cls not in _KERAS_SKIP:
             raise _unsupported(layer.name, cls, "keras")
+        why = _unsupported_setting(layer)
+        if why:
+            raise UnsupportedError(f"hls4ml {_hls_version()} cannot convert layer {layer.name!r} "
+                                   f"({cls}): {why}. This is hls4ml's limit; build the model "
+                                   f"without it, or pick another target (hwb targets "
+                                   f"lists those that take Keras models)")
+
+
+def _unsupported_setting(layer: Any) -> str:
+    """Why hls4ml's Keras 3 converter would build a layer it takes by class but not as
+    configured (its handler ignores the setting: the design would compute another function
+    and fidelity would be the only thing to notice); "" when nothing is wrong."""
+    dilation = getattr(layer, "dilation_rate", None)
+    if dilation is not None and any(int(d) != 1 for d in tuple(dilation)):
+        return (f"dilation_rate={tuple(int(d) for d in dilation)}: hls4ml's Keras 3 "
+                f"convolution handler (converters/keras_v3/conv.py) passes no dilation, so the "
+                f"design would compute an undilated convolution (only dilation_rate=1 is built)")
+    return ""
 
 
 #: ``Model.meta`` key of the generated → user's layer names of a model :func:`for_hls4ml` made.

@@ -1,0 +1,76 @@
+"""Issue 34 item 3: fpga.hls4ml takes the layers hls4ml 1.3 converts (a causal TCN's Conv1D and
+pooling here; zoo:lstm in tests/test_fpga_hls4ml.py), C-simulated within fidelity, and refuses
+by name what hls4ml would build wrong: a dilated convolution (hls4ml's Keras 3 handler drops
+``dilation_rate``; the design computed an undilated convolution, corr 0.47 on the model below
+before the refusal). Everything goes through ``hwb compile`` as a user runs it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwbackends.cli import EXIT_ERROR, EXIT_OK
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = "fpga.hls4ml"
+PRECISION = "ap_fixed<16,6>"
+
+
+def hwb_compile(path: Path, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HWB_CACHE_DIR=str(store))
+    return subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(path), "-t", TARGET,
+                           "-p", PRECISION, *args], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=ROOT)
+
+
+def tcn(path: Path, dilation: int) -> Path:
+    """A small causal TCN over an (8, 2) window: causal Conv1D (ReLU), a second one at
+    ``dilation``, max and average pooling, Flatten, Dense."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    inp = keras.Input((8, 2))
+    h = L.Conv1D(3, 3, padding="causal", activation="relu", name="c1")(inp)
+    h = L.Conv1D(3, 2, padding="causal", dilation_rate=dilation, activation="relu", name="c2")(h)
+    h = L.AveragePooling1D(2, name="avgp")(L.MaxPooling1D(2, name="maxp")(h))
+    keras.Model(inp, L.Dense(1, name="out")(L.Flatten(name="flat")(h))).save(path)
+    return path
+
+
+def test_dilated_conv_is_refused_as_hls4mls_limit(tmp_path: Path) -> None:
+    p = hwb_compile(tcn(tmp_path / "dilated.keras", 2), tmp_path / "store")
+    assert p.returncode == EXIT_ERROR, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
+    for part in ("'c2' (Conv1D)", "dilation_rate=(2,)", "hls4ml's limit", "another target"):
+        assert part in line, line
+    assert "cpu.native" not in line  # hls4ml's limit, not another target's op list
+
+
+@pytest.fixture(scope="module")
+def causal_tcn(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("tcn")
+    p = hwb_compile(tcn(d / "tcn.keras", 1), d / "store", "--json")
+    assert p.returncode == EXIT_OK, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.slow
+def test_causal_tcn_is_c_simulated_within_fidelity(causal_tcn: dict) -> None:
+    assert causal_tcn["mode"] == "emulated"
+    assert causal_tcn["fidelity_gate"]["passed"], causal_tcn["fidelity_gate"]
+    fid = causal_tcn["fidelity"]
+    assert fid["n"] >= 256 and fid["corr"] > 0.999 and fid["sign_agree"] > 0.99, fid
+
+
+@pytest.mark.slow
+def test_causal_tcn_layers_reach_hls4ml(causal_tcn: dict) -> None:
+    """Every layer of the model is in hls4ml's design (its per-layer types), none dropped."""
+    types = causal_tcn["meta"]["types"]
+    for layer in ("c1", "c2", "maxp", "avgp", "out"):
+        assert layer in types, sorted(types)
