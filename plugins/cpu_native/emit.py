@@ -413,12 +413,23 @@ class Emitter:
         self.line(f"for (int j = 0; j < {u}; j++) {h}[j] = 0.0f;")
         z = self.buf(gates * u)
         xt = f"({src} + t * {ci})"
-        if layer.cell == "lstm":
+        if layer.cell == "lstm" and self.blocked_input(t_len, gates * u):
+            c = self.buf(u)
+            self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
+            # z_t = (R·h + b) + K·x_t, summed as the sliding window's push sums them
+            # (plugins/cpu_native/sliding.py), so the two forms agree bit for bit
+            zx, gp = self.input_gemm(src, t_len, ci, layer.kernel)
+            self.line(f"for (int t = 0; t < {t_len}; t++) {{")
+            self.matvec([(h, u)], z, gates * u, layer.recurrent, layer.bias)
+            self.line(f"  for (int j = 0; j < {gates * u}; j++) {z}[j] += {zx}[t * {gp} + j];")
+            self.lstm_gates(z, c, h, u)
+        elif layer.cell == "lstm":
             c = self.buf(u)
             self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
             # x_t's part of the gates first in each step: independent of h, it runs while the
             # previous step's gates are still being computed (a separate pass over every step
-            # up front measured no faster: it puts the same FMAs in series instead)
+            # up front measured no faster as matvecs: it puts the same FMAs in series instead;
+            # the blocked product of input_gemm reads the kernel once per block, not per step)
             self.line(f"for (int t = 0; t < {t_len}; t++) {{")
             self.matvec([(xt, ci), (h, u)], z, gates * u,
                         np.concatenate([layer.kernel, layer.recurrent]), layer.bias)
@@ -452,6 +463,61 @@ class Emitter:
             self.line(f"  for (int j = 0; j < {u}; j++) {o}[t * {u} + j] = {h}[j];")
         self.line("}")
         return o
+
+    #: input-projection blocks: time steps per register tile and output vectors per tile
+    GEMM_STEPS = 4
+
+    def blocked_input(self, t_len: int, n_out: int) -> bool:
+        """Whether an LSTM's input projections over all ``t_len`` steps are one blocked
+        product (:meth:`input_gemm`): fp32 (the int8 emitter quantises per matvec), more than
+        one step, and the products' buffer small beside the stack bound."""
+        nv = -(-n_out // self.vw)
+        return (type(self).matvec is Emitter.matvec and t_len > 1
+                and 4 * t_len * nv * self.vw <= MAX_STACK_BYTES // 4)
+
+    def input_gemm(self, src: str, t_len: int, ci: int, w: np.ndarray,
+                   dst: str | None = None) -> tuple[str, int]:
+        """``zx[t] = src[t] @ w + bias`` for every step as one blocked matrix product: a
+        register tile of :data:`GEMM_STEPS` steps × ``acc / GEMM_STEPS`` output vectors, so
+        each weight vector loaded serves 4 steps and each broadcast input several vectors; the
+        tile's slice of ``w`` (``ci`` rows × its vectors, 25 KiB for LSTM_A's shape) stays in
+        L1 over the steps. Per step the recurrent matvec then reads only ``R`` (half the
+        weights a stacked ``[x_t, h]`` matvec read from L2 each step, the full window's
+        bound). The sliding window's push runs it on one step (the same sums, in the same
+        order). ``dst``: where to write (64-byte aligned, rows of whole vectors), else a new
+        stack buffer. Returns the buffer and its row stride (a whole number of vectors)."""
+        vw = self.vw
+        n_out = w.shape[1]
+        nv = -(-n_out // vw)
+        gp = nv * vw
+        wp = np.zeros((ci, gp), np.float32)
+        wp[:, :n_out] = w
+        wn = self.const("W", wp)
+        zx = dst if dst is not None else self.buf(t_len * gp)
+        ts = self.GEMM_STEPS
+        per = max(1, self.acc // ts)
+        full = t_len - t_len % ts
+
+        def tile(t: str, steps: int, b0: int, nb: int) -> None:
+            init = " ".join(f"vf a{s}_{k} = (vf){{0}};" for s in range(steps) for k in range(nb))
+            xs = " ".join(f"const float x{s} = {src}[({t} + {s}) * {ci} + i];" for s in range(steps))
+            fma = " ".join(f"a{s}_{k} += x{s} * wr[{k}];" for s in range(steps) for k in range(nb))
+            st = " ".join(f"*(vf *)({zx} + ({t} + {s}) * {gp} + {(b0 + k) * vw}) = a{s}_{k};"
+                          for s in range(steps) for k in range(nb))
+            self.line(f"  {{ {init}")
+            self.line(f"    for (int i = 0; i < {ci}; i++) {{ const vf *wr = (const vf *)({wn} + i * {gp}) + {b0}; "
+                      f"{xs} {fma} }}")
+            self.line(f"    {st} }}")
+
+        for b0 in range(0, nv, per):
+            nb = min(per, nv - b0)
+            if full:
+                self.line(f"for (int t = 0; t < {full}; t += {ts}) {{")
+                tile("t", ts, b0, nb)
+                self.line("}")
+            if t_len > full:
+                tile(str(full), t_len - full, b0, nb)
+        return zx, gp
 
     def lstm_gates(self, z: str, c: str, h: str, u: int) -> None:
         """``c = σ(f)·c + σ(i)·tanh(g)``, ``h = σ(o)·tanh(c)`` with two divisions per unit,

@@ -152,7 +152,10 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str]) -> str:
     for layer in p.prefix:
         e.layer(layer, "xt", (p.step,), None, (p.step,))
     ib0, _ = _biases(p.cells[0])
-    e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
+    if p.cells[0].cell == "lstm":  # the full window's blocked product on one step (bit-equal sums)
+        e.input_gemm("xt", 1, p.step, p.cells[0].kernel, dst="zx")
+    else:
+        e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
     fns = e.function("hwb_in(const float *restrict x, float *restrict zx)")
     for li, cell in enumerate(p.cells):
         e.on_push = True
@@ -238,10 +241,10 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
         zx = e.buf(g * u)
     below = (f"{names[li - 1][0]}[slot]", names[li - 1][3]) if li else None
     if cell.cell == "lstm":
-        if below is None:
-            e.line(f"for (int j = 0; j < {g * u}; j++) {rs}[j] += zx[j];")
-        else:
-            e.matvec([below], rs, g * u, cell.kernel, None, accumulate=True)
+        if below is not None:  # K·h_below as the full window's blocked product sums it
+            zx = e.buf(_pad(g * u))
+            e.input_gemm(below[0], 1, below[1], cell.kernel, dst=zx)
+        e.line(f"for (int j = 0; j < {g * u}; j++) {rs}[j] += {zx}[j];")
         e.lstm_gates(rs, cs, hs, u)
         return e.function(f"hwb_cell{li}(int slot, const float *restrict zx)")
     if below is not None:
