@@ -311,8 +311,9 @@ def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_pa
 
 def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> None:
     """The typed variant record (issue 21 #2): to_dict/from_dict round-trip through JSON for
-    one output and several (MultiFidelity), and rows of files written before it still load."""
-    from hwbackends.fidelity import MultiFidelity
+    one output and several (one Fidelity with per-output figures), and rows of files written
+    before it still load."""
+    from hwbackends.fidelity import Fidelity
     from hwbackends.variant import VariantRecord
 
     for name in ("signal", "two_head"):
@@ -320,7 +321,7 @@ def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> No
         assert rec.ok and rec.artifact_key and rec.fidelity is not None
         back = VariantRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
         assert back == rec
-    assert isinstance(back.fidelity, MultiFidelity) and len(back.fidelity.outputs or {}) == 2
+    assert isinstance(back.fidelity, Fidelity) and len(back.fidelity.outputs or {}) == 2
     old = {"variant": "fpga.da4ml:auto", "target": "fpga.da4ml", "precision": "auto",
            "mode": "emulated", "error": None, "fidelity": rec.fidelity.to_dict(),
            "fpga": {"hardware_estimate": {"label": "modelled"}, "bits": {"frac_bits": 6}},
