@@ -65,7 +65,7 @@ MODULE_SECONDS = {
     "test_store_prune_races": 10, "test_sliding_native": 45,
     "test_cli_conventions": 60,
     "test_cpu_install": 100, "test_zoo_twins": 35, "test_report_fleet": 40,
-    "test_fidelity_policy": 35, "test_compiler_manifest": 17,
+    "test_fidelity_policy": 35, "test_compiler_manifest": 17, "test_serve_sliding": 45,
 }
 
 

@@ -146,6 +146,7 @@ SLOW: dict[tuple[str, str], str] = {
     ("docs/serving.md", "hwb.compile(\"zoo:two_head\""): _COMPILES,
     ("docs/serving.md", "hwb serve --config strategies.toml"): "plans the momentum strategy",
     ("docs/serving.md", "hwb serve zoo:signal -t cpu.litert --shm"): _COMPILES,
+    ("docs/serving.md", "hwb serve zoo:lstm -t cpu.native --shm hwb-lstm --sliding"): _COMPILES,
     ("docs/targets-accelerators.md", "hwb compile "): _COMPILES,
     ("docs/targets-fpga.md", "hwb compile zoo:mlp -t fpga.hls4ml"): "hls4ml C-simulation builds",
     ("docs/targets-fpga.md", "hwb fpga-trace"): "hls4ml C-simulation builds",
