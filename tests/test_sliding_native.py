@@ -162,3 +162,28 @@ def test_cpp_example_answers_equal_pythons_bit_for_bit(lstm_native, tmp_path):
     assert got.tobytes() == push_all(cm.sliding(), xs, (1,)).tobytes()
     bench = subprocess.run([str(exe), "--bench", "300"], capture_output=True, text=True, check=True, timeout=60)
     assert "hwb_model_push p50" in bench.stdout
+
+
+@pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
+def test_blocked_input_projection_matches_the_reference_and_the_push(store_dir, isa):
+    """The LSTM's input projections over all steps as one blocked product (emit.py's
+    input_gemm: tiles of 4 steps, here 7 steps so a 3-step tail, 4·13 = 52 gate outputs so a
+    partial vector) at AVX-512's and AVX2's vector shapes: the full window within 1e-5 of the
+    layer IR's float64 reference, and the sliding push, which sums K·x_t with the same tile
+    code, equal to predict_into bit for bit."""
+    from hwb_plugins.cpu_native import build
+
+    if isa != "native" and (build.arch() != "x86_64" or "avx2" not in build.host_flags()):
+        pytest.skip("x86-64-v3 needs an x86-64 CPU with AVX2")
+    km = recurrent_model(5, 7, 11, [("lstm", 13), ("lstm", 13)], prefix=False, head=0)
+    cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False, options={"isa": isa})
+    xs = np.random.default_rng(9).normal(0, 1.5, (40, 11)).astype(np.float32)
+    want = window_answers(cm, xs)
+    wins = np.stack([np.concatenate([np.zeros((max(0, 6 - i), 11), np.float32), xs[max(0, i - 6):i + 1]])
+                     for i in range(len(xs))])
+    from hwb_plugins._shared import layer_ir
+
+    net = layer_ir.extract(hwb.load_model(km), "test")
+    ref = np.stack([layer_ir.forward(net, w[None])[-1][0] for w in wins]).astype(np.float32)
+    np.testing.assert_allclose(want, ref, atol=FP32_ERR * max(1.0, np.abs(ref).max()), rtol=0)
+    assert push_all(cm.sliding(), xs, tuple(cm.output.shape)).tobytes() == want.tobytes()
