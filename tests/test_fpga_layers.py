@@ -74,3 +74,23 @@ def test_causal_tcn_layers_reach_hls4ml(causal_tcn: dict) -> None:
     types = causal_tcn["meta"]["types"]
     for layer in ("c1", "c2", "maxp", "avgp", "out"):
         assert layer in types, sorted(types)
+
+
+def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
+    """A layer the shared layer IR does not read: the refusal lists what fpga.da4ml builds,
+    not the IR's (cpu.native's) list, which promises LSTM, Conv1D and attention."""
+    import keras
+
+    inp = keras.Input((4,))
+    h = keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0], name="bins")(inp)
+    keras.Model(inp, keras.layers.Dense(1)(h)).save(tmp_path / "bins.keras")
+    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
+    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "bins.keras"),
+                        "-t", "fpga.da4ml"], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=ROOT)
+    assert p.returncode == EXIT_ERROR, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
+    assert "'bins' (Discretization)" in line and "fpga.da4ml (da4ml) compiles: Dense/Linear" in line
+    for promised in ("LSTM", "MultiHeadAttention", "Conv1D", "TORCH_OPS"):
+        assert promised not in line, line

@@ -47,7 +47,16 @@ def extract(model: Any) -> list[DenseLayer]:
     try:
         net = layer_ir.extract(model, TARGET, dtype=np.float64)
     except UnsupportedError as e:
-        # The IR's refusal lists what the IR reads; say what this target takes of it.
-        hint = f" ({_RECURRENT_HINT})" if "own forward" in str(e) else ""
-        raise UnsupportedError(f"{e}{hint}. Of these, {TARGET} compiles: {_SUPPORTED}") from e
+        raise own_refusal(e) from None
     return layer_ir.dense_chain(net, TARGET, ACTIVATIONS, _WHY_NOT)
+
+
+def own_refusal(e: UnsupportedError) -> UnsupportedError:
+    """The layer IR's refusal with this target's supported set in place of the IR's: the IR
+    reads many layers (cpu.native's list: LSTM, Conv1D, attention …) da4ml does not build, so
+    its list would promise them. Its refusals end in ``". Supported: <the IR's list>"``."""
+    msg = str(e)
+    head = msg.split(". Supported: ", 1)[0]
+    hint = f" ({_RECURRENT_HINT})" if "own forward" in msg else ""
+    return UnsupportedError(f"{head}{hint}. {TARGET} (da4ml) compiles: {_SUPPORTED}. For "
+                            f"other layers pick fpga.hls4ml (hls4ml's layer set) or a CPU target")
