@@ -159,3 +159,45 @@ def test_torch_onnx_failure_names_the_op(tmp_path: Path) -> None:
                  "pytorch/issues"):
         assert part in line, line
     assert "\x1b[" not in line
+
+
+# -- hls4ml and the torch.export rebuild the FPGA targets use -------------------------------
+
+def test_hls4ml_failure_names_the_users_layer(tmp_path: Path) -> None:
+    """hls4ml's Keras 3 recurrent handler raises a bare Exception on ``return_state=True`` (in
+    its config pass, which escaped with a traceback): a refusal naming the user's layer,
+    hls4ml's message and what to do."""
+    import keras
+
+    inp = keras.Input((6, 2))
+    out, _, _ = keras.layers.LSTM(4, return_state=True, name="rec")(inp)
+    keras.Model(inp, keras.layers.Dense(1)(out)).save(tmp_path / "rs.keras")
+    p = hwb_compile(tmp_path / "rs.keras", tmp_path / "store", "-t", "fpga.hls4ml",
+                    "-p", "ap_fixed<16,6>")
+    line = failed_cleanly(p, "UnsupportedError")
+    for part in ("hls4ml 1.3", "'rec' (LSTM)", "return_state=True is not supported",
+                 "pick another target"):
+        assert part in line, line
+
+
+def test_torch_export_constant_weight_is_refused_by_op(tmp_path: Path) -> None:
+    """A ``torch.export`` program whose Linear weight is a lifted tensor constant (a plain
+    attribute, not an nn.Parameter) raised ``KeyError`` rebuilding the module for hls4ml."""
+    import torch
+
+    class Const(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.randn(1, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(x, self.w)
+
+    torch.export.save(torch.export.export(Const().eval(), (torch.zeros(1, 4),)),
+                      tmp_path / "const.pt2")
+    p = hwb_compile(tmp_path / "const.pt2", tmp_path / "store", "-t", "fpga.hls4ml",
+                    "-p", "ap_fixed<16,6>")
+    line = failed_cleanly(p, "UnsupportedError")
+    for part in ("op aten.linear.default", "not one of its parameters or buffers",
+                 "register_buffer", "Keras twin"):
+        assert part in line, line

@@ -42,13 +42,13 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
                                    f"(node {n.name!r}); only sequential chains ({REBUILT}) are "
                                    f"rebuilt from torch.export programs. {advice}")
         if op == "aten.linear.default":
-            layers.append(_linear(args, state, params))
+            layers.append(_rebuilt(_linear, op, n.name, args, state, params, target, advice))
         elif op in acts:
             layers.append(acts[op]())
         elif op == "aten.softmax.int" and args[1] in (-1, 1):
             layers.append(nn.Softmax(dim=-1))
         elif op == "aten.batch_norm.default" and not args[5]:
-            layers.append(_batch_norm(args, state, params))
+            layers.append(_rebuilt(_batch_norm, op, n.name, args, state, params, target, advice))
         elif op == "aten.dropout.default" and not args[2]:
             pass  # eval-mode dropout is the identity
         elif op == "aten.flatten.using_ints" and _rank(args[0]) == 2:
@@ -59,6 +59,21 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
                                    f"{REBUILT} only). {advice}")
         prev = n
     return nn.Sequential(*layers).eval()
+
+
+def _rebuilt(make: Any, op: str, node: str, args: list[Any], state: dict[str, Any],
+             params: dict[str, str], target: str, advice: str) -> Any:
+    """``make(args, state, params)``, or an UnsupportedError naming the op and node when its
+    weights are not the program's parameters or buffers (a tensor constant, a computed
+    weight: the module cannot be rebuilt from them)."""
+    try:
+        return make(args, state, params)
+    except (KeyError, AttributeError, IndexError, TypeError) as exc:
+        raise UnsupportedError(f"{target}: op {op} (node {node!r}) of the exported PyTorch model "
+                               f"takes a weight that is not one of its parameters or buffers "
+                               f"({type(exc).__name__}: {exc}); only modules whose weights are "
+                               f"nn.Parameters or registered buffers are rebuilt (register the "
+                               f"tensor with nn.Parameter or register_buffer). {advice}") from None
 
 
 def _linear(args: list[Any], state: dict[str, Any], params: dict[str, str]) -> Any:

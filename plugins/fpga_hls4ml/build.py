@@ -183,6 +183,12 @@ def _precompile_header(project: Path, common: list[str]) -> None:
         cache.put(key, gch)
 
 
+#: What to do when the generated project does not build (the g++ lines follow it).
+GXX_ADVICE = ("What to do: try another precision (auto, or a wider ap_fixed<W,I>), "
+              "-O io_type=io_stream for convolutions, or another target; if it persists, report "
+              "it to hls4ml (github.com/fastmachinelearning/hls4ml/issues) with this message")
+
+
 def build(project: Path, name: str, tag: str) -> BuiltLib:
     """Compile ``project`` (written by hls4ml, bridge patched) into ``firmware/<name>-<tag>.so``.
 
@@ -211,13 +217,14 @@ def build(project: Path, name: str, tag: str) -> BuiltLib:
     for p, s, log in zip(procs, srcs, logs, strict=True):
         if p.returncode != 0:
             errors = [ln for ln in log.splitlines() if "error" in ln.lower()] or log.splitlines()[-20:]
-            raise CompileError(f"g++ failed on hls4ml's {s} (exit {p.returncode}):\n"
+            raise CompileError(f"g++ failed on hls4ml's {s} (exit {p.returncode}): hls4ml "
+                               f"generated C++ its own headers do not compile. {GXX_ADVICE}\n"
                                + "\n".join(errors[:15])[:3000], log=log)
     r = subprocess.run([*common, "-shared", *objs, "-o", str(lib)], cwd=project,
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise CompileError(f"linking the C-sim library failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}",
-                           log=r.stderr)
+        raise CompileError(f"linking the C-sim library failed. {GXX_ADVICE}\n"
+                           f"{r.stdout[-2000:]}{r.stderr[-2000:]}", log=r.stderr)
     for o in (*objs, f"{PCH_HEADER}.gch"):
         (project / o).unlink(missing_ok=True)
     if cache is not None and key is not None:

@@ -82,7 +82,7 @@ def supported_layers(fmt: str) -> list[str]:
 
 def _unsupported(layer: str, cls: str, fmt: str, why: str = "") -> UnsupportedError:
     return UnsupportedError(
-        f"hls4ml {_hls_version()} cannot convert layer {layer!r} ({cls}){': ' + why if why else ''}. "
+        f"hls4ml {_hls_version()} cannot convert layer {layer!r} ({cls}){': ' + why.rstrip('.') if why else ''}. "
         f"hls4ml's supported {fmt} layers: {', '.join(supported_layers(fmt))}. Replace the layer, "
         f"or pick another target")
 
@@ -163,9 +163,14 @@ def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str
 
     model = for_hls4ml(model)
     if model.format == "keras":
-        cfg = hls4ml.utils.config_from_keras_model(
-            model.obj, granularity="name", backend=opts.backend,
-            default_precision=default_precision, default_reuse_factor=opts.reuse_factor)
+        try:
+            cfg = hls4ml.utils.config_from_keras_model(
+                model.obj, granularity="name", backend=opts.backend,
+                default_precision=default_precision, default_reuse_factor=opts.reuse_factor)
+        except UnsupportedError:
+            raise
+        except Exception as exc:
+            raise _keras_error(model, exc) from None
     else:
         try:
             cfg = hls4ml.utils.config_from_pytorch_model(
@@ -202,16 +207,24 @@ def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> 
     if model.format == "keras":
         try:
             return hls4ml.converters.convert_from_keras_model(model.obj, allow_da_fallback=False, **kw)
+        except UnsupportedError:
+            raise
         except Exception as exc:
-            layer, cls = _failing_keras_layer(model.obj, exc)
-            raise _unsupported(renaming(model).user(layer), cls, "keras",
-                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            raise _keras_error(model, exc) from None
     try:
         return hls4ml.converters.convert_from_pytorch_model(_torch_module(model.obj), **kw)
     except UnsupportedError:
         raise
     except Exception as exc:
         raise _torch_error(exc) from exc
+
+
+def _keras_error(model: Any, exc: Exception) -> UnsupportedError:
+    """hls4ml's exception on a Keras model (config or conversion) as a refusal naming the
+    user's layer it failed on, hls4ml's message (not its traceback) and what to do."""
+    layer, cls = _failing_keras_layer(model.obj, exc)
+    return _unsupported(renaming(model).user(layer), cls, "keras",
+                        f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _failing_keras_layer(km: Any, exc: Exception) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from hwbackends.target import Artifact, CompileOptions, Target
 
 from .._shared.fpga_summary import bits_lines, report_meta
 from .._util import cpu_name, importable, version
-from .build import build, gxx, gxx_version, patch_bridge, trace
+from .build import GXX_ADVICE, build, gxx, gxx_version, patch_bridge, trace
 from .csim import CsimExecutor, CsimLibrary
 
 # The compile-side modules (convert, precision, synth, bitstreams, pynq_exec: ~150 ms together
@@ -208,7 +208,11 @@ class _Builder:
 
         outdir = self.scratch / tag
         hm = convert.convert(self.model, cfg, self.opts, outdir)
-        hm.write()
+        try:
+            hm.write()
+        except Exception as exc:
+            raise CompileError(f"hls4ml {version('hls4ml')} could not write the HLS project "
+                               f"({type(exc).__name__}: {str(exc)[:500]}). {GXX_ADVICE}") from None
         patch_bridge(outdir, convert.PROJECT, self.n_in, self.n_out)
         built = build(outdir, convert.PROJECT, tag)
         self.builds[tag] = (hm, outdir, built)
