@@ -167,7 +167,7 @@ def test_cpp_example_answers_equal_pythons_bit_for_bit(lstm_native, tmp_path):
 @pytest.mark.parametrize("isa", ["native", "x86-64-v3"])
 def test_blocked_input_projection_matches_the_reference_and_the_push(store_dir, isa):
     """The LSTM's input projections over all steps as one blocked product (emit.py's
-    input_gemm: tiles of 4 steps, here 7 steps so a 3-step tail, 4·13 = 52 gate outputs so a
+    input_gemm: tiles of 8 steps, here 11 steps so a 3-step tail, 4·13 = 52 gate outputs so a
     partial vector) at AVX-512's and AVX2's vector shapes: the full window within 1e-5 of the
     layer IR's float64 reference, and the sliding push, which sums K·x_t with the same tile
     code, equal to predict_into bit for bit."""
@@ -175,11 +175,12 @@ def test_blocked_input_projection_matches_the_reference_and_the_push(store_dir, 
 
     if isa != "native" and (build.arch() != "x86_64" or "avx2" not in build.host_flags()):
         pytest.skip("x86-64-v3 needs an x86-64 CPU with AVX2")
-    km = recurrent_model(5, 7, 11, [("lstm", 13), ("lstm", 13)], prefix=False, head=0)
+    t = 11
+    km = recurrent_model(5, t, 11, [("lstm", 13), ("lstm", 13)], prefix=False, head=0)
     cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False, options={"isa": isa})
     xs = np.random.default_rng(9).normal(0, 1.5, (40, 11)).astype(np.float32)
     want = window_answers(cm, xs)
-    wins = np.stack([np.concatenate([np.zeros((max(0, 6 - i), 11), np.float32), xs[max(0, i - 6):i + 1]])
+    wins = np.stack([np.concatenate([np.zeros((max(0, t - 1 - i), 11), np.float32), xs[max(0, i - t + 1):i + 1]])
                      for i in range(len(xs))])
     from hwb_plugins._shared import layer_ir
 
