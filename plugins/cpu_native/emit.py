@@ -9,6 +9,8 @@ thread-safe, reentrant). Loops are written so GCC vectorises them without ``-ffa
   over ``j``), vectorised across outputs with no reassociation;
 * one with few outputs (< 8, the signal head) is a dot product per output whose sum is an
   ``omp simd reduction`` (``-fopenmp-simd``: the compiler may split the sum into lanes);
+* an LSTM's input projections of all steps are one register-tiled matrix product before
+  the time loop (:meth:`Emitter.input_gemm`), so each step reads only the recurrent kernel;
 * exp/tanh/sigmoid are inline branch-free polynomials (``hwb_exp``), so the gate loops of
   an LSTM vectorise too, where libm's scalar ``expf``/``tanhf`` calls would not.
 
