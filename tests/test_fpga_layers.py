@@ -94,3 +94,18 @@ def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
     assert "'bins' (Discretization)" in line and "fpga.da4ml (da4ml) compiles: Dense/Linear" in line
     for promised in ("LSTM", "MultiHeadAttention", "Conv1D", "TORCH_OPS"):
         assert promised not in line, line
+
+
+def test_fpga_layer_table_in_the_docs_is_current() -> None:
+    """docs/targets-fpga.md's layer table is what the targets' checks accept (regenerate it
+    with ``python -m plugins._shared.fpga_layers`` after changing them)."""
+    from plugins._shared import fpga_layers
+    from plugins.fpga_hls4ml.convert import accepted_keras_layers
+
+    assert fpga_layers.is_current(), "run python -m plugins._shared.fpga_layers"
+    section = fpga_layers.DOC.read_text().split(fpga_layers.BEGIN)[1].split(fpga_layers.END)[0]
+    keras_row = next(ln for ln in section.splitlines() if ln.startswith("| fpga.hls4ml | Keras |"))
+    listed = keras_row.split(" | ")[2].rstrip(" |").split(", ")
+    assert listed == accepted_keras_layers()
+    assert {"Conv1D", "LSTM", "GRU", "MaxPooling1D"} <= set(listed)
+    assert "BatchNormalization" not in listed  # folded into the Dense before it

@@ -19,12 +19,13 @@ from .._shared import layer_ir
 from .._shared.layer_ir import DenseAct as DenseLayer
 from .._shared.layer_ir import activate
 
-__all__ = ["ACTIVATIONS", "DenseLayer", "activate", "extract"]
+__all__ = ["ACTIVATIONS", "SUPPORTED", "DenseLayer", "activate", "extract"]
 
 TARGET = "fpga.da4ml"
 #: Activations this target implements (tables for the nonlinear ones, see design.py).
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid", "softmax")
-_SUPPORTED = ("Dense/Linear, Activation/ReLU/Softmax (relu, tanh, sigmoid, softmax), "
+#: What this target builds (its refusals and docs/targets-fpga.md list it).
+SUPPORTED = ("Dense/Linear, Activation/ReLU/Softmax (relu, tanh, sigmoid, softmax), "
               "BatchNormalization (folded), Flatten, Dropout")
 _RECURRENT_HINT = (
     "recurrent layers are outside da4ml's scope (it compiles feed-forward graphs). What would "
@@ -35,7 +36,7 @@ _RECURRENT_HINT = (
     "numerics, or a smaller window/hidden size")
 _WHY_NOT = {
     layer_ir.Recurrent: _RECURRENT_HINT,
-    **{cls: f"da4ml builds dense feed-forward graphs over a feature vector; supported: {_SUPPORTED}"
+    **{cls: f"da4ml builds dense feed-forward graphs over a feature vector; supported: {SUPPORTED}"
        for cls in (layer_ir.Conv1D, layer_ir.Pool1D, layer_ir.GlobalPool1D)},
 }
 
@@ -58,5 +59,5 @@ def own_refusal(e: UnsupportedError) -> UnsupportedError:
     msg = str(e)
     head = msg.split(". Supported: ", 1)[0]
     hint = f" ({_RECURRENT_HINT})" if "own forward" in msg else ""
-    return UnsupportedError(f"{head}{hint}. {TARGET} (da4ml) compiles: {_SUPPORTED}. For "
+    return UnsupportedError(f"{head}{hint}. {TARGET} (da4ml) compiles: {SUPPORTED}. For "
                             f"other layers pick fpga.hls4ml (hls4ml's layer set) or a CPU target")

@@ -92,15 +92,28 @@ def _hls_version() -> str:
     return hls4ml.__version__
 
 
+def accepted_keras_layers() -> list[str]:
+    """The Keras layer classes fpga.hls4ml passes to hls4ml: hls4ml's own list, with
+    BatchNormalization folded first (:func:`for_hls4ml`) and the no-op layers skipped."""
+    return sorted((set(supported_layers("keras")) | _KERAS_SKIP) - {"BatchNormalization"})
+
+
+#: Settings of accepted layers that are refused, and why (the docs' table lists them).
+REFUSED_SETTINGS = {"Conv1D/Conv2D/…Conv dilation_rate ≠ 1":
+                    "hls4ml's Keras 3 handler drops it (the design would be undilated)",
+                    "BatchNormalization not right after a Dense":
+                    "it is folded into that Dense (hls4ml's Keras 3 converter has no handler)"}
+
+
 def check_keras_layers(km: Any) -> None:
-    ok = set(supported_layers("keras"))
+    ok = set(accepted_keras_layers())
     for layer in km.layers:
         cls = type(layer).__name__
         if cls == "BatchNormalization":
             raise _unsupported(layer.name, cls, "keras", "fpga.hls4ml folds a BatchNormalization "
                                "into the Dense right before it (for_hls4ml) and builds no "
                                "separate layer for it")
-        if cls not in ok and cls not in _KERAS_SKIP:
+        if cls not in ok:
             raise _unsupported(layer.name, cls, "keras")
         why = _unsupported_setting(layer)
         if why:

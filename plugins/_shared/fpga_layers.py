@@ -1,0 +1,66 @@
+"""The FPGA targets' layer-support section of ``docs/targets-fpga.md``, written from what the
+targets' own checks accept (``fpga_hls4ml.convert.accepted_keras_layers`` and
+``supported_layers``, ``fpga_da4ml.network.SUPPORTED``), so the table cannot drift from the
+code. ``tests/test_fpga_layers.py`` fails when the section is stale.
+
+    python -m plugins._shared.fpga_layers           # rewrite the section
+    python -m plugins._shared.fpga_layers --check   # exit 1 if it is stale
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+BEGIN = ("<!-- BEGIN GENERATED FPGA LAYERS: written by `python -m plugins._shared.fpga_layers` "
+         "from the targets' own checks; edit those, not this section -->")
+END = "<!-- END GENERATED FPGA LAYERS -->"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "targets-fpga.md"
+
+
+def render() -> str:
+    """The section's Markdown: one row per target and model format, then the refused settings."""
+    from ..fpga_da4ml.network import SUPPORTED
+    from ..fpga_hls4ml import convert
+
+    rows = [("fpga.hls4ml", "Keras", ", ".join(convert.accepted_keras_layers())),
+            ("fpga.hls4ml", "PyTorch", ", ".join(convert.supported_layers("torch"))
+             + " (a torch.export program: sequential chains rebuilt as nn.Sequential first)"),
+            ("fpga.da4ml", "Keras, PyTorch", SUPPORTED)]
+    lines = ["| target | format | layers accepted |", "|---|---|---|"]
+    lines += [f"| {t} | {f} | {layers} |" for t, f, layers in rows]
+    lines += ["", "Refused by name although hls4ml lists the layer:", ""]
+    lines += [f"* {what}: {why}" for what, why in convert.REFUSED_SETTINGS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def splice(text: str, body: str) -> str:
+    """``text`` with the section between :data:`BEGIN` and :data:`END` replaced by ``body``."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the markers are missing from {DOC.name}:\n{BEGIN}\n{END}")
+    head, rest = text.split(BEGIN, 1)
+    return f"{head}{BEGIN}\n\n{body}{END}{rest.split(END, 1)[1]}"
+
+
+def is_current(path: Path = DOC) -> bool:
+    text = path.read_text()
+    return splice(text, render()) == text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m plugins._shared.fpga_layers",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the section is stale")
+    a = ap.parse_args(argv)
+    if a.check:
+        if not is_current():
+            print(f"{DOC}: the FPGA layer section is stale; run python -m "
+                  f"plugins._shared.fpga_layers", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(splice(DOC.read_text(), render()))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
