@@ -157,6 +157,10 @@ class Emitter:
         self.fused = -1
         #: the chain being emitted (the network's, or a residual's branch): ``cur`` indexes it
         self.seq: list[ir.Layer] = net.layers
+        #: (name, floats) of the stack buffer :meth:`input_gemm` writes: shared by every
+        #: recurrent layer, each of which consumes it in its own time loop before the next
+        #: layer's product is written (one buffer on the stack, not one per layer)
+        self.gemm_scratch: tuple[str, int] | None = None
 
     def const(self, stem: str, a: np.ndarray) -> str:
         name = f"{stem}{len(self.consts)}"
@@ -498,7 +502,13 @@ class Emitter:
         wp = np.zeros((ci, gp), np.float32)
         wp[:, :n_out] = w
         wn = self.const("W", wp)
-        zx = dst if dst is not None else self.buf(t_len * gp)
+        if dst is not None:
+            zx = dst
+        elif self.gemm_scratch is not None and self.gemm_scratch[1] >= t_len * gp:
+            zx = self.gemm_scratch[0]
+        else:
+            zx = self.buf(t_len * gp)
+            self.gemm_scratch = (zx, t_len * gp)
         ts = min(self.GEMM_STEPS, t_len)  # one step (the push): all accumulators on outputs
         per = max(1, self.acc // ts)
         full = t_len - t_len % ts

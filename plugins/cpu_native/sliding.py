@@ -104,6 +104,7 @@ class _StepEmitter(Emitter):
     def function(self, signature: str) -> list[str]:
         """The lines emitted since the last call, as the C function ``signature``."""
         body, self.body = self.body, []
+        self.gemm_scratch = None  # stack buffers are the function's own
         return [f"static void {signature} {{", *body, "}", ""]
 
 
