@@ -22,6 +22,7 @@ from .ir import (
     f32,
     first,
 )
+from .torch_attention import Fused, find_attention
 from .walk import Walk, final_axes, last_step, time_slice, walk_dense, walk_flatten
 
 
@@ -88,13 +89,17 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     prev: set[Any] = {user[0]}
     w.put(user[0])
     rec: Any = None  # the last recurrent node, whose getitems are its outputs
+    fused = find_attention(ep, target, consts)
+    inside = {m for f in fused for m in f.nodes}
+    ends = {f.end: f for f in fused}
     for n in ep.graph.nodes:
+        if n in inside:
+            if n in ends:
+                data[n] = _aten_attention(w, ends[n], data)
+                prev = {n}
+            continue
         if n.op != "call_function":
-            if n.op == "output":
-                out = n.args[0][0] if isinstance(n.args[0], (list, tuple)) else n.args[0]
-                if not (w.branches.tip(out) and w.branches.at[out][0] == 0):
-                    raise UnsupportedError(f"{target}: the torch output is not the end of the op chain")
-                final_axes(w, data[out])
+            _aten_output(w, n, data)
             continue
         op = str(n.target)
         flat = [a for a in _aten_flat(n.args) if hasattr(a, "op")]
@@ -128,6 +133,29 @@ def _aten(ep: Any, target: str) -> list[Layer]:
         if op in ("aten.lstm.input", "aten.gru.input"):
             rec = n
     return w.main()
+
+
+def _aten_output(w: Walk, n: Any, data: dict) -> None:
+    """The program's output node: it must be the main chain's tip, laid out as the IR's."""
+    if n.op != "output":
+        return
+    out = n.args[0][0] if isinstance(n.args[0], (list, tuple)) else n.args[0]
+    if not (w.branches.tip(out) and w.branches.at[out][0] == 0):
+        raise UnsupportedError(f"{w.target}: the torch output is not the end of the op chain")
+    final_axes(w, data[out])
+
+
+def _aten_attention(w: Walk, f: Fused, data: dict) -> list[str]:
+    """A fused self-attention (:mod:`.torch_attention`) over data value ``f.x``."""
+    op = "aten.scaled_dot_product_attention.default"
+    ax = data.get(f.x)
+    if ax is None or sorted(ax) != ["C", "N", "T"] or ax[2] != "C" or ax[f.seq_axis] != "T":
+        raise w.refuse(f.layer.name, op, f"self-attention over axes {ax} (it runs over time, of "
+                                         f"a (batch, time, channels) tensor)")
+    w.enter(f.x, f.layer.name, op)
+    w.layers.append(f.layer)
+    w.put(f.end)
+    return f.labels(ax)
 
 
 def _aten_residual(w: Walk, n: Any, op: str, din: list[Any], data: dict) -> list[str]:

@@ -168,9 +168,12 @@ def final_axes(w: Walk, labels: list[str]) -> None:
 
 
 def walk_dense(w: Walk, name: str, op: str, ax: list[str], k: np.ndarray, b: Any) -> None:
-    """Append ``y = x @ k + b`` (``k`` (n_in, n_out) in the source's feature order)."""
-    if ax != ["N", "C"]:
-        raise w.refuse(name, op, f"a matrix product over axes {ax} (a Dense takes (batch, features))")
+    """Append ``y = x @ k + b`` (``k`` (n_in, n_out) in the source's feature order): over
+    (batch, features), or per time step over the channels of (batch, time, channels) in either
+    order of batch and time (a transformer's feed-forward; the IR's Dense acts on the last axis)."""
+    if ax != ["N", "C"] and not (ax[-1:] == ["C"] and sorted(ax) == ["C", "N", "T"] and w.perm is None):
+        raise w.refuse(name, op, f"a matrix product over axes {ax} (a Dense takes (batch, features) "
+                                 f"or the channels of (batch, time, channels))")
     if w.perm is not None:  # rows in the source tensor's feature order → the IR's
         rows = np.empty_like(k)
         rows[w.perm] = k
