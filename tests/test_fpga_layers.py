@@ -78,7 +78,7 @@ def test_causal_tcn_layers_reach_hls4ml(causal_tcn: dict) -> None:
 
 def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
     """A layer the shared layer IR does not read: the refusal lists what fpga.da4ml builds,
-    not the IR's (cpu.native's) list, which promises LSTM, Conv1D and attention."""
+    not the IR's (cpu.native's) list, which promises LSTM, LayerNormalization and attention."""
     import keras
 
     inp = keras.Input((4,))
@@ -92,7 +92,7 @@ def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
     assert "Traceback" not in p.stderr
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
     assert "'bins' (Discretization)" in line and "fpga.da4ml (da4ml) compiles: Dense/Linear" in line
-    for promised in ("LSTM", "MultiHeadAttention", "Conv1D", "TORCH_OPS"):
+    for promised in ("LSTM", "MultiHeadAttention", "LayerNormalization", "TORCH_OPS"):
         assert promised not in line, line
 
 
@@ -109,3 +109,42 @@ def test_fpga_layer_table_in_the_docs_is_current() -> None:
     assert listed == accepted_keras_layers()
     assert {"Conv1D", "LSTM", "GRU", "MaxPooling1D"} <= set(listed)
     assert "BatchNormalization" not in listed  # folded into the Dense before it
+
+
+@pytest.mark.slow
+def test_da4ml_builds_a_dilated_causal_tcn_as_constant_matrices(tmp_path: Path) -> None:
+    """fpga.da4ml takes Conv1D (causal, dilated) followed by activations and a Flatten, built
+    as the convolution's constant matrix; the Verilated RTL matches the Keras model (the
+    reference is the source model, so this checks the lowering itself)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    inp = keras.Input((8, 2))
+    h = L.Conv1D(3, 3, padding="causal", activation="relu", name="c1")(inp)
+    h = L.Conv1D(3, 3, padding="causal", dilation_rate=2, activation="relu", name="c2")(h)
+    keras.Model(inp, L.Dense(1, name="out")(L.Flatten()(h))).save(tmp_path / "tcn.keras")
+    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
+    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "tcn.keras"),
+                        "-t", "fpga.da4ml", "--json"], capture_output=True, text=True, env=env,
+                       timeout=900, cwd=ROOT)
+    assert p.returncode == EXIT_OK, p.stderr
+    d = json.loads(p.stdout)
+    assert d["fidelity_gate"]["passed"], d["fidelity_gate"]
+    assert d["fidelity"]["corr"] > 0.999 and d["fidelity"]["sign_agree"] > 0.99, d["fidelity"]
+
+
+def test_da4ml_conv_then_pooling_is_refused_naming_the_conv(tmp_path: Path) -> None:
+    import keras
+
+    L = keras.layers
+    inp = keras.Input((8, 2))
+    h = L.MaxPooling1D(2, name="pool")(L.Conv1D(3, 3, activation="relu", name="c1")(inp))
+    keras.Model(inp, L.Dense(1)(L.Flatten()(h))).save(tmp_path / "cp.keras")
+    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
+    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "cp.keras"),
+                        "-t", "fpga.da4ml"], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=ROOT)
+    assert p.returncode == EXIT_ERROR and "Traceback" not in p.stderr, p.stderr
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
+    assert "'c1' (Conv1D)" in line and "pooling" in line and "Flatten" in line, line
