@@ -95,6 +95,26 @@ def test_int8_dense_after_recurrent_then_batchnorm_is_not_clipped(store_dir, cel
     assert not TOLERANCES["quantized"].violations(f), f
 
 
+# -- (2b) int8 over a recurrent state far smaller than its bound ------------------------------------
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_int8_recurrent_state_scale_is_calibrated(store_dir, cell) -> None:
+    """The long fuzz (make fuzz) found it: the recurrent state was quantised with the fixed
+    scale 1/127 of its bound |h| <= 1, so a state that only reaches ~0.01 had two or three
+    levels (a 1-unit LSTM: corr 0.968 < 0.98). Its scale is now calibrated like any input."""
+    import keras
+    keras.utils.set_random_seed(5)
+    km = keras.Sequential([keras.Input((6, 2)), getattr(keras.layers, cell)(2),
+                           keras.layers.Dense(1)], name=f"{cell}_small_state")
+    w = km.layers[0].get_weights()
+    km.layers[0].set_weights([w[0] * 0.02, w[1] * 0.02, np.zeros_like(w[2])])
+    calib, x = _x((6, 2), 256, 1), _x((6, 2), 256, 2)
+    cm = hwb.compile(km, "cpu.native", "int8", store=store_dir, fidelity=False, calibration_data=calib)
+    want = km(x).numpy()
+    assert float(np.abs(want).max()) < 0.1  # the case: a state well inside its bound
+    f = compare(want, cm.predict(x))
+    assert not TOLERANCES["quantized"].violations(f), f
+
+
 # -- (3) torch nn.Sequential over (time, features): BatchNorm1d(T) / Softmax(dim=1) ---------------
 @pytest.mark.parametrize("case", ["bn_time", "bn_time_wider", "softmax_dim1"])
 def test_torch_sequential_over_time_axis_is_refused_not_wrong(store_dir, case) -> None:

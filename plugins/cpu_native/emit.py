@@ -18,7 +18,7 @@ Weights are written as C99 hex-float literals: exact, whatever the locale or pri
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -664,7 +664,9 @@ def vector_shape(requires: list[str]) -> tuple[int, int]:
 
 class _Int8Emitter(Emitter):
     """int8: every matmul (Dense, Conv1D window, recurrent gates) quantises its input to
-    int8 with a calibrated per-tensor scale (recurrent state: 1/127, as |h| <= 1), multiplies
+    int8 with a calibrated per-tensor scale (the recurrent state's too: calibrated over every
+    step, with a margin, within its bound |h| <= 1 — a state that stays near 0 would get a
+    handful of levels from the bound's scale 1/127), multiplies
     by symmetric per-output-channel int8 weights with int32 accumulation, and dequantises into
     float, where bias, activations, pooling and the LSTM/GRU gate arithmetic stay.
 
@@ -672,10 +674,15 @@ class _Int8Emitter(Emitter):
     by 128·Σw: unsigned × signed bytes is the form CPUs multiply-accumulate in one instruction
     (VNNI ``vpdpbusd``; GCC's dot-product pattern emits it when the ISA has it)."""
 
-    def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: dict[int, float], requires: list[str]):
+    def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: dict[int, float], requires: list[str],
+                 state_amax: dict[int, float] | None = None):
         super().__init__(net, vw, acc)
         #: max |input| of every layer (residual branches' included), by ``id(layer)``
         self.in_amax = in_amax
+        #: max |h| over every step of every recurrent layer, by ``id(layer)`` (:func:`state_ranges`)
+        self.state_amax = state_amax or {}
+        #: the recurrent layer being emitted (its matvecs read its own state)
+        self._rec: ir.Recurrent | None = None
         #: float input expression -> its already quantised bytes (a Conv1D window)
         self.prequant: dict[str, str] = {}
         #: the VNNI kernel: (int32 lanes per vector, intrinsic prefix), or None (portable form)
@@ -759,7 +766,8 @@ class _Int8Emitter(Emitter):
         self.line("{")
         row = 0
         for k, (src, n) in enumerate(segs):
-            s_in = (1.0 / 127.0) if src in self.state else max(self.in_range(), 1e-30) / 127.0
+            s_in = (self.state_range() if src in self.state and self._rec is not None
+                    else max(self.in_range(), 1e-30)) / 127.0
             npad = -(-n // 16) * 16
             wt = np.zeros((n_out, npad), np.int8)
             wt[:, :n] = wq[row:row + n].T
@@ -791,6 +799,20 @@ class _Int8Emitter(Emitter):
         """max |input| of the layer being emitted, over the calibration samples."""
         return self.in_amax[id(self.seq[self.cur])]
 
+    def recurrent(self, layer: ir.Recurrent, src: str, shape: tuple[int, ...], o: str) -> str:
+        self._rec = layer
+        try:
+            return super().recurrent(layer, src, shape, o)
+        finally:
+            self._rec = None
+
+    def state_range(self) -> float:
+        """The range the recurrent layer being emitted quantises its state with: max |h| over
+        the calibration windows' steps with a 25 % margin (a wider state on other inputs is
+        clipped, not wrapped), at most the bound 1; the bound where nothing was measured."""
+        amax = self.state_amax.get(id(self._rec))
+        return 1.0 if amax is None else min(1.0, max(1.25 * amax, 1e-6))
+
     def attention_out(self, a: str, shape: tuple[int, ...], o: str, layer: ir.Attention) -> None:
         """The heads' output projection in float: its input (the attention's output) has a
         range of its own that the per-layer calibration does not measure."""
@@ -809,6 +831,33 @@ class _Int8Emitter(Emitter):
         name = f"C{len(self.consts)}"
         self.consts.append(f"static const int {name}[{a.size}] A64 = {{{','.join(map(str, a.ravel().tolist()))}}};")
         return name
+
+
+def state_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
+    """max |h| over every step of every recurrent layer (residual branches' and both
+    directions' included), by ``id(layer)``, over the calibration samples (the IR's float
+    reference run with the whole sequence returned)."""
+    out: dict[int, float] = {}
+
+    def states(rec: ir.Recurrent, x: np.ndarray) -> None:
+        h = ir.apply(replace(rec, return_sequences=True), x)
+        out[id(rec)] = float(np.abs(h).max()) if h.size else 0.0
+
+    def walk(layers: list[ir.Layer], x: np.ndarray) -> np.ndarray:
+        for layer in layers:
+            if isinstance(layer, ir.Recurrent):
+                states(layer, x)
+            elif isinstance(layer, ir.Bidirectional):
+                states(layer.forward, x)
+                states(layer.backward, x[:, ::-1])
+            elif isinstance(layer, ir.Residual):
+                walk(layer.body, x)
+                walk(layer.shortcut, x)
+            x = ir.apply(layer, x)
+        return x
+
+    walk(net.layers, np.asarray(calibration, np.float64))
+    return out
 
 
 def input_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
@@ -838,7 +887,8 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
-        e: Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires)
+        e: Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires,
+                                  state_ranges(net, calibration))
     else:
         e = Emitter(net, vw, acc)
     shapes = net.shapes()
