@@ -62,7 +62,7 @@ MODULE_SECONDS = {
     "test_fleet_import": 11, "test_export_hostile": 30,
     "test_cost": 39,
     "test_desk_layers": 80,
-    "test_store_prune_races": 10, "test_sliding_native": 45,
+    "test_store_prune_races": 10, "test_sliding_native": 60,
     "test_cli_conventions": 60,
     "test_cpu_install": 100, "test_zoo_twins": 35, "test_report_fleet": 40,
     "test_fidelity_policy": 35, "test_compiler_manifest": 17, "test_serve_sliding": 45,
