@@ -403,3 +403,159 @@ def test_onnx_tcn_and_bidirectional_match_onnxruntime(store_dir, tmp_path_factor
         s = ort.InferenceSession(o.obj.SerializeToString(), providers=["CPUExecutionProvider"])
         want = s.run(None, {s.get_inputs()[0].name: x})[0]
         _close(_native(hwb.load_model(o.obj, name="desk_onnx"), store_dir).predict(x), want, "onnx")
+
+
+# -- torch: self-attention and TransformerEncoderLayer (torch.export) ------------------------
+def torch_attention(kind: str, t: int, f: int, dm: int, heads: int, norm_first: bool = False,
+                    act: str = "relu", pooled: bool = True, variant: str = "") -> Any:
+    """A Linear f → dm, then self-attention written one of three ways (``kind``):
+    ``nn.MultiheadAttention`` as ``attn(x, x, x, need_weights=False)[0]`` plus a residual,
+    ``F.scaled_dot_product_attention`` over per-head views of three Linears, or an eval-mode
+    ``nn.TransformerEncoderLayer`` (``norm_first``, ``act``); then the mean over time and a
+    Linear (``pooled``) or the (batch, time, dm) sequence itself. ``variant`` writes what
+    cpu.native must refuse: a mask, causal attention, cross-attention, dropout, heads cut
+    across time, heads not put back per time step."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    torch.manual_seed(t * 7 + dm + heads)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(f, dm)
+            self.mha = nn.MultiheadAttention(dm, heads, batch_first=True)
+            self.q, self.k, self.v, self.o, self.side = (nn.Linear(dm, dm) for _ in range(5))
+            self.enc = nn.TransformerEncoderLayer(dm, heads, 2 * dm, dropout=0.0, batch_first=True,
+                                                  norm_first=norm_first, activation=act)
+            self.head = nn.Linear(dm, 2)
+            self.register_buffer("mask", torch.triu(torch.ones(t, t, dtype=torch.bool), 1))
+
+        def extra_repr(self) -> str:  # what forward does is part of the model's fingerprint
+            # (hwb's torch fingerprint is repr + weights: TransformerEncoderLayer's repr
+            # shows neither norm_first nor its activation)
+            return f"kind={kind}, norm_first={norm_first}, act={act}, pooled={pooled}, variant={variant!r}"
+
+        def split(self, y: Any) -> Any:
+            if variant == "heads_across_time":
+                return y.reshape(y.shape[0], heads, t, dm // heads)  # no transpose: mixes steps
+            return y.view(y.shape[0], t, heads, dm // heads).transpose(1, 2)
+
+        def sdpa(self, x: Any) -> Any:
+            kv = self.side(x) if variant == "cross" else x
+            q, k, v = self.split(self.q(x)), self.split(self.k(kv)), self.split(self.v(kv))
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self.mask if variant == "mask" else None,
+                is_causal=variant == "causal", dropout_p=0.1 if variant == "dropout" else 0.0)
+            merged = (o.reshape(x.shape[0], t, dm) if variant == "heads_not_merged"
+                      else o.transpose(1, 2).reshape(x.shape[0], t, dm))
+            return self.o(merged)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(x)
+            if kind == "mha":
+                kv = self.side(x) if variant == "cross" else x
+                x = x + self.mha(x, kv, kv, need_weights=False,
+                                 attn_mask=self.mask if variant in ("mask", "causal") else None,
+                                 is_causal=variant == "causal")[0]
+            elif kind == "sdpa":
+                x = self.sdpa(x)
+            else:
+                x = self.enc(x)
+            return self.head(x.mean(1)) if pooled else x
+
+    return Block().eval()
+
+
+def _torch_ref(m: Any, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return m(torch.from_numpy(x)).numpy()
+
+
+@settings(FEW, max_examples=int(os.environ.get("HWB_DESK_EXAMPLES", "4")))
+@given(kind=st.sampled_from(["mha", "sdpa", "encoder"]), heads=st.sampled_from([1, 2, 4]),
+       per_head=st.sampled_from([2, 3, 4]), t=st.integers(2, 10), f=st.integers(1, 5),
+       norm_first=st.booleans(), act=st.sampled_from(["relu", "gelu"]), pooled=st.booleans())
+def test_torch_attention_matches_torch(store_dir, kind, heads, per_head, t, f, norm_first, act,
+                                       pooled) -> None:
+    """MultiheadAttention, hand-written SDPA and TransformerEncoderLayer (either norm order,
+    relu or gelu), pooled or returning the sequence, compile on cpu.native within 1e-5 of
+    the output scale of torch."""
+    m = torch_attention(kind, t, f, heads * per_head, heads, norm_first, act, pooled)
+    model = hwb.load_model(m, input_shape=(t, f), name=f"attn_{kind}")
+    x = _x((t, f))
+    _close(_native(model, store_dir).predict(x), _torch_ref(m, x),
+           f"{kind} heads={heads} d={heads * per_head} t={t} norm_first={norm_first} {act}")
+
+
+def test_torch_encoder_layer_ir_and_int8(store_dir) -> None:
+    """A TransformerEncoderLayer reads as the IR's own transformer: each attention one
+    Attention layer (its q/k/v/out projections folded in, the heads kept) inside a
+    Residual, LayerNorms, a per-step feed-forward; int8 over it and over a bare
+    MultiheadAttention stays within the int8 gate."""
+    from hwb_plugins._shared import layer_ir
+
+    for norm_first, want in ((False, ["Dense", "Residual", "LayerNorm", "Residual", "LayerNorm",
+                                      "GlobalPool1D", "Dense"]),
+                             (True, ["Dense", "Residual", "Residual", "GlobalPool1D", "Dense"])):
+        m = torch_attention("encoder", 6, 3, 8, 2, norm_first, "gelu")
+        net = layer_ir.extract(hwb.load_model(m, input_shape=(6, 3), name="enc"), "cpu.native")
+        assert [type(v).__name__ for v in net.layers] == want
+        att = net.layers[1].body
+        assert [type(v).__name__ for v in att] == (["LayerNorm", "Attention"] if norm_first else ["Attention"])
+        assert att[-1].heads == 2 and att[-1].wq.shape == (8, 8) and att[-1].wo.shape == (8, 8)
+    for m in (torch_attention("encoder", 8, 3, 8, 2, True, "gelu"),
+              torch_attention("mha", 8, 3, 8, 4, pooled=False)):
+        x = _x((8, 3), 256, seed=2)
+        want_y = _torch_ref(m, x)
+        got = _native(hwb.load_model(m, input_shape=(8, 3), name="att8"), store_dir, "int8", x[:128]).predict(x)
+        assert np.corrcoef(got.ravel(), want_y.ravel())[0, 1] > 0.995
+        assert np.abs(got - want_y).max() < 0.05 * np.abs(want_y).max()
+
+
+@pytest.mark.parametrize(("kind", "variant", "why"), [
+    ("mha", "mask", r"attention with a mask"),
+    ("sdpa", "mask", r"attention with a mask"),
+    ("mha", "causal", r"causal attention \(is_causal=True\)"),
+    ("sdpa", "causal", r"causal attention \(is_causal=True\)"),
+    ("mha", "cross", r"cross-attention"),
+    ("sdpa", "cross", r"cross-attention"),
+    ("sdpa", "heads_across_time", r"sequence axis is not the time steps|mix samples or time steps"),
+    ("sdpa", "heads_not_merged", r"heads not concatenated per sample and time step"),
+])
+def test_torch_attention_refusals_name_what(store_dir, kind, variant, why) -> None:
+    """What ir.Attention cannot hold is refused naming it, not compiled as something else:
+    masks, causal attention, cross-attention, and reshapes that put heads across time steps
+    or do not put them back per step (valid torch, different maths)."""
+    m = torch_attention(kind, 5, 3, 8, 2, variant=variant)
+    with pytest.raises(hwb.UnsupportedError, match=why):
+        _native(hwb.load_model(m, input_shape=(5, 3), name=f"bad_{variant}"), store_dir)
+
+
+def test_torch_attention_dropout_in_training_refused(store_dir) -> None:
+    """A program exported in training mode (attention dropout 0.1 in the SDPA, the
+    TransformerEncoderLayer's own dropouts) is refused naming the dropout."""
+    import torch
+    from torch import nn
+
+    enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True).train()
+    ep = torch.export.export(enc, (torch.zeros(2, 5, 8),))
+    with pytest.raises(hwb.UnsupportedError, match=r"dropout"):
+        _native(hwb.load_model(ep, input_shape=(5, 8), name="enc_train"), store_dir)
+    m = torch_attention("sdpa", 5, 3, 8, 2, variant="dropout").train()
+    ep = torch.export.export(m, (torch.zeros(2, 5, 3),))
+    with pytest.raises(hwb.UnsupportedError, match=r"attention dropout 0.1 \(training mode\)"):
+        _native(hwb.load_model(ep, input_shape=(5, 3), name="sdpa_train"), store_dir)
+
+
+def test_torch_attention_on_onnxruntime(store_dir) -> None:
+    """cpu.onnxruntime takes the same torch models (through torch.onnx) and matches torch."""
+    for kind, nf in (("mha", False), ("sdpa", False), ("encoder", True), ("encoder", False)):
+        m = torch_attention(kind, 6, 3, 8, 2, nf, "gelu", pooled=kind != "mha")
+        x = _x((6, 3), 32, seed=5)
+        cm = hwb.compile(hwb.load_model(m, input_shape=(6, 3), name=f"ort_{kind}"), "cpu.onnxruntime",
+                         "fp32", store=store_dir, fidelity=False)
+        _close(cm.predict(x), _torch_ref(m, x), f"{kind} on cpu.onnxruntime", tol=1e-4)
