@@ -679,7 +679,7 @@ class _Int8Emitter(Emitter):
         super().__init__(net, vw, acc)
         #: max |input| of every layer (residual branches' included), by ``id(layer)``
         self.in_amax = in_amax
-        #: max |h| over every step of every recurrent layer, by ``id(layer)`` (:func:`state_ranges`)
+        #: max |h| over every step of every recurrent layer, by ``id(layer)`` (:func:`calibrated_ranges`)
         self.state_amax = state_amax or {}
         #: the recurrent layer being emitted (its matvecs read its own state)
         self._rec: ir.Recurrent | None = None
@@ -833,41 +833,24 @@ class _Int8Emitter(Emitter):
         return name
 
 
-def state_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
-    """max |h| over every step of every recurrent layer (residual branches' and both
-    directions' included), by ``id(layer)``, over the calibration samples (the IR's float
-    reference run with the whole sequence returned)."""
-    out: dict[int, float] = {}
+def calibrated_ranges(net: ir.Network, calibration: np.ndarray) -> tuple[dict[int, float], dict[int, float]]:
+    """Over the calibration samples (the IR's float reference), by ``id(layer)``: max |input|
+    of every layer, and max |h| over every step of every recurrent layer (run with the whole
+    sequence returned) — residual branches' and both directions' included."""
+    inputs: dict[int, float] = {}
+    states: dict[int, float] = {}
 
-    def states(rec: ir.Recurrent, x: np.ndarray) -> None:
-        h = ir.apply(replace(rec, return_sequences=True), x)
-        out[id(rec)] = float(np.abs(h).max()) if h.size else 0.0
-
-    def walk(layers: list[ir.Layer], x: np.ndarray) -> np.ndarray:
-        for layer in layers:
-            if isinstance(layer, ir.Recurrent):
-                states(layer, x)
-            elif isinstance(layer, ir.Bidirectional):
-                states(layer.forward, x)
-                states(layer.backward, x[:, ::-1])
-            elif isinstance(layer, ir.Residual):
-                walk(layer.body, x)
-                walk(layer.shortcut, x)
-            x = ir.apply(layer, x)
-        return x
-
-    walk(net.layers, np.asarray(calibration, np.float64))
-    return out
-
-
-def input_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
-    """max |input| of every layer, residual branches' included, by ``id(layer)``, over the
-    calibration samples (the IR's float reference)."""
-    out: dict[int, float] = {}
+    def amax(a: np.ndarray) -> float:
+        return float(np.abs(a).max()) if a.size else 0.0
 
     def walk(layers: list[ir.Layer], x: np.ndarray) -> np.ndarray:
         for layer in layers:
-            out[id(layer)] = float(np.abs(x).max()) if x.size else 0.0
+            inputs[id(layer)] = amax(x)
+            cells = ([(layer, x)] if isinstance(layer, ir.Recurrent) else
+                     [(layer.forward, x), (layer.backward, x[:, ::-1])]
+                     if isinstance(layer, ir.Bidirectional) else [])
+            for cell, xc in cells:
+                states[id(cell)] = amax(ir.apply(replace(cell, return_sequences=True), xc))
             if isinstance(layer, ir.Residual):
                 walk(layer.body, x)
                 walk(layer.shortcut, x)
@@ -875,7 +858,7 @@ def input_ranges(net: ir.Network, calibration: np.ndarray) -> dict[int, float]:
         return x
 
     walk(net.layers, np.asarray(calibration, np.float64))
-    return out
+    return inputs, states
 
 
 def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
@@ -887,8 +870,8 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
-        e: Emitter = _Int8Emitter(net, vw, acc, input_ranges(net, calibration), requires,
-                                  state_ranges(net, calibration))
+        in_amax, state_amax = calibrated_ranges(net, calibration)
+        e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax)
     else:
         e = Emitter(net, vw, acc)
     shapes = net.shapes()
