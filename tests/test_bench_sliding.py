@@ -155,8 +155,8 @@ def test_route_explain_sliding_strategy(store_dir, tmp_path, capsys) -> None:
                  "--cache-dir", str(store_dir)]) == 0
     text = capsys.readouterr().out
     assert "ranked by the sliding scenario: p99 of push_into" in text
-    assert "cpu.native:fp32: sliding incremental, push p50" in text
-    assert "cpu.onnxruntime:fp32: sliding recompute" in text and "full window p99" in text
+    assert "cpu.native:fp32: sliding (incremental, window 16): push p50" in text
+    assert "cpu.onnxruntime:fp32: sliding (recompute, window 16)" in text and "full window p50" in text
     # a model with no window: no candidate has a sliding measurement, and the explanation says so
     cfg = _strategies(tmp_path, model="zoo:mlp")
     assert main(["route", str(cfg), "--explain", "--strategy", "slide",

@@ -144,19 +144,25 @@ def extra_lines(profiles: list[LatencyProfile]) -> list[str]:
     on open-loop rows (their no-op noise floor, and whether the p99 is at it)."""
     out = []
     for p in profiles:
-        sl = p.sliding
-        if sl:
-            pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
-            out.append(f"  {p.variant} sliding ({sl.get('form')}, window {sl.get('window')}): "
-                       f"push p50 {p.p50_us:.2f} / p99 {p.p99_us:.2f} µs; prepare p50 "
-                       f"{_f(pr.get('p50_us'))} / p99 {_f(pr.get('p99_us'))} µs (apart); full "
-                       f"window p50 {_f(fu.get('p50_us'))} / p99 {_f(fu.get('p99_us'))} µs")
+        if p.sliding:
+            out.append(f"  {p.variant} {sliding_summary(p)}")
         nf = p.noise_floor
         if nf:
             out.append(f"  {p.variant} {p.scenario}: no-op floor p50 {_f(nf.get('p50_us'))} / p99 "
                        f"{_f(nf.get('p99_us'))} µs"
                        + ("  (p99 at the noise floor)" if p.at_noise_floor else ""))
     return out
+
+
+def sliding_summary(p: LatencyProfile) -> str:
+    """One sliding row in words (the table's notes, ``hwb route --explain``): the push, the
+    prepare apart, the full window of the same run."""
+    sl = p.sliding or {}
+    pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
+    return (f"sliding ({sl.get('form')}, window {sl.get('window')}): push p50 {_f(p.p50_us)} / "
+            f"p99 {_f(p.p99_us)} µs; prepare p50 {_f(pr.get('p50_us'))} / p99 "
+            f"{_f(pr.get('p99_us'))} µs (apart); full window p50 {_f(fu.get('p50_us'))} / p99 "
+            f"{_f(fu.get('p99_us'))} µs")
 
 
 def _f(v: Any) -> str:

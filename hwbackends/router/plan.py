@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..bench import LatencyProfile, ProfileCache, SingleStream, Sliding
 from ..bench.harness import cached_measure, measure_interleaved
+from ..bench.profile import sliding_summary
 from ..compiler import compile as hwb_compile
 from ..errors import HwbError
 from ..fidelity import describe_kind, with_kind
@@ -172,13 +173,8 @@ def explain(d: Decision) -> str:
         verdict = x.status + (": " + "; ".join(map(one_line, x.reasons)) if x.reasons else "")
         lines.append(f"  {x.variant:<30} {x.mode:<11} {fmt_us(x.p99_us):>10} {corr:>9} {mx:>9}  {verdict}")
     for x in d.candidates:
-        sl = x.profile.sliding if x.profile else None
-        if sl:
-            pr, fu = sl.get("prepare") or {}, sl.get("full") or {}
-            lines.append(f"  {x.variant}: sliding {sl.get('form')}, push p50 "
-                         f"{fmt_us(x.profile.p50_us)} / p99 {fmt_us(x.profile.p99_us)}, prepare "
-                         f"p50 {fmt_us(pr.get('p50_us'))}, full window p99 "
-                         f"{fmt_us(fu.get('p99_us'))}")
+        if x.profile is not None and x.profile.sliding:
+            lines.append(f"  {x.variant}: {sliding_summary(x.profile)}")
     if len(d.order) > 1:
         lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
     return "\n".join(lines)
