@@ -96,7 +96,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "10"
+    version = "11"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
@@ -136,7 +136,7 @@ class NativeTarget(Target):
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
-        from . import sliding
+        from . import sliding, sliding_conv
         from .emit import emit
 
         self.check_options(options)
@@ -159,7 +159,8 @@ class NativeTarget(Target):
             in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
             layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
-        window = sliding.emit(net, in_shape, options.precision, requires)
+        window = (sliding_conv.emit(net, in_shape, options.precision, requires)
+                  or sliding.emit(net, in_shape, options.precision, requires))
         code = src.code + "\n" + window.code
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
