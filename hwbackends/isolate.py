@@ -33,6 +33,7 @@ import atexit
 import ctypes
 import fcntl
 import itertools
+import logging
 import os
 import resource
 import shutil
@@ -50,6 +51,8 @@ from typing import Any, Callable
 
 from .errors import CompileError, HwbError
 from .units import fmt_bytes
+
+logger = logging.getLogger("hwbackends.isolate")
 
 _SIGNALS = {getattr(signal, n): n for n in dir(signal) if n.startswith("SIG") and not n.startswith("SIG_")}
 #: The log is truncated before a job when it is larger than this.
@@ -402,8 +405,13 @@ class Worker:
             raise CompileError(f"{what} ran out of memory under the compile worker's limit of "
                                f"{fmt_bytes(memory)} ({msg[2]}); {_MEMORY_ADVICE}",
                                target=target, precision=precision, log=self._get_log(log_start))
-        raise CompileError(f"{what} failed: {msg[2]}\n{msg[3][-3000:]}",
-                           target=target, precision=precision, log=self._get_log(log_start))
+        # A raw exception from a toolchain or plugin: its message, not its traceback, is what
+        # the user reads (the traceback goes to the debug log and the error's ``log``).
+        logger.debug("%s: the compile worker's traceback:\n%s", what, msg[3])
+        raise CompileError(f"{what} failed: {msg[2]} (raised inside the target's toolchain or "
+                           f"plugin; `hwb -v` shows its traceback: report it with that output if "
+                           f"the target should take this model)", target=target,
+                           precision=precision, log=self._get_log(log_start) + msg[3])
 
     def _watch_memory(self, memory: int, what: str, target: str, precision: str) -> None:
         """Stop the worker tree (and raise) when its resident memory is past ``memory``."""

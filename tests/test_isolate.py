@@ -265,3 +265,27 @@ def test_private_dir_is_not_taken_over_by_a_planted_path(tmp_path, monkeypatch):
     (tmp_path / f"hwb-{os.getuid()}").mkdir(mode=0o777)
     os.chmod(tmp_path / f"hwb-{os.getuid()}", 0o777)
     assert private_dir() != tmp_path / f"hwb-{os.getuid()}"
+
+
+def _raw_failure(text: str) -> None:
+    """A toolchain's own exception, raised deep inside a call (not an HwbError)."""
+    def deep() -> None:
+        raise RuntimeError(text)
+    deep()
+
+
+def test_a_raw_exception_in_the_worker_is_a_message_not_a_traceback(caplog):
+    """A converter or plugin raising its own exception reaches the user as one sentence (the
+    exception and what to do); the traceback goes to the debug log and ``CompileError.log``."""
+    w = Worker()
+    try:
+        with caplog.at_level("DEBUG", logger="hwbackends.isolate"):
+            with pytest.raises(CompileError) as ei:
+                w.run(_raw_failure, "the converter gave up", timeout=60, what="converting x")
+    finally:
+        w.kill()
+    msg = str(ei.value)
+    assert msg.startswith("converting x failed: RuntimeError: the converter gave up")
+    assert "Traceback" not in msg and "hwb -v" in msg and "\n" not in msg
+    assert "Traceback" in ei.value.log and "in deep" in ei.value.log
+    assert any("in deep" in r.getMessage() for r in caplog.records)

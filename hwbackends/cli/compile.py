@@ -88,8 +88,9 @@ def fidelity_gate(cm: Any) -> dict[str, Any] | None:
 
     bad = gate_violations(cm.precision, cm.fidelity)
     if (cm.artifact.meta or {}).get("meets_target") is False:
-        bad.append("the auto-precision search did not meet its fidelity target on the "
-                   "calibration data (option fidelity)")
+        bad.append("the target's own fidelity target (its option fidelity, met by the auto "
+                   "precision search or checked at the precision given) was not met on the "
+                   "calibration data")
     return {"passed": not bad, "family": precision_family(cm.precision), "violations": bad}
 
 
