@@ -171,8 +171,10 @@ def walk_dense(w: Walk, name: str, op: str, ax: list[str], k: np.ndarray, b: Any
     """Append ``y = x @ k + b`` (``k`` (n_in, n_out) in the source's feature order): over
     (batch, features), or per time step over the channels of (batch, time, channels) in either
     order of batch and time (a transformer's feed-forward; the IR's Dense acts on the last axis)."""
-    if ax != ["N", "C"] and not (ax[-1:] == ["C"] and sorted(ax) == ["C", "N", "T"] and w.perm is None):
-        raise w.refuse(name, op, f"a matrix product over axes {ax} (a Dense takes (batch, features) "
+    per_step = ax[-1:] == ["C"] and sorted(ax) == ["C", "N", "T"] and w.perm is None
+    if np.ndim(k) != 2 or (ax != ["N", "C"] and not per_step):
+        raise w.refuse(name, op, f"a matrix product of a {np.ndim(k)}-D weight over axes {ax} (a Dense "
+                                 f"takes a 2-D weight over (batch, features) "
                                  f"or the channels of (batch, time, channels))")
     if w.perm is not None:  # rows in the source tensor's feature order → the IR's
         rows = np.empty_like(k)
