@@ -31,7 +31,7 @@ convs = st.lists(st.tuples(st.integers(1, 9), st.integers(1, 4), st.integers(1, 
 
 
 def conv_model(seed: int, window: int, features: int, stack, prefix: bool, per_step: bool, pool: str,
-               hidden: int, residual: bool = False, stride: int = 1, padding: str | None = None):
+               hidden: int, residual: str = "", stride: int = 1, padding: str | None = None):
     import keras
 
     keras.utils.set_random_seed(seed)
@@ -43,9 +43,12 @@ def conv_model(seed: int, window: int, features: int, stack, prefix: bool, per_s
                                 name=f"conv{i}")(h)
         if per_step and i == 0:
             h = keras.layers.Dense(3, activation="sigmoid", name="per_step")(h)
-    if residual:
-        body = keras.layers.Conv1D(int(h.shape[-1]), 2, padding="causal", activation="relu", name="res")(h)
-        h = keras.layers.Add(name="add")([h, body])
+    if residual:  # a TCN block: two causal convs, a 1×1 conv or the identity as the shortcut
+        c = int(h.shape[-1])
+        body = keras.layers.Conv1D(c, 2, padding="causal", activation="relu", name="res0")(h)
+        body = keras.layers.Conv1D(c, 2, dilation_rate=2, padding="causal", name="res1")(body)
+        short = keras.layers.Conv1D(c, 1, name="res_short")(h) if residual == "conv" else h
+        h = keras.layers.Activation("relu", name="res_act")(keras.layers.Add(name="add")([short, body]))
     if pool == "avg":
         h = keras.layers.GlobalAveragePooling1D(name="pool")(h)
     elif pool == "max":
@@ -72,11 +75,12 @@ def _shrink(stack) -> int:
                                                                        HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**16), extra=st.integers(0, 8), features=st.integers(1, 6), stack=convs,
        prefix=st.booleans(), per_step=st.booleans(), pool=st.sampled_from(["avg", "max", "last", "first"]),
-       hidden=st.sampled_from([0, 5]), data=st.data())
+       hidden=st.sampled_from([0, 5]), residual=st.sampled_from(["", "identity", "conv"]), data=st.data())
 def test_incremental_conv_window_equals_predict_into_on_the_window(store_dir, seed, extra, features, stack,
-                                                                   prefix, per_step, pool, hidden, data):
+                                                                   prefix, per_step, pool, hidden, residual,
+                                                                   data):
     window = _shrink(stack) + 1 + extra
-    km = conv_model(seed, window, features, stack, prefix, per_step, pool, hidden)
+    km = conv_model(seed, window, features, stack, prefix, per_step, pool, hidden, residual)
     cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
     assert cm.artifact.meta["sliding"]["form"] == "incremental"
     n = data.draw(st.integers(1, 3 * window + 8), label="ticks")
@@ -94,13 +98,15 @@ def test_incremental_conv_window_equals_predict_into_on_the_window(store_dir, se
         cm.streaming()
 
 
-def test_causal_dilated_tcn_is_incremental_from_its_zero_filled_start(store_dir):
-    """A TCN (causal, dilations 1, 2, 4, kernel 3) over a window of 20: its first 14 positions
-    read the window's own zero padding, recomputed for each window; answers within 1e-5 of
-    predict_into's from the first tick (the zero-filled start) on, and again after a reset."""
+@pytest.mark.parametrize("residual", ["", "conv"])
+def test_causal_dilated_tcn_is_incremental_from_its_zero_filled_start(store_dir, residual):
+    """A TCN (causal, dilations 1, 2, 4, kernel 3; then a residual block) over a window of 20:
+    its first 14 positions (17 with the block) read the window's own zero padding, recomputed
+    for each window; answers within 1e-5 of predict_into's from the first tick (the zero-filled
+    start) on, and again after a reset."""
     stack = [(8, 3, 1, True, "relu"), (8, 3, 2, True, "relu"), (8, 3, 4, True, "relu")]
-    cm = hwb.compile(conv_model(4, 20, 5, stack, False, False, "avg", 0), "cpu.native", store=store_dir,
-                     fidelity=False)
+    cm = hwb.compile(conv_model(4, 20, 5, stack, False, False, "avg", 0, residual), "cpu.native",
+                     store=store_dir, fidelity=False)
     w = cm.sliding()
     assert w.form == "incremental"
     xs = np.random.default_rng(2).normal(0, 1.5, (90, 5)).astype(np.float32)
@@ -140,12 +146,12 @@ def test_a_non_finite_step_answers_nan_while_it_is_in_the_window(conv1d_native):
     np.testing.assert_allclose(got, want, atol=FP32_ERR * 2, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["stride", "same", "residual"])
+@pytest.mark.parametrize("kind", ["stride", "same"])
 def test_what_it_refuses_keeps_the_recompute_form(store_dir, kind):
-    """A strided conv, 'same' padding (the newest positions read right padding) and a residual
-    add are not taken: the recompute form, predict_into's own function on the ring, bit for bit."""
+    """A strided conv and 'same' padding (the newest positions read right padding) are not
+    taken: the recompute form, predict_into's own function on the ring, bit for bit."""
     stack = [(4, 3, 1, False, "relu"), (4, 2, 1, False, "relu")]
-    km = conv_model(3, 12, 3, stack, False, False, "avg", 0, residual=kind == "residual",
+    km = conv_model(3, 12, 3, stack, False, False, "avg", 0,
                     stride=2 if kind == "stride" else 1, padding="same" if kind == "same" else None)
     cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
     w = cm.sliding()

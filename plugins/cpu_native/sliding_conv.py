@@ -5,15 +5,16 @@ as plugins/cpu_native/sliding.py (``hwb_model_push`` / ``hwb_model_prepare`` /
 **What it takes** (:func:`plan_conv`): fp32 networks over a window ``(T, C)`` made of *stages*
 — the input, then each stride-1 Conv1D with no right padding (``'valid'``, or causal: left
 padding, which is how the IR holds Keras' ``padding='causal'`` and a torch conv whose right
-padding a slice cut off) — each followed by per-position layers (Act, Affine, a per-step
-Dense); then a head of a GlobalPool1D (avg or max) or a one-step TimeSlice, and Dense / Act /
-Affine / Flatten layers on that vector. Anything else (strides, 'same' padding, local
-pooling, residuals, LayerNorm, several inputs) keeps the recompute form.
+padding a slice cut off), and residual adds of two such chains (TCN blocks: an identity or
+1×1-conv shortcut) — each followed by per-position layers (Act, Affine, a per-step Dense);
+then a head of a GlobalPool1D (avg or max) or a one-step TimeSlice, and Dense / Act / Affine
+/ Flatten layers on that vector. Anything else (strides, 'same' padding, local pooling,
+LayerNorm, attention, a Flatten of the sequence) keeps the recompute form.
 
 **Why a slide is exact.** Stage ``l`` has ``L_l`` positions in the full window. Position ``j``
 is *clean* when its receptive field reads no zero padding; with left padding ``p_l`` the first
-``B_l = B_{l-1} + p_l`` positions are not (``B_0 = 0``). A clean position depends only on inputs
-at fixed absolute times, so in the window ending at ``t + 1`` it equals position ``j + 1`` of
+``B_l = B_{l-1} + p_l`` positions are not (``B_0 = 0``; an add's is the larger of its two
+sources'). A clean position depends only on inputs at fixed absolute times, so in the window ending at ``t + 1`` it equals position ``j + 1`` of
 the window ending at ``t``: each stage keeps its positions in a doubled ring (``2·L_l`` rows,
 every row written twice, so a window's positions are contiguous rows from a base), and a
 slide advances the base. Only position ``L_l - 1`` of each stage reads ``x_t`` (stride 1, no
@@ -21,12 +22,12 @@ right padding); the first ``min(B_l, L_l - 1)`` positions read the window's own 
 and are recomputed for each window.
 
 * :c:func:`hwb_model_push` writes ``x_t`` (after the input stage's layers) as the input's
-  newest row, computes each stage's newest position from the stage below, and the head: the
+  newest row, computes each stage's newest position from its sources, and the head: the
   pooled vector from the prepared partial (avg: the sum of positions ``0..L-2``, in the full
   window's order, plus the newest, over ``L``; max likewise) or the sliced position, then the
   Dense layers.
 * :c:func:`hwb_model_prepare` advances every base, recomputes each stage's padded positions
-  (stage by stage: they read the stage below's, already recomputed), and sums the last
+  (stage by stage: they read their sources', already recomputed), and sums the last
   stage's positions ``0..L-2`` again from the ring — never a running add/subtract, so nothing
   drifts over any number of ticks.
 * :c:func:`hwb_model_reset` fills the input stage with the input layers' answer to a zero
@@ -54,14 +55,19 @@ _HEAD = (ir.Dense, ir.Act, ir.Affine, ir.Flatten)
 
 @dataclass
 class Stage:
-    """The input (``conv`` None) or one Conv1D, with the per-position layers after it."""
+    """One sequence the window keeps, position by position: the input (``kind`` "input"), a
+    Conv1D of stage ``srcs[0]`` ("conv"), per-position layers alone on stage ``srcs[0]``
+    ("map": a residual branch that starts with one), or the sum of two stages ("add": a
+    residual); each with the per-position layers after it (``post``)."""
 
-    conv: ir.Conv1D | None
+    kind: str
+    srcs: tuple[int, ...] = ()
+    conv: ir.Conv1D | None = None
     post: list[ir.Layer] = field(default_factory=list)
     #: positions in the full window, channels of each (after ``post``)
     length: int = 0
     channels: int = 0
-    #: channels before ``post`` (the conv's outputs, or one step's features)
+    #: channels before ``post`` (the conv's outputs, or the source's)
     raw: int = 0
     #: positions whose receptive field reads zero padding (recomputed for each window)
     padded: int = 0
@@ -69,7 +75,8 @@ class Stage:
 
 @dataclass
 class ConvPlan:
-    """The incremental form's parts (:func:`plan_conv`)."""
+    """The incremental form's parts (:func:`plan_conv`): the stages in an order where every
+    stage comes after its sources."""
 
     stages: list[Stage]
     #: ``GlobalPool1D`` or a one-step ``TimeSlice`` on the last stage
@@ -81,31 +88,59 @@ class ConvPlan:
     step: int
 
 
+def _chain(stages: list[Stage], layers: list[ir.Layer], src: int, owned: bool) -> tuple[int, int] | None:
+    """Append the stages of ``layers`` (a chain, from stage ``src``) to ``stages``; returns
+    (the last stage, how many layers were taken: it stops at the first it cannot slide), or
+    None for a residual it cannot take. ``owned``: ``src`` was made by this chain, so later
+    per-position layers may join its ``post`` (else another reader sees it as it is)."""
+    for n, layer in enumerate(layers):
+        cur = stages[src]
+        if isinstance(layer, ir.Conv1D):
+            if layer.stride != 1 or layer.pad[1] != 0 or layer.pad[0] < 0 or layer.w.shape[1] != cur.channels:
+                return src, n
+            t = layer.out_shape((cur.length, cur.channels))[0]
+            if t < 1:
+                return None
+            co = int(layer.w.shape[2])
+            stages.append(Stage("conv", (src,), layer, [], t, co, co, cur.padded + layer.pad[0]))
+        elif isinstance(layer, _PER_POSITION):
+            if isinstance(layer, ir.Dense) and layer.w.shape[0] != cur.channels:
+                return None
+            if not owned:
+                stages.append(Stage("map", (src,), None, [], cur.length, cur.channels, cur.channels, cur.padded))
+            st = stages[-1]
+            st.post.append(layer)
+            st.channels = layer.out_shape((st.length, st.channels))[1]
+        elif isinstance(layer, ir.Residual):
+            ends = []
+            for branch in (layer.body, layer.shortcut):
+                got = _chain(stages, list(branch), src, False)
+                if got is None or got[1] != len(branch):
+                    return None
+                ends.append(got[0])
+            a, b = stages[ends[0]], stages[ends[1]]
+            if (a.length, a.channels) != (b.length, b.channels):
+                return None
+            stages.append(Stage("add", (ends[0], ends[1]), None, [], a.length, a.channels, a.channels,
+                                max(a.padded, b.padded)))
+        else:
+            return src, n
+        src, owned = len(stages) - 1, True
+    return src, len(layers)
+
+
 def plan_conv(net: ir.Network, precision: str) -> ConvPlan | None:
     """The convolutional incremental form of ``net``, or None (then another form)."""
     if precision != "fp32" or len(net.input_shape) != 2:
         return None
     t, c = (int(v) for v in net.input_shape)
-    stages = [Stage(None, [], t, c, c, 0)]
-    shape: tuple[int, ...] = (t, c)
+    stages = [Stage("input", (), None, [], t, c, c, 0)]
     layers = list(net.layers)
-    i = 0
-    while i < len(layers):
-        layer = layers[i]
-        if isinstance(layer, ir.Conv1D):
-            if layer.stride != 1 or layer.pad[1] != 0 or layer.pad[0] < 0:
-                return None
-            shape = layer.out_shape(shape)
-            prev = stages[-1]
-            stages.append(Stage(layer, [], shape[0], shape[1], shape[1], prev.padded + layer.pad[0]))
-        elif isinstance(layer, _PER_POSITION) and len(shape) == 2:
-            shape = layer.out_shape(shape)
-            stages[-1].post.append(layer)
-            stages[-1].channels = shape[1]
-        else:
-            break
-        i += 1
-    if len(stages) < 2 or i == len(layers):
+    got = _chain(stages, layers, 0, True)
+    if got is None:
+        return None
+    last_i, i = got
+    if not any(st.kind == "conv" for st in stages) or i == len(layers) or last_i != len(stages) - 1:
         return None
     last = stages[-1]
     pool = layers[i]
@@ -169,33 +204,40 @@ def _row(li: int, st: Stage, j: str) -> str:
     return f"({_ring(li)} + (hwb_b{li} + {j}) * {st.channels})"
 
 
-def _conv_position(e: _ConvEmitter, p: ConvPlan, li: int, newest: bool) -> list[str]:
-    """``hwb_new<li>()`` (newest: the taps known at compile time) or ``hwb_pos<li>(j)``
-    (any position; taps on the left padding skipped): stage ``li``'s position from the stage
-    below's rows, through its per-position layers, into its ring."""
-    st, below = p.stages[li], p.stages[li - 1]
-    conv = st.conv
-    assert conv is not None
-    k, ci, co = conv.w.shape
-    d, left = conv.dilation, conv.pad[0]
-    o = e.buf(co)
+def _position(e: _ConvEmitter, p: ConvPlan, li: int, newest: bool) -> list[str]:
+    """``hwb_new<li>()`` (the newest position: a conv's taps known at compile time) or
+    ``hwb_pos<li>(j)`` (any position; a conv's taps on the left padding skipped): stage
+    ``li``'s position from its sources' rows, through its per-position layers, into its ring."""
+    st = p.stages[li]
     j = str(st.length - 1) if newest else "j"
-    if newest:
-        taps = [q for q in range(k) if st.length - 1 - left + q * d >= 0]
-        i0 = st.length - 1 - left
-        if d == 1 and len(taps) == k:  # the k·c_in contiguous floats: one matvec, as predict's
-            e.matvec([(_row(li - 1, below, str(i0)), k * ci)], o, co, conv.w.reshape(k * ci, co), conv.b)
+    o = e.buf(st.raw)
+    if st.kind == "conv":
+        conv, s = st.conv, st.srcs[0]
+        assert conv is not None
+        below = p.stages[s]
+        k, ci, co = conv.w.shape
+        d, left = conv.dilation, conv.pad[0]
+        if newest:
+            i0 = st.length - 1 - left
+            taps = [q for q in range(k) if i0 + q * d >= 0]
+            if d == 1 and len(taps) == k:  # the k·c_in contiguous floats: one matvec, as predict's
+                e.matvec([(_row(s, below, str(i0)), k * ci)], o, co, conv.w.reshape(k * ci, co), conv.b)
+            else:
+                for n, q in enumerate(taps):
+                    e.matvec([(_row(s, below, str(i0 + q * d)), ci)], o, co, conv.w[q],
+                             None if n else conv.b, accumulate=n > 0)
         else:
-            for n, q in enumerate(taps):
-                e.matvec([(_row(li - 1, below, str(i0 + q * d)), ci)], o, co, conv.w[q], None if n else conv.b,
-                         accumulate=n > 0)
-    else:
-        bias = e.const("B", conv.b)
-        e.line(f"for (int i = 0; i < {co}; i++) {o}[i] = {bias}[i];")
-        for q in range(k):
-            e.line(f"if (j - {left - q * d} >= 0) {{")
-            e.matvec([(_row(li - 1, below, f"j - {left - q * d}"), ci)], o, co, conv.w[q], None, accumulate=True)
-            e.line("}")
+            bias = e.const("B", conv.b)
+            e.line(f"for (int i = 0; i < {co}; i++) {o}[i] = {bias}[i];")
+            for q in range(k):
+                e.line(f"if (j - {left - q * d} >= 0) {{")
+                e.matvec([(_row(s, below, f"j - {left - q * d}"), ci)], o, co, conv.w[q], None, accumulate=True)
+                e.line("}")
+    elif st.kind == "map":
+        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {_row(st.srcs[0], p.stages[st.srcs[0]], j)}[i];")
+    else:  # add: the residual's two branches, in the order the full window adds them
+        a, b = (_row(s, p.stages[s], j) for s in st.srcs)
+        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {a}[i] + {b}[i];")
     cur = _post(e, st, o)
     _store_row(e, li, st, cur, j)
     return e.function(f"hwb_new{li}(void)" if newest else f"hwb_pos{li}(int j)")
@@ -262,8 +304,8 @@ def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
     _store_row(e, 0, s0, _post(e, s0, "xt"), "j")
     fns = e.function("hwb_put0(const float *restrict x, int j)")
     for li in range(1, len(p.stages)):
-        fns += _conv_position(e, p, li, newest=True)
-        fns += _conv_position(e, p, li, newest=False)
+        fns += _position(e, p, li, newest=True)
+        fns += _position(e, p, li, newest=False)
     fns += _head(e, p)
     fns += _partial(p)
     n = len(p.stages)
