@@ -158,3 +158,48 @@ def test_what_it_refuses_keeps_the_recompute_form(store_dir, kind):
     assert w.form == "recompute" and cm.artifact.meta["sliding"]["form"] == "recompute"
     xs = np.random.default_rng(3).normal(size=(30, 3)).astype(np.float32)
     np.testing.assert_array_equal(push_all(w, xs, (2,)), window_answers(cm, xs))
+
+
+def torch_tcn(c_in: int, ch: int, k: int, dils: list[int], style: str, gelu: bool):
+    """A torch TCN over (batch, time, c_in), written as desks write it: channels-first through
+    a transpose, causal by ``F.pad`` ("pad") or ``Conv1d(padding)`` then a slice ("slice"),
+    residual blocks (a 1×1 conv where the channels change), the last step by ``y[..., -1]``."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    class TCN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = nn.ModuleList(
+                nn.Conv1d(c_in if i == 0 else ch, ch, k, dilation=d, padding=(k - 1) * d if style == "slice" else 0)
+                for i, d in enumerate(dils))
+            self.down = nn.Conv1d(c_in, ch, 1) if c_in != ch else None
+            self.head = nn.Linear(ch, 2)
+
+        def forward(self, x):
+            y = x.transpose(1, 2)
+            for i, (conv, d) in enumerate(zip(self.convs, dils, strict=True)):
+                p = (k - 1) * d
+                z = conv(F.pad(y, (p, 0))) if style == "pad" else (conv(y)[:, :, :-p] if p else conv(y))
+                z = F.gelu(z) if gelu else torch.relu(z)
+                y = z + (self.down(y) if i == 0 and self.down is not None else y)
+            return self.head(y[..., -1])
+
+    torch.manual_seed(k * 7 + len(dils))
+    return TCN().eval()
+
+
+@pytest.mark.parametrize("style,gelu", [("pad", False), ("slice", True)])
+def test_torch_tcn_with_residual_blocks_is_incremental(store_dir, style, gelu):
+    """The torch TCN (causal by F.pad or by a conv's padding cut off by a slice, residual
+    blocks, dilations 1, 2, 4, the last step) slides incrementally: within 1e-5 of
+    predict_into on every window, the zero-filled start and a reset included."""
+    model = hwb.load_model(torch_tcn(3, 6, 3, [1, 2, 4], style, gelu), input_shape=(24, 3), name="tcn")
+    cm = hwb.compile(model, "cpu.native", store=store_dir, fidelity=False)
+    w = cm.sliding()
+    assert w.form == "incremental"
+    xs = np.random.default_rng(5).normal(0, 1.5, (80, 3)).astype(np.float32)
+    got = push_all(w, xs, (2,), {40}, prepare_every=3)
+    want = window_answers(cm, xs, {40})
+    assert np.abs(got - want).max() <= FP32_ERR * max(1.0, np.abs(want).max())
