@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import hwbackends as hwb
@@ -410,7 +410,10 @@ def torch_attention(kind: str, t: int, f: int, dm: int, heads: int, norm_first: 
                     act: str = "relu", pooled: bool = True, variant: str = "") -> Any:
     """A Linear f → dm, then self-attention written one of three ways (``kind``):
     ``nn.MultiheadAttention`` as ``attn(x, x, x, need_weights=False)[0]`` plus a residual,
-    ``F.scaled_dot_product_attention`` over per-head views of three Linears, or an eval-mode
+    the same with ``need_weights=True`` (``mha_weights``: torch writes bmm/softmax/bmm and the
+    averaged weights, dropped), ``F.scaled_dot_product_attention`` over per-head views of three
+    Linears (``sdpa``), ``softmax(q @ kᵀ / sqrt(d)) @ v`` from one packed Linear
+    (``explicit``), or an eval-mode
     ``nn.TransformerEncoderLayer`` (``norm_first``, ``act``); then the mean over time and a
     Linear (``pooled``) or the (batch, time, dm) sequence itself. ``variant`` writes what
     cpu.native must refuse: a mask, causal attention, cross-attention, dropout, heads cut
@@ -430,6 +433,7 @@ def torch_attention(kind: str, t: int, f: int, dm: int, heads: int, norm_first: 
             self.enc = nn.TransformerEncoderLayer(dm, heads, 2 * dm, dropout=0.0, batch_first=True,
                                                   norm_first=norm_first, activation=act)
             self.head = nn.Linear(dm, 2)
+            self.qkv = nn.Linear(dm, 3 * dm)
             self.register_buffer("mask", torch.triu(torch.ones(t, t, dtype=torch.bool), 1))
 
         def extra_repr(self) -> str:  # what forward does is part of the model's fingerprint
@@ -459,8 +463,15 @@ def torch_attention(kind: str, t: int, f: int, dm: int, heads: int, norm_first: 
                 x = x + self.mha(x, kv, kv, need_weights=False,
                                  attn_mask=self.mask if variant in ("mask", "causal") else None,
                                  is_causal=variant == "causal")[0]
+            elif kind == "mha_weights":
+                x = x + self.mha(x, x, x)[0]
             elif kind == "sdpa":
                 x = self.sdpa(x)
+            elif kind == "explicit":
+                q, k, v = self.qkv(x).view(x.shape[0], t, 3, heads, dm // heads).permute(2, 0, 3, 1, 4)
+                scores = q @ k.transpose(-2, -1) / (dm // heads) ** 0.5
+                a = (scores.tanh() if variant == "scores_squashed" else scores).softmax(-1) @ v
+                x = self.o(a.transpose(1, 2).reshape(x.shape[0], t, dm))
             else:
                 x = self.enc(x)
             return self.head(x.mean(1)) if pooled else x
@@ -475,14 +486,20 @@ def _torch_ref(m: Any, x: np.ndarray) -> np.ndarray:
         return m(torch.from_numpy(x)).numpy()
 
 
-@settings(FEW, max_examples=int(os.environ.get("HWB_DESK_EXAMPLES", "4")))
-@given(kind=st.sampled_from(["mha", "sdpa", "encoder"]), heads=st.sampled_from([1, 2, 4]),
+@settings(FEW, max_examples=int(os.environ.get("HWB_DESK_EXAMPLES", "3")))
+@given(kind=st.sampled_from(["mha", "mha_weights", "sdpa", "explicit", "encoder"]), heads=st.sampled_from([1, 2, 4]),
        per_head=st.sampled_from([2, 3, 4]), t=st.integers(2, 10), f=st.integers(1, 5),
        norm_first=st.booleans(), act=st.sampled_from(["relu", "gelu"]), pooled=st.booleans())
+@example(kind="mha", heads=2, per_head=3, t=7, f=2, norm_first=False, act="relu", pooled=False)
+@example(kind="mha_weights", heads=4, per_head=2, t=5, f=3, norm_first=False, act="relu", pooled=True)
+@example(kind="sdpa", heads=2, per_head=4, t=6, f=1, norm_first=False, act="relu", pooled=False)
+@example(kind="explicit", heads=2, per_head=2, t=4, f=3, norm_first=False, act="relu", pooled=True)
+@example(kind="encoder", heads=2, per_head=4, t=8, f=3, norm_first=True, act="gelu", pooled=True)
+@example(kind="encoder", heads=4, per_head=2, t=3, f=2, norm_first=False, act="relu", pooled=False)
 def test_torch_attention_matches_torch(store_dir, kind, heads, per_head, t, f, norm_first, act,
                                        pooled) -> None:
-    """MultiheadAttention, hand-written SDPA and TransformerEncoderLayer (either norm order,
-    relu or gelu), pooled or returning the sequence, compile on cpu.native within 1e-5 of
+    """MultiheadAttention (need_weights either way), hand-written SDPA, hand-written
+    softmax(q·kᵀ)·v and TransformerEncoderLayer (either norm order, relu or gelu), pooled or returning the sequence, compile on cpu.native within 1e-5 of
     the output scale of torch."""
     m = torch_attention(kind, t, f, heads * per_head, heads, norm_first, act, pooled)
     model = hwb.load_model(m, input_shape=(t, f), name=f"attn_{kind}")
@@ -525,11 +542,13 @@ def test_torch_encoder_layer_ir_and_int8(store_dir) -> None:
     ("sdpa", "cross", r"cross-attention"),
     ("sdpa", "heads_across_time", r"sequence axis is not the time steps|mix samples or time steps"),
     ("sdpa", "heads_not_merged", r"heads not concatenated per sample and time step"),
+    ("explicit", "scores_squashed", r"cpu.native cannot compile torch op"),
 ])
 def test_torch_attention_refusals_name_what(store_dir, kind, variant, why) -> None:
     """What ir.Attention cannot hold is refused naming it, not compiled as something else:
-    masks, causal attention, cross-attention, and reshapes that put heads across time steps
-    or do not put them back per step (valid torch, different maths)."""
+    masks, causal attention, cross-attention, reshapes that put heads across time steps or do
+    not put them back per step, scores squashed by tanh before the softmax (valid torch, other
+    maths)."""
     m = torch_attention(kind, 5, 3, 8, 2, variant=variant)
     with pytest.raises(hwb.UnsupportedError, match=why):
         _native(hwb.load_model(m, input_shape=(5, 3), name=f"bad_{variant}"), store_dir)
@@ -553,7 +572,8 @@ def test_torch_attention_dropout_in_training_refused(store_dir) -> None:
 
 def test_torch_attention_on_onnxruntime(store_dir) -> None:
     """cpu.onnxruntime takes the same torch models (through torch.onnx) and matches torch."""
-    for kind, nf in (("mha", False), ("sdpa", False), ("encoder", True), ("encoder", False)):
+    for kind, nf in (("mha", False), ("mha_weights", False), ("sdpa", False), ("explicit", False),
+                     ("encoder", True), ("encoder", False)):
         m = torch_attention(kind, 6, 3, 8, 2, nf, "gelu", pooled=kind != "mha")
         x = _x((6, 3), 32, seed=5)
         cm = hwb.compile(hwb.load_model(m, input_shape=(6, 3), name=f"ort_{kind}"), "cpu.onnxruntime",

@@ -89,11 +89,12 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     prev: set[Any] = {user[0]}
     w.put(user[0])
     rec: Any = None  # the last recurrent node, whose getitems are its outputs
-    fused = find_attention(ep, target, consts)
+    live = _live(ep)
+    fused = find_attention(ep, target, consts, live)
     inside = {m for f in fused for m in f.nodes}
     ends = {f.end: f for f in fused}
     for n in ep.graph.nodes:
-        if n in inside:
+        if n in inside or (n.op == "call_function" and n not in live):
             if n in ends:
                 data[n] = _aten_attention(w, ends[n], data)
                 prev = {n}
@@ -133,6 +134,19 @@ def _aten(ep: Any, target: str) -> list[Layer]:
         if op in ("aten.lstm.input", "aten.gru.input"):
             rec = n
     return w.main()
+
+
+def _live(ep: Any) -> set[Any]:
+    """The nodes the program's output depends on (MultiheadAttention's averaged attention
+    weights, computed and dropped by a ``[0]``, are not)."""
+    out = [n for n in ep.graph.nodes if n.op == "output"]
+    live, todo = set(), list(out)
+    while todo:
+        n = todo.pop()
+        if n not in live:
+            live.add(n)
+            todo.extend(n.all_input_nodes)
+    return live
 
 
 def _aten_output(w: Walk, n: Any, data: dict) -> None:

@@ -62,21 +62,62 @@ class _Side:
     path: list[Any] = field(default_factory=list)
 
 
-def find_attention(ep: Any, target: str, consts: dict) -> list[Fused]:
-    """Every SDPA node of ``ep`` fused as described in the module docstring; refused when an
-    SDPA is not plain self-attention."""
+def find_attention(ep: Any, target: str, consts: dict, live: set[Any]) -> list[Fused]:
+    """Every SDPA node of ``ep`` and every explicit ``softmax(q·kᵀ·s)·v`` (what
+    ``nn.MultiheadAttention`` writes with ``need_weights=True``) among the ``live`` nodes (those
+    the output depends on), fused as described in the module docstring; refused when one is
+    not plain self-attention."""
     order = {n: i for i, n in enumerate(ep.graph.nodes)}
-    return [_fuse(n, target, consts, order) for n in ep.graph.nodes
-            if n.op == "call_function" and str(n.target) == SDPA]
+    found = []
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or n not in live:
+            continue
+        if str(n.target) == SDPA:
+            found.append(_build(n, n, *_sdpa(n, target), {n}, target, consts, order, live))
+        elif str(n.target) in _SOFTMAX and (m := _explicit(n, live)) is not None:
+            found.append(_build(n, *m, target, consts, order, live))
+    return found
 
 
-def _refuse(target: str, node: Any, what: str) -> UnsupportedError:
-    return UnsupportedError(f"{target} cannot compile torch op {node.name!r} ({SDPA}): {what}. "
-                            f"It compiles self-attention: q, k and v Linear projections of one "
-                            f"(batch, time, channels) tensor, no mask, not causal, no dropout")
+_SOFTMAX = {"aten.softmax.int", "aten._softmax.default"}
+_MATMUL = {"aten.bmm.default", "aten.matmul.default"}
 
 
-def _fuse(n: Any, target: str, consts: dict, order: dict) -> Fused:
+def _explicit(p: Any, live: set[Any]) -> tuple[Any, list[Any], float | None, set[Any]] | None:
+    """``softmax(q @ kᵀ · s, -1) @ v`` around softmax node ``p``: (the product with v, [q, k, v],
+    s or None, the nodes of the pattern); None where ``p`` is not one (the walk then takes or
+    refuses its ops one by one)."""
+    nd = len(p.meta["val"].shape)
+    users = [u for u in p.users if u in live]
+    if p.args[1] % nd != nd - 1 or len(users) != 1 or str(users[0].target) not in _MATMUL:
+        return None
+    out, nodes, scale = users[0], {p, users[0]}, 1.0
+    if out.args[0] is not p:
+        return None
+    s = p.args[0]
+    while str(getattr(s, "target", "")) in ("aten.mul.Tensor", "aten.div.Tensor") and isinstance(
+            s.args[1], (int, float)):
+        scale *= s.args[1] if "mul" in str(s.target) else 1.0 / s.args[1]
+        nodes.add(s)
+        s = s.args[0]
+    if str(getattr(s, "target", "")) not in _MATMUL:
+        return None
+    nodes.add(s)
+    q, kt = s.args[:2]
+    while str(getattr(q, "target", "")) in ("aten.mul.Tensor", "aten.div.Tensor") and isinstance(
+            q.args[1], (int, float)):
+        scale *= q.args[1] if "mul" in str(q.target) else 1.0 / q.args[1]
+        nodes.add(q)
+        q = q.args[0]
+    if str(getattr(kt, "target", "")) != "aten.transpose.int" or sorted(
+            a % nd for a in kt.args[1:3]) != [nd - 2, nd - 1]:
+        return None
+    nodes.add(kt)
+    return out, [q, kt.args[0], out.args[1]], scale, nodes
+
+
+def _sdpa(n: Any, target: str) -> tuple[list[Any], float | None]:
+    """An SDPA node's q, k, v and scale; a mask, causal attention, dropout, GQA refused."""
     args = list(n.args) + [None] * 4
     kw = dict(n.kwargs)
     mask = kw.get("attn_mask", args[3])
@@ -90,7 +131,22 @@ def _fuse(n: Any, target: str, consts: dict, order: dict) -> Fused:
         raise _refuse(target, n, f"attention dropout {dropout} (training mode)")
     if kw.get("enable_gqa"):
         raise _refuse(target, n, "grouped-query attention (enable_gqa)")
-    sides = [_back(target, n, a) for a in args[:3]]
+    scale = kw.get("scale", args[6] if len(args) > 6 else None)
+    return list(args[:3]), None if scale is None else float(scale)
+
+
+def _refuse(target: str, node: Any, what: str) -> UnsupportedError:
+    return UnsupportedError(f"{target} cannot compile torch op {node.name!r} ({node.target}): {what}. "
+                            f"It compiles self-attention: q, k and v Linear projections of one "
+                            f"(batch, time, channels) tensor, no mask, not causal, no dropout")
+
+
+def _build(n: Any, o: Any, qkv: list[Any], scale: float | None, core: set[Any], target: str,
+           consts: dict, order: dict, live: set[Any]) -> Fused:
+    """The :class:`Fused` attention named after node ``n`` whose heads' output is node ``o``
+    (q, k, v its inputs, ``scale`` on q·kᵀ (None: 1/sqrt(head size)), ``core`` the nodes
+    between)."""
+    sides = [_back(target, n, a) for a in qkv]
     xs = {s.linear.args[0] for s in sides}
     if len(xs) != 1:
         raise _refuse(target, n, "cross-attention (queries and keys/values projected from "
@@ -101,7 +157,7 @@ def _fuse(n: Any, target: str, consts: dict, order: dict) -> Fused:
         raise _refuse(target, n, f"attention over a tensor of shape {x_shape} (it takes "
                                  f"(batch, time, channels))")
     maps = [_head_map(target, n, s, _run(s.linear, s.path, a, order), x_shape)
-            for s, a in zip(sides, args[:3], strict=True)]
+            for s, a in zip(sides, qkv, strict=True)]
     (seq, nb, cq), (seq_k, nb_k, ck), (seq_v, nb_v, cv) = maps
     if {seq, seq_k, seq_v} != {seq} or not (np.array_equal(nb, nb_k) and np.array_equal(nb, nb_v)):
         raise _refuse(target, n, "q, k and v grouped into heads differently")
@@ -109,20 +165,19 @@ def _fuse(n: Any, target: str, consts: dict, order: dict) -> Fused:
         raise _refuse(target, n, f"head sizes q {cq.shape[1]}, k {ck.shape[1]}, v {cv.shape[1]} "
                                  f"(they must be equal)")
     heads, d = cq.shape
-    scale = kw.get("scale", args[6] if len(args) > 6 else None)
-    mult = 1.0 if scale is None else float(scale) * np.sqrt(d)  # folded into the query
+    mult = 1.0 if scale is None else scale * np.sqrt(d)  # folded into the query
     wq, bq = _cols(target, n, sides[0].linear, cq, consts)
     wk, bk = _cols(target, n, sides[1].linear, ck, consts)
     wv, bv = _cols(target, n, sides[2].linear, cv, consts)
-    out, end, swapped, rows, between = _forward(target, n, nb, heads, d, order)
+    out, end, swapped, rows, between = _forward(target, n, o, nb, heads, d, order)
     wo_t, bo = _weights(target, n, out, consts)  # (C_out, C_in), (C_out,)
     wo = np.zeros((heads * d, wo_t.shape[0]))
     wo[rows] = wo_t.T
     layer = Attention(n.name, f32(wq * mult), f32(bq * mult), f32(wk), f32(bk), f32(wv), f32(bv),
                       f32(wo), f32(bo), heads)
-    nodes = {n, *between} | {m for s in sides for m in (s.linear, *s.path)}
+    nodes = {*core, *between} | {m for s in sides for m in (s.linear, *s.path)}
     for m in nodes - {end}:
-        if any(u not in nodes for u in m.users):
+        if any(u not in nodes and u in live for u in m.users):
             raise _refuse(target, n, f"node {m.name!r} inside the attention is also read elsewhere")
     return Fused(x, end, nodes, layer, seq, swapped)
 
@@ -221,22 +276,22 @@ def _weights(target: str, sdpa: Any, linear: Any, consts: dict) -> tuple[np.ndar
     return w, b
 
 
-def _forward(target: str, sdpa: Any, nb: np.ndarray, heads: int, d: int,
+def _forward(target: str, sdpa: Any, o: Any, nb: np.ndarray, heads: int, d: int,
              order: dict) -> tuple[Any, Any, bool, np.ndarray, list[Any]]:
-    """From the SDPA output through layout ops to the out-projection and on to the first node
-    laid out as (batch, time, C) or (time, batch, C): (the out-projection, that node, whether
-    batch and time are swapped there, the IR row (head·d + j) of each out-projection input,
-    the nodes after the SDPA up to that node)."""
-    path, m = [], sdpa
+    """From the heads' output ``o`` (of SDPA node ``sdpa`` or its explicit form) through
+    layout ops to the out-projection and on to the first node laid out as (batch, time, C)
+    or (time, batch, C): (the out-projection, that node, whether batch and time are swapped
+    there, the IR row (head·d + j) of each out-projection input, the nodes from ``o`` to it)."""
+    path, m = [], o
     while len(m.users) == 1 and str(next(iter(m.users)).target) in _LAYOUT:
         m = next(iter(m.users))
         path.append(m)
     out = next(iter(m.users)) if len(m.users) == 1 else None
     if out is None or str(out.target) != _LINEAR or out.args[0] is not m:
         raise _refuse(target, sdpa, "its output does not go (reshaped) into one Linear projection")
-    o_shape = _shape(sdpa)
+    o_shape = _shape(o)
     t = o_shape[-2]
-    idx = _run(sdpa, path, m, order) if path else np.arange(int(np.prod(o_shape))).reshape(o_shape)
+    idx = _run(o, path, m, order) if path else np.arange(int(np.prod(o_shape))).reshape(o_shape)
     rows = idx.reshape(-1, idx.shape[-1])
     b, step, j = np.unravel_index(rows, (len(nb), t, d))
     rank = np.zeros(len(nb), int)
