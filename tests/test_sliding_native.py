@@ -124,9 +124,10 @@ def test_native_push_refuses_wrong_arrays(lstm_native):
 
 
 def test_models_without_an_incremental_form_recompute_in_c(compiled):
-    """The conv1d (no incremental form yet) and the mlp (a window of 64 scalars) take the
-    recompute form in C: predict's own function on the ring, so equal bit for bit; no stream."""
-    for name, step in (("conv1d", (8,)), ("mlp", ())):
+    """The mlp (a window of 64 scalars) takes the recompute form in C: predict's own function
+    on the ring, so equal bit for bit; no stream. (A conv stack takes sliding_conv.py's
+    incremental form: tests/test_sliding_conv.py, which also checks a conv it refuses.)"""
+    for name, step in (("mlp", ()),):
         cm = compiled(name, "cpu.native")
         assert cm.artifact.meta["sliding"]["form"] == "recompute"
         xs = np.random.default_rng(3).normal(size=(cm.input.shape[0] + 9, *step)).astype(np.float32)

@@ -19,7 +19,8 @@ Before ``T`` steps were pushed the window is zero-filled at its start (hwbackend
 :c:func:`hwb_model_reset` sets each slot to the state a window has after as many zero steps as
 its age (one run over zero steps, copied into the slots), and runs when the library loads.
 
-**The recompute form** (every other model and precision): the window in a doubled ring
+**The recompute form** (every other model and precision; Conv1D/TCN/pooling stacks take
+sliding_conv.py's incremental form first): the window in a doubled ring
 buffer and the model function (``hwb_one``) on it each tick, so its answers are
 ``predict_into``'s bit for bit; there is no stream.
 
