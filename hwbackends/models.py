@@ -584,12 +584,17 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
     if isinstance(obj, torch.export.ExportedProgram):
         module, examples, in_names, fixed_batch = _exported_inputs(obj, name)
         arch = str(obj.graph).encode()
+        arch_from_call = False  # the graph is the architecture
         state = obj.state_dict
     else:
         module, fixed_batch = obj, None
         examples = _torch_examples(example, input_shape, name)
         in_names = _torch_arg_names(obj, len(examples))
+        # repr() shows the submodules, not what forward does with them (norm_first, an
+        # activation chosen by a plain attribute): the torch calls of the example run are
+        # part of the architecture too (_TorchCallTrace)
         arch = repr(obj).encode()
+        arch_from_call = True
         state = obj.state_dict()
         if hasattr(module, "eval"):
             module.eval()
@@ -603,6 +608,8 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         except Exception as exc:
             raise _torch_shape_error(obj, name, examples, example is not None, exc) from exc
         ys = _torch_outputs(result, name)
+    if arch_from_call:
+        arch += _batch1_trace(module, examples)
     c = probe.cost(base, examples, int(examples[0].shape[0]) if examples[0].dim() else 1)
     lim.check(c, name)
     multi = len(examples) > 1 or len(ys) > 1
@@ -625,6 +632,79 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
         return tuple(t.numpy() for t in _torch_outputs(r, name))
 
     return Model(obj, "torch", ins, outs, fp, name, path, meta=meta, _ref=ref)
+
+
+class _TorchCallTrace:
+    """Every torch function the example call ran, with its non-tensor arguments and the
+    shapes and dtypes of its tensors (a ``TorchFunctionMode``): what the module's ``forward``
+    did, which ``repr`` does not show, as a digest for the fingerprint."""
+
+    def __init__(self) -> None:
+        import torch
+
+        trace = self
+        self._h = hashlib.sha256()
+
+        class Mode(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                kwargs = kwargs or {}
+                trace._h.update(f"{_func_name(func)}{_call_shape(args)}"
+                                f"{_call_shape(kwargs)};".encode())
+                return func(*args, **kwargs)
+
+        self._mode = Mode()
+
+    def __enter__(self) -> _TorchCallTrace:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+    def digest(self) -> bytes:
+        return self._h.digest()
+
+
+def _batch1_trace(module: Any, examples: tuple[Any, ...]) -> bytes:
+    """The digest of one more call, on the examples' first rows, under :class:`_TorchCallTrace`
+    (batch 1 whatever batch the example has, so its shapes and the ints a forward derives from
+    them are the same however the model was loaded; no cost hooks attached). Empty when that
+    call fails (the example call itself succeeded: ``repr`` and the weights still key it)."""
+    import torch
+
+    rows = tuple(e[:1] if e.dim() else e for e in examples)  # sliced outside the trace
+    one = _TorchCallTrace()
+    try:
+        with torch.no_grad(), one:
+            module(*rows)
+    except Exception:
+        return b""
+    return one.digest()
+
+
+def _func_name(func: Any) -> str:
+    """A torch function's name without its object address (the same in every process)."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    owner = getattr(getattr(func, "__objclass__", None), "__name__", "")
+    return f"{owner}.{name}" if name else type(func).__name__
+
+
+def _call_shape(a: Any, depth: int = 0) -> str:
+    """A torch call's arguments as text: tensors by shape and dtype, containers item by item,
+    plain values by repr (bounded: a model's call arguments are small)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return f"T{tuple(a.shape)}{a.dtype}"
+    if depth > 4:
+        return "…"
+    if isinstance(a, (list, tuple)):
+        return "(" + ",".join(_call_shape(v, depth + 1) for v in a[:64]) + ")"
+    if isinstance(a, dict):
+        return "{" + ",".join(f"{k}:{_call_shape(v, depth + 1)}" for k, v in list(a.items())[:64]) + "}"
+    if isinstance(a, (int, float, bool, str, type(None), slice, torch.dtype, torch.device)):
+        return repr(a)[:200]
+    return type(a).__name__
 
 
 def _torch_shape_error(obj: Any, name: str, examples: tuple[Any, ...], given: bool,

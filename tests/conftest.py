@@ -67,7 +67,7 @@ MODULE_SECONDS = {
     "test_cpu_install": 100, "test_zoo_twins": 35, "test_report_fleet": 40,
     "test_fidelity_policy": 35, "test_compiler_manifest": 17, "test_serve_sliding": 45,
     "test_bench_sliding": 45, "test_noise_floor": 40,
-    "test_fpga_layers": 160, "test_converter_errors": 100, "test_sliding_conv": 25,
+    "test_fpga_layers": 160, "test_converter_errors": 100, "test_sliding_conv": 25, "test_torch_fingerprint": 12,
 }
 
 
