@@ -164,7 +164,10 @@ def main() -> int:
         for m, (nat, _) in cms.items():
             d = work / m
             d.mkdir()
-            print(f"  {m}: {cpp_push(nat, d, 2000 if args.quick else 100_000)}")
+            # each tick runs its prepare too: about 30 s of ticks per model, 1,000 at least
+            prep_s = max(us(samples[(m, "prepare")], 50), 0.01) * 1e-6
+            ticks = 2000 if args.quick else int(min(100_000, max(1_000, 30.0 / prep_s)))
+            print(f"  {m}: {cpp_push(nat, d, ticks)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
