@@ -235,7 +235,10 @@ TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, BatchNorm1d
              "MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax over time, LSTM/GRU "
              "(stacked, bidirectional, zero initial state), time indexing and contiguous slices "
              "(x[:, -1], x[..., :-p]), residual adds (a + b of two branches from one tensor), "
-             "transpose/permute/(un)squeeze, flatten/view to (batch, features)")
+             "transpose/permute/(un)squeeze, flatten/view to (batch, features), Linear per time "
+             "step, self-attention (nn.MultiheadAttention, F.scaled_dot_product_attention, "
+             "softmax(q·kᵀ)·v; no mask, not causal, self-attention only), "
+             "nn.TransformerEncoderLayer (eval)")
 
 def f32(a: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, np.float32))
