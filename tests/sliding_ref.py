@@ -39,3 +39,23 @@ def push_all(w, xs: np.ndarray, out_shape: tuple[int, ...], resets: set[int] = f
         if prepare_every and i % prepare_every == 0:
             w.prepare()
     return got
+
+
+def check_drawn_ticks(cm, data, seed: int, features: int, window: int, bound: float) -> tuple:
+    """The property both incremental forms share: Hypothesis draws a tick count, resets, the
+    auto_prepare flag and a prepare pattern; ``cm.sliding()``'s pushes must equal predict_into
+    on each window within ``bound`` of the output scale. Returns ``(xs, auto, every)`` for more checks."""
+    from hypothesis import strategies as st
+
+    n = data.draw(st.integers(1, 3 * window + 8), label="ticks")
+    resets = data.draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2), label="resets")
+    auto = data.draw(st.booleans(), label="auto_prepare")
+    every = data.draw(st.integers(0, 2), label="prepare_every")
+    xs = np.random.default_rng(seed + 1).normal(0, 1.5, (n, features)).astype(np.float32)
+    w = cm.sliding(auto_prepare=auto)
+    assert w.form == "incremental"
+    got = push_all(w, xs, tuple(cm.output.shape), resets, every)
+    want = window_answers(cm, xs, {r for r in resets if r < n})
+    err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
+    assert err <= bound, (err, got, want)
+    return xs, auto, every

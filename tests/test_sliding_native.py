@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sliding_ref import push_all, window_answers
+from sliding_ref import check_drawn_ticks, push_all, window_answers
 
 import hwbackends as hwb
 from hwbackends.errors import InputError, UnsupportedError
@@ -59,17 +59,7 @@ def test_incremental_window_equals_predict_into_on_the_window(store_dir, seed, w
     km = recurrent_model(seed, window, features, stack, prefix, head)
     cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
     assert cm.artifact.meta["sliding"]["form"] == "incremental"
-    n = data.draw(st.integers(1, 3 * window + 8), label="ticks")
-    resets = data.draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2), label="resets")
-    auto = data.draw(st.booleans(), label="auto_prepare")
-    every = data.draw(st.integers(0, 2), label="prepare_every")
-    xs = np.random.default_rng(seed + 1).normal(0, 1.5, (n, features)).astype(np.float32)
-    w = cm.sliding(auto_prepare=auto)
-    assert w.form == "incremental"
-    got = push_all(w, xs, tuple(cm.output.shape), resets, every)
-    want = window_answers(cm, xs, {r for r in resets if r < n})
-    err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
-    assert err <= FP32_ERR, (err, got, want)
+    xs, auto, every = check_drawn_ticks(cm, data, seed, features, window, FP32_ERR)
     # the stream: state never reset; after `window` pushes it is the window from zero state
     s = cm.streaming(auto_prepare=auto)
     long = np.concatenate([xs, xs[::-1]])
