@@ -206,14 +206,15 @@ def _first_para(fn: Any) -> str:
     return " ".join(doc.split("\n\n")[0].split()) if doc else ""
 
 
-def splice(text: str, body: str) -> str:
-    """``text`` with the generated section replaced by ``body``."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the markers are missing; add these two lines where the reference goes:\n"
-                         f"{BEGIN}\n{END}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n\n{body}\n{END}{tail}"
+def splice(text: str, body: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with the generated section between the ``begin`` and ``end`` marker lines
+    replaced by ``body`` (every generated section of the docs is spliced by this)."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the markers are missing; add these two lines where the generated "
+                         f"section goes:\n{begin}\n{end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n\n{body}\n{end}{tail}"
 
 
 def is_current(path: Path = DEFAULT_DOC) -> bool:

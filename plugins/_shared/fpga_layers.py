@@ -35,11 +35,11 @@ def render() -> str:
 
 
 def splice(text: str, body: str) -> str:
-    """``text`` with the section between :data:`BEGIN` and :data:`END` replaced by ``body``."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"the markers are missing from {DOC.name}:\n{BEGIN}\n{END}")
-    head, rest = text.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n\n{body}{END}{rest.split(END, 1)[1]}"
+    """``text`` with the section between :data:`BEGIN` and :data:`END` replaced by ``body``
+    (the docs' one splice, :func:`hwbackends.docgen.splice`)."""
+    from hwbackends.docgen import splice as splice_section
+
+    return splice_section(text, body.rstrip("\n"), BEGIN, END)
 
 
 def is_current(path: Path = DOC) -> bool:
