@@ -76,6 +76,83 @@ def test_causal_tcn_layers_reach_hls4ml(causal_tcn: dict) -> None:
         assert layer in types, sorted(types)
 
 
+def bn_tcn(path: Path, first_pad: str = "valid") -> Path:
+    """Conv1D stacks with BatchNormalization in each place a desk puts one: on the inputs
+    (before a ``first_pad``-padded Conv1D), after a Conv1D then a ReLU, and after a causal
+    Conv1D then a tanh; non-trivial statistics, so a fold that is off shows."""
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(3)
+    L = keras.layers
+    inp = keras.Input((10, 3))
+    h = L.BatchNormalization(name="bn_in")(inp)
+    h = L.Conv1D(4, 3, padding=first_pad, name="c1")(h)
+    h = L.ReLU(name="r1")(L.BatchNormalization(name="bn1")(h))
+    h = L.Conv1D(3, 2, padding="causal", name="c2")(h)
+    h = L.Activation("tanh", name="t2")(L.BatchNormalization(name="bn2")(h))
+    km = keras.Model(inp, L.Dense(1, name="out")(L.Flatten(name="flat")(L.MaxPooling1D(2, name="pool")(h))))
+    rng = np.random.default_rng(5)
+    for name in ("bn_in", "bn1", "bn2"):
+        bn = km.get_layer(name)
+        n = bn.get_weights()[0].shape[0]
+        bn.set_weights([rng.uniform(0.5, 2.0, n), rng.normal(0, 0.5, n), rng.normal(0, 0.5, n),
+                        rng.uniform(0.3, 3.0, n)])
+    km.save(path)
+    return path
+
+
+@pytest.mark.parametrize("functional", [False, True])
+def test_batchnorm_folds_into_conv1d_on_either_side_exactly(tmp_path: Path, functional: bool) -> None:
+    """The fold fpga.hls4ml (and cpu.native ``fixed``) makes before hls4ml sees the model:
+    a BN after a Conv1D (any padding) into its output, one on the inputs into the 'valid'
+    Conv1D after it; no BatchNormalization left, the same function (float32 rounding)."""
+    import keras
+    import numpy as np
+
+    from plugins._shared.batchnorm import fold_keras
+
+    km = keras.models.load_model(bn_tcn(tmp_path / "bn.keras"))
+    if not functional:
+        km = keras.Sequential([keras.Input((10, 3)), *km.layers[1:]])
+    folded = fold_keras(km, "fpga.hls4ml")
+    assert not [ly.name for ly in folded.layers if type(ly).__name__ == "BatchNormalization"]
+    x = np.random.default_rng(1).standard_normal((64, 10, 3)).astype(np.float32)
+    want = np.asarray(km(x, training=False))
+    assert np.abs(np.asarray(folded(x)) - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_batchnorm_before_a_padded_conv_is_refused_by_name(tmp_path: Path) -> None:
+    """A BN on the inputs of a causal Conv1D cannot fold (the conv pads the normalized signal
+    with zeros): refused naming it and why, before any build (through the public API, in
+    process: the CLI's refusal path is test_dilated_conv_is_refused_as_hls4mls_limit's)."""
+    import hwbackends as hwb
+    from hwbackends.errors import UnsupportedError
+
+    m = hwb.load_model(bn_tcn(tmp_path / "bn_causal.keras", "causal"))
+    with pytest.raises(UnsupportedError) as err:
+        hwb.compile(m, TARGET, PRECISION, store=tmp_path / "store", fidelity=False)
+    line = str(err.value)
+    for part in ("'bn_in' (BatchNormalization)", "model's inputs", "'c1' (Conv1D)", "'causal'",
+                 "'valid'"):
+        assert part in line, line
+
+
+@pytest.mark.slow
+def test_conv1d_batchnorm_stack_is_c_simulated_against_keras(tmp_path: Path) -> None:
+    """BN → Conv1D(valid) → BN → ReLU → Conv1D(causal) → BN → tanh → pooling → Dense on
+    hls4ml's C-simulation, checked against the Keras model (the reference is the source
+    model, BatchNormalizations included)."""
+    p = hwb_compile(bn_tcn(tmp_path / "bn.keras"), tmp_path / "store", "--json")
+    assert p.returncode == EXIT_OK, p.stderr
+    d = json.loads(p.stdout)
+    assert d["mode"] == "emulated" and d["fidelity_gate"]["passed"], d["fidelity_gate"]
+    fid = d["fidelity"]
+    assert fid["n"] >= 256 and fid["corr"] > 0.999 and fid["sign_agree"] > 0.99, fid
+    assert fid["max_abs"] < 0.05, fid
+    assert {"c1", "c2", "pool", "out"} <= set(d["meta"]["types"]), sorted(d["meta"]["types"])
+
+
 def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
     """A layer the shared layer IR does not read: the refusal lists what fpga.da4ml builds,
     not the IR's (cpu.native's) list, which promises LSTM, LayerNormalization and attention."""
@@ -108,7 +185,8 @@ def test_fpga_layer_table_in_the_docs_is_current() -> None:
     listed = keras_row.split(" | ")[2].rstrip(" |").split(", ")
     assert listed == accepted_keras_layers()
     assert {"Conv1D", "LSTM", "GRU", "MaxPooling1D"} <= set(listed)
-    assert "BatchNormalization" not in listed  # folded into the Dense before it
+    assert "BatchNormalization" not in listed  # folded into a neighbouring Dense/Conv1D
+    assert "Conv1D right before it (any padding" in section
 
 
 @pytest.mark.slow

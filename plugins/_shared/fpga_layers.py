@@ -22,6 +22,7 @@ def render() -> str:
     """The section's Markdown: one row per target and model format, then the refused settings."""
     from ..fpga_da4ml.network import SUPPORTED
     from ..fpga_hls4ml import convert
+    from . import batchnorm
 
     rows = [("fpga.hls4ml", "Keras", ", ".join(convert.accepted_keras_layers())),
             ("fpga.hls4ml", "PyTorch", ", ".join(convert.supported_layers("torch"))
@@ -29,7 +30,8 @@ def render() -> str:
             ("fpga.da4ml", "Keras, PyTorch", SUPPORTED)]
     lines = ["| target | format | layers accepted |", "|---|---|---|"]
     lines += [f"| {t} | {f} | {layers} |" for t, f, layers in rows]
-    lines += ["", "Refused by name although hls4ml lists the layer:", ""]
+    lines += ["", f"BatchNormalization on fpga.hls4ml (and cpu.native `fixed`): {batchnorm.FOLDS}.",
+              "", "Refused by name although hls4ml lists the layer:", ""]
     lines += [f"* {what}: {why}" for what, why in convert.REFUSED_SETTINGS.items()]
     return "\n".join(lines) + "\n"
 

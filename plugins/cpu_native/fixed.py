@@ -42,7 +42,7 @@ PRECISION_RULE = ("'fixed' (hls4ml's default, ap_fixed<16,6>) or any ap_fixed<W,
                   "fixed<W,I> with 1 ≤ W ≤ 64 and I ≤ W, with rounding/overflow modes "
                   "(ap_fixed<10,4,AP_RND,AP_SAT>): bit-exact with fpga.hls4ml's C-simulation")
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid")
-SUPPORTED = ("Dense (BatchNormalization folded into it), the activations " + ", ".join(ACTIVATIONS)
+SUPPORTED = ("Dense (a BatchNormalization folded into the Dense before or after it), the activations " + ", ".join(ACTIVATIONS)
              + " and a 1-D softmax (hls4ml's default 'stable' implementation)")
 
 

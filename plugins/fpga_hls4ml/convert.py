@@ -65,8 +65,8 @@ class HlsOptions:
 def supported_layers(fmt: str) -> list[str]:
     """hls4ml's own list of the layers its converter for the installed framework takes: for
     Keras 3 its ``keras_v3`` registry only (its Keras 2 handlers are reached only as a
-    fallback that fails on this hls4ml; ``BatchNormalization`` is folded before it, see
-    :func:`for_hls4ml`)."""
+    fallback that fails on this hls4ml; ``BatchNormalization`` is folded into a neighbouring
+    Dense/Conv1D before it, see :func:`for_hls4ml`)."""
     if fmt == "keras":
         import keras
         if int(keras.__version__.split(".")[0]) >= 3:
@@ -101,8 +101,8 @@ def accepted_keras_layers() -> list[str]:
 #: Settings of accepted layers that are refused, and why (the docs' table lists them).
 REFUSED_SETTINGS = {"Conv1D/Conv2D/…Conv dilation_rate ≠ 1":
                     "hls4ml's Keras 3 handler drops it (the design would be undilated)",
-                    "BatchNormalization not right after a Dense":
-                    "it is folded into that Dense (hls4ml's Keras 3 converter has no handler)"}
+                    "BatchNormalization that folds into neither neighbour":
+                    "hls4ml's Keras 3 converter has no handler for it, so " + batchnorm.FOLDS}
 
 
 def check_keras_layers(km: Any) -> None:
@@ -110,9 +110,8 @@ def check_keras_layers(km: Any) -> None:
     for layer in km.layers:
         cls = type(layer).__name__
         if cls == "BatchNormalization":
-            raise _unsupported(layer.name, cls, "keras", "fpga.hls4ml folds a BatchNormalization "
-                               "into the Dense right before it (for_hls4ml) and builds no "
-                               "separate layer for it")
+            raise _unsupported(layer.name, cls, "keras", "fpga.hls4ml builds no separate "
+                               "layer for it: " + batchnorm.FOLDS + " (for_hls4ml)")
         if cls not in ok:
             raise _unsupported(layer.name, cls, "keras")
         why = _unsupported_setting(layer)
@@ -141,7 +140,7 @@ NAMES = "hls4ml_names"
 
 def for_hls4ml(model: Any) -> Any:
     """``model`` as hls4ml's converters take it: a Keras model with every BatchNormalization
-    folded into the Dense before it (and its layers checked), then rebuilt with generated
+    folded into a neighbouring Dense/Conv1D (:func:`batchnorm.fold_keras`; its layers checked), then rebuilt with generated
     names (:mod:`.._shared.hls4ml_names`: no text of the file reaches hls4ml's C++); a
     ``torch.export`` program rebuilt as its ``nn.Sequential``. The reference stays the source
     model's. Idempotent."""
