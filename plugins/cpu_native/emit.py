@@ -670,6 +670,13 @@ class _Int8Emitter(Emitter):
     by symmetric per-output-channel int8 weights with int32 accumulation, and dequantises into
     float, where bias, activations, pooling and the LSTM/GRU gate arithmetic stay.
 
+    The calibrated range is a floor, not a ceiling: each quantised input's max |v| is taken
+    at run time, and where it exceeds the calibrated range that call quantises at the wider
+    range instead of saturating (:meth:`quantise`). Min-max calibration on a few hundred
+    samples sees less than the tail of fresh inputs (issue 34: inputs 27 % past the calibrated
+    max, clipped, moved a Dense(1) head by 0.21 of its range); inputs within the calibrated
+    range get exactly the calibrated scale, so nothing else changes.
+
     The input is stored shifted to unsigned (q + 128) and each output's dot product corrected
     by 128·Σw: unsigned × signed bytes is the form CPUs multiply-accumulate in one instruction
     (VNNI ``vpdpbusd``; GCC's dot-product pattern emits it when the ISA has it)."""
@@ -683,8 +690,8 @@ class _Int8Emitter(Emitter):
         self.state_amax = state_amax or {}
         #: the recurrent layer being emitted (its matvecs read its own state)
         self._rec: ir.Recurrent | None = None
-        #: float input expression -> its already quantised bytes (a Conv1D window)
-        self.prequant: dict[str, str] = {}
+        #: float input expression -> its already quantised bytes and widening ratio (a Conv1D window)
+        self.prequant: dict[str, tuple[str, str]] = {}
         #: the VNNI kernel: (int32 lanes per vector, intrinsic prefix), or None (portable form)
         if {"avx512_vnni", "avx512bw", "avx512vl"} <= set(requires):
             self.vnni: tuple[int, str] | None = (16, "_mm512")
@@ -707,31 +714,28 @@ class _Int8Emitter(Emitter):
         k, _, co = layer.w.shape
         left, right = layer.pad
         n = (t_in + left + right) * ci
-        s_in = max(self.in_range(), 1e-30) / 127.0
         self.n += 1
         qin = f"qin{self.n}"
         # 16 spare bytes: a window's dot product reads up to its padded length (zero weights)
         self.line(f"uint8_t {qin}[{n + 16}] A64;")
         self.line(f"for (int i = 0; i < {n + 16}; i++) {qin}[i] = 128;")
-        self.line(f"for (int i = 0; i < {t_in * ci}; i++) {{ float v = {src}[i] * "
-                  f"{float(np.float32(1.0 / s_in)).hex()}f; v = v < -127.0f ? -127.0f : v; "
-                  f"v = v > 127.0f ? 127.0f : v; v = (v + 12582912.0f) - 12582912.0f; "
-                  f"{qin}[{left * ci} + i] = (uint8_t)((int)v + 128); }}")
+        r = self.quantise(src, t_in * ci, f"({qin} + {left * ci})", self.in_range())
         window = f"({src} + t * {layer.stride * ci})"
-        self.prequant[window] = f"({qin} + t * {layer.stride * ci})"
+        self.prequant[window] = (f"({qin} + t * {layer.stride * ci})", r)
         self.line(f"for (int t = 0; t < {out_shape[0]}; t++) {{")
         self.matvec([(window, k * ci)], f"({o} + t * {co})", co, layer.w.reshape(k * ci, co), layer.b)
         self.line("}")
         del self.prequant[window]
         return o
 
-    def vnni_dot(self, q: str, npad: int, wt: np.ndarray, n_out: int, cn: str, mn: str,
+    def vnni_dot(self, q: str, npad: int, wt: np.ndarray, n_out: int, cn: str, mn: str, r: str,
                  dst: str, first: str) -> None:
         """int32 dot products of the unsigned input bytes ``q`` with ``wt`` (n_out, npad), 4
         bytes per lane per instruction: the weights of 4 consecutive inputs for one output sit
         in one int32 lane (layout ``[input/4][output][4]``), the 4 input bytes are broadcast,
         and one ``vpdpbusd`` accumulates them into every output of a vector at once (no
-        horizontal sums)."""
+        horizontal sums); ``mn`` are the dequantisation multipliers at the calibrated scale,
+        ``r`` the C name of this call's widening ratio (:meth:`quantise`)."""
         lanes, pre = self.vnni
         nvec = -(-n_out // lanes)
         groups = npad // 4
@@ -753,7 +757,7 @@ class _Int8Emitter(Emitter):
                       " ".join(f"a{k} = {dp}(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
             self.line("    " + " ".join(f"{pre}_store_si{lanes * 32}(({vt} *)({ints} + {(b0 + k) * lanes}), a{k});"
                                         for k in range(nb)) + " }")
-        self.line(f"  for (int j = 0; j < {n_out}; j++) {dst}[j] = {first} + (float)({ints}[j] - {cn}[j]) * {mn}[j];")
+        self.line(f"  for (int j = 0; j < {n_out}; j++) {dst}[j] = {first} + (float)({ints}[j] - {cn}[j]) * ({r} * {mn}[j]);")
 
     def matvec(self, segs: list[tuple[str, int]], dst: str, n_out: int, w: np.ndarray,
                bias: np.ndarray | None, accumulate: bool = False) -> None:
@@ -766,20 +770,21 @@ class _Int8Emitter(Emitter):
         self.line("{")
         row = 0
         for k, (src, n) in enumerate(segs):
-            s_in = (self.state_range() if src in self.state and self._rec is not None
-                    else max(self.in_range(), 1e-30)) / 127.0
+            cal = (self.state_range() if src in self.state and self._rec is not None
+                   else self.in_range())
+            s_in = max(cal, 1e-30) / 127.0
             npad = -(-n // 16) * 16
             wt = np.zeros((n_out, npad), np.int8)
             wt[:, :n] = wq[row:row + n].T
             wn = "" if self.vnni else self.const_i8(wt)
             cn = self.const_i32(128 * wt.astype(np.int64).sum(axis=1))
             mn = self.const("M", (s_in * sw).astype(np.float32))
-            q = self.prequant.get(src, f"q{self.matvecs}_{k}")
-            if src not in self.prequant:
+            if src in self.prequant:
+                q, r = self.prequant[src]
+            else:
+                q = f"q{self.matvecs}_{k}"
                 self.line(f"  uint8_t {q}[{npad}] A64;")
-                self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {float(np.float32(1.0 / s_in)).hex()}f; "
-                          f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
-                          f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
+                r = self.quantise(src, n, q, cal)
                 if npad > n:
                     self.line(f"  for (int i = {n}; i < {npad}; i++) {q}[i] = 128;")
             if k == 0 and not accumulate:
@@ -787,13 +792,34 @@ class _Int8Emitter(Emitter):
             else:
                 first = f"{dst}[j]"
             if self.vnni:
-                self.vnni_dot(q, npad, wt, n_out, cn, mn, dst, first)
+                self.vnni_dot(q, npad, wt, n_out, cn, mn, r, dst, first)
             else:
                 self.line(f"  for (int j = 0; j < {n_out}; j++) {{ const int8_t *wr = {wn} + j * {npad}; int s = 0; "
                           f"for (int i = 0; i < {npad}; i++) s += {q}[i] * wr[i]; "
-                          f"{dst}[j] = {first} + (float)(s - {cn}[j]) * {mn}[j]; }}")
+                          f"{dst}[j] = {first} + (float)(s - {cn}[j]) * ({r} * {mn}[j]); }}")
             row += n
         self.line("}")
+
+    def quantise(self, src: str, n: int, q: str, cal: float) -> str:
+        """Emit the quantisation of ``src[0:n]`` into the unsigned bytes ``q`` (round to
+        nearest, offset 128) at the calibrated range ``cal`` widened to this call's max |v|
+        where that is larger; returns the C name of the widening ratio (>= 1, one float),
+        by which the matvec scales its dequantisation multipliers. NaN is skipped by the
+        max (the NaN rule answers NaN for a non-finite input anyway); an infinite or huge
+        value widens to FLT_MAX, so the quantised bytes stay finite and in range."""
+        cal = max(cal, 1e-30)
+        self.n += 1
+        m, r, inv = f"qm{self.n}", f"qr{self.n}", f"qi{self.n}"
+        c = f"{float(np.float32(cal)).hex()}f"
+        self.line(f"  float {m} = {c}; for (int i = 0; i < {n}; i++) "
+                  f"{{ const float a = __builtin_fabsf({src}[i]); {m} = a > {m} ? a : {m}; }}")
+        self.line(f"  {m} = {m} < 3.40282347e38f ? {m} : 3.40282347e38f;")
+        self.line(f"  const float {r} = {m} > {c} ? {m} * {float(np.float32(1.0 / cal)).hex()}f : 1.0f, "
+                  f"{inv} = {m} > {c} ? 127.0f / {m} : {float(np.float32(127.0 / cal)).hex()}f;")
+        self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {inv}; "
+                  f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
+                  f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
+        return r
 
     def in_range(self) -> float:
         """max |input| of the layer being emitted, over the calibration samples."""
