@@ -8,6 +8,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension(
     "hwbackends.serve._shmloop",
     sources=["hwbackends/serve/_shmloop.c"],
-    depends=["hwbackends/serve/include/hwb_shm.h"],
+    depends=["hwbackends/serve/include/hwb_shm.h", "hwbackends/serve/include/hwb_native.h"],
     extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-missing-field-initializers"],
 )])

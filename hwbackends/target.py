@@ -258,27 +258,19 @@ class Executor:
             raise
 
     def native_entry(self) -> Any:
-        """Optional: the model call as a raw C function, for callers that run it without
-        Python (the shared-memory server's poll loop calls it on the request's memory with
+        """Optional: the model call as raw C functions, for callers that run it without
+        Python (the shared-memory server's poll loop calls them on the request's memory with
         the GIL released): a ``PyCapsule`` named ``"hwbackends.native_entry"`` holding a
-        versioned ``hwb_native_entry`` struct (ABI 1; its layout and rules: this method's
-        docstring and docs/serving.md, "Native fast path"). ``None`` (the default): there is none, callers use :meth:`predict_into`.
+        versioned ``hwb_native_entry`` struct, static for the life of the process (ABI 2:
+        ``predict``, and the sliding window's ``push``/``prepare``/``reset``; its layout and
+        rules: hwbackends/serve/include/hwb_native.h). ``None`` (the default): there is none,
+        callers use :meth:`predict_into`.
 
-        The capsule's pointer is this C struct, static for the life of the process::
-
-            typedef struct {
-                uint32_t abi;          /* 1 */
-                uint32_t struct_bytes; /* sizeof(the struct); later ABIs only append fields */
-                int (*predict)(const float *x, float *y); /* batch samples x -> y; 0 = ok */
-                uint32_t in_count, out_count; /* float32 elements per sample */
-                uint32_t batch;               /* samples per predict call */
-                uint32_t reserved;            /* 0 */
-            } hwb_native_entry;
-
-        ``predict`` computes exactly what :meth:`predict_into` computes for the same buffers
-        (same bits), is reentrant and thread-safe (it may run beside ``predict_into``), takes
-        C-contiguous float32 ``x`` and ``y`` that do not overlap, touches no Python object and
-        returns nonzero on failure (the caller then uses no output). Only for a model with one
+        The header is the one definition: include it (``hwb serve --print-include`` prints its
+        directory) rather than restating the struct. In short: ``predict`` computes exactly
+        what :meth:`predict_into` computes (same bits), is reentrant and thread-safe, touches
+        no Python object and returns nonzero on failure; ``push``/``prepare``/``reset`` are
+        :meth:`incremental`'s window (one caller at a time) or NULL. Only for a model with one
         input and one output."""
         return None
 

@@ -5,15 +5,14 @@ and the rollback switch paths; a C entry that fails gives an error status, never
 the C++ client (examples/shm_strategy.cpp) gets the model's own bits."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
+import native_entries
 import numpy as np
 import pytest
 
@@ -112,42 +111,11 @@ def test_swap_and_rollback_switch_between_native_and_python_paths(engine, native
         assert st["native_served"] == n_native + 50 and st["served"] == n_native + 100
 
 
-# A real C entry that fails (returns 7 after scribbling on the outputs), and one of the wrong
-# sizes, built as an extension here: the server must answer an error, never the scribble.
-_FAULTY = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-typedef struct { uint32_t abi, struct_bytes; int (*predict)(const float *, float *);
-                 uint32_t in_count, out_count, batch, reserved; } hwb_native_entry;
-static int fails(const float *x, float *y) { (void)x; y[0] = 42.0f; return 7; }
-static int zeros(const float *x, float *y) { (void)x; y[0] = 0.0f; return 0; }
-static const hwb_native_entry FAILS = {1, sizeof(hwb_native_entry), fails, 32, 1, 1, 0};
-static const hwb_native_entry WRONG = {1, sizeof(hwb_native_entry), zeros, 31, 1, 1, 0};
-static const hwb_native_entry NEWER = {2, sizeof(hwb_native_entry), zeros, 32, 1, 1, 0};
-static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "hwb_faulty_entry", NULL, -1, NULL};
-PyMODINIT_FUNC PyInit_hwb_faulty_entry(void) {
-    PyObject *m = PyModule_Create(&mod);
-    const char *nm = "hwbackends.native_entry";
-    PyModule_AddObject(m, "fails", PyCapsule_New((void *)&FAILS, nm, NULL));
-    PyModule_AddObject(m, "wrong_size", PyCapsule_New((void *)&WRONG, nm, NULL));
-    PyModule_AddObject(m, "newer_abi", PyCapsule_New((void *)&NEWER, nm, NULL));
-    return m;
-}
-"""
-
-
+# Entries of our own (tests/native_entries.py, C over hwb_native.h): one that fails (returns 7
+# after scribbling on the outputs), ones the loop must refuse, an ABI 1 copy of the real one.
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory) -> Any:
-    d = tmp_path_factory.mktemp("faulty")
-    (d / "faulty.c").write_text(_FAULTY)
-    so = d / ("hwb_faulty_entry" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(["cc", "-O1", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-                    str(d / "faulty.c"), "-o", str(so)], check=True, timeout=120)
-    spec = importlib.util.spec_from_file_location("hwb_faulty_entry", so)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return native_entries.build(tmp_path_factory.mktemp("entries"))
 
 
 def test_a_failing_entry_answers_unavailable_never_its_output(engine, native_cm, faulty, xs,
@@ -164,7 +132,9 @@ def test_a_failing_entry_answers_unavailable_never_its_output(engine, native_cm,
     assert st["native_failed"] == 1 and st["errors"] == 1 and st["served"] == 0
 
 
-@pytest.mark.parametrize("which, why", [("wrong_size", "31 -> 1"), ("newer_abi", "ABI 2")])
+@pytest.mark.parametrize("which, why", [
+    ("wrong_size", "31 -> 1"), ("newer_abi", "native entry of ABI 3 (64 bytes)"),
+    ("short_struct", "native entry of ABI 2 (32 bytes)")])
 def test_an_entry_the_loop_cannot_call_keeps_the_python_path(engine, native_cm, faulty, xs,
                                                              monkeypatch, which, why):
     monkeypatch.setattr(native_cm.executor, "native_entry", lambda: getattr(faulty, which))
@@ -173,6 +143,19 @@ def test_an_entry_the_loop_cannot_call_keeps_the_python_path(engine, native_cm, 
         y = _answers(c, xs[:20])
         np.testing.assert_array_equal(y, native_cm.predict(xs[:20]).reshape(y.shape))
         assert srv.stats()["native_served"] == 0
+
+
+def test_an_abi1_entry_is_still_served_natively(engine, native_cm, faulty, xs, monkeypatch):
+    # an artifact built before ABI 2 offers predict only: the whole-input loop still calls it
+    real = native_cm.executor.native_entry()
+    old = faulty.abi1_of(real)
+    assert faulty.fields(old)["abi"] == 1 and faulty.fields(real)["abi"] == 2
+    monkeypatch.setattr(native_cm.executor, "native_entry", lambda: old)
+    with ShmServer(engine, slots=2) as srv, ShmClient(srv.name) as c:
+        assert srv.native, srv.native_reason
+        y = _answers(c, xs[:40])
+        assert srv.stats()["native_served"] == 40
+    np.testing.assert_array_equal(y, native_cm.predict(xs[:40]).reshape(y.shape))
 
 
 def test_batch_mode_and_routers_keep_the_python_path(native_cm):

@@ -2,8 +2,10 @@
 per request and keeps the window; its answers are ``cm.sliding()``'s, bit for bit, over many
 ticks and across resets (a flagged tick, a reset alone, a new connection); a hostile client
 sending a whole window (or a tick to a whole-window endpoint, or a reset to it) gets a clear
-BAD_INPUT and the server keeps serving; a target without the C window is served through the
-Python Window; the serving loop is pinned to a core the client is told to avoid."""
+BAD_INPUT and the server keeps serving; the C loop takes the window's functions from the
+model's native entry (ABI 2), and an entry without them, or a target without the C window, is
+served through the Python Window; the serving loop is pinned to a core the client is told to
+avoid."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import native_entries
 import numpy as np
 import pytest
 from shm_raw import RawClient
@@ -130,6 +133,32 @@ def test_the_python_window_path_equals_the_c_loop(lstm_engine, compiled):
             got += [c.predict(x) for x in xs[61:]]
         assert srv.stats()["served"] == 120 and srv.stats()["errors"] == 0
     np.testing.assert_array_equal(np.stack(got), _reference(cm, xs, frozenset({60})))
+
+
+def test_the_c_loop_takes_the_window_from_the_native_entry(lstm_engine, compiled, tmp_path,
+                                                         monkeypatch):
+    # the loop calls the ABI 2 entry's push/prepare/reset; an ABI 1 entry (an artifact built
+    # before them) or one without push leaves the Python Window serving, with the reason
+    cm = compiled("lstm", "cpu.native")
+    xs = _ticks(cm, 80, seed=13)
+    entries = native_entries.build(tmp_path)
+    real = cm.executor.native_entry()
+    f = entries.fields(real)
+    assert (f["abi"], f["push"], f["prepare"], f["reset"], f["window"], f["step_count"]) == \
+        (2, True, True, True, 16, 8)
+    with ShmServer(lstm_engine, slots=1, sliding=True) as srv, ShmClient(srv.name) as c:
+        assert srv.native and srv.stats()["sliding"]["loop"] == "native"
+        got = np.stack([c.predict(x) for x in xs])
+    np.testing.assert_array_equal(got, _reference(cm, xs))
+    for entry, why in ((entries.abi1_of(real), "native entry of ABI 1 has no sliding window"),
+                       (entries.no_push, "push, prepare or reset is NULL"),
+                       (entries.newer_abi, "native entry of ABI 3")):
+        monkeypatch.setattr(cm.executor, "native_entry", lambda e=entry: e)
+        with ShmServer(lstm_engine, slots=1, sliding=True) as srv, ShmClient(srv.name) as c:
+            assert not srv.native and why in srv.native_reason, srv.native_reason
+            assert srv.stats()["sliding"]["why_python"] == srv.native_reason
+            got = np.stack([c.predict(x) for x in xs[:40]])
+        np.testing.assert_array_equal(got, _reference(cm, xs[:40]))
 
 
 def test_a_target_without_the_c_window_is_served_by_its_recompute_window(compiled):

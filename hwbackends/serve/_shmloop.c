@@ -22,6 +22,7 @@
 #include <Python.h>
 #include <math.h>
 
+#include "include/hwb_native.h"
 #include "include/hwb_shm.h"
 
 #define MAX_SLOTS 1024
@@ -58,22 +59,9 @@ typedef struct {
 } slot_t;
 
 /* ---- native fast path ---------------------------------------------------------------- */
-/* An executor's raw C entry (hwbackends.target.Executor.native_entry): a PyCapsule named
- * HWB_NATIVE_ENTRY_NAME whose pointer is a hwb_native_entry, static in the executor's own
- * shared object (CPython never unloads an extension, so the struct and its code stay valid
- * for the life of the process). Versioned: abi and struct_bytes let a newer producer add
- * fields at the end. `predict` must be reentrant and thread-safe, touch no Python object and
- * return 0 on success (any other value: the answer is not used). */
-#define HWB_NATIVE_ENTRY_NAME "hwbackends.native_entry"
-#define HWB_NATIVE_ENTRY_ABI 1u
-typedef struct {
-    uint32_t abi;          /* HWB_NATIVE_ENTRY_ABI */
-    uint32_t struct_bytes; /* sizeof the producer's struct (≥ this one) */
-    int (*predict)(const float *x, float *y); /* batch samples in x → y; 0 = ok */
-    uint32_t in_count, out_count; /* float32 elements per sample */
-    uint32_t batch;               /* samples per predict call */
-    uint32_t reserved;            /* 0 */
-} hwb_native_entry;
+/* An executor's raw C entry (hwbackends.target.Executor.native_entry): hwb_native.h defines
+ * it (ABI, layout, rules). Gate_set takes ABI 1 and 2 entries for whole inputs; a sliding
+ * endpoint's native window takes an ABI 2 entry's push/prepare/reset (parse_sliding). */
 
 /* Gate: which native entry (if any) the poll loop calls instead of the Python handler. The
  * loop reads `entry` once per batch of pending slots, with the GIL released (an atomic
@@ -88,17 +76,52 @@ typedef struct {
 
 static PyTypeObject GateType;
 
-/* A sliding endpoint's window calls: the model library's C functions (hwb_model_push /
- * _prepare / _reset of a cpu.native library, called without the GIL), or, when it has none,
- * the Python Window's (`run` is then its push_into; prepare and reset Python callables). */
-typedef int (*sl_push_fn)(const float *x_t, float *y);
-typedef int (*sl_void_fn)(void);
+/* A sliding endpoint's window calls: an ABI 2 native entry's push / prepare / reset (a
+ * cpu.native library's hwb_model_push / _prepare / _reset, called without the GIL), or, when
+ * it has none, the Python Window's (`run` is then its push_into; prepare and reset Python
+ * callables). */
 typedef struct {
-    uint32_t window;        /* ticks in the window; 0: not a sliding endpoint */
-    sl_push_fn push;        /* native (NULL: the Python path) */
-    sl_void_fn prepare, reset;
+    uint32_t window;             /* ticks in the window; 0: not a sliding endpoint */
+    hwb_native_predict_fn push;  /* native (NULL: the Python path) */
+    hwb_native_void_fn prepare, reset;
+    uint32_t step_count, out_count; /* the native entry's, checked against the header's */
     PyObject *py_prepare, *py_reset; /* the Python path's */
 } sliding_ops;
+
+/* The native entry in `cap`, or NULL with a ValueError saying why this loop cannot call it
+ * (not a native entry; an ABI or struct size hwb_native_entry_readable refuses). */
+static const hwb_native_entry *entry_of(PyObject *cap) {
+    const hwb_native_entry *e;
+    if (!PyCapsule_IsValid(cap, HWB_NATIVE_ENTRY_NAME)) {
+        PyErr_SetString(PyExc_ValueError, "not a native entry: expected a PyCapsule named "
+                        "'" HWB_NATIVE_ENTRY_NAME "'");
+        return NULL;
+    }
+    e = (const hwb_native_entry *)PyCapsule_GetPointer(cap, HWB_NATIVE_ENTRY_NAME);
+    if (!e) return NULL;
+    if (hwb_native_entry_readable(e) == 0) {
+        PyErr_Format(PyExc_ValueError, "native entry of ABI %u (%u bytes%s); this server reads "
+                     "ABI 1 (%u bytes or more) and ABI 2 (%u or more)", e->abi, e->struct_bytes,
+                     e->predict ? "" : ", no predict", HWB_NATIVE_ENTRY_V1_BYTES,
+                     (unsigned)sizeof(hwb_native_entry));
+        return NULL;
+    }
+    return e;
+}
+
+/* The sliding window of the entry in `cap`, or NULL with a ValueError saying why it has none
+ * this loop can call (entry_of's reasons, an ABI 1 entry, an ABI 2 one without a window). */
+static const hwb_native_entry *window_entry_of(PyObject *cap) {
+    const hwb_native_entry *e = entry_of(cap);
+    if (!e) return NULL;
+    if (!hwb_native_entry_has_window(e)) {
+        PyErr_Format(PyExc_ValueError, "native entry of ABI %u has no sliding window%s", e->abi,
+                     e->abi < 2u ? " (push/prepare/reset came with ABI 2: rebuild the artifact)"
+                                 : " (push, prepare or reset is NULL, or window/step_count 0)");
+        return NULL;
+    }
+    return e;
+}
 
 typedef struct {
     hwb_shm_header *h; /* the server's writable mapping of the header */
@@ -224,7 +247,7 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
  * 0, or -1 with a Python exception pending. */
 static int sliding_reset(loop_ctx *L) {
     if (L->sl.push) return L->sl.reset() == 0 ? 0 : (PyErr_SetString(PyExc_RuntimeError,
-                                                     "the model's hwb_model_reset failed"), -1);
+                                                     "the model's native reset failed"), -1);
     PyObject *r = PyObject_CallNoArgs(L->sl.py_reset);
     Py_XDECREF(r);
     return r ? 0 : -1;
@@ -263,7 +286,7 @@ static void handle_sliding(loop_ctx *L, const uint32_t *idx, const uint32_t *seq
                 count(&h->served);
                 reply(sl->s, seqs[k], HWB_SHM_OK, NULL);
             } else {
-                snprintf(buf, sizeof buf, "server error: the model's hwb_model_push returned %d", rc);
+                snprintf(buf, sizeof buf, "server error: the model's native push returned %d", rc);
                 count(&h->errors);
                 reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE, buf);
             }
@@ -565,18 +588,19 @@ static void poll_loop(loop_ctx *L, int64_t spin_ns, int64_t reap_ns) {
     }
 }
 
-/* serve()'s `sliding`: None (whole inputs), or (window, push, prepare, reset): three ints, the
- * addresses of a model library's hwb_model_push / _prepare / _reset (the native path), or
- * push = None and two callables (the Python path: `run` is then the Window's push_into). */
+/* serve()'s `sliding`: None (whole inputs), (window, entry): an ABI 2 native entry's window
+ * (window_entry_of; its sizes are checked against the header in serve()), or
+ * (window, None, prepare, reset): the Python path (`run` is then the Window's push_into). */
 static int parse_sliding(PyObject *sliding, PyObject *gate, PyObject *batch, sliding_ops *o) {
     unsigned long w;
-    PyObject *push, *prep, *rst;
+    Py_ssize_t n;
+    PyObject *entry;
     memset(o, 0, sizeof *o);
     if (sliding == Py_None) return 0;
-    if (!PyTuple_Check(sliding) || PyTuple_GET_SIZE(sliding) != 4 || gate != Py_None ||
-        batch != Py_None) {
-        PyErr_SetString(PyExc_TypeError, "serve(): sliding must be (window, push, prepare, reset), "
-                        "in direct mode without a gate");
+    n = PyTuple_Check(sliding) ? PyTuple_GET_SIZE(sliding) : 0;
+    if ((n != 2 && n != 4) || gate != Py_None || batch != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "serve(): sliding must be (window, entry) or (window, "
+                        "None, prepare, reset), in direct mode without a gate");
         return -1;
     }
     w = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sliding, 0));
@@ -586,26 +610,30 @@ static int parse_sliding(PyObject *sliding, PyObject *gate, PyObject *batch, sli
         return -1;
     }
     o->window = (uint32_t)w;
-    push = PyTuple_GET_ITEM(sliding, 1);
-    prep = PyTuple_GET_ITEM(sliding, 2);
-    rst = PyTuple_GET_ITEM(sliding, 3);
-    if (push == Py_None) {
-        if (!PyCallable_Check(prep) || !PyCallable_Check(rst)) {
-            PyErr_SetString(PyExc_TypeError, "serve(): the Python path's prepare and reset must be callables");
+    entry = PyTuple_GET_ITEM(sliding, 1);
+    if (n == 4) {
+        PyObject *prep = PyTuple_GET_ITEM(sliding, 2), *rst = PyTuple_GET_ITEM(sliding, 3);
+        if (entry != Py_None || !PyCallable_Check(prep) || !PyCallable_Check(rst)) {
+            PyErr_SetString(PyExc_TypeError, "serve(): the Python path is (window, None, "
+                            "prepare, reset) with two callables");
             return -1;
         }
         o->py_prepare = prep;
         o->py_reset = rst;
         return 0;
     }
-    o->push = (sl_push_fn)PyLong_AsVoidPtr(push);
-    o->prepare = (sl_void_fn)PyLong_AsVoidPtr(prep);
-    o->reset = (sl_void_fn)PyLong_AsVoidPtr(rst);
-    if (PyErr_Occurred()) return -1;
-    if (!o->push || !o->prepare || !o->reset) {
-        PyErr_SetString(PyExc_ValueError, "serve(): a native window needs the three function addresses");
+    const hwb_native_entry *e = window_entry_of(entry);
+    if (!e) return -1;
+    if (e->window != o->window) {
+        PyErr_Format(PyExc_ValueError, "serve(): the native entry's window is %u ticks, the "
+                     "endpoint's %u", e->window, o->window);
         return -1;
     }
+    o->push = e->push;
+    o->prepare = e->prepare;
+    o->reset = e->reset;
+    o->step_count = e->step_count;
+    o->out_count = e->out_count;
     return 0;
 }
 
@@ -662,6 +690,13 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "serve(): a sliding loop needs a header initialised "
                         "with the same window (init_header's window)");
+        return NULL;
+    }
+    if (ops.push && (ops.step_count != L.in_count || ops.out_count != L.out_count)) {
+        PyBuffer_Release(&buf);
+        PyErr_Format(PyExc_ValueError, "serve(): the native window takes %u -> %u floats per "
+                     "tick; the endpoint %u -> %u", ops.step_count, ops.out_count, L.in_count,
+                     L.out_count);
         return NULL;
     }
     L.slots = (slot_t *)PyMem_RawCalloc(nslots, sizeof(slot_t));
@@ -795,27 +830,17 @@ static void Gate_dealloc(GateObject *o) {
 }
 
 /* set(capsule | None): serve through this entry from the next request on (None: the Python
- * path). Refuses (ValueError, the gate unchanged) an entry that is not a native entry of
- * this ABI, of other sizes than the endpoint's, or of a batch other than 1. */
+ * path). Refuses (ValueError, the gate unchanged) an entry entry_of refuses, or one of other
+ * sizes than the endpoint's, or of a batch other than 1. ABI 1 and 2 entries are both served
+ * (the gate calls predict only). */
 static PyObject *Gate_set(GateObject *o, PyObject *cap) {
     const hwb_native_entry *e;
     if (cap == Py_None) {
         __atomic_store_n(&o->entry, (const hwb_native_entry *)NULL, __ATOMIC_RELEASE);
         Py_RETURN_NONE;
     }
-    if (!PyCapsule_IsValid(cap, HWB_NATIVE_ENTRY_NAME)) {
-        PyErr_SetString(PyExc_ValueError, "not a native entry: expected a PyCapsule named "
-                        "'" HWB_NATIVE_ENTRY_NAME "'");
-        return NULL;
-    }
-    e = (const hwb_native_entry *)PyCapsule_GetPointer(cap, HWB_NATIVE_ENTRY_NAME);
+    e = entry_of(cap);
     if (!e) return NULL;
-    if (e->abi != HWB_NATIVE_ENTRY_ABI || e->struct_bytes < sizeof(hwb_native_entry) || !e->predict) {
-        PyErr_Format(PyExc_ValueError, "native entry of ABI %u (%u bytes); this server reads ABI "
-                     "%u (%u bytes)", e->abi, e->struct_bytes, HWB_NATIVE_ENTRY_ABI,
-                     (unsigned)sizeof(hwb_native_entry));
-        return NULL;
-    }
     if (e->in_count != o->in_count || e->out_count != o->out_count || e->batch != 1) {
         PyErr_Format(PyExc_ValueError, "native entry takes %u -> %u floats per sample at batch "
                      "%u; the endpoint needs %u -> %u at batch 1", e->in_count, e->out_count,
@@ -1024,6 +1049,14 @@ static PyObject *py_slot_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(hwb_shm_slot_bytes(ic, oc));
 }
 
+/* native_window(capsule) -> (window, step_count, out_count) of the entry's sliding window, or
+ * ValueError saying why this loop cannot serve it (what serve()'s (window, entry) checks). */
+static PyObject *py_native_window(PyObject *self, PyObject *cap) {
+    const hwb_native_entry *e = window_entry_of(cap);
+    if (!e) return NULL;
+    return Py_BuildValue("(III)", e->window, e->step_count, e->out_count);
+}
+
 static PyObject *py_strerror(PyObject *self, PyObject *args) {
     int rc;
     if (!PyArg_ParseTuple(args, "i", &rc)) return NULL;
@@ -1091,6 +1124,8 @@ static PyMethodDef methods[] = {
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
     {"slot_bytes", py_slot_bytes, METH_VARARGS, "slot_bytes(in_count, out_count)"},
     {"strerror", py_strerror, METH_VARARGS, "strerror(status) -> hwb_shm_strerror's text"},
+    {"native_window", py_native_window, METH_O,
+     "native_window(entry) -> (window, step_count, out_count), or ValueError saying why not"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1107,6 +1142,8 @@ PyMODINIT_FUNC PyInit__shmloop(void) {
     PyModule_AddObject(m, "NativeGate", (PyObject *)&GateType);
     PyModule_AddStringConstant(m, "NATIVE_ENTRY_NAME", HWB_NATIVE_ENTRY_NAME);
     PyModule_AddIntConstant(m, "NATIVE_ENTRY_ABI", HWB_NATIVE_ENTRY_ABI);
+    PyModule_AddIntConstant(m, "NATIVE_ENTRY_V1_BYTES", HWB_NATIVE_ENTRY_V1_BYTES);
+    PyModule_AddIntConstant(m, "NATIVE_ENTRY_BYTES", sizeof(hwb_native_entry));
     PyModule_AddIntConstant(m, "VERSION", HWB_SHM_VERSION);
     PyModule_AddIntConstant(m, "HEADER_BYTES", HWB_SHM_HEADER_BYTES);
     PyModule_AddIntConstant(m, "SLOT_CTL", HWB_SHM_SLOT_CTL);

@@ -433,40 +433,36 @@ def choose_loop_core(spec: int | str | None = "auto") -> tuple[int | None, str]:
     return core, f"serving loop pinned to CPU {core}{hint}"
 
 
-#: The C window ABI of a model library (plugins/cpu_native/sliding.py's HEADER).
-WINDOW_SYMBOLS = ("hwb_model_push", "hwb_model_prepare", "hwb_model_reset")
-
-
-def native_window_of(cm: Any) -> tuple[tuple[int, int, int] | None, str]:
-    """The addresses of ``cm``'s library's C window functions (:data:`WINDOW_SYMBOLS`), and
-    ``""``; or ``None`` and why not. The library is the one the executor already loaded (the
-    same state ``cm.sliding()`` drives), looked up with ``RTLD_NOLOAD``: nothing new is
-    loaded, and a model without that ABI (every target but cpu.native) has none."""
-    import ctypes
-
-    path = getattr(getattr(getattr(cm, "executor", None), "module", None), "__file__", None)
-    if not path:
-        return None, f"{getattr(cm, 'variant', cm)}: its executor is not a C model library"
+def native_window_of(cm: Any) -> tuple[Any, str]:
+    """``cm``'s native entry (:meth:`hwbackends.target.Executor.native_entry`) when the C loop
+    can serve its sliding window (an ABI 2 entry with push/prepare/reset of this window's
+    sizes: hwbackends/serve/include/hwb_native.h), and ``""``; or ``None`` and why not. The
+    entry's functions drive the same library state ``cm.sliding()`` claimed and reset."""
+    get = getattr(getattr(cm, "executor", None), "native_entry", None)
+    cap = get() if callable(get) else None
+    if cap is None:
+        return None, f"{getattr(cm, 'variant', cm)}: its executor has no native entry (not a C model library)"
     try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        addrs = tuple(ctypes.cast(getattr(lib, s), ctypes.c_void_p).value for s in WINDOW_SYMBOLS)
-    except (OSError, AttributeError):
-        return None, f"{cm.variant}: its library has no C window ({', '.join(WINDOW_SYMBOLS)})"
-    if not all(addrs):
-        return None, f"{cm.variant}: its library has no C window"
-    return addrs, ""  # type: ignore[return-value]
+        window, step, out = _shmloop.native_window(cap)
+    except ValueError as exc:
+        return None, f"{cm.variant}: {exc}"
+    want = (int(cm.input.shape[0]), int(np.prod(cm.input.shape[1:])), int(np.prod(cm.output.shape)))
+    if (window, step, out) != want:
+        return None, (f"{cm.variant}: its native window is {window} ticks of {step} -> {out} floats, "
+                      f"the model's {want[0]} ticks of {want[1]} -> {want[2]}")
+    return cap, ""
 
 
 @dataclass
 class SlidingWindow:
     """What a sliding endpoint serves: one compiled model's window. ``window`` is the
     :class:`~hwbackends.sliding.Window` from ``cm.sliding(auto_prepare=False)`` (it claims and
-    resets the model's window state); ``addrs`` the C window's functions when the loop calls
-    them directly (``native``), else the loop calls ``window``'s methods."""
+    resets the model's window state); ``entry`` the model's native entry when the loop calls
+    its window functions directly (``native``), else the loop calls ``window``'s methods."""
 
     cm: Any
     window: Any
-    addrs: tuple[int, int, int] | None
+    entry: Any
     native_reason: str
 
     @classmethod
@@ -484,12 +480,12 @@ class SlidingWindow:
             raise ConfigError("a sliding endpoint serves one compiled model (a router strategy "
                               "or a packed multi-IO model has no window); serve MODEL -t TARGET")
         window = cm.sliding(auto_prepare=False)  # UnsupportedError (an HwbError) says why not
-        addrs, why = native_window_of(cm) if native else (None, "turned off (native=False)")
-        return cls(cm, window, addrs, why)
+        entry, why = native_window_of(cm) if native else (None, "turned off (native=False)")
+        return cls(cm, window, entry, why)
 
     @property
     def native(self) -> bool:
-        return self.addrs is not None
+        return self.entry is not None
 
     @property
     def length(self) -> int:
@@ -504,10 +500,10 @@ class SlidingWindow:
         return str(getattr(self.cm, "variant", "the model"))
 
     def loop_args(self) -> tuple[Any, tuple[Any, ...]]:
-        """``(run, sliding)`` for ``_shmloop.serve``: the C functions, or the Window's calls."""
+        """``(run, sliding)`` for ``_shmloop.serve``: the native entry, or the Window's calls."""
         w = self.window
-        if self.addrs is not None:
-            return None, (self.length, *self.addrs)
+        if self.entry is not None:
+            return None, (self.length, self.entry)
         return w.push_into, (self.length, None, w.prepare, w.reset)
 
     def describe(self) -> dict[str, Any]:

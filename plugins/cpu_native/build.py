@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hwbackends
 from hwbackends.errors import CompileError
 from hwbackends.identifiers import c_string
 
@@ -31,8 +32,9 @@ ISAS = {"native": "native", "x86-64-v2": "x86-64-v2", "x86-64-v3": "x86-64-v3",
 #: vectorisable loops itself, so results stay IEEE (NaN in, NaN out).
 MODEL_FLAGS = ("-O3", "-fPIC", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math",
                "-fno-semantic-interposition")
-#: The extension's own code only checks and dispatches: built for the baseline ISA.
-EXT_FLAGS = ("-O2", "-fPIC")
+#: The extension's own code only checks and dispatches: built for the baseline ISA, warned on
+#: (the compiler's warnings come back with a failed build's error).
+EXT_FLAGS = ("-O2", "-fPIC", "-Wall")
 #: Where the load-time check reads this CPU's features (a module attribute, so a test can
 #: point it at another CPU's flags).
 CPUINFO = "/proc/cpuinfo"
@@ -186,131 +188,44 @@ def _prod(s: tuple[int, ...]) -> int:
     return n
 
 
-_EXT = r"""/* The CPython entry of one cpu.native artifact: predict_into(x, out) as a METH_FASTCALL
-   builtin over the buffer protocol. Generated; do not edit. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
-#include "hwb_model.h"
-
-static const Py_ssize_t XSHAPE[] = {@XSHAPE@};
-static const Py_ssize_t YSHAPE[] = {@YSHAPE@};
-
-static int shape_is(const Py_buffer *b, const Py_ssize_t *shape, int nd) {
-    if (b->ndim != nd || b->itemsize != 4 || b->format == NULL || b->format[0] != 'f' || b->format[1])
-        return 0;
-    for (int i = 0; i < nd; i++) if (b->shape[i] != shape[i]) return 0;
-    return 1;
-}
-
-/* The one error path: the executor's Python check (hwbackends.target.check_io) raises the
-   core's InputError; it is reached only when the fast checks below fail. */
-static PyObject *fail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *check = PyTuple_GET_ITEM(self, 0);
-    PyObject *r = PyObject_Vectorcall(check, args, (size_t)nargs, NULL);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
-    PyErr_SetString(PyTuple_GET_ITEM(self, 2), "predict_into(x, out): x must be a C-contiguous "
-                    "float32 numpy array of the compiled shape and out a writeable one");
-    return NULL;
-}
-
-static PyObject *predict_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) return fail(self, args, nargs);
-    PyTypeObject *nd = (PyTypeObject *)PyTuple_GET_ITEM(self, 1);
-    if (!PyObject_TypeCheck(args[0], nd) || !PyObject_TypeCheck(args[1], nd))
-        return fail(self, args, nargs);
-    Py_buffer xb, yb;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-        PyErr_Clear();
-        return fail(self, args, nargs);
-    }
-    if (PyObject_GetBuffer(args[1], &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&xb);
-        return fail(self, args, nargs);
-    }
-    if (!shape_is(&xb, XSHAPE, @XND@) || !shape_is(&yb, YSHAPE, @YND@)) {
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&yb);
-        return fail(self, args, nargs);
-    }
-    hwb_model_predict_n((const float *)xb.buf, (float *)yb.buf, @BATCH@);
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&yb);
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef predict_def = {"predict_into", (PyCFunction)(void (*)(void))predict_into,
-    METH_FASTCALL, "predict_into(x, out): run the model on x into out (no allocation)."};
-
-/* bind(check, ndarray_type, InputError) -> predict_into bound to this executor's state */
-static PyObject *bind(PyObject *mod, PyObject *args) {
-    PyObject *check, *nd, *err;
-    if (!PyArg_ParseTuple(args, "OOO", &check, &nd, &err)) return NULL;
-    if (!PyType_Check(nd) || !PyCallable_Check(check)) {
-        PyErr_SetString(PyExc_TypeError, "bind(check, numpy.ndarray, InputError)");
-        return NULL;
-    }
-    PyObject *state = PyTuple_Pack(3, check, nd, err);
-    if (state == NULL) return NULL;
-    PyObject *f = PyCFunction_NewEx(&predict_def, state, NULL);
-    Py_DECREF(state);
-    return f;
-}
-
-static PyObject *info(PyObject *mod, PyObject *unused) {
-    return Py_BuildValue("{s:s,s:s,s:i}", "fingerprint", hwb_model_fingerprint(),
-                         "isa", hwb_model_isa(), "abi", HWB_MODEL_ABI);
-}
-
-/* The raw entry for callers that run the model without Python (the shm server's C loop):
-   `entry`, a PyCapsule named "hwbackends.native_entry" holding this versioned struct (ABI 1;
-   hwbackends.target.Executor.native_entry documents it). Static: valid as long as this
-   shared object is loaded, which for a CPython extension is the life of the process. */
-typedef struct {
-    uint32_t abi, struct_bytes;
-    int (*predict)(const float *x, float *y);
-    uint32_t in_count, out_count, batch, reserved;
-} hwb_native_entry;
-static const hwb_native_entry ENTRY = {1u, (uint32_t)sizeof(hwb_native_entry), hwb_model_predict,
-    HWB_MODEL_INPUT_SIZE, HWB_MODEL_OUTPUT_SIZE, HWB_MODEL_BATCH, 0u};
-
-@EXTRA_DEFS@
-static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(check, ndarray, InputError) -> predict_into"},
-    {"info", info, METH_NOARGS, "the artifact's fingerprint, ISA and C ABI version"},@EXTRA_METHODS@
-    {NULL, NULL, 0, NULL}};
-
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "@MOD@", NULL, -1, methods};
-
-PyMODINIT_FUNC PyInit_@MOD@(void) {
-    PyObject *m = PyModule_Create(&moddef), *cap;
-    if (m == NULL) return NULL;
-    cap = PyCapsule_New((void *)&ENTRY, "hwbackends.native_entry", NULL);
-    if (cap == NULL || PyModule_AddObject(m, "entry", cap) < 0) {
-        Py_XDECREF(cap);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
-"""
+#: The fixed part of every artifact's extension, a real C header (package data):
+#: predict_into, bind, info and the native entry. The generated ext.c includes it.
+RUNTIME_DIR = Path(__file__).resolve().parent
+RUNTIME_HEADER = "hwb_ext.h"
+#: Where hwb_native.h is (the native entry's one definition): hwbackends.serve.shm.INCLUDE_DIR,
+#: found without importing the serving stack (this module stays light).
+NATIVE_INCLUDE = Path(hwbackends.__file__).resolve().parent / "serve" / "include"
 
 
 def extension_source(module: str, batch: int, in_shape: tuple[int, ...],
                      out_shape: tuple[int, ...], extra: tuple[str, str] = ("", "")) -> str:
-    """The extension's C; ``extra``: more definitions and method-table entries (the sliding
-    window's, plugins/cpu_native/sliding.py), which may use the placeholders below."""
+    """The extension's generated ``ext.c``: this artifact's shapes and module name around
+    :data:`RUNTIME_HEADER` (the fixed C); ``extra``: more definitions and method-table
+    entries (the sliding window's, plugins/cpu_native/sliding.py), which may use the
+    placeholders ``@XSHAPE@ @YSHAPE@ @XND@ @YND@ @BATCH@ @MOD@`` and the header's ``XSHAPE``,
+    ``YSHAPE`` and ``shape_is``."""
+    if not module.isidentifier() or not module.isascii():
+        raise CompileError(f"cpu.native: extension module name {module!r} is not a C identifier")
     xs, ys = (batch, *in_shape), (batch, *out_shape)
-    subs = {"@EXTRA_DEFS@": extra[0], "@EXTRA_METHODS@": extra[1],
-            "@XSHAPE@": ", ".join(map(str, xs)), "@YSHAPE@": ", ".join(map(str, ys)),
+    subs = {"@XSHAPE@": ", ".join(map(str, xs)), "@YSHAPE@": ", ".join(map(str, ys)),
             "@XND@": str(len(xs)), "@YND@": str(len(ys)), "@BATCH@": str(batch), "@MOD@": module}
-    text = _EXT
+    defs, methods = extra
     for k, v in subs.items():
-        text = text.replace(k, v)
-    return text
+        defs, methods = defs.replace(k, v), methods.replace(k, v)
+    return f"""/* The CPython entry of one cpu.native artifact ({module}): {RUNTIME_HEADER}'s predict_into,
+   bind, info and native entry for this artifact's shapes. Generated; do not edit. */
+#define HWB_EXT_XSHAPE {subs["@XSHAPE@"]}
+#define HWB_EXT_YSHAPE {subs["@YSHAPE@"]}
+#include "{RUNTIME_HEADER}"
+{defs}
+static PyMethodDef methods[] = {{
+    HWB_EXT_METHODS{methods}
+    {{NULL, NULL, 0, NULL}}}};
+
+static struct PyModuleDef moddef = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
+
+PyMODINIT_FUNC PyInit_{module}(void) {{ return hwb_ext_module(&moddef); }}
+"""
 
 
 def module_name(*texts: str) -> str:
@@ -347,7 +262,9 @@ def build(workdir: Path, cc: str, isa: str, module: str) -> dict[str, object]:
     run([cc, "-shared", "model.o", "-o", "libhwb_model.so", "-Wl,-soname,libhwb_model.so"], workdir)
     # -Bsymbolic: the extension's calls into the model code bind inside it, whatever else the
     # process has loaded.
-    run([cc, *EXT_FLAGS, "-shared", f"-I{include}", "ext.c", "model.o", "-Wl,-Bsymbolic",
+    # -I: the artifact's own hwb_model.h first, then the fixed runtime and hwb_native.h.
+    run([cc, *EXT_FLAGS, "-shared", "-I.", f"-I{RUNTIME_DIR}", f"-I{NATIVE_INCLUDE}", f"-I{include}",
+         "ext.c", "model.o", "-Wl,-Bsymbolic",
          "-o", module + python_abi()], workdir)
     loops = sum(1 for line in vec.read_text().splitlines() if "loop vectorized" in line) if vec.exists() else 0
     vec.unlink(missing_ok=True)
