@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fuzz_models import FRONTENDS, Spec, build, load, reference, reference64, specs
+from fuzz_models import FAMILIES, FRONTENDS, Spec, build, has_family, load, reference, reference64, specs
 from hypothesis import HealthCheck, given, settings
 
 import hwbackends as hwb
@@ -71,6 +71,8 @@ def _refused(spec: Spec, exc: UnsupportedError, what: str) -> None:
     msg = str(exc)
     assert "cpu.native" in msg and re.search(r"'[^']+'", msg), f"{spec.describe()}: unnamed refusal: {msg}"
     COUNTS[f"{what} refused"] += 1
+    named = re.search(r"\(op ([^)]+)\)|layer '[^']*' \((\w+)\)", msg)  # the report's "refused by name"
+    COUNTS[f"{what} refused: {(named.group(1) or named.group(2)) if named else msg[:60]}"] += 1
 
 
 def _model(spec: Spec):
@@ -78,28 +80,33 @@ def _model(spec: Spec):
     return obj, load(obj, spec)
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_ir_reader_matches_the_framework(frontend) -> None:
+def _check_ir(spec: Spec, what: str = "ir") -> None:
+    """``layer_ir.extract`` then the IR's float64 reference against the framework."""
     from hwb_plugins._shared import layer_ir
 
+    obj, m = _model(spec)
+    COUNTS[f"{what} tried"] += 1
+    try:
+        net = layer_ir.extract(m, "cpu.native")
+    except UnsupportedError as exc:
+        _refused(spec, exc, what)
+        return
+    x = _inputs(spec, 32, spec.seed)
+    want = reference64(obj, spec, x)  # the IR runs in float64: so does torch here
+    got = layer_ir.forward(net, x)[-1]
+    err = float(np.abs(got - want).max()) / _scale(want)
+    if err > FP32_BOUND:
+        COUNTS[f"{what} wrong"] += 1
+    assert err <= FP32_BOUND, f"{spec.describe()}: IR reference off by {err:.3g} of the output scale"
+    COUNTS[f"{what} right"] += 1
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_ir_reader_matches_the_framework(frontend) -> None:
     @_settings(8, 1)
     @given(specs(frontend))
     def check(spec: Spec) -> None:
-        obj, m = _model(spec)
-        COUNTS["ir tried"] += 1
-        try:
-            net = layer_ir.extract(m, "cpu.native")
-        except UnsupportedError as exc:
-            _refused(spec, exc, "ir")
-            return
-        x = _inputs(spec, 32, spec.seed)
-        want = reference64(obj, spec, x)  # the IR runs in float64: so does torch here
-        got = layer_ir.forward(net, x)[-1]
-        err = float(np.abs(got - want).max()) / _scale(want)
-        if err > FP32_BOUND:
-            COUNTS["ir wrong"] += 1
-        assert err <= FP32_BOUND, f"{spec.describe()}: IR reference off by {err:.3g} of the output scale"
-        COUNTS["ir right"] += 1
+        _check_ir(spec)
 
     check()
 
@@ -110,23 +117,52 @@ def _compile(m, precision: str, calibration=None):
                            fidelity=False, calibration_data=calibration)
 
 
-@_settings(5, 4)
-@given(specs())
-def test_generated_c_fp32_matches_the_framework(spec: Spec) -> None:
+def _check_fp32(spec: Spec, what: str = "fp32") -> None:
+    """The generated C (fp32) against the framework; a CompileError (gcc over a claimed
+    layer) or any other exception fails."""
     obj, m = _model(spec)
-    COUNTS["fp32 tried"] += 1
+    COUNTS[f"{what} tried"] += 1
     try:
-        cm = _compile(m, "fp32")  # a CompileError (gcc over a claimed layer) fails the test
+        cm = _compile(m, "fp32")
     except UnsupportedError as exc:
-        _refused(spec, exc, "fp32")
+        _refused(spec, exc, what)
         return
+    except Exception:
+        COUNTS[f"{what} build failed"] += 1
+        raise
     x = _inputs(spec, 64, spec.seed + 1)
     want = reference(obj, spec, x)
     err = float(np.abs(cm.predict(x) - want).max()) / _scale(want)
     if err > FP32_BOUND:
-        COUNTS["fp32 wrong"] += 1
+        COUNTS[f"{what} wrong"] += 1
     assert err <= FP32_BOUND, f"{spec.describe()}: C off by {err:.3g} of the output scale"
-    COUNTS["fp32 right"] += 1
+    COUNTS[f"{what} right"] += 1
+
+
+@_settings(5, 4)
+@given(specs())
+def test_generated_c_fp32_matches_the_framework(spec: Spec) -> None:
+    _check_fp32(spec)
+
+
+DESK = [(family, fe) for family, fes in FAMILIES.items() for fe in fes]
+
+
+@pytest.mark.parametrize(("family", "frontend"), DESK, ids=[f"{f}-{fe}" for f, fe in DESK])
+def test_desk_family_in_each_front_end(family: str, frontend: str) -> None:
+    """Every desk layer family cpu.native claims (causal/left padding as each front end
+    writes it, time slices, LayerNorm, GELU, stacked and bidirectional LSTM/GRU, residual
+    blocks, attention, per-step Dense) drawn in every front end that has it, the IR reader
+    and the generated C (fp32) each against the framework — so the fast run covers what
+    the drawn mix of :func:`specs` might miss in a few examples."""
+    @_settings(1, len(DESK) * 4)
+    @given(specs(frontend, family=family))
+    def check(spec: Spec) -> None:
+        assert has_family(spec, family), spec.describe()  # the strategy draws what it says
+        _check_ir(spec, "desk ir")
+        _check_fp32(spec, "desk fp32")
+
+    check()
 
 
 @_settings(2, 10)
@@ -139,6 +175,9 @@ def test_generated_c_int8_within_its_gate(spec: Spec) -> None:
     except UnsupportedError as exc:
         _refused(spec, exc, "int8")
         return
+    except Exception:
+        COUNTS["int8 build failed"] += 1
+        raise
     x = _inputs(spec, 256, spec.seed + 3)
     f = compare(reference(obj, spec, x), cm.predict(x))
     bad = TOLERANCES["quantized"].violations(f)
