@@ -222,7 +222,8 @@ static PyMethodDef methods[] = {{
     HWB_EXT_METHODS{methods}
     {{NULL, NULL, 0, NULL}}}};
 
-static struct PyModuleDef moddef = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, methods}};
+static struct PyModuleDef moddef = {{PyModuleDef_HEAD_INIT, .m_name = "{module}", .m_size = -1,
+                                    .m_methods = methods}};
 
 PyMODINIT_FUNC PyInit_{module}(void) {{ return hwb_ext_module(&moddef); }}
 """
