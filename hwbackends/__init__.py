@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import zoo  # noqa: F401  (registers the "zoo:NAME" model source; light)
 from .compiled import CompiledModel
 from .compiler import compile
+from .context import RunContext
 from .errors import (
     CacheError,
     CompileError,
@@ -44,7 +45,7 @@ def targets() -> dict[str, Target]:
 __all__ = [
     "Artifact", "ArtifactStore", "Availability", "CONTRACT_VERSION", "CacheError", "CompileError",
     "CompileOptions", "CompiledModel", "ConfigError", "Converter", "Executor", "Fidelity",
-    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "Target",
+    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "RunContext", "Target",
     "TensorSpec", "Tolerance", "UnavailableError", "UnknownTargetError", "UnsupportedError",
     "compile", "get_registry", "hookimpl", "load_model", "register_plugin", "targets",
 ]

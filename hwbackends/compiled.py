@@ -9,6 +9,7 @@ from .chunked import as_returned, predict_in_batches, tuple_call
 from .exclusive import lock_for
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
+from .labels import label
 from .sliding import Window, open_window
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io, close_executor
@@ -102,7 +103,7 @@ class CompiledModel:
 
     @property
     def variant(self) -> str:
-        return f"{self.target}:{self.precision}"
+        return label(self.target, self.precision)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -19,15 +19,17 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from . import build_cache, cost, isolate
 from .batchdim import resolve_batch
 from .compiled import CompiledModel
+from .context import Progress, log_progress
 from .errors import CacheError, CompileError, ConfigError, HwbError, UnavailableError, UnsupportedError
 from .fidelity import Fidelity, check_kind, compare, gate_violations, precision_family
+from .labels import label
 from .manifest import Manifest
 from .models import Model, load_model, load_saved
 from .registry import Registry, get_registry
@@ -37,7 +39,6 @@ from .store_prune import keep_within_limit
 from .target import Artifact, CompileOptions, Converter, Target, close_executor
 
 log = logging.getLogger("hwbackends")
-Progress = Callable[[str], None]
 
 
 #: Bumped when the core changes how models travel to the worker or how artifacts are laid out.
@@ -178,7 +179,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     ``logits``; a dict by output name for several), which decides the metrics the fidelity
     gates on; without it the kind is inferred from the reference and ``cm.fidelity`` says so.
     """
-    say = progress or (lambda msg: log.info(msg))
+    say = progress or log_progress
     req = _resolve(CompileRequest(model, target, precision, batch_size, threads, options,
                                   calibration_data, validation_data, registry, limits))
     kinds = _output_kinds(req.m, output_kind)
@@ -267,7 +268,7 @@ class _Request:
     @property
     def what(self) -> str:
         """The build in words, for progress and error messages."""
-        return f"compiling {self.m.name!r} for {self.tgt.name}:{self.opts.precision}"
+        return f"compiling {self.m.name!r} for {label(self.tgt.name, self.opts.precision)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +279,7 @@ class _Run:
     store: ArtifactStore
     isolated: bool
     timeout: float
-    say: Progress
+    progress: Progress
 
 
 def _resolve(ask: CompileRequest) -> _Request:
@@ -344,7 +345,7 @@ def _check_multi_io(m: Model, tgt: Target, prec: str, reg: Registry) -> None:
     if prec in tgt.calibrated and not tgt.multi_io_calibrated:
         able = sorted(f"{n}:{'/'.join(t.calibrated)}" for n, t in reg.targets.items()
                       if t.multi_io_calibrated and t.multi_io)
-        raise UnsupportedError(f"{tgt.name}:{prec} calibrates on one input tensor; {m.name!r} has "
+        raise UnsupportedError(f"{label(tgt.name, prec)} calibrates on one input tensor; {m.name!r} has "
                                f"several inputs/outputs. Use an uncalibrated precision of "
                                f"{tgt.name} ({', '.join(p for p in tgt.precisions if p not in tgt.calibrated)})"
                                f", or a target whose calibrated precisions take several inputs: "
@@ -443,7 +444,7 @@ def _load_cached(req: _Request, run: _Run) -> tuple[Any, Artifact] | None:
     art = man.artifact(st.path_for(key), cached=True)
     if tgt.batch_independent:  # built once for any size: serve this one
         art.batch_size = opts.batch_size
-    run.say(f"{tgt.name}:{opts.precision} cached artifact {key[:12]}")
+    run.progress(f"{label(tgt.name, opts.precision)} cached artifact {key[:12]}")
     try:
         executor = tgt.load(art, opts)
     except Exception as exc:
@@ -534,11 +535,11 @@ def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
     """Build the artifact, load it from staging, store its reload check, commit it. Returns
     the executor (it keeps working after the staging directory is renamed into place)."""
     tgt, chain, opts, st = req.tgt, req.chain, req.opts, run.store
-    run.say(req.what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
+    run.progress(req.what + (" via " + " → ".join(c.name for c in chain) if chain else "") + " …")
     staged = st.stage()
     t0 = time.perf_counter()
     try:
-        with heartbeat(run.say, f"{tgt.name}:{opts.precision} still building"):
+        with heartbeat(run.progress, f"{label(tgt.name, opts.precision)} still building"):
             meta = _run_compile(req, run, staged)
         seconds = time.perf_counter() - t0
         man = _record(req, meta, seconds)
@@ -560,8 +561,8 @@ def _build(req: _Request, run: _Run) -> tuple[Any, Artifact]:
     except BaseException:
         st.discard(staged)
         raise
-    run.say(f"{tgt.name}:{opts.precision} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
-    keep_within_limit(st, run.say)  # HWB_CACHE_MAX_SIZE, when set
+    run.progress(f"{label(tgt.name, opts.precision)} built in {_elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
+    keep_within_limit(st, run.progress)  # HWB_CACHE_MAX_SIZE, when set
     return executor, man.artifact(st.path_for(req.key))
 
 
@@ -570,10 +571,10 @@ HEARTBEAT_FIRST, HEARTBEAT_EVERY = 5.0, 15.0
 
 
 @contextlib.contextmanager
-def heartbeat(say: Progress, what: str, first: float | None = None,
+def heartbeat(progress: Progress, what: str, first: float | None = None,
               every: float | None = None) -> Iterator[None]:
     """While the body runs (a build in the worker: conversion, C++ compile, synthesis),
-    ``say(f"{what}: 20 s elapsed")`` after ``first`` seconds and every ``every`` after."""
+    ``progress(f"{what}: 20 s elapsed")`` after ``first`` seconds and every ``every`` after."""
     first = HEARTBEAT_FIRST if first is None else first
     every = HEARTBEAT_EVERY if every is None else every
     done = threading.Event()
@@ -582,7 +583,7 @@ def heartbeat(say: Progress, what: str, first: float | None = None,
     def beat() -> None:
         wait = first
         while not done.wait(wait):
-            say(f"{what}: {_elapsed(time.monotonic() - t0)} elapsed")
+            progress(f"{what}: {_elapsed(time.monotonic() - t0)} elapsed")
             wait = every
 
     th = threading.Thread(target=beat, name="hwb-build-heartbeat", daemon=True)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
+from .labels import parse_label
 from .registry import unaccepted_precisions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -561,7 +562,7 @@ def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> 
     if allowed and why:
         bad(base + ("precisions",), why)
     if s.pin:
-        tname, prec = s.pin.split(":", 1)
+        tname, prec = parse_label(s.pin)
         if tname not in reg.targets:
             bad(base + ("pin",), f"unknown target {tname!r}; registered: {', '.join(names)}")
         elif tname not in allowed:

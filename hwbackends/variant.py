@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import HwbError
 from .fidelity import Fidelity
+from .labels import label
 
 if TYPE_CHECKING:  # pragma: no cover
     from .compiled import CompiledModel
+    from .registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,9 @@ class VariantRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_compiled(cls, cm: "CompiledModel") -> "VariantRecord":
-        """The record of a variant just compiled (or loaded from the store)."""
+    def from_compiled(cls, cm: "CompiledModel", registry: "Registry | None" = None) -> "VariantRecord":
+        """The record of a variant just compiled (or loaded from the store); ``registry``
+        holds its target (default: the process-wide registry)."""
         d = cm.describe()
         est = d.get("hardware_estimate")
         return cls(variant=cm.variant, target=cm.target, precision=cm.precision,
@@ -73,13 +76,13 @@ class VariantRecord:
                    cached=bool(d.get("cached")), artifact_bytes=d.get("artifact_bytes"),
                    artifact_key=cm.artifact.key, batch_size=cm.batch_size,
                    toolchain=dict(d.get("toolchain") or {}), data=cm.data or None,
-                   hardware_estimate=est, fpga=report_meta(cm.target, d.get("meta") or {}))
+                   hardware_estimate=est, fpga=report_meta(cm.target, d.get("meta") or {}, registry))
 
     @classmethod
     def failed(cls, target: str, precision: str, mode: str, error: str,
                batch_size: int | None = None, **kw: Any) -> "VariantRecord":
         """The record of a variant that was not built (compile error, lost node, ...)."""
-        kw.setdefault("variant", f"{target}:{precision}")
+        kw.setdefault("variant", label(target, precision))
         return cls(target=target, precision=precision, mode=mode, error=error,
                    batch_size=batch_size or 1, **kw)
 
@@ -108,7 +111,7 @@ class VariantRecord:
                               f"re-run `hwb bench` to regenerate the results file")
         known = {f.name for f in fields(cls)} - {"extra"}
         kw = {k: v for k, v in d.items() if k in known and v is not None}
-        kw.setdefault("variant", f"{d['target']}:{d['precision']}")
+        kw.setdefault("variant", label(d["target"], d["precision"]))
         kw.setdefault("mode", "unknown")
         kw["error"] = d.get("error") or None
         if isinstance(d.get("fidelity"), dict):
@@ -119,14 +122,15 @@ class VariantRecord:
         return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
 
 
-def report_meta(target: str, meta: dict[str, Any]) -> dict[str, Any] | None:
+def report_meta(target: str, meta: dict[str, Any],
+                registry: "Registry | None" = None) -> dict[str, Any] | None:
     """What the results row keeps (as ``fpga``) of a variant's artifact metadata for its
     plugin's report sections: ``Target.report_meta``, so the core reads none of a plugin's
     keys. ``None`` for a target not registered here, or a hook that raises or returns
     something other than a dict (logged: a plugin bug must not lose the benchmark)."""
     from .registry import get_registry
 
-    tgt = get_registry().targets.get(target)
+    tgt = (registry or get_registry()).targets.get(target)
     if tgt is None:
         return None
     try:

@@ -45,7 +45,7 @@ def main(out: Path, shared: Path) -> int:
             cluster.remove_node(n3, allow_graceful=False)  # lost mid-run, no goodbye
 
     res = run_fleet("zoo:signal", cluster.address, ["cpu.*", "ref"], ["fp32"],
-                    ["single-stream"], n=200, say=lambda m: print("  ·", m, flush=True),
+                    ["single-stream"], n=200, progress=lambda m: print("  ·", m, flush=True),
                     on_event=on_event, task_timeout=600)
     res.command = "tests/fleet_cluster.py"
     cfg = out / "s.toml"

@@ -25,6 +25,7 @@ from hwbackends.bench import (
     summarize,
 )
 from hwbackends.bench.scenarios import closed_loop, open_loop
+from hwbackends.context import RunContext
 from hwbackends.errors import ConfigError, InputError, UnknownTargetError
 
 
@@ -182,8 +183,8 @@ def test_profile_cache_ignores_edited_planted_and_moved_entries(compiled, tmp_pa
 
 def test_bench_model_and_results_roundtrip(store_dir, tmp_path) -> None:
     res = bench_model("zoo:signal", ["cpu.onnxruntime", "ref"], ["fp32"],
-                      [SingleStream(n=200, warmup=10), Batch(sizes=(1, 4), n=100, warmup=10)],
-                      store=store_dir, progress=False, max_ref_s=0.5)
+                      [SingleStream(n=200, warmup=10), Batch(sizes=(1, 4), n=100, warmup=10)], max_ref_s=0.5,
+                      context=RunContext.at(store_dir), bars=False)
     assert {a["target"] for a in res.availability} == {"cpu.onnxruntime", "ref"}
     assert {v.variant for v in res.variants} == {"cpu.onnxruntime:fp32", "ref:fp32"}
     ort = [p for p in res.profiles if p.target == "cpu.onnxruntime"]
@@ -200,7 +201,7 @@ def test_bench_model_and_results_roundtrip(store_dir, tmp_path) -> None:
     with pytest.raises(ResultsError, match="does not exist"):
         BenchResults.load(tmp_path / "nope.json")
     with pytest.raises(UnknownTargetError, match="matches no registered target"):
-        bench_model("zoo:signal", ["gpu.nothing*"], progress=False)
+        bench_model("zoo:signal", ["gpu.nothing*"], bars=False)
 
 
 def test_pinning() -> None:
@@ -359,7 +360,7 @@ def test_bench_precision_check_takes_what_the_target_accepts(hwb_cli) -> None:
     # what bench_model raises before loading anything for a precision no target takes
     with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none "
                                                r"of fpga.hls4ml; .*also takes any ap_fixed"):
-        bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<99,6>"], progress=False)
+        bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<99,6>"], bars=False)
     # and `hwb targets` says what each target takes beyond the listed precisions
     rc, out, _ = hwb_cli("targets")
     assert rc == 0 and f"also precisions: {hls.precision_rule}" in out
@@ -373,7 +374,7 @@ def test_bench_precision_check_takes_what_the_target_accepts(hwb_cli) -> None:
 def test_bench_builds_an_unlisted_fixed_point_precision(store_dir) -> None:
     """The real run of `hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` (C-simulation build)."""
     res = bench_model("zoo:mlp", ["fpga.hls4ml"], ["ap_fixed<16,6>"],
-                      [SingleStream(n=50, warmup=5)], store=store_dir, progress=False)
+                      [SingleStream(n=50, warmup=5)], context=RunContext.at(store_dir), bars=False)
     if res.availability[0]["mode"] == "unavailable":
         pytest.skip(f"fpga.hls4ml unavailable here: {res.availability[0]['reason']}")
     (v,) = res.variants

@@ -12,6 +12,7 @@ import pytest
 
 from hwbackends.bench import BenchResults, Sliding, measure
 from hwbackends.cli import main
+from hwbackends.context import RunContext
 from hwbackends.errors import UnsupportedError
 
 TARGETS = "cpu.native,cpu.onnxruntime"
@@ -109,7 +110,7 @@ def test_a_model_without_a_window_is_refused_or_skipped(store_dir, tmp_path, cap
     out = tmp_path / "mlp.json"
     with pytest.raises(UnsupportedError, match=r"not windowed.*-s single-stream"):
         from hwbackends.bench import bench_model
-        bench_model("zoo:mlp", ["cpu.onnxruntime"], ["fp32"], [Sliding(n=50)], progress=False)
+        bench_model("zoo:mlp", ["cpu.onnxruntime"], ["fp32"], [Sliding(n=50)], bars=False)
     rc = main(["bench", "zoo:mlp", "-t", "cpu.onnxruntime", "-p", "fp32", "-s", "sliding",
                "-o", str(out), "--cache-dir", str(store_dir), "-q"])
     assert rc != 0
@@ -206,7 +207,7 @@ def test_older_results_without_the_new_fields_still_load(sliding_run, tmp_path) 
 def test_router_sliding_handle_serves_the_ticks_it_was_ranked_by(store_dir, tmp_path) -> None:
     from hwbackends.router import Router
 
-    r = Router.from_config(_strategies(tmp_path), store=store_dir, strategies=["slide"])
+    r = Router.from_config(_strategies(tmp_path), strategies=["slide"], context=RunContext.at(store_dir))
     try:
         d = r.decisions["slide"]
         assert d.scenario == "sliding" and d.chosen.profile.sliding is not None

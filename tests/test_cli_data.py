@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from hwbackends.cli import build_parser, main
+from hwbackends.context import RunContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +170,7 @@ def test_strategy_data_of_the_wrong_shape_names_the_strategy(store_dir, tmp_path
     cfg = tmp_path / "s.toml"
     cfg.write_text(STRATEGIES)
     with pytest.raises(InputError, match=r"strategy 's' validation_data val.npy is an array of shape"):
-        Router.from_config(cfg, store=store_dir)
+        Router.from_config(cfg, context=RunContext.at(store_dir))
 
 
 # -- item 9: build only what can be chosen ----------------------------------------------------
@@ -208,8 +209,9 @@ def test_route_builds_nothing_its_rules_reject(store_dir, tmp_path) -> None:
     cfg = tmp_path / "s.toml"
     cfg.write_text(ROUTE_ALL)
     said: list[str] = []
-    r = Router.from_config(cfg, store=tmp_path / "store", registry=reg,
-                           cache=ProfileCache(tmp_path / "profiles"), progress=said.append)
+    r = Router.from_config(cfg,
+                           context=RunContext.at(tmp_path / "store", progress=said.append,
+                                                 profiles=ProfileCache(tmp_path / "profiles"), registry=reg))
     c = {x.target: x for x in r.decisions["everything"].candidates}
     assert _built(report) == ["fpga.test_batchfree batch 1"]  # neither emulated nor slow built
     assert c["tpu.test_emulated"].status == "rejected" and c["tpu.test_emulated"].cm is None
@@ -219,13 +221,15 @@ def test_route_builds_nothing_its_rules_reject(store_dir, tmp_path) -> None:
     assert any("measuring 1 candidate(s)" in m for m in said)
     # the same again: the profile comes from the cache, and says so
     said.clear()
-    Router.from_config(cfg, store=tmp_path / "store", registry=reg,
-                       cache=ProfileCache(tmp_path / "profiles"), progress=said.append)
+    Router.from_config(cfg,
+                       context=RunContext.at(tmp_path / "store", progress=said.append,
+                                             profiles=ProfileCache(tmp_path / "profiles"), registry=reg))
     assert any("profiles from cache" in m for m in said) and not any("measuring" in m for m in said)
     # a strategy that names them, or ranks emulated latencies, gets them built
     cfg.write_text(ROUTE_ALL.replace('targets = ["*"]', 'targets = ["*", "fpga.*"]\nallow_emulated = true'))
-    Router.from_config(cfg, store=tmp_path / "store", registry=reg,
-                       cache=ProfileCache(tmp_path / "profiles"))
+    Router.from_config(cfg,
+                       context=RunContext.at(tmp_path / "store",
+                                             profiles=ProfileCache(tmp_path / "profiles"), registry=reg))
     assert {"fpga.test_slow batch 1", "tpu.test_emulated batch 1"} <= set(_built(report))
 
 
@@ -235,13 +239,13 @@ def test_bench_leaves_slow_builds_out_of_the_default_set(store_dir, tmp_path) ->
     report = tmp_path / "built"
     reg = _cost_registry(report)
     res = bench_model("zoo:mlp", ["*"], None, [SingleStream(n=20, warmup=2)],
-                      store=tmp_path / "store", progress=False, registry=reg)
+                      context=RunContext.at(tmp_path / "store", registry=reg), bars=False)
     assert "fpga.test_slow batch 1" not in _built(report)
     row = next(a for a in res.availability if a["target"] == "fpga.test_slow")
     assert "not built by default" in row["skipped"] and "--targets fpga.test_slow" in row["skipped"]
     assert "fpga.test_slow:fp32" not in {v.variant for v in res.variants}
     bench_model("zoo:mlp", ["fpga.*"], None, [SingleStream(n=20, warmup=2)],
-                store=tmp_path / "store", progress=False, registry=reg)
+                context=RunContext.at(tmp_path / "store", registry=reg), bars=False)
     assert "fpga.test_slow batch 1" in _built(report)
 
 
@@ -252,7 +256,7 @@ def test_batch_sweep_builds_a_batch_independent_artifact_once(tmp_path) -> None:
     report = tmp_path / "built"
     reg = _cost_registry(report)
     res = bench_model("zoo:mlp", ["fpga.test_batchfree"], None, [Batch(sizes=(1, 4, 8), n=20)],
-                      store=tmp_path / "store", progress=False, registry=reg)
+                      context=RunContext.at(tmp_path / "store", registry=reg), bars=False)
     assert sorted(p.batch_size for p in res.profiles) == [1, 4, 8]
     assert _built(report) == ["fpga.test_batchfree batch 1"]
 

@@ -13,6 +13,7 @@ from legacy_models import numpy_mlp, write_keras2_pair
 
 from hwbackends.cli import build_parser
 from hwbackends.cli.source import model_from_args, parse_shapes
+from hwbackends.context import RunContext
 from hwbackends.errors import ConfigError
 
 X = np.random.default_rng(9).standard_normal((5, 16)).astype(np.float32)
@@ -136,11 +137,11 @@ def test_strategies_toml_takes_the_loading_options(keras2, store_dir, tmp_path):
             f'[strategies.jet]\nmodel = "{js}"\ntier = "t"\ntargets = ["cpu.onnxruntime"]\n'
             'precisions = ["fp32"]\n')
     cfg.write_text(body + f'weights = "{weights}"\n')
-    r = Router.from_config(cfg, store=store_dir)
+    r = Router.from_config(cfg, context=RunContext.at(store_dir))
     try:
         np.testing.assert_allclose(r.predict("jet", X), numpy_mlp(X, ws), rtol=1e-4, atol=1e-5)
     finally:
         r.close()
     cfg.write_text(body + 'weights = "missing.h5"\n')
     with pytest.raises(ConfigError, match="weights file .*missing.h5 does not exist"):
-        Router.from_config(cfg, store=store_dir)
+        Router.from_config(cfg, context=RunContext.at(store_dir))

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hwbackends.context import RunContext
 from hwbackends.errors import ConfigError, InputError, UnsupportedError
 from hwbackends.export import export
 from hwbackends.export.measurements import Measured, SizeCost, plan, read_measurements
@@ -80,8 +81,8 @@ def measured_file(tmp_path_factory, zoo_model, store_dir) -> Path:
     from hwbackends.bench.scenarios import Batch
 
     res = bench_model(zoo_model("two_head"), ["cpu.litert", "cpu.onnxruntime"], ["fp32"],
-                      [Batch(sizes=(1, 4, 16), n=200, max_s=0.5, warmup=20)], store=store_dir,
-                      progress=False)
+                      [Batch(sizes=(1, 4, 16), n=200, max_s=0.5, warmup=20)],
+                      context=RunContext.at(store_dir), bars=False)
     res.command = "bench_model(two_head, cpu.litert+cpu.onnxruntime, batch 1/4/16) in tests/test_export.py"
     return res.save(tmp_path_factory.mktemp("export-results") / "r.json")
 
@@ -205,7 +206,7 @@ def test_triton_python_backend_xla(zoo_model, store_dir, tmp_path, pylibs):
 
     m = zoo_model("two_head")
     res = bench_model(m, ["tpu.xla"], ["fp32"], [Batch(sizes=(1, 4), n=100, max_s=0.3, warmup=10)],
-                      store=store_dir, progress=False)
+                      context=RunContext.at(store_dir), bars=False)
     results = res.save(tmp_path / "r.json")
     export(m, "tpu.xla", "triton", tmp_path / "repo", results=results, store=store_dir)
     root = tmp_path / "repo" / "two_head"
@@ -410,8 +411,8 @@ def test_every_cpu_variant_of_the_zoo_exports(name, zoo_model, store_dir, tmp_pa
 
     m = zoo_model(name)
     res = bench_model(m, ["cpu.litert", "cpu.onnxruntime"], None,
-                      [Batch(sizes=(1, 4), n=100, max_s=0.3, warmup=10)], store=store_dir,
-                      progress=False)
+                      [Batch(sizes=(1, 4), n=100, max_s=0.3, warmup=10)],
+                      context=RunContext.at(store_dir), bars=False)
     results = res.save(tmp_path / "r.json")
     variants = sorted({p.variant for p in res.profiles})
     if m.format == "keras":

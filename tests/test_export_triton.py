@@ -117,12 +117,14 @@ def repository(tmp_path_factory, zoo_model, store_dir) -> tuple[Path, object]:
     machine as on a loaded one (1.5 ms was not: a quiet CI machine served the whole burst)."""
     from hwbackends.bench.harness import bench_model
     from hwbackends.bench.scenarios import Batch
+    from hwbackends.context import RunContext
     from hwbackends.export import export
 
     m = zoo_model("two_head")
     d = tmp_path_factory.mktemp("triton-export")
     res = bench_model(m, ["cpu.litert"], ["fp32"], [Batch(sizes=(1, 4, 16), n=300, max_s=0.5,
-                                                          warmup=20)], store=store_dir, progress=False)
+                                                          warmup=20)],
+                                                          context=RunContext.at(store_dir), bars=False)
     res.command = "bench_model(two_head, cpu.litert:fp32, batch 1/4/16) in tests/test_export_triton.py"
     results = res.save(d / "r.json")
     cfg = d / "strategies.toml"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hwbackends.bench import BenchResults
+from hwbackends.context import RunContext
 from hwbackends.fleet import netns
 from hwbackends.fleet.resources import advertised, resource_name, target_of
 
@@ -297,7 +298,7 @@ def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> No
     from hwbackends.bench import BenchResults, SingleStream, bench_model
 
     res = bench_model("zoo:two_head", ["cpu.onnxruntime"], ["fp32"],
-                      [SingleStream(n=200, warmup=10)], store=store_dir, progress=False)
+                      [SingleStream(n=200, warmup=10)], context=RunContext.at(store_dir), bars=False)
     cfg = tmp_path / "s.toml"
     cfg.write_text('[tiers.t]\np99_us = 100000\n\n[strategies.s]\nmodel = "zoo:two_head"\n'
                    'tier = "t"\ntargets = ["cpu.onnxruntime"]\nfidelity = { corr_min = 0.99 }\n')

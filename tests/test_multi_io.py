@@ -15,6 +15,7 @@ import pytest
 
 import hwbackends as hwb
 from hwbackends.config import FidelityConfig
+from hwbackends.context import RunContext
 from hwbackends.errors import InputError, UnsupportedError
 from hwbackends.inputs import as_batches
 from hwbackends.packing import Layout, Packed
@@ -544,7 +545,7 @@ def _config(tmp_path, extra=""):
 def test_router_plans_and_routes_tuples(tmp_path, store_dir, two_head, served_data, extra):
     from hwbackends.router import Router
 
-    r = Router.from_config(_config(tmp_path, extra), store=store_dir)
+    r = Router.from_config(_config(tmp_path, extra), context=RunContext.at(store_dir))
     try:
         d = r.decisions["s"]
         assert {c.status for c in d.candidates} <= {"chosen", "candidate", "fallback"}, r.explain()
@@ -567,7 +568,7 @@ def test_router_strategy_is_served_by_the_engine_packed(tmp_path, store_dir, two
     from hwbackends.router import Router
     from hwbackends.serve import Engine, EngineConfig, RouterStrategy
 
-    r = Router.from_config(_config(tmp_path), store=store_dir)
+    r = Router.from_config(_config(tmp_path), context=RunContext.at(store_dir))
     try:
         rs = RouterStrategy(r, "s")
         assert rs.multi_io
@@ -587,7 +588,7 @@ def test_bench_measures_multi_io_variants(served, two_head, store_dir):
     prof = measure(served, SingleStream(n=200, warmup=10))
     assert prof.n == 200 and 0 < prof.p50_us <= prof.p99_us
     res = bench_model(two_head, ["cpu.onnxruntime"], ["fp32"], [SingleStream(n=100, warmup=10)],
-                      store=store_dir, progress=False)
+                      context=RunContext.at(store_dir), bars=False)
     assert [p.variant for p in res.profiles] == ["cpu.onnxruntime:fp32"]
     assert res.profiles[0].fidelity and res.profiles[0].fidelity.get("outputs")
 

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from hwbackends.bench import Batch, BenchResults, Burst, Server, SingleStream, bench_model
+from hwbackends.context import RunContext
 from hwbackends.report import write_report
 from hwbackends.units import fmt_us
 
@@ -43,10 +44,10 @@ def results(store_dir, tmp_path_factory) -> BenchResults:
     res = bench_model("zoo:signal", ["cpu.onnxruntime", "ref"], ["fp32"],
                       [SingleStream(n=300, warmup=20), Server(rate_hz=1000, n=200, warmup=20),
                        Burst(duration_s=0.4, seed=2, warmup=20), Batch(sizes=(1, 4), n=200, warmup=10)],
-                      store=store_dir, progress=False, max_ref_s=0.3)
+                      max_ref_s=0.3, context=RunContext.at(store_dir), bars=False)
     cfg = tmp_path_factory.mktemp("cfg") / "s.toml"
     cfg.write_text(CONFIG)
-    router = Router.from_config(cfg, store=store_dir, strict=False)
+    router = Router.from_config(cfg, strict=False, context=RunContext.at(store_dir))
     res.routing = [d.to_dict() for d in router.decisions.values()]
     return res
 

@@ -17,6 +17,7 @@ import pytest
 
 import hwbackends as hwb
 from hwbackends.bench import ProfileCache, SingleStream, measure
+from hwbackends.context import RunContext
 from hwbackends.router import NoRouteError, Router
 from hwbackends.specs import Availability
 from hwbackends.target import Target
@@ -137,8 +138,8 @@ fidelity = {{ corr_min = 0.999, max_abs = 1e-3 }}
 
 
 def _router(tmp_path: Path, store_dir: Path, targets: list[str], **kw: Any) -> Router:
-    return Router.from_config(_config(tmp_path, targets, **kw), store=store_dir,
-                              cache=ProfileCache(tmp_path / "profiles"))
+    return Router.from_config(_config(tmp_path, targets, **kw),
+                              context=RunContext.at(store_dir, profiles=ProfileCache(tmp_path / "profiles")))
 
 
 def _drive(f, x: np.ndarray, out: np.ndarray, until, timeout_s: float = 5.0) -> None:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hwbackends.config import RouterConfig
 from hwbackends.router import Lane, NoRouteError
 from hwbackends.specs import TensorSpec
 
@@ -45,7 +46,7 @@ def _lane(clock: dict[str, float], bench: dict[str, float], **kw) -> Lane:
     order = [SimpleNamespace(variant=n, mode="hardware", cm=_Fake(clock, n), p99_us=p)
              for n, p in bench.items()]
     opts = dict(window=100, sample_every=1, switch_after=2, retry_after_s=0.05)
-    return Lane("s", order, 100.0, **(opts | kw))
+    return Lane("s", order, 100.0, RouterConfig(**(opts | kw)))
 
 
 def _drive(lane: Lane, seconds: float) -> None:

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from hwbackends.context import RunContext
 from hwbackends.fidelity import Tolerance
 from hwbackends.serve import Engine, EngineConfig, SwapError, Unavailable
 
@@ -169,7 +170,9 @@ targets = ["cpu.litert"]
 precisions = ["fp32"]
 fidelity = { corr_min = 0.9999, max_abs = 1e-4 }
 """)
-    router = Router.from_config(cfg, store=store_dir, cache=ProfileCache(tmp_path / "profiles"))
+    router = Router.from_config(cfg,
+                                context=RunContext.at(store_dir,
+                                                      profiles=ProfileCache(tmp_path / "profiles")))
     rs = RouterStrategy(router, "mom")
     assert rs.tolerance.max_abs == 1e-4
     lit = compiled("signal", "cpu.litert")

@@ -29,6 +29,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the test
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from hwbackends.config import RouterConfig  # noqa: E402
 from hwbackends.router import Lane, NoRouteError  # noqa: E402
 from hwbackends.serve import BatchPolicy, Engine, EngineConfig, Unavailable  # noqa: E402
 
@@ -191,8 +192,9 @@ def test_engine_every_answer_is_its_own(world, case):
 def _lane(world: Any, flaky: Flaky, timeout_us: float | None) -> Lane:
     order = [SimpleNamespace(variant=flaky.variant, mode="hardware", cm=flaky),
              SimpleNamespace(variant="cpu.litert:fp32", mode="hardware", cm=world.lit)]
-    return Lane("stress", order, budget_us=1e9, window=64, breaker_failures=2,
-                retry_after_s=0.005, timeout_us=timeout_us)
+    return Lane("stress", order, 1e9, RouterConfig(window=64, breaker_failures=2,
+                                                   retry_after_s=0.005, sample_every=1),
+                timeout_us=timeout_us)
 
 
 def run_lane_direct(world: Any, calls: int, fail_every: int, stall_every: int,

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from hwbackends.breaker import Breaker, BreakerState
+from hwbackends.config import MAX_COUNT, RouterConfig
 from hwbackends.errors import InputError
 from hwbackends.router import Lane, NoRouteError
 from hwbackends.serve import Engine, EngineConfig, Unavailable
@@ -124,7 +125,9 @@ def test_lane_with_timeout_never_returns_another_calls_reply(compiled, xs):
                                                 output=lit.output, inputs=lit.inputs,
                                                 outputs=lit.outputs, batch_size=1)),
              SimpleNamespace(variant="onnxruntime", mode="hardware", cm=onx)]
-    lane = Lane("s", order, budget_us=1e9, breaker_failures=10**9, timeout_us=2000, window=10**9)
+    # no breaker trip and no window end within the test: the settings' largest values
+    lane = Lane("s", order, 1e9, RouterConfig(breaker_failures=MAX_COUNT, window=MAX_COUNT),
+                timeout_us=2000)
     out = np.zeros((1, 1), np.float32)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

@@ -12,7 +12,9 @@ import numpy as np
 
 from ..chunked import public
 from ..compiler import compile as hwb_compile
+from ..context import Progress, RunContext
 from ..errors import HwbError, UnsupportedError
+from ..labels import label
 from ..registry import (
     precisions_to_build,
     safe_probe,
@@ -28,7 +30,7 @@ from .results import BenchResults
 from .scenarios import (
     Batch,
     Burst,
-    Progress,
+    ProgressBar,
     Scenario,
     Server,
     SingleStream,
@@ -44,10 +46,8 @@ from .scenarios import (
 if TYPE_CHECKING:  # pragma: no cover
     from ..compiled import CompiledModel
     from ..models import Model
-    from ..registry import Registry
 
 log = logging.getLogger("hwbackends.bench")
-Say = Callable[[str], None]
 
 
 @contextlib.contextmanager
@@ -100,12 +100,13 @@ def output_buffer(cm: "CompiledModel", batch: int) -> Any:
 
 def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
             batch_size: int | None = None, pin: Sequence[int] | None = None,
-            progress: bool = False, predict_into: Callable[..., None] | None = None) -> LatencyProfile:
+            bars: bool = False, predict_into: Callable[..., None] | None = None) -> LatencyProfile:
     """Measure ``cm`` in ``scenario`` and return its profile. ``batch_size`` only applies to
-    variants without a static batch (others run at their compiled batch). ``predict_into``
-    overrides the callable timed (the router's own dispatch, in its overhead benchmark)."""
+    variants without a static batch (others run at their compiled batch). ``bars``: a live
+    progress bar on stderr. ``predict_into`` overrides the callable timed (the router's own
+    dispatch, in its overhead benchmark)."""
     if isinstance(scenario, Sliding):
-        return measure_sliding(cm, scenario, data, pin, progress)
+        return measure_sliding(cm, scenario, data, pin, bars)
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     xs = input_set(data, cm, batch)
     out = output_buffer(cm, batch)
@@ -116,7 +117,7 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
     affinity: dict[str, Any] | None = None
     with pinned(pin):
         if isinstance(scenario, (SingleStream, Batch)):
-            bar = Progress(label, scenario.n, progress)
+            bar = ProgressBar(label, scenario.n, bars)
             t: Timing = closed_loop(fn, xs, out, scenario.n, scenario.max_s, scenario.warmup, bar)
         elif isinstance(scenario, (Server, Burst)):
             if isinstance(scenario, Server):
@@ -125,7 +126,7 @@ def measure(cm: "CompiledModel", scenario: Scenario, data: Any = None,
                 trace = scenario.load()
                 trace_info = trace.describe()
                 arrivals, total = trace.timestamps, len(trace)
-            bar = Progress(label, total, progress)
+            bar = ProgressBar(label, total, bars)
             # The measured thread on a core of its own when there are two and no --pin says
             # otherwise; the same loop over a no-op, same arrivals, right after: the floor.
             with open_loop_cores(pin) as affinity:
@@ -211,7 +212,7 @@ def step_set(data: Any, cm: "CompiledModel", k: int = 4096) -> list[np.ndarray]:
 
 
 def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
-                    pin: Sequence[int] | None = None, progress: bool = False) -> LatencyProfile:
+                    pin: Sequence[int] | None = None, bars: bool = False) -> LatencyProfile:
     """The sliding scenario of ``cm`` (:func:`~.scenarios.sliding_loop`): the profile's
     percentiles are ``push_into``'s; ``sliding`` holds the form, the prepare's and the full
     window's figures from the same run. A model without a window is refused
@@ -224,7 +225,7 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
     out_step = np.zeros(tuple(cm.output.shape), np.float32)
     xs = input_set(data, cm, cm.batch_size)
     out = output_buffer(cm, cm.batch_size)
-    bar = Progress(f"{cm.variant} sliding ({window.form})", scenario.n, progress)
+    bar = ProgressBar(f"{cm.variant} sliding ({window.form})", scenario.n, bars)
     with pinned(pin):
         t = sliding_loop(window.push_into, window.prepare, cm.predict_into, steps, out_step,
                          xs, out, scenario.n, scenario.max_s, scenario.warmup, scenario.rounds,
@@ -253,53 +254,57 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
 
 def cached_measure(cm: "CompiledModel", scenario: Scenario, cache: ProfileCache | None,
                    data: Any = None, pin: Sequence[int] | None = None,
-                   progress: bool = False, refresh: bool = False,
+                   bars: bool = False, reuse: bool = True,
                    batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
-    """:func:`measure` through the profile cache: ``(profile, was_cached)``."""
+    """:func:`measure` through the profile cache: ``(profile, was_cached)``. ``reuse``: a
+    cached profile of the same artifact, machine, scenario, batch and pinning stands for the
+    measurement; otherwise it is measured, and the fresh profile (unless interrupted) is
+    kept for the next run either way."""
     batch = cm.batch_size if (cm.static_batch or batch_size is None) else batch_size
     key = profile_key(cm.artifact.key, machine_mod.fingerprint()["id"], scenario.key(), batch,
                       list(pin) if pin else None)
-    if cache is not None and not refresh:
+    if cache is not None and reuse:
         hit = cache.get(key)
         if hit is not None:
             hit.fidelity = cm.fidelity.to_dict() if cm.fidelity else hit.fidelity
             return hit, True
-    prof = measure(cm, scenario, data, batch_size, pin, progress)
+    prof = measure(cm, scenario, data, batch_size, pin, bars)
     if cache is not None and not prof.interrupted:
         cache.put(key, prof)
     return prof, False
 
 
 def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, rounds: int = 5,
-                        cache: ProfileCache | None = None, refresh: bool = False,
-                        data: Any = None, say: Say | None = None,
+                        cache: ProfileCache | None = None, reuse: bool = True,
+                        data: Any = None, progress: Progress | None = None,
                         what: str = "") -> list[tuple[LatencyProfile, bool]]:
     """Single-stream profiles of several variants measured *interleaved*: ``rounds`` rounds,
     each running every variant for ``n / rounds`` calls, samples pooled per variant. Machine
     noise (another process, a frequency change) then falls on all candidates alike instead of
     on whichever was measured at the wrong moment, which is what a ranking needs. Variants
-    with a cached profile are not re-measured (unless ``refresh``). ``say`` hears which:
-    ``"WHAT: profiles from cache (3)"`` or ``"WHAT: measuring 2 candidate(s) interleaved …"``."""
+    with a cached profile are not re-measured (unless ``reuse`` is false). ``progress``
+    hears which: ``"WHAT: profiles from cache (3)"`` or ``"WHAT: measuring 2 candidate(s)
+    interleaved …"``."""
     fp = machine_mod.fingerprint()
     keys = [profile_key(cm.artifact.key, fp["id"], scenario.key() | {"rounds": rounds},
                         cm.batch_size) for cm in cms]
     out: list[tuple[LatencyProfile, bool] | None] = [None] * len(cms)
     todo = []
     for i, (cm, key) in enumerate(zip(cms, keys, strict=True)):
-        hit = None if (cache is None or refresh) else cache.get(key)
+        hit = cache.get(key) if (cache is not None and reuse) else None
         if hit is not None:
             hit.fidelity = cm.fidelity.to_dict() if cm.fidelity else hit.fidelity
             out[i] = (hit, True)
         else:
             todo.append(i)
-    if say is not None:
+    if progress is not None:
         hits = len(cms) - len(todo)
         pre = f"{what}: " if what else ""
         if not todo:
-            say(f"{pre}profiles from cache ({hits} candidate(s), this machine, same artifacts)")
+            progress(f"{pre}profiles from cache ({hits} candidate(s), this machine, same artifacts)")
         else:
-            say(f"{pre}measuring {len(todo)} candidate(s) interleaved ({scenario.n} calls each in "
-                f"{rounds} rounds)" + (f"; {hits} profile(s) from cache" if hits else ""))
+            progress(f"{pre}measuring {len(todo)} candidate(s) interleaved ({scenario.n} calls "
+                     f"each in {rounds} rounds)" + (f"; {hits} profile(s) from cache" if hits else ""))
     if todo:
         per = max(scenario.n // rounds, 1)
         bufs = {i: (input_set(data, cms[i], cms[i].batch_size),
@@ -337,27 +342,58 @@ def measure_interleaved(cms: list["CompiledModel"], scenario: SingleStream, roun
     return [o for o in out if o is not None]
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchRun:
+    """What every variant of one :func:`bench_model` call is built and measured with: the
+    run's context, the loaded model, its sample inputs and the call's own choices (pinning,
+    progress bars, profile reuse, the data every compile gets)."""
+
+    ctx: RunContext
+    model: "Model"
+    data: Any
+    pin: Sequence[int] | None = None
+    bars: bool = True
+    reuse_profiles: bool = False
+    calibration_data: Any = None
+    validation_data: Any = None
+
+    def compile(self, target: str, precision: str, batch_size: int | None = None) -> "CompiledModel":
+        """The variant, compiled (or loaded from the store) in this run's context."""
+        return hwb_compile(self.model, target, precision, batch_size=batch_size,
+                           store=self.ctx.store, progress=self.ctx.progress,
+                           registry=self.ctx.registry, calibration_data=self.calibration_data,
+                           validation_data=self.validation_data)
+
+    def measure(self, cm: "CompiledModel", sc: Scenario,
+                batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
+        """``cm`` in ``sc`` through the run's profile cache (:func:`cached_measure`)."""
+        return cached_measure(cm, sc, self.ctx.profiles, self.data, self.pin, self.bars,
+                              self.reuse_profiles, batch_size)
+
+
 def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequence[str] | None = None,
-                scenarios: Sequence[Scenario] = (SingleStream(),), *, store: Any = None,
-                pin: Sequence[int] | None = None, progress: bool = True,
-                cache: ProfileCache | None = None, use_cache: bool = False,
-                say: Say | None = None, registry: "Registry | None" = None,
+                scenarios: Sequence[Scenario] = (SingleStream(),), *,
+                context: RunContext | None = None, pin: Sequence[int] | None = None,
+                bars: bool = True, reuse_profiles: bool = False,
                 max_ref_s: float | None = 3.0, results: BenchResults | None = None,
                 calibration_data: Any = None, validation_data: Any = None) -> BenchResults:
     """Compile ``model`` on every matching, available target × precision and measure each
     variant in each scenario. Failures (compile errors, unavailable targets) are recorded with
     their reason, never raised. Ctrl-C stops the run and returns what was measured
-    (``results.interrupted``). ``max_ref_s`` caps each scenario's time on the slow ``ref``
-    target (the source framework; a baseline, not a contender). A slow-to-build target
-    (``Target.slow_compile``) matched only by ``*`` is listed, not built
-    (:func:`~hwbackends.registry.slow_unless_named`). ``calibration_data`` and
-    ``validation_data`` go to every compile (see :func:`hwbackends.compile`); where the data
-    came from is each variant row's ``data`` and ``results.data``."""
+    (``results.interrupted``). ``context`` gives the store, registry, profile cache and
+    progress callback (default :class:`~hwbackends.context.RunContext`: no profile cache);
+    with a profile cache, every fresh profile is kept in it, and ``reuse_profiles`` lets a
+    cached one stand for a new measurement. ``bars``: live progress bars on stderr.
+    ``max_ref_s`` caps each scenario's time on the slow ``ref`` target (the source framework;
+    a baseline, not a contender). A slow-to-build target (``Target.slow_compile``) matched
+    only by ``*`` is listed, not built (:func:`~hwbackends.registry.slow_unless_named`).
+    ``calibration_data`` and ``validation_data`` go to every compile (see
+    :func:`hwbackends.compile`); where the data came from is each variant row's ``data`` and
+    ``results.data``."""
     from ..models import load_model
-    from ..registry import get_registry
 
-    say = say or (lambda msg: log.info(msg))
-    reg = registry or get_registry()
+    ctx = context or RunContext()
+    say, reg = ctx.progress, ctx.registry
     names = select_targets(reg, targets)
     skipped = slow_unless_named(reg, names, targets)
     if precisions:  # Target.accepts: `-p 'ap_fixed<16,6>'` builds on fpga.hls4ml, listed or not
@@ -378,7 +414,8 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     if any(isinstance(sc, (Server, Burst)) for sc in scenarios) and "open_loop" not in res.machine:
         with open_loop_cores(pin) as where:  # what each open-loop row's ``affinity`` will say
             res.machine = {**res.machine, "open_loop": where}
-    data = m.representative(256, seed=2)
+    run = BenchRun(ctx, m, m.representative(256, seed=2), pin, bars, reuse_profiles,
+                   calibration_data, validation_data)
     try:
         for name in names:
             tgt = reg.targets[name]
@@ -393,52 +430,36 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 say(f"{name}: unavailable ({avail['reason']})")
                 continue
             for prec in precisions_to_build(tgt, precisions):
-                variant = f"{name}:{prec}"
                 try:
-                    cm = hwb_compile(m, name, prec, store=store, progress=say,
-                                     calibration_data=calibration_data,
-                                     validation_data=validation_data, registry=reg)
+                    cm = run.compile(name, prec)
                 except HwbError as exc:
-                    say(f"{variant}: {type(exc).__name__}: {exc}")
+                    say(f"{label(name, prec)}: {type(exc).__name__}: {exc}")
                     res.variants.append(VariantRecord.failed(name, prec, avail["mode"],
                                                              f"{type(exc).__name__}: {exc}"))
                     continue
-                res.variants.append(VariantRecord.from_compiled(cm))
+                res.variants.append(VariantRecord.from_compiled(cm, reg))
                 note_data(res, cm.data)
                 for sc in scenarios:
                     if name == "ref" and max_ref_s is not None:
                         sc = dataclasses.replace(sc, max_s=min(sc.max_s, max_ref_s))
                     if isinstance(sc, Batch):
-                        _sweep(res, m, cm, sc, data, store, pin, progress, cache, use_cache, say,
-                               calibration_data, validation_data, reg)
-                        continue
-                    _one(res, cm, sc, data, pin, progress, cache, use_cache, say)
+                        _sweep(res, run, cm, sc)
+                    else:
+                        _one(res, run, cm, sc)
     except KeyboardInterrupt:
         res.interrupted = True
         say("interrupted: keeping what was measured")
     return res
 
 
-def _one(res: BenchResults, cm: "CompiledModel", sc: Scenario, data: Any,
-         pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None, use_cache: bool,
-         say: Say) -> None:
-    """One variant in one (non-batch) scenario, through the profile cache when asked."""
-    prof, hit = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress)
+def _one(res: BenchResults, run: BenchRun, cm: "CompiledModel", sc: Scenario) -> None:
+    """One variant in one (non-batch) scenario."""
+    prof, hit = run.measure(cm, sc)
     if hit:
-        say(f"{cm.variant} {sc.name}: profile from cache (this machine, same artifact)")
-    if cache is not None and not use_cache and not prof.interrupted:
-        cached_measure_store(cache, cm, sc, pin, prof)
+        run.ctx.progress(f"{cm.variant} {sc.name}: profile from cache (this machine, same artifact)")
     res.profiles.append(prof)
     if prof.interrupted:
         raise KeyboardInterrupt
-
-
-def cached_measure_store(cache: ProfileCache, cm: "CompiledModel", sc: Scenario,
-                         pin: Sequence[int] | None, prof: LatencyProfile) -> None:
-    """Record a fresh profile so the router's next start reuses it."""
-    key = profile_key(cm.artifact.key, machine_mod.fingerprint()["id"], sc.key(), prof.batch_size,
-                      list(pin) if pin else None)
-    cache.put(key, prof)
 
 
 def note_data(res: BenchResults, data: dict[str, Any]) -> None:
@@ -451,10 +472,7 @@ def note_data(res: BenchResults, data: dict[str, Any]) -> None:
                 "calibration": cur.get("calibration") or data.get("calibration")}
 
 
-def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, data: Any,
-           store: Any, pin: Sequence[int] | None, progress: bool, cache: ProfileCache | None,
-           use_cache: bool, say: Say, calibration_data: Any = None,
-           validation_data: Any = None, registry: "Registry | None" = None) -> None:
+def _sweep(res: BenchResults, run: BenchRun, base_cm: "CompiledModel", sc: Batch) -> None:
     """The batch scenario: one profile per batch size (static-batch targets compile a variant
     per size, cached artifacts like any other; a ``batch_independent`` target's one build
     serves every size, so its precision search is not run again)."""
@@ -463,20 +481,14 @@ def _sweep(res: BenchResults, m: "Model", base_cm: "CompiledModel", sc: Batch, d
             cm = base_cm
         else:
             try:
-                cm = hwb_compile(m, base_cm.target, base_cm.precision, batch_size=size, store=store,
-                                 progress=say, calibration_data=calibration_data,
-                                 validation_data=validation_data, registry=registry)
+                cm = run.compile(base_cm.target, base_cm.precision, batch_size=size)
             except HwbError as exc:
-                say(f"{base_cm.variant} batch {size}: {type(exc).__name__}: {exc}")
+                run.ctx.progress(f"{base_cm.variant} batch {size}: {type(exc).__name__}: {exc}")
                 res.variants.append(VariantRecord.failed(base_cm.target, base_cm.precision,
                                                          base_cm.mode.value,
                                                          f"{type(exc).__name__}: {exc}", size))
                 continue
-        prof, _ = cached_measure(cm, sc, cache if use_cache else None, data, pin, progress,
-                                 batch_size=size)
-        if cache is not None and not use_cache and not prof.interrupted:
-            cached_measure_store(cache, cm, sc, pin, prof)
+        prof, _ = run.measure(cm, sc, batch_size=size)
         res.profiles.append(prof)
         if prof.interrupted:
             raise KeyboardInterrupt
-

@@ -159,7 +159,7 @@ def parse(spec: str) -> Scenario:
 
 
 # -- progress ---------------------------------------------------------------------------------
-class Progress:
+class ProgressBar:
     """A one-line progress indicator on stderr, redrawn at most 5 times a second. It is
     drawn between calls, never inside a timed region."""
 
@@ -209,7 +209,7 @@ def _warm(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int) -> None:
 
 
 def closed_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int, max_s: float,
-                warmup: int = 0, progress: Progress | None = None) -> Timing:
+                warmup: int = 0, bar: ProgressBar | None = None) -> Timing:
     """``n`` calls back to back (stopping early after ``max_s``)."""
     _warm(fn, xs, out, warmup)
     clock = time.perf_counter_ns
@@ -229,8 +229,8 @@ def closed_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int, max_s
             lat[i] = clock() - t0
             i += 1
             if not i & 255:
-                if progress:
-                    progress.update(i)
+                if bar:
+                    bar.update(i)
                 if clock() > stop:
                     break
     except KeyboardInterrupt:
@@ -242,7 +242,7 @@ def closed_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int, max_s
 
 
 def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.ndarray,
-              max_s: float, warmup: int = 0, progress: Progress | None = None) -> Timing:
+              max_s: float, warmup: int = 0, bar: ProgressBar | None = None) -> Timing:
     """Requests arrive at ``arrivals_s`` (seconds from the start) whatever the variant does;
     one server takes them in order. Latency = completion − *scheduled* arrival."""
     _warm(fn, xs, out, warmup)
@@ -279,8 +279,8 @@ def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.
             svc[i] = t1 - t0
             i += 1
             if not i & 63:
-                if progress:
-                    progress.update(i)
+                if bar:
+                    bar.update(i)
                 if t1 > stop:
                     break
     except KeyboardInterrupt:
@@ -330,7 +330,7 @@ class SlidingTiming:
 def sliding_loop(push: Fn, prepare: Callable[[], None], full: Fn, steps: Sequence[np.ndarray],
                  out_step: np.ndarray, xs: Sequence[np.ndarray], out: np.ndarray, n: int,
                  max_s: float, warmup: int = 0, rounds: int = 5,
-                 progress: Progress | None = None) -> SlidingTiming:
+                 bar: ProgressBar | None = None) -> SlidingTiming:
     """``rounds`` rounds of: ``n / rounds`` ticks (``push(steps[i], out_step)`` timed, then
     ``prepare()`` timed apart), then ``n / rounds`` full windows (``full(xs[j], out)``).
     ``steps`` are cycled, so every tick pushes a new step, not one repeated."""
@@ -387,8 +387,8 @@ def sliding_loop(push: Fn, prepare: Callable[[], None], full: Fn, steps: Sequenc
                 f += 1
                 if t1 > half + share:
                     break
-            if progress:
-                progress.update(i)
+            if bar:
+                bar.update(i)
             if clock() > stop:
                 break
     except KeyboardInterrupt:

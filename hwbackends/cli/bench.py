@@ -15,6 +15,7 @@ from .source import add_source_args, calibration_from_args, model_from_args
 if TYPE_CHECKING:  # pragma: no cover
     from ..bench import BenchResults
     from ..config import StrategiesFile
+    from ..registry import Registry
 
 
 #: ``-t a,b -t c`` as one list (a comma inside ``<...>`` stays: ``-p 'ap_fixed<16,6>'``).
@@ -103,12 +104,15 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..bench import BenchResults, ProfileCache, bench_model, parse
+    from ..context import RunContext
+    from ..context import quiet as quiet_progress
 
     scenarios = [parse(s) for s in (args.scenario or ["single-stream"])]
     if args.n:
         scenarios = [replace(s, n=args.n) if hasattr(s, "n") else s for s in scenarios]
     quiet = args.quiet or args.json
-    say = (lambda m: None) if quiet else stderr_progress
+    ctx = RunContext.at(args.cache_dir, progress=quiet_progress if quiet else stderr_progress,
+                        profiles=ProfileCache())
     # Filled in place by bench_model: once the model is loaded (res.model set), the results
     # file is written however the run ends — done, Ctrl-C, or an error.
     res = BenchResults(model={}, machine={})
@@ -120,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = model_from_args(args)
         bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
-                    scenarios, store=args.cache_dir, pin=args.pin,
-                    progress=not quiet, cache=ProfileCache(), use_cache=args.use_cache,
-                    say=say, results=res, calibration_data=calibration_from_args(args, model))
+                    scenarios, context=ctx, pin=args.pin, bars=not quiet,
+                    reuse_profiles=args.use_cache, results=res,
+                    calibration_data=calibration_from_args(args, model))
         if cfg is not None and not res.interrupted:
-            res.routing = route_measured(res, cfg)
+            res.routing = route_measured(res, cfg, ctx.registry)
     except BaseException:
         if res.model:
             res.interrupted = True
@@ -157,14 +161,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def route_measured(res: "BenchResults", cfg: "StrategiesFile") -> list[dict[str, Any]]:
+def route_measured(res: "BenchResults", cfg: "StrategiesFile", reg: "Registry") -> list[dict[str, Any]]:
     """The routing of ``cfg``'s strategies from ``res`` itself: the router's policy on the
     variant records and single-stream profiles this run wrote, so the routing in the results
     file is the one its own profiles imply (a re-measure would disagree with them)."""
-    from ..registry import get_registry
     from ..router.plan import decide_from_results
 
-    reg = get_registry()
     return routing_rows(res, cfg, [decide_from_results(res, name, s, cfg, reg)
                                    for name, s in cfg.strategies.items()])
 

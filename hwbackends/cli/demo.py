@@ -18,11 +18,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import CACHE_DIR_HELP, emit, stderr_progress
 from .bench import routing_rows
 from .source import add_data_args, calibration_from_args, model_from_args
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..context import RunContext
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "strategies.toml"
 
@@ -53,12 +56,13 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench import Batch, Burst, ProfileCache, Server, SingleStream, bench_model
     from ..config import load_config
+    from ..context import RunContext, quiet
     from ..machine import describe
     from ..report import write_report
     from ..router import Router
 
     t_start = time.monotonic()
-    say = (lambda m: None) if args.json else stderr_progress
+    say = quiet if args.json else stderr_progress
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(args.config)  # fail early on a bad config, before any measuring
@@ -69,14 +73,13 @@ def run(args: argparse.Namespace) -> int:
                           warmup=cfg.router.bench.warmup, max_s=cfg.router.bench.max_s)
     scenarios = [single, Server(rate_hz=2000, n=n, max_s=3.0),
                  Burst(duration_s=0.5 if args.quick else 2.0, seed=0, max_s=4.0)]
-    cache = ProfileCache()
+    ctx = RunContext.at(args.cache_dir, progress=say, profiles=ProfileCache())
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     say(f"machine: {describe()}")
     model = model_from_args(args)
     calib = calibration_from_args(args, model)
-    res = bench_model(model, targets, None, scenarios, store=args.cache_dir,
-                      progress=not args.json, cache=cache, say=say, max_ref_s=1.5,
-                      calibration_data=calib)
+    res = bench_model(model, targets, None, scenarios, context=ctx, bars=not args.json,
+                      max_ref_s=1.5, calibration_data=calib)
     if not args.quick and not res.interrupted:
         hw = sorted({(p.target, p.precision) for p in res.profiles
                      if p.mode == "hardware" and p.precision == "fp32" and p.target != "ref"})
@@ -85,18 +88,17 @@ def run(args: argparse.Namespace) -> int:
             bench_model(model, [tgt], ["fp32"],
                         [Batch(sizes=(1, 8, 32), n=1000, max_s=2.0)]
                         + [Server(rate_hz=r, n=n, max_s=2.0) for r in (500, 5000, 20000)],
-                        store=args.cache_dir, progress=True, cache=cache, say=say, results=res,
-                        calibration_data=calib)
+                        context=ctx, results=res, calibration_data=calib)
             # bench_model re-appends the variant and availability rows: keep the first of each
             res.variants = _dedupe(res.variants, lambda v: (v.variant, v.batch_size, v.error))
             res.availability = _dedupe(res.availability, lambda a: a["target"])
-    sliding = None if res.interrupted else sliding_figure(args.cache_dir, args.quick, say)
+    sliding = None if res.interrupted else sliding_figure(ctx, args.quick)
     router = None
     if not res.interrupted:
         say(f"routing the strategies of {args.config}")
         cfg_model = {s.model for s in cfg.strategies.values()}
-        router = Router.from_config(args.config, store=args.cache_dir, cache=cache, strict=False,
-                                    progress=say, calibration_data=args.calibration_data,
+        router = Router.from_config(args.config, context=ctx, strict=False,
+                                    calibration_data=args.calibration_data,
                                     validation_data=args.validation_data)
         res.routing = routing_rows(res, cfg, list(router.decisions.values()))
         if cfg_model != {args.model}:
@@ -132,25 +134,26 @@ def run(args: argparse.Namespace) -> int:
 SLIDING_MODEL, SLIDING_TARGET = "zoo:lstm", "cpu.native"
 
 
-def sliding_figure(store: Any, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def sliding_figure(ctx: "RunContext", quick: bool) -> dict[str, Any]:
     """The demo's sliding line: ``zoo:lstm`` on cpu.native in the sliding scenario (push timed,
     the prepare apart, the full window interleaved; at most 2 s), as ``{"line", "profile"}``;
     a line saying why when cpu.native cannot run here or the build fails."""
     from ..bench import Sliding, measure
     from ..compiler import compile as hwb_compile
     from ..errors import HwbError
-    from ..registry import get_registry, safe_probe
+    from ..registry import safe_probe
 
     head = f"sliding window, {SLIDING_MODEL} on {SLIDING_TARGET}"
-    tgt = get_registry().targets.get(SLIDING_TARGET)
+    tgt = ctx.registry.targets.get(SLIDING_TARGET)
     av = safe_probe(tgt) if tgt is not None else None
     if av is None or not av.usable:
         why = av.reason if av is not None else "not registered"
         return {"line": f"{head}: not measured ({SLIDING_TARGET} unavailable: {why})",
                 "profile": None}
-    say(f"{head}: one tick at a time")
+    ctx.progress(f"{head}: one tick at a time")
     try:
-        cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", store=store, progress=say)
+        cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", store=ctx.store,
+                         progress=ctx.progress, registry=ctx.registry)
         prof = measure(cm, Sliding(n=500 if quick else 5000, warmup=100, max_s=2.0, rounds=5))
     except HwbError as exc:
         return {"line": f"{head}: not measured ({type(exc).__name__}: {exc})", "profile": None}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from ..labels import parse_label
 from . import CACHE_DIR_HELP, emit, stderr_progress
 from .source import add_source_args, model_from_args
 
@@ -60,7 +61,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..export import export
 
-    target, _, prec = args.target.partition(":")
+    target, prec = parse_label(args.target)
     res = export(model_from_args(args), target, args.fmt, args.out,
                  precision=args.precision or prec or None, results=args.results,
                  config=args.config, strategy=args.strategy, machine=args.machine,

@@ -87,14 +87,15 @@ def data_payload(args: argparse.Namespace) -> dict | None:
 
 
 def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
+    from ..context import quiet as quiet_progress
     from ..fleet import run_fleet
 
     quiet = args.quiet or args.json
     res = run_fleet(model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     args.scenario or ["single-stream"], n=args.n, pin=args.pin,
-                    use_cache=args.use_cache, task_timeout=args.task_timeout,
+                    reuse_profiles=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,
-                    say=(lambda m: None) if quiet else stderr_progress,
+                    progress=quiet_progress if quiet else stderr_progress,
                     allow_external=args.no_netns, data=data)
     if args.route and not res.interrupted:
         from ..fleet.placement import place

@@ -31,6 +31,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import load_config
+    from ..context import RunContext
     from ..router import Router
     from ..router.plan import one_line
 
@@ -45,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         emit(args, cfg.model_dump(), f"{args.config}: valid ({len(cfg.tiers)} tiers, "
                                      f"{len(cfg.strategies)} strategies)")
         return 0
-    router = Router.from_config(args.config, store=args.cache_dir, refresh=args.refresh,
+    ctx = RunContext.at(args.cache_dir, **({} if args.json else {"progress": stderr_progress}))
+    router = Router.from_config(args.config, context=ctx, reuse_profiles=not args.refresh,
                                 strict=False, strategies=args.strategy,
-                                progress=None if args.json else stderr_progress,
                                 calibration_data=args.calibration_data,
                                 validation_data=args.validation_data)
     if args.explain:

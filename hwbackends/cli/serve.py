@@ -134,10 +134,12 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
     from ..errors import ConfigError
 
     if args.config:
+        from ..context import RunContext
         from ..router import Router
         if not args.strategy:
             raise ConfigError("--config needs --strategy NAME")
-        router = Router.from_config(args.config, strategies=[args.strategy], progress=stderr_progress,
+        router = Router.from_config(args.config, context=RunContext(progress=stderr_progress),
+                                    strategies=[args.strategy],
                                     calibration_data=args.calibration_data,
                                     validation_data=args.validation_data)
         return strategy_cls(router, args.strategy)

@@ -87,7 +87,7 @@ def data_from_payload(data: dict[str, Any] | None) -> dict[str, Any]:
 
 def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: str,
                   scenarios: Sequence[str], n: int | None, pin: Sequence[int] | None,
-                  use_cache: bool, artifact: Packed | None,
+                  reuse_profiles: bool, artifact: Packed | None,
                   cache_dir: str | None = None,
                   data: dict[str, Any] | None = None) -> tuple[dict[str, Any], Packed | None]:
     """Compile and measure ``target:precision`` here; return the results (as a
@@ -98,6 +98,7 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
     (:func:`.artifacts.import_packed`); otherwise the note says why and it is compiled here."""
     t0 = time.perf_counter()
     from ..bench import ProfileCache, bench_model, parse
+    from ..context import RunContext
     from ..store import ArtifactStore
 
     ident = identity()
@@ -118,9 +119,9 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
             except HwbError as exc:  # refused: compiled here instead, the note says why
                 notes.append(str(exc))
         try:
-            res = bench_model(src, [target], [precision], sc,
-                              store=store, pin=pin, progress=False, cache=ProfileCache(),
-                              use_cache=use_cache, say=notes.append, **data_from_payload(data))
+            ctx = RunContext(store=store, profiles=ProfileCache(), progress=notes.append)
+            res = bench_model(src, [target], [precision], sc, context=ctx, pin=pin, bars=False,
+                              reuse_profiles=reuse_profiles, **data_from_payload(data))
         except HwbError as exc:  # bad pattern/precision on this node: a failed row, not a crash
             return ({"error": f"{type(exc).__name__}: {exc}", "identity": ident,
                      "task_s": time.perf_counter() - t0}, None)

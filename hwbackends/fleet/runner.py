@@ -23,13 +23,14 @@ from typing import Any, Callable, Sequence
 from ..bench import fingerprint
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..context import Progress, log_progress
 from ..errors import ConfigError, HwbError, UnknownTargetError, UnsupportedError
+from ..labels import label
 from ..variant import VariantRecord
 from . import netns
 from .resources import advertised, local_targets, resource_name, resources_for
 
 log = logging.getLogger("hwbackends.fleet")
-Say = Callable[[str], None]
 #: ``on_event(kind, item)``: ``"start"`` / ``"done"`` / ``"failed"`` per variant (tests use it).
 OnEvent = Callable[[str, "Item"], None]
 
@@ -57,7 +58,7 @@ class Item:
 
     @property
     def variant(self) -> str:
-        return f"{self.target}:{self.precision}"
+        return label(self.target, self.precision)
 
 
 _LOCAL_DIRS: list[str] = []
@@ -94,7 +95,7 @@ def remove_local_ray_dirs() -> None:
         shutil.rmtree(_LOCAL_DIRS.pop(), ignore_errors=True)
 
 
-def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_external: bool,
+def _connect(address: str, progress: Progress, local_patterns: Sequence[str], allow_external: bool,
              num_cpus: int | None) -> str:
     import ray
 
@@ -107,7 +108,7 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                 "`hwb fleet --fleet local` (which enters a loopback-only network namespace), "
                 "or inside `unshare -n` yourself, or pass allow_external=True")
         targets = local_targets(local_patterns)
-        say(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
+        progress(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
         for attempt in (1, 2):
             try:
                 # address="local": a new instance even when RAY_ADDRESS or a stale
@@ -123,8 +124,8 @@ def _connect(address: str, say: Say, local_patterns: Sequence[str], allow_extern
                 if attempt == 2:
                     raise FleetError(f"the embedded Ray did not start: {exc} (an overloaded "
                                      f"machine: Ray allows its raylet 30 s to register)") from exc
-                say(f"embedded Ray did not start ({exc}); retrying once")
-    say(f"connecting to the Ray cluster at {address}")
+                progress(f"embedded Ray did not start ({exc}); retrying once")
+    progress(f"connecting to the Ray cluster at {address}")
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     except Exception as exc:  # ConnectionError, RuntimeError… differ by Ray version
@@ -161,9 +162,9 @@ def _model_blob(model: str) -> bytes | None:
 class _Fleet:
     """The scheduling state of one run (kept out of :func:`run_fleet` to keep it readable)."""
 
-    def __init__(self, res: BenchResults, say: Say, on_event: OnEvent | None,
+    def __init__(self, res: BenchResults, progress: Progress, on_event: OnEvent | None,
                  task_timeout: float, submit: Callable[[Item], None]):
-        self.res, self.say, self.on_event = res, say, on_event
+        self.res, self.progress, self.on_event = res, progress, on_event
         self.task_timeout, self.submit = task_timeout, submit
         self.queues: dict[str, list[Item]] = {}
         self.running: dict[str, Item] = {}
@@ -202,7 +203,7 @@ class _Fleet:
                 self.compiling.add(k)
             it.submitted = time.time()
             self.submit(it)
-            self.say(f"{it.variant} → {it.label}"
+            self.progress(f"{it.variant} → {it.label}"
                      + (f" (artifact from {self.labels.get(it.artifact_from, '?')})" if it.artifact_from else ""))
             if self.on_event:
                 self.on_event("start", it)
@@ -215,7 +216,7 @@ class _Fleet:
             machine=self._machine(it.node_id)))
         self.tasks.append({"node_id": it.node_id, "variant": it.variant, "status": "failed",
                            "reason": reason})
-        self.say(f"{it.variant} @ {it.label}: FAILED ({reason})")
+        self.progress(f"{it.variant} @ {it.label}: FAILED ({reason})")
         if self.on_event:
             self.on_event("failed", it)
 
@@ -259,7 +260,7 @@ class _Fleet:
                            "bench_s": out.get("bench_s"), "imported": out.get("imported"),
                            "compile_s": sum(v.get("compile_seconds") or 0 for v in out["variants"]),
                            "cached": any(v.get("cached") for v in out["variants"])})
-        self.say(f"{it.variant} @ {label}: done in {wall:.1f} s, " + ", ".join(
+        self.progress(f"{it.variant} @ {label}: done in {wall:.1f} s, " + ", ".join(
             f"{p['scenario']} p99 {p['p99_us']:.1f} µs" for p in out["profiles"]))
         if out.get("interrupted"):
             raise KeyboardInterrupt
@@ -268,7 +269,7 @@ class _Fleet:
 
 
 def _probe_nodes(ray: Any, nodes: list[dict[str, Any]], patterns: Sequence[str],
-                 timeout: float, say: Say) -> list[dict[str, Any]]:
+                 timeout: float, progress: Progress) -> list[dict[str, Any]]:
     """``node_info`` on every node holding hwb.* resources, each scheduled on that node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -301,12 +302,12 @@ def _probe_nodes(ray: Any, nodes: list[dict[str, Any]], patterns: Sequence[str],
             info = ray.get(ref, timeout=timeout)
             row.update(hostname=info["hostname"], label=info["label"],
                        fingerprint=info["fingerprint"], targets=info["targets"])
-            say(f"node {info['label']}: " + ", ".join(
+            progress(f"node {info['label']}: " + ", ".join(
                 f"{t} ({d['mode']})" for t, d in info["targets"].items()))
         except Exception as exc:  # lost or busy node: recorded, the others go on
             row["status"], row["error"] = "failed", f"probe failed: {type(exc).__name__}: {exc}"
             ray.cancel(ref, force=True)
-            say(f"node {row['label']}: {row['error']}")
+            progress(f"node {row['label']}: {row['error']}")
     return rows
 
 
@@ -349,10 +350,10 @@ def _plan(res: BenchResults, rows: list[dict[str, Any]], precisions: Sequence[st
 
 def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",),
               precisions: Sequence[str] | None = None, scenarios: Sequence[str] = ("single-stream",),
-              *, n: int | None = None, pin: Sequence[int] | None = None, use_cache: bool = False,
+              *, n: int | None = None, pin: Sequence[int] | None = None, reuse_profiles: bool = False,
               task_timeout: float = 1800.0, probe_timeout: float = 300.0,
               share_artifacts: bool = True, cache_dir: str | None = None,
-              say: Say | None = None, on_event: OnEvent | None = None,
+              progress: Progress | None = None, on_event: OnEvent | None = None,
               allow_external: bool = False, num_cpus: int | None = None,
               shutdown: bool = True, data: dict[str, Any] | None = None) -> BenchResults:
     """Evaluate ``model`` on every node of the Ray cluster at ``address`` (``"local"``: an
@@ -370,13 +371,13 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         raise FleetError("hwb fleet needs Ray: pip install 'hwbackends[fleet]' (ray==2.60.*) on "
                          "this machine and on every node") from exc
 
-    say = say or (lambda m: log.info(m))
+    progress = progress or log_progress
     blob = _model_blob(model)
     from ..bench import parse
     for s in scenarios:  # a typo fails here, not once per node
         parse(s)
     t_start = time.time()
-    mode = _connect(address, say, targets, allow_external, num_cpus)
+    mode = _connect(address, progress, targets, allow_external, num_cpus)
     res = BenchResults(model={}, machine=dict(fingerprint(), hostname=socket.gethostname(),
                                               role="driver"))
     res.fleet = {"address": address, "mode": mode, "ray_version": ray.__version__, "nodes": [],
@@ -392,13 +393,13 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         it.ref, it.art_out = remote.options(
             num_cpus=0, resources={resource_name(it.target): 1}, scheduling_strategy=strat,
         ).remote(model, blob_ref, it.target, it.precision, list(scenarios), n,
-                 list(pin) if pin else None, use_cache, it.art_ref if share_artifacts else None,
+                 list(pin) if pin else None, reuse_profiles, it.art_ref if share_artifacts else None,
                  cache_dir, data_ref)
 
-    fleet = _Fleet(res, say, on_event, task_timeout, submit)
+    fleet = _Fleet(res, progress, on_event, task_timeout, submit)
     try:
         alive = [x for x in ray.nodes() if x.get("Alive")]
-        res.fleet["nodes"] = _probe_nodes(ray, alive, targets, probe_timeout, say)
+        res.fleet["nodes"] = _probe_nodes(ray, alive, targets, probe_timeout, progress)
         if not any(r.get("selected") for r in res.fleet["nodes"]):
             offered = sorted({t for r in res.fleet["nodes"] for t in r["advertised"]})
             raise UnknownTargetError(
@@ -408,13 +409,13 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         _loop(ray, fleet)
     except KeyboardInterrupt:
         res.interrupted = True
-        say("interrupted: keeping what was measured")
+        progress("interrupted: keeping what was measured")
         _cancel(ray, [it.ref for it in fleet.running.values() if it.ref is not None])
         for it in list(fleet.running.values()):
             if it.status == "running":  # not already merged or failed
                 fleet.fail(it, "interrupted (Ctrl-C) before it finished")
         fleet.running.clear()
-        for q in fleet.queues.values():  # say what was never measured, not just drop it
+        for q in fleet.queues.values():  # progress what was never measured, not just drop it
             while q:
                 it = q.pop(0)
                 if it.status == "queued":

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
+from ..labels import label
 from ..units import fmt_us
 from ..variant import machine_key
 from .text import long_text
@@ -48,7 +49,7 @@ def _label(nodes: dict[str, dict[str, Any]], key: str) -> str:
 
 
 def _bare(p: LatencyProfile) -> str:
-    return f"{p.target}:{p.precision}"
+    return label(p.target, p.precision)
 
 
 def _cross_table(res: BenchResults, nodes: dict[str, dict[str, Any]]) -> str:
@@ -163,9 +164,9 @@ def _machine_section(res: BenchResults, key: str, node: dict[str, Any]) -> str:
     for v in res.variants:
         if machine_key(v) != key:
             continue
-        ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == f"{v.target}:{v.precision}"]
+        ps = [p for p in res.profiles if machine_key(p) == key and _bare(p) == label(v.target, v.precision)]
         if v.error:
-            rows.append([_e(f"{v.target}:{v.precision}"), _badge("failed"), "—",
+            rows.append([_e(label(v.target, v.precision)), _badge("failed"), "—",
                          *["—"] * len(TAIL_HEAD), "—",
                          f'<span class="note">{long_text(v.error, 240)}</span>'])
             continue

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..bench import ProfileCache
 from ..chunked import as_returned, predict_in_batches, tuple_call
 from ..config import StrategiesFile, load_config, resolve_model
+from ..context import RunContext
 from ..errors import ConfigError, InputError
 from ..sliding import Window
 from .plan import Candidate, Decision, Tier, decide, explain, plan_strategy
@@ -47,39 +47,34 @@ class Router:
             if not d.order:
                 continue
             s = config.strategies[name]
-            r = config.router
             # A sliding strategy's budget is a tick's (push_into); the lane times whole windows,
             # which that budget cannot judge: it fails over on errors and deadlines, never on
             # latency (the ticks go through :meth:`sliding`).
             budget = math.inf if s.scenario == "sliding" else d.budget_us
-            self._lanes[name] = Lane(name, d.order, budget, window=r.window,
-                                     switch_after=r.switch_after, retry_after_s=r.retry_after_s,
-                                     breaker_failures=r.breaker_failures, timeout_us=s.timeout_us,
-                                     sample_every=r.sample_every, switch_margin=r.switch_margin,
-                                     on_event=self.events.append)
+            self._lanes[name] = Lane(name, d.order, budget, config.router,
+                                     timeout_us=s.timeout_us, on_event=self.events.append)
             self._handles[name] = self._lanes[name].predict_into
 
     @classmethod
-    def from_config(cls, path: str | Path, *, store: Any = None, registry: Any = None,
-                    cache: ProfileCache | None = None, refresh: bool = False,
-                    strict: bool = True, progress: Callable[[str], None] | None = None,
+    def from_config(cls, path: str | Path, *, context: RunContext | None = None,
+                    reuse_profiles: bool = True, strict: bool = True,
                     strategies: list[str] | None = None,
                     calibration_data: str | Path | None = None,
                     validation_data: str | Path | None = None) -> "Router":
         """Validate the config, plan every strategy (compile, check, measure, choose) and
-        start its lane. ``strict``: a strategy no variant can serve raises
-        :class:`NoRouteError` (with every candidate's reason) instead of being left out.
-        ``refresh`` re-measures instead of using cached profiles. ``calibration_data`` /
+        start its lane. ``context``: the store, registry, profile cache (the default cache
+        when it has none) and progress callback (default :class:`RunContext`). ``strict``: a
+        strategy no variant can serve raises :class:`NoRouteError` (with every candidate's
+        reason) instead of being left out. ``reuse_profiles=False`` re-measures instead of
+        using cached profiles. ``calibration_data`` /
         ``validation_data`` (``.npy``/``.npz`` paths, ``hwb route --calibration-data``)
         replace every strategy's own ``calibration_data``/``validation_data``."""
         from ..models import load_model
-        from ..registry import get_registry
         from ..samples import attach_validation, read_samples
 
         p = Path(path)
-        reg = registry or get_registry()
-        cfg = load_config(p, reg)
-        cache = cache if cache is not None else ProfileCache()
+        ctx = (context or RunContext()).with_profiles()
+        cfg = load_config(p, ctx.registry)
         models: dict[tuple[str, str], Any] = {}
         decisions: dict[str, Decision] = {}
         for name, s in cfg.strategies.items():
@@ -99,8 +94,8 @@ class Router:
                         files["validation"], models[key].inputs, f"{where} validation_data"))
             calib = (read_samples(files["calibration"], models[key].inputs,
                                   f"{where} calibration_data") if "calibration" in files else None)
-            decisions[name] = plan_strategy(name, s, cfg, models[key], reg, store=store,
-                                            cache=cache, refresh=refresh, say=progress,
+            decisions[name] = plan_strategy(name, s, cfg, models[key], ctx,
+                                            reuse_profiles=reuse_profiles,
                                             calibration_data=calib)
         if strategies:
             unknown = sorted(set(strategies) - set(cfg.strategies))

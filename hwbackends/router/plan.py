@@ -22,16 +22,17 @@ import fnmatch
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from ..bench import LatencyProfile, ProfileCache, SingleStream, Sliding
+from ..bench import LatencyProfile, SingleStream, Sliding
 from ..bench.harness import cached_measure, measure_interleaved
 from ..bench.profile import sliding_summary
 from ..compiler import compile as hwb_compile
+from ..context import RunContext
 from ..errors import HwbError
 from ..fidelity import describe_kind, with_kind
+from ..labels import label
 from ..registry import (
-    get_registry,
     precisions_to_build,
     safe_probe,
     select_targets,
@@ -85,21 +86,18 @@ class Candidate:
     data: dict[str, Any] | None = None
     #: The variant record it was judged from (:func:`judge`); ``None`` for a target never built.
     record: VariantRecord | None = field(default=None, repr=False)
+    #: The target's family (``Target.family``: cpu, gpu, tpu, fpga, ref), what a
+    #: ``hwb_choose`` plugin tests instead of the target's name; set by :func:`decide` from
+    #: the run's registry ("" for a target not registered there).
+    family: str = ""
 
     @property
     def variant(self) -> str:
-        return f"{self.target}:{self.precision}" if self.precision else self.target
+        return label(self.target, self.precision)
 
     @property
     def p99_us(self) -> float | None:
         return self.profile.p99_us if self.profile else None
-
-    @property
-    def family(self) -> str:
-        """The target's family (``Target.family``: cpu, gpu, tpu, fpga, ref), what a
-        ``hwb_choose`` plugin tests instead of the target's name; "" for a target not
-        registered here."""
-        return get_registry().family(self.target)
 
     def to_dict(self) -> dict[str, Any]:
         p = self.profile
@@ -244,16 +242,16 @@ def judge(rec: VariantRecord, name: str, s: "StrategyConfig", cfg: "StrategiesFi
 
 
 def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: "Model",
-                  reg: "Registry", *, store: Any = None, cache: ProfileCache | None = None,
-                  refresh: bool = False, say: Callable[[str], None] | None = None,
+                  ctx: RunContext, *, reuse_profiles: bool = True,
                   calibration_data: Any = None) -> Decision:
     """Compile, check (:func:`judge`), measure and rank every candidate for strategy
-    ``name``. Targets the strategy's rules reject whatever they build
+    ``name``, in the run's context ``ctx`` (store, registry, profile cache, progress);
+    ``reuse_profiles``: a cached profile stands for a measurement. Targets the strategy's rules reject whatever they build
     (:func:`rejected_before_compile`) and slow builds only ``*`` matched
     (:func:`~hwbackends.registry.slow_unless_named`) are listed with the reason, not
     compiled. ``precisions = [...]`` builds exactly those a target accepts, listed or not
     (:func:`~hwbackends.registry.precisions_to_build`)."""
-    say = say or (lambda m: log.info(m))
+    say, reg = ctx.progress, ctx.registry
     tier = cfg.tiers[s.tier]
     bench = SingleStream(n=cfg.router.bench.n, warmup=cfg.router.bench.warmup,
                          max_s=cfg.router.bench.max_s)
@@ -275,11 +273,11 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                 continue
             cm = None
             try:
-                cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=store,
+                cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=ctx.store,
                                  isolate_compile=cfg.router.isolate_compile, progress=say,
                                  calibration_data=calibration_data, registry=reg,
                                  output_kind=s.output_kind)
-                rec = VariantRecord.from_compiled(cm)
+                rec = VariantRecord.from_compiled(cm, reg)
             except HwbError as exc:
                 rec = VariantRecord.failed(tname, prec, av.mode.value, f"{type(exc).__name__}: {exc}")
             c = judge(rec, name, s, cfg)
@@ -287,12 +285,12 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
             cands.append(c)
     todo = [c for c in cands if c.status == "to-measure"]
     if todo and s.scenario == "sliding":
-        measure_sliding_candidates(todo, cfg, model, cache, refresh, say, name)
+        measure_sliding_candidates(todo, cfg, model, ctx, reuse_profiles, name)
         todo = []
     # Measure the survivors together, interleaved, so they are compared under the same noise.
     if todo:
         profs = measure_interleaved([c.cm for c in todo], bench, cfg.router.bench.rounds,  # type: ignore[misc]
-                                    cache, refresh, say=say, what=name)
+                                    ctx.profiles, reuse_profiles, progress=say, what=name)
         for c, (prof, hit) in zip(todo, profs, strict=True):
             c.profile, c.profile_cached, c.status = prof, hit, "candidate"
     return decide(name, s, tier.p99_us, cands, reg)
@@ -304,20 +302,19 @@ def no_sliding(why: str) -> str:
 
 
 def measure_sliding_candidates(todo: list[Candidate], cfg: "StrategiesFile", model: "Model",
-                               cache: ProfileCache | None, refresh: bool,
-                               say: Callable[[str], None], name: str) -> None:
+                               ctx: RunContext, reuse_profiles: bool, name: str) -> None:
     """A sliding strategy's candidates: each one's sliding profile (push, prepare apart, full
     window, interleaved within its own run; cached per artifact and machine), on the model's
     sample windows. One that cannot slide is rejected, saying why."""
     b = cfg.router.bench
     sc = Sliding(n=b.n, warmup=b.warmup, max_s=b.max_s, rounds=b.rounds)
     data = model.representative(256, seed=2)
-    say(f"{name}: measuring {len(todo)} candidate(s) sliding ({sc.n} ticks each, the full "
+    ctx.progress(f"{name}: measuring {len(todo)} candidate(s) sliding ({sc.n} ticks each, the full "
         f"window interleaved)")
     for c in todo:
         try:
-            c.profile, c.profile_cached = cached_measure(c.cm, sc, cache, data,  # type: ignore[arg-type]
-                                                         refresh=refresh)
+            c.profile, c.profile_cached = cached_measure(c.cm, sc, ctx.profiles, data,  # type: ignore[arg-type]
+                                                         reuse=reuse_profiles)
             c.status = "candidate"
         except HwbError as exc:
             c.status, c.reasons = "rejected", [no_sliding(f"{type(exc).__name__}: {exc}")]
@@ -400,6 +397,8 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
            reg: "Registry") -> Decision:
     """Rank the measured candidates and choose (pin, then plugins, then the built-in policy)."""
     d = Decision(name, s.tier, budget, cands, scenario=s.scenario)
+    for c in cands:
+        c.family = reg.family(c.target)
     measured = next((c.record.fidelity for c in cands if c.record and c.record.fidelity), None)
     d.output_kind = describe_kind(measured, s.output_kind)
     d.tolerance = s.fidelity.describe()

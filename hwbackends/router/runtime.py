@@ -40,6 +40,7 @@ import numpy as np
 
 from ..breaker import Breaker, BreakerState
 from ..chunked import tuple_call
+from ..config import RouterConfig
 from ..errors import HwbError
 from ..exclusive import lock_for
 from ..specs import several
@@ -219,23 +220,25 @@ class VariantState:
 class Lane:
     """Dispatch for one strategy over its ordered candidates (``order[0]`` is preferred)."""
 
-    def __init__(self, strategy: str, order: list[Any], budget_us: float, *, window: int = 200,
-                 switch_after: int = 3, retry_after_s: float = 2.0, breaker_failures: int = 3,
-                 timeout_us: float | None = None, sample_every: int = 1,
-                 switch_margin: float = 0.2,
+    def __init__(self, strategy: str, order: list[Any], budget_us: float,
+                 policy: RouterConfig | None = None, *, timeout_us: float | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None):
+        """``policy``: the config's ``[router]`` table (window, sampling, switching, retry
+        and breaker settings; its defaults when ``None``); ``timeout_us``: the strategy's
+        per-call deadline."""
         if not order:
             raise NoRouteError(f"strategy {strategy!r} has no candidate to serve it")
+        policy = policy or RouterConfig()
         self.strategy = strategy
         self.budget_ns = budget_us * 1e3
         self.budget_us = budget_us
-        self.window = window
-        self.switch_after = switch_after
-        self.retry_after_s = retry_after_s
-        self.breaker_failures = breaker_failures
+        self.window = policy.window
+        self.switch_after = policy.switch_after
+        retry_after_s = self.retry_after_s = policy.retry_after_s
+        breaker_failures = self.breaker_failures = policy.breaker_failures
         self.timeout_s = timeout_us / 1e6 if timeout_us else None
-        self.sample_every = max(1, int(sample_every))
-        self.switch_margin = float(switch_margin)
+        self.sample_every = policy.sample_every
+        self.switch_margin = policy.switch_margin
         #: A live window older than this no longer stands for the variant (its bench p99 does).
         self.stale_s = max(10.0, 32 * retry_after_s)
         #: The longest rest between latency retries (the rest doubles after each failed one).
