@@ -15,6 +15,14 @@ push (the critical path) is one step per layer of the finishing window with only
 that need ``x_t``: the first layer's input projection ``K₁·x_t`` (computed once and shared with
 every window in the prepare), each later layer's ``K_l·h_{l-1}``, the gates, and the head.
 
+**Reduced push weights** (the target's ``push_weights`` option, push_weights.py): the push
+gets its own copies of the functions above (``hwb_inq``, ``hwb_cellq<l>``, ``hwb_tickq``) whose
+input products read bf16 or int8 weights and whose LSTM gates are AVX-512 code with a
+polynomial exp and no division; it keeps a copy of ``x_t``, from which the prepare computes the
+fp32 projection the windows in flight share. So only the finishing window's last step is
+reduced, and the answers are within that precision's tolerance of ``predict_into``'s, no longer
+equal to them (the compile gates them: push_weights.gate). The stream stays fp32.
+
 Before ``T`` steps were pushed the window is zero-filled at its start (hwbackends/sliding.py):
 :c:func:`hwb_model_reset` sets each slot to the state a window has after as many zero steps as
 its age (one run over zero steps, copied into the slots), and runs when the library loads.
@@ -36,10 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import InputError
+from hwbackends.errors import InputError, UnsupportedError
 from hwbackends.sliding import Steps, check_step
 
 from .._shared import layer_ir as ir
+from . import push_weights as pw
 from .emit import Emitter, vector_shape
 
 #: Per-step layers an incremental form applies to ``x_t`` before the first recurrent layer.
@@ -130,10 +139,14 @@ def _rec_weights(cell: ir.Recurrent) -> np.ndarray:
     return cell.recurrent
 
 
-def emit_incremental(net: ir.Network, p: Plan, requires: list[str]) -> str:
-    """The incremental form's C (see the module docstring); appended to ``model.c``."""
+def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights: str = "fp32") -> str:
+    """The incremental form's C (see the module docstring); appended to ``model.c``.
+    ``push_weights`` other than ``fp32``: the push's input products in bf16 or int8
+    (plugins/cpu_native/push_weights.py), its own copies of the functions that read them
+    (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the fp32 ones."""
     vw, acc = vector_shape(requires)
     e = _StepEmitter(net, vw, acc)
+    kern = pw.Kernels(push_weights) if push_weights != "fp32" else None
     nw = p.window
     out: list[str] = [f"#define HWB_NW {nw}", "static int hwb_f, hwb_pend, hwb_spend;"]
     names = []
@@ -147,50 +160,68 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str]) -> str:
                 f"static float {r}[HWB_NW + 2][{_pad(nr)}] A64;"]
     g0u = _gates(p.cells[0]) * p.cells[0].units
     out += [f"static float hwb_zx[{_pad(g0u)}] A64, hwb_szx[{_pad(g0u)}] A64, hwb_tzx[{_pad(g0u)}] A64;"]
+    if kern is not None:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
+        out += [f"static float hwb_qzx[{_pad(g0u)}] A64, hwb_xt[{_pad(p.step)}] A64;"]
     # the step's per-step layers and the first layer's input projection, shared by the windows
-    e.on_push = True
-    e.line(f"float xt[{_pad(p.step)}] A64;")
-    e.line(f"for (int i = 0; i < {p.step}; i++) xt[i] = x[i];")
-    for layer in p.prefix:
-        e.layer(layer, "xt", (p.step,), None, (p.step,))
     ib0, _ = _biases(p.cells[0])
-    if p.cells[0].cell == "lstm":  # the full window's blocked product on one step (bit-equal sums)
-        e.input_gemm("xt", 1, p.step, p.cells[0].kernel, dst="zx")
-    else:
-        e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
-    fns = e.function("hwb_in(const float *restrict x, float *restrict zx)")
+    fns: list[str] = []
+    for reduced in (False, True) if kern is not None else (False,):
+        e.on_push = kern is None or reduced
+        e.line(f"float xt[{_pad(p.step)}] A64;")
+        e.line(f"for (int i = 0; i < {p.step}; i++) xt[i] = x[i];")
+        for layer in p.prefix:
+            e.layer(layer, "xt", (p.step,), None, (p.step,))
+        if reduced:
+            e.line(f"{kern.product(p.cells[0].kernel, ib0)}(xt, zx);")  # type: ignore[union-attr]
+        elif p.cells[0].cell == "lstm":  # the full window's blocked product on one step (bit-equal sums)
+            e.input_gemm("xt", 1, p.step, p.cells[0].kernel, dst="zx")
+        else:
+            e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
+        fns += e.function(f"hwb_in{'q' if reduced else ''}(const float *restrict x, float *restrict zx)")
     for li, cell in enumerate(p.cells):
-        e.on_push = True
+        e.on_push = kern is None
         fns += _cell(e, li, cell, names)
+        if kern is not None:
+            e.on_push = True
+            fns += _cell(e, li, cell, names, kern)
         e.on_push = False
         h, _, r, u, nr = names[li]
         e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
         fns += e.function(f"hwb_rec{li}(int slot)")
     e.on_push = True
     fns += _head(e, p, names[-1][0])
-    fns += _warm(e.push_consts)
-    lines = [*out, *e.consts, "", *fns]
+    fns += _warm(e.push_consts + (kern.push_consts if kern is not None else []))
+    lines = [*out, *(kern.c() if kern is not None else []), *e.consts, "", *fns]
     n = len(p.cells)
     tick = " ".join(f"hwb_cell{li}(slot, zx);" for li in range(n))
+    tickq = " ".join(f"hwb_cellq{li}(slot, zx);" for li in range(n))
     rec = " ".join(f"hwb_rec{li}(slot);" for li in range(n))
     zero = " ".join(f"__builtin_memset({h}[slot], 0, sizeof {h}[slot]); __builtin_memset({c}[slot], 0, sizeof {c}[slot]);"
                     for h, c, _, _, _ in names)
     copy = " ".join(f"__builtin_memcpy({a}[d], {a}[s], sizeof {a}[d]);" for h, c, r, _, _ in names for a in (h, c, r))
     last_h = names[-1][0]
+    if kern is None:
+        push = ["    hwb_in(x, hwb_zx);", "    hwb_tick(hwb_f, hwb_zx);", f"    hwb_head({last_h}[hwb_f], y);"]
+        fp32_in = []
+    else:  # the answer from the reduced products; the prepare projects x_t again in fp32
+        push = ["    hwb_inq(x, hwb_qzx);", "    hwb_tickq(hwb_f, hwb_qzx);", f"    hwb_head({last_h}[hwb_f], y);",
+                f"    for (int i = 0; i < {p.step}; i++) hwb_xt[i] = x[i];"]
+        fp32_in = ["    hwb_in(hwb_xt, hwb_zx);"]
+        lines.append(f"static void hwb_tickq(int slot, const float *zx) {{ {tickq} }}")
     lines += [
         f"static void hwb_tick(int slot, const float *zx) {{ {tick} }}",
         f"static void hwb_rec_all(int slot) {{ {rec} }}",
         f"static void hwb_zero(int slot) {{ {zero} hwb_rec_all(slot); }}",
         f"static void hwb_copy(int d, int s) {{ {copy} }}",
         "int hwb_model_prepare(void) {",
-        "    if (!hwb_pend) return 0;",
+        "    if (!hwb_pend) return 0;", *fp32_in,
         "    for (int s = 0; s < HWB_NW; s++) if (s != hwb_f) { hwb_tick(s, hwb_zx); hwb_rec_all(s); }",
         "    hwb_zero(hwb_f);",
         "    hwb_f = hwb_f + 1 == HWB_NW ? 0 : hwb_f + 1;",
         "    hwb_warm();", "    hwb_pend = 0;", "    return 0;", "}",
         "int hwb_model_push(const float *x, float *y) {",
         "    if (hwb_pend) hwb_model_prepare();",
-        "    hwb_in(x, hwb_zx);", "    hwb_tick(hwb_f, hwb_zx);", f"    hwb_head({last_h}[hwb_f], y);",
+        *push,
         "    hwb_pend = 1;", "    return 0;", "}",
         "int hwb_model_reset(void) {",
         f"    static const float zeros[{_pad(p.step)}] A64;",
@@ -227,10 +258,14 @@ def _warm(consts: list[tuple[str, int]]) -> list[str]:
             *body, "    hwb_sink = s;", "}", ""]
 
 
-def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, str, str, int, int]],
+          kern: pw.Kernels | None = None) -> list[str]:
     """``hwb_cell<li>(slot, zx)``: one step of layer ``li`` for window ``slot``, from its
     prepared recurrent product ``r`` (which it overwrites) and its input: the shared ``zx``
-    for the first layer, the layer below's new state otherwise."""
+    for the first layer, the layer below's new state otherwise. ``kern`` (a reduced push,
+    push_weights.py): the push's copy ``hwb_cellq<li>``, whose ``K·h_below (+ its bias)`` is
+    ``kern``'s reduced product and whose LSTM gates are ``kern``'s vector gates."""
+    reduced = kern.product(cell.kernel, _biases(cell)[0]) if kern is not None and li else None
     h, c, r, u, _ = names[li]
     hs, cs, rs = f"{h}[slot]", f"{c}[slot]", f"{r}[slot]"
     g = _gates(cell)
@@ -239,17 +274,24 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
         zx = "zx"
     elif cell.cell == "lstm":
         zx = ""
-    else:
+    elif not reduced:
         zx = e.buf(g * u)
     below = (f"{names[li - 1][0]}[slot]", names[li - 1][3]) if li else None
+    fn = f"hwb_cell{'q' if kern is not None else ''}{li}(int slot, const float *restrict zx)"
+    if below is not None and reduced:
+        zx = e.buf(_pad(g * u))
+        e.line(f"{reduced}({below[0]}, {zx});")
     if cell.cell == "lstm":
-        if below is not None:  # K·h_below as the full window's blocked product sums it
+        if below is not None and not reduced:  # K·h_below as the full window's blocked product sums it
             zx = e.buf(_pad(g * u))
             e.input_gemm(below[0], 1, below[1], cell.kernel, dst=zx)
+        if kern is not None:
+            e.body += kern.lstm_gates(rs, zx, cs, hs, u)
+            return e.function(fn)
         e.line(f"for (int j = 0; j < {g * u}; j++) {rs}[j] += {zx}[j];")
         e.lstm_gates(rs, cs, hs, u)
-        return e.function(f"hwb_cell{li}(int slot, const float *restrict zx)")
-    if below is not None:
+        return e.function(fn)
+    if below is not None and not reduced:
         e.matvec([below], zx, g * u, cell.kernel, ib)
     if cell.reset_after:
         e.line(f"for (int j = 0; j < {u}; j++) {{ const float zg = hwb_sigmoid({zx}[j] + {rs}[j]), "
@@ -263,7 +305,7 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
         e.matvec([(rh, u)], z, u, np.ascontiguousarray(cell.recurrent[:, 2 * u:]), None, accumulate=True)
         e.line(f"for (int j = 0; j < {u}; j++) {{ const float zg = {hz}[j], hh = hwb_tanh({z}[j]); "
                f"{hs}[j] = zg * {hs}[j] + (1.0f - zg) * hh; }}")
-    return e.function(f"hwb_cell{li}(int slot, const float *restrict zx)")
+    return e.function(fn)
 
 
 def _head(e: _StepEmitter, p: Plan, h: str) -> list[str]:
@@ -310,17 +352,31 @@ class WindowC:
     meta: dict[str, Any]
 
 
-def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str]) -> WindowC:
+def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str],
+         push_weights: str = "fp32") -> WindowC:
     """The sliding window's and stream's C for a model of input ``in_shape`` (``net``: its
-    layer IR, None for the fixed-point path, which takes the recompute form)."""
+    layer IR, None for the fixed-point path, which takes the recompute form). ``push_weights``
+    (the target's option, push_weights.py): the precision of the weights the push reads;
+    anything but ``fp32`` needs the incremental form (UnsupportedError otherwise)."""
     window = int(in_shape[0]) if in_shape else 1
     step = int(np.prod(in_shape[1:])) if len(in_shape) > 1 else 1
     p = plan(net, precision) if net is not None else None
     form = "incremental" if p is not None else "recompute"
-    code = emit_incremental(net, p, requires) if p is not None else emit_recompute(window, step)  # type: ignore[arg-type]
-    header = HEADER.format(window=window, step=step, form=form, stream=int(p is not None))
+    if push_weights != "fp32" and p is None:
+        raise UnsupportedError(
+            f"cpu.native option push_weights={push_weights!r} reduces the weights of the sliding "
+            f"push's incremental form (fp32 stacks of LSTM/GRU layers under a Dense head); this "
+            f"model at precision {precision!r} takes the {form} form, whose push is the whole "
+            f"model: drop push_weights (or use precision='int8' for reduced weights everywhere)")
+    code = (emit_incremental(net, p, requires, push_weights) if p is not None  # type: ignore[arg-type]
+            else emit_recompute(window, step))
+    header = HEADER.format(window=window, step=step, form=form, stream=int(p is not None),
+                           push_weights=push_weights)
+    meta = {"form": form, "window": window, "step": step, "stream": p is not None}
+    if push_weights != "fp32":
+        meta["push_weights"] = push_weights
     return WindowC("/* ---- the sliding window and the stream (plugins/cpu_native/sliding.py) ---- */\n"
-                   + code, header, {"form": form, "window": window, "step": step, "stream": p is not None})
+                   + code, header, meta)
 
 
 HEADER = """
@@ -331,8 +387,13 @@ HEADER = """
    (push runs it first when it was not). hwb_model_reset() empties the window. The stream
    (HWB_MODEL_STREAM 1 only, else they return -1): state never reset between pushes, zeroed by
    hwb_model_stream_reset(). Both keep their state in this library (it is initialised when the
-   library loads): one caller at a time, not reentrant. Return 0. */
+   library loads): one caller at a time, not reentrant. Return 0.
+   HWB_MODEL_PUSH_WEIGHTS other than "fp32" (the push_weights option): the push multiplies
+   the newest step's inputs by bf16 or int8 copies of the input weights, so its answers are
+   within that precision's fidelity tolerance of hwb_model_predict's, not equal to them bit
+   for bit; the prepare and the stream stay fp32. */
 #define HWB_MODEL_WINDOW {window}
+#define HWB_MODEL_PUSH_WEIGHTS "{push_weights}"
 #define HWB_MODEL_STEP_SIZE {step}
 #define HWB_MODEL_SLIDING "{form}"
 #define HWB_MODEL_STREAM {stream}

@@ -17,7 +17,7 @@ from hwbackends.specs import Availability
 from hwbackends.target import Artifact, CompileOptions, Executor, Target
 
 from .._util import cpu_name, version
-from . import build
+from . import build, push_weights
 from .fixed import PRECISION_RULE, hls_precision
 
 #: Files ``export(artifact, "c", outdir)`` writes: the C ABI and its header.
@@ -104,6 +104,11 @@ class NativeTarget(Target):
     option_docs = {
         "isa": ("native (default) | x86-64-v2 | x86-64-v3 | x86-64-v4: the -march the model is "
                 "built for; load refuses an artifact whose CPU features this CPU lacks"),
+        "push_weights": ("fp32 (default) | bf16 | int8: the weights the sliding window's push reads "
+                         "(the input products of the newest step; prepare and predict stay fp32) in "
+                         "bf16 (needs avx512_bf16) or int8 (avx512_vnni, per-tick input scale); the "
+                         "push's answers are gated against the fp32 window at the bf16/int8 "
+                         "tolerance, not bit-equal (plugins/cpu_native/push_weights.py)"),
     }
     exports = ("c",)
     compile_timeout = 300.0
@@ -133,6 +138,35 @@ class NativeTarget(Target):
         if isa != "native" and build.arch() != "x86_64":
             raise UnsupportedError(f"cpu.native option isa={isa!r} is an x86-64 level; this "
                                    f"machine is {build.arch()}: use isa='native'")
+        self._check_push_weights(options, isa)
+
+    @staticmethod
+    def _check_push_weights(options: CompileOptions, isa: str) -> None:
+        """``push_weights``: one of push_weights.CHOICES, at precision fp32 (the only one with
+        an incremental push), and its kernel's CPU features both on this CPU and in the
+        ``-march`` the artifact is built for."""
+        kind = push_weights.choice(options.extra)
+        if kind not in push_weights.CHOICES:
+            raise UnsupportedError(f"cpu.native option push_weights={kind!r}: expected one of "
+                                   f"{', '.join(push_weights.CHOICES)}")
+        if kind == "fp32":
+            return
+        if options.precision != "fp32":
+            raise UnsupportedError(f"cpu.native option push_weights={kind!r} applies to precision "
+                                   f"'fp32' (its incremental sliding push); precision "
+                                   f"{options.precision!r} has none: drop push_weights")
+        lacks = push_weights.missing_features(kind, build.host_flags())
+        if lacks:
+            raise UnsupportedError(f"cpu.native option push_weights={kind!r} needs CPU feature(s) "
+                                   f"{', '.join(lacks)}, which this CPU ({cpu_name()}) lacks: use "
+                                   f"push_weights='fp32'" + (", or 'int8' if it has avx512_vnni"
+                                                             if kind == "bf16" else ""))
+        cc = build.compiler_path()
+        lacks = push_weights.missing_features(kind, build.required_flags(cc, isa)) if cc else []
+        if lacks:
+            raise UnsupportedError(f"cpu.native option push_weights={kind!r} needs CPU feature(s) "
+                                   f"{', '.join(lacks)}, which -march={build.march(isa)} (isa={isa!r}) "
+                                   f"does not enable: use isa='native' on a CPU that has them")
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
@@ -159,8 +193,9 @@ class NativeTarget(Target):
             in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
             layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
-        window = (sliding_conv.emit(net, in_shape, options.precision, requires)
-                  or sliding.emit(net, in_shape, options.precision, requires))
+        kind = push_weights.choice(options.extra)
+        window = ((sliding_conv.emit(net, in_shape, options.precision, requires) if kind == "fp32" else None)
+                  or sliding.emit(net, in_shape, options.precision, requires, kind))
         code = src.code + "\n" + window.code
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
@@ -172,6 +207,8 @@ class NativeTarget(Target):
         (workdir / "hwb_model.h").write_text(hdr)
         (workdir / "ext.c").write_text(ext)
         facts = build.build(workdir, cc, isa, module)
+        if kind != "fp32":
+            window.meta["push_gate"] = self._push_gate(workdir, module, kind, in_shape, out_shape, batch)
         return {"module": module, "extension": module + build.python_abi(),
                 "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
@@ -179,6 +216,21 @@ class NativeTarget(Target):
                 "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
                 "layers": layers, "sliding": window.meta, **fixed_meta,
                 "build_seconds": round(time.perf_counter() - t0, 3), **facts}
+
+    @staticmethod
+    def _push_gate(workdir: Path, module: str, kind: str, in_shape: tuple[int, ...],
+                   out_shape: tuple[int, ...], batch: int) -> dict[str, Any]:
+        """push_weights' fidelity gate (push_weights.gate) on the extension just built; raises
+        UnsupportedError, and nothing is stored, when the push misses the family tolerance."""
+        spec = importlib.util.spec_from_file_location(module, workdir / (module + build.python_abi()))
+        if spec is None or spec.loader is None:
+            raise CompileError(f"cpu.native: the extension built in {workdir} does not load")
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+        result = push_weights.gate(ext, in_shape, out_shape, batch, kind)
+        if result["violations"]:
+            raise push_weights.refuse(kind, result)
+        return result
 
     @staticmethod
     def _fixed(model: Any, hls_prec: str, cc: str, requires: list[str], workdir: Path
