@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..exclusive import lock_for
-from .backend import label
+from .servable import servable_label
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Slot:
         self.lock = lock_for(backend)
         self.x = np.zeros(backend.input.batched(size), dtype=np.float32)
         self.y = np.zeros(backend.output.batched(size), dtype=np.float32)
-        self.variant = label(backend)
+        self.variant = servable_label(backend)
 
 
 class BatchPlan:
@@ -106,7 +106,7 @@ class BatchPlan:
     @property
     def variant(self) -> str:
         """The label of what serves now (a router strategy's follows its switches)."""
-        return label(self._first)
+        return servable_label(self._first)
 
     @property
     def sizes(self) -> list[int]:

@@ -37,7 +37,6 @@ from ..errors import ConfigError, InputError
 from ..fidelity import Tolerance
 from ..inputs import as_sample
 from ..packing import Layout, layouts
-from .backend import label, normalise
 from .batch_plan import PRESETS, BatchPlan, BatchPolicy
 from .inference_cache import InferenceCache
 from .lifecycle import SwapError, SwapResult, SwapTicket, run_swap
@@ -55,6 +54,7 @@ from .request import (
     Unavailable,
     check_deadline_us,
 )
+from .servable import normalise, servable_label
 from .serving_thread import Batcher
 from .versions import Version, Versions
 
@@ -143,7 +143,7 @@ class Engine:
         self.metrics = EngineMetrics(strategy, prom)
         self.cache = InferenceCache(cfg.cache_entries, cfg.cache_bytes) if cfg.cache_entries > 0 else None
         plan = BatchPlan(normalise(backends), cfg.policy)
-        self.versions = Versions(plan, label(plan.slots[0].backend), self._version_changed)
+        self.versions = Versions(plan, servable_label(plan.slots[0].backend), self._version_changed)
         self._in_shape = tuple(plan.input.shape)
         self.batcher = Batcher(strategy, self.versions, cfg.policy, self.metrics,
                                pin_cores=cfg.pin_cores, warmup=cfg.warmup)

@@ -37,8 +37,8 @@ import numpy as np
 from ..errors import HwbError
 from ..fidelity import Fidelity, Tolerance, compare
 from ..packing import layouts
-from .backend import label, normalise
 from .batch_plan import BatchPlan, BatchPolicy
+from .servable import normalise, servable_label
 from .versions import ShadowCollector, Version, Versions
 
 log = logging.getLogger("hwbackends.serve")
@@ -155,7 +155,7 @@ def run_swap(versions: Versions, new: Any, *, tolerance: Tolerance | None, shado
                           f"the new version's tensors {new_io} differ from the serving one's "
                           f"{old_io}")
     number = versions.next_number()
-    version = Version(number, plan, label(plan.slots[0].backend))
+    version = Version(number, plan, servable_label(plan.slots[0].backend))
     ticket.phase = "warm-up"
     t0 = time.perf_counter()
     try:

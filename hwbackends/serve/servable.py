@@ -14,8 +14,8 @@ from ..specs import TensorSpec
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """The engine's view of a compiled variant. Optional extras it uses when present:
+class Servable(Protocol):
+    """What the engine serves: its view of a compiled variant (or a router strategy). Optional extras it uses when present:
     ``variant`` (a label), ``static_batch`` (False: any batch size works), ``warmup(n)``,
     ``close()``, ``failovers()``."""
 
@@ -26,8 +26,8 @@ class Backend(Protocol):
     def predict_into(self, x: np.ndarray, out: np.ndarray) -> None: ...
 
 
-def check_backend(obj: Any) -> Any:
-    """``obj`` if it quacks like a :class:`Backend` (a model with several inputs or outputs
+def check_servable(obj: Any) -> Any:
+    """``obj`` if it quacks like a :class:`Servable` (a model with several inputs or outputs
     comes back wrapped in :class:`~hwbackends.packing.Packed`: one float32 record each way),
     else a :class:`ConfigError` naming what lacks."""
     missing = [a for a in ("predict_into", "input", "output", "batch_size") if not hasattr(obj, a)]
@@ -40,7 +40,7 @@ def check_backend(obj: Any) -> Any:
     return obj
 
 
-def label(backend: Any) -> str:
+def servable_label(backend: Any) -> str:
     """The variant label metrics and logs use."""
     return str(getattr(backend, "variant", None) or type(backend).__name__)
 
@@ -105,11 +105,11 @@ def compile_batch_variants(model: Any, target: str, precision: str | None = None
 def normalise(backends: Any) -> dict[int, Any] | Any:
     """A single backend, or ``{batch_size: backend}`` from a mapping or a sequence."""
     if isinstance(backends, Mapping):
-        out = {int(k): check_backend(v) for k, v in backends.items()}
+        out = {int(k): check_servable(v) for k, v in backends.items()}
     elif isinstance(backends, (list, tuple)):
-        out = {int(b.batch_size): check_backend(b) for b in backends}
+        out = {int(b.batch_size): check_servable(b) for b in backends}
     else:
-        return check_backend(backends)
+        return check_servable(backends)
     if not out:
         raise ConfigError("no backend given to serve")
     return out
