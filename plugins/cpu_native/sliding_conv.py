@@ -1,38 +1,49 @@
-"""cpu.native's incremental sliding window for convolutions (TCNs) and pooling: the same C ABI
-as plugins/cpu_native/sliding.py (``hwb_model_push`` / ``hwb_model_prepare`` /
-``hwb_model_reset``; no stream, so ``hwb_model_stream_*`` return -1 as the recompute form's do).
+"""cpu.native's incremental sliding window for convolutions (TCNs), pooling and a Dense over
+the flattened window: the same C ABI as plugins/cpu_native/sliding.py (``hwb_model_push`` /
+``hwb_model_prepare`` / ``hwb_model_reset``; no stream, so ``hwb_model_stream_*`` return -1
+as the recompute form's do).
 
 **What it takes** (:func:`plan_conv`): fp32 networks over a window ``(T, C)`` made of *stages*
-— the input, then each stride-1 Conv1D with no right padding (``'valid'``, or causal: left
-padding, which is how the IR holds Keras' ``padding='causal'`` and a torch conv whose right
-padding a slice cut off), and residual adds of two such chains (TCN blocks: an identity or
-1×1-conv shortcut) — each followed by per-position layers (Act, Affine, a per-step Dense);
-then a head of a GlobalPool1D (avg or max) or a one-step TimeSlice, and Dense / Act / Affine
-/ Flatten layers on that vector. Anything else (strides, 'same' padding, local pooling,
-LayerNorm, attention, a Flatten of the sequence) keeps the recompute form.
+— the input, then each Conv1D with no right padding (``'valid'``, or causal: left padding,
+which is how the IR holds Keras' ``padding='causal'`` and a torch conv whose right padding a
+slice cut off; any stride and dilation), each local pooling (MaxPooling1D/AveragePooling1D,
+any size and stride), and residual adds of two such chains (TCN blocks: an identity or 1×1-conv
+shortcut) — each followed by per-position layers (Act, Affine, a per-step Dense); then a head:
+a GlobalPool1D (avg or max), a one-step TimeSlice, or a Flatten then a Dense
+(plugins/cpu_native/sliding_dense.py), and Dense / Act / Affine / Flatten layers on that vector.
+Anything else ('same' padding, LayerNorm, attention, recurrent layers) keeps another form.
 
-**Why a slide is exact.** Stage ``l`` has ``L_l`` positions in the full window. Position ``j``
-is *clean* when its receptive field reads no zero padding; with left padding ``p_l`` the first
-``B_l = B_{l-1} + p_l`` positions are not (``B_0 = 0``; an add's is the larger of its two
-sources'). A clean position depends only on inputs at fixed absolute times, so in the window ending at ``t + 1`` it equals position ``j + 1`` of
-the window ending at ``t``: each stage keeps its positions in a doubled ring (``2·L_l`` rows,
-every row written twice, so a window's positions are contiguous rows from a base), and a
-slide advances the base. Only position ``L_l - 1`` of each stage reads ``x_t`` (stride 1, no
-right padding); the first ``min(B_l, L_l - 1)`` positions read the window's own zero padding
-and are recomputed for each window.
+**Why a slide is exact.** Stage ``l`` has ``L_l`` positions ``S_l`` ticks apart (``S``: the
+product of the strides below it) and the window's last position lags the newest tick by
+``r_l`` ticks (a stride can leave the window's last steps unread). Position ``j`` is *clean*
+when its receptive field reads no zero padding: the first ``B_l = ceil((B_{l-1} + p_l) / s_l)``
+positions are not (``B_0 = 0``, ``p``: left padding, ``s``: stride; an add's is the larger of
+its two sources'). A clean position depends only on inputs at fixed absolute times, so it is
+one value ``U_l(τ)`` (``τ``: the time of its receptive field's end) in every window that holds
+it — in the window ending at ``τ + r_l + m·S_l`` as position ``L_l-1-m``. With a stride the
+windows of successive ticks hold different phases of ``U_l``, so every tick's ``U_l`` is some
+window's position: each stage computes one new value per tick, once, from its source's values
+at ``τ - (k-1-q)·d·S_{l-1}`` (tap ``q``), and keeps the last ``N_l = r_l + (L_l-1)·S_l + 1`` in a
+doubled ring (every row written twice, so a window's positions are rows ``h+1, h+1+S, …`` from
+the current tick's row ``h``). The first positions read the window's own zero padding and are
+recomputed for each window (in place: a row, once padded, stays padded in every later window
+that holds it, and no other window holds it).
 
 * :c:func:`hwb_model_push` writes ``x_t`` (after the input stage's layers) as the input's
-  newest row, computes each stage's newest position from its sources, and the head: the
-  pooled vector from the prepared partial (avg: the sum of positions ``0..L-2``, in the full
-  window's order, plus the newest, over ``L``; max likewise) or the sliced position, then the
-  Dense layers.
-* :c:func:`hwb_model_prepare` advances every base, recomputes each stage's padded positions
-  (stage by stage: they read their sources', already recomputed), and sums the last
-  stage's positions ``0..L-2`` again from the ring — never a running add/subtract, so nothing
-  drifts over any number of ticks.
-* :c:func:`hwb_model_reset` fills the input stage with the input layers' answer to a zero
-  step and computes every position of every stage from it (a conv of zeros is its bias,
-  through its activations), so the zero-filled start is the one ``predict_into`` sees.
+  newest row, computes the newest value of each stage with no lag (only those read ``x_t``),
+  and the head: the pooled vector from the prepared partial (avg: the sum of positions
+  ``0..L-2``, in the full window's order, plus the last, over ``L``; max likewise), the sliced
+  position, or the flattened Dense's prepared partial sum plus its last position's term; then
+  the Dense layers.
+* :c:func:`hwb_model_prepare` computes the newest value of each lagging stage (they read
+  ``x_t`` but no answer before a later tick's does), spreads the last stage's into the flattened
+  Dense's partial sums, advances every ring, recomputes each stage's padded positions (stage by
+  stage: they read their sources', already recomputed), and sums the last stage's positions
+  ``0..L-2`` again from the ring — never a running add/subtract, so nothing drifts.
+* :c:func:`hwb_model_reset` fills the input ring with the input layers' answer to a zero step
+  and runs push and prepare on zero steps until every value any later window reads was
+  computed from them (the deepest stage's ring plus its reach back to the input), so the
+  zero-filled start is the one ``predict_into`` sees.
 
 The NaN rule of ``predict_into`` (a window holding a non-finite input answers NaN) is kept:
 a flag per input row, OR-ed over the window's older rows in the prepare.
@@ -44,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._shared import layer_ir as ir
+from . import sliding_dense as sd
 from .emit import Emitter, vector_shape
 from .sliding import HEADER, WindowC
 
@@ -56,13 +68,13 @@ _HEAD = (ir.Dense, ir.Act, ir.Affine, ir.Flatten)
 @dataclass
 class Stage:
     """One sequence the window keeps, position by position: the input (``kind`` "input"), a
-    Conv1D of stage ``srcs[0]`` ("conv"), per-position layers alone on stage ``srcs[0]``
-    ("map": a residual branch that starts with one), or the sum of two stages ("add": a
-    residual); each with the per-position layers after it (``post``)."""
+    Conv1D or local pooling of stage ``srcs[0]`` ("conv", "pool"), per-position layers alone
+    on stage ``srcs[0]`` ("map": a residual branch that starts with one), or the sum of two
+    stages ("add": a residual); each with the per-position layers after it (``post``)."""
 
     kind: str
     srcs: tuple[int, ...] = ()
-    conv: ir.Conv1D | None = None
+    op: ir.Conv1D | ir.Pool1D | None = None
     post: list[ir.Layer] = field(default_factory=list)
     #: positions in the full window, channels of each (after ``post``)
     length: int = 0
@@ -71,6 +83,25 @@ class Stage:
     raw: int = 0
     #: positions whose receptive field reads zero padding (recomputed for each window)
     padded: int = 0
+    #: ticks between positions (the strides below, multiplied)
+    stride: int = 1
+    #: ticks from the window's last position to its newest step
+    lag: int = 0
+    #: ticks from a value back to the oldest input it reads (reset's warm-up)
+    reach: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Values kept: the window's positions and the ticks between and after them."""
+        return self.lag + (self.length - 1) * self.stride + 1
+
+    @property
+    def clean_last(self) -> bool:
+        return self.padded < self.length
+
+    def same_grid(self, other: Stage) -> bool:
+        return (self.length, self.channels, self.stride, self.lag) == (other.length, other.channels,
+                                                                       other.stride, other.lag)
 
 
 @dataclass
@@ -79,13 +110,34 @@ class ConvPlan:
     stage comes after its sources."""
 
     stages: list[Stage]
-    #: ``GlobalPool1D`` or a one-step ``TimeSlice`` on the last stage
+    #: ``GlobalPool1D``, a one-step ``TimeSlice`` or a ``Flatten`` on the last stage
     pool: ir.Layer
-    #: the pooled/sliced position (a TimeSlice's), -1 for a global pool
+    #: the pooled/sliced position (a TimeSlice's), -1 otherwise
     index: int
     head: list[ir.Layer]
     window: int
     step: int
+    #: the Dense over the flattened last stage (then ``head`` is what follows it)
+    flat: sd.FlatDense | None = None
+
+
+def _taps(op: ir.Conv1D | ir.Pool1D) -> tuple[int, int, int, int]:
+    """(taps, dilation, left padding, stride) of a conv or pooling."""
+    if isinstance(op, ir.Conv1D):
+        return int(op.w.shape[0]), op.dilation, op.pad[0], op.stride
+    return op.size, 1, 0, op.stride
+
+
+def _windowed(op: ir.Conv1D | ir.Pool1D, kind: str, src: int, cur: Stage) -> Stage | None:
+    """The stage of a conv or pooling on ``cur`` (stage ``src``), None when it has no position."""
+    k, d, p, s = _taps(op)
+    t = op.out_shape((cur.length, cur.channels))[0]
+    if t < 1 or s < 1:
+        return None
+    last_tap = (t - 1) * s - p + (k - 1) * d  # the source position the last one reads last
+    co = int(op.w.shape[2]) if isinstance(op, ir.Conv1D) else cur.channels
+    return Stage(kind, (src,), op, [], t, co, co, -(-(cur.padded + p) // s), cur.stride * s,
+                 cur.lag + (cur.length - 1 - last_tap) * cur.stride, cur.reach + (k - 1) * d * cur.stride)
 
 
 def _chain(stages: list[Stage], layers: list[ir.Layer], src: int, owned: bool) -> tuple[int, int] | None:
@@ -95,19 +147,20 @@ def _chain(stages: list[Stage], layers: list[ir.Layer], src: int, owned: bool) -
     per-position layers may join its ``post`` (else another reader sees it as it is)."""
     for n, layer in enumerate(layers):
         cur = stages[src]
-        if isinstance(layer, ir.Conv1D):
-            if layer.stride != 1 or layer.pad[1] != 0 or layer.pad[0] < 0 or layer.w.shape[1] != cur.channels:
+        if isinstance(layer, (ir.Conv1D, ir.Pool1D)):
+            if isinstance(layer, ir.Conv1D) and (layer.pad[1] != 0 or layer.pad[0] < 0
+                                                 or layer.w.shape[1] != cur.channels):
                 return src, n
-            t = layer.out_shape((cur.length, cur.channels))[0]
-            if t < 1:
+            st = _windowed(layer, "conv" if isinstance(layer, ir.Conv1D) else "pool", src, cur)
+            if st is None:
                 return None
-            co = int(layer.w.shape[2])
-            stages.append(Stage("conv", (src,), layer, [], t, co, co, cur.padded + layer.pad[0]))
+            stages.append(st)
         elif isinstance(layer, _PER_POSITION):
             if isinstance(layer, ir.Dense) and layer.w.shape[0] != cur.channels:
                 return None
             if not owned:
-                stages.append(Stage("map", (src,), None, [], cur.length, cur.channels, cur.channels, cur.padded))
+                stages.append(Stage("map", (src,), None, [], cur.length, cur.channels, cur.channels, cur.padded,
+                                    cur.stride, cur.lag, cur.reach))
             st = stages[-1]
             st.post.append(layer)
             st.channels = layer.out_shape((st.length, st.channels))[1]
@@ -119,10 +172,10 @@ def _chain(stages: list[Stage], layers: list[ir.Layer], src: int, owned: bool) -
                     return None
                 ends.append(got[0])
             a, b = stages[ends[0]], stages[ends[1]]
-            if (a.length, a.channels) != (b.length, b.channels):
+            if not a.same_grid(b):
                 return None
             stages.append(Stage("add", (ends[0], ends[1]), None, [], a.length, a.channels, a.channels,
-                                max(a.padded, b.padded)))
+                                max(a.padded, b.padded), a.stride, a.lag, max(a.reach, b.reach)))
         else:
             return src, n
         src, owned = len(stages) - 1, True
@@ -140,21 +193,24 @@ def plan_conv(net: ir.Network, precision: str) -> ConvPlan | None:
     if got is None:
         return None
     last_i, i = got
-    if not any(st.kind == "conv" for st in stages) or i == len(layers) or last_i != len(stages) - 1:
+    if i == len(layers) or last_i != len(stages) - 1:
         return None
     last = stages[-1]
-    pool = layers[i]
+    pool, flat = layers[i], None
     if isinstance(pool, ir.GlobalPool1D) and pool.kind in ("avg", "max"):
-        index = -1
+        index, rest = -1, i + 1
     elif isinstance(pool, ir.TimeSlice) and not pool.keep and pool.stop == pool.start + 1 \
             and 0 <= pool.start < last.length:
-        index = pool.start
+        index, rest = pool.start, i + 1
     else:
-        return None
-    head = layers[i + 1:]
+        flat = sd.take(layers[i:], last.length, last.channels)
+        if flat is None:
+            return None
+        index, rest = -1, i + 2
+    head = layers[rest:]
     if not all(isinstance(layer, _HEAD) for layer in head):
         return None
-    return ConvPlan(stages, pool, index, head, t, c)
+    return ConvPlan(stages, pool, index, head, t, c, flat)
 
 
 class _ConvEmitter(Emitter):
@@ -166,7 +222,7 @@ class _ConvEmitter(Emitter):
         self._seen: dict[bytes, str] = {}
 
     def const(self, stem: str, a: np.ndarray) -> str:
-        key = stem.encode() + np.asarray(a, np.float32).tobytes()
+        key = stem.encode() + str(np.shape(a)).encode() + np.asarray(a, np.float32).tobytes()
         if key not in self._seen:
             self._seen[key] = super().const(f"SC{stem}", a)
         return self._seen[key]
@@ -181,6 +237,17 @@ def _ring(li: int) -> str:
     return f"hwb_s{li}"
 
 
+def _back(li: int, st: Stage, a: int) -> str:
+    """Stage ``li``'s value ``a`` ticks before the current one (``0 <= a < rows``)."""
+    assert 0 <= a < st.rows, (a, st.rows)
+    return f"({_ring(li)} + (hwb_h{li} + {st.rows - a}) * {st.channels})"
+
+
+def _row(li: int, st: Stage, j: str) -> str:
+    """Position ``j`` (a C expression) of the current window of stage ``li``."""
+    return f"({_ring(li)} + (hwb_h{li} + 1 + ({j}) * {st.stride}) * {st.channels})"
+
+
 def _post(e: _ConvEmitter, st: Stage, src: str) -> str:
     """The stage's per-position layers on ``src`` (``raw`` floats); the buffer holding them."""
     cur, shape = src, (st.raw,)
@@ -192,65 +259,98 @@ def _post(e: _ConvEmitter, st: Stage, src: str) -> str:
     return cur
 
 
-def _store_row(e: _ConvEmitter, li: int, st: Stage, src: str, j: str) -> None:
-    """Write ``src`` (``channels`` floats) as position ``j`` of stage ``li``'s window: rows
-    ``(base + j) mod L`` and that plus ``L``."""
-    n, c = st.length, st.channels
-    e.line(f"{{ int r = hwb_b{li} + {j}; if (r >= {n}) r -= {n}; float *d0 = {_ring(li)} + r * {c}, "
+def _store(e: _ConvEmitter, li: int, st: Stage, src: str, j: str | None) -> None:
+    """Write ``src`` (``channels`` floats) as position ``j`` of stage ``li``'s current window
+    (``None``: as the value of the current tick), both copies of its row."""
+    n, c = st.rows, st.channels
+    r = f"hwb_h{li}" if j is None else f"hwb_h{li} + 1 + ({j}) * {st.stride}"
+    e.line(f"{{ int r = {r}; if (r >= {n}) r -= {n}; float *d0 = {_ring(li)} + r * {c}, "
            f"*d1 = d0 + {n * c}; for (int i = 0; i < {c}; i++) d0[i] = d1[i] = {src}[i]; }}")
 
 
-def _row(li: int, st: Stage, j: str) -> str:
-    return f"({_ring(li)} + (hwb_b{li} + {j}) * {st.channels})"
+def _pool_line(e: _ConvEmitter, op: ir.Pool1D, o: str, c: int, rows: list[str]) -> None:
+    """``o`` = the pooling of the rows (its taps, in order), as predict_into's loop does it."""
+    step = "m = v > m ? v : m;" if op.kind == "max" else "m += v;"
+    fin = "m" if op.kind == "max" else f"m / {float(op.size).hex()}f"
+    more = " ".join(f"{{ const float v = {r}[ch]; {step} }}" for r in rows[1:])
+    e.line(f"for (int ch = 0; ch < {c}; ch++) {{ float m = {rows[0]}[ch]; {more} {o}[ch] = {fin}; }}")
 
 
-def _position(e: _ConvEmitter, p: ConvPlan, li: int, newest: bool) -> list[str]:
-    """``hwb_new<li>()`` (the newest position: a conv's taps known at compile time) or
-    ``hwb_pos<li>(j)`` (any position; a conv's taps on the left padding skipped): stage
-    ``li``'s position from its sources' rows, through its per-position layers, into its ring."""
+def _newest(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
+    """``hwb_new<li>()``: stage ``li``'s value of the current tick (the last position of the
+    window ``lag`` ticks on), its taps known at compile time, into its ring."""
     st = p.stages[li]
-    j = str(st.length - 1) if newest else "j"
     o = e.buf(st.raw)
-    if st.kind == "conv":
-        conv, s = st.conv, st.srcs[0]
-        assert conv is not None
+    if st.kind in ("conv", "pool"):
+        op, s = st.op, st.srcs[0]
+        assert op is not None
         below = p.stages[s]
-        k, ci, co = conv.w.shape
-        d, left = conv.dilation, conv.pad[0]
-        if newest:
-            i0 = st.length - 1 - left
-            taps = [q for q in range(k) if i0 + q * d >= 0]
-            if d == 1 and len(taps) == k:  # the k·c_in contiguous floats: one matvec, as predict's
-                e.matvec([(_row(s, below, str(i0)), k * ci)], o, co, conv.w.reshape(k * ci, co), conv.b)
-            else:
-                for n, q in enumerate(taps):
-                    e.matvec([(_row(s, below, str(i0 + q * d)), ci)], o, co, conv.w[q],
-                             None if n else conv.b, accumulate=n > 0)
+        k, d, left, stride = _taps(op)
+        i0 = (st.length - 1) * stride - left
+        # source position i of the window `lag` ticks on is `lag - lag_below + (L-1-i)·S` back
+        back = [(below.lag - st.lag + (below.length - 1 - (i0 + q * d)) * below.stride, q)
+                for q in range(k) if i0 + q * d >= 0]
+        if isinstance(op, ir.Pool1D):
+            _pool_line(e, op, o, st.raw, [_back(s, below, a) for a, _ in back])
         else:
-            bias = e.const("B", conv.b)
+            ci, co = int(op.w.shape[1]), int(op.w.shape[2])
+            if d * below.stride == 1 and len(back) == k:  # k·c_in contiguous floats: one matvec, as predict's
+                e.matvec([(_back(s, below, back[0][0]), k * ci)], o, co, op.w.reshape(k * ci, co), op.b)
+            else:
+                w = np.concatenate([op.w[q] for _, q in back])
+                e.matvec([(_back(s, below, a), ci) for a, _ in back], o, co, w, op.b)
+    elif st.kind == "map":
+        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {_back(st.srcs[0], p.stages[st.srcs[0]], 0)}[i];")
+    else:  # add: the residual's two branches, in the order the full window adds them
+        a, b = (_back(s, p.stages[s], 0) for s in st.srcs)
+        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {a}[i] + {b}[i];")
+    _store(e, li, st, _post(e, st, o), None)
+    return e.function(f"hwb_new{li}(void)")
+
+
+def _position(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
+    """``hwb_pos<li>(j)``: position ``j`` of stage ``li``'s current window from its sources'
+    positions (a conv's taps on the left padding skipped), into its ring."""
+    st = p.stages[li]
+    o = e.buf(st.raw)
+    if st.kind in ("conv", "pool"):
+        op, s = st.op, st.srcs[0]
+        assert op is not None
+        below = p.stages[s]
+        k, d, left, stride = _taps(op)
+        if isinstance(op, ir.Pool1D):
+            _pool_line(e, op, o, st.raw, [_row(s, below, f"j * {stride} + {q}") for q in range(k)])
+        else:
+            ci, co = int(op.w.shape[1]), int(op.w.shape[2])
+            bias = e.const("B", op.b)
             e.line(f"for (int i = 0; i < {co}; i++) {o}[i] = {bias}[i];")
             for q in range(k):
-                e.line(f"if (j - {left - q * d} >= 0) {{")
-                e.matvec([(_row(s, below, f"j - {left - q * d}"), ci)], o, co, conv.w[q], None, accumulate=True)
+                at = f"j * {stride} - {left - q * d}"
+                e.line(f"if ({at} >= 0) {{")
+                e.matvec([(_row(s, below, at), ci)], o, co, op.w[q], None, accumulate=True)
                 e.line("}")
     elif st.kind == "map":
-        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {_row(st.srcs[0], p.stages[st.srcs[0]], j)}[i];")
-    else:  # add: the residual's two branches, in the order the full window adds them
-        a, b = (_row(s, p.stages[s], j) for s in st.srcs)
+        e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {_row(st.srcs[0], p.stages[st.srcs[0]], 'j')}[i];")
+    else:
+        a, b = (_row(s, p.stages[s], "j") for s in st.srcs)
         e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {a}[i] + {b}[i];")
-    cur = _post(e, st, o)
-    _store_row(e, li, st, cur, j)
-    return e.function(f"hwb_new{li}(void)" if newest else f"hwb_pos{li}(int j)")
+    _store(e, li, st, _post(e, st, o), "j")
+    return e.function(f"hwb_pos{li}(int j)")
 
 
 def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
-    """``hwb_head(y)``: the pooled (prepared partial and the newest) or sliced vector, then
-    the head's layers into ``y``."""
+    """``hwb_head(y)``: the pooled (prepared partial and the last), sliced or flattened-Dense
+    vector, then the head's layers into ``y``."""
     last = p.stages[-1]
     li, n, c = len(p.stages) - 1, last.length, last.channels
     newest = _row(li, last, str(n - 1))
-    v = e.buf(c)
-    if p.index >= 0:
+    if p.flat is not None:
+        v, c = sd.push(e, p.flat, f"hwb_h{li}", newest), p.flat.width
+    else:
+        v = e.buf(c)
+    if p.flat is not None:
+        pass
+    elif p.index >= 0:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = {_row(li, last, str(p.index))}[i];")
     elif n == 1:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = {newest}[i];")
@@ -259,7 +359,7 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
                f"{v}[i] = u > hwb_acc[i] ? u : hwb_acc[i]; }}")
     else:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = hwb_acc[i] + {newest}[i];")
-    if p.index < 0 and p.pool.kind == "avg":  # type: ignore[attr-defined]
+    if p.flat is None and p.index < 0 and p.pool.kind == "avg":  # type: ignore[attr-defined]
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] /= {float(n).hex()}f;")
     producing = [i for i, layer in enumerate(p.head) if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
     final = producing[-1] if producing else -1
@@ -274,11 +374,15 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     return e.function("hwb_head(float *restrict y)")
 
 
-def _partial(p: ConvPlan) -> list[str]:
-    """``hwb_partial()``: the pooled positions ``0..L-2`` of the next window, summed (or
-    maxed) in the full window's order, from the ring."""
+def _partial(e: _ConvEmitter, p: ConvPlan) -> list[str]:
+    """``hwb_partial()``: the next window's own part of the head: the pooled positions
+    ``0..L-2`` summed (or maxed) in the full window's order from the ring, or the flattened
+    Dense's terms of its padded positions."""
     last = p.stages[-1]
     li, n, c = len(p.stages) - 1, last.length, last.channels
+    if p.flat is not None:
+        sd.own_terms(e, p.flat, f"hwb_h{li}", lambda j: _row(li, last, str(j)), last.padded)
+        return e.function("hwb_partial(void)")
     if p.index >= 0 or n == 1:
         return ["static void hwb_partial(void) {}", ""]
     op = "hwb_acc[i] = u > hwb_acc[i] ? u : hwb_acc[i];" if p.pool.kind == "max" else "hwb_acc[i] += u;"  # type: ignore[attr-defined]
@@ -288,6 +392,26 @@ def _partial(p: ConvPlan) -> list[str]:
             f"{{ const float u = {_row(li, last, 't')}[i]; {op} }}", "}", ""]
 
 
+def _spread(e: _ConvEmitter, p: ConvPlan) -> list[str]:
+    """``hwb_spread()`` (the prepare, before the rings advance): the answered window's partial
+    sum starts over from the bias, and the last stage's clean value of this tick goes into
+    every later window's (a flattened Dense head; nothing otherwise)."""
+    last = p.stages[-1]
+    li = len(p.stages) - 1
+    if p.flat is not None:
+        sd.retire(e, p.flat, f"hwb_h{li}")
+        if last.clean_last:
+            sd.spread(e, p.flat, _back(li, last, 0), f"hwb_h{li}", last.rows, last.lag, last.stride,
+                      last.padded)
+    return e.function("hwb_spread(void)")
+
+
+def _redo(st: Stage) -> int:
+    """How many of a stage's positions the prepare recomputes for each window: the padded
+    ones, but not the last when the push computes it (no lag)."""
+    return min(st.padded, st.length - (st.lag == 0))
+
+
 def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
     """The incremental form's C (see the module docstring); appended to ``model.c``."""
     vw, acc = vector_shape(requires)
@@ -295,68 +419,79 @@ def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
     nw, step = p.window, p.step
     decls = ["static int hwb_pend, hwb_badp;", f"static unsigned char hwb_bad[{nw}];",
              f"static float hwb_acc[{p.stages[-1].channels}] A64;"]
+    if p.flat is not None:
+        decls += sd.decls(p.flat, p.stages[-1].rows)
     for li, st in enumerate(p.stages):
-        decls += [f"static float {_ring(li)}[{2 * st.length * st.channels}] A64;", f"static int hwb_b{li};"]
-    # the input stage: one step through its layers, into position j of its window
+        decls += [f"static float {_ring(li)}[{2 * st.rows * st.channels}] A64;", f"static int hwb_h{li};"]
+    # the input stage: one step through its layers, into the current tick's row
     s0 = p.stages[0]
     e.line(f"float xt[{step}] A64;")
     e.line(f"for (int i = 0; i < {step}; i++) xt[i] = x[i];")
-    _store_row(e, 0, s0, _post(e, s0, "xt"), "j")
-    fns = e.function("hwb_put0(const float *restrict x, int j)")
+    _store(e, 0, s0, _post(e, s0, "xt"), None)
+    fns = e.function("hwb_put0(const float *restrict x)")
     for li in range(1, len(p.stages)):
-        fns += _position(e, p, li, newest=True)
-        fns += _position(e, p, li, newest=False)
+        fns += _newest(e, p, li)
+        fns += _position(e, p, li)
     fns += _head(e, p)
-    fns += _partial(p)
-    n = len(p.stages)
-    advance = " ".join(f"hwb_b{li} = hwb_b{li} + 1 == {st.length} ? 0 : hwb_b{li} + 1;"
-                       for li, st in enumerate(p.stages))
-    redo = "".join(f"    for (int j = 0; j < {min(st.padded, st.length - 1)}; j++) hwb_pos{li}(j);\n"
-                   for li, st in enumerate(p.stages) if li and min(st.padded, st.length - 1) > 0)
-    news = " ".join(f"hwb_new{li}();" for li in range(1, n))
-    fill = "".join(f"    for (int j = 0; j < {st.length}; j++) hwb_pos{li}(j);\n"
-                   for li, st in enumerate(p.stages) if li)
+    fns += _partial(e, p)
+    fns += _spread(e, p)
+    stages = list(enumerate(p.stages))
+    advance = " ".join(f"hwb_h{li} = hwb_h{li} + 1 == {st.rows} ? 0 : hwb_h{li} + 1;" for li, st in stages)
+    news = " ".join(f"hwb_new{li}();" for li, st in stages if li and st.lag == 0)
+    lagging = " ".join(f"hwb_new{li}();" for li, st in stages if li and st.lag > 0 and st.clean_last)
+    redo = "".join(f"    for (int j = 0; j < {_redo(st)}; j++) hwb_pos{li}(j);\n"
+                   for li, st in stages if li and _redo(st) > 0)
+    warm = max(st.rows + st.reach for st in p.stages) + 1
     out_n = int(np.prod(net.output_shape))
     code = [*decls, *e.consts, "", *fns,
             "int hwb_model_prepare(void) {",
             "    if (!hwb_pend) return 0;",
+            f"    {lagging}",
+            "    hwb_spread();",
             f"    {advance}",
             redo.rstrip("\n"),
             "    hwb_partial();",
             "    int bad = 0;",
-            f"    for (int j = 0; j < {nw - 1}; j++) {{ int r = hwb_b0 + j; if (r >= {nw}) r -= {nw}; bad |= hwb_bad[r]; }}",
+            f"    for (int j = 0; j < {nw - 1}; j++) {{ int r = hwb_h0 + 1 + j; if (r >= {nw}) r -= {nw}; bad |= hwb_bad[r]; }}",
             "    hwb_badp = bad;", "    hwb_pend = 0;", "    return 0;", "}",
+            "static void hwb_in(const float *x) {",
+            "    hwb_put0(x);",
+            f"    {news}",
+            "}",
             "int hwb_model_push(const float *x, float *y) {",
             "    if (hwb_pend) hwb_model_prepare();",
             "    int bad = 0;",
             f"    for (int i = 0; i < {step}; i++) bad |= !(__builtin_fabsf(x[i]) <= 3.40282347e38f);",
-            f"    {{ int r = hwb_b0 + {nw - 1}; if (r >= {nw}) r -= {nw}; hwb_bad[r] = (unsigned char)bad; }}",
-            f"    hwb_put0(x, {nw - 1});",
-            f"    {news}",
+            "    hwb_bad[hwb_h0] = (unsigned char)bad;",
+            "    hwb_in(x);",
             "    hwb_head(y);",
             f"    if (__builtin_expect(bad | hwb_badp, 0)) for (int i = 0; i < {out_n}; i++) y[i] = __builtin_nanf(\"\");",
             "    hwb_pend = 1;", "    return 0;", "}",
             "int hwb_model_reset(void) {",
             f"    static const float zeros[{step}] A64;",
-            f"    {' '.join(f'hwb_b{li} = 0;' for li in range(n))}",
-            f"    for (int j = 0; j < {nw}; j++) {{ hwb_put0(zeros, j); hwb_bad[j] = 0; }}",
-            fill.rstrip("\n"),
-            "    hwb_badp = 0; hwb_pend = 1;", "    return 0;", "}",
+            f"    {' '.join(f'hwb_h{li} = 0; __builtin_memset({_ring(li)}, 0, sizeof {_ring(li)});' for li in range(1, len(p.stages)))}",
+            f"    for (int j = 0; j < {nw}; j++) {{ hwb_h0 = j; hwb_put0(zeros); hwb_bad[j] = 0; }}",
+            "    hwb_h0 = 0; hwb_pend = 0;",
+            *([f"    for (int s = 0; s < {p.stages[-1].rows}; s++) {{ hwb_h{len(p.stages) - 1} = s; hwb_spread(); }}",
+               f"    hwb_h{len(p.stages) - 1} = 0;"] if p.flat is not None else []),
+            f"    for (int k = 0; k < {warm}; k++) {{ hwb_in(zeros); hwb_pend = 1; hwb_model_prepare(); }}",
+            "    hwb_badp = 0;", "    return 0;", "}",
             "int hwb_model_stream_push(const float *x, float *y) { (void)x; (void)y; return -1; }",
             "int hwb_model_stream_prepare(void) { return -1; }",
             "int hwb_model_stream_reset(void) { return -1; }",
             "__attribute__((constructor)) static void hwb_window_init(void) { hwb_model_reset(); }", ""]
-    return "\n".join(line for line in code if line)
+    return "\n".join(line for line in code if line.strip())
 
 
 def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str]) -> WindowC | None:
-    """The sliding window's C for a convolutional model of input ``in_shape`` (the same
-    symbols, header and metadata as :func:`plugins.cpu_native.sliding.emit`, ``stream`` 0),
-    or None when :func:`plan_conv` finds no incremental form (then sliding.emit's)."""
+    """The sliding window's C for a convolutional, pooling or flattened-Dense model of input
+    ``in_shape`` (the same symbols, header and metadata as
+    :func:`plugins.cpu_native.sliding.emit`, ``stream`` 0), or None when :func:`plan_conv`
+    finds no incremental form (then sliding.emit's)."""
     p = plan_conv(net, precision) if net is not None else None
     if p is None:
         return None
-    header = HEADER.format(window=p.window, step=p.step, form="incremental", stream=0)
+    header = HEADER.format(window=p.window, step=p.step, form="incremental", stream=0, push_weights="fp32")
     code = emit_incremental(net, p, requires)  # type: ignore[arg-type]
     return WindowC("/* ---- the sliding window (plugins/cpu_native/sliding_conv.py) ---- */\n" + code, header,
                    {"form": "incremental", "window": p.window, "step": p.step, "stream": False})
