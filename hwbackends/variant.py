@@ -54,9 +54,9 @@ class VariantRecord:
     toolchain: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] | None = None
     hardware_estimate: dict[str, Any] | None = None
-    #: What the plugin's report sections show (``Target.report_meta``: for the FPGA targets
-    #: bits, bit-exactness, chosen fraction). The key keeps its old name: results files.
-    fpga: dict[str, Any] | None = None
+    #: What the target's plugin keeps for its report sections (``Target.report_meta``: for
+    #: the FPGA targets bits, bit-exactness, chosen fraction); ``None`` for most targets.
+    plugin_report: dict[str, Any] | None = None
     machine: dict[str, Any] | None = None
     artifact_from: str | None = None
     artifact_from_node: str | None = None
@@ -76,7 +76,7 @@ class VariantRecord:
                    cached=bool(d.get("cached")), artifact_bytes=d.get("artifact_bytes"),
                    artifact_key=cm.artifact.key, batch_size=cm.batch_size,
                    toolchain=dict(d.get("toolchain") or {}), data=cm.data or None,
-                   hardware_estimate=est, fpga=report_meta(cm.target, d.get("meta") or {}, registry))
+                   hardware_estimate=est, plugin_report=report_meta(cm.target, d.get("meta") or {}, registry))
 
     @classmethod
     def failed(cls, target: str, precision: str, mode: str, error: str,
@@ -100,8 +100,8 @@ class VariantRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VariantRecord":
-        """The inverse of :meth:`to_dict`; also reads rows of results files written before
-        this record existed (no ``artifact_key``; the estimate only inside ``fpga``)."""
+        """The inverse of :meth:`to_dict` (a row of a results file of this format version:
+        ``BenchResults.load`` refuses other versions before reading a row)."""
         if not isinstance(d, dict):
             raise RecordError(f"a variant row must be a JSON object, got {type(d).__name__}; "
                               f"re-run `hwb bench` to regenerate the results file")
@@ -116,15 +116,12 @@ class VariantRecord:
         kw["error"] = d.get("error") or None
         if isinstance(d.get("fidelity"), dict):
             kw["fidelity"] = Fidelity.from_dict(d["fidelity"])
-        if isinstance(d.get("fpga"), dict):  # files before the record kept the estimate there
-            kw["fpga"] = {k: v for k, v in d["fpga"].items() if k != "hardware_estimate"}
-            kw.setdefault("hardware_estimate", d["fpga"].get("hardware_estimate"))
         return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
 
 
 def report_meta(target: str, meta: dict[str, Any],
                 registry: "Registry | None" = None) -> dict[str, Any] | None:
-    """What the results row keeps (as ``fpga``) of a variant's artifact metadata for its
+    """What the results row keeps (as ``plugin_report``) of a variant's artifact metadata for its
     plugin's report sections: ``Target.report_meta``, so the core reads none of a plugin's
     keys. ``None`` for a target not registered here, or a hook that raises or returns
     something other than a dict (logged: a plugin bug must not lose the benchmark)."""

@@ -310,10 +310,11 @@ def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_pa
     assert "fidelity from the results' own data, not this strategy's validation_data" in own["note"]
 
 
-def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> None:
+def test_variant_record_round_trips_and_keeps_newer_keys(compiled, tmp_path) -> None:
     """The typed variant record (issue 21 #2): to_dict/from_dict round-trip through JSON for
-    one output and several (one Fidelity with per-output figures), and rows of files written
-    before it still load."""
+    one output and several (one Fidelity with per-output figures); a key a newer writer added
+    is written back; a file of the format before (version 1) is refused, saying to re-run
+    `hwb bench` (issue 37 item 10: no readers for older rows)."""
     from hwbackends.fidelity import Fidelity
     from hwbackends.variant import VariantRecord
 
@@ -323,12 +324,13 @@ def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> No
         back = VariantRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
         assert back == rec
     assert isinstance(back.fidelity, Fidelity) and len(back.fidelity.outputs or {}) == 2
-    old = {"variant": "fpga.da4ml:auto", "target": "fpga.da4ml", "precision": "auto",
+    row = {"variant": "fpga.da4ml:auto", "target": "fpga.da4ml", "precision": "auto",
            "mode": "emulated", "error": None, "fidelity": rec.fidelity.to_dict(),
-           "fpga": {"hardware_estimate": {"label": "modelled"}, "bits": {"frac_bits": 6}},
-           "written_by_a_newer_version": [1]}
-    r = VariantRecord.from_dict(old)
-    assert r.hardware_estimate == {"label": "modelled"} and r.fpga == {"bits": {"frac_bits": 6}}
+           "hardware_estimate": {"label": "modelled"},
+           "plugin_report": {"bits": {"frac_bits": 6}}, "written_by_a_newer_version": [1]}
+    r = VariantRecord.from_dict(row)
+    assert r.hardware_estimate == {"label": "modelled"}
+    assert r.plugin_report == {"bits": {"frac_bits": 6}}
     assert r.artifact_key == "" and r.fidelity == rec.fidelity
     assert r.to_dict()["written_by_a_newer_version"] == [1]
     res = BenchResults(model={"name": "signal"}, machine={})
@@ -339,6 +341,10 @@ def test_variant_record_round_trips_and_reads_old_rows(compiled, tmp_path) -> No
     d["variants"] = [{"variant": "x"}]
     path.write_text(json.dumps(d))
     with pytest.raises(ResultsError, match="variant row 'x' has no target, precision; re-run `hwb bench`"):
+        BenchResults.load(path)
+    d["version"], d["variants"] = 1, [row | {"fpga": row["plugin_report"]}]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ResultsError, match="version 1; this hwbackends reads version 2. Re-run `hwb bench`"):
         BenchResults.load(path)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hwbackends.bench import BenchResults, Sliding, measure
+from hwbackends.bench.results import VERSION
 from hwbackends.cli import main
 from hwbackends.context import RunContext
 from hwbackends.errors import UnsupportedError
@@ -66,7 +67,7 @@ def sliding_run(tmp_path_factory, store_dir) -> tuple[Path, Path, str]:
 def test_bench_sliding_rows_carry_push_prepare_full_and_form(sliding_run) -> None:
     out, _, text = sliding_run
     raw = json.loads(out.read_text())  # strict JSON: the standard parser reads it as it is
-    assert raw["version"] == 1
+    assert raw["version"] == VERSION
     res = BenchResults.load(out)
     rows = {p.variant: p for p in res.profiles if p.scenario == "sliding"}
     assert set(rows) == {"cpu.native:fp32", "cpu.onnxruntime:fp32"}

@@ -191,10 +191,10 @@ def _fpga_results() -> BenchResults:
     res.variants = [
         VariantRecord(variant="fpga.da4ml:auto", target="fpga.da4ml", precision="auto",
                       mode="emulated", hardware_estimate=est,
-                      fpga={"bits": {"input_width": 8, "frac_bits": 6, "weight_frac_bits": 5},
+                      plugin_report={"bits": {"input_width": 8, "frac_bits": 6, "weight_frac_bits": 5},
                             "bit_exact": {"samples": 4096, "bit_exact": True}}),
         VariantRecord(variant="fpga.hls4ml:auto", target="fpga.hls4ml", precision="auto",
-                      mode="emulated", fpga={"bits": {"total_bits": 1234}, "frac_bits": 9}),
+                      mode="emulated", plugin_report={"bits": {"total_bits": 1234}, "frac_bits": 9}),
         VariantRecord.failed("fpga.hls4ml", "ap_fixed<8,3>", "emulated", "CompileError: no g++"),
     ]
     return res

@@ -13,8 +13,10 @@ from ..variant import RecordError, VariantRecord
 from .profile import LatencyProfile, table, table_csv
 
 FORMAT = "hwbackends-bench-results"
-#: Bumped when the layout changes incompatibly; loading another version is a clear error.
-VERSION = 1
+#: Bumped when the layout changes incompatibly; loading another version is a clear error
+#: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``
+#: (was ``fpga``), and the rows written before the variant record are no longer read.
+VERSION = 2
 
 
 class ResultsError(HwbError):
