@@ -2,7 +2,9 @@
 run by the C poll loop through the executor's native entry, without the GIL. Its answers,
 statuses and counters are the Python path's; a swap to a variant without an entry (LiteRT)
 and the rollback switch paths; a C entry that fails gives an error status, never an answer;
-the C++ client (examples/shm_strategy.cpp) gets the model's own bits."""
+an ABI 1 entry (predict only) is still served natively, a newer ABI or a struct shorter than
+its ABI is refused (hwb_native.h); the C++ client (examples/shm_strategy.cpp) gets the
+model's own bits."""
 from __future__ import annotations
 
 import json
