@@ -26,9 +26,9 @@ Sliding endpoints (``sliding=True``, ``hwb serve --shm NAME --sliding``): each r
 one tick (``input.shape[1:]``) and the server keeps the window (``cm.sliding()``'s semantics:
 zero state at the window's start, zero-filled before it is full). The C loop calls push on the
 request, publishes the answer, then runs prepare before it waits for the next request, so the
-client's critical path is the push alone. For a model library with the C window ABI
-(cpu.native's ``hwb_model_push`` / ``_prepare`` / ``_reset``) the loop calls those functions
-itself, without the GIL; any other target is served through the Python
+client's critical path is the push alone. When the model's native entry has a window (ABI 2
+of hwb_native.h: cpu.native's ``hwb_model_push`` / ``_prepare`` / ``_reset``) the loop calls
+those functions itself, without the GIL; any other target is served through the Python
 :class:`~hwbackends.sliding.Window` (its recompute form: ``predict_into`` on the window each
 tick), with the GIL held for the tick. A request flagged ``HWB_SHM_FLAG_RESET`` (or a new
 connection) empties the window. One window per endpoint, so one client (``slots=1``).
