@@ -9,36 +9,42 @@ product: the target names the product by a digest of *everything* its build read
 preprocessed translation units, the generated Verilog, compiler versions and flags:
 :func:`digest`), and gets the file back instead of rebuilding it.
 
-Layout: ``<store root>/build-cache/ab/abcdef…/{blob,record.json}``, written in a staging
-directory and renamed into place (never half-visible), 0700/0600 like the store, the record
-HMAC-signed with the store's key (:mod:`hwbackends.trust`) over the digest and the blob's
-sha256. A blob that does not match its signed record (edited, truncated, written with another
-key) is removed and reported as a miss: the caller builds, as without a cache.
+Layout: ``<store root>/build-cache/ab/abcdef…/{blob,record.json}``, a signed entry
+(:class:`hwbackends.signed_dir.SignedDir`: staged and renamed into place, never half-visible,
+0700/0600 like the store, the record HMAC-signed with the store's key over the digest, the
+format and the blob's sha256). A blob that does not match its signed record (edited,
+truncated, written with another key, or an entry of an older format) is removed and reported
+as a miss: the caller builds, as without a cache.
 
-The core activates the cache of the store a compile commits into for the duration of
-``Target.compile`` (:func:`active`, in the compile worker); a plugin asks :func:`current`
-(``None``: no cache, build as usual).
+How a plugin reaches it: the core makes the cache of the store a compile commits into
+*current* for exactly the duration of ``Target.compile`` (:func:`active`, in the compile
+worker), and a plugin asks :func:`current` (``None``: no cache, build as usual). It is not an
+argument because ``Target.compile(model, options, workdir)`` is the versioned plugin contract:
+adding a parameter would break every plugin written against it, for a service most targets
+never use. It is a :class:`contextvars.ContextVar`, not a module global: it is set only inside
+:func:`active`, restored when the compile ends (however it ends), and seen only by the thread
+(or task) running that compile, so two compiles into different stores in one process never
+see each other's cache.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
-import json
 import logging
 import os
-import shutil
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-from . import trust
 from .errors import StoreTrustError
-from .store import KEY_RE, evict_at, file_sha256, private_mkdir, two_level_names
+from .signed_dir import HEX_KEY, SignedDir
 
 log = logging.getLogger("hwbackends.build_cache")
 DIRNAME = "build-cache"
 RECORD, BLOB = "record.json", "blob"
+#: The record's format (1: a signed entry with a ``files`` list; no version before it).
+FORMAT = 1
 
 
 def digest(*parts: bytes | str) -> str:
@@ -57,131 +63,64 @@ class BuildCache:
     """One store's build cache (``root``: its ``build-cache`` directory)."""
 
     root: Path
+    _dir: SignedDir = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_dir", SignedDir(self.root, "build cache", FORMAT, record=RECORD))
 
     def path_for(self, name: str) -> Path:
         """The directory of the product ``name`` (a digest; anything else is refused)."""
-        if not isinstance(name, str) or not KEY_RE.fullmatch(name):
+        if not isinstance(name, str) or not HEX_KEY.fullmatch(name):
             raise ValueError(f"{name!r:.80} is not a build-cache digest (64 hex digits)")
-        return self.root / name[:2] / name
+        return self._dir.path_for(name)
 
     def fetch(self, name: str, dest: Path) -> bool:
         """Copy the product ``name`` to ``dest`` and return True, or False (absent, removed
         meanwhile by a prune or another process, or invalid and now removed). ``dest`` is
-        replaced only by a complete, verified copy."""
-        d = self.path_for(name)
-        if not (d / RECORD).exists():
-            return False
-        gid = trust.trusted_gid()
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
-        try:
-            for p in (self.root, d.parent):
-                trust.check_path(p, "build cache directory", gid)
-            trust.check_tree(d, gid)
-            with contextlib.suppress(OSError):  # a use, recorded before the read: a prune that
-                os.utime(d, follow_symlinks=False)  # scanned earlier puts it back
-            record = json.loads((d / RECORD).read_text())
-            ok = (isinstance(record, dict) and record.get("digest") == name
-                  and trust.verify(trust.load_key(), record)
-                  and _copy_verified(d / BLOB, tmp, record.get("sha256")))
-        except FileNotFoundError:
-            return False  # pruned (or found invalid by another process) meanwhile: a miss
-        except (OSError, ValueError) as exc:
-            log.warning("build cache entry %s unreadable (%s); removing it", name[:12], exc)
-            ok = False
-        if not ok:
-            log.warning("build cache entry %s does not match its signed record; removing it, "
-                        "the product is rebuilt", name[:12])
-            self.discard(name)
-            return False
-        os.replace(tmp, dest)
-        return True
+        replaced only by a complete, verified copy (hashed as it is copied: one read)."""
+        self.path_for(name)
+        entry = self._dir.read(name, hash_files=False)
+        return entry is not None and self._dir.copy_out(entry, BLOB, dest)
 
     def names(self) -> list[str]:
         """Every product's digest (unverified: :meth:`fetch` verifies one)."""
-        return two_level_names(self.root)
+        return self._dir.keys()
 
     def put(self, name: str, src: Path) -> None:
         """Keep ``src`` as the product ``name`` (a second writer of the same name keeps the
         first's: both built the same thing)."""
-        d = self.path_for(name)
-        if d.exists():
+        if self.path_for(name).exists():
             return
-        private_mkdir(self.root)
-        private_mkdir(self.root / "tmp")
-        private_mkdir(d.parent)
-        gid = trust.trusted_gid()
-        for p in (self.root, self.root / "tmp", d.parent):  # a link here would take the product
-            trust.check_path(p, "build cache directory", gid)  # out of the store
-        stage = self.root / "tmp" / uuid.uuid4().hex
-        stage.mkdir(mode=0o700)
-        try:
-            shutil.copyfile(src, stage / BLOB)
-            os.chmod(stage / BLOB, 0o600)
-            record = {"digest": name, "sha256": file_sha256(stage / BLOB),
-                      "size": (stage / BLOB).stat().st_size, "from": src.name}
-            record["hmac"] = trust.sign(trust.load_key(), record)
-            fd = os.open(stage / RECORD, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            try:
-                os.rename(stage, d)
-            except OSError:  # another process put it first
-                pass
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+        self._dir.write(name, {"size": src.stat().st_size, "from": src.name}, {BLOB: src})
 
     def discard(self, name: str, keep: Callable[[os.stat_result], bool] | None = None) -> bool:
-        """Remove the product ``name`` (one its user found unusable, or pruned): renamed into
-        ``tmp/`` through directory fds, never following a link, then removed unless ``keep``
-        (given the moved directory's ``lstat``) puts it back (:meth:`ArtifactStore.evict`).
-        The next build makes it again. Returns whether it was removed."""
+        """Remove the product ``name`` (one its user found unusable, or pruned): renamed away
+        through directory fds, never following a link, then removed unless ``keep`` (given the
+        moved directory's ``lstat``) puts it back (:meth:`SignedDir.evict`). The next build
+        makes it again. Returns whether it was removed."""
         self.path_for(name)
         try:
-            return evict_at(self.root, [name[:2]], name, keep)
+            return self._dir.evict(name, keep)
         except StoreTrustError as exc:
             log.warning("build cache entry %s not removed: %s", name[:12], exc)
             return False
 
 
-def _copy_verified(src: Path, dst: Path, sha256: Any) -> bool:
-    """Copy ``src`` to a new file ``dst``, hashing the bytes as they are copied: True when they
-    are ``sha256`` (the copy is what was verified, in one read), else ``dst`` is removed and
-    False. :class:`FileNotFoundError` when ``src`` is gone (a reader that opened it keeps
-    reading it whole even if it is removed meanwhile)."""
-    h = hashlib.sha256()
-    with open(src, "rb") as f:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-                    out.write(chunk)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(dst)
-            raise
-    if h.hexdigest() == sha256:
-        return True
-    os.unlink(dst)
-    return False
-
-
-_CURRENT: BuildCache | None = None
+_CURRENT: contextvars.ContextVar[BuildCache | None] = contextvars.ContextVar(
+    "hwbackends_build_cache", default=None)
 
 
 @contextlib.contextmanager
 def active(root: str | Path | None) -> Iterator[BuildCache | None]:
     """While the body runs (a target's compile), :func:`current` is the cache at ``root``
-    (``None``: none)."""
-    global _CURRENT
-    before = _CURRENT
-    _CURRENT = BuildCache(Path(root)) if root else None
+    (``None``: none), in this thread or task only."""
+    token = _CURRENT.set(BuildCache(Path(root)) if root else None)
     try:
-        yield _CURRENT
+        yield _CURRENT.get()
     finally:
-        _CURRENT = before
+        _CURRENT.reset(token)
 
 
 def current() -> BuildCache | None:
     """The build cache of the store the running compile commits into, or ``None``."""
-    return _CURRENT
+    return _CURRENT.get()

@@ -39,7 +39,6 @@ import resource
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from . import trust
 from .errors import CompileError, HwbError
 from .units import fmt_bytes
 
@@ -71,22 +71,21 @@ _FALLBACK: dict[str, Path] = {}
 
 def private_dir() -> Path:
     """A directory only this user can enter: ``$XDG_RUNTIME_DIR/hwbackends`` or
-    ``$TMPDIR/hwb-<uid>``, created 0700. A path that exists but is a symlink, another
-    user's, or open to others is not used: a fresh random ``mkdtemp`` directory is."""
+    ``$TMPDIR/hwb-<uid>``, created 0700 (:func:`hwbackends.trust.private_dir`, ``closed``).
+    A path that exists but is a symlink, another user's, or open to others is not used (and
+    not changed: someone else may have put it there): a fresh random ``mkdtemp`` directory
+    is, one per process."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "hwbackends" if runtime else Path(tempfile.gettempdir()) / f"hwb-{os.getuid()}"
     try:
-        base.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(base)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
-            return base
-    except OSError:
-        pass
-    if _FALLBACK.get(str(base)) is None:  # one per process, not one per call
-        fresh = Path(tempfile.mkdtemp(prefix=f"hwb-{os.getuid()}-"))
-        atexit.register(shutil.rmtree, fresh, True)
-        _FALLBACK[str(base)] = fresh
-    return _FALLBACK[str(base)]
+        return trust.private_dir(base, "worker directory", closed=True)
+    except HwbError as exc:
+        if _FALLBACK.get(str(base)) is None:  # one per process, not one per call
+            logger.info("%s; using a fresh private directory instead", exc)
+            fresh = Path(tempfile.mkdtemp(prefix=f"hwb-{os.getuid()}-"))
+            atexit.register(shutil.rmtree, fresh, True)
+            _FALLBACK[str(base)] = fresh
+        return _FALLBACK[str(base)]
 
 
 def _become_subreaper() -> None:

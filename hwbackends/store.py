@@ -14,7 +14,8 @@ An entry directory's mtime is when it was last used (set at commit, touched on e
 A missing manifest, a missing, extra or changed file, a manifest whose HMAC does not
 verify with this user's key (:mod:`hwbackends.trust`), or one signed for another key (an
 entry moved to another key's directory) makes the entry invalid: it is removed and the
-caller rebuilds it. A root, entry or file that someone else could have written (another
+caller rebuilds it (each entry is a :class:`hwbackends.signed_dir.SignedDir` entry; this
+module adds the root, the manifest's ``key_parts`` check, locks, pins and listing). A root, entry or file that someone else could have written (another
 owner, group/world-writable, a symlink) is refused with :class:`StoreTrustError` before
 anything in it is read. The root is resolved and checked once (:func:`trust.resolve_root`)
 and every later path is under that real directory, never through a link again.
@@ -29,18 +30,17 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
-import stat
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from . import dirfd, trust
-from .errors import CacheError, StoreTrustError
+from .errors import CacheError
+from .signed_dir import HEX_KEY, SignedDir, staged_files
+from .signed_dir import file_sha256 as file_sha256  # what plugins import from here
 
 log = logging.getLogger("hwbackends.store")
 #: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
@@ -52,7 +52,7 @@ log = logging.getLogger("hwbackends.store")
 STORE_FORMAT = 4
 MANIFEST = "manifest.json"
 #: What a store key is: the hex sha256 :func:`cache_key` returns (nothing else names a path).
-KEY_RE = re.compile(r"[0-9a-f]{64}")
+KEY_RE = HEX_KEY
 
 
 def default_root() -> Path:
@@ -63,84 +63,9 @@ def default_root() -> Path:
     return Path(base) / "hwbackends"
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def cache_key(parts: dict[str, Any]) -> str:
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def private_mkdir(d: Path) -> None:
-    """Create ``d`` and each missing parent 0700 (``Path.mkdir(parents=True)`` would give
-    the parents the umask's mode)."""
-    missing = []
-    p = Path(d)
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for p in reversed(missing):
-        try:
-            p.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-    if not Path(d).is_dir():
-        raise CacheError(f"{d} exists and is not a directory")
-
-
-def two_level(top_fd: int, rel: str, links: list[dirfd.Link]) -> Iterator[tuple[int, str]]:
-    """``(fd of top/ab, name)`` for each ``top/ab/abcdef…`` directory (a key or digest, filed
-    under its first two digits) in the directory ``top_fd``, by name; ``rel`` names ``top`` in
-    reports. A symlink on the way is appended to ``links`` and not followed; anything else
-    that is no entry is skipped with a warning (``tmp``, a staging directory, silently). The
-    fd is open until the next item."""
-    for ab in dirfd.entries(top_fd):
-        where = f"{rel}/{ab.name}"
-        if ab.is_symlink():
-            links.append(dirfd.link_at(top_fd, ab.name, where))
-            continue
-        if ab.name == "tmp":
-            continue
-        if len(ab.name) != 2 or not ab.is_dir(follow_symlinks=False):
-            log.warning("%s is not a store directory (ab/, the first two digits of a key); skipped",
-                        where)
-            continue
-        try:
-            fd = dirfd.open_dir(ab.name, top_fd)
-        except FileNotFoundError:
-            continue
-        except dirfd.NotFollowed:  # swapped for a link since it was listed
-            links.append(dirfd.link_at(top_fd, ab.name, where))
-            continue
-        try:
-            for e in dirfd.entries(fd):
-                if e.is_symlink():
-                    links.append(dirfd.link_at(fd, e.name, f"{where}/{e.name}"))
-                elif KEY_RE.fullmatch(e.name) and e.name[:2] == ab.name and e.is_dir(follow_symlinks=False):
-                    yield fd, e.name
-                else:
-                    log.warning("%s/%s is not a store entry (its name is no key); skipped", where, e.name)
-        finally:
-            os.close(fd)
-
-
-def two_level_names(top: Path, links: list[dirfd.Link] | None = None) -> list[str]:
-    """The names of the ``top/ab/abcdef…`` directories (:func:`two_level`), never following a
-    link (one found is appended to ``links``; ``top`` itself a link lists nothing)."""
-    found = [] if links is None else links
-    try:
-        with dirfd.opened(top) as fd:
-            return [name for _, name in two_level(fd, str(top), found)]
-    except FileNotFoundError:
-        return []
-    except dirfd.NotFollowed as exc:
-        log.warning("%s is %s; nothing in it is listed", top, exc.strerror)
-        return []
 
 
 #: Entries pinned against pruning in this process: (real store root, key) -> how many pins.
@@ -172,26 +97,6 @@ class Pins:
             self._keys = []
 
 
-def evict_at(root: Path, parts: list[str], name: str,
-             keep: Callable[[os.stat_result], bool] | None = None) -> bool:
-    """Evict ``root/parts…/name`` into ``root/tmp`` through directory fds (:func:`dirfd.evict`).
-    A link on the way is not followed (nothing to evict there: ``False``); a ``tmp`` that is
-    a link is :class:`StoreTrustError`."""
-    private_mkdir(root / "tmp")
-    try:
-        with dirfd.opened(root, parts) as parent, dirfd.opened(root, ["tmp"]) as trash:
-            return dirfd.evict(parent, name, trash, f"evict-{uuid.uuid4().hex}", keep)
-    except FileNotFoundError:
-        return False
-    except dirfd.NotFollowed as exc:
-        if exc.filename == "tmp":
-            raise StoreTrustError(f"store directory {root / 'tmp'} is {exc.strerror}; the store "
-                                  f"follows none. Remove it (rm {root / 'tmp'})") from None
-        log.warning("%s: %s/%s is %s; nothing evicted there", name[:12], root,
-                    "/".join(parts), exc.strerror)
-        return False
-
-
 def check_key(key: Any) -> str:
     """``key`` if it is a store key (64 lowercase hex digits), else :class:`CacheError`: a key
     names a directory, so ``../`` or a slash in one would reach outside the store."""
@@ -200,8 +105,11 @@ def check_key(key: Any) -> str:
     return key
 
 
-class _Vanished(CacheError):
-    """The entry was removed while it was read (a prune or another process): absent."""
+def _check_parts(record: dict[str, Any]) -> None:
+    """A manifest's signed ``key_parts``, when present, must hash to its key."""
+    parts = record.get("key_parts")
+    if parts is not None and cache_key(parts) != record.get("key"):
+        raise CacheError("the manifest's signed key_parts do not hash to its key")
 
 
 class ArtifactStore:
@@ -209,6 +117,7 @@ class ArtifactStore:
         self._given = Path(root) if root else default_root()
         self._real: Path | None = None
         self._key: bytes | None = None
+        self._signed: SignedDir | None = None
 
     @property
     def root(self) -> Path:
@@ -270,152 +179,62 @@ class ArtifactStore:
     def objects(self) -> Path:
         return self.root / "objects"
 
+    @property
+    def _entries(self) -> SignedDir:
+        """The entries, as signed directories under ``objects/`` (staged in ``tmp/``)."""
+        if self._signed is None or self._signed.root != self.objects:
+            self._signed = SignedDir(self.objects, "store", STORE_FORMAT, record=MANIFEST,
+                                     format_field="store_format", staging=self.root / "tmp",
+                                     signing_key=lambda: self.key)
+        return self._signed
+
     def path_for(self, key: str) -> Path:
         check_key(key)
         return self.objects / key[:2] / key
 
     def get(self, key: str, *, touch: bool = True) -> dict[str, Any] | None:
         """The verified manifest of ``key``, or ``None`` (absent, removed meanwhile by a prune
-        or another process, or invalid and now removed). With ``touch`` (a use: the caller
-        reads the entry) its last use is recorded before it is read, so a prune that
-        scanned earlier keeps it (:func:`~hwbackends.store_prune.prune` re-checks at removal)."""
+        or another process, or invalid and now removed: :meth:`SignedDir.read`). With
+        ``touch`` (a use: the caller reads the entry) its last use is recorded before it is
+        read, so a prune that scanned earlier keeps it (:func:`~hwbackends.store_prune.prune`
+        re-checks at removal)."""
         self.check_root()
-        d = self.path_for(key)
-        if not d.exists():
-            return None
-        gid = trust.trusted_gid()
-        try:
-            for parent in (self.objects, d.parent):
-                trust.check_path(parent, "store directory", gid)
-            trust.check_tree(d, gid)  # before any byte of the entry is read
-        except FileNotFoundError:
-            return None  # evicted meanwhile (another process): absent, rebuilt by the caller
-        if touch:
-            self.touch(key)
-        self.key  # a key problem is refused, not mistaken for a bad entry  # noqa: B018
-        try:
-            record = self._verify(d, key)
-        except _Vanished:
-            return None  # removed while it was read: absent, never "corrupt"
-        except CacheError as exc:
-            log.warning("artifact %s is corrupt (%s); removing it, it will be rebuilt", key[:12], exc)
-            self.evict(key)
-            return None
-        return record
-
-    def _verify(self, d: Path, key: str) -> dict[str, Any]:
-        try:
-            record = json.loads((d / MANIFEST).read_text())
-        except FileNotFoundError as exc:
-            if not os.path.lexists(d):
-                raise _Vanished("entry removed before its manifest was read") from exc
-            raise CacheError(f"unreadable manifest: {exc}") from exc
-        except (OSError, ValueError) as exc:
-            raise CacheError(f"unreadable manifest: {exc}") from exc
-        if not isinstance(record, dict) or record.get("store_format") != STORE_FORMAT:
-            got = record.get("store_format") if isinstance(record, dict) else None
-            raise CacheError(f"store format {got} != {STORE_FORMAT}")
-        if not trust.verify(self.key, record):
-            raise CacheError(f"manifest signature does not verify with {trust.key_path()} "
-                             f"(edited, or written with another key)")
-        if record.get("key") != key:
-            raise CacheError(f"the manifest is signed for key {str(record.get('key'))[:12]}, not "
-                             f"{key[:12]} (an entry moved to another key's directory)")
-        parts = record.get("key_parts")
-        if parts is not None and cache_key(parts) != key:
-            raise CacheError("the manifest's signed key_parts do not hash to its key")
-        files = record.get("files")
-        if not isinstance(files, dict):
-            raise CacheError("manifest has no file list")
-        try:
-            present = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()} - {MANIFEST}
-            if present - set(files):
-                raise CacheError(f"files not in the manifest: "
-                                 f"{', '.join(sorted(present - set(files)))}")
-            for rel, digest in files.items():
-                p = d / rel
-                if not p.is_file():
-                    raise CacheError(f"missing file {rel}")
-                if file_sha256(p) != digest:
-                    raise CacheError(f"checksum mismatch for {rel}")
-        except OSError as exc:  # removed while it was read (a concurrent eviction)
-            raise _Vanished(f"entry removed while it was verified ({exc})") from exc
-        return record
+        check_key(key)
+        entry = self._entries.read(key, touch=touch, check=_check_parts)
+        return None if entry is None else entry.record
 
     def stage(self) -> Path:
+        """A private staging directory for an entry's files (``tmp/``; :meth:`commit`)."""
         self.check_root()
-        tmp = self.root / "tmp"
-        private_mkdir(tmp)
-        trust.check_path(tmp, "store directory", trust.trusted_gid())
-        self.sweep_tmp()
-        d = tmp / uuid.uuid4().hex
-        d.mkdir(mode=0o700)
-        return d
+        return self._entries.stage()
 
     def sweep_tmp(self, max_age: float = 24 * 3600) -> None:
         """Remove what ``tmp/`` holds older than ``max_age`` s: stagings of builds that died,
         evictions interrupted half-way (a live build's staging is younger)."""
-        now = time.time()
-        try:
-            with dirfd.opened(self.root, ["tmp"]) as fd:
-                for e in dirfd.entries(fd):
-                    try:
-                        st = e.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stat.S_ISLNK(st.st_mode) or now - st.st_mtime > max_age:
-                        dirfd.remove_at(fd, e.name)  # a link: unlinked, never followed
-        except FileNotFoundError:
-            return
-        except dirfd.NotFollowed as exc:
-            log.warning("%s/tmp is %s; not swept", self.root, exc.strerror)
+        self._entries.sweep(max_age)
 
     def staged_files(self, staged: Path) -> dict[str, str]:
         """The sha256 of every file under ``staged`` (but a manifest), made private on the
         way (dirs 0700, files 0600); a symlink or anything but files and directories is
         refused."""
-        files = {}
-        for p in sorted(staged.rglob("*")):
-            rel = p.relative_to(staged)
-            if p.is_symlink() or not (p.is_dir() or p.is_file()):
-                raise CacheError(f"the artifact contains {'a symlink' if p.is_symlink() else 'a special file'} "
-                                 f"({rel}); targets must write regular files")
-            p.chmod(0o700 if p.is_dir() else 0o600)
-            if p.is_file() and str(rel) != MANIFEST:
-                files[str(rel)] = file_sha256(p)
-        return files
+        return staged_files(staged, MANIFEST)
 
     def commit(self, staged: Path, key: str, record: dict[str, Any]) -> dict[str, Any]:
-        """Hash the staged files, write the signed manifest and move the directory into place.
-        What the target wrote is made private (dirs 0700, files 0600); symlinks are refused.
-        ``record["key_parts"]``, when given, must hash to ``key`` (it is signed with it)."""
+        """Hash the staged files, write the signed manifest and move the directory into place
+        (:meth:`SignedDir.commit`). What the target wrote is made private (dirs 0700, files
+        0600); symlinks are refused. ``record["key_parts"]``, when given, must hash to ``key``
+        (it is signed with it). Another process that committed ``key`` first wins: its entry
+        is returned."""
         check_key(key)
         if "key_parts" in record and cache_key(record["key_parts"]) != key:
             raise CacheError(f"key_parts do not hash to the key {key[:12]} they are stored under")
-        files = self.staged_files(staged)
-        record = dict(record, key=key, store_format=STORE_FORMAT, files=files, created=time.time())
-        record = json.loads(json.dumps(record, default=str))  # sign exactly what is read back
-        record["hmac"] = trust.sign(self.key, record)
-        tmp_manifest = staged / (MANIFEST + ".tmp")
-        fd = os.open(tmp_manifest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(record, indent=1))
-        os.replace(tmp_manifest, staged / MANIFEST)
-        final = self.path_for(key)
-        private_mkdir(final.parent)
-        gid = trust.trusted_gid()
-        for parent in (self.objects, final.parent):  # a link here would take the entry outside
-            trust.check_path(parent, "store directory", gid)
-        try:
-            os.rename(staged, final)
-        except OSError:
-            # Another process committed the same key first; its entry is as good as ours.
-            shutil.rmtree(staged, ignore_errors=True)
-            existing = self.get(key)
-            if existing is None:
-                raise CacheError(f"could not place artifact {key[:12]} into {final}") from None
-            return existing
-        return record
+        placed = self._entries.commit(staged, key, dict(record, created=time.time()))
+        if placed is not None:
+            return placed
+        existing = self.get(key)
+        if existing is None:
+            raise CacheError(f"could not place artifact {key[:12]} into {self.path_for(key)}")
+        return existing
 
     @contextlib.contextmanager
     def build_lock(self, key: str, what: str = "", say: Callable[[str], None] | None = None,
@@ -431,8 +250,7 @@ class ArtifactStore:
         say = say or log.info
         self.check_root()
         locks = self.root / "locks"
-        private_mkdir(locks)
-        trust.check_path(locks, "store directory", trust.trusted_gid())
+        trust.private_dir(locks, "store directory", trust.trusted_gid())
         fd = os.open(locks / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         try:
@@ -518,19 +336,19 @@ class ArtifactStore:
 
     def keys(self) -> list[str]:
         """The keys of every entry directory (unverified: :meth:`get` verifies one)."""
-        return two_level_names(self.objects) if self._exists() else []
+        return self._entries.keys() if self._exists() else []
 
     def discard(self, staged: Path) -> None:
-        shutil.rmtree(staged, ignore_errors=True)
+        self._entries.discard(staged)
 
     def evict(self, key: str, keep: Callable[[os.stat_result], bool] | None = None) -> bool:
         """Remove the entry ``key``: renamed into ``tmp/`` first (a concurrent reader sees it
         absent, never half of it), then removed, unless ``keep`` (called with the moved
         entry's ``lstat``) says to put it back. Every directory on the way is opened without
-        following a link (:mod:`hwbackends.dirfd`): a linked ``objects/ab`` is not followed,
+        following a link (:meth:`SignedDir.evict`): a linked ``objects/ab`` is not followed,
         and an entry that is a link is unlinked. Returns whether it was removed."""
         check_key(key)
-        return evict_at(self.root, ["objects", key[:2]], key, keep)
+        return self._entries.evict(key, keep)
 
     def entries(self) -> Iterator[dict[str, Any]]:
         """Every entry's manifest, each verified as :meth:`get` does (an invalid entry is
@@ -538,7 +356,7 @@ class ArtifactStore:
         if not self._exists() or not self.objects.exists():
             return
         self.check_root()
-        for key in two_level_names(self.objects):
+        for key in self._entries.keys():
             record = self.get(key, touch=False)
             if record is not None:
                 yield record

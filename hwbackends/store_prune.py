@@ -34,7 +34,8 @@ from typing import Any, Callable
 from . import dirfd, trust
 from .build_cache import DIRNAME as BUILD_CACHE_DIR
 from .build_cache import RECORD, BuildCache
-from .store import MANIFEST, ArtifactStore, private_mkdir, two_level
+from .signed_dir import two_level
+from .store import MANIFEST, ArtifactStore
 from .units import fmt_bytes, parse_size
 
 log = logging.getLogger("hwbackends.store")
@@ -239,8 +240,7 @@ def prune(store: ArtifactStore, *, max_bytes: int | None = None,
     now = time.time() if now is None else now
     before = usage(store, labels=labels)
     if not dry_run:  # removal renames into tmp/: refused (never followed) if it is a link
-        private_mkdir(store.root / "tmp")
-        trust.check_path(store.root / "tmp", "store directory", trust.trusted_gid())
+        trust.private_dir(store.root / "tmp", "store directory", trust.trusted_gid())
     size = before.removable_bytes
     removed: list[Entry] = []
     kept_recent = kept_pinned = 0

@@ -12,8 +12,13 @@ records signed with this user's key. Modelled on OpenSSH's ``StrictModes``.
 - **The key.** 32 random bytes in ``$HWB_KEY_FILE``, else
   ``$XDG_CONFIG_HOME/hwbackends/store.key`` (``~/.config/hwbackends/store.key``), created
   0600 on first use; a key file others can read or write, or one that is not a regular file
-  (a FIFO, a directory), is refused. Manifests carry
-  ``hmac-sha256(key, manifest)``: a manifest edited without the key does not verify.
+  (a FIFO, a directory), is refused. Every signed record (:mod:`hwbackends.signed_dir`: store
+  manifests, build-cache and profile records, the zoo's) carries ``hmac-sha256(key, record)``
+  (:func:`sign`, checked with :func:`verify` in constant time): a record edited without the
+  key does not verify.
+- **Private directories.** :func:`private_dir` creates a directory 0700 (its missing parents
+  too) or accepts an existing one only if it passes the rules above, and says how to fix one
+  that does not: what the store, the caches and the compile worker's scratch use.
 """
 from __future__ import annotations
 
@@ -136,6 +141,44 @@ def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False
     return st
 
 
+def private_dir(path: Path, what: str, gid: int | None = None, *, closed: bool = False) -> Path:
+    """``path`` as a directory only this user (or members of ``gid``) can change: each missing
+    component is created 0700 (``Path.mkdir(parents=True)`` would give the parents the
+    umask's mode), and the directory itself must pass :func:`check_path`: not a symlink, owned
+    by this user (or root), not writable by others. ``closed``: nobody else may even read or
+    enter it (mode ``0700``). Anything else is :class:`StoreTrustError` naming ``what``,
+    the path and the fix; nothing is chmod'ed or removed behind the user's back."""
+    p = Path(path)
+    missing = []
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for q in reversed(missing):
+        try:
+            os.mkdir(q, 0o700)
+        except FileExistsError:
+            pass  # created meanwhile: checked below like any other
+        except OSError as exc:
+            raise StoreTrustError(f"cannot create the {what} {q} ({exc}); make its parent "
+                                  f"writable by you, or point hwbackends at a directory you "
+                                  f"own (HWB_CACHE_DIR)") from exc
+    try:
+        st = check_path(Path(path), what, gid)
+    except FileNotFoundError:
+        raise StoreTrustError(f"{what} {path} vanished as it was created; retry") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreTrustError(f"{what} {path} is not a directory; remove it (rm {path}) and "
+                              f"let hwbackends create it")
+    if gid is None and st.st_uid != os.getuid():  # root's is trusted, but not ours to use
+        raise StoreTrustError(f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), "
+                              f"not by you ({_user(os.getuid())}); remove it or point "
+                              f"hwbackends at a directory of your own")
+    if closed and st.st_mode & 0o077:
+        raise StoreTrustError(f"{what} {path} is open to others (mode "
+                              f"{stat.filemode(st.st_mode)}); fix: chmod 700 {path}")
+    return Path(path)
+
+
 #: Symlinks followed while resolving a store root before it is refused as a loop.
 MAX_LINKS = 40
 
@@ -237,7 +280,8 @@ def load_key() -> bytes:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         try:
-            p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not p.parent.exists():
+                private_dir(p.parent, "directory of the store key")
             fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:  # another process created it first
             return load_key()
@@ -281,9 +325,6 @@ def sign(key: bytes, record: dict[str, Any]) -> str:
 
 
 def verify(key: bytes, record: dict[str, Any]) -> bool:
+    """Whether ``record`` carries :func:`sign`'s HMAC (compared in constant time)."""
     got = record.get("hmac")
     return isinstance(got, str) and hmac.compare_digest(got, sign(key, record))
-
-
-def sign_bytes(key: bytes, data: bytes) -> str:
-    return hmac.new(key, data, hashlib.sha256).hexdigest()

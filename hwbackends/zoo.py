@@ -42,12 +42,10 @@ come from NumPy's seeded generator, so fingerprints are identical across process
 from __future__ import annotations
 
 import hashlib
-import hmac
 import importlib.util
 import json
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,6 +53,7 @@ import numpy as np
 
 from .errors import HwbError, ModelError
 from .models import Model, load_model, register_source
+from .signed_dir import SignedDir
 
 log = logging.getLogger("hwbackends.zoo")
 
@@ -319,33 +318,30 @@ def keras_signal(epochs: int = 4) -> tuple[Any, np.ndarray]:
     return m, xv
 
 
-def _zoo_dir() -> Path:
-    """``<store root>/zoo``, under the store's trust rules (see :mod:`hwbackends.trust`)."""
-    from .store import ArtifactStore, private_mkdir
-    from .trust import check_path, trusted_gid
+#: The zoo directory's entries' format (1: signed entries with a JSON record beside each file).
+ZOO_FORMAT = 1
+
+
+def _zoo() -> SignedDir:
+    """``<store root>/zoo``: each trained model and memo a file beside its signed record
+    (``<file>.hmac``), under the store's trust rules (:mod:`hwbackends.signed_dir`)."""
+    from .store import ArtifactStore
 
     st = ArtifactStore()
     st.check_root()
-    d = st.root / "zoo"
-    private_mkdir(d)
-    check_path(d, "zoo directory", trusted_gid())
-    return d
+    return SignedDir(st.root / "zoo", "zoo", ZOO_FORMAT, fanout=False, suffix=".hmac")
+
+
+def _zoo_dir() -> Path:
+    """The zoo directory, created private (:func:`hwbackends.trust.private_dir`)."""
+    from .trust import private_dir, trusted_gid
+
+    return private_dir(_zoo().root, "zoo directory", trusted_gid())
 
 
 def _signed(path: Path) -> bool:
-    """Whether ``path`` is ours and its bytes carry our HMAC (``<path>.hmac``)."""
-    from .store import ArtifactStore
-    from .trust import check_path, sign_bytes, trusted_gid
-
-    if not path.exists():
-        return False
-    check_path(path, "zoo model", trusted_gid())
-    sig = path.with_name(path.name + ".hmac")
-    try:
-        return hmac.compare_digest(sig.read_text().strip().encode(),
-                                   sign_bytes(ArtifactStore().key, path.read_bytes()).encode())
-    except OSError:
-        return False
+    """Whether the zoo file ``path`` is ours: its bytes are what its signed record says."""
+    return _zoo().read(path.name, touch=False) is not None
 
 
 def signal_init(seed: int = 7) -> list[np.ndarray]:
@@ -479,7 +475,7 @@ def get(name: str, *, deferred: bool = True) -> Model:
     def load() -> Model:
         real = build()
         if real.fingerprint != memo["fingerprint"]:  # never trusted twice: the next get builds
-            _memo_path(name).unlink(missing_ok=True)
+            _zoo().evict(_memo_path(name).name)
         return real
 
     m = Model.deferred(load, memo["format"], [TensorSpec.from_dict(d) for d in memo["inputs"]],
@@ -519,9 +515,10 @@ def _memo_key(name: str) -> str | None:
     if name == "signal":
         path = _signal_file()
         try:
-            if not _signed(path):
+            entry = _zoo().read(path.name, touch=False)
+            if entry is None:
                 return None
-            h.update(hashlib.sha256(path.read_bytes()).digest())
+            h.update(entry.record["files"][path.name].encode())  # the signed file's sha256
         except (OSError, HwbError):
             return None
     return h.hexdigest()
@@ -533,9 +530,10 @@ def _read_memo(name: str, key: str) -> dict[str, Any] | None:
     is ``None``: the model is built, and the memo written again."""
     path = _memo_path(name)
     try:
-        if not _signed(path):
+        data = _zoo().read_bytes(path.name)
+        if data is None:
             return None
-        memo = json.loads(path.read_bytes())
+        memo = json.loads(data)
     except (OSError, ValueError, HwbError) as exc:
         log.info("zoo memo %s not used (%s); building %s", path, exc, name)
         return None
@@ -560,19 +558,9 @@ def _write_memo(name: str, key: str, m: Model) -> None:
 
 
 def _write_signed(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` and its HMAC to ``path.hmac``, each written privately and renamed
-    into place (a reader sees the old pair or the new one, never half a file)."""
-    from .store import ArtifactStore
-    from .trust import sign_bytes
-
-    for target, blob in ((path, data),
-                         (path.with_name(path.name + ".hmac"),
-                          sign_bytes(ArtifactStore().key, data).encode())):
-        tmp = target.with_name(f".{os.getpid()}-{threading.get_ident()}-{target.name}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, target)
+    """``data`` as the zoo file ``path``, signed (a reader sees the old pair or the new one,
+    never half a file)."""
+    _zoo().write_file(path.name, {}, data)
 
 
 # "zoo:NAME" in load_model (and everywhere a model is named: CLI, strategies.toml).

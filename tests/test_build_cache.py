@@ -42,7 +42,7 @@ def test_a_put_product_comes_back_and_a_tampered_one_never_does(tmp_path) -> Non
     cache.put(name, src)
     rec = json.loads((entry / "record.json").read_text())
     (entry / "blob").write_bytes(b"evil")
-    rec["sha256"] = file_sha256(entry / "blob")
+    rec["files"]["blob"] = file_sha256(entry / "blob")
     rec["hmac"] = trust.sign(b"k" * 32, rec)
     (entry / "record.json").write_text(json.dumps(rec))
     assert not cache.fetch(name, tmp_path / "other.so") and not entry.exists()

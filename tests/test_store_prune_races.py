@@ -12,8 +12,7 @@ import pytest
 from test_trust import _commit
 
 import hwbackends as hwb
-from hwbackends import store as store_mod
-from hwbackends import store_prune, trust
+from hwbackends import signed_dir, store_prune, trust
 from hwbackends.build_cache import DIRNAME, BuildCache, digest
 from hwbackends.store import ArtifactStore
 from hwbackends.store_prune import prune
@@ -90,24 +89,25 @@ def test_a_use_recorded_before_the_rename_is_seen_after_it(tmp_path, monkeypatch
 
 def test_a_reader_that_loses_its_entry_midway_sees_a_miss_and_removes_nothing(
         tmp_path, monkeypatch) -> None:
-    """Prune moved the entry away while it was hashed and put it back: the reader saw files
-    vanish. That is a miss, not a corrupt entry to evict (it would evict the put-back one)."""
+    """Prune moved the entry away while it was hashed (to put it back later): the reader's
+    files are no longer at the entry's path. That is a miss, not a corrupt entry to evict
+    (it would evict the put-back one), and what was moved is left whole."""
     st = ArtifactStore(tmp_path / "store")
     key = "12" * 32
     d = _commit(st, key)
-    sha = store_mod.file_sha256
+    sha = signed_dir.file_sha256
     away = tmp_path / "away"
 
-    def vanish_while_hashing(path):
-        os.rename(d, away)
-        try:
-            return sha(path)
-        finally:
-            os.rename(away, d)
-    monkeypatch.setattr(store_mod, "file_sha256", vanish_while_hashing)
+    def vanish_while_hashing(*args):
+        if d.exists():
+            os.rename(d, away)
+        return sha(*args)
+    monkeypatch.setattr(signed_dir, "file_sha256", vanish_while_hashing)
     assert st.get(key) is None
     monkeypatch.undo()
-    assert d.is_dir() and st.get(key) is not None
+    assert (away / "manifest.json").is_file() and (away / "model.bin").is_file()
+    os.rename(away, d)
+    assert st.get(key) is not None
 
 
 def _product(tmp_path: Path) -> tuple[BuildCache, str, bytes]:

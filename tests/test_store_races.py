@@ -17,8 +17,7 @@ import pytest
 from test_trust import OTHER_UID, _can_chown, _chown_tree, _commit
 
 import hwbackends as hwb
-from hwbackends import store as store_mod
-from hwbackends import trust, zoo
+from hwbackends import signed_dir, trust, zoo
 from hwbackends.bench.profile import LatencyProfile
 from hwbackends.bench.profile_cache import ProfileCache
 from hwbackends.errors import StoreTrustError
@@ -141,12 +140,12 @@ def test_an_entry_evicted_meanwhile_is_absent_not_a_raw_error(
             check_tree(path, gid)
         monkeypatch.setattr(trust, "check_tree", vanish_then_check)
     else:
-        sha = store_mod.file_sha256
+        sha = signed_dir.file_sha256
 
-        def vanish_then_hash(path):
+        def vanish_then_hash(*args):
             shutil.rmtree(d, ignore_errors=True)
-            return sha(path)
-        monkeypatch.setattr(store_mod, "file_sha256", vanish_then_hash)
+            return sha(*args)
+        monkeypatch.setattr(signed_dir, "file_sha256", vanish_then_hash)
     assert st.get(KEY) is None
 
 
