@@ -76,7 +76,8 @@ def _data(m: Model, calibration_data: Any, validation_data: Any,
     Validation data is ``validation_data``, else the model's own. With explicit calibration
     data it is all validation data (or, without any, the calibration data itself, labelled
     *not held out*); without, calibration and validation are the two disjoint halves of the
-    validation data (at most 256/512 samples of a model's own data, as before; up to
+    validation data (at most 256/512 samples of a model's own data, enough for a stable
+    correlation while a compile stays quick; up to
     :data:`~hwbackends.samples.MAX_CALIBRATION`/``MAX_VALIDATION`` of data given here). No
     data at all: seeded synthetic N(0,1), and the label says so."""
     from . import samples as S

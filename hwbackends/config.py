@@ -24,7 +24,6 @@ import os
 import re
 import stat
 import tomllib
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -62,16 +61,20 @@ class TierConfig(_Strict):
     description: str = ""
 
 
-class FidelityConfig(_Strict):
-    """What a variant must meet against the fp32 reference (``hwbackends.fidelity.Tolerance``);
-    keys left out are not checked."""
+#: The gate's defaults: :class:`~hwbackends.fidelity.Tolerance`'s own, the one source.
+_GATE = Tolerance()
 
-    corr_min: float | None = Field(0.999, ge=-1, le=1)
-    max_abs: float | None = Field(None, ge=0)
-    rel_err: float | None = Field(None, ge=0)
-    mae: float | None = Field(None, ge=0)
-    sign_min: float | None = Field(None, ge=0, le=1)
-    argmax_min: float | None = Field(None, ge=0, le=1)
+
+class FidelityConfig(_Strict):
+    """What a variant must meet against the fp32 reference (``hwbackends.fidelity.Tolerance``,
+    whose defaults these are); keys left out are not checked."""
+
+    corr_min: float | None = Field(_GATE.corr_min, ge=-1, le=1)
+    max_abs: float | None = Field(_GATE.max_abs, ge=0)
+    rel_err: float | None = Field(_GATE.rel_err, ge=0)
+    mae: float | None = Field(_GATE.mae, ge=0)
+    sign_min: float | None = Field(_GATE.sign_min, ge=0, le=1)
+    argmax_min: float | None = Field(_GATE.argmax_min, ge=0, le=1)
 
     def tolerance(self, kind: str | None = None) -> Tolerance:
         """The gate, for outputs of ``kind`` (the strategy's ``output_kind``; ``None``: as
@@ -178,8 +181,7 @@ class RouterConfig(_Strict):
     switch_after: int = Field(3, ge=1, le=MAX_COUNT)
     #: Hysteresis: re-route only to a candidate measured this much better (0.2: 20% lower p99).
     switch_margin: float = Field(0.2, ge=0, lt=1)
-    #: Seconds a switched-away or broken variant rests before it serves a retry window
-    #: (``probe_after_s`` before; still read, with a deprecation warning: :data:`RENAMED`).
+    #: Seconds a switched-away or broken variant rests before it serves a retry window.
     retry_after_s: float = Field(2.0, ge=0, le=MAX_S)
     #: Consecutive failures (exceptions, missed deadlines) that open the circuit breaker.
     breaker_failures: int = Field(3, ge=1, le=MAX_COUNT)
@@ -377,37 +379,6 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTE
     return decode_utf8(read_small_file(path, what, max_bytes), str(path))
 
 
-#: Keys renamed in a table: ``(table, old key) -> new key``. The old key is still read (the
-#: value moves to the new one) with a :class:`FutureWarning` naming the line; giving both is an
-#: error. ``probe_after_s`` became ``retry_after_s``: "probe" is only ``Target.probe()``, the
-#: availability answer (docs/architecture.md, vocabulary).
-RENAMED: dict[tuple[str, str], str] = {("router", "probe_after_s"): "retry_after_s"}
-
-
-def _renamed_keys(raw: dict[str, Any], where: dict[tuple[str, ...], int], source: str) -> list[str]:
-    """Move each deprecated key of :data:`RENAMED` in ``raw`` to its new name (and its line in
-    ``where``, so a bad value is still reported at its line), warning once per key. Returns the
-    problems: a table that gives both the old and the new name."""
-    problems: list[str] = []
-    for (table, old), new in RENAMED.items():
-        t = raw.get(table)
-        if not isinstance(t, dict) or old not in t:
-            continue
-        line = _locate(where, (table, old)) or "?"
-        if new in t:
-            problems.append(f"{source}:{line}: {table}.{old}: {old!r} is the old name of {new!r} "
-                            f"and both are given; keep only {table}.{new}")
-            del t[old]  # the rest is still checked, so every problem is reported at once
-            continue
-        t[new] = t.pop(old)
-        if (table, old) in where:
-            where[(table, new)] = where[(table, old)]
-        warnings.warn(f"{source}:{line}: {table}.{old} is deprecated: rename it {table}.{new} "
-                      f"(same meaning, seconds before a taken-out variant is retried)",
-                      FutureWarning, stacklevel=4)
-    return problems
-
-
 # -- loading ----------------------------------------------------------------------------------
 def parse_config(text: str, source: str = "<config>") -> StrategiesFile:
     """Parse and schema-validate TOML text (no registry or file-system checks)."""
@@ -429,7 +400,7 @@ def _validate(text: str, source: str) -> tuple[dict[str, Any], StrategiesFile | 
         raise ConfigError(f"{loc}: invalid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: values nested too deeply to parse") from None
-    problems = _renamed_keys(raw, where, source)
+    problems: list[str] = []
     try:
         cfg = StrategiesFile.model_validate(raw)
         return raw, (None if problems else cfg), problems

@@ -420,7 +420,8 @@ def _digest(*parts: bytes) -> str:
 
 
 def _keras_names(km: Any, kind: str) -> list[str]:
-    """Tensor names: ``input``/``output`` for a single tensor (as before multi-IO), else the
+    """Tensor names: ``input``/``output`` for a single tensor (the names every single-tensor
+    model shares, whatever its framework called them), else the
     Keras layer names (``keras.Input(name=...)``, the output layers' names)."""
     tensors = km.inputs if kind == "input" else km.outputs
     if len(tensors) == 1:
@@ -577,8 +578,8 @@ def _from_torch(obj: Any, name: str, path: Path | None, example: Any, input_shap
     """A torch model: an ``nn.Module``/TorchScript module with ``example`` (one batch: a
     tensor, or a tuple with one tensor per ``forward`` argument) or ``input_shape``, or a
     ``torch.export`` program. Several inputs are named after ``forward``'s arguments, several
-    outputs (a tuple return) ``output_0``, ``output_1``, … (a single one stays ``input`` /
-    ``output``, as before multi-IO)."""
+    outputs (a tuple return) ``output_0``, ``output_1``, … (a single one is ``input`` /
+    ``output``, as in every format)."""
     import torch
 
     if isinstance(obj, torch.export.ExportedProgram):

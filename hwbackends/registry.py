@@ -174,7 +174,8 @@ def is_glob(pattern: str) -> bool:
 
 def select_targets(reg: "Registry", patterns: Sequence[str], where: str = "targets") -> list[str]:
     """Registered target names matching ``patterns`` (exact names or globs), in pattern order
-    then name order, each once. The one selector ``hwb bench`` and the router use:
+    then name order, each once; ``hwb bench``, the router and the fleet select with it, so
+    a pattern means the same everywhere:
 
     * an exact name that is not registered is a typo → :class:`UnknownTargetError`;
     * a glob may match nothing on this installation (``fpga.*`` without the FPGA plugin), but

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .. import machine as machine_mod
 from ..chunked import public
 from ..compiler import compile as hwb_compile
 from ..context import Progress, RunContext
@@ -23,7 +24,6 @@ from ..registry import (
     unaccepted_precisions,
 )
 from ..variant import VariantRecord
-from . import machine as machine_mod
 from .profile import LatencyProfile, brief, samples_per_s, summarize
 from .profile_cache import ProfileCache, profile_key
 from .results import BenchResults

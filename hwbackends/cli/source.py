@@ -2,8 +2,8 @@
 (``--trust-pickle``, ``--weights``, ``--input-shape``, ``--import``) and with which data
 (``--calibration-data``, ``--validation-data``), and the functions that apply them.
 
-Without any of them the model argument is handed on as given (a path or ``zoo:NAME``), so
-the commands behave as before; with one, the model is loaded here with
+Without any of them the model argument is handed on as given (a path or ``zoo:NAME``), and
+each command loads it itself; with one, the model is loaded here with
 :func:`~hwbackends.models.load_model` and the loaded model is handed on. The data files are
 read and checked against the model's inputs here (hwbackends/samples.py): validation data
 becomes the model's own (so every compile of every command uses it), calibration data is

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..bench.machine import describe as machine_line
 from ..bench.profile import FLOOR_FACTOR, LatencyProfile
 from ..bench.results import BenchResults
+from ..machine import describe as machine_line
 from ..units import fmt_us
 from ..variant import VariantRecord
 from . import plots
