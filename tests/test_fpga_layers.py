@@ -138,12 +138,19 @@ def test_batchnorm_before_a_padded_conv_is_refused_by_name(tmp_path: Path) -> No
         assert part in line, line
 
 
+@pytest.fixture(scope="module")
+def bn_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store for the BN stack's builds: the io_parallel design built through ``hwb
+    compile`` is found there by the io_stream comparison."""
+    return tmp_path_factory.mktemp("bn_store")
+
+
 @pytest.mark.slow
-def test_conv1d_batchnorm_stack_is_c_simulated_against_keras(tmp_path: Path) -> None:
+def test_conv1d_batchnorm_stack_is_c_simulated_against_keras(tmp_path: Path, bn_store: Path) -> None:
     """BN → Conv1D(valid) → BN → ReLU → Conv1D(causal) → BN → tanh → pooling → Dense on
     hls4ml's C-simulation, checked against the Keras model (the reference is the source
     model, BatchNormalizations included)."""
-    p = hwb_compile(bn_tcn(tmp_path / "bn.keras"), tmp_path / "store", "--json")
+    p = hwb_compile(bn_tcn(tmp_path / "bn.keras"), bn_store, "--json")
     assert p.returncode == EXIT_OK, p.stderr
     d = json.loads(p.stdout)
     assert d["mode"] == "emulated" and d["fidelity_gate"]["passed"], d["fidelity_gate"]
@@ -151,6 +158,26 @@ def test_conv1d_batchnorm_stack_is_c_simulated_against_keras(tmp_path: Path) -> 
     assert fid["n"] >= 256 and fid["corr"] > 0.999 and fid["sign_agree"] > 0.99, fid
     assert fid["max_abs"] < 0.05, fid
     assert {"c1", "c2", "pool", "out"} <= set(d["meta"]["types"]), sorted(d["meta"]["types"])
+
+
+@pytest.mark.slow
+def test_io_stream_c_simulation_answers_as_io_parallel(tmp_path: Path, bn_store: Path) -> None:
+    """``-O io_type=io_stream`` (hls4ml's streaming Conv1D, pooling and activations, layers
+    joined by FIFOs) builds the BN stack's C-simulation, and it answers exactly as the
+    io_parallel design: the option changes the hardware, not the arithmetic."""
+    import numpy as np
+
+    import hwbackends as hwb
+
+    m = hwb.load_model(bn_tcn(tmp_path / "bn.keras"))
+    x = np.ascontiguousarray(m.representative(256, seed=4), np.float32)
+    par = hwb.compile(m, TARGET, PRECISION, store=bn_store, fidelity=False)
+    stream = hwb.compile(m, TARGET, PRECISION, store=bn_store, fidelity=False,
+                         options={"io_type": "io_stream"})
+    assert stream.artifact.key != par.artifact.key  # two designs, not one cached twice
+    y = par.predict(x)
+    assert len(np.unique(y)) > 50
+    np.testing.assert_array_equal(stream.predict(x), y)
 
 
 def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:

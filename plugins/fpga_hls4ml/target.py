@@ -61,7 +61,10 @@ class Hls4mlTarget(Target):
     option_docs = {
         "backend": "hls4ml backend: Vitis (default) or Vivado (C-sim builds for both; "
                    "Quartus/oneAPI/Catapult are refused with the reason)",
-        "io_type": "io_parallel (default) or io_stream",
+        "io_type": "io_parallel (default: every layer's whole tensor at once, the lowest "
+                   "latency for small models) or io_stream (layers joined by FIFOs, one time "
+                   "step per beat: less area for Conv1D/LSTM stacks; the C-simulation answers "
+                   "are the same)",
         "strategy": "Latency (default) or Resource",
         "reuse_factor": "hls4ml ReuseFactor, integer ≥ 1 (default 1: fully parallel)",
         "clock_period": "target clock period in ns (default 5)",
