@@ -122,7 +122,7 @@ def _data(m: Model, calibration_data: Any, validation_data: Any,
     return calib, v, data
 
 
-def _compile_job(target: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
+def _compile_job(tgt: Target, chain: list[Converter], model_src: Any, options: CompileOptions,
                  workdir: str, build_cache_dir: str | None = None,
                  limits: cost.Limits | None = None) -> dict[str, Any]:
     """Runs in the worker process (or in-process when isolation is off). ``build_cache_dir``:
@@ -141,7 +141,7 @@ def _compile_job(target: Target, chain: list[Converter], model_src: Any, options
                 raise CompileError(f"converter {conv.name} ({conv.src}→{conv.dst}) failed on "
                                    f"{model.name!r}: {type(exc).__name__}: {exc}") from exc
         with build_cache.active(build_cache_dir):
-            meta = target.compile(model, options, Path(workdir))
+            meta = tgt.compile(model, options, Path(workdir))
         return dict(meta or {})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -155,12 +155,12 @@ class Registry:
                                                    f"hwb_converters returned {c!r}, not a Converter"))
 
 
-def safe_probe(target: Target) -> Availability:
-    """``target.probe()``, or an *unavailable* answer naming what went wrong: a probe that
+def safe_probe(tgt: Target) -> Availability:
+    """``tgt.probe()``, or an *unavailable* answer naming what went wrong: a probe that
     raises or returns something else is reported as that target's reason, never raised
     (``hwb targets``, ``hwb bench`` and the router all ask through here)."""
     try:
-        av = target.probe()
+        av = tgt.probe()
     except Exception as exc:  # the contract says probe never raises; a plugin's bug is a reason
         return Availability.unavailable(f"probe raised {type(exc).__name__}: {exc}")
     if not isinstance(av, Availability):
@@ -211,14 +211,14 @@ def slow_unless_named(reg: "Registry", names: Sequence[str],
     return out
 
 
-def precisions_to_build(target: Target, requested: Sequence[str] | None) -> list[str]:
-    """The precisions to build on ``target``: all it lists when none are requested, else
+def precisions_to_build(tgt: Target, requested: Sequence[str] | None) -> list[str]:
+    """The precisions to build on ``tgt``: all it lists when none are requested, else
     exactly the requested ones it :meth:`accepts <hwbackends.target.Target.accepts>` (listed
     or not: an FPGA target takes any ``ap_fixed<W,I>``). ``hwb bench -p``, the router's
     ``precisions = [...]`` and ``hwb fleet`` choose through here."""
     if not requested:
-        return list(target.precisions)
-    return [p for p in dict.fromkeys(requested) if target.accepts(p)]
+        return list(tgt.precisions)
+    return [p for p in dict.fromkeys(requested) if tgt.accepts(p)]
 
 
 def unaccepted_precisions(targets: Sequence[Target], requested: Sequence[str]) -> str | None:
