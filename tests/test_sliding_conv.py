@@ -4,8 +4,8 @@
 global average/max pool or a one-step slice, a Dense head) compiled, then
 ``sliding().push_into`` against ``predict_into`` on the same window over many ticks, with
 resets and prepare patterns, the zero-filled start included; zoo:conv1d over 10,000 ticks;
-what the form refuses keeps the recompute form. ``HWB_SLIDING_EXAMPLES`` raises the number
-of random models (default 3)."""
+a strided stack is taken; what the form refuses ('same' padding) keeps the recompute form.
+``HWB_SLIDING_EXAMPLES`` raises the number of random models (default 3)."""
 from __future__ import annotations
 
 import os
@@ -136,18 +136,32 @@ def test_a_non_finite_step_answers_nan_while_it_is_in_the_window(conv1d_native):
     np.testing.assert_allclose(got, want, atol=FP32_ERR * 2, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["stride", "same"])
-def test_what_it_refuses_keeps_the_recompute_form(store_dir, kind):
-    """A strided conv and 'same' padding (the newest positions read right padding) are not
-    taken: the recompute form, predict_into's own function on the ring, bit for bit."""
+def test_what_it_refuses_keeps_the_recompute_form(store_dir):
+    """'same' padding (the newest positions read right padding) is not taken: the recompute
+    form, predict_into's own function on the ring, bit for bit. (Strides and local pooling
+    are: tests/test_sliding_dense.py.)"""
     stack = [(4, 3, 1, False, "relu"), (4, 2, 1, False, "relu")]
-    km = conv_model(3, 12, 3, stack, False, False, "avg", 0,
-                    stride=2 if kind == "stride" else 1, padding="same" if kind == "same" else None)
+    km = conv_model(3, 12, 3, stack, False, False, "avg", 0, padding="same")
     cm = hwb.compile(km, "cpu.native", store=store_dir, fidelity=False)
     w = cm.sliding()
     assert w.form == "recompute" and cm.artifact.meta["sliding"]["form"] == "recompute"
     xs = np.random.default_rng(3).normal(size=(30, 3)).astype(np.float32)
     np.testing.assert_array_equal(push_all(w, xs, (2,)), window_answers(cm, xs))
+
+
+def test_a_strided_conv_is_incremental_now(store_dir):
+    """The strided stack the recompute form used to take (stride 2 on both convs, window 12:
+    the last position reads the window's steps up to 8 of 0..11, so the newest three reach the
+    answer only through the NaN rule) slides incrementally, equal to predict_into on every
+    window, a reset included."""
+    stack = [(4, 3, 1, False, "relu"), (4, 2, 1, False, "relu")]
+    cm = hwb.compile(conv_model(3, 12, 3, stack, False, False, "avg", 0, stride=2), "cpu.native",
+                     store=store_dir, fidelity=False)
+    w = cm.sliding()
+    assert w.form == "incremental"
+    xs = np.random.default_rng(3).normal(size=(40, 3)).astype(np.float32)
+    got, want = push_all(w, xs, (2,), {20}), window_answers(cm, xs, {20})
+    assert np.abs(got - want).max() <= FP32_ERR * max(1.0, np.abs(want).max())
 
 
 def torch_tcn(c_in: int, ch: int, k: int, dils: list[int], style: str, gelu: bool):

@@ -491,7 +491,9 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
     p = plan_conv(net, precision) if net is not None else None
     if p is None:
         return None
-    header = HEADER.format(window=p.window, step=p.step, form="incremental", stream=0, push_weights="fp32")
+    # the push's weights and gates are the model's own: fp32, exact (sliding.py's options)
+    header = HEADER.format(window=p.window, step=p.step, form="incremental", stream=0, push_weights="fp32",
+                           push_gates="exact")
     code = emit_incremental(net, p, requires)  # type: ignore[arg-type]
     return WindowC("/* ---- the sliding window (plugins/cpu_native/sliding_conv.py) ---- */\n" + code, header,
                    {"form": "incremental", "window": p.window, "step": p.step, "stream": False})
