@@ -1,8 +1,9 @@
-"""cpu.native's ``push_weights`` option (plugins/cpu_native/push_weights.py), through the public
-API: a sliding push with bf16 or int8 input weights answers within its precision family's
-fidelity tolerance of the fp32 full window (not bit for bit: that is the point of it), while
-``predict``, the prepare and the stream stay fp32; its kernels compute what their arithmetic
-model says; a CPU or ``-march`` without the kernel's feature, a model or precision without an
+"""cpu.native's ``push_weights`` and ``push_gates`` options (plugins/cpu_native/push_weights.py),
+through the public API: a sliding push with bf16 or int8 input weights answers within its
+precision family's fidelity tolerance of the fp32 full window (not bit for bit: that is the point
+of it), while ``predict``, the prepare and the stream stay fp32; its kernels compute what their
+arithmetic model says; an fp32 push with the fast gates stays within 1e-5 of the window over
+10,000 ticks; a CPU or ``-march`` without the kernel's feature, a model or precision without an
 incremental push, and a push that misses its tolerance are refused with the reason. Tests that
 run a kernel skip where this CPU lacks its feature."""
 from __future__ import annotations
@@ -34,9 +35,9 @@ def _need(kind: str) -> None:
         pytest.skip(f"push_weights={kind} needs CPU feature(s) {', '.join(lacks)}, which this CPU lacks")
 
 
-def _compile(model, kind: str, store, **kw):
-    return hwb.compile(model, "cpu.native", "fp32", store=store, fidelity=False,
-                       options={"push_weights": kind}, **kw)
+def _compile(model, kind: str, store, gates: str | None = None, **kw):
+    opts = {"push_weights": kind, **({"push_gates": gates} if gates else {})}
+    return hwb.compile(model, "cpu.native", "fp32", store=store, fidelity=False, options=opts, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +94,8 @@ def _lstm_reference(kind: str, km, xs: np.ndarray) -> np.ndarray:
     return h @ wd + bd
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_reduced_kernels_compute_their_arithmetic_model(kind, store_dir):
+@pytest.mark.parametrize("kind,gates", [("bf16", "fast"), ("int8", "fast"), ("int8", "exact")])
+def test_reduced_kernels_compute_their_arithmetic_model(kind, gates, store_dir):
     """Window 1, so each answer is one step from zero state: 37 features (bf16 pairs and int8
     groups of 4 padded) into LSTM(20) (80 gate outputs in 5 vectors; 20 units: a masked gate
     vector) and a Dense head; the push must equal the float64 model of the kernel (the same
@@ -102,7 +103,8 @@ def test_reduced_kernels_compute_their_arithmetic_model(kind, store_dir):
     pair, a group or a channel scale, or gates off by more than their error budget, fail."""
     _need(kind)
     km = recurrent_model(8, 1, 37, [("lstm", 20)], False, 0)
-    cm = _compile(km, kind, store_dir)
+    cm = _compile(km, kind, store_dir, gates)
+    assert cm.artifact.meta["sliding"]["push_gates"] == gates
     xs = np.random.default_rng(6).normal(0, 1.0, (64, 37)).astype(np.float32)
     xs[3] *= 40.0  # one large tick: the int8 scale is per tick
     xs[5] = 0.0    # an all-zero tick: int8's scale 0 must not divide by zero
@@ -131,12 +133,36 @@ def test_lstm_a_reduced_push_is_gated_and_close_to_the_fp32_window(kind, zoo_mod
     assert f.rel_err > 0  # reduced: not predict_into bit for bit
 
 
+def test_fast_gates_keep_an_fp32_push_within_1e_5_over_10000_ticks(zoo_model, store_dir):
+    """push_gates='fast' on the zoo LSTM (window 16): 10,000 ticks within 1e-5 of the answers'
+    scale of predict_into on each window (and not bit-equal: the fast gates are in use), the
+    compile's gate recorded; predict_into is the fp32 variant's bit for bit."""
+    _need("fast")
+    cm = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False,
+                     options={"push_gates": "fast"})
+    sl = cm.artifact.meta["sliding"]
+    assert (sl["push_weights"], sl["push_gates"], sl["push_gate"]["violations"]) == ("fp32", "fast", [])
+    xs = np.random.default_rng(12).normal(size=(10_000, 8)).astype(np.float32)
+    got = push_all(cm.sliding(), xs, (1,))
+    want = window_answers(cm, xs)
+    err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
+    assert 0 < err <= 1e-5, err
+    exact = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False)
+    win = np.random.default_rng(13).normal(size=(3, 16, 8)).astype(np.float32)
+    assert cm.predict(win).tobytes() == exact.predict(win).tobytes()
+
+
 def test_push_weights_refusals_say_what_to_do(store_dir, stack_model):
     """A value it does not know, a precision without an incremental push, a -march without the
     kernel's feature, a model whose push is not incremental: UnsupportedError before any work
     it cannot finish, each naming the way out."""
     with pytest.raises(UnsupportedError, match=r"push_weights='fp16': expected one of fp32, bf16, int8"):
         _compile(stack_model, "fp16", store_dir)
+    with pytest.raises(UnsupportedError, match=r"push_gates='quick': expected one of exact, fast"):
+        _compile(stack_model, "fp32", store_dir, "quick")
+    with pytest.raises(UnsupportedError, match=r"push_gates='fast' applies to precision 'fp32'.*drop push_gates"):
+        hwb.compile(stack_model, "cpu.native", "int8", store=store_dir, fidelity=False,
+                    options={"push_gates": "fast"})
     with pytest.raises(UnsupportedError, match=r"applies to precision 'fp32'.*drop push_weights"):
         hwb.compile(stack_model, "cpu.native", "int8", store=store_dir, fidelity=False,
                     options={"push_weights": "bf16"})

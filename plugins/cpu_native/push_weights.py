@@ -41,8 +41,15 @@ from hwbackends.errors import UnsupportedError
 
 #: The option's values; ``fp32`` (the default) is the exact push.
 CHOICES = ("fp32", "bf16", "int8")
-#: The CPU features (``/proc/cpuinfo`` names) each reduced kernel executes.
-NEEDS = {"bf16": ("avx512f", "avx512_bf16"), "int8": ("avx512f", "avx512bw", "avx512_vnni")}
+#: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`GATES_C` (the default with
+#: reduced weights, an opt-in for fp32).
+GATES = ("exact", "fast")
+#: The CPU features (``/proc/cpuinfo`` names) each reduced kernel (and the fast gates) executes.
+NEEDS = {"bf16": ("avx512f", "avx512_bf16"), "int8": ("avx512f", "avx512bw", "avx512_vnni"),
+         "fast": ("avx512f",)}
+#: The bound on an fp32 push with fast gates: max |push - window| over the answers' scale
+#: (max(1, max |answer|)), the conformance kit's bound for an fp32 incremental form.
+FP32_BOUND = 1e-5
 #: The precision whose family tolerance gates each (hwbackends/fidelity.py TOLERANCES).
 GATE_PRECISION = {"bf16": "bf16", "int8": "int8"}
 #: Ticks :func:`gate` pushes (and full windows it recomputes).
@@ -56,9 +63,20 @@ def choice(extra: dict[str, Any]) -> str:
     return str(extra.get("push_weights", "fp32"))
 
 
+def gates_choice(extra: dict[str, Any]) -> str:
+    """The ``push_gates`` option (absent: ``fast`` with reduced weights, ``exact`` in fp32)."""
+    return str(extra.get("push_gates", "exact" if choice(extra) == "fp32" else "fast"))
+
+
 def missing_features(kind: str, have: set[str] | list[str]) -> list[str]:
-    """The CPU features ``kind``'s kernel needs that ``have`` lacks."""
-    return [f for f in NEEDS.get(kind, ()) if f not in set(have)]
+    """The CPU features ``kind``'s kernel (or the ``fast`` gates) needs that ``have`` lacks."""
+    return missing_features_of(NEEDS.get(kind, ()), have)
+
+
+def missing_features_of(needs: Any, have: set[str] | list[str]) -> list[str]:
+    """The features of ``needs`` (in order, once each) that ``have`` lacks."""
+    got = set(have)
+    return [f for f in dict.fromkeys(needs) if f not in got]
 
 
 def _blocks(nv: int) -> list[tuple[int, int]]:
@@ -93,6 +111,8 @@ class Kernels:
     constants the push reads, with their sizes in bytes (sliding.py's ``hwb_warm`` reads them)."""
 
     kind: str
+    #: whether the push's LSTM gates are :data:`GATES_C`'s (else emit.py's exact ones)
+    fast_gates: bool = True
     consts: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
     push_consts: list[tuple[str, int]] = field(default_factory=list)
@@ -267,10 +287,11 @@ def reference_products(kind: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def gate(module: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], batch: int,
          kind: str, ticks: int = GATE_TICKS) -> dict[str, Any]:
-    """The reduced push's answers against the library's own fp32 full window on ``ticks``
-    seeded N(0, 1) ticks (the first ``T-1`` windows zero-filled): the ``Fidelity`` as a dict
-    and the family tolerance's violations (empty: it passes). ``module``: the freshly built
-    extension; its window is reset before and after."""
+    """The push's answers against the library's own fp32 full window on ``ticks`` seeded
+    N(0, 1) ticks (the first ``T-1`` windows zero-filled): the ``Fidelity`` as a dict and the
+    violations (empty: it passes) of the ``kind`` family's tolerance, or for ``fp32`` (fast
+    gates) of :data:`FP32_BOUND`. ``module``: the freshly built extension; its window is reset
+    before and after."""
     from hwbackends.fidelity import compare, gate_violations
 
     window, step = int(in_shape[0]), tuple(in_shape[1:])
@@ -292,15 +313,25 @@ def gate(module: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], bat
         predict(xb, yb)
         want[i0:i0 + n] = yb[:n]
     f = compare(want, got)
+    if kind == "fp32":
+        err = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
+        bad = [] if err <= FP32_BOUND else [f"max error {err:.3g} of the answers' scale > {FP32_BOUND:g}"]
+        tol = f"fp32 sliding bound {FP32_BOUND:g}"
+    else:
+        bad, tol = gate_violations(GATE_PRECISION[kind], f), GATE_PRECISION[kind]
     return {"ticks": ticks, "data": "seeded N(0, 1) ticks", "against": "this library's fp32 full window",
-            "tolerance": GATE_PRECISION[kind], "fidelity": f.to_dict(),
-            "violations": gate_violations(GATE_PRECISION[kind], f)}
+            "tolerance": tol, "fidelity": f.to_dict(), "violations": bad}
 
 
 def refuse(kind: str, result: dict[str, Any]) -> UnsupportedError:
     """The error for a reduced push that missed its family's tolerance."""
+    if kind == "fp32":
+        return UnsupportedError(
+            f"cpu.native push_gates='fast': the sliding push's answers miss the "
+            f"{result['tolerance']} against the fp32 full window ({'; '.join(result['violations'])} over "
+            f"{result['ticks']} ticks): use push_gates='exact' for this model")
     return UnsupportedError(
         f"cpu.native push_weights={kind!r}: the sliding push's answers miss the "
-        f"{GATE_PRECISION[kind]} tolerance against the fp32 full window ({'; '.join(result['violations'])}"
+        f"{result['tolerance']} tolerance against the fp32 full window ({'; '.join(result['violations'])}"
         f" over {result['ticks']} ticks): this model's push needs fp32 weights; compile it with "
         f"push_weights='fp32'" + (" or 'bf16'" if kind == "int8" else ""))

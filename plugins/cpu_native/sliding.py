@@ -139,14 +139,17 @@ def _rec_weights(cell: ir.Recurrent) -> np.ndarray:
     return cell.recurrent
 
 
-def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights: str = "fp32") -> str:
+def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights: str = "fp32",
+                     push_gates: str = "exact") -> str:
     """The incremental form's C (see the module docstring); appended to ``model.c``.
     ``push_weights`` other than ``fp32``: the push's input products in bf16 or int8
-    (plugins/cpu_native/push_weights.py), its own copies of the functions that read them
-    (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the fp32 ones."""
+    (plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512
+    (push_weights.GATES_C). Either gives the push its own copies of the functions they change
+    (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the exact fp32 ones."""
     vw, acc = vector_shape(requires)
     e = _StepEmitter(net, vw, acc)
-    kern = pw.Kernels(push_weights) if push_weights != "fp32" else None
+    reduced_in = push_weights != "fp32"
+    kern = pw.Kernels(push_weights, push_gates == "fast") if reduced_in or push_gates == "fast" else None
     nw = p.window
     out: list[str] = [f"#define HWB_NW {nw}", "static int hwb_f, hwb_pend, hwb_spend;"]
     names = []
@@ -160,13 +163,13 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
                 f"static float {r}[HWB_NW + 2][{_pad(nr)}] A64;"]
     g0u = _gates(p.cells[0]) * p.cells[0].units
     out += [f"static float hwb_zx[{_pad(g0u)}] A64, hwb_szx[{_pad(g0u)}] A64, hwb_tzx[{_pad(g0u)}] A64;"]
-    if kern is not None:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
+    if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
         out += [f"static float hwb_qzx[{_pad(g0u)}] A64, hwb_xt[{_pad(p.step)}] A64;"]
     # the step's per-step layers and the first layer's input projection, shared by the windows
     ib0, _ = _biases(p.cells[0])
     fns: list[str] = []
-    for reduced in (False, True) if kern is not None else (False,):
-        e.on_push = kern is None or reduced
+    for reduced in (False, True) if reduced_in else (False,):
+        e.on_push = not reduced_in or reduced
         e.line(f"float xt[{_pad(p.step)}] A64;")
         e.line(f"for (int i = 0; i < {p.step}; i++) xt[i] = x[i];")
         for layer in p.prefix:
@@ -179,11 +182,17 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
             e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
         fns += e.function(f"hwb_in{'q' if reduced else ''}(const float *restrict x, float *restrict zx)")
     for li, cell in enumerate(p.cells):
+        shared = None
+        if kern is not None and not reduced_in and li:  # K·h_below: one function (and one copy
+            e.on_push = True                             # of K) for the push's cell and the prepare's
+            shared, fn = _product(e, li, cell, names)
+            fns += fn
         e.on_push = kern is None
-        fns += _cell(e, li, cell, names)
+        fns += _cell(e, li, cell, names, product=shared)
         if kern is not None:
             e.on_push = True
-            fns += _cell(e, li, cell, names, kern)
+            fns += _cell(e, li, cell, names, kern, product=shared or (
+                kern.product(cell.kernel, _biases(cell)[0]) if li else None))
         e.on_push = False
         h, _, r, u, nr = names[li]
         e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
@@ -200,14 +209,16 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
                     for h, c, _, _, _ in names)
     copy = " ".join(f"__builtin_memcpy({a}[d], {a}[s], sizeof {a}[d]);" for h, c, r, _, _ in names for a in (h, c, r))
     last_h = names[-1][0]
-    if kern is None:
-        push = ["    hwb_in(x, hwb_zx);", "    hwb_tick(hwb_f, hwb_zx);", f"    hwb_head({last_h}[hwb_f], y);"]
+    if kern is not None:
+        lines.append(f"static void hwb_tickq(int slot, const float *zx) {{ {tickq} }}")
+    if not reduced_in:
+        push = ["    hwb_in(x, hwb_zx);", f"    hwb_tick{'q' if kern else ''}(hwb_f, hwb_zx);",
+                f"    hwb_head({last_h}[hwb_f], y);"]
         fp32_in = []
     else:  # the answer from the reduced products; the prepare projects x_t again in fp32
         push = ["    hwb_inq(x, hwb_qzx);", "    hwb_tickq(hwb_f, hwb_qzx);", f"    hwb_head({last_h}[hwb_f], y);",
                 f"    for (int i = 0; i < {p.step}; i++) hwb_xt[i] = x[i];"]
         fp32_in = ["    hwb_in(hwb_xt, hwb_zx);"]
-        lines.append(f"static void hwb_tickq(int slot, const float *zx) {{ {tickq} }}")
     lines += [
         f"static void hwb_tick(int slot, const float *zx) {{ {tick} }}",
         f"static void hwb_rec_all(int slot) {{ {rec} }}",
@@ -258,14 +269,27 @@ def _warm(consts: list[tuple[str, int]]) -> list[str]:
             *body, "    hwb_sink = s;", "}", ""]
 
 
+def _product(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, str, str, int, int]]
+             ) -> tuple[str, list[str]]:
+    """``hwb_k<li>(h, zx)``: layer ``li``'s ``K·h_below (+ its input bias)`` in fp32, summed as
+    the full window sums it (into a buffer of whole vectors); (its name, its C)."""
+    g, u, nb = _gates(cell), cell.units, names[li - 1][3]
+    if cell.cell == "lstm":
+        e.input_gemm("h", 1, nb, cell.kernel, dst="zx")
+    else:
+        e.matvec([("h", nb)], "zx", g * u, cell.kernel, _biases(cell)[0])
+    return f"hwb_k{li}", e.function(f"hwb_k{li}(const float *restrict h, float *restrict zx)")
+
+
 def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, str, str, int, int]],
-          kern: pw.Kernels | None = None) -> list[str]:
+          kern: pw.Kernels | None = None, product: str | None = None) -> list[str]:
     """``hwb_cell<li>(slot, zx)``: one step of layer ``li`` for window ``slot``, from its
     prepared recurrent product ``r`` (which it overwrites) and its input: the shared ``zx``
-    for the first layer, the layer below's new state otherwise. ``kern`` (a reduced push,
-    push_weights.py): the push's copy ``hwb_cellq<li>``, whose ``K·h_below (+ its bias)`` is
-    ``kern``'s reduced product and whose LSTM gates are ``kern``'s vector gates."""
-    reduced = kern.product(cell.kernel, _biases(cell)[0]) if kern is not None and li else None
+    for the first layer, the layer below's new state otherwise. ``product``: the function
+    that computes ``K·h_below (+ its bias)`` (:func:`_product`, or a reduced one of
+    push_weights.py) instead of the inline fp32 product. ``kern``: this is the push's copy
+    ``hwb_cellq<li>``, with ``kern``'s vector LSTM gates where it has them."""
+    reduced = product if li else None
     h, c, r, u, _ = names[li]
     hs, cs, rs = f"{h}[slot]", f"{c}[slot]", f"{r}[slot]"
     g = _gates(cell)
@@ -278,6 +302,7 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
         zx = e.buf(g * u)
     below = (f"{names[li - 1][0]}[slot]", names[li - 1][3]) if li else None
     fn = f"hwb_cell{'q' if kern is not None else ''}{li}(int slot, const float *restrict zx)"
+    fast = kern is not None and kern.fast_gates
     if below is not None and reduced:
         zx = e.buf(_pad(g * u))
         e.line(f"{reduced}({below[0]}, {zx});")
@@ -285,8 +310,8 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
         if below is not None and not reduced:  # K·h_below as the full window's blocked product sums it
             zx = e.buf(_pad(g * u))
             e.input_gemm(below[0], 1, below[1], cell.kernel, dst=zx)
-        if kern is not None:
-            e.body += kern.lstm_gates(rs, zx, cs, hs, u)
+        if fast:
+            e.body += kern.lstm_gates(rs, zx, cs, hs, u)  # type: ignore[union-attr]
             return e.function(fn)
         e.line(f"for (int j = 0; j < {g * u}; j++) {rs}[j] += {zx}[j];")
         e.lstm_gates(rs, cs, hs, u)
@@ -353,28 +378,30 @@ class WindowC:
 
 
 def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str],
-         push_weights: str = "fp32") -> WindowC:
+         push_weights: str = "fp32", push_gates: str = "exact") -> WindowC:
     """The sliding window's and stream's C for a model of input ``in_shape`` (``net``: its
     layer IR, None for the fixed-point path, which takes the recompute form). ``push_weights``
-    (the target's option, push_weights.py): the precision of the weights the push reads;
-    anything but ``fp32`` needs the incremental form (UnsupportedError otherwise)."""
+    and ``push_gates`` (the target's options, push_weights.py): the precision of the weights the
+    push reads and its LSTM gates' form; anything but ``fp32`` / ``exact`` needs the incremental
+    form (UnsupportedError otherwise)."""
     window = int(in_shape[0]) if in_shape else 1
     step = int(np.prod(in_shape[1:])) if len(in_shape) > 1 else 1
     p = plan(net, precision) if net is not None else None
     form = "incremental" if p is not None else "recompute"
-    if push_weights != "fp32" and p is None:
+    if (push_weights != "fp32" or push_gates != "exact") and p is None:
+        what = f"push_weights={push_weights!r}" if push_weights != "fp32" else f"push_gates={push_gates!r}"
         raise UnsupportedError(
-            f"cpu.native option push_weights={push_weights!r} reduces the weights of the sliding "
+            f"cpu.native option {what} changes the sliding "
             f"push's incremental form (fp32 stacks of LSTM/GRU layers under a Dense head); this "
             f"model at precision {precision!r} takes the {form} form, whose push is the whole "
-            f"model: drop push_weights (or use precision='int8' for reduced weights everywhere)")
-    code = (emit_incremental(net, p, requires, push_weights) if p is not None  # type: ignore[arg-type]
+            f"model: drop {what.split('=')[0]} (or use precision='int8' for reduced weights everywhere)")
+    code = (emit_incremental(net, p, requires, push_weights, push_gates) if p is not None  # type: ignore[arg-type]
             else emit_recompute(window, step))
     header = HEADER.format(window=window, step=step, form=form, stream=int(p is not None),
-                           push_weights=push_weights)
+                           push_weights=push_weights, push_gates=push_gates)
     meta = {"form": form, "window": window, "step": step, "stream": p is not None}
-    if push_weights != "fp32":
-        meta["push_weights"] = push_weights
+    if push_weights != "fp32" or push_gates != "exact":
+        meta.update(push_weights=push_weights, push_gates=push_gates)
     return WindowC("/* ---- the sliding window and the stream (plugins/cpu_native/sliding.py) ---- */\n"
                    + code, header, meta)
 
@@ -391,9 +418,11 @@ HEADER = """
    HWB_MODEL_PUSH_WEIGHTS other than "fp32" (the push_weights option): the push multiplies
    the newest step's inputs by bf16 or int8 copies of the input weights, so its answers are
    within that precision's fidelity tolerance of hwb_model_predict's, not equal to them bit
-   for bit; the prepare and the stream stay fp32. */
+   for bit; HWB_MODEL_PUSH_GATES "fast": its LSTM gates are approximations (within 1e-5 of the
+   answers' scale in fp32). The prepare and the stream stay exact fp32. */
 #define HWB_MODEL_WINDOW {window}
 #define HWB_MODEL_PUSH_WEIGHTS "{push_weights}"
+#define HWB_MODEL_PUSH_GATES "{push_gates}"
 #define HWB_MODEL_STEP_SIZE {step}
 #define HWB_MODEL_SLIDING "{form}"
 #define HWB_MODEL_STREAM {stream}

@@ -109,6 +109,10 @@ class NativeTarget(Target):
                          "bf16 (needs avx512_bf16) or int8 (avx512_vnni, per-tick input scale); the "
                          "push's answers are gated against the fp32 window at the bf16/int8 "
                          "tolerance, not bit-equal (plugins/cpu_native/push_weights.py)"),
+        "push_gates": ("exact (default in fp32) | fast (default with bf16/int8 push_weights): the "
+                       "sliding push's LSTM gates as AVX-512 code (polynomial exp, rcp14 + Newton; "
+                       "needs avx512f); in fp32 the push is then within 1e-5 of the answers' scale "
+                       "of the full window (gated at compile), not bit-equal"),
     }
     exports = ("c",)
     compile_timeout = 300.0
@@ -145,28 +149,36 @@ class NativeTarget(Target):
         """``push_weights``: one of push_weights.CHOICES, at precision fp32 (the only one with
         an incremental push), and its kernel's CPU features both on this CPU and in the
         ``-march`` the artifact is built for."""
-        kind = push_weights.choice(options.extra)
+        kind, gates = push_weights.choice(options.extra), push_weights.gates_choice(options.extra)
         if kind not in push_weights.CHOICES:
             raise UnsupportedError(f"cpu.native option push_weights={kind!r}: expected one of "
                                    f"{', '.join(push_weights.CHOICES)}")
-        if kind == "fp32":
+        if gates not in push_weights.GATES:
+            raise UnsupportedError(f"cpu.native option push_gates={gates!r}: expected one of "
+                                   f"{', '.join(push_weights.GATES)}")
+        if kind == "fp32" and gates == "exact":
             return
+        asked = [f"{name}={value!r}" for name, value, plain in
+                 (("push_weights", kind, "fp32"), ("push_gates", gates, "exact"))
+                 if value != plain and name in options.extra]
+        what = " and ".join(asked)
         if options.precision != "fp32":
-            raise UnsupportedError(f"cpu.native option push_weights={kind!r} applies to precision "
-                                   f"'fp32' (its incremental sliding push); precision "
-                                   f"{options.precision!r} has none: drop push_weights")
-        lacks = push_weights.missing_features(kind, build.host_flags())
+            raise UnsupportedError(f"cpu.native option {what} applies to precision 'fp32' (its "
+                                   f"incremental sliding push); precision {options.precision!r} has "
+                                   f"none: drop {' and '.join(a.split('=')[0] for a in asked)}")
+        needs = [f for part in (kind, gates) for f in push_weights.NEEDS.get(part, ())]
+        lacks = push_weights.missing_features_of(needs, build.host_flags())
         if lacks:
-            raise UnsupportedError(f"cpu.native option push_weights={kind!r} needs CPU feature(s) "
-                                   f"{', '.join(lacks)}, which this CPU ({cpu_name()}) lacks: use "
-                                   f"push_weights='fp32'" + (", or 'int8' if it has avx512_vnni"
-                                                             if kind == "bf16" else ""))
+            raise UnsupportedError(f"cpu.native option {what} needs CPU feature(s) {', '.join(lacks)}, "
+                                   f"which this CPU ({cpu_name()}) lacks: use push_weights='fp32'"
+                                   + (", or 'int8' if it has avx512_vnni" if kind == "bf16" else "")
+                                   + (" and push_gates='exact'" if "avx512f" in lacks else ""))
         cc = build.compiler_path()
-        lacks = push_weights.missing_features(kind, build.required_flags(cc, isa)) if cc else []
+        lacks = push_weights.missing_features_of(needs, build.required_flags(cc, isa)) if cc else []
         if lacks:
-            raise UnsupportedError(f"cpu.native option push_weights={kind!r} needs CPU feature(s) "
-                                   f"{', '.join(lacks)}, which -march={build.march(isa)} (isa={isa!r}) "
-                                   f"does not enable: use isa='native' on a CPU that has them")
+            raise UnsupportedError(f"cpu.native option {what} needs CPU feature(s) {', '.join(lacks)}, "
+                                   f"which -march={build.march(isa)} (isa={isa!r}) does not enable: use "
+                                   f"isa='native' on a CPU that has them")
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
@@ -193,9 +205,10 @@ class NativeTarget(Target):
             in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
             layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
-        kind = push_weights.choice(options.extra)
-        window = ((sliding_conv.emit(net, in_shape, options.precision, requires) if kind == "fp32" else None)
-                  or sliding.emit(net, in_shape, options.precision, requires, kind))
+        kind, gates = push_weights.choice(options.extra), push_weights.gates_choice(options.extra)
+        plain = kind == "fp32" and gates == "exact"
+        window = ((sliding_conv.emit(net, in_shape, options.precision, requires) if plain else None)
+                  or sliding.emit(net, in_shape, options.precision, requires, kind, gates))
         code = src.code + "\n" + window.code
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
@@ -207,7 +220,7 @@ class NativeTarget(Target):
         (workdir / "hwb_model.h").write_text(hdr)
         (workdir / "ext.c").write_text(ext)
         facts = build.build(workdir, cc, isa, module)
-        if kind != "fp32":
+        if not plain:
             window.meta["push_gate"] = self._push_gate(workdir, module, kind, in_shape, out_shape, batch)
         return {"module": module, "extension": module + build.python_abi(),
                 "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
@@ -220,8 +233,8 @@ class NativeTarget(Target):
     @staticmethod
     def _push_gate(workdir: Path, module: str, kind: str, in_shape: tuple[int, ...],
                    out_shape: tuple[int, ...], batch: int) -> dict[str, Any]:
-        """push_weights' fidelity gate (push_weights.gate) on the extension just built; raises
-        UnsupportedError, and nothing is stored, when the push misses the family tolerance."""
+        """push_weights' / push_gates' fidelity gate (push_weights.gate) on the extension just
+        built; raises UnsupportedError, and nothing is stored, when the push misses it."""
         spec = importlib.util.spec_from_file_location(module, workdir / (module + build.python_abi()))
         if spec is None or spec.loader is None:
             raise CompileError(f"cpu.native: the extension built in {workdir} does not load")
