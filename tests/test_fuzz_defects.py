@@ -200,3 +200,106 @@ def test_ir_checks_every_vector_against_its_axis() -> None:
         net = layer_ir.Network("n", (6, 4), [layer])
         with pytest.raises(UnsupportedError, match=f"{layer.name}.*needs"):
             read._check_shapes(net, "cpu.native")
+
+
+# -- layer-IR reader defects the widened fuzz found (issue 34, the desk layers) ----------------------
+def _onnx_model(nodes: list, inits: dict, in_shape: tuple[int, ...], n_out: int):
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", *in_shape])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", n_out])],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _ort(proto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+    s = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("tail", ["conv", "lstm_squeeze"])
+def test_torch_one_step_slice_keeps_its_time_axis(store_dir, tail) -> None:
+    """``x[:, a:a+1]`` (a one-step slice, time kept) was labelled a singleton: the Conv1d
+    after it was refused ("its input's axes hold ['N', 'C', '1']") though both are claimed.
+    Now the step stays a time axis of one step; ``lstm_squeeze`` guards the other half of
+    the fix, a squeeze of that axis dropping it (``out[:, -1:].squeeze(1)``: the last state)."""
+    import torch
+    from torch import nn
+
+    class OneStep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.lstm, self.out = nn.Conv1d(3, 4, 1, padding=1), nn.LSTM(3, 4, batch_first=True), nn.Linear(4, 2)
+
+        def forward(self, x):
+            if tail == "conv":  # the last step, then a conv over it (padded to 3 steps)
+                return self.out(torch.relu(self.conv(x[:, -1:].transpose(1, 2))).amax(dim=2))
+            return self.out(self.lstm(x)[0][:, -1:].squeeze(1))
+
+    torch.manual_seed(2)
+    mod = OneStep().eval()
+    cm = hwb.compile(hwb.load_model(mod, example_input=torch.zeros(2, 6, 3)), "cpu.native",
+                     store=store_dir, fidelity=False)
+    x = _x((6, 3))
+    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+
+
+def test_onnx_one_step_slice_keeps_its_time_axis(store_dir) -> None:
+    """An ONNX Slice of one step then a GlobalMaxPool over time was refused the same way."""
+    rng = np.random.default_rng(0)
+    nodes_inits = {"s0": np.array([2], np.int64), "s1": np.array([3], np.int64), "ax": np.array([2], np.int64),
+                   "w": rng.normal(size=(3, 2)).astype(np.float32)}
+    from onnx import helper
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Slice", ["t", "s0", "s1", "ax"], ["s"], name="one_step"),
+             helper.make_node("GlobalMaxPool", ["s"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "w"], ["y"])]
+    proto = _onnx_model(nodes, nodes_inits, (5, 3), 2)
+    cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store_dir, fidelity=False)
+    x = _x((5, 3))
+    assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5
+
+
+@pytest.mark.parametrize("norm", ["softmax", "layer_norm"])
+def test_torch_norm_after_channels_first_flatten(store_dir, norm) -> None:
+    """A softmax or LayerNorm over the features of a channels-first flatten was refused
+    ("softmax over dim -1 (holding C), not the channels"): both act on all features, so the
+    order the flatten left them in only permutes LayerNorm's gamma/beta."""
+    import torch
+    from torch import nn
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.ln, self.out = nn.Conv1d(3, 2, 2), nn.LayerNorm(8), nn.Linear(8, 2)
+
+        def forward(self, x):
+            f = torch.flatten(self.conv(x.transpose(1, 2)), 1)
+            return self.out(f.softmax(-1) if norm == "softmax" else self.ln(f))
+
+    torch.manual_seed(3)
+    mod = Head().eval()
+    with torch.no_grad():
+        mod.ln.weight.copy_(torch.rand(8) + 0.5)
+        mod.ln.bias.copy_(torch.randn(8))
+    cm = hwb.compile(hwb.load_model(mod, example_input=torch.zeros(2, 5, 3)), "cpu.native",
+                     store=store_dir, fidelity=False)
+    x = _x((5, 3))
+    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+
+
+def test_onnx_layer_norm_after_channels_first_flatten(store_dir) -> None:
+    """The ONNX reader refused LayerNormalization after a channels-first Flatten likewise."""
+    from onnx import helper
+    rng = np.random.default_rng(1)
+    inits = {"k": rng.normal(size=(2, 3, 2)).astype(np.float32), "g": rng.uniform(0.5, 2, 8).astype(np.float32),
+             "b": rng.normal(size=8).astype(np.float32), "w": rng.normal(size=(8, 2)).astype(np.float32)}
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Conv", ["t", "k"], ["c"], kernel_shape=[2]),
+             helper.make_node("Flatten", ["c"], ["f"], axis=1),
+             helper.make_node("LayerNormalization", ["f", "g", "b"], ["n"], axis=-1, name="ln"),
+             helper.make_node("MatMul", ["n", "w"], ["y"])]
+    proto = _onnx_model(nodes, inits, (5, 3), 2)
+    cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store_dir, fidelity=False)
+    x = _x((5, 3))
+    assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5

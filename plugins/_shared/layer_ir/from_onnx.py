@@ -21,7 +21,7 @@ from .ir import (
     Recurrent,
     f32,
 )
-from .walk import Walk, final_axes, last_step, time_slice, walk_dense, walk_flatten
+from .walk import Walk, final_axes, last_step, permuted, squeeze_time, time_slice, walk_dense, walk_flatten
 
 _META_OPS = {"Shape", "Size"}  # ops whose output is only the data's shape
 _PASS = {"Identity", "Dropout", "Cast"}
@@ -228,7 +228,7 @@ def _onnx_elementwise(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dic
         return {o: ax}
     if op == "Softmax":
         axis = attrs["axis"].i if "axis" in attrs else -1
-        if ax[axis] != "C" or w.perm is not None:
+        if ax[axis] != "C" or (w.perm is not None and ax != ["N", "C"]):
             raise w.refuse(name, op, f"softmax over axis {axis} (holding {ax[axis]}), not the channels")
         w.layers.append(Act(name, "softmax"))
         return {o: ax}
@@ -245,9 +245,9 @@ def _onnx_elementwise(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dic
     if op == "Squeeze":
         axes = w.const_ints(n, 1, attrs, "axes")
         axes = [a % len(ax) for a in axes] if axes is not None else [i for i, a in enumerate(ax) if a == "1"]
-        if any(ax[a] != "1" for a in axes):
+        if any(ax[a] not in ("1", "T") for a in axes):
             raise w.refuse(name, op, f"squeezing axes {axes} of {ax} (only singletons)")
-        return {o: [a for i, a in enumerate(ax) if i not in axes]}
+        return {o: squeeze_time(w, name, op, ax, axes)}
     return None
 
 
@@ -336,13 +336,13 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
         return _onnx_recurrent(w, n, name, op, ax, attrs, meta)
     if op == "LayerNormalization":
         axis = attrs["axis"].i if "axis" in attrs else -1
-        if ax[axis] != "C" or axis % len(ax) != len(ax) - 1 or n.input[1] not in c or w.perm is not None:
+        if ax[axis] != "C" or axis % len(ax) != len(ax) - 1 or n.input[1] not in c:
             raise w.refuse(name, op, f"a layer norm over axis {axis} of {ax} (the channels, last, only)")
         ch = w.shape()[-1]
         b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(ch)
         eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
-        w.layers.append(LayerNorm(name, f32(np.broadcast_to(c[n.input[1]], (ch,))),
-                                  f32(np.broadcast_to(b, (ch,))), float(eps)))
+        w.layers.append(LayerNorm(name, f32(permuted(w, np.broadcast_to(c[n.input[1]], (ch,)))),
+                                  f32(permuted(w, np.broadcast_to(b, (ch,)))), float(eps)))
         return {o: ax}
     raise w.refuse(name, op)
 
@@ -404,10 +404,8 @@ def _onnx_index(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict)
     stepv = w.const_ints(n, 4, attrs, "steps") or [1] * len(axes)
     if starts is None or ends is None or len(axes) != 1 or ax[axes[0] % len(ax)] != "T":
         raise w.refuse(name, op, "slicing other than time")
-    a, b, _ = slice(starts[0], min(ends[0], steps)).indices(steps)
-    one = b - a == 1
-    time_slice(w, name, op, starts[0], min(ends[0], steps), stepv[0], not one)
-    return {o: ["1" if one and x == "T" else x for x in ax]}
+    time_slice(w, name, op, starts[0], min(ends[0], steps), stepv[0], True)
+    return {o: ax}  # x[:, a:a+1] keeps a time axis of one step (a Squeeze drops it)
 
 
 def _onnx_recurrent(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict,

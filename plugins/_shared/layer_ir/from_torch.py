@@ -23,7 +23,7 @@ from .ir import (
     first,
 )
 from .torch_attention import Fused, find_attention
-from .walk import Walk, final_axes, last_step, time_slice, walk_dense, walk_flatten
+from .walk import Walk, final_axes, last_step, permuted, squeeze_time, time_slice, walk_dense, walk_flatten
 
 
 def read_torch(obj: Any, target: str, in_shape: tuple[int, ...]) -> list[Layer]:
@@ -222,7 +222,7 @@ def _aten_node(w: Walk, n: Any, op: str, ax: list[str], consts: dict, meta: dict
         w.layers.append(Act(name, "leaky_relu", float(args[1]) if len(args) > 1 else 0.01))
         return ax
     if op in ("aten.softmax.int", "aten._softmax.default"):
-        if ax[args[1]] != "C" or w.perm is not None:
+        if ax[args[1]] != "C" or (w.perm is not None and ax != ["N", "C"]):
             raise w.refuse(name, op, f"softmax over dim {args[1]} (holding {ax[args[1]]}), not the channels")
         w.layers.append(Act(name, "softmax"))
         return ax
@@ -280,7 +280,7 @@ def _aten_layout(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) ->
         return out
     if op in ("aten.squeeze.dim", "aten.squeeze.dims"):
         dims = [d % len(ax) for d in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
-        return [a for i, a in enumerate(ax) if i not in dims or a != "1"]
+        return squeeze_time(w, name, op, ax, dims)
     if op in ("aten.flatten.using_ints", "aten.view.default", "aten.reshape.default"):
         if op == "aten.flatten.using_ints":
             ok = (args[1] if len(args) > 1 else 0) == 1 and (args[2] if len(args) > 2 else -1) in (-1, len(ax) - 1)
@@ -344,11 +344,12 @@ def _aten_desk(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
         return ax
     if op in ("aten.pad.default", "aten.constant_pad_nd.default"):
         return _aten_pad(w, n, op, ax)
-    if ax[-1] != "C" or len(args[1]) != 1 or w.perm is not None:
+    if ax[-1] != "C" or len(args[1]) != 1:
         raise w.refuse(name, op, f"a layer norm over {list(args[1])} of axes {ax} (the channels only)")
     c = w.shape()[-1]
     g = t(args[2]) if len(args) > 2 and args[2] is not None else np.ones(c)
     b = t(args[3]) if len(args) > 3 and args[3] is not None else np.zeros(c)
+    g, b = permuted(w, g), permuted(w, b)
     w.layers.append(LayerNorm(name, f32(g), f32(b), float(args[4]) if len(args) > 4 else 1e-5))
     return ax
 
@@ -375,10 +376,8 @@ def _aten_time(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
         return [a for j, a in enumerate(ax) if j != dim]
     start = 0 if args[2] is None else args[2]
     stop = steps if args[3] is None else min(args[3], steps)
-    a, b, _ = slice(start, stop).indices(steps)
-    one = b - a == 1
-    time_slice(w, name, op, start, stop, 1 if args[4] is None else args[4], not one)
-    return ["1" if one and a_ == "T" else a_ for a_ in ax]
+    time_slice(w, name, op, start, stop, 1 if args[4] is None else args[4], True)
+    return ax  # x[:, a:a+1] keeps a time axis of one step (a squeeze drops it)
 
 
 def _aten_pad(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:

@@ -119,6 +119,12 @@ def _fold_slices(layers: list[Layer], shape: tuple[int, ...]) -> list[Layer]:
         if isinstance(layer, Residual):
             layer = replace(layer, body=_fold_slices(layer.body, shape),
                             shortcut=_fold_slices(layer.shortcut, shape))
+        if isinstance(layer, TimeSlice) and isinstance(prev, TimeSlice) and prev.keep:
+            # x[:, a:b] then a step or slice of it (x[:, -1:] then a squeeze): one slice
+            layer = replace(layer, start=prev.start + layer.start, stop=prev.start + layer.stop)
+            out.pop()
+            shape = ins.pop()
+            prev = out[-1] if out else None
         if isinstance(layer, TimeSlice) and isinstance(prev, Conv1D) and len(ins[-1]) == 2:
             cut = prev.out_shape(ins[-1])[0] - layer.stop
             if layer.keep and layer.start == 0 and prev.stride == 1 and 0 <= cut <= prev.pad[1]:

@@ -211,6 +211,27 @@ def time_slice(w: Walk, name: str, op: str, start: int, stop: int, step: int, ke
     w.layers.append(TimeSlice(name, a, b, keep))
 
 
+def squeeze_time(w: Walk, name: str, op: str, ax: list[str], dims: list[int]) -> list[str]:
+    """The labels after squeezing ``dims``: singletons go; time goes only where it holds one
+    step (``x[:, a:a+1]`` then a squeeze: that step, the axis dropped); other axes stay (as
+    torch's squeeze keeps an axis that is not of size 1)."""
+    if any(ax[d] == "T" for d in dims) and w.shape()[0] == 1:
+        time_slice(w, name, op, 0, 1, 1, False)
+        return [a for i, a in enumerate(ax) if i not in dims or a not in ("1", "T")]
+    return [a for i, a in enumerate(ax) if i not in dims or a != "1"]
+
+
+def permuted(w: Walk, v: np.ndarray) -> np.ndarray:
+    """A per-feature vector in the source tensor's feature order, put in the IR's after a
+    channels-first flatten (:attr:`Walk.perm`; a layer norm's gamma/beta: its mean and
+    variance over all features do not depend on their order)."""
+    if w.perm is None:
+        return np.asarray(v)
+    out = np.empty_like(np.asarray(v))
+    out[w.perm] = v
+    return out
+
+
 def last_step(w: Walk, name: str, op: str) -> None:
     """A Gather/Slice of the last time step, right after a recurrent layer: its last state."""
     last = w.layers[-1] if w.layers else None
