@@ -7,7 +7,7 @@ then ``sliding().push_into`` against ``predict_into`` on the same window over ma
 with resets and prepare patterns, the zero-filled start included; torch conv stacks in both
 flatten layouts (channels-first, as ``flatten(1)`` of an ``(N, C, T)`` tensor, and
 channels-last); 10,000 ticks without drift and the NaN rule. ``HWB_SLIDING_EXAMPLES`` raises
-the number of drawn models (default 4)."""
+the number of drawn models (default 3)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ from sliding_ref import check_drawn_ticks, push_all, window_answers
 import hwbackends as hwb
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
-EXAMPLES = int(os.environ.get("HWB_SLIDING_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("HWB_SLIDING_EXAMPLES", "3"))
 #: The issue's bound on |push_into - predict_into| in fp32, over the answers' scale.
 FP32_ERR = 1e-5
 
