@@ -38,7 +38,7 @@ import shutil
 import stat
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -118,6 +118,7 @@ class _Vanished(CacheError):
     """The entry was moved or removed while it was read: absent, not invalid."""
 
 
+@dataclass(eq=False)
 class SignedDir:
     """Signed entries under ``root`` (see the module docstring). ``what`` names the directory
     in messages; ``version`` is the format a record must carry (in ``format_field``) to be
@@ -126,29 +127,34 @@ class SignedDir:
     record files instead (``<key><suffix>``, see the module docstring); ``staging`` is where
     writes are staged and evictions moved first (default ``root/tmp``, the same filesystem)."""
 
-    def __init__(self, root: Path | str, what: str, version: int, *, record: str = "record.json",
-                 format_field: str = "format", fanout: bool = True, suffix: str | None = None,
-                 staging: Path | str | None = None,
-                 signing_key: Callable[[], bytes] = trust.load_key):
-        if suffix is None and not fanout:
+    root: Path
+    what: str
+    version: int
+    _: KW_ONLY
+    record: str = "record.json"
+    format_field: str = "format"
+    fanout: bool = True
+    suffix: str | None = None
+    staging: Path | None = None
+    signing_key: Callable[[], bytes] = trust.load_key
+    _key: bytes | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.suffix is None and not self.fanout:
             raise ValueError("directory entries are filed under ab/ (fanout); a flat directory "
                              "keeps record files (suffix=)")
-        self.root = Path(root)
-        self.what = what
-        self.version = version
-        self.record_name = record
-        self.format_field = format_field
-        self.fanout = fanout
-        self.suffix = suffix
-        self.staging = Path(staging) if staging is not None else self.root / STAGING
-        self._signing_key = signing_key
-        self._key: bytes | None = None
+        self.root = Path(self.root)
+
+    @property
+    def tmp(self) -> Path:
+        """Where writes are staged and evictions moved first."""
+        return Path(self.staging) if self.staging is not None else self.root / STAGING
 
     @property
     def key(self) -> bytes:
         """The signing key (:func:`trust.load_key`), read once."""
         if self._key is None:
-            self._key = self._signing_key()
+            self._key = self.signing_key()
         return self._key
 
     # -- where --------------------------------------------------------------------------------
@@ -174,7 +180,7 @@ class SignedDir:
     def record_path(self, key: str) -> Path:
         """The record of ``key``."""
         p = self.path_for(key)
-        return p / self.record_name if self.suffix is None else p.with_name(key + self.suffix)
+        return p / self.record if self.suffix is None else p.with_name(key + self.suffix)
 
     def keys(self, links: list[dirfd.Link] | None = None) -> list[str]:
         """Every entry's key (unverified: :meth:`read` verifies one), never following a link
@@ -337,7 +343,7 @@ class SignedDir:
                 finally:
                     os.close(sub)
             elif stat.S_ISREG(st.st_mode):
-                if name != self.record_name:
+                if name != self.record:
                     out[name] = file_sha256(e.name, fd) if hash_files else ""
             else:
                 raise CacheError(f"{name} is not a regular file")
@@ -386,9 +392,9 @@ class SignedDir:
         """A new private directory to write an entry in (:meth:`commit` moves it into place;
         :meth:`discard` removes it). Stagings over a day old (builds that died) are swept."""
         self._private(self.root)
-        self._private(self.staging)
+        self._private(self.tmp)
         self.sweep()
-        d = self.staging / uuid.uuid4().hex
+        d = self.tmp / uuid.uuid4().hex
         d.mkdir(mode=0o700)
         return d
 
@@ -400,7 +406,7 @@ class SignedDir:
         builds that died, evictions interrupted half-way (a live build's staging is younger)."""
         now = time.time()
         try:
-            with dirfd.opened(self.staging) as fd:
+            with dirfd.opened(self.tmp) as fd:
                 for e in dirfd.entries(fd):
                     try:
                         st = e.stat(follow_symlinks=False)
@@ -411,7 +417,7 @@ class SignedDir:
         except FileNotFoundError:
             return
         except dirfd.NotFollowed as exc:
-            log.warning("%s is %s; not swept", self.staging, exc.strerror)
+            log.warning("%s is %s; not swept", self.tmp, exc.strerror)
 
     def seal(self, key: str, record: Mapping[str, Any], files: dict[str, str]) -> dict[str, Any]:
         """``record`` as it is written: with its key, format, file list and ``hmac``, signed
@@ -430,11 +436,11 @@ class SignedDir:
             raise TypeError("a SignedDir of record files writes with write_file()")
         self.check_key(key)
         try:
-            rec = self.seal(key, record, staged_files(staged, self.record_name))
-            _write_private(staged / self.record_name, json.dumps(rec, indent=1).encode())
+            rec = self.seal(key, record, staged_files(staged, self.record))
+            _write_private(staged / self.record, json.dumps(rec, indent=1).encode())
             parent = self._private(self.root.joinpath(*self._parts(key)))
             self._check_parents(key)  # a link on the way would take the entry outside
-            with dirfd.opened(self.staging) as src, dirfd.opened(parent) as dst:
+            with dirfd.opened(self.tmp) as src, dirfd.opened(parent) as dst:
                 try:
                     os.rename(staged.name, key, src_dir_fd=src, dst_dir_fd=dst)
                 except OSError:  # another writer placed it first; its entry is as good
@@ -470,18 +476,18 @@ class SignedDir:
             raise TypeError("write_file() is for a SignedDir of record files")
         path = self.path_for(key)
         self._private(self.root)
-        self._private(self.staging)
+        self._private(self.tmp)
         parent = self._private(path.parent)
         self._check_parents(key)
         files = {} if data is None else {key: hashlib.sha256(data).hexdigest()}
         rec = self.seal(key, record, files)
         blobs = [(path.name, data)] if data is not None else []
         blobs.append((self.record_path(key).name, json.dumps(rec).encode()))
-        with dirfd.opened(self.staging) as src, dirfd.opened(parent) as dst:
+        with dirfd.opened(self.tmp) as src, dirfd.opened(parent) as dst:
             for name, blob in blobs:
-                tmp = f"{uuid.uuid4().hex}-{name}"
-                _write_private(self.staging / tmp, blob)
-                os.replace(tmp, name, src_dir_fd=src, dst_dir_fd=dst)
+                staged = f"{uuid.uuid4().hex}-{name}"
+                _write_private(self.tmp / staged, blob)
+                os.replace(staged, name, src_dir_fd=src, dst_dir_fd=dst)
         return path
 
     # -- removing -----------------------------------------------------------------------------
@@ -493,10 +499,10 @@ class SignedDir:
         :class:`StoreTrustError`. Returns whether it was removed."""
         self.check_key(key)
         self._private(self.root)
-        self._private(self.staging)
+        self._private(self.tmp)
         try:
             with dirfd.opened(self.root, self._parts(key)) as parent, \
-                    dirfd.opened(self.staging) as trash:
+                    dirfd.opened(self.tmp) as trash:
                 if self.suffix is None:
                     return dirfd.evict(parent, key, trash, f"evict-{uuid.uuid4().hex}", keep)
                 gone = dirfd.evict(parent, key + self.suffix, trash, f"evict-{uuid.uuid4().hex}", keep)

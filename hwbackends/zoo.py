@@ -495,6 +495,17 @@ def _memo_path(name: str) -> Path:
     return _zoo_dir() / f"{name}.model.json"
 
 
+def _code_files() -> list[Path]:
+    """The sources that build and fingerprint a zoo model: this module, the specs and the
+    model readers (``models``, a module beside ``legacy.py`` or a package: every file of it)."""
+    from . import models, specs
+
+    out = [Path(__file__), Path(specs.__file__)]
+    m = Path(models.__file__)
+    out += sorted(m.parent.rglob("*.py")) if m.name == "__init__.py" else [m, m.with_name("legacy.py")]
+    return [p for p in out if p.is_file()]
+
+
 def _memo_key(name: str) -> str | None:
     """What the memo of ``name`` is valid for: the code that builds and fingerprints it, the
     framework's version and, for the trained signal, the signed model file's bytes. ``None``
@@ -502,9 +513,8 @@ def _memo_key(name: str) -> str | None:
     from importlib import metadata
 
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for f in ("zoo.py", "models.py", "legacy.py", "specs.py"):
-        h.update(hashlib.sha256((here / f).read_bytes()).digest())
+    for f in _code_files():
+        h.update(hashlib.sha256(f.read_bytes()).digest())
     for dist in ("keras", "tensorflow-cpu", "tensorflow", "torch"):  # whichever builds it
         try:
             h.update(f"{dist}={metadata.version(dist)};".encode())
