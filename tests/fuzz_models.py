@@ -202,7 +202,7 @@ def _attn(draw: Any, fe: str, c: int) -> L:
 
 
 @st.composite
-def _residual(draw: Any, fe: str, t: int, c: int, flat: bool = False) -> L:
+def _residual(draw: Any, fe: str, t: int, c: int, flat: bool = False, ln_ok: bool = False) -> L:
     """A residual block keeping the shape (``t`` steps, ``c`` channels): a TCN block (conv →
     act → [conv] + skip, the skip a 1x1 conv where the channels change), a per-step MLP, an
     attention (``x + attn(x)``, pre-norm or not); over a flat vector a Dense MLP."""
@@ -218,7 +218,7 @@ def _residual(draw: Any, fe: str, t: int, c: int, flat: bool = False) -> L:
         return _layer("res", body=body, short=())
     if kind == "attn":
         a = draw(_attn(fe, c).filter(lambda lay: lay.get("form") != "encoder"))
-        return _layer("res", body=((_layer("ln"), a) if c > 1 and draw(st.booleans()) else (a,)), short=())
+        return _layer("res", body=((_layer("ln"), a) if ln_ok and draw(st.booleans()) else (a,)), short=())
     two = draw(st.booleans())
     out_c = draw(st.integers(1, 6))
     first = draw(_conv(t, fe, True, keep_t=True, filters=out_c if not two else None))[0]
@@ -241,10 +241,17 @@ _FORCED = {"zpad": "conv", "causal": "conv", "layernorm": "ln", "gelu": "act", "
 
 @dataclass
 class _Window:
-    """The drawn window's state: ``t`` steps of ``c`` channels."""
+    """The drawn window's state: ``t`` steps of ``c`` channels; ``narrow``: the fewest
+    channels any layer so far left (a layer norm over features that are functions of one
+    or two values is ill-conditioned: float32 rounding, not the compiler, then decides
+    the 1e-5 bound — the long run met one at 1.07e-5, a LayerNorm over a rank-1 input)."""
 
     t: int
     c: int
+    narrow: int = 0
+
+    def __post_init__(self) -> None:
+        self.narrow = self.narrow or self.c
 
     def after_rnn(self, lay: L) -> L:
         self.c = lay.get("units") * (2 if lay.get("bidir") else 1)
@@ -268,13 +275,11 @@ def _window_layer(draw: Any, kind: str, w: _Window, fe: str, desk: bool, family:
             return []
         w.t = (w.t - size) // stride + 1
         return [_layer("pool", op=draw(st.sampled_from(["max", "avg"])), size=size, stride=stride)]
-    if kind in ("ln", "tdense"):
-        pre = []
-        if kind == "tdense" or w.c < 2:  # a layer norm over one channel is its beta
-            units = draw(st.integers(1 if kind == "tdense" else 2, 8))
-            pre = [_layer("tdense", units=units, act=draw(st.sampled_from(["linear", "relu", "tanh"])))]
-            w.c = units
-        return pre + ([_layer("ln")] if kind == "ln" else [])
+    if kind == "ln":
+        return [_layer("ln")] if w.narrow >= 3 else []  # see _Window
+    if kind == "tdense":
+        w.c = draw(st.integers(1, 8))
+        return [_layer("tdense", units=w.c, act=draw(st.sampled_from(["linear", "relu", "tanh"])))]
     if kind == "bn":
         return [_layer("bn")]
     if kind == "act":
@@ -282,7 +287,7 @@ def _window_layer(draw: Any, kind: str, w: _Window, fe: str, desk: bool, family:
     if kind == "rnn":
         return [w.after_rnn(draw(_rnn(fe, desk, True, bidir=True if family == "bidirectional" else None)))]
     if kind == "res":
-        res = draw(_residual(fe, w.t, w.c))
+        res = draw(_residual(fe, w.t, w.c, ln_ok=w.narrow >= 3))
         w.c = w.c if res.get("short") == () else res.get("short")[0].get("filters")
         return [res]
     if kind == "attn":
@@ -305,22 +310,22 @@ def _window_end(draw: Any, fe: str, desk: bool, w: _Window) -> L:
     return _layer("flatten") if end == "flatten" else _layer("gpool", op=draw(st.sampled_from(["max", "avg"])))
 
 
-def _flat_layers(draw: Any, fe: str, desk: bool, family: str | None, width: int) -> list[L]:
+def _flat_layers(draw: Any, fe: str, desk: bool, family: str | None, width: int, narrow: int) -> list[L]:
     """Dense/BN/activation (ONNX: a per-channel affine) and, desk, layer norms and residual
     MLP blocks over a flat vector of ``width`` features."""
     kinds = ["dense", "bn", "act"] if fe != "onnx" else ["dense", "act", "affine"]
     kinds += ["ln", "res"] if desk else []
     n = draw(st.integers(0, 3))
     forced = {"layernorm": "ln", "gelu": "act"}.get(family or "")
-    at = draw(st.integers(0, n)) if forced else -1
+    at = (0 if forced == "ln" else draw(st.integers(0, n))) if forced else -1
     out: list[L] = []
     for i in range(n + (1 if forced else 0)):
         kind = forced if i == at else draw(st.sampled_from(kinds))
-        if kind == "ln" and width < 2:  # a layer norm over one feature is its beta
-            width = draw(st.integers(2, 8))
-            out.append(_layer("dense", units=width, act="linear"))
+        if kind == "ln" and narrow < 3:  # see _Window
+            continue
         if kind == "dense":
             width = draw(st.integers(1, 8))
+            narrow = min(narrow, width)
             out.append(_layer("dense", units=width, act="linear"))
         elif kind == "act":
             out.append(draw(_act(fe, desk, "gelu" if i == at else None)))
@@ -342,25 +347,29 @@ def specs(draw: Any, frontend: str | None = None, *, family: str | None = None, 
     window = True if family not in (None, "layernorm", "gelu") else draw(st.booleans())
     layers: list[L] = []
     if window:
-        w = _Window(draw(st.integers(3, 10)), draw(st.integers(1, 5)))
+        w = _Window(draw(st.integers(3, 10)), draw(st.integers(3 if family == "layernorm" else 1, 5)))
         shape: tuple[int, ...] = (w.t, w.c)
         kinds = ["conv", "conv", "pool", "bn", "act", "rnn"] if fe != "onnx" else ["conv", "conv", "pool", "act"]
         if desk:
             kinds += ["ln", "tdense", "res", "slice"] + (["rnn"] if fe == "onnx" else ["attn"])
         n = draw(st.integers(0, 4))
         forced = _FORCED.get(family or "")
-        at = draw(st.integers(0, n)) if forced else -1
+        at = (0 if forced == "ln" else draw(st.integers(0, n))) if forced else -1
         for i in range(n + (1 if forced else 0)):
             kind = forced if i == at else draw(st.sampled_from(kinds))
             layers += _window_layer(draw, kind, w, fe, desk, family if i == at else None)
+            w.narrow = min(w.narrow, w.c)
         layers.append(_window_end(draw, fe, desk, w))
+        narrow = min(w.narrow, w.c)
     else:
-        shape = (draw(st.integers(1, 12)),)
-        if fe == "torch" and draw(st.booleans()):  # nn.Sequential(Flatten, ...) over a window
+        shape = (draw(st.integers(3 if family == "layernorm" else 1, 12)),)
+        if fe == "torch" and family != "layernorm" and draw(st.booleans()):  # nn.Sequential(Flatten, …)
             shape = (draw(st.integers(2, 6)), draw(st.integers(1, 4)))
             layers += [draw(_act(fe, desk))] if draw(st.booleans()) else []
             layers.append(_layer("flatten"))
-    layers += _flat_layers(draw, fe, desk, family if not window else None, _flat_width(shape, layers))
+        narrow = int(np.prod(shape))
+    width = _flat_width(shape, layers)
+    layers += _flat_layers(draw, fe, desk, family if not window else None, width, min(narrow, width))
     head = draw(st.sampled_from(["linear", "linear", "tanh", "sigmoid", "softmax"]))
     layers.append(_layer("dense", units=draw(st.integers(1, 4)), act=head))
     return Spec(fe, shape, tuple(layers), draw(st.integers(0, 2**16)),

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -50,12 +51,24 @@ def _settings(n_default: int, share: int) -> settings:
                                            HealthCheck.filter_too_much])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report():
-    yield
+START = time.monotonic()
+
+
+FAILURES: list[str] = []  # the first failing specs (Hypothesis' shrinking adds its own tries)
+
+
+def _tally(key: str, failure: str = "") -> None:
+    """Count ``key`` (``failure``: a failing spec and why); with HWB_FUZZ_REPORT the counts
+    so far, the minutes and the failing specs are written after every model, so a long run
+    stopped early still reports what it did."""
+    COUNTS[key] += 1
+    if failure and len(FAILURES) < 20:
+        FAILURES.append(failure)
     path = os.environ.get("HWB_FUZZ_REPORT")
     if path:
-        Path(path).write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
+        counts = {**dict(sorted(COUNTS.items())), "minutes": round((time.monotonic() - START) / 60, 1),
+                  "failures": FAILURES}
+        Path(path).write_text(json.dumps(counts, indent=1) + "\n")
 
 
 def _inputs(spec: Spec, n: int, seed: int) -> np.ndarray:
@@ -70,9 +83,9 @@ def _refused(spec: Spec, exc: UnsupportedError, what: str) -> None:
     """A refusal of a claimed layer is allowed only as a clear one: it names the layer/op."""
     msg = str(exc)
     assert "cpu.native" in msg and re.search(r"'[^']+'", msg), f"{spec.describe()}: unnamed refusal: {msg}"
-    COUNTS[f"{what} refused"] += 1
+    _tally(f"{what} refused")
     named = re.search(r"\(op ([^)]+)\)|layer '[^']*' \((\w+)\)", msg)  # the report's "refused by name"
-    COUNTS[f"{what} refused: {(named.group(1) or named.group(2)) if named else msg[:60]}"] += 1
+    _tally(f"{what} refused: {(named.group(1) or named.group(2)) if named else msg[:60]}")
 
 
 def _model(spec: Spec):
@@ -85,7 +98,7 @@ def _check_ir(spec: Spec, what: str = "ir") -> None:
     from hwb_plugins._shared import layer_ir
 
     obj, m = _model(spec)
-    COUNTS[f"{what} tried"] += 1
+    _tally(f"{what} tried")
     try:
         net = layer_ir.extract(m, "cpu.native")
     except UnsupportedError as exc:
@@ -96,9 +109,9 @@ def _check_ir(spec: Spec, what: str = "ir") -> None:
     got = layer_ir.forward(net, x)[-1]
     err = float(np.abs(got - want).max()) / _scale(want)
     if err > FP32_BOUND:
-        COUNTS[f"{what} wrong"] += 1
+        _tally(f"{what} wrong", f"{spec.describe()}: IR off by {err:.3g}")
     assert err <= FP32_BOUND, f"{spec.describe()}: IR reference off by {err:.3g} of the output scale"
-    COUNTS[f"{what} right"] += 1
+    _tally(f"{what} right")
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
@@ -121,22 +134,22 @@ def _check_fp32(spec: Spec, what: str = "fp32") -> None:
     """The generated C (fp32) against the framework; a CompileError (gcc over a claimed
     layer) or any other exception fails."""
     obj, m = _model(spec)
-    COUNTS[f"{what} tried"] += 1
+    _tally(f"{what} tried")
     try:
         cm = _compile(m, "fp32")
     except UnsupportedError as exc:
         _refused(spec, exc, what)
         return
-    except Exception:
-        COUNTS[f"{what} build failed"] += 1
+    except Exception as exc:
+        _tally(f"{what} build failed", f"{spec.describe()}: {type(exc).__name__}: {str(exc)[:300]}")
         raise
     x = _inputs(spec, 64, spec.seed + 1)
     want = reference(obj, spec, x)
     err = float(np.abs(cm.predict(x) - want).max()) / _scale(want)
     if err > FP32_BOUND:
-        COUNTS[f"{what} wrong"] += 1
+        _tally(f"{what} wrong", f"{spec.describe()}: C off by {err:.3g}")
     assert err <= FP32_BOUND, f"{spec.describe()}: C off by {err:.3g} of the output scale"
-    COUNTS[f"{what} right"] += 1
+    _tally(f"{what} right")
 
 
 @_settings(5, 4)
@@ -169,19 +182,19 @@ def test_desk_family_in_each_front_end(family: str, frontend: str) -> None:
 @given(specs())
 def test_generated_c_int8_within_its_gate(spec: Spec) -> None:
     obj, m = _model(spec)
-    COUNTS["int8 tried"] += 1
+    _tally("int8 tried")
     try:
         cm = _compile(m, "int8", _inputs(spec, 256, spec.seed + 2))
     except UnsupportedError as exc:
         _refused(spec, exc, "int8")
         return
-    except Exception:
-        COUNTS["int8 build failed"] += 1
+    except Exception as exc:
+        _tally("int8 build failed", f"{spec.describe()}: {type(exc).__name__}: {str(exc)[:300]}")
         raise
     x = _inputs(spec, 256, spec.seed + 3)
     f = compare(reference(obj, spec, x), cm.predict(x))
     bad = TOLERANCES["quantized"].violations(f)
     if bad:
-        COUNTS["int8 wrong"] += 1
+        _tally("int8 wrong", f"{spec.describe()}: int8 {bad}")
     assert not bad, f"{spec.describe()}: int8 {bad} ({f})"
-    COUNTS["int8 right"] += 1
+    _tally("int8 right")
