@@ -192,3 +192,28 @@ def test_sigmoid_and_linear_bit_exact(pairs, store_dir) -> None:
 def test_unsupported_layer_under_fixed_names_it(zoo_model, store_dir) -> None:
     with pytest.raises(UnsupportedError, match=r"layer 'lstm' \(LSTM.*fp32 or int8"):
         hwb.compile(zoo_model("lstm"), "cpu.native", "fixed", store=store_dir, fidelity=False)
+
+
+def test_emulation_limit_names_the_users_layer(store_dir) -> None:
+    """Dense → BN → Dense(sigmoid) at ap_fixed<14,5,AP_RND,AP_SAT>: hls4ml infers a
+    fixed<50,23> result for the second Dense, too wide to index the sigmoid table in the
+    emulation's 32-bit index (fpga.hls4ml builds it). The refusal names the user's layer
+    ('out' and hls4ml's ``_sigmoid``), not hls4ml's generated ``hwb…`` name (the fuzz in
+    tests/test_fuzz_fixed.py found ``'hwb2_tanh'``)."""
+    import keras
+
+    from hwbackends.models import load_model
+
+    keras.utils.set_random_seed(3)
+    km = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, name="fc"),
+                           keras.layers.BatchNormalization(name="bn"),
+                           keras.layers.Dense(2, activation="sigmoid", name="out")], name="wide")
+    rng = np.random.default_rng(3)
+    km.get_layer("bn").set_weights([rng.uniform(0.5, 2, 5), rng.normal(0, 0.5, 5),
+                                    rng.normal(0, 0.5, 5), rng.uniform(0.2, 3, 5)])
+    with pytest.raises(UnsupportedError) as err:
+        hwb.compile(load_model(km), "cpu.native", "ap_fixed<14,5,AP_RND,AP_SAT>",
+                    store=store_dir, fidelity=False)
+    msg = str(err.value)
+    assert "layer 'out_sigmoid' (Activation, sigmoid): a fixed<" in msg and "-entry table" in msg, msg
+    assert "hwb" not in msg.replace("hwbackends", ""), msg

@@ -9,7 +9,10 @@ saturation modes, narrow and wide types) through ``hwb.compile``, and the output
 step, batch-1 calls as both are compiled).
 
 A refusal is allowed only where both targets refuse the same BatchNormalization by name (one
-that folds into neither neighbour, e.g. two in a row); any other refusal, build failure or
+that folds into neither neighbour, e.g. two in a row), or where cpu.native alone refuses,
+naming the user's layer, a type hls4ml inferred past its 64-bit emulation (:data:`LIMITS`;
+the fuzz found them: three linear Dense layers at ap_fixed<18,8> give fixed<78,38>, and
+Dense → Dense → tanh feeds the table a fixed<58,28>); any other refusal, build failure or
 differing bit fails the test and prints the spec.
 
 hls4ml's C-simulation build takes tens of seconds a model, so the default run (``make
@@ -51,6 +54,11 @@ PRECISIONS = ("fixed", "ap_fixed<14,5,AP_RND,AP_SAT>", "ap_fixed<10,4,AP_RND_CON
 HLS_SPELLING = {"fixed": "ap_fixed<16,6>"}
 #: Activations cpu.native ``fixed`` claims (plugins/cpu_native/fixed.py ACTIVATIONS, softmax).
 ACTS = {"relu", "tanh", "sigmoid", "softmax"}
+#: cpu.native ``fixed``'s stated limits (its refusals' text, plugins/cpu_native/fixed.py and
+#: plugins/_shared/fixed_point.py): what its 64-bit integer emulation cannot hold.
+LIMITS = {"type over 63 bits": "the emulation holds values in 64-bit integers: W ≤ 63",
+          "table index over 31 bits": "-entry table",
+          "products over 63 bits": "products over 63 bits"}
 SAMPLES = 2000  # both run ~20-30 µs a sample: well under a second
 COUNTS: Counter = Counter()
 
@@ -136,6 +144,15 @@ def test_fixed_is_bit_exact_with_hls4ml_csim(store_dir: Path, spec: Spec, precis
     csim = _compile(model, "fpga.hls4ml", HLS_SPELLING.get(precision, precision), store_dir)
     t2 = time.perf_counter()
     SECONDS.append({"spec": what, "cpu.native": round(t1 - t0, 1), "fpga.hls4ml": round(t2 - t1, 1)})
+    if isinstance(native, UnsupportedError) and not isinstance(csim, UnsupportedError):
+        # the emulation's stated limits, past its 64-bit integers: hls4ml's inferred types
+        # widen along a chain of linear Dense layers (fixed<78,38> after three at
+        # ap_fixed<18,8>; a fixed<58,28> input to a tanh table); the C-sim builds
+        limit = next((k for k, text in LIMITS.items() if text in str(native)), None)
+        assert limit, f"{what}: cpu.native refused, fpga.hls4ml built: {native}"
+        assert "'hwb" not in str(native), f"{what}: the refusal names a generated layer: {native}"
+        COUNTS[f"cpu.native refused ({limit})"] += 1
+        return
     refused = [r for r in (native, csim) if isinstance(r, UnsupportedError)]
     if refused:
         # only a BatchNormalization that folds into neither neighbour, refused by both alike

@@ -78,6 +78,13 @@ class FxLayer:
     table_size: int = 0
     #: softmax (hls4ml's softmax_stable): types and table sizes of its config
     softmax: dict[str, Any] = field(default_factory=dict)
+    #: how errors name it: the user's layer ("layer 'fc' (Dense)"); ``name`` is hls4ml's
+    #: generated one, which keys the tables and means nothing to the user
+    label: str = ""
+
+    @property
+    def shown(self) -> str:
+        return self.label or f"layer {self.name!r}"
 
 
 @dataclass
@@ -189,6 +196,7 @@ def describe(hm: Any, precision: str, name: str, names: Renamed | None = None) -
                          softmax=_softmax_config(layer, precision, what))
         else:
             raise _unsupported(precision, what)
+        fl.label = what
         net.layers.append(fl)
         prev = layer
     return net
@@ -415,13 +423,13 @@ def _run_gen(src: str, size: int, layer: FxLayer, cc: str, workdir: Path) -> np.
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             detail = getattr(exc, "stderr", "") or str(exc)
             raise CompileError(f"cpu.native fixed: building the {layer.kind} table of "
-                               f"{layer.name!r} failed: {detail[-2000:]}") from exc
+                               f"{layer.shown} failed: {detail[-2000:]}") from exc
         finally:
             c.unlink(missing_ok=True)
             exe.unlink(missing_ok=True)
         tab = np.array([int(v) for v in res.stdout.split()], dtype=np.int64)
         if tab.size != size:
-            raise CompileError(f"cpu.native fixed: the {layer.kind} table of {layer.name!r} has "
+            raise CompileError(f"cpu.native fixed: the {layer.kind} table of {layer.shown} has "
                                f"{tab.size} entries, expected {size}")
         return tab
 
@@ -501,7 +509,7 @@ class FixedEmitter:
         assert layer.bias_t is not None
         n_in, n_out = layer.n_in, layer.n_out
         if t_x.width + wt.width > 63:
-            raise _unsupported(self.net.precision, f"layer {layer.name!r}: {t_x} × {wt} products "
+            raise _unsupported(self.net.precision, f"{layer.shown}: {t_x} × {wt} products "
                                                    f"over 63 bits")
         self.matvecs += 1
         fp = t_x.frac + wt.frac  # the exact product's fraction
@@ -552,7 +560,7 @@ class FixedEmitter:
             size = layer.table_size
             span = 8 if layer.kind == "tanh" else 16
             if t_x.integer + size.bit_length() > 31:
-                raise _unsupported(self.net.precision, f"layer {layer.name!r}: a {t_x} input "
+                raise _unsupported(self.net.precision, f"{layer.shown}: a {t_x} input "
                                                        f"indexing a {size}-entry table")
             tab = self.const("T", _ctype(tt), self.tabs[layer.name])
             # data_round = (int)(x * size / span): exact in ap_fixed, then toward zero
@@ -570,7 +578,7 @@ class FixedEmitter:
         c, rt, n = layer.softmax, layer.result, layer.n_out
         norm, acc, inv_in, et, it = c["inp_norm"], c["accum"], c["inv_inp"], c["exp_table"], c["inv_table"]
         if acc.width + it.width > 63:
-            raise _unsupported(self.net.precision, f"layer {layer.name!r}: softmax products over 63 bits")
+            raise _unsupported(self.net.precision, f"{layer.shown}: softmax products over 63 bits")
         exp = self.const("T", "int64_t", self.tabs[f"{layer.name}:exp"])
         inv = self.const("T", "int64_t", self.tabs[f"{layer.name}:inv"])
         o = self.buf(rt, n)
