@@ -4,9 +4,9 @@
 call (the floor); then the answers: max |push − predict_into on the window| over N ticks; and
 the same push from C++ (examples/sliding_push.cpp --bench) when g++ can build it.
 
-``--push-weights bf16,int8`` (the default; ``""`` for none) adds, per model with an incremental
-recurrent push, cpu.native variants compiled with that ``push_weights`` option (where this CPU
-has the feature): their push and prepare timed in the same interleaved rounds, their answers
+``--push-weights fast,bf16,int8`` (the default; ``""`` for none) adds, per model with an
+incremental recurrent push, cpu.native variants compiled with that ``push_weights`` option
+(``fast``: fp32 weights with ``push_gates="fast"``), where this CPU has the feature: their push and prepare timed in the same interleaved rounds, their answers
 against the fp32 window (they are not bit-equal: gated by their family's tolerance at compile),
 and all of a model's pushes from C++ in one process, interleaved in blocks
 (bench/sliding_push_weights.cpp, each library dlopen'ed on its own).
@@ -17,7 +17,7 @@ strategy's own timing would be); the callables take turns in blocks of ``--block
 (cycled from 4,096 seeded ones), never one tick repeated.
 
     .venv/bin/python bench/sliding.py [--rounds 20] [--block 1000] [--ticks 10000]
-        [--models lstm,conv1d,lstm_a,lstm_b] [--push-weights bf16,int8] [--quick]
+        [--models lstm,conv1d,lstm_a,lstm_b] [--push-weights fast,bf16,int8] [--quick]
 """
 from __future__ import annotations
 
@@ -110,8 +110,9 @@ def push_weights_variants(hwb, name: str, nat, kinds: list[str]) -> tuple[dict, 
             "sliding", {}).get("stream"):
         return got, [f"{name}: push_weights needs an incremental recurrent push; left out"]
     for kind in kinds:
+        opts = {"push_gates": "fast"} if kind == "fast" else {"push_weights": kind}
         try:
-            got[kind] = hwb.compile(f"zoo:{name}", "cpu.native", "fp32", options={"push_weights": kind})
+            got[kind] = hwb.compile(f"zoo:{name}", "cpu.native", "fp32", options=opts)
         except HwbError as exc:
             notes.append(f"{name} push_weights={kind}: {exc}")
     return got, notes
@@ -169,8 +170,9 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=10_000, help="ticks of the answer check")
     ap.add_argument("--models", default="lstm,conv1d,lstm_a,lstm_b")
-    ap.add_argument("--push-weights", default="bf16,int8",
-                    help="cpu.native push_weights variants to add per recurrent model ('' for none)")
+    ap.add_argument("--push-weights", default="fast,bf16,int8",
+                    help="cpu.native push_weights variants to add per recurrent model (fast: fp32 "
+                         "with push_gates='fast'; '' for none)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 3 rounds × 100 calls, 300 ticks checked, lstm and conv1d "
                          "only unless --models is given")

@@ -24,6 +24,9 @@ fp32); bf16 halves the bytes and the multiply-add instructions, int8 quarters th
   and a per-tick scale never clips); ``vpdpbusd`` into int32, the ``128·Σw`` correction,
   dequantised by ``scale × channel scale``. Gated as ``int8`` (``quantized``). A NaN or
   infinity in the input makes every output of the product NaN (the bytes cannot carry it).
+  The scale is one per vector: features whose scales differ by orders of magnitude (no
+  normalisation before the LSTM) leave the small ones a fraction of a step, and the gate
+  refuses such a model (tests/test_sliding_push_weights.py builds one); bf16 has no such limit.
 
 The sliding answers of a reduced push are no longer ``predict_into``'s bit for bit;
 :func:`gate` measures them against the same library's fp32 full-window answers (which the
