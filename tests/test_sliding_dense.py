@@ -105,12 +105,15 @@ def test_strided_pooled_and_flattened_windows_equal_predict_into(store_dir, seed
     check_drawn_ticks(cm, data, seed, features, window, FP32_ERR)
 
 
-def test_dense_over_the_flattened_window_over_10000_ticks_without_drift(store_dir):
-    """Flatten → Dense on a strided conv and a max pool (window 30): 10,000 ticks, every answer
-    within 1e-5 of predict_into's (each window's partial sum starts from the bias, so the last
-    ticks are as close as the first); a NaN answers NaN while it is in the window, then the
-    answers recover."""
-    stack = [("conv", 6, 3, 2, 1, False, "relu"), ("max", 2, 1)]
+@pytest.mark.parametrize("stack", [
+    [("conv", 6, 3, 2, 1, False, "relu"), ("max", 2, 1)],  # lags the newest step: all prepared
+    [("conv", 5, 3, 1, 2, True, "tanh")],  # causal: 4 padded positions per window, the last on the push
+], ids=["strided-pooled", "causal"])
+def test_dense_over_the_flattened_window_over_10000_ticks_without_drift(store_dir, stack):
+    """Flatten → Dense on a strided conv and a max pool, or on a causal dilated conv (window
+    30): 10,000 ticks, every answer within 1e-5 of predict_into's (each window's partial sum
+    starts from the bias, so the last ticks are as close as the first); a NaN answers NaN
+    while it is in the window, then the answers recover."""
     cm = hwb.compile(stack_model(9, 30, 4, stack, False, "flatten", 5), "cpu.native", store=store_dir,
                      fidelity=False)
     w = cm.sliding()

@@ -34,7 +34,8 @@ that holds it, and no other window holds it).
   and the head: the pooled vector from the prepared partial (avg: the sum of positions
   ``0..L-2``, in the full window's order, plus the last, over ``L``; max likewise), the sliced
   position, or the flattened Dense's prepared partial sum plus its last position's term; then
-  the Dense layers.
+  the Dense layers. When the last stage lags the newest step, the prepare pooled (or summed)
+  its last position too, and the push only reads the prepared vector.
 * :c:func:`hwb_model_prepare` computes the newest value of each lagging stage (they read
   ``x_t`` but no answer before a later tick's does), spreads the last stage's into the flattened
   Dense's partial sums, advances every ring, recomputes each stage's padded positions (stage by
@@ -345,7 +346,7 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     li, n, c = len(p.stages) - 1, last.length, last.channels
     newest = _row(li, last, str(n - 1))
     if p.flat is not None:
-        v, c = sd.push(e, p.flat, f"hwb_h{li}", newest), p.flat.width
+        v, c = sd.push(e, p.flat, f"hwb_h{li}", None if last.lag else newest), p.flat.width
     else:
         v = e.buf(c)
     if p.flat is not None:
@@ -354,6 +355,8 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = {_row(li, last, str(p.index))}[i];")
     elif n == 1:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = {newest}[i];")
+    elif last.lag:  # every position is known before the tick: the prepare pooled them all
+        e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = hwb_acc[i];")
     elif p.pool.kind == "max":  # type: ignore[attr-defined]
         e.line(f"for (int i = 0; i < {c}; i++) {{ const float u = {newest}[i]; "
                f"{v}[i] = u > hwb_acc[i] ? u : hwb_acc[i]; }}")
@@ -376,19 +379,21 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
 
 def _partial(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     """``hwb_partial()``: the next window's own part of the head: the pooled positions
-    ``0..L-2`` summed (or maxed) in the full window's order from the ring, or the flattened
-    Dense's terms of its padded positions."""
+    ``0..L-2`` summed (or maxed) in the full window's order from the ring (``0..L-1`` when the
+    stage lags the newest step: all are known), or the flattened Dense's terms of its padded
+    positions (and of its last, likewise)."""
     last = p.stages[-1]
     li, n, c = len(p.stages) - 1, last.length, last.channels
     if p.flat is not None:
-        sd.own_terms(e, p.flat, f"hwb_h{li}", lambda j: _row(li, last, str(j)), last.padded)
+        sd.own_terms(e, p.flat, f"hwb_h{li}", lambda j: _row(li, last, str(j)), last.padded, last.lag > 0)
         return e.function("hwb_partial(void)")
     if p.index >= 0 or n == 1:
         return ["static void hwb_partial(void) {}", ""]
     op = "hwb_acc[i] = u > hwb_acc[i] ? u : hwb_acc[i];" if p.pool.kind == "max" else "hwb_acc[i] += u;"  # type: ignore[attr-defined]
+    upto = n if last.lag else n - 1  # a lagging stage's last position is known now too
     return ["static void hwb_partial(void) {",
             f"    for (int i = 0; i < {c}; i++) hwb_acc[i] = {_row(li, last, '0')}[i];",
-            f"    for (int t = 1; t < {n - 1}; t++) for (int i = 0; i < {c}; i++) "
+            f"    for (int t = 1; t < {upto}; t++) for (int i = 0; i < {c}; i++) "
             f"{{ const float u = {_row(li, last, 't')}[i]; {op} }}", "}", ""]
 
 

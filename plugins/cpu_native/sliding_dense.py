@@ -14,7 +14,8 @@ the stage ring's own index), and when ``U(τ)`` becomes known the prepare adds `
 into every window that will hold it as a clean position but not as its last. A window's
 padded positions (the first ``B``) are its own: the prepare before its push adds them. The push
 adds the last position's term, ``W_{L-1}·v_{L-1}``, and runs the head: it reads only the
-weights that multiply the newest position. Each window's sum starts from the bias when its
+weights that multiply the newest position (and when the stage lags the newest step, so that
+the last position is known before the tick, the prepare adds that term too). Each window's sum starts from the bias when its
 slot is freed (no running add/subtract of old terms), so nothing drifts over any number of
 ticks; the sum's order differs from the full window's (within fp32 rounding, ~1e-7 relative).
 """
@@ -85,20 +86,26 @@ def spread(e: Emitter, fd: FlatDense, newest: str, head: str, slots: int, lag: i
         e.line("}")
 
 
-def own_terms(e: Emitter, fd: FlatDense, slot: str, row: Callable[[int], str], padded: int) -> None:
-    """The current window's padded positions (``j < padded``, not the last): its own terms."""
-    if min(padded, fd.length - 1) <= 0:
+def own_terms(e: Emitter, fd: FlatDense, slot: str, row: Callable[[int], str], padded: int,
+              last_known: bool) -> None:
+    """The current window's own terms: its padded positions (``j < padded``, not the last),
+    and the last position's when it is known before the tick (``last_known``: the stage lags
+    the newest step, so nothing of the answer waits for ``x_t``)."""
+    js = list(range(min(padded, fd.length - 1))) + ([fd.length - 1] if last_known else [])
+    if not js:
         return
     e.line(f"{{ float *p = hwb_P[{slot}];")
-    for j in range(min(padded, fd.length - 1)):
+    for j in js:
         e.matvec([(row(j), fd.channels)], "p", fd.width, fd.rows(j), None, accumulate=True)
     e.line("}")
 
 
-def push(e: Emitter, fd: FlatDense, slot: str, last: str) -> str:
-    """The push's part: the window's partial sum plus the last position's term, in a new
-    buffer (returned: the head's layers after the Dense read it)."""
+def push(e: Emitter, fd: FlatDense, slot: str, last: str | None) -> str:
+    """The push's part: the window's partial sum plus the last position's term (``last``:
+    its row; None when :func:`own_terms` added it), in a new buffer (returned: the head's
+    layers after the Dense read it)."""
     v = e.buf(_pad(fd.width))
     e.line(f"for (int i = 0; i < {fd.width}; i++) {v}[i] = hwb_P[{slot}][i];")
-    e.matvec([(last, fd.channels)], v, fd.width, fd.rows(fd.length - 1), None, accumulate=True)
+    if last is not None:
+        e.matvec([(last, fd.channels)], v, fd.width, fd.rows(fd.length - 1), None, accumulate=True)
     return v
