@@ -215,3 +215,22 @@ def test_a_push_that_misses_its_tolerance_is_refused(store_dir):
         _compile(km, "int8", store_dir)
     if not _lacks("bf16"):
         assert _compile(km, "bf16", store_dir).artifact.meta["sliding"]["push_gate"]["violations"] == []
+
+
+def test_hwb_compile_says_what_the_push_reads_and_refuses_a_march_without_it(store_dir, capsys):
+    """Through `hwb compile -O push_weights=...`: the summary names the push's weights and gates,
+    its gate's figures and that it is not bit-equal; a -march without the feature is a clear
+    error (exit status 1 or 2, the feature named), not a traceback."""
+    from hwbackends.cli import main
+
+    _need("int8")
+    rc = main(["compile", "zoo:lstm", "-t", "cpu.native", "-O", "push_weights=int8", "--cache-dir", str(store_dir)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "push     int8 input weights, fast LSTM gates: within the int8 tolerance" in out
+    assert "not bit-equal to predict_into" in out
+    rc = main(["compile", "zoo:lstm", "-t", "cpu.native", "-O", "push_weights=int8", "-O", "isa=x86-64-v3",
+               "--cache-dir", str(store_dir)])
+    cap = capsys.readouterr()
+    assert rc != 0 and "Traceback" not in cap.err + cap.out
+    assert "avx512_vnni" in cap.err + cap.out and "isa='native'" in cap.err + cap.out

@@ -275,6 +275,19 @@ class NativeTarget(Target):
         return (src, tuple(model.input.shape), tuple(model.output.shape),
                 [f"{names.user(fl.name)}:{fl.kind}" for fl in net.layers], meta)
 
+    def summary_lines(self, meta: dict[str, Any]) -> list[str]:
+        """The sliding push's options when they change it (push_weights.py): what it reads, its
+        gate's figures, and that its answers are not predict_into's bit for bit."""
+        sl = meta.get("sliding") if isinstance(meta.get("sliding"), dict) else {}
+        gate = sl.get("push_gate") if isinstance(sl.get("push_gate"), dict) else None
+        if gate is None:
+            return []
+        f = gate.get("fidelity") if isinstance(gate.get("fidelity"), dict) else {}
+        return [f"  push     {sl.get('push_weights')} input weights, {sl.get('push_gates')} LSTM gates: within "
+                f"the {gate.get('tolerance')} tolerance of the fp32 window (max_abs={f.get('max_abs', 0):.3g}, "
+                f"rel={f.get('rel_err', 0):.3g}, corr={f.get('corr', 0):.6f} over {gate.get('ticks')} "
+                f"ticks), not bit-equal to predict_into"]
+
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         meta = artifact.meta
         check_isa(meta)
