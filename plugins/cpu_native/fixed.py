@@ -176,13 +176,15 @@ def describe(hm: Any, precision: str, name: str, names: Renamed | None = None) -
         out = layer.get_output_variable()
         res = _type(out.type.precision, precision, f"{what}'s result")
         n_out = int(np.prod(out.shape))
+        if _zero_threshold_relu(layer):
+            act = "relu"  # `x > 0 ? x : 0`, nnet::thresholded_relu at θ = 0 is nnet::relu
         if cls == "Dense":
             fl = FxLayer(layer.name, "dense", res, n_out, n_in=int(layer.get_attr("n_in")))
             fl.weight_t, fl.weight = _weights(layer, "weight", precision, what)
             fl.weight = fl.weight.reshape(fl.n_in, n_out)
             fl.bias_t, fl.bias = _weights(layer, "bias", precision, what)
             fl.accum = _type(layer.types["accum_t"].precision, precision, f"{what}'s accumulator")
-        elif cls in ("Activation", "ReLU") and act in ACTIVATIONS:
+        elif cls in ("Activation", "ReLU", "ParametrizedActivation") and act in ACTIVATIONS:
             fl = FxLayer(layer.name, act, res, n_out, n_in=n_out)
             if act in ("tanh", "sigmoid"):
                 fl.table_t = _type(layer.types["table_t"].precision, precision, f"{what}'s table")
@@ -200,6 +202,17 @@ def describe(hm: Any, precision: str, name: str, names: Renamed | None = None) -
         net.layers.append(fl)
         prev = layer
     return net
+
+
+def _zero_threshold_relu(layer: Any) -> bool:
+    """Whether ``layer`` is hls4ml's ThresholdedReLU at θ = 0: what hls4ml 1.3's Keras 3
+    handler makes of every ``keras.layers.ReLU()`` (it sets relu, then overrides it), and
+    the same function as relu (``x > θ ? x : 0``, cast to the result type)."""
+    if layer.class_name != "ParametrizedActivation":
+        return False
+    if str(layer.get_attr("activation") or "").lower() != "thresholdedrelu":
+        return False
+    return float(layer.get_attr("activ_param") or 0.0) == 0.0
 
 
 def _weights(layer: Any, key: str, precision: str, what: str) -> tuple[FxType, np.ndarray]:
