@@ -6,14 +6,19 @@ framework:
 * the IR reader: ``layer_ir.extract`` then the IR's float64 reference, max error ≤ 1e-5 of
   the output's scale — many models, no C compiler;
 * the generated C through ``hwb.compile`` (in-process build, fp32): the same bound; and int8
-  within its gate (``TOLERANCES["quantized"]``, calibrated on other inputs than it is checked on).
+  within its gate (``TOLERANCES["quantized"]``, calibrated on other inputs than it is checked on);
+* each desk layer family (``fuzz_models.FAMILIES``: causal/left padding, time slices,
+  LayerNorm, GELU, stacked and bidirectional LSTM/GRU, residual blocks, attention, per-step
+  Dense) in each front end that claims it, IR and fp32 C, so a small budget covers them all.
 
 A refusal must be an ``UnsupportedError`` that names the layer or op; anything else (a
 ``CompileError`` from gcc over a claimed layer, a raw exception, a wrong answer) fails.
 
 The default run is a small fixed budget (derandomized: the same models every run). Longer:
 ``HWB_FUZZ_EXAMPLES=N`` (``make fuzz``) draws N models per IR test, N/4 per fp32 C test and
-N/10 per int8 one, fresh each run; ``HWB_FUZZ_REPORT=path.json`` writes the counts there.
+N/10 per int8 one and N/152 per desk family case, fresh each run;
+``HWB_FUZZ_REPORT=path.json`` writes the counts there (after every model, with the minutes
+and the first failing specs). The refusals are counted by the op or layer class they name.
 """
 from __future__ import annotations
 
