@@ -91,7 +91,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
     or, when a loading option is given, the model loaded with it."""
     imports = getattr(args, "imports", None)
     if imports:  # registers layer classes for this process; Model.save names them for the worker
-        from ..legacy import import_modules
+        from ..models.legacy import import_modules
         import_modules(imports)
     shape = parse_shapes(getattr(args, "input_shape", None))
     trust = bool(getattr(args, "trust_pickle", False))

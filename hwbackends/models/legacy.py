@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import ModelError
+from ..errors import ModelError
 
 #: Names a Keras 2 weights file next to ``NAME.json`` usually has (hls4ml example-models
 #: use ``NAME_weights.h5``).
