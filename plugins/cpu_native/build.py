@@ -197,6 +197,17 @@ RUNTIME_HEADER = "hwb_ext.h"
 NATIVE_INCLUDE = Path(hwbackends.__file__).resolve().parent / "serve" / "include"
 
 
+@functools.cache
+def runtime_digest() -> str:
+    """A digest of the fixed C every artifact compiles against (:data:`RUNTIME_HEADER` and
+    hwb_native.h): part of the target's toolchain, so a changed runtime is a cache miss and
+    a stored artifact never carries an older entry ABI than the server reads."""
+    h = hashlib.sha256()
+    for f in (RUNTIME_DIR / RUNTIME_HEADER, NATIVE_INCLUDE / "hwb_native.h"):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def extension_source(module: str, batch: int, in_shape: tuple[int, ...],
                      out_shape: tuple[int, ...], extra: tuple[str, str] = ("", "")) -> str:
     """The extension's generated ``ext.c``: this artifact's shapes and module name around

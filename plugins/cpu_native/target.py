@@ -96,7 +96,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "11"
+    version = "12"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
@@ -132,7 +132,8 @@ class NativeTarget(Target):
 
     def toolchain(self) -> dict[str, str]:
         return {"cc": build.compiler_version(), "isa": machine.isa(),
-                "python_abi": build.python_abi(), "flags": " ".join(build.MODEL_FLAGS)}
+                "python_abi": build.python_abi(), "flags": " ".join(build.MODEL_FLAGS),
+                "runtime": build.runtime_digest()}
 
     def check_options(self, options: CompileOptions) -> None:
         isa = options.extra.get("isa", "native")
