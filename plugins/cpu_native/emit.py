@@ -419,23 +419,14 @@ class Emitter:
         self.line(f"for (int j = 0; j < {u}; j++) {h}[j] = 0.0f;")
         z = self.buf(gates * u)
         xt = f"({src} + t * {ci})"
-        if layer.cell == "lstm" and self.blocked_input(t_len, gates * u):
+        if layer.cell == "lstm" and self.blocked_input(t_len):
             c = self.buf(u)
             self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
-            # z_t = (R·h + b) + K·x_t, summed as the sliding window's push sums them
-            # (plugins/cpu_native/sliding.py), so the two forms agree bit for bit
-            zx, gp = self.input_gemm(src, t_len, ci, layer.kernel)
-            self.line(f"for (int t = 0; t < {t_len}; t++) {{")
-            self.matvec([(h, u)], z, gates * u, layer.recurrent, layer.bias)
-            self.line(f"  for (int j = 0; j < {gates * u}; j++) {z}[j] += {zx}[t * {gp} + j];")
-            self.lstm_gates(z, c, h, u)
-        elif layer.cell == "lstm":
+            self.lstm_blocked(layer, src, t_len, ci, z, c, h, o)
+            return o
+        if layer.cell == "lstm":  # the int8 emitter: one quantised matvec over [x_t, h] per step
             c = self.buf(u)
             self.line(f"for (int j = 0; j < {u}; j++) {c}[j] = 0.0f;")
-            # x_t's part of the gates first in each step: independent of h, it runs while the
-            # previous step's gates are still being computed (a separate pass over every step
-            # up front measured no faster as matvecs: it puts the same FMAs in series instead;
-            # the blocked product of input_gemm reads the kernel once per block, not per step)
             self.line(f"for (int t = 0; t < {t_len}; t++) {{")
             self.matvec([(xt, ci), (h, u)], z, gates * u,
                         np.concatenate([layer.kernel, layer.recurrent]), layer.bias)
@@ -475,13 +466,63 @@ class Emitter:
     #: 97k TSC ticks, 4 × 4 118k, 2 × 8 117k; 97k is one 16-float FMA per core cycle.
     GEMM_STEPS = 8
 
-    def blocked_input(self, t_len: int, n_out: int) -> bool:
-        """Whether an LSTM's input projections over all ``t_len`` steps are one blocked
-        product (:meth:`input_gemm`): fp32 (the int8 emitter quantises per matvec), more than
-        one step, and the products' buffer small beside the stack bound."""
-        nv = -(-n_out // self.vw)
-        return (type(self).matvec is Emitter.matvec and t_len > 1
-                and 4 * t_len * nv * self.vw <= MAX_STACK_BYTES // 4)
+    #: the most bytes of input products :meth:`lstm_blocked` holds at once (a chunk of steps)
+    GEMM_CHUNK_BYTES = MAX_STACK_BYTES // 4
+
+    def blocked_input(self, t_len: int) -> bool:
+        """Whether an LSTM's input projections are blocked products over many steps
+        (:meth:`lstm_blocked`): fp32 (the int8 emitter quantises per matvec) and more than
+        one step."""
+        return type(self).matvec is Emitter.matvec and t_len > 1
+
+    def gemm_chunk(self, t_len: int, gp: int) -> int:
+        """Steps per blocked input product: all ``t_len`` when their products (``gp`` floats a
+        step) fit in :data:`GEMM_CHUNK_BYTES`, else the fewest chunks that do, of about equal
+        length in whole register tiles (:data:`GEMM_STEPS`): rounded up where that still fits,
+        else down."""
+        most = max(1, self.GEMM_CHUNK_BYTES // (4 * gp))
+        if t_len <= most:
+            return t_len
+        n = -(-t_len // most)
+        steps = -(-t_len // n)
+        tiled = -(-steps // self.GEMM_STEPS) * self.GEMM_STEPS
+        if tiled > most:
+            tiled = most // self.GEMM_STEPS * self.GEMM_STEPS
+        return tiled or steps
+
+    def lstm_blocked(self, layer: ir.Recurrent, src: str, t_len: int, ci: int, z: str, c: str,
+                     h: str, o: str) -> None:
+        """An LSTM's time loop with its input projections ``K·x_t + ...`` computed ahead as
+        blocked products (:meth:`input_gemm`) over chunks of :meth:`gemm_chunk` steps, so each
+        step's matvec reads only the recurrent kernel ``R``: a stacked ``[x_t, h]`` matvec
+        would stream ``K`` and ``R`` every step (LSTM_B's 1.4 MB a step, past L2; ``R`` alone
+        is 640 KB). z_t = (R·h + b) + K·x_t, summed as the sliding window's push sums them
+        (plugins/cpu_native/sliding.py), so the two forms agree bit for bit; chunking does not
+        change any sum. Chunks bound the products' stack buffer (LSTM_B's 100 steps × 800
+        would take 320 KB)."""
+        u, g = layer.units, 4 * layer.units
+        gp = -(-g // self.vw) * self.vw
+        chunk = self.gemm_chunk(t_len, gp)
+        full = t_len - t_len % chunk
+        if self.gemm_scratch is None or self.gemm_scratch[1] < chunk * gp:
+            self.gemm_scratch = (self.buf(chunk * gp), chunk * gp)  # declared outside the loops
+        for t0, steps, loop in ((0, chunk, full > chunk), (full, t_len - full, False)):
+            if steps == 0:
+                continue
+            if loop:
+                self.line(f"for (int t0 = 0; t0 < {full}; t0 += {chunk}) {{")
+                base = "t0"
+            else:
+                self.line("{")
+                base = str(t0)
+            zx, gp = self.input_gemm(f"({src} + {base} * {ci})", steps, ci, layer.kernel)
+            self.line(f"for (int t = {base}; t < {base} + {steps}; t++) {{")
+            self.matvec([(h, u)], z, g, layer.recurrent, layer.bias)
+            self.line(f"  for (int j = 0; j < {g}; j++) {z}[j] += {zx}[(t - {base}) * {gp} + j];")
+            self.lstm_gates(z, c, h, u)
+            if layer.return_sequences:
+                self.line(f"  for (int j = 0; j < {u}; j++) {o}[t * {u} + j] = {h}[j];")
+            self.line("} }")
 
     def input_gemm(self, src: str, t_len: int, ci: int, w: np.ndarray,
                    dst: str | None = None) -> tuple[str, int]:
