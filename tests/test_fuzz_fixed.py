@@ -1,9 +1,9 @@
 """cpu.native precision ``fixed`` bit-exact with fpga.hls4ml's C-simulation on random models
-(issue 34 build item 1, the ``fixed`` half): random Keras models (``Sequential`` and
-functional) drawn by tests/fuzz_models.py's :func:`specs`, restricted to the layers both
-targets claim — Dense, BatchNormalization (folded into a neighbouring Dense, see
-``plugins/_shared/batchnorm.py``), the activations relu/tanh/sigmoid/softmax, over a flat
-input — each compiled on both targets at a drawn hls4ml precision (default, rounding and
+(issue 34 build item 1, the ``fixed`` half): random Keras (``Sequential`` and functional)
+and torch (``nn.Sequential``) models drawn by tests/fuzz_models.py's :func:`specs`,
+restricted to the layers both targets claim — Dense/Linear, BatchNormalization (Keras:
+folded into a neighbouring Dense, see ``plugins/_shared/batchnorm.py``; torch: hls4ml's
+fold or its own layer), the activations relu/tanh/sigmoid/softmax, over a flat input — each compiled on both targets at a drawn hls4ml precision (default, rounding and
 saturation modes, narrow and wide types) through ``hwb.compile``, and the outputs compared
 *exactly* on the same inputs (representative, scaled past the types' range and below one
 step, batch-1 calls as both are compiled).
@@ -16,7 +16,7 @@ Dense → Dense → tanh feeds the table a fixed<58,28>); any other refusal, bui
 differing bit fails the test and prints the spec.
 
 hls4ml's C-simulation build takes tens of seconds a model, so the default run (``make
-test``) is two fixed models that reach every fold and table (:data:`EXAMPLES_FIXED`);
+test``) is three fixed models that reach every fold and table (:data:`EXAMPLES_FIXED`);
 ``HWB_FUZZ_EXAMPLES=N`` (``make fuzz``) adds N/20 drawn models (at least one), fresh each
 run, and ``HWB_FUZZ_REPORT=path.json`` writes the counts
 and each model's compile seconds there.
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++"
 
 EXAMPLES = int(os.environ.get("HWB_FUZZ_EXAMPLES", "0") or 0)
 LONG = EXAMPLES > 0
-#: The default run is the two :data:`EXAMPLES_FIXED` only: a model costs two hls4ml
+#: The default run is the three :data:`EXAMPLES_FIXED` only: a model costs two hls4ml
 #: conversions, hls4ml's g++ build and cpu.native's cc build, 25-85 s on the loaded 2-core
 #: machine (informal; the first pays the compile worker's imports).
 #: Precisions drawn: cpu.native's ``fixed`` (hls4ml's default, which fpga.hls4ml spells
@@ -71,7 +71,10 @@ def _l(layer_kind: str, **p: object) -> L:
 #: into the Dense after it), one after a Dense (into it), tanh and softmax tables, rounding
 #: and saturation; a BN after a ``keras.layers.ReLU`` (an odd seed: fuzz_models builds the
 #: layer, which hls4ml makes a ThresholdedReLU at θ = 0; cpu.native refused it until the fuzz
-#: found it), folded into the Dense after it, and sigmoid at the default.
+#: found it), folded into the Dense after it, and sigmoid at the default; a torch
+#: nn.Sequential whose BatchNorm1d layers hls4ml keeps as its own layer (on the inputs,
+#: after a ReLU: hls4ml fuses one only into the Linear before it), which cpu.native refused
+#: until the fuzz found it.
 EXAMPLES_FIXED = (
     (Spec("keras_functional", (6,), (_l("bn"), _l("dense", units=8, act="linear"), _l("bn"),
                                      _l("act", kind="tanh", alpha=0.0),
@@ -79,6 +82,9 @@ EXAMPLES_FIXED = (
      "ap_fixed<14,5,AP_RND,AP_SAT>"),
     (Spec("keras", (5,), (_l("dense", units=6, act="linear"), _l("act", kind="relu", alpha=0.0),
                           _l("bn"), _l("dense", units=4, act="sigmoid")), seed=13), "fixed"),
+    (Spec("torch", (7,), (_l("bn"), _l("dense", units=5, act="linear"), _l("act", kind="relu", alpha=0.0),
+                          _l("bn"), _l("dense", units=3, act="tanh")), seed=4),
+     "ap_fixed<14,5,AP_RND,AP_SAT>"),
 )
 SECONDS: list[dict] = []
 
@@ -92,7 +98,7 @@ def claimed(spec: Spec) -> bool:
 
 
 def _specs() -> st.SearchStrategy[Spec]:
-    return st.sampled_from(["keras", "keras_functional"]).flatmap(specs).filter(claimed)
+    return st.sampled_from(["keras", "keras_functional", "torch"]).flatmap(specs).filter(claimed)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -136,6 +142,7 @@ def _compile(model, target: str, precision: str, store: Path):
                                  HealthCheck.data_too_large])
 @example(spec=EXAMPLES_FIXED[0][0], precision=EXAMPLES_FIXED[0][1])
 @example(spec=EXAMPLES_FIXED[1][0], precision=EXAMPLES_FIXED[1][1])
+@example(spec=EXAMPLES_FIXED[2][0], precision=EXAMPLES_FIXED[2][1])
 @given(spec=_specs(), precision=st.sampled_from(PRECISIONS))
 def test_fixed_is_bit_exact_with_hls4ml_csim(store_dir: Path, spec: Spec, precision: str) -> None:
     what = f"{spec.describe()} at {precision}"

@@ -42,7 +42,8 @@ PRECISION_RULE = ("'fixed' (hls4ml's default, ap_fixed<16,6>) or any ap_fixed<W,
                   "fixed<W,I> with 1 ≤ W ≤ 64 and I ≤ W, with rounding/overflow modes "
                   "(ap_fixed<10,4,AP_RND,AP_SAT>): bit-exact with fpga.hls4ml's C-simulation")
 ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid")
-SUPPORTED = ("Dense (a BatchNormalization folded into the Dense before or after it), the activations " + ", ".join(ACTIVATIONS)
+SUPPORTED = ("Dense, BatchNormalization (folded into the Dense before or after it, or as hls4ml's "
+             "own layer), the activations " + ", ".join(ACTIVATIONS)
              + " and a 1-D softmax (hls4ml's default 'stable' implementation)")
 
 
@@ -193,6 +194,14 @@ def describe(hm: Any, precision: str, name: str, names: Renamed | None = None) -
                 if fl.table_size % div or fl.table_size < div:
                     raise _unsupported(precision, f"{what} with table size {fl.table_size} (not a "
                                                   f"multiple of {div})")
+        elif cls == "BatchNormalization":  # one hls4ml keeps (torch: not after a Linear)
+            fl = FxLayer(layer.name, "batchnorm", res, n_out, n_in=n_out)
+            fl.weight_t, fl.weight = _weights(layer, "scale", precision, what)
+            fl.bias_t, fl.bias = _weights(layer, "bias", precision, what)
+            fl.weight, fl.bias = fl.weight.reshape(-1), fl.bias.reshape(-1)
+            if not fl.weight.size or n_out % fl.weight.size or fl.bias.size != fl.weight.size:
+                raise _unsupported(precision, f"{what} with {fl.weight.size} scales over "
+                                              f"{n_out} values")
         elif cls == "Softmax":
             fl = FxLayer(layer.name, "softmax", res, n_out, n_in=n_out,
                          softmax=_softmax_config(layer, precision, what))
@@ -509,7 +518,7 @@ class FixedEmitter:
         typ = t_in
         for k, layer in enumerate(net.layers):
             self.line(f"/* layer {k}: {layer.kind} */")  # no model text in generated code
-            kind = layer.kind if layer.kind in ("dense", "softmax") else "act"
+            kind = layer.kind if layer.kind in ("dense", "softmax", "batchnorm") else "act"
             cur = getattr(self, kind)(layer, cur, typ)
             typ = layer.result
         self.line(f"for (int j = 0; j < {net.layers[-1].n_out if net.layers else net.n_in}; j++) "
@@ -556,6 +565,25 @@ class FixedEmitter:
                       f"for (int i = 0; i < {n_in}; i++) {{ const int64_t p = fx_cast({prod}, {-k}, "
                       f"{_mode(at)}); acc = fx_ovf(acc + p, {at.width}, {int(at.signed)}, FX_{at.ovf}); }} "
                       f"{o}[j] = ({_ctype(rt)}){res}; }}")
+        return o
+
+    def batchnorm(self, layer: FxLayer, src: str, t_x: FxType) -> str:
+        """hls4ml's ``normalize``: ``res = result(x·scale + bias)``; the product and the sum
+        are exact ap_fixed arithmetic (one common fraction), cast once to ``result_t``."""
+        st, bt, rt = layer.weight_t, layer.bias_t, layer.result
+        assert st is not None and bt is not None and layer.weight is not None and layer.bias is not None
+        fp = t_x.frac + st.frac  # the exact product's fraction
+        f = max(fp, bt.frac)
+        if max(t_x.width + st.width + f - fp, bt.width + f - bt.frac) + 1 > 63:
+            raise _unsupported(self.net.precision, f"{layer.shown}: {t_x} × {st} + {bt} over 63 bits")
+        n, m = layer.n_out, layer.weight.size
+        sc = self.const("S", "int64_t", layer.weight.astype(np.int64))
+        bi = self.const("B", "int64_t", np.array([int(v) << (f - bt.frac) for v in layer.bias],
+                                                 dtype=np.int64))
+        o = self.buf(rt, n)
+        self.line(f"for (int i = 0; i < {n}; i++) {o}[i] = ({_ctype(rt)})fx_cast("
+                  f"((int64_t){src}[i] * {sc}[i % {m}]) * INT64_C({1 << (f - fp)}) + {bi}[i % {m}], "
+                  f"{f - rt.frac}, {_mode(rt)});")
         return o
 
     def act(self, layer: FxLayer, src: str, t_x: FxType) -> str:
