@@ -72,7 +72,7 @@ def main() -> None:
                   f"{str(t['cached']):>7}")
         print(f"  median overhead {statistics.median(over):.1f} ms, max {max(over):.1f} ms")
     t0 = time.perf_counter()
-    res = bench_model("zoo:signal", targets, precs, [SingleStream(n=a.n)], progress=False)
+    res = bench_model("zoo:signal", targets, precs, [SingleStream(n=a.n)], bars=False)
     print(f"\nin-process bench_model, same variants (cached): {time.perf_counter() - t0:.1f} s, "
           f"{len(res.profiles)} profiles")
 

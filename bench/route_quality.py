@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/route_quality.py [--config examples/strategies.toml] [--rounds 20] [--n 2000]
 
-Builds the router (fresh profiles: ``refresh=True``), then measures every eligible candidate
+Builds the router (fresh profiles: ``reuse_profiles=False``), then measures every eligible candidate
 of every strategy again, interleaved in rounds (each round measures each candidate once, so
 machine noise falls on all of them alike), pools the samples per candidate and prints, per
 strategy, the chosen variant's pooled p99 over the best pooled p99 among its candidates
@@ -27,7 +27,7 @@ def main() -> None:
     a = ap.parse_args()
     from hwbackends.router import Router
 
-    router = Router.from_config(a.config, refresh=True, strict=False)
+    router = Router.from_config(a.config, reuse_profiles=False, strict=False)
     worst = 0.0
     for d in router.decisions.values():
         if not d.order:

@@ -78,8 +78,7 @@ def main() -> None:
 
     from hwbackends.router.runtime import Lane
     noop = SimpleNamespace(variant="noop", mode="hardware", cm=SimpleNamespace(predict_into=operator.is_))
-    lane = Lane("noop", [noop], 1e9, window=router.config.router.window,
-                sample_every=router.config.router.sample_every)
+    lane = Lane("noop", [noop], 1e9, router.config.router)
     bare, laned = [], []
     for _ in range(a.rounds):
         bare.append(per_call_ns(operator.is_, x, out, a.calls))

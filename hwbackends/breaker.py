@@ -1,4 +1,4 @@
-"""The one circuit breaker, shared by the serving engine and the router's lanes.
+"""A circuit breaker, shared by the serving engine and the router's lanes.
 
 ``failures`` consecutive failures open it; it stays open ``reset_s`` seconds, then it is
 *half-open*: the next call goes through as a retry — a success closes it, a failure re-opens

@@ -1,4 +1,4 @@
-"""The one chunked predict: any number of samples through a fixed-batch ``predict_into``.
+"""Chunked predict: any number of samples through a fixed-batch ``predict_into``.
 
 ``CompiledModel.predict`` and ``Router.predict`` both serve "n samples, any n" on top of a
 hot path that takes exactly ``(batch_size, *spec.shape)`` per tensor: full chunks are copied

@@ -1,4 +1,4 @@
-"""The one way text from a model file reaches generated code or configuration.
+"""How text from a model file reaches generated code or configuration: only through here.
 
 A model file is data (docs/architecture.md, "Trust model"): its layer, node, tensor and file
 names are free text (Keras forbids only ``/``; ONNX names and file stems may hold newlines,

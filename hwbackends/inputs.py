@@ -1,4 +1,4 @@
-"""The one input validation of the public API: ``CompiledModel.predict``, the router, the
+"""Input validation for the public API: ``CompiledModel.predict``, the router, the
 serving engine and the shared-memory client all call :func:`as_batches` (per tensor
 :func:`as_batch`, or :func:`as_sample` for one request), so a wrong array gets the same clear
 :class:`InputError` everywhere.

@@ -237,7 +237,7 @@ class ArtifactStore:
         return existing
 
     @contextlib.contextmanager
-    def build_lock(self, key: str, what: str = "", say: Callable[[str], None] | None = None,
+    def build_lock(self, key: str, what: str = "", progress: Callable[[str], None] | None = None,
                    timeout: float | None = None, heartbeat: float = 15.0) -> Iterator[bool]:
         """Held while this process builds ``key``: a second process (or thread) asking for
         the same key waits here instead of repeating a build that may take minutes, then
@@ -247,7 +247,7 @@ class ArtifactStore:
         unlocked, and says so (a store on a filesystem without working flock only loses the
         deduplication: commits stay atomic, :meth:`commit`)."""
         check_key(key)
-        say = say or log.info
+        say = progress or log.info
         self.check_root()
         locks = self.root / "locks"
         trust.private_dir(locks, "store directory", trust.trusted_gid())

@@ -143,6 +143,8 @@ def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, store: 
     ``tmp``). A note says what was measured and how to keep it."""
     from ..bench.harness import bench_model
     from ..bench.scenarios import Batch
+    from ..context import RunContext, log_progress
+    from ..store import ArtifactStore
 
     sizes = tuple(sorted({b for b in SWEEP_SIZES if max_batch is None or b <= max_batch}
                          | ({max_batch} if max_batch is not None and max_batch >= 1 else set())))
@@ -152,7 +154,9 @@ def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, store: 
         say(f"no --results: measuring {target}:{prec} at batch sizes {spec} (about "
             f"{2 * len(sizes)} s; pass --results R.json from `hwb bench` to skip this)")
     res = bench_model(m, [target], [prec], [Batch(sizes=sizes, n=1000, max_s=2.0, warmup=50)],
-                      store=store, progress=say is not None, say=say)
+                      context=RunContext(store=store if isinstance(store, ArtifactStore)
+                                         else ArtifactStore(store), progress=say or log_progress),
+                      bars=say is not None)
     res.command = f"hwb export (measured itself): batch:sizes={spec}"
     failed = [v.error for v in res.variants if v.error]
     if not any(p.n for p in res.profiles):

@@ -5,7 +5,7 @@ metadata keys its own ``compile`` wrote; this module knows none of them.
 A results file's variant rows are dicts in older files and records
 (:class:`hwbackends.variant.VariantRecord`, whose ``to_dict`` is the row) in newer ones;
 :func:`rows_of` hands both out as dicts. The modelled ``hardware_estimate`` is a top-level key
-of a row, or (files written before the record existed) inside its ``fpga`` dict.
+of a row.
 """
 from __future__ import annotations
 
@@ -36,13 +36,14 @@ def rows_of(results: Any, target: str) -> list[dict[str, Any]]:
 
 
 def fpga_meta(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's FPGA metadata (the ``fpga`` dict the bench keeps of an FPGA variant)."""
-    return row.get("fpga") if isinstance(row.get("fpga"), dict) else {}
+    """The row's FPGA metadata (the ``plugin_report`` the bench keeps of an FPGA variant)."""
+    rep = row.get("plugin_report")
+    return rep if isinstance(rep, dict) else {}
 
 
 def estimate(row: dict[str, Any]) -> dict[str, Any]:
     """The row's modelled ``hardware_estimate`` ({} when it has none)."""
-    est = row.get("hardware_estimate") or fpga_meta(row).get("hardware_estimate")
+    est = row.get("hardware_estimate")
     return est if isinstance(est, dict) else {}
 
 
