@@ -234,3 +234,25 @@ def test_hwb_compile_says_what_the_push_reads_and_refuses_a_march_without_it(sto
     cap = capsys.readouterr()
     assert rc != 0 and "Traceback" not in cap.err + cap.out
     assert "avx512_vnni" in cap.err + cap.out and "isa='native'" in cap.err + cap.out
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_the_kit_judges_a_reduced_push_at_its_gated_family(kind, tmp_path):
+    """The conformance kit's sliding check on an fp32 variant whose push reads reduced
+    weights: judged at the family its compile gated it at (``push_gate``), not at the fp32
+    incremental bound it would miss, and still judged (a push off by more fails)."""
+    from hwbackends.testing.check_sliding import check_sliding, push_precision
+    from hwbackends.testing.context import Conformance, ConformanceError, Variant
+
+    _need(kind)
+    ctx = Conformance("cpu.native", tmp_path / "kit", models=("lstm",),
+                      options={"push_weights": kind})
+    v = Variant("lstm", "fp32")
+    assert "incremental" in check_sliding(ctx, v)
+    cm = ctx.compiled(v)
+    assert push_precision(cm) == kind
+    # The same push judged at the fp32 bound (what the kit did before) is refused: the
+    # tolerance above is what let it pass.
+    cm.artifact.meta["sliding"]["push_gate"]["tolerance"] = "fp32 sliding bound 1e-05"
+    with pytest.raises(ConformanceError, match="differs from predict_into"):
+        check_sliding(ctx, v)

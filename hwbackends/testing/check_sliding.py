@@ -17,6 +17,16 @@ EXTRA_TICKS = 20
 FP32_SLIDING_ERR = 1e-5
 
 
+def push_precision(cm: CompiledModel) -> str | None:
+    """The precision a variant's sliding push was gated at, when its target stored one
+    (``meta["sliding"]["push_gate"]["tolerance"]``: cpu.native's ``push_weights`` keeps an
+    fp32 variant whose push reads bf16 or int8 weights); ``None``: the variant's own."""
+    sl = cm.artifact.meta.get("sliding")
+    gate = sl.get("push_gate") if isinstance(sl, dict) else None
+    tol = gate.get("tolerance") if isinstance(gate, dict) else None
+    return tol if isinstance(tol, str) and tol in ("bf16", "fp16", "int8") else None
+
+
 def replay(cm: CompiledModel, xs: np.ndarray) -> np.ndarray:
     """What ``predict_into`` answers for the window ending at each step of ``xs`` (``(n,
     *input.shape[1:])``), the window zero-filled before it is full."""
@@ -67,6 +77,8 @@ def check_sliding(ctx: Conformance, v: Variant) -> str:
     fam = precision_family(v.precision)
     if w.form == "recompute":
         tol = 1e-6
+    elif (pushed := push_precision(cm)) is not None:
+        tol = family_tolerance(pushed).rel_err
     else:
         tol = FP32_SLIDING_ERR if fam == "fp32" else family_tolerance(v.precision).rel_err
     err = float(np.abs(got - want).max()) / scale
