@@ -27,8 +27,9 @@ Before ``T`` steps were pushed the window is zero-filled at its start (hwbackend
 :c:func:`hwb_model_reset` sets each slot to the state a window has after as many zero steps as
 its age (one run over zero steps, copied into the slots), and runs when the library loads.
 
-**The recompute form** (every other model and precision; Conv1D/TCN/pooling stacks take
-sliding_conv.py's incremental form first): the window in a doubled ring
+**The recompute form** (every other model and precision; Conv1D/TCN stacks of any stride and
+dilation without right padding, local and global pooling, a one-step slice and a Dense over
+the flattened window take sliding_conv.py's incremental form first): the window in a doubled ring
 buffer and the model function (``hwb_one``) on it each tick, so its answers are
 ``predict_into``'s bit for bit; there is no stream.
 
@@ -397,13 +398,20 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
             f"model: drop {what.split('=')[0]} (or use precision='int8' for reduced weights everywhere)")
     code = (emit_incremental(net, p, requires, push_weights, push_gates) if p is not None  # type: ignore[arg-type]
             else emit_recompute(window, step))
-    header = HEADER.format(window=window, step=step, form=form, stream=int(p is not None),
-                           push_weights=push_weights, push_gates=push_gates)
+    header = header_text(window, step, form, p is not None, push_weights, push_gates)
     meta = {"form": form, "window": window, "step": step, "stream": p is not None}
     if push_weights != "fp32" or push_gates != "exact":
         meta.update(push_weights=push_weights, push_gates=push_gates)
     return WindowC("/* ---- the sliding window and the stream (plugins/cpu_native/sliding.py) ---- */\n"
                    + code, header, meta)
+
+
+def header_text(window: int, step: int, form: str, stream: bool, push_weights: str = "fp32",
+                push_gates: str = "exact") -> str:
+    """The window's lines of ``hwb_model.h`` (:data:`HEADER`) for every incremental form
+    (this module's and sliding_conv.py's): its sizes, form, stream and push options."""
+    return HEADER.format(window=window, step=step, form=form, stream=int(stream),
+                         push_weights=push_weights, push_gates=push_gates)
 
 
 HEADER = """

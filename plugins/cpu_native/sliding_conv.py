@@ -58,7 +58,7 @@ import numpy as np
 from .._shared import layer_ir as ir
 from . import sliding_dense as sd
 from .emit import Emitter, vector_shape
-from .sliding import HEADER, WindowC
+from .sliding import WindowC, header_text
 
 #: Layers applied to each position on its own (after a stage's conv, or to the input).
 _PER_POSITION = (ir.Act, ir.Affine, ir.Dense)
@@ -497,8 +497,7 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
     if p is None:
         return None
     # the push's weights and gates are the model's own: fp32, exact (sliding.py's options)
-    header = HEADER.format(window=p.window, step=p.step, form="incremental", stream=0, push_weights="fp32",
-                           push_gates="exact")
+    header = header_text(p.window, p.step, "incremental", False)
     code = emit_incremental(net, p, requires)  # type: ignore[arg-type]
     return WindowC("/* ---- the sliding window (plugins/cpu_native/sliding_conv.py) ---- */\n" + code, header,
                    {"form": "incremental", "window": p.window, "step": p.step, "stream": False})
