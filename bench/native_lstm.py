@@ -8,7 +8,12 @@ variants take turns in blocks of ``--block`` calls, ``--rounds`` times, so the n
 shared machine hits them alike. Also printed: cpu.native's max |error| against ORT on the
 windows timed (both are fp32 implementations of the same model).
 
-    .venv/bin/python bench/native_lstm.py [--model lstm_a] [--rounds 20] [--block 200]
+ONNX Runtime runs with one intra-op thread, as cpu.onnxruntime does by default (cpu.native is
+one thread); ``--ort-threads N`` (N >= 2, e.g. the core count) adds a second ORT session
+with N intra-op threads to the same interleaving, so a multi-threaded ORT is compared too.
+Every ratio printed is against the one-thread session.
+
+    .venv/bin/python bench/native_lstm.py [--model lstm_a] [--rounds 20] [--block 200] [--ort-threads 2]
 """
 from __future__ import annotations
 
@@ -58,6 +63,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--block", type=int, default=200)
     ap.add_argument("--ticks", type=int, default=20000, help="C++ example's --bench ticks")
+    ap.add_argument("--ort-threads", type=int, default=None,
+                    help="also time ORT with this many intra-op threads (>= 2)")
     args = ap.parse_args()
     import hwbackends as hwb
     from hwbackends import zoo
@@ -67,7 +74,9 @@ def main() -> int:
     try:
         m = zoo.get(args.model)
         native = hwb.compile(m, "cpu.native", "fp32", store=store)
-        ort = hwb.compile(m, "cpu.onnxruntime", "fp32", store=store)
+        ort = hwb.compile(m, "cpu.onnxruntime", "fp32", store=store, threads=1)
+        ort_n = (None if args.ort_threads is None else
+                 hwb.compile(m, "cpu.onnxruntime", "fp32", store=store, threads=args.ort_threads))
         rng = np.random.default_rng(0)
         shape = tuple(native.input.shape)
         x = rng.standard_normal((native.batch_size, *shape)).astype(np.float32)
@@ -76,15 +85,19 @@ def main() -> int:
         native.predict_into(x, out_n)
         ort.predict_into(x, out_o)
         err = float(np.abs(out_n - out_o).max())
+        if ort_n is not None:
+            ort_n.predict_into(x, out_o)
         win = native.sliding(auto_prepare=False)
         xt = rng.standard_normal(shape[1:]).astype(np.float32)
         yt = np.empty(native.output.shape, np.float32)
         n = args.rounds * args.block
-        s = {k: np.zeros(n, np.int64) for k in ("native", "ort", "push", "prepare")}
+        s = {k: np.zeros(n, np.int64) for k in ("native", "ort", "ort_n", "push", "prepare")}
         for r in range(args.rounds):
             at = r * args.block
             timed(native.predict_into, (x, out_n), s["native"], at, args.block)
             timed(ort.predict_into, (x, out_o), s["ort"], at, args.block)
+            if ort_n is not None:
+                timed(ort_n.predict_into, (x, out_o), s["ort_n"], at, args.block)
             for i in range(at, at + args.block):
                 t0 = time.perf_counter_ns()
                 win.push_into(xt, yt)
@@ -94,8 +107,11 @@ def main() -> int:
         print(f"{args.model}: {args.rounds} rounds × {args.block} calls, interleaved; "
               f"max |cpu.native - ORT| = {err:.2e}")
         print(f"  full window cpu.native fp32  {pct(s['native'])}")
-        print(f"  full window cpu.onnxruntime  {pct(s['ort'])}")
+        print(f"  full window cpu.onnxruntime  {pct(s['ort'])}  (1 thread)")
+        if ort_n is not None:
+            print(f"  full window ORT, {args.ort_threads} threads    {pct(s['ort_n'])}")
         print(f"  ratio of p50s (native / ORT) {np.median(s['native']) / np.median(s['ort']):.2f}")
+        print(f"  ratio of minima              {s['native'].min() / s['ort'].min():.2f}")
         print(f"  sliding push_into (Python)   {pct(s['push'])}")
         print(f"  sliding prepare (Python)     {pct(s['prepare'])}")
         print("  C++ " + cpp_push(native, get_registry().target("cpu.native"), store / "c", args.ticks))
