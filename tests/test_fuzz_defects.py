@@ -303,3 +303,34 @@ def test_onnx_layer_norm_after_channels_first_flatten(store_dir) -> None:
     cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store_dir, fidelity=False)
     x = _x((5, 3))
     assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_torch_residual_after_channels_first_flatten_is_refused_not_wrong(store_dir, layout) -> None:
+    """``f = flatten(x.transpose(1, 2)); f + mlp(f)``: the identity shortcut holds the
+    features in torch's channels-first order while the IR's flatten is channels-last and the
+    MLP's first Linear had put its rows in the IR's order: it compiled, 0.25 of its output
+    scale off (the long fp32 fuzz found it). Now refused naming the add; the same block over
+    a channels-last flatten compiles and is right."""
+    import torch
+    from torch import nn
+
+    class FlatResidual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.out = nn.Linear(4, 1), nn.Linear(1, 4), nn.Linear(4, 1)
+
+        def forward(self, x):
+            f = torch.flatten(x.transpose(1, 2) if layout == "channels_first" else x, 1)
+            return self.out(f + self.b(torch.relu(self.a(f))))
+
+    torch.manual_seed(7)
+    mod = FlatResidual().eval()
+    m = hwb.load_model(mod, example_input=torch.zeros(2, 2, 2))
+    if layout == "channels_first":
+        with pytest.raises(UnsupportedError, match=r"'add'.*channels-first flatten"):
+            hwb.compile(m, "cpu.native", store=store_dir, fidelity=False)
+        return
+    cm = hwb.compile(m, "cpu.native", store=store_dir, fidelity=False)
+    x = _x((2, 2))
+    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5

@@ -107,6 +107,9 @@ class Walk:
     pad: tuple[int, int] = (0, 0)  # an ONNX Pad of time, for the Conv after it
     branches: Chains = field(init=False)  # residual branches between the graph's values
     stacked: int = 1  # layers of the stacked LSTM/GRU whose h_n is being indexed
+    #: values made while a channels-first flatten's order was pending (:attr:`perm`): their
+    #: features are in the source's order, not the IR's
+    source_order: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.branches = Chains([self.layers], [self.in_shape])
@@ -123,10 +126,16 @@ class Walk:
     def put(self, value: Any) -> None:
         """``value`` is what the current chain's layers give."""
         self.branches.put(value)
+        if self.perm is not None:
+            self.source_order.add(value)
 
     def merge(self, a: Any, b: Any, name: str, op: str) -> None:
         """``a + b`` of two data values: a residual add."""
-        why = "a channels-first flatten before it" if self.perm is not None else self.branches.merge(a, b, name)
+        permuted = self.perm is not None or a in self.source_order or b in self.source_order
+        # (an identity shortcut from a channels-first flatten holds the features in the
+        # source's order while the body's Dense put them in the IR's: the fuzz found
+        # x + mlp(x) after one compiled, answering 0.25 off)
+        why = "a channels-first flatten before it" if permuted else self.branches.merge(a, b, name)
         if why:
             raise self.refuse(name, op, f"a residual add only ({why})")
         self._sync()
