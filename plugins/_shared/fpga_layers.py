@@ -30,7 +30,7 @@ def render() -> str:
             ("fpga.da4ml", "Keras, PyTorch", SUPPORTED)]
     lines = ["| target | format | layers accepted |", "|---|---|---|"]
     lines += [f"| {t} | {f} | {layers} |" for t, f, layers in rows]
-    lines += ["", f"BatchNormalization on fpga.hls4ml (and cpu.native `fixed`): {batchnorm.FOLDS}.",
+    lines += ["", f"Keras BatchNormalization on fpga.hls4ml (and cpu.native `fixed`): {batchnorm.FOLDS}.",
               "", "Refused by name although hls4ml lists the layer:", ""]
     lines += [f"* {what}: {why}" for what, why in convert.REFUSED_SETTINGS.items()]
     return "\n".join(lines) + "\n"
