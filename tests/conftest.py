@@ -54,7 +54,7 @@ os.environ.pop("HWB_CACHE_MAX_SIZE", None)
 MODULE_SECONDS = {
     "test_docs_run": 251, "test_conformance": 138, "test_fleet": 100, "test_serve_stress": 72,
     "test_export_triton": 65, "test_export": 63, "test_fpga_classifiers": 52,
-    "test_fpga_hls4ml": 50, "test_accelerators": 49, "test_cpu_native_fixed": 42, "test_hostile_names": 35,
+    "test_fpga_hls4ml": 50, "test_accelerators": 49, "test_cpu_native_fixed": 50, "test_hostile_names": 35,
     "test_build_cache": 36, "test_scaffold": 31, "test_cpu_targets": 31, "test_report": 31,
     "test_layer_ir_formats": 26, "test_conformance_kit": 25, "test_torch_multi_io": 23,
     "test_multi_io": 22, "test_router": 18, "test_cpu_native": 17, "test_cli_data": 15,
@@ -65,9 +65,12 @@ MODULE_SECONDS = {
     "test_store_prune_races": 10, "test_sliding_native": 60,
     "test_cli_conventions": 60,
     "test_cpu_install": 100, "test_zoo_twins": 35, "test_report_fleet": 40,
-    "test_fidelity_policy": 35, "test_compiler_manifest": 17, "test_serve_sliding": 45,
+    "test_fidelity_policy": 35, "test_compiler_manifest": 17, "test_serve_sliding": 55,
     "test_bench_sliding": 45, "test_noise_floor": 40,
-    "test_fpga_layers": 160, "test_converter_errors": 100, "test_sliding_conv": 25, "test_torch_fingerprint": 12,
+    "test_fpga_layers": 230, "test_converter_errors": 100, "test_sliding_conv": 50, "test_torch_fingerprint": 12,
+    "test_native_abi": 30, "test_serve_shm_native": 30, "test_int8_calibration": 13,
+    "test_sliding_dense": 35, "test_sliding_push_weights": 45, "test_signed_dir": 20,
+    "test_run_context": 20, "test_fuzz_fixed": 90,
 }
 
 
