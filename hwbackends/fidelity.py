@@ -361,6 +361,12 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+#: The FPGA plugins' ``auto`` precision search's goal on calibration data (their option
+#: ``fidelity``, plugins/_shared/fixed_point.py ``FidelityTarget``): tighter than the
+#: quantized family's gate, because the search then keeps the cheapest type that meets it.
+AUTO_SEARCH = Tolerance(corr_min=0.999, rel_err=0.01, sign_min=0.995, argmax_min=0.995)
+
+
 def precision_family(precision: str) -> str:
     """``fp32`` | ``half`` (fp16, bf16, tf32, mixed) | ``quantized`` (int8*, uint8, int4,
     fixed-point). Unknown names count as ``quantized``, the loosest family."""

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from hwbackends.fidelity import Fidelity, Tolerance
+from hwbackends.fidelity import AUTO_SEARCH, Fidelity, Tolerance
 
 F_MIN, F_MAX = 2, 24
 #: Error budgets the calibration data must meet, as a share of the target's (see tolerance()).
@@ -19,12 +19,13 @@ SEARCH_MARGIN = 0.5
 
 @dataclass(frozen=True)
 class FidelityTarget:
-    """What ``auto`` must meet on the calibration data (option ``fidelity``)."""
+    """What ``auto`` must meet on the calibration data (option ``fidelity``); the defaults are
+    the policy's :data:`hwbackends.fidelity.AUTO_SEARCH`."""
 
-    corr_min: float = 0.999
-    rel_err: float = 0.01
-    sign_min: float = 0.995
-    argmax_min: float = 0.995
+    corr_min: float = float(AUTO_SEARCH.corr_min)  # type: ignore[arg-type]
+    rel_err: float = float(AUTO_SEARCH.rel_err)  # type: ignore[arg-type]
+    sign_min: float = float(AUTO_SEARCH.sign_min)  # type: ignore[arg-type]
+    argmax_min: float = float(AUTO_SEARCH.argmax_min)  # type: ignore[arg-type]
 
     @classmethod
     def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
