@@ -110,3 +110,25 @@ def test_conv_window_past_the_calibrated_range_is_not_clipped(store_dir) -> None
     x = _x((8, 3), 256, 2) * np.float32(3.0)
     f = compare(_torch(mod, x), _int8(mod, (8, 3), calib, store_dir).predict(x))
     assert not TOLERANCES["quantized"].violations(f), f
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_signal_on_a_large_offset_keeps_its_resolution(store_dir, per_step) -> None:
+    """A Dense input that rides on an offset 100x its spread (Linear y = 5 + 0.05·x): a
+    symmetric scale of max |x| / 127 ≈ 0.04 leaves the signal about two levels (corr ~0.9);
+    each Dense input is now centred on its calibrated midpoint (the offset through the
+    weights in float), so the int8 product sees only the signal. ``per_step``: the Dense runs
+    on every step of a (6, 3) window (torch Linear over the last axis)."""
+    shape = (6, 3) if per_step else (3,)
+    n = int(np.prod(shape)) if not per_step else 3
+    first = nn.Linear(n, 2)
+    with torch.no_grad():
+        first.weight.copy_(torch.full((2, n), 0.05))
+        first.weight[1] *= -1.0
+        first.bias.copy_(torch.tensor([5.0, -3.0]))
+    torch.manual_seed(3)
+    rest = [nn.Flatten(), nn.Linear(2 * shape[0], 1)] if per_step else [nn.Linear(2, 1)]
+    mod = nn.Sequential(first, *rest).eval()
+    calib, x = _x(shape, 256, 1), _x(shape, 256, 2)
+    f = compare(_torch(mod, x), _int8(mod, shape, calib, store_dir).predict(x))
+    assert not TOLERANCES["quantized"].violations(f), f

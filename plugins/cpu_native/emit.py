@@ -723,8 +723,12 @@ class _Int8Emitter(Emitter):
     (VNNI ``vpdpbusd``; GCC's dot-product pattern emits it when the ISA has it)."""
 
     def __init__(self, net: ir.Network, vw: int, acc: int, in_amax: dict[int, float], requires: list[str],
-                 state_amax: dict[int, float] | None = None):
+                 state_amax: dict[int, float] | None = None,
+                 centers: dict[int, tuple[np.ndarray, float]] | None = None):
         super().__init__(net, vw, acc)
+        #: a Dense layer's input centre per feature and max |x - centre|, by ``id(layer)``
+        #: (:func:`calibrated_ranges`)
+        self.centers = centers or {}
         #: max |input| of every layer (residual branches' included), by ``id(layer)``
         self.in_amax = in_amax
         #: max |h| over every step of every recurrent layer, by ``id(layer)`` (:func:`calibrated_ranges`)
@@ -813,6 +817,15 @@ class _Int8Emitter(Emitter):
         for k, (src, n) in enumerate(segs):
             cal = (self.state_range() if src in self.state and self._rec is not None
                    else self.in_range())
+            center = self.centers.get(id(self.seq[self.cur]))
+            if (center is not None and len(segs) == 1 and src not in self.state
+                    and src not in self.prequant and center[0].size == n):
+                cn_name, cal = self.const("Z", center[0].astype(np.float32)), center[1]
+                # y = W·(x - c) + W·c: the offset W·c in float, the int8 product over x - c
+                fold = (w[row:row + n].astype(np.float64).T @ center[0].astype(np.float32).astype(np.float64))
+                fold_name: str | None = self.const("F", fold.astype(np.float32))
+            else:
+                cn_name, fold_name = None, None
             s_in = max(cal, 1e-30) / 127.0
             npad = -(-n // 16) * 16
             wt = np.zeros((n_out, npad), np.int8)
@@ -825,13 +838,15 @@ class _Int8Emitter(Emitter):
             else:
                 q = f"q{self.matvecs}_{k}"
                 self.line(f"  uint8_t {q}[{npad}] A64;")
-                r = self.quantise(src, n, q, cal)
+                r = self.quantise(src, n, q, cal, cn_name)
                 if npad > n:
                     self.line(f"  for (int i = {n}; i < {npad}; i++) {q}[i] = 128;")
             if k == 0 and not accumulate:
                 first = f"{self.const('B', bias)}[j]" if bias is not None else "0.0f"
             else:
                 first = f"{dst}[j]"
+            if fold_name is not None:
+                first = f"({first} + {fold_name}[j])"
             if self.vnni:
                 self.vnni_dot(q, npad, wt, n_out, cn, mn, r, dst, first)
             else:
@@ -841,23 +856,25 @@ class _Int8Emitter(Emitter):
             row += n
         self.line("}")
 
-    def quantise(self, src: str, n: int, q: str, cal: float) -> str:
+    def quantise(self, src: str, n: int, q: str, cal: float, center: str | None = None) -> str:
         """Emit the quantisation of ``src[0:n]`` into the unsigned bytes ``q`` (round to
         nearest, offset 128) at the calibrated range ``cal`` widened to this call's max |v|
         where that is larger; returns the C name of the widening ratio (>= 1, one float),
         by which the matvec scales its dequantisation multipliers. NaN is skipped by the
         max (the NaN rule answers NaN for a non-finite input anyway); an infinite or huge
-        value widens to FLT_MAX, so the quantised bytes stay finite and in range."""
+        value widens to FLT_MAX, so the quantised bytes stay finite and in range. ``center``:
+        the C name of per-element offsets subtracted first (a Dense layer's input centre)."""
         cal = max(cal, 1e-30)
+        v = f"({src}[i] - {center}[i])" if center else f"{src}[i]"
         self.n += 1
         m, r, inv = f"qm{self.n}", f"qr{self.n}", f"qi{self.n}"
         c = f"{float(np.float32(cal)).hex()}f"
         self.line(f"  float {m} = {c}; for (int i = 0; i < {n}; i++) "
-                  f"{{ const float a = __builtin_fabsf({src}[i]); {m} = a > {m} ? a : {m}; }}")
+                  f"{{ const float a = __builtin_fabsf({v}); {m} = a > {m} ? a : {m}; }}")
         self.line(f"  {m} = {m} < 3.40282347e38f ? {m} : 3.40282347e38f;")
         self.line(f"  const float {r} = {m} > {c} ? {m} * {float(np.float32(1.0 / cal)).hex()}f : 1.0f, "
                   f"{inv} = {m} > {c} ? 127.0f / {m} : {float(np.float32(127.0 / cal)).hex()}f;")
-        self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {src}[i] * {inv}; "
+        self.line(f"  for (int i = 0; i < {n}; i++) {{ float v = {v} * {inv}; "
                   f"v = v < -127.0f ? -127.0f : v; v = v > 127.0f ? 127.0f : v; "
                   f"v = (v + 12582912.0f) - 12582912.0f; {q}[i] = (uint8_t)((int)v + 128); }}")
         return r
@@ -900,12 +917,17 @@ class _Int8Emitter(Emitter):
         return name
 
 
-def calibrated_ranges(net: ir.Network, calibration: np.ndarray) -> tuple[dict[int, float], dict[int, float]]:
+def calibrated_ranges(net: ir.Network, calibration: np.ndarray
+                      ) -> tuple[dict[int, float], dict[int, float], dict[int, tuple[np.ndarray, float]]]:
     """Over the calibration samples (the IR's float reference), by ``id(layer)``: max |input|
-    of every layer, and max |h| over every step of every recurrent layer (run with the whole
-    sequence returned) — residual branches' and both directions' included."""
+    of every layer, max |h| over every step of every recurrent layer (run with the whole
+    sequence returned) — residual branches' and both directions' included — and, for every
+    Dense layer, its input's centre per feature (the midpoint of its calibrated min and max)
+    with max |x - centre|: a feature riding on a large offset keeps its resolution (a symmetric
+    scale of max |x| would leave a signal 50x smaller than its offset a level or two)."""
     inputs: dict[int, float] = {}
     states: dict[int, float] = {}
+    centers: dict[int, tuple[np.ndarray, float]] = {}
 
     def amax(a: np.ndarray) -> float:
         return float(np.abs(a).max()) if a.size else 0.0
@@ -913,6 +935,10 @@ def calibrated_ranges(net: ir.Network, calibration: np.ndarray) -> tuple[dict[in
     def walk(layers: list[ir.Layer], x: np.ndarray) -> np.ndarray:
         for layer in layers:
             inputs[id(layer)] = amax(x)
+            if isinstance(layer, ir.Dense) and x.size:
+                f = x.reshape(-1, x.shape[-1])
+                mid = (f.min(axis=0) + f.max(axis=0)) / 2
+                centers[id(layer)] = (mid, amax(f - mid))
             cells = ([(layer, x)] if isinstance(layer, ir.Recurrent) else
                      [(layer.forward, x), (layer.backward, x[:, ::-1])]
                      if isinstance(layer, ir.Bidirectional) else [])
@@ -925,7 +951,7 @@ def calibrated_ranges(net: ir.Network, calibration: np.ndarray) -> tuple[dict[in
         return x
 
     walk(net.layers, np.asarray(calibration, np.float64))
-    return inputs, states
+    return inputs, states, centers
 
 
 def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
@@ -937,8 +963,8 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
-        in_amax, state_amax = calibrated_ranges(net, calibration)
-        e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax)
+        in_amax, state_amax, centers = calibrated_ranges(net, calibration)
+        e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax, centers)
     else:
         e = Emitter(net, vw, acc)
     shapes = net.shapes()
