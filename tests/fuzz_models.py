@@ -283,7 +283,9 @@ def _window_layer(draw: Any, kind: str, w: _Window, fe: str, desk: bool, family:
     if kind == "bn":
         return [_layer("bn")]
     if kind == "act":
-        return [draw(_act(fe, desk, "gelu" if family == "gelu" else None))]
+        act = draw(_act(fe, desk, "gelu" if family == "gelu" else None))
+        w.narrow = 0 if act.get("kind") == "softmax" and w.c == 1 else w.narrow  # all ones
+        return [act]
     if kind == "rnn":
         return [w.after_rnn(draw(_rnn(fe, desk, True, bidir=True if family == "bidirectional" else None)))]
     if kind == "res":
@@ -329,6 +331,7 @@ def _flat_layers(draw: Any, fe: str, desk: bool, family: str | None, width: int,
             out.append(_layer("dense", units=width, act="linear"))
         elif kind == "act":
             out.append(draw(_act(fe, desk, "gelu" if i == at else None)))
+            narrow = 0 if out[-1].get("kind") == "softmax" and width == 1 else narrow
         elif kind == "res":
             out.append(draw(_residual(fe, 0, width, flat=True)))
         else:
@@ -363,11 +366,13 @@ def specs(draw: Any, frontend: str | None = None, *, family: str | None = None, 
         narrow = min(w.narrow, w.c)
     else:
         shape = (draw(st.integers(3 if family == "layernorm" else 1, 12)),)
+        narrow = shape[0]
         if fe == "torch" and family != "layernorm" and draw(st.booleans()):  # nn.Sequential(Flatten, …)
             shape = (draw(st.integers(2, 6)), draw(st.integers(1, 4)))
             layers += [draw(_act(fe, desk))] if draw(st.booleans()) else []
             layers.append(_layer("flatten"))
-        narrow = int(np.prod(shape))
+            # a softmax over one channel is all ones: nothing left for a layer norm
+            narrow = 0 if layers[0].get("kind") == "softmax" and shape[1] == 1 else int(np.prod(shape))
     width = _flat_width(shape, layers)
     layers += _flat_layers(draw, fe, desk, family if not window else None, width, min(narrow, width))
     head = draw(st.sampled_from(["linear", "linear", "tanh", "sigmoid", "softmax"]))
