@@ -353,3 +353,22 @@ def test_int8_signal_on_a_large_offset(store_dir) -> None:
     cm = hwb.compile(km, "cpu.native", "int8", store=store_dir, fidelity=False, calibration_data=calib)
     f = compare(km(x).numpy(), cm.predict(x))
     assert not TOLERANCES["quantized"].violations(f), f
+
+
+@pytest.mark.xfail(strict=True, reason="cpu.native int8 (emit.py): an output that is a small "
+                                       "difference of larger hidden features loses it to the "
+                                       "per-tensor activation scale (the long int8 fuzz, seed 0)")
+def test_int8_output_a_small_difference_of_hidden_features(store_dir) -> None:
+    """nn.Sequential(BatchNorm1d(1), Linear(1, 6), Linear(6, 1)) as the fuzz draws it
+    (fuzz_models seed 0): the hidden features reach 4.2 while the output spreads 0.016, the
+    sum of their int8 steps' noise: corr 0.937 at 02549da's parent, 0.969 after it (gate 0.98)."""
+    from fuzz_models import Spec, _layer, build, load, reference
+
+    spec = Spec("torch", (1,), (_layer("bn"), _layer("dense", units=6, act="linear"),
+                                _layer("dense", units=1, act="linear")), 0)
+    obj = build(spec)
+    cm = hwb.compile(load(obj, spec), "cpu.native", "int8", store=store_dir, fidelity=False,
+                     calibration_data=_x((1,), 256, 2))
+    x = _x((1,), 256, 3)
+    f = compare(reference(obj, spec, x), cm.predict(x))
+    assert not TOLERANCES["quantized"].violations(f), f
