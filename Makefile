@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 # Every extra that installs on a CPU machine, at the verified versions (constraints.txt).
 # The shm endpoint's C extension is built by the editable install: rebuild when its sources change.
-$(STAMP): pyproject.toml constraints.txt setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h hwbackends/serve/include/hwb_native.h plugins/cpu_native/hwb_ext.h
+$(STAMP): pyproject.toml constraints.txt setup.py hwbackends/serve/_shmloop.c hwbackends/serve/include/hwb_shm.h hwbackends/serve/include/hwb_native.h hwb_plugins/cpu_native/hwb_ext.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[all,test]'

@@ -1,4 +1,4 @@
-"""The incremental forms of plugins/cpu_native/sliding_conv.py and sliding_dense.py on a
+"""The incremental forms of hwb_plugins/cpu_native/sliding_conv.py and sliding_dense.py on a
 50 × 32 window: a Dense over the flattened window (the push reads only the rows that multiply
 the newest step, ``W_{T-1}``), a wider one, and a strided conv and a max pool before the
 flatten. Per model, one interleaved run (bench/sliding.py's blocks): cpu.native's ``push_into``

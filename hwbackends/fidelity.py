@@ -362,7 +362,7 @@ TOLERANCES: dict[str, Tolerance] = {
 
 
 #: The FPGA plugins' ``auto`` precision search's goal on calibration data (their option
-#: ``fidelity``, plugins/_shared/fixed_point.py ``FidelityTarget``): tighter than the
+#: ``fidelity``, hwb_plugins/_shared/fixed_point.py ``FidelityTarget``): tighter than the
 #: quantized family's gate, because the search then keeps the cheapest type that meets it.
 AUTO_SEARCH = Tolerance(corr_min=0.999, rel_err=0.01, sign_min=0.995, argmax_min=0.995)
 

@@ -6,7 +6,7 @@ like the hooks below, registered under the entry-point group ``hwbackends``::
     [project.entry-points.hwbackends]
     my_target = "my_package.plugin"
 
-The built-in targets in ``plugins/`` use exactly this path. A plugin that fails to import or
+The built-in targets in ``hwb_plugins/`` use exactly this path. A plugin that fails to import or
 raises inside a hook is reported by ``hwb targets`` (name and error) and skipped; the others
 keep working.
 """

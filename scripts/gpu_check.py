@@ -96,11 +96,11 @@ def bootstrap() -> dict[str, Any]:
     eps = importlib.metadata.entry_points(group="hwbackends")
     if any(ep.name == "tpu_xla" for ep in eps) and importlib.util.find_spec("hwb_plugins"):
         return info
-    # Not installed: link plugins/ as hwb_plugins and declare the entry points in a tiny
+    # Not installed: link hwb_plugins/ as hwb_plugins and declare the entry points in a tiny
     # dist-info, both on sys.path and PYTHONPATH (the compile worker is a fresh interpreter).
     site = Path(tempfile.mkdtemp(prefix="hwb-gpucheck-site-"))
     atexit.register(shutil.rmtree, site, True)  # used by this run's child processes only
-    (site / "hwb_plugins").symlink_to(REPO / "plugins", target_is_directory=True)
+    (site / "hwb_plugins").symlink_to(REPO / "hwb_plugins", target_is_directory=True)
     dist = site / "hwbackends_checkout-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hwbackends-checkout\nVersion: 0.0\n")

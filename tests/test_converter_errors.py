@@ -99,7 +99,7 @@ def test_ml_only_model_gets_a_default_domain_without_pre_processing() -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from plugins.cpu_onnxruntime.quantiser import with_default_domain
+    from hwb_plugins.cpu_onnxruntime.quantiser import with_default_domain
 
     with tempfile.TemporaryDirectory() as d:
         src, out = Path(d) / "tree.onnx", Path(d) / "q.onnx"

@@ -110,7 +110,7 @@ def test_batchnorm_folds_into_conv1d_on_either_side_exactly(tmp_path: Path, func
     import keras
     import numpy as np
 
-    from plugins._shared.batchnorm import fold_keras
+    from hwb_plugins._shared.batchnorm import fold_keras
 
     km = keras.models.load_model(bn_tcn(tmp_path / "bn.keras"))
     if not functional:
@@ -202,11 +202,11 @@ def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
 
 def test_fpga_layer_table_in_the_docs_is_current() -> None:
     """docs/targets-fpga.md's layer table is what the targets' checks accept (regenerate it
-    with ``python -m plugins._shared.fpga_layers`` after changing them)."""
-    from plugins._shared import fpga_layers
-    from plugins.fpga_hls4ml.convert import accepted_keras_layers
+    with ``python -m hwb_plugins._shared.fpga_layers`` after changing them)."""
+    from hwb_plugins._shared import fpga_layers
+    from hwb_plugins.fpga_hls4ml.convert import accepted_keras_layers
 
-    assert fpga_layers.is_current(), "run python -m plugins._shared.fpga_layers"
+    assert fpga_layers.is_current(), "run python -m hwb_plugins._shared.fpga_layers"
     section = fpga_layers.DOC.read_text().split(fpga_layers.BEGIN)[1].split(fpga_layers.END)[0]
     keras_row = next(ln for ln in section.splitlines() if ln.startswith("| fpga.hls4ml | Keras |"))
     listed = keras_row.split(" | ")[2].rstrip(" |").split(", ")

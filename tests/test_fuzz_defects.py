@@ -336,7 +336,7 @@ def test_torch_residual_after_channels_first_flatten_is_refused_not_wrong(store_
     assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
 
 
-# -- cpu.native emitter defects the long fuzz found (plugins/cpu_native/emit.py) -------------------
+# -- cpu.native emitter defects the long fuzz found (hwb_plugins/cpu_native/emit.py) -------------------
 def test_int8_signal_on_a_large_offset(store_dir) -> None:
     """GlobalMaxPooling1D → Dense(1) (y = 1 + 0.01·x) → Dense(1): the hidden value is ~1.0
     with a spread of ~0.006; quantised symmetric at 1.03/127 ≈ 0.008 a step, the signal was

@@ -2,7 +2,7 @@
 (issue 34 build item 1, the ``fixed`` half): random Keras (``Sequential`` and functional)
 and torch (``nn.Sequential``) models drawn by tests/fuzz_models.py's :func:`specs`,
 restricted to the layers both targets claim — Dense/Linear, BatchNormalization (Keras:
-folded into a neighbouring Dense, see ``plugins/_shared/batchnorm.py``; torch: hls4ml's
+folded into a neighbouring Dense, see ``hwb_plugins/_shared/batchnorm.py``; torch: hls4ml's
 fold or its own layer), the activations relu/tanh/sigmoid/softmax, over a flat input — each compiled on both targets at a drawn hls4ml precision (default, rounding and
 saturation modes, narrow and wide types) through ``hwb.compile``, and the outputs compared
 *exactly* on the same inputs (representative, scaled past the types' range and below one
@@ -52,10 +52,10 @@ LONG = EXAMPLES > 0
 PRECISIONS = ("fixed", "ap_fixed<14,5,AP_RND,AP_SAT>", "ap_fixed<10,4,AP_RND_CONV,AP_WRAP>",
               "ap_fixed<18,8>")
 HLS_SPELLING = {"fixed": "ap_fixed<16,6>"}
-#: Activations cpu.native ``fixed`` claims (plugins/cpu_native/fixed.py ACTIVATIONS, softmax).
+#: Activations cpu.native ``fixed`` claims (hwb_plugins/cpu_native/fixed.py ACTIVATIONS, softmax).
 ACTS = {"relu", "tanh", "sigmoid", "softmax"}
-#: cpu.native ``fixed``'s stated limits (its refusals' text, plugins/cpu_native/fixed.py and
-#: plugins/_shared/fixed_point.py): what its 64-bit integer emulation cannot hold.
+#: cpu.native ``fixed``'s stated limits (its refusals' text, hwb_plugins/cpu_native/fixed.py and
+#: hwb_plugins/_shared/fixed_point.py): what its 64-bit integer emulation cannot hold.
 LIMITS = {"type over 63 bits": "the emulation holds values in 64-bit integers: W ≤ 63",
           "table index over 31 bits": "-entry table",
           "products over 63 bits": "products over 63 bits"}

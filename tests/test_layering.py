@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: Installed package name → source folder (pyproject's package-dir).
-PACKAGES = {"hwbackends": REPO / "hwbackends", "hwb_plugins": REPO / "plugins"}
+PACKAGES = {"hwbackends": REPO / "hwbackends", "hwb_plugins": REPO / "hwb_plugins"}
 #: Generated code (grpcio-tools), not written by hand.
 GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc")
 

@@ -1,7 +1,7 @@
 """The native entry's C ABI (hwbackends/serve/include/hwb_native.h, issue 37 item 6): one
 header, valid C and C++ on its own, the only definition of the struct in the source tree;
 every cpu.native build (the incremental and the recompute sliding forms) offers an ABI 2
-entry whose window the shm loop can serve; the extension's fixed C (plugins/cpu_native/
+entry whose window the shm loop can serve; the extension's fixed C (hwb_plugins/cpu_native/
 hwb_ext.h) compiles warning-free; `hwb serve --print-include` names the header's directory."""
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_the_struct_is_defined_in_the_header_only():
     # a copy of it
     definition = re.compile("}" + r"\s*hwb_native_entry\s*;")
     found = []
-    for top in ("hwbackends", "plugins", "tests", "examples", "bench", "scripts", "sim"):
+    for top in ("hwbackends", "hwb_plugins", "tests", "examples", "bench", "scripts", "hwb_sim"):
         for path in (ROOT / top).rglob("*"):
             if path.suffix in {".c", ".h", ".cpp", ".hpp", ".py"} and path.is_file():
                 if definition.search(path.read_text(errors="replace")):

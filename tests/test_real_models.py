@@ -89,7 +89,7 @@ def _torch_mlp(*extra):
 
 
 def test_exported_chain_is_rebuilt_as_its_sequential():
-    """The shared rebuild (plugins/_shared/torch_export.py): Linear, eval BatchNorm1d, Dropout
+    """The shared rebuild (hwb_plugins/_shared/torch_export.py): Linear, eval BatchNorm1d, Dropout
     and a no-op Flatten come back as modules with the exported weights; a branch is refused."""
     import torch
 

@@ -1,5 +1,5 @@
 """cpu.native's incremental sliding window for convolutions and pooling
-(plugins/cpu_native/sliding_conv.py), through the public API: random Keras Conv1D stacks
+(hwb_plugins/cpu_native/sliding_conv.py), through the public API: random Keras Conv1D stacks
 (kernel, dilation, 'valid' or 'causal' padding, filters, activations, a per-step Dense, a
 global average/max pool or a one-step slice, a Dense head) compiled, then
 ``sliding().push_into`` against ``predict_into`` on the same window over many ticks, with

@@ -1,5 +1,5 @@
 """cpu.native's incremental sliding window for a Dense over the flattened window, strided
-convolutions and local pooling (plugins/cpu_native/sliding_conv.py, sliding_dense.py),
+convolutions and local pooling (hwb_plugins/cpu_native/sliding_conv.py, sliding_dense.py),
 through the public API: drawn Keras stacks of Conv1D (kernel, stride, dilation, 'valid' or
 'causal', filters, activation) and MaxPooling1D/AveragePooling1D (size, stride) over a window
 of any length, with a Flatten → Dense, a global pool or the last step as the head, compiled,

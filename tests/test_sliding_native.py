@@ -1,4 +1,4 @@
-"""cpu.native's incremental sliding window and stream (plugins/cpu_native/sliding.py), through
+"""cpu.native's incremental sliding window and stream (hwb_plugins/cpu_native/sliding.py), through
 the public API: random recurrent Keras models (LSTM/GRU stacks, both GRU forms, a per-step
 activation before them, a Dense head) compiled, then ``sliding().push_into`` against
 ``predict_into`` on the same window over many ticks, with resets and prepare patterns; the

@@ -1,4 +1,4 @@
-"""cpu.native's ``push_weights`` and ``push_gates`` options (plugins/cpu_native/push_weights.py),
+"""cpu.native's ``push_weights`` and ``push_gates`` options (hwb_plugins/cpu_native/push_weights.py),
 through the public API: a sliding push with bf16 or int8 input weights answers within its
 precision family's fidelity tolerance of the fp32 full window (not bit for bit: that is the point
 of it), while ``predict``, the prepare and the stream stay fp32; its kernels compute what their

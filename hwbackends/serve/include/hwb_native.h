@@ -11,7 +11,7 @@
  *
  * `hwb serve --print-include` prints the directory holding this file (add it with -I). The
  * producers and consumers in this project all include this one file: cpu.native's generated
- * extension (plugins/cpu_native/hwb_ext.h), the shm server's loop and the tests' own entries.
+ * extension (hwb_plugins/cpu_native/hwb_ext.h), the shm server's loop and the tests' own entries.
  *
  * WHERE IT COMES FROM. Executor.native_entry() (hwbackends/target.py) returns a PyCapsule
  * named HWB_NATIVE_ENTRY_NAME whose pointer is a hwb_native_entry, static in the executor's

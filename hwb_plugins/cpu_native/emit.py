@@ -1,4 +1,4 @@
-"""The layer IR (plugins/_shared/layer_ir/) → one C file with the weights as constants.
+"""The layer IR (hwb_plugins/_shared/layer_ir/) → one C file with the weights as constants.
 
 Why a direct emitter (docs/performance.md has the measured comparison with keras2c and
 emlearn): the whole model becomes one function over fixed shapes, which the compiler inlines,
@@ -497,7 +497,7 @@ class Emitter:
         step's matvec reads only the recurrent kernel ``R``: a stacked ``[x_t, h]`` matvec
         would stream ``K`` and ``R`` every step (LSTM_B's 1.4 MB a step, past L2; ``R`` alone
         is 640 KB). z_t = (R·h + b) + K·x_t, summed as the sliding window's push sums them
-        (plugins/cpu_native/sliding.py), so the two forms agree bit for bit; chunking does not
+        (hwb_plugins/cpu_native/sliding.py), so the two forms agree bit for bit; chunking does not
         change any sum. Chunks bound the products' stack buffer (LSTM_B's 100 steps × 800
         would take 320 KB)."""
         u, g = layer.units, 4 * layer.units
@@ -987,7 +987,7 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
 
 
 def emit_fixed(net: object, tabs: dict[str, np.ndarray], requires: list[str]) -> Source:
-    """The ``fixed`` precision (plugins/cpu_native/fixed.py): hls4ml's graph ``net`` (an
+    """The ``fixed`` precision (hwb_plugins/cpu_native/fixed.py): hls4ml's graph ``net`` (an
     ``FxNet``) as integer C with the same ``hwb_one`` entry; ``tabs`` are its activation tables."""
     from .fixed import FixedEmitter
 

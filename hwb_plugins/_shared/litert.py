@@ -13,7 +13,7 @@ from .tflite import io_tensors
 
 class LiteRTExecutor(BufferedExecutor):
     """Zero-copy hot path: numpy views of the interpreter's own input/output buffers (one per
-    tensor, found by :func:`~plugins._shared.tflite.io_tensors`) and the C++ ``Invoke``
+    tensor, found by :func:`~hwb_plugins._shared.tflite.io_tensors`) and the C++ ``Invoke``
     called directly. This beats ``set_tensor``/``invoke``/``get_tensor`` (which copy, allocate
     and check reference counts on every call): see docs/performance.md."""
 

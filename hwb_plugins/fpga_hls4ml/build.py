@@ -44,7 +44,7 @@ from hwbackends.errors import CompileError, UnavailableError
 WEIGHTS_HEADER = 'extern "C" const char *hwb_weights_dir();\n'
 
 BRIDGE_EXTRA = r"""
-// ---- added by hwbackends (plugins/fpga_hls4ml/build.py) --------------------------------
+// ---- added by hwbackends (hwb_plugins/fpga_hls4ml/build.py) --------------------------------
 #include <cstring>
 static char hwb_weights_dir_buf[4096] = "weights";
 extern "C" {

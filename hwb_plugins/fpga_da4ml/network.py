@@ -2,7 +2,7 @@
 
 da4ml builds hardware from constant matrices, so all the target needs from a model is, per
 layer, its weight matrix, bias and activation: the shared layer IR
-(:mod:`plugins._shared.layer_ir`, also ``cpu.native``'s) read in float64 and viewed as
+(:mod:`hwb_plugins._shared.layer_ir`, also ``cpu.native``'s) read in float64 and viewed as
 :class:`DenseLayer` (BatchNormalization folded into the preceding Dense). What this target
 adds is its scope: which activations it implements and why it refuses what the IR reads but
 da4ml cannot build (recurrent and convolution layers).

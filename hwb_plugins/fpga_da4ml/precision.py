@@ -1,7 +1,7 @@
 """Fixed-point plans for ``fpga.da4ml``: ``auto`` (fewest bits meeting the fidelity gate) or
 an explicit ``fixed<W,I>`` / ``ap_fixed<W,I>``.
 
-``auto`` uses the same search as ``fpga.hls4ml`` (plugins/_shared/fixed_point.py): integer
+``auto`` uses the same search as ``fpga.hls4ml`` (hwb_plugins/_shared/fixed_point.py): integer
 bits per tensor from the float ranges on the calibration data (+1 bit headroom, results
 saturate), one number ``f`` of fractional bits for the data and ``fw`` for the constants,
 ``f`` the smallest meeting the target, then ``fw`` narrowed. A trial here is a da4ml trace

@@ -3,8 +3,8 @@ targets' own checks accept (``fpga_hls4ml.convert.accepted_keras_layers`` and
 ``supported_layers``, ``fpga_da4ml.network.SUPPORTED``), so the table cannot drift from the
 code. ``tests/test_fpga_layers.py`` fails when the section is stale.
 
-    python -m plugins._shared.fpga_layers           # rewrite the section
-    python -m plugins._shared.fpga_layers --check   # exit 1 if it is stale
+    python -m hwb_plugins._shared.fpga_layers           # rewrite the section
+    python -m hwb_plugins._shared.fpga_layers --check   # exit 1 if it is stale
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-BEGIN = ("<!-- BEGIN GENERATED FPGA LAYERS: written by `python -m plugins._shared.fpga_layers` "
+BEGIN = ("<!-- BEGIN GENERATED FPGA LAYERS: written by `python -m hwb_plugins._shared.fpga_layers` "
          "from the targets' own checks; edit those, not this section -->")
 END = "<!-- END GENERATED FPGA LAYERS -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "targets-fpga.md"
@@ -50,14 +50,14 @@ def is_current(path: Path = DOC) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m plugins._shared.fpga_layers",
+    ap = argparse.ArgumentParser(prog="python -m hwb_plugins._shared.fpga_layers",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the section is stale")
     a = ap.parse_args(argv)
     if a.check:
         if not is_current():
             print(f"{DOC}: the FPGA layer section is stale; run python -m "
-                  f"plugins._shared.fpga_layers", file=sys.stderr)
+                  f"hwb_plugins._shared.fpga_layers", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(splice(DOC.read_text(), render()))

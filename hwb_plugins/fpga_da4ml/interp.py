@@ -43,5 +43,5 @@ def evaluate(comb: Any, x: np.ndarray) -> np.ndarray:
 
     if unsafe_muxes(comb):
         raise CompileError("this da4ml design holds a mux da4ml 0.6 evaluates wrongly (see "
-                           "plugins/fpga_da4ml/interp.py); it must not be used")
+                           "hwb_plugins/fpga_da4ml/interp.py); it must not be used")
     return np.asarray(comb.predict(np.asarray(x, np.float64).reshape(len(x), -1)), np.float64)

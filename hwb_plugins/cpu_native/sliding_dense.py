@@ -1,4 +1,4 @@
-"""A Dense over the flattened window, slid incrementally (plugins/cpu_native/sliding_conv.py's
+"""A Dense over the flattened window, slid incrementally (hwb_plugins/cpu_native/sliding_conv.py's
 head when the last stage is followed by ``Flatten`` then ``Dense``; the input itself, a conv
 stack's output in either flatten layout — a channels-first flatten reaches the IR as a Dense
 whose rows were put in channels-last order, layer_ir.walk.walk_flatten).

@@ -559,7 +559,7 @@ def check_ops(proto: Any, target: str) -> None:
     missing = sorted({op for op, dom in _all_ops(proto.graph) if op not in OPS or dom not in ("", "ai.onnx")})
     if missing:
         raise UnsupportedError(f"{target} cannot compile ONNX op(s) {', '.join(missing)} (no JAX "
-                               f"lowering in plugins/tpu_xla/onnx_jax.py); supported: "
+                               f"lowering in hwb_plugins/tpu_xla/onnx_jax.py); supported: "
                                f"{', '.join(sorted(OPS))}. Pick another target or simplify the model.")
 
 

@@ -48,7 +48,7 @@ class NativeExecutor(Executor):
         self.predict_into(xs[0], outs[0])
 
     def incremental(self, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
-        """The library's sliding window or stream (plugins/cpu_native/sliding.py), reset."""
+        """The library's sliding window or stream (hwb_plugins/cpu_native/sliding.py), reset."""
         from . import sliding
 
         art = self._artifact
@@ -108,7 +108,7 @@ class NativeTarget(Target):
                          "(the input products of the newest step; prepare and predict stay fp32) in "
                          "bf16 (needs avx512_bf16) or int8 (avx512_vnni, per-tick input scale); the "
                          "push's answers are gated against the fp32 window at the bf16/int8 "
-                         "tolerance, not bit-equal (plugins/cpu_native/push_weights.py)"),
+                         "tolerance, not bit-equal (hwb_plugins/cpu_native/push_weights.py)"),
         "push_gates": ("exact (default in fp32) | fast (default with bf16/int8 push_weights): the "
                        "sliding push's LSTM gates as AVX-512 code (polynomial exp, rcp14 + Newton; "
                        "needs avx512f); in fp32 the push is then within 1e-5 of the answers' scale "

@@ -2,9 +2,9 @@
  * as a METH_FASTCALL builtin over the buffer protocol, bind(), info(), and the native entry
  * (hwbackends/serve/include/hwb_native.h) the shm server's C loop calls without the GIL.
  *
- * Included once, by the extension's generated ext.c (plugins/cpu_native/build.py
+ * Included once, by the extension's generated ext.c (hwb_plugins/cpu_native/build.py
  * extension_source), which first defines the artifact's shapes and afterwards adds the sliding
- * window's entries (plugins/cpu_native/sliding.py), the method table and PyInit:
+ * window's entries (hwb_plugins/cpu_native/sliding.py), the method table and PyInit:
  *
  *   #define HWB_EXT_XSHAPE 1, 16, 8   // (batch, *input shape)
  *   #define HWB_EXT_YSHAPE 1, 1       // (batch, *output shape)

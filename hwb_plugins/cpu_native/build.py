@@ -133,7 +133,7 @@ def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precis
            batch: int, stack: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
            extra: str = "") -> str:
     """``hwb_model.h``: the stable C ABI of one artifact (ABI version 1); ``extra``: more
-    declarations (the sliding window's, plugins/cpu_native/sliding.py)."""
+    declarations (the sliding window's, hwb_plugins/cpu_native/sliding.py)."""
     n_in, n_out = _prod(in_shape), _prod(out_shape)
 
     def dims(s: tuple[int, ...]) -> str:
@@ -212,7 +212,7 @@ def extension_source(module: str, batch: int, in_shape: tuple[int, ...],
                      out_shape: tuple[int, ...], extra: tuple[str, str] = ("", "")) -> str:
     """The extension's generated ``ext.c``: this artifact's shapes and module name around
     :data:`RUNTIME_HEADER` (the fixed C); ``extra``: more definitions and method-table
-    entries (the sliding window's, plugins/cpu_native/sliding.py), which may use the
+    entries (the sliding window's, hwb_plugins/cpu_native/sliding.py), which may use the
     placeholders ``@XSHAPE@ @YSHAPE@ @XND@ @YND@ @BATCH@ @MOD@`` and the header's ``XSHAPE``,
     ``YSHAPE`` and ``shape_is``."""
     if not module.isidentifier() or not module.isascii():

@@ -1,5 +1,5 @@
 """cpu.native's incremental sliding window for convolutions (TCNs), pooling and a Dense over
-the flattened window: the same C ABI as plugins/cpu_native/sliding.py (``hwb_model_push`` /
+the flattened window: the same C ABI as hwb_plugins/cpu_native/sliding.py (``hwb_model_push`` /
 ``hwb_model_prepare`` / ``hwb_model_reset``; no stream, so ``hwb_model_stream_*`` return -1
 as the recompute form's do).
 
@@ -10,7 +10,7 @@ slice cut off; any stride and dilation), each local pooling (MaxPooling1D/Averag
 any size and stride), and residual adds of two such chains (TCN blocks: an identity or 1×1-conv
 shortcut) — each followed by per-position layers (Act, Affine, a per-step Dense); then a head:
 a GlobalPool1D (avg or max), a one-step TimeSlice, or a Flatten then a Dense
-(plugins/cpu_native/sliding_dense.py), and Dense / Act / Affine / Flatten layers on that vector.
+(hwb_plugins/cpu_native/sliding_dense.py), and Dense / Act / Affine / Flatten layers on that vector.
 Anything else ('same' padding, LayerNorm, attention, recurrent layers) keeps another form.
 
 **Why a slide is exact.** Stage ``l`` has ``L_l`` positions ``S_l`` ticks apart (``S``: the
@@ -491,7 +491,7 @@ def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
 def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requires: list[str]) -> WindowC | None:
     """The sliding window's C for a convolutional, pooling or flattened-Dense model of input
     ``in_shape`` (the same symbols, header and metadata as
-    :func:`plugins.cpu_native.sliding.emit`, ``stream`` 0), or None when :func:`plan_conv`
+    :func:`hwb_plugins.cpu_native.sliding.emit`, ``stream`` 0), or None when :func:`plan_conv`
     finds no incremental form (then sliding.emit's)."""
     p = plan_conv(net, precision) if net is not None else None
     if p is None:
@@ -499,5 +499,5 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
     # the push's weights and gates are the model's own: fp32, exact (sliding.py's options)
     header = header_text(p.window, p.step, "incremental", False)
     code = emit_incremental(net, p, requires)  # type: ignore[arg-type]
-    return WindowC("/* ---- the sliding window (plugins/cpu_native/sliding_conv.py) ---- */\n" + code, header,
+    return WindowC("/* ---- the sliding window (hwb_plugins/cpu_native/sliding_conv.py) ---- */\n" + code, header,
                    {"form": "incremental", "window": p.window, "step": p.step, "stream": False})

@@ -144,7 +144,7 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
                      push_gates: str = "exact") -> str:
     """The incremental form's C (see the module docstring); appended to ``model.c``.
     ``push_weights`` other than ``fp32``: the push's input products in bf16 or int8
-    (plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512
+    (hwb_plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512
     (push_weights.GATES_C). Either gives the push its own copies of the functions they change
     (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the exact fp32 ones."""
     vw, acc = vector_shape(requires)
@@ -402,7 +402,7 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
     meta = {"form": form, "window": window, "step": step, "stream": p is not None}
     if push_weights != "fp32" or push_gates != "exact":
         meta.update(push_weights=push_weights, push_gates=push_gates)
-    return WindowC("/* ---- the sliding window and the stream (plugins/cpu_native/sliding.py) ---- */\n"
+    return WindowC("/* ---- the sliding window and the stream (hwb_plugins/cpu_native/sliding.py) ---- */\n"
                    + code, header, meta)
 
 
@@ -444,7 +444,7 @@ int hwb_model_stream_reset(void);
 
 # -- the extension's entries ---------------------------------------------------------------
 EXT_DEFS = r"""
-/* The sliding window's and stream's entries (plugins/cpu_native/sliding.py): METH_FASTCALL
+/* The sliding window's and stream's entries (hwb_plugins/cpu_native/sliding.py): METH_FASTCALL
    push(x_t, out) and step(x_t, out) (push, then prepare), over the buffer protocol; a wrong
    array calls the check set by window_check(), which raises the core's InputError. */
 static const Py_ssize_t SXSHAPE[] = {@SXSHAPE@};

@@ -4,7 +4,7 @@ answers before such a variant is kept.
 
 **What is reduced.** Only the products on the push's critical path that multiply the newest
 inputs: the first layer's input projection ``K₁·x_t`` and each later layer's ``K_l·h_{l-1}``
-(plugins/cpu_native/sliding.py's ``hwb_inq`` / ``hwb_cellq<l>``). Everything the prepare does
+(hwb_plugins/cpu_native/sliding.py's ``hwb_inq`` / ``hwb_cellq<l>``). Everything the prepare does
 stays fp32, the input projection of ``x_t`` that it shares with the windows in flight
 included (it recomputes it in fp32 from a copy of ``x_t``), and so does the stream. So a
 window's first ``T-1`` steps are exactly fp32 and only its last step's input products are

@@ -268,7 +268,7 @@ def _auto_precision(builder: _Builder, target: Any, calib: np.ndarray,
     search = {"frac_bits": best, "weight_frac_bits": best_w, "start": start,
               "predicted": ({"frac_bits": predicted[0], "weight_frac_bits": predicted[1],
                              "by": "float model of the design's rounding and tables "
-                                   "(plugins/fpga_hls4ml/emulate.py)"} if predicted else None),
+                                   "(hwb_plugins/fpga_hls4ml/emulate.py)"} if predicted else None),
               "trace_seconds": round(trace_s, 2),
               "ranges_from": ("float model (layer IR)" if floats is not None
                               else "hls4ml C-simulation trace at " + P.TRACE_PRECISION),
