@@ -59,3 +59,28 @@ def check_drawn_ticks(cm, data, seed: int, features: int, window: int, bound: fl
     err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
     assert err <= bound, (err, got, want)
     return xs, auto, every
+
+
+def check_slides_incrementally(model, store, ticks: int, reset_at: int, prepare_every: int,
+                               bound: float) -> None:
+    """``model`` (a ``hwb.load_model`` result) on cpu.native slides in the incremental form and
+    its pushes over ``ticks`` seeded steps, with a reset at ``reset_at`` and a prepare after
+    every ``prepare_every``-th push, equal predict_into on each window within ``bound`` of the
+    output scale."""
+    import hwbackends as hwb
+
+    cm = hwb.compile(model, "cpu.native", store=store, fidelity=False)
+    w = cm.sliding()
+    assert w.form == "incremental"
+    xs = np.random.default_rng(5).normal(0, 1.5, (ticks, *cm.input.shape[1:])).astype(np.float32)
+    got = push_all(w, xs, tuple(cm.output.shape), {reset_at}, prepare_every=prepare_every)
+    want = window_answers(cm, xs, {reset_at})
+    assert np.abs(got - want).max() <= bound * max(1.0, np.abs(want).max())
+
+
+def seeded_weights(m, seed: int):
+    """``m`` (Keras) with every weight, biases too, drawn N(0, 0.5) from ``seed``: a zero
+    window's state or positions are then not zero."""
+    rng = np.random.default_rng(seed)
+    m.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in m.get_weights()])
+    return m

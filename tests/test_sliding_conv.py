@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sliding_ref import check_drawn_ticks, push_all, window_answers
+from sliding_ref import check_drawn_ticks, check_slides_incrementally, push_all, window_answers
 
 import hwbackends as hwb
 from hwbackends.errors import UnsupportedError
@@ -200,10 +200,4 @@ def test_torch_tcn_with_residual_blocks_is_incremental(store_dir, style, gelu):
     blocks, dilations 1, 2, 4, the last step) slides incrementally: within 1e-5 of
     predict_into on every window, the zero-filled start and a reset included."""
     model = hwb.load_model(torch_tcn(3, 6, 3, [1, 2, 4], style, gelu), input_shape=(24, 3), name="tcn")
-    cm = hwb.compile(model, "cpu.native", store=store_dir, fidelity=False)
-    w = cm.sliding()
-    assert w.form == "incremental"
-    xs = np.random.default_rng(5).normal(0, 1.5, (80, 3)).astype(np.float32)
-    got = push_all(w, xs, (2,), {40}, prepare_every=3)
-    want = window_answers(cm, xs, {40})
-    assert np.abs(got - want).max() <= FP32_ERR * max(1.0, np.abs(want).max())
+    check_slides_incrementally(model, store_dir, 80, 40, 3, FP32_ERR)

@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sliding_ref import check_drawn_ticks, push_all, window_answers
+from sliding_ref import (
+    check_drawn_ticks,
+    check_slides_incrementally,
+    push_all,
+    seeded_weights,
+    window_answers,
+)
 
 import hwbackends as hwb
 
@@ -81,10 +87,7 @@ def stack_model(seed: int, window: int, features: int, stack, per_step: bool, he
     if hidden and head != "flatten":
         h = keras.layers.Dense(hidden, activation="relu", name="hidden")(h)
     out = keras.layers.Dense(2, name="signal")(h)
-    m = keras.Model(inp, out, name="sliding_dense_rand")
-    rng = np.random.default_rng(seed)  # biases too, so a zero window's positions are not zero
-    m.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in m.get_weights()])
-    return m
+    return seeded_weights(keras.Model(inp, out, name="sliding_dense_rand"), seed)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -160,10 +163,4 @@ def test_torch_conv_flatten_dense_in_both_layouts_is_incremental(store_dir, chan
     predict_into on every window in either flatten layout, the zero-filled start and a reset
     included."""
     model = hwb.load_model(torch_stack(3, channels_first), input_shape=(18, 3), name="conv_flat")
-    cm = hwb.compile(model, "cpu.native", store=store_dir, fidelity=False)
-    w = cm.sliding()
-    assert w.form == "incremental"
-    xs = np.random.default_rng(5).normal(0, 1.5, (70, 3)).astype(np.float32)
-    got = push_all(w, xs, (2,), {37}, prepare_every=2)
-    want = window_answers(cm, xs, {37})
-    assert np.abs(got - want).max() <= FP32_ERR * max(1.0, np.abs(want).max())
+    check_slides_incrementally(model, store_dir, 70, 37, 2, FP32_ERR)

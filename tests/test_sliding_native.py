@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sliding_ref import check_drawn_ticks, push_all, window_answers
+from sliding_ref import check_drawn_ticks, push_all, seeded_weights, window_answers
 
 import hwbackends as hwb
 from hwbackends.errors import InputError, UnsupportedError
@@ -44,10 +44,7 @@ def recurrent_model(seed: int, window: int, features: int, stack, prefix: bool, 
     if head:
         layers.append(keras.layers.Dense(head, activation="relu", name="hidden"))
     layers.append(keras.layers.Dense(2, name="signal"))
-    m = keras.Sequential(layers, name="sliding_rand")
-    rng = np.random.default_rng(seed)  # biases too, so a zero window's state is not zero
-    m.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in m.get_weights()])
-    return m
+    return seeded_weights(keras.Sequential(layers, name="sliding_rand"), seed)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -52,6 +52,7 @@ a flag per input row, OR-ed over the window's older rows in the prepare.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -277,16 +278,21 @@ def _pool_line(e: _ConvEmitter, op: ir.Pool1D, o: str, c: int, rows: list[str]) 
     e.line(f"for (int ch = 0; ch < {c}; ch++) {{ float m = {rows[0]}[ch]; {more} {o}[ch] = {fin}; }}")
 
 
+def _source(p: ConvPlan, st: Stage) -> tuple[Any, int, Stage, tuple[int, int, int, int]]:
+    """A conv or pool stage's layer, its source stage's index and stage, and the layer's
+    taps (kernel, dilation, left padding, stride)."""
+    op, s = st.op, st.srcs[0]
+    assert op is not None
+    return op, s, p.stages[s], _taps(op)
+
+
 def _newest(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
     """``hwb_new<li>()``: stage ``li``'s value of the current tick (the last position of the
     window ``lag`` ticks on), its taps known at compile time, into its ring."""
     st = p.stages[li]
     o = e.buf(st.raw)
     if st.kind in ("conv", "pool"):
-        op, s = st.op, st.srcs[0]
-        assert op is not None
-        below = p.stages[s]
-        k, d, left, stride = _taps(op)
+        op, s, below, (k, d, left, stride) = _source(p, st)
         i0 = (st.length - 1) * stride - left
         # source position i of the window `lag` ticks on is `lag - lag_below + (L-1-i)·S` back
         back = [(below.lag - st.lag + (below.length - 1 - (i0 + q * d)) * below.stride, q)
@@ -315,10 +321,7 @@ def _position(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
     st = p.stages[li]
     o = e.buf(st.raw)
     if st.kind in ("conv", "pool"):
-        op, s = st.op, st.srcs[0]
-        assert op is not None
-        below = p.stages[s]
-        k, d, left, stride = _taps(op)
+        op, s, below, (k, d, left, stride) = _source(p, st)
         if isinstance(op, ir.Pool1D):
             _pool_line(e, op, o, st.raw, [_row(s, below, f"j * {stride} + {q}") for q in range(k)])
         else:
