@@ -33,6 +33,16 @@ def _torch_out(module, x: np.ndarray) -> np.ndarray:
         return module.eval()(torch.from_numpy(x)).numpy()
 
 
+def _torch_right_on_native(mod, shape: tuple[int, ...], store) -> None:
+    """``mod`` (torch, eval) compiled on cpu.native over ``shape`` answers as torch within
+    1e-5 of the output scale on seeded inputs."""
+    import torch
+    cm = hwb.compile(hwb.load_model(mod, example_input=torch.zeros(2, *shape)), "cpu.native",
+                     store=store, fidelity=False)
+    x = _x(shape)
+    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+
+
 def _randomize_bn(module) -> None:
     """Non-trivial running statistics and affine parameters (seeded)."""
     import torch
@@ -238,10 +248,7 @@ def test_torch_one_step_slice_keeps_its_time_axis(store_dir, tail) -> None:
 
     torch.manual_seed(2)
     mod = OneStep().eval()
-    cm = hwb.compile(hwb.load_model(mod, example_input=torch.zeros(2, 6, 3)), "cpu.native",
-                     store=store_dir, fidelity=False)
-    x = _x((6, 3))
-    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+    _torch_right_on_native(mod, (6, 3), store_dir)
 
 
 def test_onnx_one_step_slice_keeps_its_time_axis(store_dir) -> None:
@@ -282,10 +289,7 @@ def test_torch_norm_after_channels_first_flatten(store_dir, norm) -> None:
     with torch.no_grad():
         mod.ln.weight.copy_(torch.rand(8) + 0.5)
         mod.ln.bias.copy_(torch.randn(8))
-    cm = hwb.compile(hwb.load_model(mod, example_input=torch.zeros(2, 5, 3)), "cpu.native",
-                     store=store_dir, fidelity=False)
-    x = _x((5, 3))
-    assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
+    _torch_right_on_native(mod, (5, 3), store_dir)
 
 
 def test_onnx_layer_norm_after_channels_first_flatten(store_dir) -> None:

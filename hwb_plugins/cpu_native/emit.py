@@ -703,6 +703,19 @@ def vector_shape(requires: list[str]) -> tuple[int, int]:
     return VECTORS["avx512" if "avx512f" in requires else "default"]
 
 
+def broadcast_dot(groups: int, load: str, vt: str, set1: str, w: str, nvec: int, b0: int,
+                  step: int, dot: str, nb: int) -> str:
+    """The inner loop of a broadcast dot product over one block of ``nb`` accumulator
+    vectors ``a0…``: per input group ``g`` the C statement ``load`` sets ``int x4`` (the
+    group's packed inputs: 4 bytes for ``vpdpbusd``, a bf16 pair for ``vdpbf16ps``), ``set1``
+    broadcasts it as a ``vt``, and ``dot`` multiplies it into the block's ``nb`` weight
+    vectors, laid out ``[group][output vector][lanes]`` in ``w`` (``step`` elements per
+    group's output vector)."""
+    return (f"for (int g = 0; g < {groups}; g++) {{ {load} const {vt} xb = {set1}(x4); "
+            f"const {vt} *wg = (const {vt} *)({w} + (g * {nvec} + {b0}) * {step}); "
+            + " ".join(f"a{k} = {dot}(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
+
+
 class _Int8Emitter(Emitter):
     """int8: every matmul (Dense, Conv1D window, recurrent gates) quantises its input to
     int8 with a calibrated per-tensor scale (the recurrent state's too: calibrated over every
@@ -796,10 +809,8 @@ class _Int8Emitter(Emitter):
         for b0 in range(0, nvec, self.acc):
             nb = min(self.acc, nvec - b0)
             self.line("  { " + " ".join(f"{vt} a{k} = {pre}_setzero_si{lanes * 32}();" for k in range(nb)))
-            self.line(f"    for (int g = 0; g < {groups}; g++) {{ int x4; __builtin_memcpy(&x4, {q} + 4 * g, 4); "
-                      f"const {vt} xb = {pre}_set1_epi32(x4); const {vt} *wg = (const {vt} *)({wv} + "
-                      f"(g * {nvec} + {b0}) * {lanes * 4}); " +
-                      " ".join(f"a{k} = {dp}(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
+            self.line("    " + broadcast_dot(groups, f"int x4; __builtin_memcpy(&x4, {q} + 4 * g, 4);", vt,
+                                            f"{pre}_set1_epi32", wv, nvec, b0, lanes * 4, dp, nb))
             self.line("    " + " ".join(f"{pre}_store_si{lanes * 32}(({vt} *)({ints} + {(b0 + k) * lanes}), a{k});"
                                         for k in range(nb)) + " }")
         self.line(f"  for (int j = 0; j < {n_out}; j++) {dst}[j] = {first} + (float)({ints}[j] - {cn}[j]) * ({r} * {mn}[j]);")

@@ -42,6 +42,8 @@ import numpy as np
 
 from hwbackends.errors import UnsupportedError
 
+from .emit import broadcast_dot
+
 #: The option's values; ``fp32`` (the default) is the exact push.
 CHOICES = ("fp32", "bf16", "int8")
 #: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`GATES_C` (the default with
@@ -167,10 +169,9 @@ class Kernels:
         for b0, nb in _blocks(nv):
             lines.append("    { " + " ".join(f"__m512 a{k} = _mm512_load_ps({bn} + {(b0 + k) * _LANES});"
                                                for k in range(nb)))
-            lines.append(f"      for (int g = 0; g < {pairs}; g++) {{ const __m512bh xb = (__m512bh)"
-                         f"_mm512_set1_epi32((int)xp[g]); const __m512bh *wg = (const __m512bh *)({wn} + "
-                         f"(g * {nv} + {b0}) * 32); " +
-                         " ".join(f"a{k} = _mm512_dpbf16_ps(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
+            lines.append("      " + broadcast_dot(pairs, "const int x4 = (int)xp[g];", "__m512bh",
+                                                  "(__m512bh)_mm512_set1_epi32", wn, nv, b0, 32,
+                                                  "_mm512_dpbf16_ps", nb))
             lines.append("      " + " ".join(f"_mm512_store_ps(y + {(b0 + k) * _LANES}, a{k});"
                                              for k in range(nb)) + " }")
         return lines
@@ -203,10 +204,8 @@ class Kernels:
                  "_mm512_set1_epi32(128))));"]
         for b0, nb in _blocks(nv):
             lines.append("    { " + " ".join(f"__m512i a{k} = _mm512_setzero_si512();" for k in range(nb)))
-            lines.append(f"      for (int g = 0; g < {groups}; g++) {{ int x4; __builtin_memcpy(&x4, q + 4 * g, 4); "
-                         f"const __m512i xb = _mm512_set1_epi32(x4); const __m512i *wg = (const __m512i *)({wn} + "
-                         f"(g * {nv} + {b0}) * 64); " +
-                         " ".join(f"a{k} = _mm512_dpbusd_epi32(a{k}, xb, wg[{k}]);" for k in range(nb)) + " }")
+            lines.append("      " + broadcast_dot(groups, "int x4; __builtin_memcpy(&x4, q + 4 * g, 4);", "__m512i",
+                                                  "_mm512_set1_epi32", wn, nv, b0, 64, "_mm512_dpbusd_epi32", nb))
             for k in range(nb):
                 j = (b0 + k) * _LANES
                 lines.append(f"      _mm512_store_ps(y + {j}, _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps("
