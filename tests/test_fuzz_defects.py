@@ -43,6 +43,14 @@ def _torch_right_on_native(mod, shape: tuple[int, ...], store) -> None:
     assert _fp32_error(cm, _torch_out(mod, x), x) <= 1e-5
 
 
+def _onnx_right_on_native(proto, shape: tuple[int, ...], store) -> None:
+    """``proto`` compiled on cpu.native answers as ONNX Runtime within 1e-5 of the output
+    scale on seeded inputs of ``shape``."""
+    cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store, fidelity=False)
+    x = _x(shape)
+    assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5
+
+
 def _randomize_bn(module) -> None:
     """Non-trivial running statistics and affine parameters (seeded)."""
     import torch
@@ -261,10 +269,7 @@ def test_onnx_one_step_slice_keeps_its_time_axis(store_dir) -> None:
              helper.make_node("Slice", ["t", "s0", "s1", "ax"], ["s"], name="one_step"),
              helper.make_node("GlobalMaxPool", ["s"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("MatMul", ["f", "w"], ["y"])]
-    proto = _onnx_model(nodes, nodes_inits, (5, 3), 2)
-    cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store_dir, fidelity=False)
-    x = _x((5, 3))
-    assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5
+    _onnx_right_on_native(_onnx_model(nodes, nodes_inits, (5, 3), 2), (5, 3), store_dir)
 
 
 @pytest.mark.parametrize("norm", ["softmax", "layer_norm"])
@@ -303,10 +308,7 @@ def test_onnx_layer_norm_after_channels_first_flatten(store_dir) -> None:
              helper.make_node("Flatten", ["c"], ["f"], axis=1),
              helper.make_node("LayerNormalization", ["f", "g", "b"], ["n"], axis=-1, name="ln"),
              helper.make_node("MatMul", ["n", "w"], ["y"])]
-    proto = _onnx_model(nodes, inits, (5, 3), 2)
-    cm = hwb.compile(hwb.load_model(proto), "cpu.native", store=store_dir, fidelity=False)
-    x = _x((5, 3))
-    assert _fp32_error(cm, _ort(proto, x), x) <= 1e-5
+    _onnx_right_on_native(_onnx_model(nodes, inits, (5, 3), 2), (5, 3), store_dir)
 
 
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
