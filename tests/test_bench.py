@@ -340,7 +340,7 @@ def test_variant_record_round_trips_and_keeps_newer_keys(compiled, tmp_path) -> 
     d = json.loads(path.read_text())
     d["variants"] = [{"variant": "x"}]
     path.write_text(json.dumps(d))
-    with pytest.raises(ResultsError, match="variant row 'x' has no target, precision; re-run `hwb bench`"):
+    with pytest.raises(ResultsError, match=r"variants\[0\]\.target: required key missing; expected a target name"):
         BenchResults.load(path)
     d["version"], d["variants"] = 1, [row | {"fpga": row["plugin_report"]}]
     path.write_text(json.dumps(d))

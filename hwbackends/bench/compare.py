@@ -6,6 +6,10 @@ Rows are matched by variant, scenario (with its offered rate for ``server``), ba
 machine, so a demo's several server rates and a fleet file's machines each compare with their
 own. A variant that compiled in BASE and failed in NEW always breaks the comparison; one
 absent from NEW is listed, and breaks it with ``fail_missing``.
+
+A figure a threshold checks that is missing, NaN, infinite or out of range (a latency that is
+not > 0, a correlation outside [-1, 1]) in either file is a *broken* row: the gate cannot
+judge it, so it fails (``hwb compare`` exits 5), never "within the thresholds".
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ class Delta:
     new_corr: float | None = None
     base_rel_err: float | None = None
     new_rel_err: float | None = None
-    status: str = "ok"  # ok | regression | only in base | only in new | failed in new
+    status: str = "ok"  # ok | regression | broken | only in base | only in new | failed in new
     why: list[str] = field(default_factory=list)
 
     @staticmethod
@@ -84,9 +88,14 @@ class Comparison:
         return [r for r in self.rows if r.status in ("regression", "failed in new")
                 or (r.status == "only in base" and r.why)]
 
+    @property
+    def broken(self) -> list[Delta]:
+        """Rows with a figure the thresholds check that no threshold can judge."""
+        return [r for r in self.rows if r.status == "broken"]
+
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "notes": self.notes,
-                "failed": len(self.failed)}
+                "failed": len(self.failed), "broken": len(self.broken)}
 
 
 def _key(p: LatencyProfile) -> tuple[str, str, int, str]:
@@ -109,7 +118,34 @@ def _fidelity(res: BenchResults) -> dict[tuple[str, int, str], tuple[float, floa
     return out
 
 
+def _broken_figures(d: Delta, t: Thresholds) -> list[str]:
+    """What is wrong with each figure ``t`` checks in row ``d``, in either file: missing, NaN,
+    infinite, a latency not > 0, a correlation outside [-1, 1]."""
+    checks = []
+    if t.p50_pct is not None:
+        checks += [("BASE p50", d.base_p50_us, "us"), ("NEW p50", d.new_p50_us, "us")]
+    if t.p99_pct is not None:
+        checks += [("BASE p99", d.base_p99_us, "us"), ("NEW p99", d.new_p99_us, "us")]
+    if t.corr_drop is not None:
+        checks += [("BASE corr", d.base_corr, "corr"), ("NEW corr", d.new_corr, "corr")]
+    out = []
+    for name, x, kind in checks:
+        if x is None:
+            out.append(f"{name} is missing")
+        elif not math.isfinite(x):
+            out.append(f"{name} is {x}")
+        elif kind == "us" and x <= 0:
+            out.append(f"{name} {x:g} µs is out of range (a latency is > 0)")
+        elif kind == "corr" and not -1.0 <= x <= 1.0:
+            out.append(f"{name} {x:g} is out of range (a correlation is in [-1, 1])")
+    return out
+
+
 def _judge(d: Delta, t: Thresholds) -> None:
+    broken = _broken_figures(d, t)
+    if broken:
+        d.status, d.why = "broken", broken + ["the gate cannot judge this row"]
+        return
     for name, pct, limit in (("p50", d.p50_pct, t.p50_pct), ("p99", d.p99_pct, t.p99_pct)):
         if limit is not None and pct is not None and pct > limit:
             d.why.append(f"{name} +{pct:.1f}% > {limit:g}%")
@@ -186,9 +222,14 @@ def render(c: Comparison) -> str:
             f"{_num(r.base_corr, '.4f'):>9}→{_num(r.new_corr, '.4f'):<9} {r.status}"
             + (f": {'; '.join(r.why)}" if r.why else ""))
     lines += [f"note: {n}" for n in c.notes]
-    bad = c.failed
-    lines.append(f"{len(bad)} of {len(c.rows)} row(s) past the thresholds" if bad
-                 else f"all {len(c.rows)} row(s) within the thresholds")
+    bad, broken = c.failed, c.broken
+    if broken:
+        lines.append(f"{len(broken)} of {len(c.rows)} row(s) with a broken figure (missing, NaN, "
+                     f"infinite or out of range): the gate fails")
+    if bad:
+        lines.append(f"{len(bad)} of {len(c.rows)} row(s) past the thresholds")
+    elif not broken:
+        lines.append(f"all {len(c.rows)} row(s) within the thresholds")
     return "\n".join(lines)
 
 

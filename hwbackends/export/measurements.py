@@ -1,7 +1,7 @@
 """What a results file measured about one variant, and the server settings that follow.
 
 :func:`read_measurements` is the one place ``hwb export`` reads a results file (through
-:meth:`hwbackends.bench.results.BenchResults.load`): a change of the results format touches
+:func:`hwbackends.bench.results.read_results_json`, the reader every command uses): a change of the results format touches
 that function only. Everything else here works on :class:`Measured` and is pure arithmetic,
 so the mapping from measurements to settings is tested without a server.
 
@@ -21,16 +21,16 @@ The mapping (docs/export.md has the table):
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..bench.results import FORMAT, VERSION
+from ..bench.results import FORMAT, VERSION, read_results_json
 from ..config import MAX_BATCH
 from ..errors import ConfigError, InputError, UnsupportedError
+from ..user_files import schema_problem
 
 #: Scenarios whose profiles are per-call costs at a known batch size with no queueing in them.
 CLOSED_LOOP = ("batch", "single-stream")
@@ -85,9 +85,6 @@ class Measured:
                 f"model fingerprint {self.fingerprint or '(none)'}"]
 
 
-#: What export reads of a results file, at most (a results file with CDFs and timelines of a
-#: large sweep is a few MB; this bounds what a hostile one makes the parser hold).
-MAX_RESULTS_BYTES = 64 << 20
 #: What each field of a profile row must be, as the error message says it.
 EXPECTED = {
     "batch_size": f"an integer 1..{MAX_BATCH}",
@@ -161,29 +158,12 @@ class _File(_Strict):
 
 def _problem(path: str | Path, where: str, exc: ValidationError) -> InputError:
     """The first problem of ``exc`` as ``FILE: field: what was found; expected …``."""
-    e = exc.errors()[0]
-    loc = [str(x) for x in e["loc"]]
-    field = loc[-1] if loc else ""
-    dotted = ".".join([where, *loc] if where else loc) or "(top level)"
-    got = "missing" if e["type"] == "missing" else f"got {e.get('input')!r:.60}"
-    expect = EXPECTED.get(field)
-    msg = e["msg"] if e["type"] not in ("missing",) else "required key missing"
-    more = f" ({len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
-    return InputError(f"results file {path}: {dotted}: {msg}, {got}"
-                      + (f"; expected {expect}" if expect else "") + more
-                      + ". Export from a results file `hwb bench` or `hwb fleet` wrote")
+    return InputError(schema_problem(path, "results file", where, exc, EXPECTED,
+                                     "Export from a results file `hwb bench` or `hwb fleet` wrote"))
 
 
 def _load(path: str | Path) -> _File:
-    from ..config import read_text_file
-
-    text = read_text_file(path, "results file", MAX_RESULTS_BYTES)
-    try:
-        raw = json.loads(text)
-    except RecursionError:
-        raise InputError(f"results file {path}: values nested too deeply to parse") from None
-    except ValueError as exc:
-        raise InputError(f"results file {path} is not JSON: {exc}") from None
+    raw = read_results_json(path, InputError)
     try:
         return _File.model_validate(raw)
     except ValidationError as exc:
