@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from . import units
 from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
 from .labels import parse_label
@@ -46,8 +47,9 @@ class _Strict(BaseModel):
 
 
 #: Bounds of every count and time in a strategies file: TOML integers are unbounded in
-#: ``tomllib`` (``batch_size = 2**70`` parses), so each field says how large it may be.
-MAX_BATCH = 1 << 16
+#: ``tomllib`` (``batch_size = 2**70`` parses), so each field says how large it may be
+#: (the batch size's bound is the command line's too: :data:`hwbackends.units.MAX_BATCH`).
+MAX_BATCH = units.MAX_BATCH
 MAX_COUNT = 10_000_000
 MAX_US = 3600e6      # an hour, as the serving engine's deadlines
 MAX_S = 86400.0      # a day

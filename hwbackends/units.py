@@ -57,7 +57,7 @@ def _number(text: object, pattern: str, what: str, form: str) -> tuple[Decimal, 
     t = str(text)
     m = re.fullmatch(pattern, t, re.I) if len(t) <= _MAX_TEXT else None
     if not m:
-        raise ConfigError(f"{_quoted(text)} is not {what}; write a number with "
+        raise ConfigError(f"{_quoted(text)} is not {what}; expected a number with "
                           f"{'an optional unit' if what == 'a size' else 'a unit'}: {form}")
     return Decimal(m.group(1)), m.group(2).lower()
 
@@ -69,8 +69,8 @@ def parse_size(text: str) -> int:
     n, unit = _number(text, r"\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?\s*", "a size", _SIZE_FORM)
     size = n * _SIZE_UNITS[unit]
     if size > MAX_SIZE_BYTES:
-        raise ConfigError(f"{_quoted(text)} is too large a size (at most 1024T, 1 PiB); write "
-                          f"one of {_SIZE_FORM}")
+        raise ConfigError(f"{_quoted(text)} is too large a size (at most 1024T, 1 PiB); "
+                          f"expected one of {_SIZE_FORM}")
     return int(size)
 
 
@@ -93,5 +93,91 @@ def parse_age(text: str) -> float:
     age = n * _AGE_UNITS[unit]
     if age > Decimal(MAX_AGE_S):
         raise ConfigError(f"{_quoted(text)} is too long an age (at most 36500d, a century); "
-                          f"write one of {_AGE_FORM}")
+                          f"expected one of {_AGE_FORM}")
     return float(age)
+
+
+# -- numbers on a command line and in settings: one parser per kind ---------------------------
+#: A decimal number as a person writes it (no ``nan``, ``inf``, ``0x``, ``1_000``).
+_DECIMAL = r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*"
+_WHOLE = r"\s*([+-]?\d+)\s*"
+
+
+def _read(text: object, pattern: str, what: str, form: str) -> Decimal:
+    t = str(text)
+    m = re.fullmatch(pattern, t, re.I) if len(t) <= _MAX_TEXT else None
+    if not m:
+        raise ConfigError(f"{_quoted(text)} is not {what}; expected {form}")
+    return Decimal(m.group(1))
+
+
+def _bounded(v: Decimal, text: object, what: str, form: str, lo: float, hi: float,
+             lo_open: bool) -> None:
+    if v < Decimal(repr(lo)) or (lo_open and v == Decimal(repr(lo))) or v > Decimal(repr(hi)):
+        raise ConfigError(f"{_quoted(text)} is out of range for {what}; expected {form}")
+
+
+def _g(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def parse_count(text: str, lo: int = 1, hi: int = 10_000_000, what: str = "a count",
+                example: int | None = None, per_item: str = "") -> int:
+    """A whole number ``lo..hi`` (a sample count, a batch size, threads, slots). ``per_item``
+    says what each one costs where the value sizes work (``8 B of timing each``), so the
+    message says why the cap is where it is."""
+    form = (f"a whole number ≥ {_g(lo)} and ≤ {_g(hi)}"
+            + (f", e.g. {example}" if example is not None else "")
+            + (f" ({per_item})" if per_item else ""))
+    v = _read(text, _WHOLE, what, form)
+    _bounded(v, text, what, form, lo, hi, False)
+    return int(v)
+
+
+def parse_port(text: str, allow_any: bool = True) -> int:
+    """A TCP port: ``1..65535``, or ``0`` (any free one) when ``allow_any``."""
+    lo = 0 if allow_any else 1
+    form = "a port number from 1 to 65535" + (" (0: any free port)" if allow_any else "")
+    v = _read(text, _WHOLE, "a port", form)
+    _bounded(v, text, "a port", form, lo, 65535, False)
+    return int(v)
+
+
+def parse_real(text: str, lo: float, hi: float, what: str, unit: str = "",
+               lo_open: bool = False, example: str = "") -> float:
+    """A finite decimal number in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``); the kinds
+    below name their unit and bounds."""
+    form = (f"a number {'>' if lo_open else '≥'} {_g(lo)} and ≤ {_g(hi)}{' ' + unit if unit else ''}"
+            + (f", e.g. {example}" if example else ""))
+    v = _read(text, _DECIMAL, what, form)
+    _bounded(v, text, what, form, lo, hi, lo_open)
+    return float(v)
+
+
+#: The largest batch size any option, setting or file takes.
+MAX_BATCH = 1 << 16
+#: Bounds of the kinds: a duration a command waits or measures (a week), a latency budget
+#: (an hour in µs), a rate of requests (10 MHz: 100 ns apart, past any core).
+MAX_SECONDS = 7 * 86400.0
+MAX_US = 3600e6
+MAX_RATE_HZ = 1e7
+
+
+def parse_seconds(text: str, lo: float = 0.0, hi: float = MAX_SECONDS, lo_open: bool = True) -> float:
+    """A duration in seconds, ``> 0`` (or ``≥ lo``) and at most a week."""
+    return parse_real(text, lo, hi, "a duration", "seconds", lo_open, "30")
+
+
+def parse_us(text: str, lo: float = 0.0, hi: float = MAX_US, lo_open: bool = True) -> float:
+    """A time in microseconds (a deadline, a spin budget), ``> 0`` and at most an hour."""
+    return parse_real(text, lo, hi, "a time in µs", "µs", lo_open, "500")
+
+
+def parse_rate(text: str, hi: float = MAX_RATE_HZ) -> float:
+    """A rate in Hz, ``> 0`` and at most :data:`MAX_RATE_HZ`."""
+    return parse_real(text, 0.0, hi, "a rate", "Hz", True, "2000")
+
+
+def parse_fraction(text: str) -> float:
+    """A fraction in ``[0, 1]``."""
+    return parse_real(text, 0.0, 1.0, "a fraction", "", False, "0.01")

@@ -23,9 +23,9 @@ HUGE = "9" * 309  # float() of it is inf: int(inf) was the OverflowError
 @pytest.mark.parametrize("flag, value, said", [
     ("--max-size", HUGE, "is too large a size (at most 1024T"),
     ("--max-size", "1025T", "is too large a size (at most 1024T"),
-    ("--max-size", "-1", "is not a size; write a number"),
+    ("--max-size", "-1", "is not a size; expected a number"),
     ("--older-than", HUGE + "d", "is too long an age (at most 36500d"),
-    ("--older-than", "1e9w", "is not an age; write a number with a unit"),
+    ("--older-than", "1e9w", "is not an age; expected a number with a unit"),
 ])
 def test_cli_bad_numbers_are_usage_errors(tmp_path, capsys, flag, value, said) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -185,7 +185,10 @@ def test_files_that_are_not_results_files(kind: str, measured: Path, base_doc: d
         p.write_text(json.dumps(dict(base_doc, routing={"a": 1})))
     for argv in commands(p, measured, tmp_path):
         box: dict[str, Any] = {}
-        t = threading.Thread(target=lambda: box.update(r=run(*argv)), daemon=True)
+
+        def go(argv=argv, box=box):
+            box["r"] = run(*argv)
+        t = threading.Thread(target=go, daemon=True)
         t0 = time.monotonic()
         t.start()
         t.join(10)

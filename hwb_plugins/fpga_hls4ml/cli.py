@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from hwbackends.cli import emit
+from hwbackends.cli import count, emit
 from hwbackends.cli.compile import add_model_args, compile_from_args
 from hwbackends.cli.source import model_from_args
 
@@ -23,7 +23,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fpga-trace", help=f"per-layer error of an {TARGET} design vs the Keras model")
     add_model_args(p)
     p.set_defaults(target=TARGET)
-    p.add_argument("-n", "--samples", type=int, default=128, help="validation samples to trace")
+    p.add_argument("-n", "--samples", type=count("sample count", 1, 1 << 16), default=128, help="validation samples to trace")
     p.set_defaults(func=run)
 
 

@@ -122,6 +122,41 @@ SCENARIOS: dict[str, type] = {"single-stream": SingleStream, "server": Server, "
 OPEN_LOOP = (Server, Burst)
 
 
+#: The bounds of each numeric scenario setting: the timed calls of one run keep 8 bytes each
+#: (the CLI's MAX_CALLS), a run is bounded in time, a rate by what a clock can schedule.
+MAX_CALLS = 10_000_000
+MAX_WARMUP = 1_000_000
+MAX_SIZES = 32
+MAX_RUN_S = 3600.0
+MAX_BURST_S = 600.0
+
+
+def _setting(k: str, v: str) -> Any:
+    """One numeric scenario setting through the number parser of its kind
+    (:mod:`hwbackends.units`), with its bounds; ValueError (a ConfigError) naming the form."""
+    from ..config import MAX_BATCH
+    from ..units import parse_count, parse_rate, parse_seconds
+
+    if k == "sizes":
+        parts = v.split("/")
+        if len(parts) > MAX_SIZES:
+            raise ConfigError(f"at most {MAX_SIZES} batch sizes, e.g. 1/8/32")
+        return tuple(parse_count(s, 1, MAX_BATCH, "a batch size", 8) for s in parts)
+    if k == "n":
+        return parse_count(v, 1, MAX_CALLS, "a count", 2000, "each call keeps an 8-byte timing")
+    if k == "warmup":
+        return parse_count(v, 0, MAX_WARMUP, "a warm-up count", 200)
+    if k == "seed":
+        return parse_count(v, 0, (1 << 32) - 1, "a seed", 0)
+    if k == "rounds":
+        return parse_count(v, 1, 10_000, "a round count", 5)
+    if k == "rate_hz":
+        return parse_rate(v)
+    if k == "duration_s":
+        return parse_seconds(v, hi=MAX_BURST_S)
+    return parse_seconds(v, hi=MAX_RUN_S)  # max_s: a run's time limit
+
+
 def parse(spec: str) -> Scenario:
     """``NAME[:key=value,...]``: ``single-stream:n=5000``, ``server:rate_hz=2000``,
     ``burst:trace=ticks.txt,unit=ms``, ``batch:sizes=1/8/64``."""
@@ -139,22 +174,9 @@ def parse(spec: str) -> Scenario:
             raise ConfigError(f"scenario {name}: bad parameter {item!r}; allowed: "
                               f"{', '.join(f'{f}=…' for f in fields)}")
         try:
-            if k == "sizes":
-                kw[k] = tuple(int(s) for s in v.split("/"))
-                if not kw[k] or min(kw[k]) < 1:
-                    raise ValueError("sizes must be ≥ 1")
-            elif k in ("trace", "unit"):
-                kw[k] = v
-            elif k in ("n", "warmup", "seed", "rounds"):
-                kw[k] = int(v)
-                if kw[k] < (1 if k in ("n", "rounds") else 0):
-                    raise ValueError(f"{k} must be ≥ {1 if k in ('n', 'rounds') else 0}")
-            else:
-                kw[k] = float(v)
-                if not 0 < kw[k] < float("inf"):  # a rate, a duration, a time limit
-                    raise ValueError("must be a positive number")
+            kw[k] = v if k in ("trace", "unit") else _setting(k, v)
         except ValueError as exc:
-            raise ConfigError(f"scenario {name}: {k}={v!r} is not valid ({exc})") from None
+            raise ConfigError(f"scenario {name}: {k}={v[:40]!r} is not valid: {exc}") from None
     return cls(**kw)
 
 

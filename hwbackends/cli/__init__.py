@@ -12,7 +12,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from .. import strict_json
-from ..errors import ConfigError, HwbError
+from ..errors import HwbError
 from ..version import __version__
 
 #: The ``--cache-dir`` help every command that compiles shares.
@@ -23,7 +23,8 @@ COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo",
 
 #: What ``hwb`` exits with (``hwb --help`` lists them; docs/cli.md): a script or CI job can
 #: tell a failed check from a broken run from a typo.
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "success"),
     (EXIT_ERROR, "an error hwb reports (bad model or file, unavailable target, failed build; "
@@ -31,6 +32,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_USAGE, "usage error: a bad or missing argument (the message names the expected form)"),
     (EXIT_GATE, "hwb compile: the variant was built but failed its precision's fidelity gate"),
     (EXIT_REGRESSION, "hwb compare: a variant moved past a --max-* threshold"),
+    (EXIT_BROKEN, "hwb compare: a figure a --max-* threshold checks is missing, NaN, infinite "
+                  "or out of range in either file"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); bench keeps its partial results"),
 )
 
@@ -119,15 +122,35 @@ def split_list(items: Sequence[str] | None) -> list[str]:
     return out
 
 
+#: The most threads or instances an option asks for (far past any machine's cores).
+MAX_THREADS = 1024
+
+
 def positive_int(text: str) -> int:
-    """A count such as ``--n``: a whole number ≥ 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ConfigError(f"{text!r}: expected a whole number ≥ 1, e.g. 2000")
-    return n
+    """A count of timed calls such as ``--n``: a whole number 1.. the scenarios' ``MAX_CALLS``
+    (:mod:`hwbackends.bench.scenarios`: each call keeps an 8-byte timing)."""
+    from ..bench.scenarios import MAX_CALLS
+    from ..units import parse_count
+
+    return parse_count(text, 1, MAX_CALLS, "a count", 2000, "each call keeps an 8-byte timing")
+
+
+def number(parse: Callable[..., Any], name: str, **bounds: Any) -> Callable[[str], Any]:
+    """The argparse ``type=`` of a numeric option: one of the number parsers of
+    :mod:`hwbackends.units` (``parse_count``, ``parse_port``, ``parse_seconds``, ``parse_us``,
+    ``parse_rate``, ``parse_fraction``, ``parse_real``, ``parse_size``) with its bounds, through
+    :func:`usage_type` (a bad value is a usage error, exit 2, naming the form). The type keeps
+    ``number_kind`` (the parser's name), so every numeric option can be found and tested."""
+    conv = usage_type(lambda text: parse(text, **bounds), name)
+    conv.number_kind = parse.__name__  # type: ignore[attr-defined]
+    return conv
+
+
+def count(name: str, lo: int, hi: int, **kw: Any) -> Callable[[str], Any]:
+    """:func:`number` of :func:`hwbackends.units.parse_count` (``lo..hi``)."""
+    from ..units import parse_count
+
+    return number(parse_count, name, lo=lo, hi=hi, what=f"a {name}", **kw)
 
 
 def usage_type(check: Callable[[str], Any], name: str = "") -> Callable[[str], Any]:
@@ -142,6 +165,8 @@ def usage_type(check: Callable[[str], Any], name: str = "") -> Callable[[str], A
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     convert.__name__ = name or getattr(check, "__name__", "value")
+    if check is positive_int:
+        convert.number_kind = "parse_count"  # type: ignore[attr-defined]
     return convert
 
 

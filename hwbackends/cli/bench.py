@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import CACHE_DIR_HELP, emit, positive_int, split_list, stderr_progress, usage_type
+from . import CACHE_DIR_HELP, emit, number, positive_int, split_list, stderr_progress, usage_type
 from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,9 +22,15 @@ if TYPE_CHECKING:  # pragma: no cover
 csv_list = split_list
 
 
+#: The highest CPU number a pin names (Linux's default NR_CPUS ceiling).
+MAX_CPU = 8191
+
+
 def parse_pin(spec: str | None) -> list[int] | None:
-    """``--pin``: CPU numbers, ``0`` or ``0,1`` or ``2-3`` (``None``/empty: not pinned)."""
+    """``--pin``: CPU numbers 0..:data:`MAX_CPU`, ``0`` or ``0,1`` or ``2-3``
+    (``None``/empty: not pinned)."""
     from ..errors import ConfigError
+    from ..units import parse_count
 
     if not spec:
         return None
@@ -32,12 +38,14 @@ def parse_pin(spec: str | None) -> list[int] | None:
     try:
         for part in spec.split(","):
             a, dash, b = part.partition("-")
-            lo, hi = int(a), int(b) if dash else int(a)
-            if lo < 0 or hi < lo:
+            lo = parse_count(a, 0, MAX_CPU, "a CPU number")
+            hi = parse_count(b, 0, MAX_CPU, "a CPU number") if dash else lo
+            if hi < lo:
                 raise ValueError(part)
             cpus += list(range(lo, hi + 1))
     except ValueError:
-        raise ConfigError(f"{spec!r}: expected CPU numbers like 0 or 0,1 or 2-3") from None
+        raise ConfigError(f"{spec[:40]!r}: expected CPU numbers like 0 or 0,1 or 2-3 (each "
+                          f"0..{MAX_CPU})") from None
     return cpus
 
 
@@ -66,7 +74,7 @@ def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_outpu
     p.add_argument("--n", type=usage_type(positive_int, "count"), default=None,
                    help="timed calls per single-stream/server/batch run (default: each "
                         "scenario's own, 2000 for single-stream)")
-    p.add_argument("--pin", default=None, metavar="CPUS", type=usage_type(parse_pin, "pin"),
+    p.add_argument("--pin", default=None, metavar="CPUS", type=number(parse_pin, "pin"),
                    help=f"pin the measuring thread{where}, e.g. 1 or 0-1 (default: not pinned)")
     p.add_argument("--output", "-o", default=default_output, help="results JSON (default %(default)s)")
     p.add_argument("--report", nargs="?", const="hwb-report.html", default=None, metavar="HTML",

@@ -5,7 +5,8 @@ import argparse
 import json
 from typing import Any
 
-from . import CACHE_DIR_HELP, EXIT_GATE, emit, positive_int, stderr_progress, usage_type
+from ..units import MAX_BATCH
+from . import CACHE_DIR_HELP, EXIT_GATE, MAX_THREADS, count, emit, number, stderr_progress, usage_type
 from .source import add_source_args, calibration_from_args, model_from_args
 
 
@@ -14,9 +15,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", default="cpu.litert",
                    help="target name (see hwb targets; default %(default)s)")
     p.add_argument("--precision", "-p", default=None, help="precision (default: the target's first)")
-    p.add_argument("--batch-size", type=usage_type(positive_int, "batch size"), default=None,
+    p.add_argument("--batch-size", type=count("batch size", 1, MAX_BATCH), default=None,
                    help="compiled batch (default: the model's fixed batch if it has one, else 1)")
-    p.add_argument("--threads", type=usage_type(positive_int, "thread count"), default=None,
+    p.add_argument("--threads", type=count("thread count", 1, MAX_THREADS), default=None,
                    help="threads the runtime may use inside one call (default: 1, for batch-1 "
                         "latency)")
     p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
@@ -25,6 +26,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "as JSON if it can be (default: none)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                   type=number(check_limit, "limit"),
                    help="raise (or lower) what a model may cost before it is refused: weights=8G, "
                         "activations=64M (per sample), macs=1e11 (per sample); 0 turns one off "
                         "(default: HWB_MAX_WEIGHTS/ACTIVATIONS/MACS, else 4G, 16M, 1e10)")
@@ -35,6 +37,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "printed as inferred)")
     p.add_argument("--json", action="store_true", help="machine-readable output (default: text)")
     add_source_args(p)
+
+
+def check_limit(item: str) -> str:
+    """``--limit NAME=VALUE`` checked when parsed (a bad one is a usage error), kept as text."""
+    from ..cost import limits_from_items
+
+    limits_from_items([item])
+    return item
 
 
 def parse_option(item: str) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import CACHE_DIR_HELP, emit, stderr_progress
+from . import CACHE_DIR_HELP, emit, positive_int, stderr_progress, usage_type
 from .bench import routing_rows
 from .source import add_data_args, calibration_from_args, model_from_args
 
@@ -38,7 +38,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                                                           "(default: examples/strategies.toml)")
     p.add_argument("--output-dir", "-o", "--out-dir", dest="out_dir", default="hwb-demo",
                    help="where results.json and report.html go (default: %(default)s)")
-    p.add_argument("--n", type=int, default=2000,
+    p.add_argument("--n", type=usage_type(positive_int, "count"), default=2000,
                    help="timed calls per server run (default: %(default)s; single-stream uses the "
                         "strategies file's router.bench.n)")
     p.add_argument("--quick", action="store_true",

@@ -8,7 +8,8 @@ import argparse
 import shlex
 
 from ..labels import parse_label
-from . import CACHE_DIR_HELP, emit, stderr_progress
+from ..units import MAX_BATCH
+from . import CACHE_DIR_HELP, MAX_THREADS, count, emit, stderr_progress
 from .source import add_source_args, model_from_args
 
 
@@ -33,11 +34,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--machine", default=None,
                    help="machine of a fleet results file for config.pbtxt (default: the first "
                         "by name; every machine gets configs/<machine>.pbtxt)")
-    p.add_argument("--max-batch-size", type=int, default=None,
+    p.add_argument("--max-batch-size", type=count("batch size", 1, MAX_BATCH), default=None,
                    help="cap (default: the largest measured size that meets the deadline)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=count("thread count", 1, MAX_THREADS), default=1,
                    help="intra-op threads per instance")
-    p.add_argument("--instances", type=int, default=None,
+    p.add_argument("--instances", type=count("instance count", 1, MAX_THREADS), default=None,
                    help="model instances (default: usable cores // --threads)")
     p.add_argument("--flavour", choices=("native", "python"), default=None,
                    help="Triton backend: native (onnxruntime, tensorrt_plan) or python "

@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from . import emit, stderr_progress
+from ..units import parse_seconds
+from . import emit, number, stderr_progress
 from .bench import add_measure_options, csv_list
 from .source import add_source_args, model_from_args, portable_model_file
 
@@ -25,7 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "(default: none)")
     p.add_argument("--cache-dir", default=None,
                    help="artifact store root on every node (default: each node's HWB_CACHE_DIR)")
-    p.add_argument("--task-timeout", type=float, default=1800.0,
+    p.add_argument("--task-timeout", type=number(parse_seconds, "timeout"), default=1800.0,
                    help="seconds a variant may take on its node before it is marked failed "
                         "(node busy or hung; default %(default)g)")
     p.add_argument("--no-share-artifacts", action="store_true",

@@ -8,7 +8,8 @@ import shlex
 import subprocess
 import sys
 
-from . import emit
+from ..units import parse_port
+from . import count, emit, number
 from .bench import csv_list
 
 
@@ -21,10 +22,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="advertise only these targets (default: every target available here)")
     p.add_argument("--hardware-only", action="store_true",
                    help="do not advertise targets that would run emulated here")
-    p.add_argument("--port", type=int, default=None, help="head: GCS port (ray default 6379)")
+    p.add_argument("--port", type=number(parse_port, "port", allow_any=False), default=None, help="head: GCS port (ray default 6379)")
     p.add_argument("--node-ip-address", default=None,
                    help="the address other nodes reach this one at (default: Ray's choice)")
-    p.add_argument("--num-cpus", type=int, default=None,
+    p.add_argument("--num-cpus", type=count("CPU count", 0, 1 << 16), default=None,
                    help="CPUs this node offers Ray (default: all of them)")
     p.add_argument("--dry-run", action="store_true", help="print the ray start command, run nothing")
     p.add_argument("--json", action="store_true", help="print the resources and command as JSON")

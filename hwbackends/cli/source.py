@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import usage_type
+from . import number
 
 TRUST_PICKLE_HELP = ("load a whole-module torch.save pickle (.pt/.pth). Unpickling runs code "
                      "from the file (and imports the module's class): only for files you trust")
@@ -34,7 +34,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
                         "custom Keras layer classes (registering them), e.g. qkeras or "
                         "my_layers (with PYTHONPATH=DIR for your own); repeatable (default: none)")
     g.add_argument("--input-shape", action="append", default=None, metavar="D[,D...]",
-                   type=usage_type(check_shape, "shape"),
+                   type=number(check_shape, "shape"),
                    help="per-sample input shape of a torch module file (TorchScript .pt/.ts or a "
                         "pickle), e.g. 16 or 32,8; repeat once per input, in forward's order "
                         "(default: the shape the file records)")
@@ -70,18 +70,21 @@ def check_shape(item: str) -> str:
 def parse_shapes(items: list[str] | None) -> Any:
     """``["16", "32,8"]`` → ``[(16,), (32, 8)]``; one item gives one shape, ``None`` none."""
     from ..errors import ConfigError
+    from ..units import parse_count
 
     if not items:
         return None
     shapes = []
     for item in items:
-        try:
-            shape = tuple(int(d) for d in item.replace("x", ",").split(",") if d.strip())
-        except ValueError:
+        dims = [d for d in item.replace("x", ",").split(",") if d.strip()]
+        try:  # each dimension bounded; the model's cost limits judge the product
+            shape = tuple(parse_count(d, 1, 1 << 24, "a dimension") for d in dims[:8])
+        except ConfigError:
             shape = ()
-        if not shape or any(d < 1 for d in shape):
-            raise ConfigError(f"--input-shape {item!r}: expected positive integers separated by "
-                              f"commas, e.g. 16 or 32,8 (per sample, without the batch)")
+        if not shape or len(dims) > 8:
+            raise ConfigError(f"--input-shape {item[:40]!r}: expected positive integers separated "
+                              f"by commas (up to 8, each at most {1 << 24}), e.g. 16 or 32,8 (per "
+                              f"sample, without the batch)")
         shapes.append(shape)
     return shapes[0] if len(shapes) == 1 else shapes
 

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from ..units import fmt_age, fmt_bytes, parse_age, parse_size
-from . import CACHE_DIR_HELP, emit, usage_type
+from . import CACHE_DIR_HELP, count, emit, number
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                                    "used first. `hwb store prune` removes the least recently used.")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--limit", type=int, default=20,
+    p.add_argument("--limit", type=count("row count", 0, 1 << 30), default=20,
                    help="rows to list (0: all; the totals always count every entry)")
     p.set_defaults(func=run_list)
     acts = p.add_subparsers(dest="store_action", metavar="ACTION")
@@ -26,9 +26,9 @@ def add(sub: argparse._SubParsersAction) -> None:
                                     "profiles are kept. A removed artifact is rebuilt when next "
                                     "compiled. HWB_CACHE_MAX_SIZE=SIZE does this after every "
                                     "compile by itself.")
-    q.add_argument("--max-size", metavar="SIZE", type=usage_type(parse_size, "size"),
+    q.add_argument("--max-size", metavar="SIZE", type=number(parse_size, "size"),
                    help="keep artifacts + build products within SIZE (0, 800M, 2G, …; default: no size limit)")
-    q.add_argument("--older-than", metavar="AGE", type=usage_type(parse_age, "age"),
+    q.add_argument("--older-than", metavar="AGE", type=number(parse_age, "age"),
                    help="remove what was not used for AGE (12h, 30d, 2w, …; default: no age limit)")
     q.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     q.add_argument("--cache-dir", default=argparse.SUPPRESS, help=CACHE_DIR_HELP)
