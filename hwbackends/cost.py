@@ -14,7 +14,10 @@ The estimates come from declarations only:
   their dims (or declared ``length``, whichever is larger) and checked against the real size
   of the file they live in; activations and multiply-adds from ONNX shape inference (a
   symbolic batch counts as one sample).
-- **Keras**: each layer's output shape and weights (the layer graph, no call).
+- **Keras**: first the architecture the file declares (``config.json``, a Keras 2 JSON, an
+  HDF5 ``model_config``), read without Keras, each known layer's weights from its config and
+  input shape (:func:`keras_config_cost`); then, once built, each layer's output shape and
+  weights (the layer graph, no call).
 - **torch**: parameter sizes before any call, then the one-sample example call that loading
   already makes, observed with forward hooks.
 - **any file**: its size (and a zip's declared entry sizes) bound the weights before the
@@ -32,6 +35,7 @@ memory limit (:func:`worker_memory`, ``HWB_WORKER_MEMORY``) is enforced in
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import zipfile
@@ -379,6 +383,219 @@ def keras_cost(km: Any) -> Cost:
         macs += sum(_numel(_batchless(o.shape)) for o in outs)
     return Cost(params=params, weight_bytes=wbytes, macs=macs, activation_bytes=min(act, _HUGE),
                 notes=notes)
+
+
+# -- Keras declarations: config.json, a Keras 2 JSON, an HDF5 model_config ---------------------
+#: The largest architecture read from a Keras file (a config is a few hundred KB at most).
+MAX_KERAS_CONFIG_BYTES = 16 << 20
+_SAME_SHAPE = {"Dropout", "Activation", "ReLU", "LeakyReLU", "ELU", "Softmax", "PReLU",
+               "BatchNormalization", "LayerNormalization", "GaussianNoise", "GaussianDropout",
+               "SpatialDropout1D", "SpatialDropout2D", "ActivityRegularization", "Masking",
+               "UnitNormalization", "Rescaling", "Identity"}
+_RNN_GATES = {"LSTM": 4, "GRU": 3, "SimpleRNN": 1}
+
+
+def keras_declared_config(path: Path) -> dict[str, Any] | None:
+    """The architecture a ``.keras`` (``config.json`` in the zip), Keras 2 ``.json`` or
+    ``.h5`` (``model_config``) file declares, read without Keras: at most
+    :data:`MAX_KERAS_CONFIG_BYTES`, nesting bounded; ``None`` when the file holds none (the
+    loader then says what is wrong)."""
+    from .user_files import MAX_JSON_DEPTH, json_depth
+
+    def parse(raw: bytes | str) -> dict[str, Any] | None:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise ModelError(f"{path}: the model's architecture is nested more than "
+                             f"{MAX_JSON_DEPTH} deep; refused before Keras builds it")
+        try:
+            cfg = json.loads(text)
+        except (ValueError, RecursionError):
+            return None
+        return cfg if isinstance(cfg, dict) else None
+
+    def too_big(n: int) -> ModelError:
+        return ModelError(f"{path}: its architecture is {fmt_bytes(n)}; a Keras config is at "
+                          f"most {fmt_bytes(MAX_KERAS_CONFIG_BYTES)}. Refused before Keras reads it")
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                try:
+                    info = z.getinfo("config.json")
+                except KeyError:
+                    return None
+                if info.file_size > MAX_KERAS_CONFIG_BYTES:
+                    raise too_big(info.file_size)
+                return parse(z.read(info))
+        if path.suffix.lower() == ".json":
+            from .config import read_small_file
+
+            try:
+                return parse(read_small_file(path, "Keras JSON model", MAX_KERAS_CONFIG_BYTES))
+            except ConfigError as exc:
+                raise ModelError(str(exc)) from None
+        if path.suffix.lower() in (".h5", ".hdf5"):
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                raw = f.attrs.get("model_config")
+            if raw is None:
+                return None
+            if len(raw) > MAX_KERAS_CONFIG_BYTES:
+                raise too_big(len(raw))
+            return parse(raw)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    return None
+
+
+def _dim(v: Any) -> int | None:
+    """A declared dimension: a non-negative int (capped at the believable), else unknown."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        return None
+    return min(v, _HUGE)
+
+
+def _shape(v: Any) -> list[int | None] | None:
+    """A declared shape with its batch: ``[null, 40000]`` → ``[None, 40000]``."""
+    if not isinstance(v, list) or not v or len(v) > 16:
+        return None
+    return [None if d is None else _dim(d) if _dim(d) is not None else -1 for d in v]  # type: ignore[misc]
+
+
+def _known(shape: list[Any] | None) -> bool:
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape[1:])
+
+
+def _prod(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n = min(n * d, _HUGE)
+    return n
+
+
+def _entry_input(layer: dict[str, Any], cfg: dict[str, Any], outputs: dict[str, Any],
+                 previous: list[Any] | None) -> list[Any] | None:
+    """The input shape Keras builds ``layer`` with: its ``build_config``, the shape of the
+    tensor its inbound node names (Keras 3), the output of the layer named there (Keras 2),
+    or the previous layer's output (a Sequential)."""
+    build = layer.get("build_config")
+    if isinstance(build, dict) and _shape(build.get("input_shape")) is not None:
+        return _shape(build["input_shape"])
+    for key in ("batch_shape", "batch_input_shape"):
+        if _shape(cfg.get(key)) is not None:
+            return _shape(cfg[key])
+    nodes = layer.get("inbound_nodes")
+    if isinstance(nodes, list) and nodes:
+        node = nodes[0]
+        args = node.get("args") if isinstance(node, dict) else None
+        if isinstance(args, list) and args:
+            t = args[0]
+            t = t[0] if isinstance(t, list) and t else t
+            if isinstance(t, dict) and isinstance(t.get("config"), dict):
+                return _shape(t["config"].get("shape"))
+        if isinstance(node, list) and node and isinstance(node[0], list) and node[0]:
+            return outputs.get(str(node[0][0]))
+        return None
+    return previous
+
+
+def _entry_cost(kind: str, cfg: dict[str, Any], shape: list[Any]) -> tuple[int, int, list[Any] | None] | None:
+    """(parameters, multiply-adds, output shape) of one declared layer over input ``shape``
+    (with its batch), or None for a layer the estimate does not know."""
+    last = shape[-1] if len(shape) > 1 else None
+    positions = _prod(shape[1:-1]) if len(shape) > 2 else 1
+    if kind in _SAME_SHAPE or kind == "InputLayer":
+        params = 4 * last if kind == "BatchNormalization" and last else (
+            2 * last if kind == "LayerNormalization" and last else 0)
+        return params, 0, shape
+    if kind == "Dense":
+        units = _dim(cfg.get("units"))
+        if units is None or last is None:
+            return None
+        w = last * units
+        return min(w + units, _HUGE), min(positions * w, _HUGE), [*shape[:-1], units]
+    if kind == "Embedding":
+        n, d = _dim(cfg.get("input_dim")), _dim(cfg.get("output_dim"))
+        if n is None or d is None:
+            return None
+        return min(n * d, _HUGE), 0, [*shape, d]
+    if kind in _RNN_GATES:
+        units = _dim(cfg.get("units"))
+        if units is None or last is None or len(shape) < 3:
+            return None
+        g = _RNN_GATES[kind]
+        params = g * (last * units + units * units + units * (2 if kind == "GRU" else 1))
+        out = [shape[0], shape[1], units] if cfg.get("return_sequences") else [shape[0], units]
+        return min(params, _HUGE), min(positions * params, _HUGE), out
+    if kind in ("Conv1D", "Conv2D"):
+        filters = _dim(cfg.get("filters"))
+        k = cfg.get("kernel_size")
+        ks = [_dim(x) for x in (k if isinstance(k, list) else [k])]
+        if filters is None or last is None or any(x is None for x in ks):
+            return None
+        w = _prod(ks) * last * filters  # type: ignore[arg-type]
+        return min(w + filters, _HUGE), min(positions * w, _HUGE), [*shape[:-1], filters]
+    if kind == "Flatten":
+        return 0, 0, [shape[0], _prod(shape[1:])]
+    return None
+
+
+def keras_config_cost(cfg: dict[str, Any]) -> Cost:
+    """The cost a Keras architecture *declares* (``config.json`` of a ``.keras``, a Keras 2
+    JSON, an HDF5 ``model_config``), before Keras builds a layer: parameters of the layers
+    whose weights follow from their config and input shape (Dense, Conv1D/2D, LSTM, GRU,
+    SimpleRNN, Embedding, normalizations), multiply-adds, activations per sample. Other layers
+    are noted and not counted, so the figures are lower bounds: enough to refuse a file that
+    declares gigabytes, before a framework allocates them."""
+    params, macs, act, notes = 0, 0, 0, []
+    outputs: dict[str, Any] = {}
+
+    def walk(model_cfg: Any, previous: list[Any] | None) -> list[Any] | None:
+        nonlocal params, macs, act
+        inner = model_cfg.get("config") if isinstance(model_cfg, dict) else None
+        layers = inner if isinstance(inner, list) else (
+            inner.get("layers") if isinstance(inner, dict) else None)
+        if not isinstance(layers, list):
+            return previous
+        for layer in layers[:100_000]:
+            if not isinstance(layer, dict):
+                continue
+            kind = str(layer.get("class_name", ""))
+            cfg = layer.get("config") if isinstance(layer.get("config"), dict) else {}
+            name = str(cfg.get("name", layer.get("name", "")))
+            shape = _entry_input(layer, cfg, outputs, previous)
+            if kind in ("Sequential", "Functional", "Model"):
+                out = walk(layer, shape)
+            elif not _known(shape):
+                notes.append(f"layer {kind} {name!r:.40}: input shape not declared")
+                out = None
+            else:
+                got = _entry_cost(kind, cfg, shape)  # type: ignore[arg-type]
+                if got is None:
+                    notes.append(f"layer {kind} {name!r:.40} not counted")
+                    out = None
+                else:
+                    p, m, out = got
+                    params, macs = min(params + p, _HUGE), min(macs + m, _HUGE)
+                    act = min(act + 4 * _prod(out[1:]) if _known(out) else act, _HUGE)
+            if name:
+                outputs[name] = out
+            previous = out
+        return previous
+
+    walk(cfg, None)
+    return Cost(params=params, weight_bytes=min(4 * params, _HUGE), macs=float(macs),
+                activation_bytes=act, notes=notes[:20])
+
+
+def check_keras_declaration(path: Path, name: str, limits: Limits) -> None:
+    """Refuse a Keras file whose declared architecture is over a limit
+    (:func:`keras_config_cost`), before Keras reads it: a config that declares a
+    ``Dense(40000)`` over a 40000-wide input is 6 GB of weights Keras would allocate."""
+    cfg = keras_declared_config(path)
+    if cfg is not None:
+        limits.check(keras_config_cost(cfg), name)
 
 
 def _keras_layers(km: Any) -> list[Any]:

@@ -118,6 +118,8 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
     try:
         if suffix in (".h5", ".hdf5") and legacy.h5_kind(path) == "weights":
             raise legacy.weights_only_error(path)
+        if suffix in KERAS_SUFFIXES and path.is_file():  # what it declares, before Keras builds it
+            cost.check_keras_declaration(path, name, lim)
         if suffix in (".keras", ".h5", ".hdf5"):
             import keras
             km = keras.saving.load_model(path, compile=False)
