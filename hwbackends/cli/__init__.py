@@ -12,7 +12,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from .. import strict_json
-from ..errors import HwbError
+from ..errors import ConfigError, HwbError
 from ..version import __version__
 
 #: The ``--cache-dir`` help every command that compiles shares.
@@ -36,6 +36,25 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                   "or out of range in either file"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); bench keeps its partial results"),
 )
+
+
+class UsageError(ConfigError):
+    """A bad argument found once the registry is known (a precision the target does not
+    offer): ``main`` reports it as argparse reports a usage error, exit 2, one line."""
+
+
+def check_precision_arg(target: str, precision: str | None) -> None:
+    """``-p`` for ``-t``: a :class:`UsageError` when the registered target does not accept
+    it (``-p int4``), naming what it offers; an unknown target is left to the command (its
+    own error names the registered ones)."""
+    from ..registry import get_registry
+
+    tgt = get_registry().targets.get(target)
+    if tgt is None or precision is None or tgt.accepts(precision):
+        return
+    rule = f" and {tgt.precision_rule}" if tgt.precision_rule else ""
+    raise UsageError(f"argument --precision/-p: {precision[:40]!r} is not a precision of "
+                     f"{target}; expected one of {', '.join(tgt.precisions)}{rule}")
 
 
 def exit_codes_epilog() -> str:
@@ -223,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"hwb {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except HwbError as exc:
         if getattr(args, "json", False):
             print(json.dumps({"error": type(exc).__name__, "message": str(exc)}, indent=2))

@@ -6,7 +6,17 @@ import json
 from typing import Any
 
 from ..units import MAX_BATCH
-from . import CACHE_DIR_HELP, EXIT_GATE, MAX_THREADS, count, emit, number, stderr_progress, usage_type
+from . import (
+    CACHE_DIR_HELP,
+    EXIT_GATE,
+    MAX_THREADS,
+    check_precision_arg,
+    count,
+    emit,
+    number,
+    stderr_progress,
+    usage_type,
+)
 from .source import add_source_args, calibration_from_args, model_from_args
 
 
@@ -70,6 +80,7 @@ def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     from ..compiler import compile as hwb_compile
     from ..cost import export_limits, limits_from_items
 
+    check_precision_arg(args.target, args.precision)
     if args.limit:  # this command's loads and its compile worker all read them
         export_limits(limits_from_items(args.limit))
     model = model_from_args(args)

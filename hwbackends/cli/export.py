@@ -9,7 +9,7 @@ import shlex
 
 from ..labels import parse_label
 from ..units import MAX_BATCH
-from . import CACHE_DIR_HELP, MAX_THREADS, count, emit, stderr_progress
+from . import CACHE_DIR_HELP, MAX_THREADS, check_precision_arg, count, emit, stderr_progress
 from .source import add_source_args, model_from_args
 
 
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..export import export
 
     target, prec = parse_label(args.target)
+    check_precision_arg(target, args.precision or prec or None)
     res = export(model_from_args(args), target, args.fmt, args.out,
                  precision=args.precision or prec or None, results=args.results,
                  config=args.config, strategy=args.strategy, machine=args.machine,

@@ -11,21 +11,26 @@ import sys
 import threading
 from typing import Any
 
-from . import stderr_progress, usage_type
+from ..units import parse_port, parse_seconds, parse_us
+from . import EXIT_INTERRUPTED, count, number, stderr_progress
 from .bench import parse_pin
 from .compile import add_model_args, compile_from_args
 
 
 def parse_batch_sizes(text: str) -> list[int]:
-    """``--batch-sizes 1,2,4``: distinct whole numbers ≥ 1, in ascending order."""
+    """``--batch-sizes 1,2,4``: distinct batch sizes (1..``MAX_BATCH``, at most 32 of them,
+    each compiled), in ascending order."""
     from ..errors import ConfigError
+    from ..units import MAX_BATCH, parse_count
 
+    parts = text.split(",")
     try:
-        sizes = sorted({int(s) for s in text.split(",")})
-    except ValueError:
-        sizes = []
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"{text!r}: expected batch sizes ≥ 1 separated by commas, e.g. 1,2,4")
+        if len(parts) > 32:
+            raise ConfigError("more than 32 sizes")
+        sizes = sorted({parse_count(s, 1, MAX_BATCH, "a batch size") for s in parts})
+    except ConfigError as exc:
+        raise ConfigError(f"{text[:40]!r}: expected batch sizes ≥ 1 separated by commas, e.g. "
+                          f"1,2,4 (each at most {MAX_BATCH}, at most 32 of them): {exc}") from None
     return sizes
 
 
@@ -47,13 +52,13 @@ def parse_loop_pin(text: str) -> int | str:
     t = text.strip().lower()
     if t in ("auto", "none"):
         return t
+    from ..units import parse_count
+    from .bench import MAX_CPU
     try:
-        core = int(t)
-    except ValueError:
-        core = -1
-    if core < 0:
-        raise ConfigError(f"{text!r}: expected a CPU number, 'auto' or 'none'")
-    return core
+        return parse_count(t, 0, MAX_CPU, "a CPU number")
+    except ConfigError:
+        raise ConfigError(f"{text[:40]!r}: expected a CPU number 0..{MAX_CPU}, 'auto' or "
+                          f"'none'") from None
 
 
 class _PrintInclude(argparse.Action):
@@ -80,19 +85,19 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="batching policy; default: 'single' for one batch-1 program (nothing to "
                         "batch into: the shm endpoint then answers in its polling thread), "
                         "'latency' with --batch-sizes")
-    p.add_argument("--batch-sizes", default=None, type=usage_type(parse_batch_sizes, "batch sizes"),
+    p.add_argument("--batch-sizes", default=None, type=number(parse_batch_sizes, "batch sizes"),
                    help="comma-separated allowed batch sizes, compiled one variant each (e.g. "
                         "1,2,4; default: one variant at --batch-size)")
-    p.add_argument("--deadline-us", type=float, default=None, help="per-call deadline in µs (default: none)")
-    p.add_argument("--cache-entries", type=int, default=0,
+    p.add_argument("--deadline-us", type=number(parse_us, "deadline"), default=None, help="per-call deadline in µs (default: none)")
+    p.add_argument("--cache-entries", type=count("cache size", 0, 1 << 20), default=0,
                    help="inference cache size (default 0: off)")
-    p.add_argument("--pin", default=None, metavar="CPUS|none|auto", type=usage_type(parse_serve_pin, "pin"),
+    p.add_argument("--pin", default=None, metavar="CPUS|none|auto", type=number(parse_serve_pin, "pin"),
                    help="cores for the serving thread, e.g. 1 or 0,1 or 2-3; the shm serving loop "
                         "takes the first. 'none': pin nothing (default 'auto': the engine's thread "
                         "not pinned, the shm loop on the last allowed core when there are 2+)")
     p.add_argument("--shm", default=None, metavar="NAME",
                    help="shared-memory endpoint name (default: no shm endpoint)")
-    p.add_argument("--shm-slots", type=int, default=None,
+    p.add_argument("--shm-slots", type=count("slot count", 1, 1024), default=None,
                    help="client slots of the shm endpoint (default 8; 1 with --sliding)")
     p.add_argument("--sliding", action="store_true",
                    help="with --shm: serve the model's sliding window: each request is one tick "
@@ -101,9 +106,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
                    help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
                         "batch: through the engine's micro-batching; auto: direct for --preset single")
-    p.add_argument("--shm-spin-us", type=float, default=50.0,
+    p.add_argument("--shm-spin-us", type=number(parse_us, "spin budget", lo_open=False, hi=1e6), default=50.0,
                    help="busy-poll budget of the shm polling thread before it sleeps on a futex")
-    p.add_argument("--shm-pin", type=usage_type(parse_loop_pin, "shm pin"), default=None,
+    p.add_argument("--shm-pin", type=number(parse_loop_pin, "shm pin"), default=None,
                    metavar="CORE|auto|none",
                    help="pin the shm polling thread (default: --pin's first CPU, else auto: the "
                         "last allowed core when there are 2+, printed on start)")
@@ -111,7 +116,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="open the shm endpoint to this group (default: owner-only)")
     p.add_argument("--print-include", action=_PrintInclude, nargs=0,
                    help="print the directory of hwb_shm.h (the C/C++ shm client) and exit")
-    p.add_argument("--grpc-port", type=int, default=None,
+    p.add_argument("--grpc-port", type=number(parse_port, "port"), default=None,
                    help="serve gRPC on this port, 0 for any free one (default: no gRPC)")
     p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
     p.add_argument("--tls-cert", help="PEM certificate file (default: none)")
@@ -120,10 +125,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="file holding the bearer token clients must send (default: none)")
     p.add_argument("--insecure-loopback", action="store_true",
                    help="no TLS and no token (loopback development only)")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=number(parse_port, "port"), default=None,
                    help="Prometheus /metrics port (default: no metrics endpoint)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--duration", type=number(parse_seconds, "duration"), default=None,
                    help="stop after this many seconds (default: until Ctrl-C/SIGTERM)")
     p.set_defaults(func=run)
 
@@ -223,15 +228,19 @@ def run(args: argparse.Namespace) -> int:
         # reads them (SIGTERM) gets a clean stop, not the default SIGTERM death
         signal.signal(signal.SIGTERM, lambda *a: done.set())
         print(json.dumps(info), flush=True)
+        interrupted = False
         try:
             done.wait(args.duration) if args.duration else done.wait()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # Ctrl-C: a clean stop, reported as an interrupt (130)
+            interrupted = True
         if args.json:
             print(json.dumps(eng.stats(), default=str))
     finally:
         for s in stops:
             s()
+    if interrupted:
+        print("hwb serve: interrupted; endpoints stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
