@@ -31,6 +31,10 @@ from .inputs import as_batches
 from .specs import TensorSpec
 
 SUFFIXES = (".npy", ".npz")
+#: The largest data file read (calibration, validation, predict inputs): a regular file only,
+#: read through :func:`hwbackends.config.read_small_file` (a FIFO never blocks, a device is
+#: refused unread).
+MAX_DATA_BYTES = 2 << 30
 #: Samples used at most: calibration (converters iterate it; the FPGA search simulates it
 #: per trial build) and validation (every variant runs it once).
 MAX_CALIBRATION = 2048
@@ -155,6 +159,19 @@ def check(data: Any, specs: Sequence[TensorSpec], what: str) -> Any:
     return batches if len(specs) > 1 else batches[0]
 
 
+def read_data_file(path: str | Path, what: str, want: str = "a .npy or .npz file") -> bytes:
+    """The bytes of a data file a user names (``--calibration-data``, ``--input``): a regular
+    file of at most :data:`MAX_DATA_BYTES`, opened without blocking and checked on the
+    descriptor; anything else is an :class:`InputError` saying what to give instead."""
+    from .config import read_small_file
+    from .errors import ConfigError
+
+    try:
+        return read_small_file(path, what, MAX_DATA_BYTES)
+    except ConfigError as exc:
+        raise InputError(f"{exc}; give {want}") from None
+
+
 def read_samples(path: str | Path, specs: Sequence[TensorSpec], what: str = "data",
                  limit: int | None = None) -> Samples:
     """Read a ``.npy``/``.npz`` file of samples for a model with inputs ``specs`` and check
@@ -166,12 +183,11 @@ def read_samples(path: str | Path, specs: Sequence[TensorSpec], what: str = "dat
     names = [s.name for s in specs]
     want = (f"a .npy array (n, {', '.join(map(str, specs[0].shape))})" if len(specs) == 1 else
             f"a .npz with one array per input ({', '.join(names)})")
-    if not p.is_file():
-        raise InputError(f"{what} {p}: " + ("no such file" if not p.exists() else "not a regular file")
-                         + f"; give {want}")
+    if not p.exists() and not p.is_symlink():
+        raise InputError(f"{what} {p}: no such file; give {want}")
     if p.suffix.lower() not in SUFFIXES:
         raise InputError(f"{what} {p}: a {p.suffix or 'suffix-less'} file; give {want}")
-    raw = p.read_bytes()
+    raw = read_data_file(p, what, want)
     try:
         loaded = np.load(io.BytesIO(raw), allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:

@@ -22,7 +22,6 @@ import gc
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -78,14 +77,27 @@ class Burst:
         d = asdict(self)
         if self.trace:  # the file's content, not its name, identifies the trace
             import hashlib
-            d["trace_sha256"] = hashlib.sha256(Path(self.trace).read_bytes()).hexdigest()[:16]
+            d["trace_sha256"] = hashlib.sha256(read_trace(self.trace)).hexdigest()[:16]
         return d
 
     def load(self) -> Any:
         import hwb_sim
         if self.trace:
+            read_trace(self.trace)  # a regular file of bounded size, or refused unread
             return hwb_sim.load(self.trace, self.unit)
         return hwb_sim.generate(self.duration_s, self.seed)
+
+
+#: The largest tick-arrival trace file read (10 M timestamps as text).
+MAX_TRACE_BYTES = 256 << 20
+
+
+def read_trace(path: str) -> bytes:
+    """The bytes of a ``trace=FILE``: a regular file of at most :data:`MAX_TRACE_BYTES`
+    (:func:`hwbackends.config.read_small_file`: a FIFO never blocks, a device is refused)."""
+    from ..config import read_small_file
+
+    return read_small_file(path, "trace file", MAX_TRACE_BYTES)
 
 
 @dataclass(frozen=True)

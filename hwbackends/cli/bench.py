@@ -50,10 +50,14 @@ def parse_pin(spec: str | None) -> list[int] | None:
 
 
 def check_scenario(spec: str) -> str:
-    """``-s SPEC`` checked when parsed (a bad one is a usage error), kept as its text."""
+    """``-s SPEC`` checked when parsed (a bad one is a usage error), kept as its text; a
+    ``trace=FILE`` must be a regular file of bounded size (read here, never blocking)."""
     from ..bench import parse
+    from ..bench.scenarios import read_trace
 
-    parse(spec)
+    s = parse(spec)
+    if getattr(s, "trace", None):
+        read_trace(s.trace)
     return spec
 
 

@@ -133,13 +133,17 @@ def calibration_from_args(args: argparse.Namespace, model: Any = None) -> Any:
 
 def read_arrays(path: str) -> Any:
     """A ``.npy`` array, or a ``.npz``'s arrays: the only one, else a dict keyed by name."""
+    import io
+
     import numpy as np
 
     from ..errors import ConfigError
+    from ..samples import read_data_file
 
+    raw = read_data_file(path, "--input file")
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        data = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
         raise ConfigError(f"cannot read {path} as a .npy/.npz array file: {exc}") from exc
     if isinstance(data, np.lib.npyio.NpzFile):
         arrays = {k: data[k] for k in data.files}
