@@ -74,15 +74,22 @@ def hwb_peak(*argv: str) -> tuple[int, str, float, float]:
     return r.returncode, r.stderr.rsplit("\nPEAK", 1)[0], took, peak
 
 
-@pytest.mark.parametrize("form", ["keras-sequential", "keras-functional", "keras2-json"])
+@pytest.mark.parametrize("form", ["keras-sequential", "keras-functional", "keras2-json", "keras2-h5"])
 def test_a_declared_6gb_keras_model_is_refused_fast_and_small(form, tmp_path: Path):
     if form == "keras-sequential":
         f = keras_zip(tmp_path / "wide.keras", sequential())
     elif form == "keras-functional":
         f = keras_zip(tmp_path / "wide.keras", functional3())
-    else:
+    elif form == "keras2-json":
         f = tmp_path / "wide.json"
         f.write_text(json.dumps(functional2()))
+    else:  # a Keras 2 HDF5 model: the architecture in the model_config attribute
+        h5py = pytest.importorskip("h5py")
+        f = tmp_path / "wide.h5"
+        with h5py.File(f, "w") as h:
+            h.attrs["model_config"] = json.dumps(functional2())
+            h.attrs["keras_version"] = "2.15.0"
+            h.create_group("model_weights")
     rc, err, took, peak = hwb_peak("compile", str(f), "-t", "ref")
     assert rc == 1, err
     assert "CostError" in err and "6.0 GiB of weight bytes" in err and "limit of 4.0 GiB" in err, err

@@ -210,6 +210,17 @@ def test_export_reads_results_through_the_same_reader(measured: Path, tmp_path: 
     assert rc2 == 1 and err.split(": ", 2)[-1] == err2.split(": ", 2)[-1]
 
 
+def test_export_refuses_a_results_file_without_variants(base_doc: dict, tmp_path: Path):
+    d = dict(base_doc)
+    del d["variants"]
+    p = tmp_path / "no-variants.json"
+    p.write_text(json.dumps(d))
+    rc, _, err = run("export", "zoo:mlp", "-t", "cpu.onnxruntime", "--format", "triton",
+                     "-r", str(p), "-o", str(tmp_path / "repo"))
+    one_line_error(rc, err, ("export",))
+    assert "variants: required key missing" in err and not (tmp_path / "repo").exists()
+
+
 # -- hwb compare's gate on broken figures -------------------------------------------------------
 BROKEN = {
     "NaN p99": (("profiles", 0, "p99_us"), float("nan"), "NEW p99 is nan"),

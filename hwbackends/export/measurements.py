@@ -153,6 +153,7 @@ class _File(_Strict):
     command: str = ""
     model: _ModelInfo
     machine: _Machine | None = None
+    variants: list[dict[str, Any]]  # a results file has them (rows not read here)
     profiles: list[dict[str, Any]]
 
 
