@@ -1,5 +1,6 @@
 """Results files another party wrote, handed to every command that reads one: ``hwb compare``,
-``hwb report`` (HTML and ``--csv``), ``hwb route --fleet-results`` and ``hwb export -r``.
+``hwb report`` (HTML and ``--csv``), ``hwb route --fleet-results`` and ``hwb export -r`` (the last in the HTML test, fewer examples:
+it writes a repository).
 
 One real ``hwb bench`` file (cpu.onnxruntime fp32, single-stream and server) is
 measured once; Hypothesis then breaks it at a random place (a value replaced by another type,
@@ -52,12 +53,15 @@ def measured(tmp_path_factory, store_dir: Path) -> Path:
     return out
 
 
-def commands(path: Path, base: Path, tmp: Path, html: bool = True) -> list[tuple[str, ...]]:
+def commands(path: Path, base: Path, tmp: Path, html: bool = True,
+             export: bool = False) -> list[tuple[str, ...]]:
     return [("compare", str(base), str(path), "--max-p99", "10", "--max-corr-drop", "0.01"),
             ("compare", str(path), str(base), "--max-p50", "10"),
             ("report", str(path), "--csv"),
             *([("report", str(path), "-o", str(tmp / "r.html"))] if html else []),
-            ("route", "--fleet-results", str(path), str(STRATEGIES))]
+            ("route", "--fleet-results", str(path), str(STRATEGIES)),
+            *([("export", "zoo:mlp", "-t", "cpu.onnxruntime:fp32", "--format", "triton", "-r",
+                str(path), "-o", str(tmp / "repo"))] if export else [])]
 
 
 def one_line_error(rc: int, err: str, argv: tuple[str, ...]) -> None:
@@ -148,10 +152,15 @@ def test_a_broken_results_file_is_one_line_never_a_traceback(data, value, base_d
 @settings(max_examples=max(4, EXAMPLES // 5), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data(), value=HOSTILE)
-def test_a_broken_results_file_reports_as_html_or_is_refused(data, value, base_doc, tmp_path: Path):
+def test_a_broken_results_file_reports_as_html_exports_or_is_refused(data, value, base_doc,
+                                                                    tmp_path: Path):
+    import uuid
+
     bad, why = _break(base_doc, data, value, tmp_path)
-    argv = ("report", str(bad), "-o", str(tmp_path / "r.html"))
-    read_or_refused(argv, *run(*argv)[::2], why)
+    for argv in [("report", str(bad), "-o", str(tmp_path / "r.html")),
+                 ("export", "zoo:mlp", "-t", "cpu.onnxruntime:fp32", "--format", "triton", "-r",
+                  str(bad), "-o", str(tmp_path / uuid.uuid4().hex))]:
+        read_or_refused(argv, *run(*argv)[::2], why)
 
 
 def _deep(n: int) -> str:
@@ -183,7 +192,7 @@ def test_files_that_are_not_results_files(kind: str, measured: Path, base_doc: d
         p.write_text(json.dumps(d))
     elif kind == "routing-object":
         p.write_text(json.dumps(dict(base_doc, routing={"a": 1})))
-    for argv in commands(p, measured, tmp_path):
+    for argv in commands(p, measured, tmp_path, export=True):
         box: dict[str, Any] = {}
 
         def go(argv=argv, box=box):

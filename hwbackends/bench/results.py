@@ -304,7 +304,13 @@ def read_results_json(path: str | Path, error: type[HwbError] = ResultsError) ->
 def _validated(p: Path) -> dict[str, Any]:
     """Results file ``p`` checked whole against :class:`_File` (every row typed), as plain
     dicts and lists, NaN where the file held null (strict_json's reasons, or none given)."""
-    raw = read_results_json(p)
+    return validate_results(read_results_json(p), p)
+
+
+def validate_results(raw: Any, p: str | Path) -> dict[str, Any]:
+    """``raw`` (the JSON of results file ``p``) checked whole against the schema: what
+    :meth:`BenchResults.load` builds from, and what ``hwb export`` checks beside its own
+    stricter rows. A :class:`ResultsError` of one line names the first problem."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ResultsError(f"{p} is not an hwbackends bench results file (no "
                            f"\"format\": \"{FORMAT}\"); produce one with `hwb bench`")

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..bench.results import FORMAT, VERSION, read_results_json
+from ..bench.results import FORMAT, VERSION, read_results_json, validate_results
 from ..config import MAX_BATCH
 from ..errors import ConfigError, InputError, UnsupportedError
 from ..user_files import schema_problem
@@ -166,9 +166,11 @@ def _problem(path: str | Path, where: str, exc: ValidationError) -> InputError:
 def _load(path: str | Path) -> _File:
     raw = read_results_json(path, InputError)
     try:
-        return _File.model_validate(raw)
+        head = _File.model_validate(raw)
     except ValidationError as exc:
         raise _problem(path, "", exc) from None
+    validate_results(raw, path)  # the whole file, as every other command reads it
+    return head
 
 
 def _row(path: str | Path, i: int, d: dict[str, Any]) -> _Row:
