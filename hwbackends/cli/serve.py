@@ -71,6 +71,8 @@ class _PrintInclude(argparse.Action):
 
 
 def add(sub: argparse._SubParsersAction) -> None:
+    from ..serve.request import MAX_DEADLINE_US, MIN_DEADLINE_US  # the engine's own bounds
+
     p = sub.add_parser("serve", help="serve a model over shared memory and/or gRPC, with metrics")
     add_model_args(p)
     for act in p._actions:  # MODEL is optional here: --config serves a router strategy instead
@@ -88,7 +90,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", default=None, type=number(parse_batch_sizes, "batch sizes"),
                    help="comma-separated allowed batch sizes, compiled one variant each (e.g. "
                         "1,2,4; default: one variant at --batch-size)")
-    p.add_argument("--deadline-us", type=number(parse_us, "deadline"), default=None, help="per-call deadline in µs (default: none)")
+    p.add_argument("--deadline-us", type=number(parse_us, "deadline", lo=MIN_DEADLINE_US,
+                                                   hi=MAX_DEADLINE_US, lo_open=False), default=None, help="per-call deadline in µs (default: none)")
     p.add_argument("--cache-entries", type=count("cache size", 0, 1 << 20), default=0,
                    help="inference cache size (default 0: off)")
     p.add_argument("--pin", default=None, metavar="CPUS|none|auto", type=number(parse_serve_pin, "pin"),
