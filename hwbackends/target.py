@@ -261,8 +261,9 @@ class Executor:
         """Optional: the model call as raw C functions, for callers that run it without
         Python (the shared-memory server's poll loop calls them on the request's memory with
         the GIL released): a ``PyCapsule`` named ``"hwbackends.native_entry"`` holding a
-        versioned ``hwb_native_entry`` struct, static for the life of the process (ABI 2:
-        ``predict``, and the sliding window's ``push``/``prepare``/``reset``; its layout and
+        versioned ``hwb_native_entry`` struct, static for the life of the process (ABI 3:
+        ``predict``, the sliding window's ``push``/``prepare``/``reset``, and its handles
+        ``window_new``/``window_push``/``window_push_many``/…; its layout and
         rules: hwbackends/serve/include/hwb_native.h). ``None`` (the default): there is none,
         callers use :meth:`predict_into`.
 
@@ -270,7 +271,9 @@ class Executor:
         directory) rather than restating the struct. In short: ``predict`` computes exactly
         what :meth:`predict_into` computes (same bits), is reentrant and thread-safe, touches
         no Python object and returns nonzero on failure; ``push``/``prepare``/``reset`` are
-        :meth:`incremental`'s window (one caller at a time) or NULL. Only for a model with one
+        :meth:`incremental`'s window (one caller at a time) or NULL, and ``window_*`` the
+        same window as handles the caller makes and frees (:meth:`incremental_streams`' form,
+        one per symbol) or NULL. Only for a model with one
         input and one output."""
         return None
 
@@ -294,6 +297,28 @@ class Executor:
         state is shared (a C library's globals) and new ``Steps`` are handed out over it, call
         the old ones' ``revoke(reason)`` first. The conformance kit's ``sliding`` check
         compares ``push_into`` with ``predict_into`` over many ticks."""
+        return None
+
+    def incremental_streams(self, streams: int, *, stateful: bool = False,
+                            auto_prepare: bool = True) -> Any:
+        """Optional: ``streams`` independent windows (or streams) of :meth:`incremental`'s form
+        over this executor's one set of weights, behind ``CompiledModel.sliding(streams=N)`` /
+        ``streaming(streams=N)`` (one per symbol a desk runs the model on). ``None`` (the
+        default): there is none; ``sliding(streams=N)`` then keeps ``N`` recomputed windows
+        and ``streaming(streams=N)`` is refused.
+
+        Return a :class:`hwbackends.sliding.StreamSteps`: ``push_into(i, x_t, out)`` is
+        :meth:`incremental`'s ``push_into`` on window ``i`` (``0 <= i < streams``, else
+        :class:`~hwbackends.errors.InputError`); ``push_many(ids, xs, outs)`` pushes
+        ``xs[j]`` into window ``ids[j]`` and writes its answer into ``outs[j]`` (``ids`` an
+        int64 array of distinct ids, ``xs`` ``(k, *input.shape[1:])``, ``outs`` ``(k,
+        *output.shape)``): the same answers as ``k`` ``push_into`` calls, computed together
+        where the form can (the input products as one matrix product over the ``k`` ticks);
+        ``prepare()`` prepares every window with work pending; ``reset(i)`` empties window
+        ``i`` (``-1``: all). Each window's answers are those of its own ticks only: no state
+        is shared between windows, and the windows' state is this object's (two objects never
+        share one). The conformance kit's ``sliding`` check drives interleaved pushes,
+        ``push_many`` and resets against each window's own ``predict_into``."""
         return None
 
     def close(self) -> None:
