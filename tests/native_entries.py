@@ -13,6 +13,8 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from hwbackends.serve.shm import INCLUDE_DIR
 
 MODULE = "hwb_test_entries"
@@ -220,8 +222,6 @@ def windowed_sum_reference(window: int, ticks, resets=()) -> "np.ndarray":
     """What a ``windowed_sum(window, step, 1)`` window answers for ``ticks`` (n × step) pushed
     into it (emptied before the ticks whose index is in ``resets``), computed afresh from each
     whole window, as its predict does."""
-    import numpy as np
-
     ticks = np.asarray(ticks, np.float64)
     step = ticks.shape[1]
     wt = np.arange(1, window + 1)[:, None] * np.arange(1, step + 1)[None, :]

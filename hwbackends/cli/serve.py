@@ -248,9 +248,9 @@ def _check_sliding_args(args: argparse.Namespace) -> None:
     if not args.shm:
         raise ConfigError("--sliding serves over shared memory: give --shm NAME")
     if args.grpc_port is not None:
-        raise ConfigError("--sliding serves a window over --shm only (the window's state is the "
-                          "model's, one caller at a time); drop --grpc-port, or run gRPC from "
-                          "another `hwb serve` without --sliding")
+        raise ConfigError("--sliding serves its windows over --shm only (the gRPC endpoint takes "
+                          "whole inputs); drop --grpc-port, or run gRPC from another `hwb serve` "
+                          "without --sliding")
     if args.config or args.batch_sizes:
         raise ConfigError("--sliding serves one compiled model: give MODEL -t TARGET (no "
                           "--config router strategy, no --batch-sizes)")
