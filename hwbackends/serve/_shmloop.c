@@ -72,8 +72,8 @@ typedef struct {
 
 /* ---- native fast path ---------------------------------------------------------------- */
 /* An executor's raw C entry (hwbackends.target.Executor.native_entry): hwb_native.h defines
- * it (ABI, layout, rules). Gate_set takes ABI 1 and 2 entries for whole inputs; a sliding
- * endpoint's native window takes an ABI 2 entry's push/prepare/reset (parse_sliding). */
+ * it (ABI, layout, rules). Gate_set takes entries of every ABI for whole inputs (predict); a
+ * sliding endpoint's native windows take an ABI 3 entry's window handles (parse_sliding). */
 
 /* Gate: which native entry (if any) the poll loop calls instead of the Python handler. The
  * loop reads `entry` once per batch of pending slots, with the GIL released (an atomic
@@ -112,9 +112,9 @@ static const hwb_native_entry *entry_of(PyObject *cap) {
     if (!e) return NULL;
     if (hwb_native_entry_readable(e) == 0) {
         PyErr_Format(PyExc_ValueError, "native entry of ABI %u (%u bytes%s); this server reads "
-                     "ABI 1 (%u bytes or more) and ABI 2 (%u or more)", e->abi, e->struct_bytes,
-                     e->predict ? "" : ", no predict", HWB_NATIVE_ENTRY_V1_BYTES,
-                     (unsigned)sizeof(hwb_native_entry));
+                     "ABI 1 (%u bytes or more), 2 (%u or more) and 3 (%u or more)", e->abi,
+                     e->struct_bytes, e->predict ? "" : ", no predict", HWB_NATIVE_ENTRY_V1_BYTES,
+                     HWB_NATIVE_ENTRY_V2_BYTES, (unsigned)sizeof(hwb_native_entry));
         return NULL;
     }
     return e;
@@ -987,7 +987,7 @@ static void Gate_dealloc(GateObject *o) {
 
 /* set(capsule | None): serve through this entry from the next request on (None: the Python
  * path). Refuses (ValueError, the gate unchanged) an entry entry_of refuses, or one of other
- * sizes than the endpoint's, or of a batch other than 1. ABI 1 and 2 entries are both served
+ * sizes than the endpoint's, or of a batch other than 1. entries of every ABI are served
  * (the gate calls predict only). */
 static PyObject *Gate_set(GateObject *o, PyObject *cap) {
     const hwb_native_entry *e;
