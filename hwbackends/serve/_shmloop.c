@@ -987,7 +987,7 @@ static void Gate_dealloc(GateObject *o) {
 
 /* set(capsule | None): serve through this entry from the next request on (None: the Python
  * path). Refuses (ValueError, the gate unchanged) an entry entry_of refuses, or one of other
- * sizes than the endpoint's, or of a batch other than 1. entries of every ABI are served
+ * sizes than the endpoint's, or of a batch other than 1. Entries of every ABI are served
  * (the gate calls predict only). */
 static PyObject *Gate_set(GateObject *o, PyObject *cap) {
     const hwb_native_entry *e;
