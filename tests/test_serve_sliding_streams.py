@@ -186,16 +186,18 @@ def _window_reference(cm, xs: np.ndarray, resets: frozenset[int] = frozenset()) 
     return np.stack([cm.predict(w) for w in wins]).reshape(len(xs), *cm.output.shape)
 
 
-def test_the_python_path_keeps_one_windows_per_client(compiled):
-    # native=False: the loop calls each client's Windows (cm.sliding(streams=N)) with the GIL
+@pytest.mark.parametrize("native", [True, False])
+def test_zoo_lstm_streams_on_the_c_handles_and_the_python_windows(compiled, native):
+    # native: the loop keeps cpu.native's own window handles (ABI 3); native=False: it calls
+    # each client's Windows (cm.sliding(streams=N)) with the GIL
     cm = compiled("lstm", "cpu.native")
     eng = Engine(cm, EngineConfig.preset("single", warmup=1)).start()
     clients, streams, each = 2, 3, 25
     order = _schedule(clients, streams, each, seed=7)
     xs = np.random.default_rng(8).normal(0, 1, (len(order), STEP)).astype(np.float32)
     try:
-        with ShmServer(eng, slots=clients, sliding=True, streams=streams, native=False) as srv:
-            assert srv.stats()["sliding"]["loop"] == "python"
+        with ShmServer(eng, slots=clients, sliding=True, streams=streams, native=native) as srv:
+            assert srv.stats()["sliding"]["loop"] == ("native" if native else "python")
             cs = [ShmClient(srv.name) for _ in range(clients)]
             fed: dict[tuple[int, int], list[int]] = {}
             got: dict[tuple[int, int], list[np.ndarray]] = {}
@@ -209,9 +211,14 @@ def test_the_python_path_keeps_one_windows_per_client(compiled):
             assert srv.stats()["errors"] == 0
     finally:
         eng.stop()
-    for key, ts in fed.items():
-        np.testing.assert_allclose(np.stack(got[key]), _window_reference(cm, xs[ts]),
-                                   rtol=1e-5, atol=1e-6, err_msg=str(key))
+    mine = cm.sliding(streams=clients * streams)  # the same windows in this process
+    for (ci, s), ts in fed.items():
+        np.testing.assert_allclose(np.stack(got[(ci, s)]), _window_reference(cm, xs[ts]),
+                                   rtol=1e-5, atol=1e-6, err_msg=str((ci, s)))
+        want = np.empty((len(ts), *cm.output.shape), np.float32)
+        for j, t in enumerate(ts):
+            mine.push_into(ci * streams + s, xs[t], want[j])
+        np.testing.assert_array_equal(np.stack(got[(ci, s)]), want)  # bit for bit
 
 
 @pytest.mark.slow

@@ -488,8 +488,8 @@ class SlidingWindow:
                               "or a packed multi-IO model has no window); serve MODEL -t TARGET")
         length, step = step_shapes(cm)  # UnsupportedError (an HwbError) for a model without one
         entry, why = native_window_of(cm) if native else (None, "turned off (native=False)")
-        # the Python path's form, from one probe (a target may refuse its windows: said here)
-        form = "incremental" if entry is not None else cm.sliding(streams=1, auto_prepare=False).form
+        # the windows' form, from one probe (a target that refuses its windows says so here)
+        form = cm.sliding(streams=1, auto_prepare=False).form
         return cls(cm, n, length, tuple(step), form, entry, why)
 
     @property
