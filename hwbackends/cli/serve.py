@@ -257,6 +257,9 @@ def _check_sliding_args(args: argparse.Namespace) -> None:
     if args.shm_mode == "batch" or args.preset not in (None, "single"):
         raise ConfigError("--sliding answers each tick in the shm polling thread: drop --shm-mode "
                           "batch / a batching --preset")
+    if args.streams is not None:
+        from ..sliding import check_streams
+        check_streams(args.streams)  # before the compile: InputError saying the range
 
 
 def _loop_pin(args: argparse.Namespace) -> int | str:

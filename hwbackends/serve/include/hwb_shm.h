@@ -5,6 +5,8 @@
  *   if (rc) { fprintf(stderr, "%s\n", hwb_shm_strerror(rc)); ... }
  *   rc = hwb_shm_predict(&c, features, 32, out, 1, 200000); // deadline 200 µs (ns; 0: none)
  *   if (rc == HWB_SHM_OK) use(out); else skip_tick(hwb_shm_strerror(rc), hwb_shm_message(&c));
+ *   rc = hwb_shm_push(&c, 7, tick, out, 200000);            // a sliding endpoint: this client's
+ *                                                           // window 7 (0 .. c.streams-1)
  *   hwb_shm_detach(&c);
  *
  * `hwb serve --print-include` prints the directory holding this file (add it with -I).
