@@ -22,9 +22,10 @@
  *   - the header (geometry, state, counters) is a memfd sealed with F_SEAL_FUTURE_WRITE: a
  *     client maps it read-only and cannot make it writable; the server keeps its own copy of
  *     every geometry value and never re-reads what a client could have written;
- *   - everything the server reads from a slot (req, in_count, deadline, features) is treated
- *     as untrusted input that can only change that client's own answer; the server keeps its
- *     own record of which sequence it answered last;
+ *   - everything the server reads from a slot (req, in_count, stream, deadline, features) is
+ *     treated as untrusted input that can only change that client's own answer; the server
+ *     keeps its own record of which sequence it answered last, and a sliding endpoint's
+ *     windows are per connection (a stream id names one of this client's windows only);
  *   - the client authenticates the server: the endpoint directory and its parent must be
  *     owned by the expected uid and not writable by group/others (OpenSSH's StrictModes), and
  *     the socket's peer credentials (SO_PEERCRED, set by the kernel) must be that uid and the
