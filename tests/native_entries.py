@@ -24,6 +24,7 @@ SOURCE = r"""
 #include <Python.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "hwb_native.h"
 
 static int fails(const float *x, float *y) { (void)x; y[0] = 42.0f; return 7; }
@@ -80,6 +81,12 @@ static PyObject *fields(PyObject *m, PyObject *cap) {
 static uint32_t W_ = 4, S_ = 2, O_ = 1;
 static unsigned long long MADE, FREED, PUSHES, PREPARES, LATE;
 static long long UNPREPARED; /* windows pushed and not prepared since */
+static long long PREPARE_NS; /* each prepare's extra busy time (a slow prepare, for ordering tests) */
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 struct hwb_window { float *ring; uint32_t k, prepared; double base; };
 
 static double tick_term(const float *x, uint32_t weight) {
@@ -105,6 +112,7 @@ static int ws_prepare(hwb_window *w) {
     }
     w->base = b;
     w->prepared = 1;
+    if (PREPARE_NS > 0) for (long long until = now_ns() + PREPARE_NS; now_ns() < until;) {}
     __atomic_fetch_add(&PREPARES, 1, __ATOMIC_RELAXED);
     __atomic_fetch_sub(&UNPREPARED, 1, __ATOMIC_RELAXED);
     return 0;
@@ -176,11 +184,20 @@ static PyObject *counts(PyObject *m, PyObject *unused) {
                          "prepares", PREPARES, "late", LATE, "unprepared", UNPREPARED);
 }
 
+/* slow_prepare(ns): every later prepare of the ABI 3 entry spins ns longer (0: none) */
+static PyObject *slow_prepare(PyObject *m, PyObject *arg) {
+    (void)m;
+    PREPARE_NS = PyLong_AsLongLong(arg);
+    if (PREPARE_NS == -1 && PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"abi1_of", abi1_of, METH_O, "an ABI 1 copy of a native entry"},
     {"fields", fields, METH_O, "a native entry's fields"},
     {"windowed_sum", windowed_sum, METH_VARARGS, "an ABI 3 entry with window handles"},
     {"counts", counts, METH_NOARGS, "the ABI 3 entry's counters"},
+    {"slow_prepare", slow_prepare, METH_O, "make every prepare spin this many ns longer"},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, .m_name = "hwb_test_entries", .m_size = -1,
                                  .m_methods = methods};

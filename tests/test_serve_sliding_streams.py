@@ -121,6 +121,39 @@ def test_clients_and_streams_interleaved_on_native_window_handles(summing_engine
     assert entries.counts()["freed"] - before["freed"] == clients * streams
 
 
+def test_a_new_tick_is_answered_before_the_remaining_prepares(summing_engine, entries):
+    # six raw clients publish a tick at once: one poll round, six prepares queued (each slowed
+    # to 40 ms). A tick arriving meanwhile waits for at most the prepare running (the loop
+    # looks for requests between prepares), not for all six (240 ms).
+    slow = 40e-3
+    with ShmServer(summing_engine, slots=8, sliding=True, streams=2) as srv:
+        raws = [RawClient(srv.dir) for _ in range(6)]
+        honest = ShmClient(srv.name)
+        try:
+            x = _int_ticks(1, seed=11)[0]
+            assert isinstance(honest.push(1, x), np.ndarray)  # its window exists: no first-use cost
+            assert _wait_for(lambda: entries.counts()["unprepared"] == 0)
+            entries.slow_prepare(int(slow * 1e9))
+            raw_x = x.tobytes()
+            for r in raws:  # publish without waiting, then one doorbell
+                r.slot[SLOT_OFFSETS["in"]:SLOT_OFFSETS["in"] + len(raw_x)] = raw_x
+                struct.pack_into("I", r.slot, SLOT_OFFSETS["in_count"], STEP)
+                struct.pack_into("I", r.slot, SLOT_OFFSETS["req"], 1)
+            raws[0].sock.send(b"\x01")
+            assert _wait_for(lambda: all(struct.unpack_from("I", r.slot, SLOT_OFFSETS["resp"])[0] == 1
+                                         for r in raws))
+            t0 = time.monotonic()
+            assert isinstance(honest.push(1, x), np.ndarray)
+            waited = time.monotonic() - t0
+            assert waited < 3 * slow, f"waited {waited * 1e3:.0f} ms behind the queued prepares"
+            assert _wait_for(lambda: entries.counts()["unprepared"] == 0)  # the rest ran after
+        finally:
+            entries.slow_prepare(0)
+            honest.close()
+            for r in raws:
+                r.close()
+
+
 def test_a_stream_id_out_of_range_is_refused_with_its_range(summing_engine):
     with ShmServer(summing_engine, slots=2, sliding=True, streams=3) as srv, ShmClient(srv.name) as c:
         x = _int_ticks(1, seed=4)[0]
