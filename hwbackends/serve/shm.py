@@ -368,8 +368,10 @@ class ShmServer:
     # -- reporting and shutdown -------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """served, bad_payloads, deadline_missed, detached (clients gone), errors (every
-        path), and ``native`` (the fast path serves now), ``native_served`` /
-        ``native_failed`` (answers of the C entry; included in served / errors)."""
+        path), windows (a sliding endpoint's windows alive now: the C loop's handles, or
+        ``streams`` per client with a Python Windows), and ``native`` (the fast path serves
+        now), ``native_served`` / ``native_failed`` (answers of the C entry; included in
+        served / errors)."""
         gate = self._gate.counters() if self._gate is not None else {
             "native_served": 0, "native_failed": 0}
         extra = {} if self.window is None else {"sliding": self.window.describe()}
