@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hwbackends.bench.results import FORMAT, VERSION
 from hwbackends.errors import HwbError
 from hwbackends.identifiers import is_plain
+from hwbackends.registry import get_registry
 
 pylibs = _export_tests.pylibs  # the fixture (Triton's and TF Serving's protos), reused
 _parse_triton = _export_tests._parse_triton
@@ -444,6 +445,8 @@ def test_hostile_names_and_paths_through_every_format(payload, where, fmt, plant
     if fmt == "triton-python":
         shipped = Path(__import__("hwbackends.export.triton_model", fromlist=["x"]).__file__)
         assert (out / served / "1" / "model.py").read_bytes() == shipped.read_bytes()
+        runner = get_registry().target(target).triton().runtime
+        assert (out / served / "1" / "hwb_runtime.py").read_bytes() == runner.read_bytes()
 
 
 def _compile_and_run_header(out: Path, tmp: Path, marker: Path) -> None:
