@@ -1,4 +1,4 @@
-"""``hwb export`` (issue 23): settings from measurements, the Triton and TF Serving layouts,
+"""``hwb export``: settings from measurements, the Triton and TF Serving layouts,
 their files parsed with the servers' own protos, the SavedModel and the python-backend model
 run against the source model, and the errors.
 

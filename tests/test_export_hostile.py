@@ -1,5 +1,5 @@
-"""``hwb export`` against a hostile model, results file and output directory (issue 33 items 2,
-4 and 5; issue 36's served tensor names).
+"""``hwb export`` against a hostile model, results file and output directory, and
+the served tensor names.
 
 Everything goes through ``hwb export`` (``hwbackends.cli.main``) except the Hypothesis test of
 names a file name cannot hold (NUL, ``/``), which uses ``load_model(name=...)`` and
@@ -110,7 +110,7 @@ def _untouched(v: Path) -> None:
     assert (v / "secret").read_text() == "precious"
 
 
-# -- issue 33 item 2: links and other versions in the output directory --------------------------
+# -- links and other versions in the output directory --------------------------------------------
 @pytest.mark.parametrize("planted", ["config.pbtxt", "1", "tiny", "1/model.onnx"])
 def test_triton_refuses_a_link_where_it_writes(planted, cli, tiny, tmp_path):
     """A link in place of the config, the version directory, the model directory or a file in
@@ -208,7 +208,7 @@ def test_tf_serving_refuses_a_link_in_place_of_models_config(hwb_cli, store_dir,
     assert (out / "models.config").is_symlink() and not (out / "mlp").exists()
 
 
-# -- issue 33 item 5: the results file is hostile -------------------------------------------------
+# -- the results file is hostile ---------------------------------------------------------------------
 def _set(path: list, value):
     def edit(d: dict) -> dict:
         d = copy.deepcopy(d)
@@ -292,7 +292,7 @@ def test_batch_sizes_are_capped_by_memory():
     assert any("above 100 left out" in w and "4.0 GiB" in w for w in s.why), s.why
 
 
-# -- issue 33 item 4: the store's cap prunes what the export compiled -------------------------------
+# -- the store's cap prunes what the export compiled -------------------------------------------------
 def test_export_beside_the_store_cap_never_loses_a_size(hwb_cli, tiny, tmp_path, monkeypatch, pylibs):
     """HWB_CACHE_MAX_SIZE below two artifacts and no grace: each compile of the sweep prunes the
     ones before it. The export still ships every size (each pinned or copied on compile)."""
@@ -312,7 +312,7 @@ def test_export_beside_the_store_cap_never_loses_a_size(hwb_cli, tiny, tmp_path,
     assert _parse_triton(pylibs, out / "tiny" / "config.pbtxt").max_batch_size == 8
 
 
-# -- issue 36: tensors served under the model's own names -----------------------------------------
+# -- tensors served under the model's own names ------------------------------------------------------
 def test_single_tensor_keras_model_keeps_its_names(hwb_cli, store_dir, zoo_model, tmp_path, pylibs):
     """zoo:mlp is ``keras.Input(name="features")`` → layer ``probs``: those are the served
     names, not the readers' ``input``/``output``."""
@@ -333,7 +333,7 @@ def test_single_tensor_keras_model_keeps_its_names(hwb_cli, store_dir, zoo_model
 
 
 def test_without_results_the_export_measures_the_sweep(cli, tiny, tmp_path, pylibs):
-    """Issue 36: no --results is no refusal: the sweep is measured first, with progress, and
+    """No --results is no refusal: the sweep is measured first, with progress, and
     the settings come from those figures (max_batch_size = the largest size measured)."""
     p, _, _ = tiny
     rc, out, err = cli(str(p), "-t", VARIANT, "--format", "triton", "-o", str(tmp_path / "repo"),

@@ -1,5 +1,5 @@
-"""The precision-family fidelity policy lives once, in :mod:`hwbackends.fidelity` (issue 37,
-item 5): ``hwb compile``'s gate, the conformance kit's fidelity check and a fleet node's
+"""The precision-family fidelity policy lives once, in :mod:`hwbackends.fidelity`:
+``hwb compile``'s gate, the conformance kit's fidelity check and a fleet node's
 artifact import all decide with :func:`hwbackends.fidelity.gate_violations`, so changing the
 one table changes all three."""
 from __future__ import annotations

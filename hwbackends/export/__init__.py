@@ -67,8 +67,8 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     deadline (the strategy's ``timeout_us``, else its tier's p99). ``outdir`` is written as
     :mod:`.outdir` says: created, or the user's own and not writable by others, no link
     followed; a model directory holding other versions is refused unless ``replace``. Every
-    name written comes from :mod:`.names`. ``command`` is no longer written into the files
-    (they carry no free text); it is kept for callers. Errors are
+    name written comes from :mod:`.names`. ``command`` is not written into the files (they
+    carry no free text); it is accepted for callers. Errors are
     :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
     from ..models import load_model
     from ..registry import get_registry
