@@ -2,9 +2,10 @@
 
 :func:`export` writes one measured variant as a Triton model repository (:mod:`.triton`) or a
 TF Serving model (:mod:`.tfserving`), every batching and instance setting taken from the
-variant's measured latencies (:mod:`.measurements`); other formats go to the variant's target
-(``Target.exports`` / ``Target.export``: ``cpu.native``'s C library). Nothing here imports a
-framework at module level: TensorFlow, ONNX and the runtimes load inside the writers.
+variant's measured latencies (:mod:`.measurements`); what Triton runs is the target's to say
+(``Target.triton``), and other formats go to the variant's target (``Target.exports`` /
+``Target.export``: a C library and its header). Nothing here names a target or runs its
+runtime; TensorFlow loads inside the TF Serving writer, which saves the source model.
 """
 from __future__ import annotations
 
