@@ -152,7 +152,7 @@ class StrategyConfig(_Strict):
     @classmethod
     def _pin_form(cls, v: str | None) -> str | None:
         # The precision may be any the target accepts (``ap_fixed<16,6>``): checked later
-        # by Target.check_precision, not by a character class here (issue 21 #4).
+        # by Target.check_precision, not by a character class here.
         if v is not None and not re.fullmatch(r"[\w.\-]+:\S+", v):
             raise ValueError(f"pin must be 'target:precision' (e.g. 'cpu.litert:int8'), got {v!r}")
         return v
@@ -527,7 +527,7 @@ def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> 
     names = sorted(reg.targets)
     allowed = _allowed_targets(base, s, names, bad)
     # Target.accepts, not the listed precisions: an FPGA target builds any ap_fixed<W,I>
-    # named here, as `hwb compile` does (issue 21 #4).
+    # named here, as `hwb compile` does.
     why = unaccepted_precisions([reg.targets[n] for n in allowed], s.precisions or [])
     if allowed and why:
         bad(base + ("precisions",), why)
