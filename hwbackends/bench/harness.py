@@ -215,8 +215,9 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
                     pin: Sequence[int] | None = None, bars: bool = False) -> LatencyProfile:
     """The sliding scenario of ``cm`` (:func:`~.scenarios.sliding_loop`): the profile's
     percentiles are ``push_into``'s; ``sliding`` holds the form, the prepare's and the full
-    window's figures from the same run. A model without a window is refused
-    (UnsupportedError, saying what it needs)."""
+    window's figures from the same run, and (``scenario.streams``) the load sweep over that
+    many windows (``sliding["load"]``, :func:`~.load.measure_load`). A model without a window
+    is refused (UnsupportedError, saying what it needs)."""
     why = sliding_refusal(tuple(cm.input.shape), getattr(cm, "multi_io", False), cm.model_name)
     if why:
         raise UnsupportedError(why)
@@ -249,6 +250,14 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
                                            if full["n"] and full["p50_us"] > 0 else None)}
     bar.done(f"push p50 {prof.p50_us:.2f} µs  p99 {prof.p99_us:.2f} µs  full window p50 "
              f"{full['p50_us']:.1f} µs  n={prof.n}" + ("  (interrupted)" if t.interrupted else ""))
+    if scenario.streams and not t.interrupted:
+        from .load import measure_load
+        with pinned(pin):
+            load = measure_load(cm, scenario, steps, bars)
+        prof.sliding["load"] = load
+        last = load["points"][-1] if load["points"] else {}
+        prof.interrupted = bool(last.get("interrupted")
+                                or any(o["interrupted"] for o in last.get("open", [])))
     return prof
 
 
