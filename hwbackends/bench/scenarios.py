@@ -10,7 +10,10 @@
 * ``sliding``: a windowed model (input ``(T, *step)``) fed one tick at a time through
   ``cm.sliding()``: tick → answer (``push_into``) timed, the ``prepare()`` after it timed apart
   (as STAC-ML Tacana reports it), and the full window (``predict_into``) in the same
-  interleaved run, so the two are compared under the same noise.
+  interleaved run, so the two are compared under the same noise; then under load, over
+  ``cm.sliding(streams=N)`` for each ``N`` of ``streams`` (STAC-ML's NMI): ticks round-robin in
+  a closed loop (:func:`streams_loop`: the rate one core sustains) and Poisson ticks at offered
+  rates in open loops (:func:`streams_open_loop`), as hwbackends/bench/load.py keeps them.
 
 The loops time with ``perf_counter_ns`` around the bare ``predict_into`` (the hot path), keep
 the garbage collector off while measuring, and stop cleanly on Ctrl-C keeping what was

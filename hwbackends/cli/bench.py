@@ -60,8 +60,10 @@ def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_outpu
     p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
                    type=usage_type(check_scenario, "scenario"),
                    help="single-stream | server[:rate_hz=R,n=N] | burst[:trace=FILE,unit=ms] | "
-                        "batch[:sizes=1/8/32] | sliding[:n=N,rounds=R] (a windowed model, one "
-                        "tick at a time: push, prepare apart, the full window beside it); "
+                        "batch[:sizes=1/8/32] | sliding[:n=N,rounds=R,streams=1/2/4/8/24,"
+                        "rate=R,budget_us=B] (a windowed model, one tick at a time: push, "
+                        "prepare apart, the full window beside it; then per count of windows, "
+                        "closed and Poisson open loops at offered tick rates and the knee); "
                         "repeatable (default: single-stream)")
     p.add_argument("--n", type=usage_type(positive_int, "count"), default=None,
                    help="timed calls per single-stream/server/batch run (default: each "

@@ -458,7 +458,8 @@ another. <b>server</b>: open loop with seeded Poisson arrivals. <b>burst</b>: op
 a seeded tick trace (quiet periods and bursts); both also run the same loop over a no-op (the
 noise floor){_e(_affinity(res))}. <b>batch</b>: closed loop at N samples per call. <b>sliding</b>:
 one new step per tick through <code>cm.sliding()</code>, the prepare timed apart, the full window
-interleaved.
+interleaved; under load, per count of windows, ticks round-robin (closed loop) and Poisson ticks
+at offered rates (open loop, from each tick's scheduled arrival).
 Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.machine))}
 (fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
 </p></section>
