@@ -403,6 +403,24 @@ def test_a_compiled_int8_push_variant_is_labelled_so(store_dir) -> None:
     assert hwb.compile("zoo:lstm", "cpu.native", "fp32", store=store_dir).variant == "cpu.native:fp32"
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+def test_hwb_bench_option_builds_and_labels_the_push_variant(store_dir, tmp_path) -> None:
+    from hwb_plugins.cpu_native import build, push_weights
+
+    lacks = push_weights.missing_features("int8", build.host_flags())
+    if lacks:
+        pytest.skip(f"push_weights=int8 needs CPU feature(s) {', '.join(lacks)}, which this CPU lacks")
+    out = tmp_path / "r.json"
+    rc, text = _run(["bench", "zoo:lstm", "-t", "cpu.native", "-p", "fp32", "-O", "push_weights=int8",
+                     "-s", "sliding:n=100,rounds=1,streams=none", "-o", str(out), "--cache-dir", str(store_dir)])
+    assert rc == 0, text
+    res = BenchResults.load(out)
+    assert [v.variant for v in res.variants] == ["cpu.native:fp32+push=int8"]
+    assert res.variants[0].push == "int8"
+    assert [p.variant for p in res.profiles] == ["cpu.native:fp32+push=int8"]
+    assert "cpu.native:fp32+push=int8  sliding" in text
+
+
 def test_export_refuses_a_push_label(store_dir, capsys) -> None:
     rc = main(["export", "zoo:lstm", "-t", "cpu.native:fp32+push=int8", "-f", "triton",
                "-o", "/nonexistent/x", "--cache-dir", str(store_dir)])
