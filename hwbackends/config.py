@@ -28,7 +28,15 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
@@ -62,20 +70,9 @@ class TierConfig(_Strict):
     description: str = ""
 
 
-#: The gate's defaults: :class:`~hwbackends.fidelity.Tolerance`'s own, the one source.
-_GATE = Tolerance()
-
-
-class FidelityConfig(_Strict):
-    """What a variant must meet against the fp32 reference (``hwbackends.fidelity.Tolerance``,
-    whose defaults these are); keys left out are not checked."""
-
-    corr_min: float | None = Field(_GATE.corr_min, ge=-1, le=1)
-    max_abs: float | None = Field(_GATE.max_abs, ge=0)
-    rel_err: float | None = Field(_GATE.rel_err, ge=0)
-    mae: float | None = Field(_GATE.mae, ge=0)
-    sign_min: float | None = Field(_GATE.sign_min, ge=0, le=1)
-    argmax_min: float | None = Field(_GATE.argmax_min, ge=0, le=1)
+class _FidelityFields(_Strict):
+    """What :class:`FidelityConfig` does besides its fields (which come from
+    :class:`~hwbackends.fidelity.Tolerance`)."""
 
     def tolerance(self, kind: str | None = None) -> Tolerance:
         """The gate, for outputs of ``kind`` (the strategy's ``output_kind``; ``None``: as
@@ -91,6 +88,16 @@ class FidelityConfig(_Strict):
         unset = [k for k, v in vals.items() if v is None]
         return (", ".join(shown) or "nothing checked") + (f"; not checked: {', '.join(unset)}"
                                                           if unset else "")
+
+
+FidelityConfig = create_model(
+    "FidelityConfig", __base__=_FidelityFields, __module__=__name__,
+    **{f.name: (float | None, Field(f.default, ge=f.metadata["bounds"][0],
+                                    le=f.metadata["bounds"][1]))
+       for f in Tolerance.gate_fields()})
+FidelityConfig.__doc__ = ("What a variant must meet against the fp32 reference "
+                          "(``hwbackends.fidelity.Tolerance``, whose gate fields, defaults and "
+                          "ranges these are); keys left out are not checked.")
 
 
 class SlidingLoadConfig(_Strict):
@@ -179,7 +186,7 @@ class StrategyConfig(_Strict):
     @classmethod
     def _pin_form(cls, v: str | None) -> str | None:
         # The precision may be any the target accepts (``ap_fixed<16,6>``): checked later
-        # by Target.check_precision, not by a character class here (issue 21 #4).
+        # by Target.check_precision, not by a character class here.
         if v is not None and not re.fullmatch(r"[\w.\-]+:\S+", v):
             raise ValueError(f"pin must be 'target:precision' (e.g. 'cpu.litert:int8'), got {v!r}")
         return v
@@ -554,7 +561,7 @@ def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> 
     names = sorted(reg.targets)
     allowed = _allowed_targets(base, s, names, bad)
     # Target.accepts, not the listed precisions: an FPGA target builds any ap_fixed<W,I>
-    # named here, as `hwb compile` does (issue 21 #4).
+    # named here, as `hwb compile` does.
     why = unaccepted_precisions([reg.targets[n] for n in allowed], s.precisions or [])
     if allowed and why:
         bad(base + ("precisions",), why)

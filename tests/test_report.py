@@ -172,7 +172,7 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert [r["strategy"] for r in res.routing] == ["a", "b"]
     assert all(r["model"] == "zoo:signal" and r["model_in_run"] for r in res.routing)
     assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
-    # issue 35: the sliding figure of the zoo LSTM, measured in the demo (cpu.native's own form)
+    # the sliding figure of the zoo LSTM, measured in the demo (cpu.native's own form)
     line = next(x for x in out.splitlines() if x.startswith("sliding window, zoo:lstm on cpu.native"))
     m = re.search(r"push p50 ([\d.]+) µs / p99 ([\d.]+) µs vs full window ([\d.]+) µs "
                   r"\(incremental; prepare p50 [\d.]+ µs apart, n=\d+\)", line)
@@ -181,7 +181,7 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert 0 < push50 <= push99 and push50 < full50  # one step costs less than the window
 
 
-# -- plugin sections (hook hwb_report_sections; issue 21 #3) -----------------------------------
+# -- plugin sections (hook hwb_report_sections) -----------------------------------------------
 
 def _fpga_results() -> BenchResults:
     """A results file with one fpga.da4ml and one fpga.hls4ml row, as the bench writes them:
