@@ -119,6 +119,13 @@ def test_a_malformed_load_is_a_results_error_naming_the_field(load_run) -> None:
         mutate(bad)
         with pytest.raises(ResultsError, match=word):
             parse_load(bad, "row 0")
+    # and reading a results file refuses one, naming the file and the profile
+    raw = json.loads(out.read_text())
+    raw["profiles"][0]["sliding"]["load"]["points"][0]["streams"] = -3
+    bad_file = out.with_name("bad-load.json")
+    bad_file.write_text(json.dumps(raw))
+    with pytest.raises(ResultsError, match=r"bad-load.json: profile 0 .*streams -3"):
+        BenchResults.load(bad_file)
 
 
 def test_report_draws_latency_against_offered_rate(load_run, tmp_path) -> None:
