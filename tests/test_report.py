@@ -162,7 +162,13 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert rc == 0
     assert "routing (examples: s.toml)" in out and "report:" in out
     res = BenchResults.load(tmp_path / "demo" / "results.json")
-    assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst"}
+    assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst", "sliding"}
+    # the sliding figure is in the results (and so the report), named by its own model
+    sl = next(p for p in res.profiles if p.scenario == "sliding")
+    assert sl.params["model"] == "zoo:lstm" and sl.variant == "cpu.native:fp32"
+    assert [pt["streams"] for pt in sl.sliding["load"]["points"]] == [1]  # --quick: one window
+    assert "Sliding windows under load" in (tmp_path / "demo" / "report.html").read_text()
+    assert "  NMI 1: tick (push + prepare)" in out
     assert [r["strategy"] for r in res.routing] == ["a", "b"]
     assert all(r["model"] == "zoo:signal" and r["model_in_run"] for r in res.routing)
     assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
