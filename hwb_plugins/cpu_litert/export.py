@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hwbackends.target import TritonForm
+from hwbackends.contract import TritonForm
 
 
 class LiteRTTriton(TritonForm):

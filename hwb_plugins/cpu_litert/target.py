@@ -3,9 +3,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target, TritonForm
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TritonForm,
+    UnsupportedError,
+)
 
 from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite

@@ -45,8 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import InputError, UnsupportedError
-from hwbackends.sliding import Steps, StreamSteps, check_id, check_many, check_step
+from hwbackends.contract import (
+    InputError,
+    Steps,
+    StreamSteps,
+    UnsupportedError,
+    check_id,
+    check_many,
+    check_step,
+)
 
 from .._shared import layer_ir as ir
 from . import push_weights as pw
@@ -156,22 +163,8 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
     e = _StepEmitter(net, vw, acc)
     reduced_in = push_weights != "fp32"
     kern = pw.Kernels(push_weights, push_gates == "fast") if reduced_in or push_gates == "fast" else None
-    nw = p.window
-    # one window's state (and one stream's: a handle is one or the other, hwb_window.h)
-    members = ["int stream;", "int f, pend, spend;"]
-    names = []
-    for li, cell in enumerate(p.cells):
-        u = cell.units
-        nr = _rec_weights(cell).shape[1]
-        names.append((f"w->h{li}", f"w->c{li}", f"w->r{li}", u, nr))
-        # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
-        members += [f"float h{li}[HWB_NW + 2][{_pad(u)}] A64;", f"float c{li}[HWB_NW + 2][{_pad(u)}] A64;",
-                    f"float r{li}[HWB_NW + 2][{_pad(nr)}] A64;"]
+    out, names = _state(p, reduced_in)
     g0u = _gates(p.cells[0]) * p.cells[0].units
-    members += [f"float zx[{_pad(g0u)}] A64, szx[{_pad(g0u)}] A64, tzx[{_pad(g0u)}] A64;"]
-    if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
-        members += [f"float qzx[{_pad(g0u)}] A64, xt[{_pad(p.step)}] A64;"]
-    out: list[str] = [f"#define HWB_NW {nw}", "struct hwb_window {", *(f"    {m}" for m in members), "};"]
     # the step's per-step layers and the first layer's input projection, shared by the windows
     ib0, _ = _biases(p.cells[0])
     fns: list[str] = []
@@ -369,6 +362,27 @@ def _push_many(p: Plan, g0u: int, gp: int, last_h: str) -> list[str]:
         f"        else {{ hwb_tick(w, w->f, w->zx); hwb_head(w->{h}[w->f], y); w->pend = 1; }}",
         "    }",
         "    return 0;", "}"]
+
+
+def _state(p: Plan, reduced_in: bool) -> tuple[list[str], list[tuple[str, str, str, int, int]]]:
+    """``struct hwb_window``: one window's state (and one stream's: a handle is one or the
+    other, hwb_window.h), and per layer the C names of its state, recurrent products and
+    sizes ``(h, c, r, units, product width)``."""
+    members = ["int stream;", "int f, pend, spend;"]
+    names = []
+    for li, cell in enumerate(p.cells):
+        u = cell.units
+        nr = _rec_weights(cell).shape[1]
+        names.append((f"w->h{li}", f"w->c{li}", f"w->r{li}", u, nr))
+        # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
+        members += [f"float h{li}[HWB_NW + 2][{_pad(u)}] A64;", f"float c{li}[HWB_NW + 2][{_pad(u)}] A64;",
+                    f"float r{li}[HWB_NW + 2][{_pad(nr)}] A64;"]
+    g0u = _gates(p.cells[0]) * p.cells[0].units
+    members += [f"float zx[{_pad(g0u)}] A64, szx[{_pad(g0u)}] A64, tzx[{_pad(g0u)}] A64;"]
+    if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
+        members += [f"float qzx[{_pad(g0u)}] A64, xt[{_pad(p.step)}] A64;"]
+    out = [f"#define HWB_NW {p.window}", "struct hwb_window {", *(f"    {m}" for m in members), "};"]
+    return out, names
 
 
 def _warm(consts: list[tuple[str, int]]) -> list[str]:

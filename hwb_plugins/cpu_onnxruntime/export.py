@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.specs import TensorSpec
-from hwbackends.target import TritonFile, TritonForm
+from hwbackends.contract import TensorSpec, TritonFile, TritonForm, UnsupportedError
 
 from .._shared.onnx_io import graph_inputs, graph_outputs, spec_order
 

@@ -6,9 +6,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import HwbError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Executor, Target, TritonForm
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    BufferedExecutor,
+    CompileOptions,
+    Executor,
+    HwbError,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnsupportedError,
+)
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._shared.onnx_io import graph_inputs, spec_order

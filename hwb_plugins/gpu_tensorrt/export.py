@@ -10,9 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.specs import TensorSpec
-from hwbackends.target import Artifact, TritonFile, TritonForm
+from hwbackends.contract import Artifact, TensorSpec, TritonFile, TritonForm, UnsupportedError
 
 
 def version_compatible(artifact: Artifact) -> bool:

@@ -27,9 +27,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target, TritonForm
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileError,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
 from .._shared.onnx_io import graph_inputs, graph_outputs, spec_order

@@ -24,9 +24,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hwbackends.target import TritonForm
+from hwbackends.contract import TritonForm
 
 
 class XlaTriton(TritonForm):

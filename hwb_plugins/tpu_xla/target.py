@@ -21,9 +21,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target, TritonForm
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from ..errors import ResultsError
 from .profile import brief
-from .results import ResultsError
 from .scenarios import AUTO_LOAD, ProgressBar, Sliding, streams_loop, streams_open_loop
 
 if TYPE_CHECKING:  # pragma: no cover

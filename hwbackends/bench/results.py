@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import strict_json
-from ..errors import HwbError
+from ..errors import ResultsError
 from ..variant import RecordError, VariantRecord
 from .profile import LatencyProfile, table, table_csv
 
@@ -17,10 +17,6 @@ FORMAT = "hwbackends-bench-results"
 #: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``
 #: (was ``fpga``), and the rows written before the variant record are no longer read.
 VERSION = 2
-
-
-class ResultsError(HwbError):
-    """A results file is missing, unreadable, or from another results-format version."""
 
 
 @dataclass
