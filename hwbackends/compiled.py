@@ -9,8 +9,8 @@ from .chunked import as_returned, predict_in_batches, tuple_call
 from .exclusive import lock_for
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
-from .labels import label
-from .sliding import Window, open_window
+from .labels import label, push_form
+from .sliding import Window, Windows, open_window, open_windows
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io, close_executor
 
@@ -103,7 +103,7 @@ class CompiledModel:
 
     @property
     def variant(self) -> str:
-        return label(self.target, self.precision)
+        return label(self.target, self.precision, push_form(self.artifact.meta))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -162,21 +162,29 @@ class CompiledModel:
                  contiguous=getattr(self.executor, "contiguous", False))
 
     # -- the sliding window and the stream (hwbackends/sliding.py) ------------------------------
-    def sliding(self, *, auto_prepare: bool = True) -> Window:
+    def sliding(self, *, streams: int | None = None, auto_prepare: bool = True) -> Window | Windows:
         """A :class:`~hwbackends.sliding.Window` over the input's first axis: ``push_into(x_t,
         out)`` takes one step (``input.shape[1:]``) and writes what ``predict_into`` returns for
         the window ending at ``x_t`` (zero state at the window's start; zero-filled before
         ``input.shape[0]`` steps were pushed). The target's incremental form where it offers
         one (``window.form == "incremental"``), else the window recomputed each tick.
         ``auto_prepare=False``: ``push_into`` only answers; call ``window.prepare()`` before
-        the next tick (off the critical path), or the next push runs it first."""
+        the next tick (off the critical path), or the next push runs it first.
+        ``streams=N``: :class:`~hwbackends.sliding.Windows`, ``N`` independent windows over
+        these weights (one per symbol): ``push_into(i, x_t, out)``, ``push_many(ids, xs,
+        outs)``, ``prepare()``, ``reset(i)``."""
+        if streams is not None:
+            return open_windows(self, streams, stateful=False, auto_prepare=auto_prepare)
         return open_window(self, stateful=False, auto_prepare=auto_prepare)
 
-    def streaming(self, *, auto_prepare: bool = True) -> Window:
+    def streaming(self, *, streams: int | None = None, auto_prepare: bool = True) -> Window | Windows:
         """A stream for a model trained stateful: each ``push_into(x_t, out)`` advances the
         state by one step (never reset between ticks) and answers; ``reset()`` zeroes it.
         Only where the target has an incremental form for the model (cpu.native: recurrent
-        models); else :class:`~hwbackends.errors.UnsupportedError`."""
+        models); else :class:`~hwbackends.errors.UnsupportedError`. ``streams=N``: ``N``
+        independent streams (:class:`~hwbackends.sliding.Windows`)."""
+        if streams is not None:
+            return open_windows(self, streams, stateful=True, auto_prepare=auto_prepare)
         return open_window(self, stateful=True, auto_prepare=auto_prepare)
 
     def close(self) -> None:

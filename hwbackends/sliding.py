@@ -21,6 +21,15 @@ Two forms give those answers:
   first itself, so a caller that never calls it still gets the right answers (then paying
   for it on the tick).
 
+**Many windows, one model.** ``sliding(streams=N)`` / ``streaming(streams=N)`` return
+:class:`Windows`: ``N`` independent windows over the one set of weights (one per symbol a
+desk runs the model on): ``push_into(i, x_t, out)`` for window ``i``, ``push_many(ids, xs,
+outs)`` for the ticks of several symbols that arrive together (answered together: a target's
+form computes their input products as one matrix product), ``prepare()`` for every window
+with work pending, ``reset(i)`` (``reset()``: all). Every window's answers are those of its
+own ticks (:meth:`hwbackends.target.Executor.incremental_streams`); the fallback keeps ``N``
+recomputed windows.
+
 ``streaming()`` is the other semantics (VOLLO's): a stateful model whose state is never reset
 between ticks; each push advances it by one step and answers; :meth:`Window.reset` zeroes it.
 It exists only as a target's incremental form (``predict_into`` cannot express it).
@@ -33,6 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .errors import InputError, UnsupportedError
+from .inputs import as_sample
 from .specs import TensorSpec
 
 _F32 = np.dtype(np.float32)
@@ -51,6 +61,7 @@ class Windowed(Protocol):
     outputs: Sequence[TensorSpec]
     input: TensorSpec
     output: TensorSpec
+    nan_policy: str
 
     def predict_into(self, xs: Any, outs: Any) -> None: ...
 
@@ -76,6 +87,19 @@ class Steps:
     revoke: Callable[[str], None] = field(default=lambda why: None, repr=False)
 
 
+@dataclass
+class StreamSteps:
+    """What a target's many-window form (or the core's fallback) provides: the calls behind
+    :class:`Windows` (:meth:`hwbackends.target.Executor.incremental_streams` says what each
+    does). ``reset(i)`` takes ``-1`` for every window."""
+
+    push_into: Callable[[int, np.ndarray, np.ndarray], None]
+    push_many: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+    prepare: Callable[[], None]
+    reset: Callable[[int], None]
+    form: str = "incremental"
+
+
 class Window:
     """The handle ``cm.sliding()`` / ``cm.streaming()`` return (see the module docstring).
 
@@ -83,8 +107,10 @@ class Window:
     the target costs. One caller at a time, like ``predict_into``; it takes no lock."""
 
     def __init__(self, steps: Steps, *, window: int, step_shape: tuple[int, ...],
-                 output_shape: tuple[int, ...], stateful: bool):
+                 output_shape: tuple[int, ...], stateful: bool, nan_policy: str = "reject"):
         self.form = steps.form
+        #: What :meth:`push` does with a NaN/Inf tick (the compiled model's ``nan_policy``).
+        self.nan_policy = nan_policy
         #: The window's length in steps (``input.shape[0]``); for a stream, the compiled one.
         self.window = window
         self.step_shape = step_shape
@@ -95,6 +121,16 @@ class Window:
         self.reset = steps.reset
         steps.revoke = self._revoke
 
+    def push(self, x_t: Any) -> np.ndarray:
+        """The validating form of :meth:`push_into`, as ``predict`` is of ``predict_into``:
+        ``x_t`` any array-like of one step's shape, checked (a NaN/Inf tick is an
+        :class:`InputError` under ``nan_policy="reject"``, before it reaches the window);
+        returns a new array of the answer."""
+        x = as_sample(x_t, TensorSpec("x_t", self.step_shape), self.nan_policy, where="push")
+        out = np.empty(self.output_shape, np.float32)
+        self.push_into(x, out)
+        return out
+
     def _revoke(self, why: str) -> None:
         def refused(*_: Any) -> None:
             raise UnsupportedError(why)
@@ -103,6 +139,96 @@ class Window:
     def __repr__(self) -> str:
         kind = "stream" if self.stateful else f"window of {self.window}"
         return f"<Window {kind} × {self.step_shape} ({self.form})>"
+
+
+class Windows:
+    """The handle ``cm.sliding(streams=N)`` / ``cm.streaming(streams=N)`` return: ``N``
+    windows (streams) of one compiled model (see the module docstring). ``push_into`` and
+    ``push_many`` *are* the form's own calls (for cpu.native, C functions over the library's
+    window handles). One caller at a time over the whole object, like ``predict_into``."""
+
+    def __init__(self, steps: StreamSteps, *, streams: int, window: int,
+                 step_shape: tuple[int, ...], output_shape: tuple[int, ...], stateful: bool,
+                 nan_policy: str = "reject"):
+        self.form = steps.form
+        #: What :meth:`push` does with a NaN/Inf tick (the compiled model's ``nan_policy``).
+        self.nan_policy = nan_policy
+        self.streams = streams
+        self.window = window
+        self.step_shape = step_shape
+        self.output_shape = output_shape
+        self.stateful = stateful
+        self.push_into = steps.push_into
+        self.push_many = steps.push_many
+        self.prepare = steps.prepare
+        self._reset = steps.reset
+
+    def push(self, i: int, x_t: Any) -> np.ndarray:
+        """The validating form of :meth:`push_into` (see :meth:`Window.push`) on window ``i``."""
+        check_id(i, self.streams)
+        x = as_sample(x_t, TensorSpec("x_t", self.step_shape), self.nan_policy, where="push")
+        out = np.empty(self.output_shape, np.float32)
+        self.push_into(int(i), x, out)
+        return out
+
+    def reset(self, i: int | None = None) -> None:
+        """Empty window ``i`` (zero-filled; a stream's state zeroed), or every window."""
+        if i is None:
+            self._reset(-1)
+            return
+        check_id(i, self.streams)
+        self._reset(int(i))
+
+    def __len__(self) -> int:
+        return self.streams
+
+    def __repr__(self) -> str:
+        kind = "streams" if self.stateful else f"windows of {self.window}"
+        return f"<Windows {self.streams} {kind} × {self.step_shape} ({self.form})>"
+
+
+def check_streams(streams: Any) -> int:
+    """``streams`` as a count of windows (1 … :data:`MAX_STREAMS`), else InputError."""
+    if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)):
+        raise InputError(f"streams must be a whole number of windows (1 to {MAX_STREAMS}); got "
+                         f"{type(streams).__name__} {streams!r}")
+    if not 1 <= int(streams) <= MAX_STREAMS:
+        raise InputError(f"streams={streams}: expected 1 to {MAX_STREAMS} windows (one per symbol)")
+    return int(streams)
+
+
+#: The most windows one ``sliding(streams=N)`` keeps (each holds its own state: a desk with
+#: more symbols opens several).
+MAX_STREAMS = 1 << 16
+
+
+def check_id(i: Any, streams: int) -> None:
+    """Raise InputError unless ``i`` names one of ``streams`` windows."""
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= int(i) < streams:
+        raise InputError(f"stream id {i!r}: expected a whole number 0 to {streams - 1} (this "
+                         f"object holds {streams} windows)")
+
+
+def check_many(ids: Any, xs: Any, outs: Any, streams: int, step: tuple[int, ...],
+               out_shape: tuple[int, ...]) -> None:
+    """Raise InputError saying what is wrong with ``push_many``'s arguments."""
+    if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        raise InputError("push_many: ids must be a C-contiguous 1-D numpy int64 array of stream ids; "
+                         f"got {type(ids).__name__} {getattr(ids, 'dtype', '')} {getattr(ids, 'shape', '')}. "
+                         "Build it once outside the hot path: np.asarray(ids, np.int64)")
+    k = ids.shape[0]
+    for label, a, shape, writeable in (("xs", xs, (k, *step), False), ("outs", outs, (k, *out_shape), True)):
+        if not isinstance(a, np.ndarray) or tuple(a.shape) != shape or a.dtype != _F32 or not a.flags.c_contiguous:
+            raise InputError(f"push_many: {label} must be a C-contiguous float32 array of shape {shape} "
+                             f"(one row per id); got {type(a).__name__} {getattr(a, 'dtype', '')} "
+                             f"{tuple(getattr(a, 'shape', ()))}")
+        if writeable and not a.flags.writeable:
+            raise InputError("push_many: outs is read-only; pass a writeable preallocated array")
+    if k and (ids.min() < 0 or ids.max() >= streams):
+        raise InputError(f"push_many: stream ids must be 0 to {streams - 1}; got {ids.min()} … {ids.max()}")
+    if np.unique(ids).size != k:
+        raise InputError("push_many: ids must be distinct (one tick per window per call); push a "
+                         "window's next tick in a later call")
 
 
 def step_shapes(cm: Windowed) -> tuple[int, tuple[int, ...]]:
@@ -181,6 +307,46 @@ class RecomputeSteps:
         self._k = 0
 
 
+class RecomputeStreams:
+    """The fallback's ``N`` windows: one :class:`RecomputeSteps` ring each, ``predict_into``
+    on the window a tick ends (``push_many``: each tick in turn)."""
+
+    form = "recompute"
+
+    def __init__(self, cm: Windowed, streams: int):
+        self._rings = [RecomputeSteps(cm) for _ in range(streams)]
+        self._n = streams
+        t, self._step = step_shapes(cm)
+        self._out_shape = tuple(cm.output.shape)
+
+    def steps(self) -> StreamSteps:
+        return StreamSteps(self.push_into, self.push_many, self.prepare, self.reset, self.form)
+
+    def push_into(self, i: int, x_t: np.ndarray, out: np.ndarray) -> None:
+        """Push ``x_t`` into window ``i``; its answer into ``out``."""
+        try:
+            ring = self._rings[i] if i >= 0 else None
+        except (IndexError, TypeError):
+            ring = None
+        if ring is None or isinstance(i, bool):
+            check_id(i, self._n)
+        ring.push_into(x_t, out)  # type: ignore[union-attr]
+
+    def push_many(self, ids: np.ndarray, xs: np.ndarray, outs: np.ndarray) -> None:
+        """Push ``xs[j]`` into window ``ids[j]``, its answer into ``outs[j]``."""
+        check_many(ids, xs, outs, self._n, self._step, self._out_shape)
+        for j, i in enumerate(ids.tolist()):
+            self._rings[i].push_into(xs[j], outs[j])
+
+    def prepare(self) -> None:
+        """Nothing to prepare: each window is computed on its tick."""
+
+    def reset(self, i: int) -> None:
+        """Empty window ``i`` (``-1``: every window)."""
+        for ring in (self._rings if i == -1 else [self._rings[i]]):
+            ring.reset()
+
+
 def check_step(x_t: Any, out: Any, step: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
     """Raise InputError saying what is wrong with ``push_into``'s ``x_t`` / ``out``."""
     for label, a, shape, writeable in (("x_t", x_t, step, False), ("out", out, out_shape, True)):
@@ -216,4 +382,24 @@ def open_window(cm: Windowed, *, stateful: bool, auto_prepare: bool) -> Window:
                 f"window with zero state at its start")
         steps = RecomputeSteps(cm).steps()
     return Window(steps, window=t, step_shape=step, output_shape=tuple(cm.output.shape),
-                  stateful=stateful)
+                  stateful=stateful, nan_policy=cm.nan_policy)
+
+
+def open_windows(cm: Windowed, streams: Any, *, stateful: bool, auto_prepare: bool) -> Windows:
+    """``streams`` :class:`Windows` of ``cm``: the executor's many-window form when it offers
+    one for these semantics, else (sliding only) :class:`RecomputeStreams`."""
+    n = check_streams(streams)
+    t, step = step_shapes(cm)
+    hook = getattr(cm.executor, "incremental_streams", None)
+    steps = hook(n, stateful=stateful, auto_prepare=auto_prepare) if hook is not None else None
+    if steps is None:
+        if stateful:
+            raise UnsupportedError(
+                f"{cm.variant} offers no streaming form for {cm.model_name}: streams (state "
+                f"never reset) need a target's incremental form; cpu.native has one for "
+                f"recurrent models (LSTM/GRU layers, then a Dense head). Use sliding(streams=N) "
+                f"for windows with zero state at their start")
+        steps = RecomputeStreams(cm, n).steps()
+    return Windows(steps, streams=n, window=t, step_shape=step,
+                   output_shape=tuple(cm.output.shape), stateful=stateful,
+                   nan_policy=cm.nan_policy)

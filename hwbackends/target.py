@@ -261,8 +261,9 @@ class Executor:
         """Optional: the model call as raw C functions, for callers that run it without
         Python (the shared-memory server's poll loop calls them on the request's memory with
         the GIL released): a ``PyCapsule`` named ``"hwbackends.native_entry"`` holding a
-        versioned ``hwb_native_entry`` struct, static for the life of the process (ABI 2:
-        ``predict``, and the sliding window's ``push``/``prepare``/``reset``; its layout and
+        versioned ``hwb_native_entry`` struct, static for the life of the process (ABI 3:
+        ``predict``, the sliding window's ``push``/``prepare``/``reset``, and its handles
+        ``window_new``/``window_push``/``window_push_many``/…; its layout and
         rules: hwbackends/serve/include/hwb_native.h). ``None`` (the default): there is none,
         callers use :meth:`predict_into`.
 
@@ -270,7 +271,9 @@ class Executor:
         directory) rather than restating the struct. In short: ``predict`` computes exactly
         what :meth:`predict_into` computes (same bits), is reentrant and thread-safe, touches
         no Python object and returns nonzero on failure; ``push``/``prepare``/``reset`` are
-        :meth:`incremental`'s window (one caller at a time) or NULL. Only for a model with one
+        :meth:`incremental`'s window (one caller at a time) or NULL, and ``window_*`` the
+        same window as handles the caller makes and frees (:meth:`incremental_streams`' form,
+        one per symbol) or NULL. Only for a model with one
         input and one output."""
         return None
 
@@ -294,6 +297,28 @@ class Executor:
         state is shared (a C library's globals) and new ``Steps`` are handed out over it, call
         the old ones' ``revoke(reason)`` first. The conformance kit's ``sliding`` check
         compares ``push_into`` with ``predict_into`` over many ticks."""
+        return None
+
+    def incremental_streams(self, streams: int, *, stateful: bool = False,
+                            auto_prepare: bool = True) -> Any:
+        """Optional: ``streams`` independent windows (or streams) of :meth:`incremental`'s form
+        over this executor's one set of weights, behind ``CompiledModel.sliding(streams=N)`` /
+        ``streaming(streams=N)`` (one per symbol a desk runs the model on). ``None`` (the
+        default): there is none; ``sliding(streams=N)`` then keeps ``N`` recomputed windows
+        and ``streaming(streams=N)`` is refused.
+
+        Return a :class:`hwbackends.sliding.StreamSteps`: ``push_into(i, x_t, out)`` is
+        :meth:`incremental`'s ``push_into`` on window ``i`` (``0 <= i < streams``, else
+        :class:`~hwbackends.errors.InputError`); ``push_many(ids, xs, outs)`` pushes
+        ``xs[j]`` into window ``ids[j]`` and writes its answer into ``outs[j]`` (``ids`` an
+        int64 array of distinct ids, ``xs`` ``(k, *input.shape[1:])``, ``outs`` ``(k,
+        *output.shape)``): the same answers as ``k`` ``push_into`` calls, computed together
+        where the form can (the input products as one matrix product over the ``k`` ticks);
+        ``prepare()`` prepares every window with work pending; ``reset(i)`` empties window
+        ``i`` (``-1``: all). Each window's answers are those of its own ticks only: no state
+        is shared between windows, and the windows' state is this object's (two objects never
+        share one). The conformance kit's ``sliding`` check drives interleaved pushes,
+        ``push_many`` and resets against each window's own ``predict_into``."""
         return None
 
     def close(self) -> None:
@@ -534,13 +559,21 @@ class Target:
     def export(self, artifact: Artifact, fmt: str, outdir: Path) -> list[Path]:
         """Write ``artifact`` in deployment format ``fmt`` (one of :attr:`exports`) into
         ``outdir`` and return the files written; what ``hwb export --format FMT`` calls for
-        formats the target itself owns (``c``: a shared library and its header). Formats the
-        core owns (``triton``, ``tf-serving``) do not come here. Raise
+        formats the target itself owns (``c``: a shared library and its header). The model
+        servers' formats the core writes do not come here: ``triton`` asks :meth:`triton`,
+        ``tf-serving`` serves the source model. Raise
         :class:`~hwbackends.errors.UnsupportedError` for a format it does not offer; the
         default offers none."""
         raise UnsupportedError(
             f"target {self.name} exports no format {fmt!r} (it offers: "
             f"{', '.join(self.exports) or 'none'}); choose a format it lists in `hwb targets`")
+
+    def triton(self) -> "TritonForm | None":
+        """How Triton serves this target's variants (``hwb export --format triton``): a
+        :class:`TritonForm`, or ``None`` (the default) when Triton cannot, which the export
+        says. Fast, no heavy imports (import the form's module here, its runtimes inside
+        its methods)."""
+        return None
 
     def summary_lines(self, meta: dict[str, Any]) -> list[str]:
         """Lines about this variant's build that ``hwb compile`` prints after its own
@@ -561,6 +594,93 @@ class Target:
 
     def __repr__(self) -> str:
         return f"<Target {self.name}>"
+
+
+@dataclass
+class TritonFile:
+    """The model file a :class:`TritonForm` wrote for one of Triton's own backends
+    (:meth:`TritonForm.native`), and what ``config.pbtxt`` says about it."""
+
+    #: The files written, inside the version directory.
+    files: list[Path]
+    #: How Triton runs them: ``{"backend": "onnxruntime"}``, ``{"platform": "tensorrt_plan"}``.
+    keys: dict[str, str]
+    #: The backend's ``parameters`` (Triton takes them as strings).
+    parameters: dict[str, str] = field(default_factory=dict)
+    #: Whether the instances run on the GPU (``KIND_GPU``; else ``KIND_CPU``).
+    gpu: bool = False
+    #: ``(inputs, outputs)`` as the file binds them when it cannot take the served names (an
+    #: engine's bindings): the core refuses one that is not a plain identifier. ``None``: the
+    #: file takes the served names.
+    bound: tuple[list[TensorSpec], list[TensorSpec]] | None = None
+    #: The one batch size the file runs (the config then has ``max_batch_size: 0`` and the
+    #: batch in its dims); ``None``: any batch.
+    static_batch: int | None = None
+    #: Lines for people and for the config's comment (what the file is bound to): the
+    #: form's own words, never text from the model.
+    notes: list[str] = field(default_factory=list)
+
+
+class TritonForm:
+    """How Triton serves a target's variants: what :meth:`Target.triton` returns and
+    ``hwb export --format triton`` asks. The core measures, plans the batching, compiles the
+    variant at each batch size it serves, names the tensors (plain identifiers) and writes
+    ``config.pbtxt``; the form says what Triton runs, in one flavour or both:
+
+    - **native**: one of Triton's own backends runs the model file :meth:`native` writes
+      from the compiled artifacts (ONNX Runtime's ``model.onnx``, a TensorRT plan);
+    - **python**: Triton's python backend runs the core's ``model.py`` over the
+      :attr:`artifact_file` of the variant compiled at each served batch size (``1/bN/``):
+      ``model.py`` pads a batch into the smallest size that holds it and calls the runner
+      module :attr:`runtime`, copied beside it as ``1/hwb_runtime.py``.
+
+    Native is the default where both are offered; the core falls back on python (and says
+    why) when :meth:`native` refuses a graph. A subclass sets what it offers; the base
+    offers neither."""
+
+    #: The artifact's file Triton's model is made from, copied into ``1/bN/`` per batch size.
+    artifact_file: ClassVar[str] = ""
+    #: Whether :meth:`native` writes a file for one of Triton's own backends.
+    native_backend: ClassVar[bool] = False
+    #: Whether the native file holds one batch size (an engine whose optimization profile is
+    #: its batch): the core then compiles the variant once, at the export's max batch size
+    #: (default: the target's), that batch caps the settings, and Triton passes requests as
+    #: they come. Else the variant is compiled at every batch size the settings serve.
+    one_batch: ClassVar[bool] = False
+    #: The python backend's runner, or ``None``: no python flavour. A module file that imports
+    #: numpy and its runtime only (it runs in Triton's python stub, which has no hwbackends)
+    #: and defines ``load(path, threads, inputs, outputs)`` returning a function from a list
+    #: of input arrays (in ``inputs`` order) to a list of output arrays; ``inputs``/``outputs``
+    #: are dicts with ``name`` (served), ``index`` (:meth:`positions`), ``shape``, ``dtype``.
+    runtime: ClassVar[Path | None] = None
+    #: The runtime's name in ``hwb_model.json``, for people (``"onnxruntime"``).
+    runtime_name: ClassVar[str] = ""
+
+    def check(self, artifact: Artifact, portable: bool) -> None:
+        """Refuse, with :class:`~hwbackends.errors.UnsupportedError` saying what to change,
+        the artifact of a :attr:`one_batch` form that the native file cannot be made from,
+        right after its compile. ``portable``: the user asked for a file that runs on other
+        versions of its runtime (``hwb export --trt-version-compatible``). The default
+        accepts every artifact."""
+
+    def native(self, version_dir: Path, compiled: dict[int, Any], inputs: list[TensorSpec],
+               outputs: list[TensorSpec], threads: int) -> TritonFile:
+        """Write the native model file into ``version_dir`` and describe it. ``compiled``:
+        batch size → ``CompiledModel`` of the variant (for a :attr:`one_batch` form, the one
+        compiled; else each with its :attr:`artifact_file` staged at
+        ``version_dir/bN/``, which the core removes afterwards); ``inputs``/``outputs``: the
+        model's specs under the served names; ``threads``: intra-op threads per instance.
+        Raise :class:`~hwbackends.errors.UnsupportedError` when the file cannot be made (a
+        graph whose batch is fixed inside): the core falls back on the python flavour where
+        the form has one. The default offers no native file."""
+        raise UnsupportedError("this target has no native Triton backend")
+
+    def positions(self, compiled: Any, path: Path) -> tuple[list[int], list[int]]:
+        """Where each input and output (in spec order) is among the runtime's own, by
+        position: the runner finds tensors by these, never by a name from the model.
+        ``compiled``: a ``CompiledModel`` of the variant; ``path``: its staged
+        :attr:`artifact_file`. The default is spec order."""
+        return list(range(len(compiled.inputs))), list(range(len(compiled.outputs)))
 
 
 @dataclass(frozen=True)

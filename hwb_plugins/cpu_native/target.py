@@ -11,10 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends import machine
-from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileError,
+    CompileOptions,
+    Executor,
+    InputError,
+    Target,
+    UnavailableError,
+    UnsupportedError,
+    machine,
+)
 
 from .._util import cpu_name, version
 from . import build, push_weights
@@ -54,6 +62,15 @@ class NativeExecutor(Executor):
         art = self._artifact
         return sliding.steps(self.module, art.meta, tuple(art.inputs[0].shape),
                              tuple(art.outputs[0].shape), stateful=stateful, auto_prepare=auto_prepare)
+
+    def incremental_streams(self, streams: int, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
+        """``streams`` windows or streams as the library's handles (hwb_window.h), each empty."""
+        from . import sliding
+
+        art = self._artifact
+        return sliding.streams_steps(self.module, art.meta, tuple(art.inputs[0].shape),
+                                     tuple(art.outputs[0].shape), streams, stateful=stateful,
+                                     auto_prepare=auto_prepare)
 
     def native_entry(self) -> Any:
         """The generated model function as the contract's native entry (the extension's
@@ -96,7 +113,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "12"
+    version = "13"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 
 from .. import strict_json
-from ..config import MAX_BATCH
-from ..errors import HwbError
+from ..errors import HwbError, ResultsError
 from ..fidelity import ALL_METRICS
+from ..units import MAX_BATCH
 from ..user_files import read_json, schema_problem, shown
 from ..variant import VariantRecord
 from .profile import LatencyProfile, table, table_csv
@@ -22,10 +22,6 @@ FORMAT = "hwbackends-bench-results"
 #: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``
 #: (was ``fpga``), and the rows written before the variant record are no longer read.
 VERSION = 2
-
-
-class ResultsError(HwbError):
-    """A results file is missing, unreadable, or from another results-format version."""
 
 
 @dataclass
@@ -76,12 +72,19 @@ class BenchResults:
     @classmethod
     def load(cls, path: str | Path) -> "BenchResults":
         """Read results file ``path``, an untrusted file: the one reader of results files
-        (:func:`read_results_json`, then every row checked against its schema); any problem is
-        a :class:`ResultsError` of one line naming the field, the value and what it must be."""
-        d = _validated(Path(path))
+        (:func:`read_results_json`, then every row checked against its schema, a sliding row's
+        load sweep by :func:`hwbackends.bench.load.parse_load`); any problem is a
+        :class:`ResultsError` of one line naming the field, the value and what it must be."""
+        p = Path(path)
+        d = _validated(p)
+        profiles = [LatencyProfile.from_dict(x) for x in d["profiles"]]
+        from .load import parse_load  # a sliding row's load sweep, checked field by field
+        for j, prof in enumerate(profiles):
+            if isinstance(prof.sliding, dict) and prof.sliding.get("load") is not None:
+                parse_load(prof.sliding["load"], f"{p}: profile {j} ({prof.variant})")
         return cls(model=d["model"], machine=d["machine"], availability=d.get("availability", []),
                    variants=[VariantRecord.from_dict(v) for v in d["variants"]],
-                   profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
+                   profiles=profiles,
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"),
                    command=d.get("command", ""), created=d.get("created", 0.0), data=d.get("data"))
