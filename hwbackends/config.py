@@ -21,9 +21,7 @@ at once, each as ``FILE:LINE: where: what is wrong; what is allowed``.
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -38,11 +36,12 @@ from pydantic import (
     model_validator,
 )
 
-from . import units
+from . import units, user_files
 from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
 from .labels import parse_label
 from .registry import unaccepted_precisions
+from .user_files import decode_utf8, read_small_file  # noqa: F401 - re-exported for serve's token and TLS files
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import Registry
@@ -352,66 +351,9 @@ def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def read_small_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> bytes:
-    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``; else a
-    :class:`ConfigError` naming the path, what it is and what to give instead. For every file
-    the user names as configuration (strategies file, token, TLS key): it is opened
-    non-blocking (a FIFO never hangs the reader) and checked on the opened descriptor (no
-    check-then-use), and never read past ``max_bytes`` (``/dev/zero`` is refused unread)."""
-    p = Path(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {p} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what} {p} cannot be opened: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{what} {p} is {_kind(st.st_mode)}, not a regular file; give the "
-                              f"path of the file itself")
-        if st.st_size > max_bytes:
-            raise ConfigError(f"{what} {p} is {st.st_size} bytes; a {what} is at most "
-                              f"{max_bytes} bytes")
-        chunks, n = [], 0
-        while n <= max_bytes:
-            b = os.read(fd, max_bytes + 1 - n)
-            if not b:
-                break
-            chunks.append(b)
-            n += len(b)
-        if n > max_bytes:  # it grew while being read
-            raise ConfigError(f"{what} {p} is over {max_bytes} bytes; a {what} is at most "
-                              f"{max_bytes} bytes")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise ConfigError(f"{what} {p} cannot be read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-
-
-def decode_utf8(data: bytes, source: str) -> str:
-    """``data`` as text; invalid UTF-8 is a ``FILE:LINE`` :class:`ConfigError` naming the byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at "
-                          f"offset {exc.start}); save the file as UTF-8") from None
-
-
 def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_CONFIG_BYTES) -> str:
-    """:func:`read_small_file` decoded as UTF-8 (errors point at the line)."""
-    return decode_utf8(read_small_file(path, what, max_bytes), str(path))
+    """:func:`hwbackends.user_files.read_text_file` at the strategies file's cap."""
+    return user_files.read_text_file(path, what, max_bytes)
 
 
 # -- loading ----------------------------------------------------------------------------------

@@ -428,7 +428,7 @@ def keras_declared_config(path: Path) -> dict[str, Any] | None:
                     raise too_big(info.file_size)
                 return parse(z.read(info))
         if path.suffix.lower() == ".json":
-            from .config import read_small_file
+            from .user_files import read_small_file
 
             try:
                 return parse(read_small_file(path, "Keras JSON model", MAX_KERAS_CONFIG_BYTES))

@@ -163,8 +163,8 @@ def read_data_file(path: str | Path, what: str, want: str = "a .npy or .npz file
     """The bytes of a data file a user names (``--calibration-data``, ``--input``): a regular
     file of at most :data:`MAX_DATA_BYTES`, opened without blocking and checked on the
     descriptor; anything else is an :class:`InputError` saying what to give instead."""
-    from .config import read_small_file
     from .errors import ConfigError
+    from .user_files import read_small_file
 
     try:
         return read_small_file(path, what, MAX_DATA_BYTES)

@@ -385,7 +385,7 @@ def test_every_option_states_its_default() -> None:
     assert not missing, "options without help or a stated default: " + ", ".join(missing)
     text = " ".join(sub.choices["serve"].format_help().split())
     assert "sleeps on a futex (default: 50.0)" in text  # appended by the formatter
-    assert "client slots of the shm endpoint (default 8; 1 with --sliding)" in text  # stated
+    assert "client slots of the shm endpoint: clients attached at once (default 8)" in text  # stated
 
 
 def test_samples_per_s_is_median_based(compiled) -> None:

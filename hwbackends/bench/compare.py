@@ -109,7 +109,7 @@ class Comparison:
 def _key(p: LatencyProfile) -> tuple[str, str, int, str]:
     scen = p.scenario
     rate = (p.params or {}).get("rate_hz")
-    if p.scenario == "server" and rate is not None:
+    if p.scenario == "server" and isinstance(rate, (int, float)):
         scen = f"server@{rate:g}Hz"
     other = (p.params or {}).get("model")  # a profile of another model than the file's (the demo's sliding)
     if isinstance(other, str):

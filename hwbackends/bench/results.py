@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from .. import strict_json
 from ..errors import HwbError, ResultsError
@@ -109,7 +109,7 @@ EXPECTED = {
     "precision": "a precision (a string)", "scenario": "a string", "mode": "a string",
     "interrupted": "true or false", "cached": "true or false", "degenerate": "true or false",
     "error": "a string, or null", "gated": "a list of metric names",
-    "rate_hz": "a number of Hz", "params": "an object", "machine": "an object",
+    "rate_hz": "a number of Hz (a list of them in a sliding sweep)", "params": "an object", "machine": "an object",
     "fidelity": "an object (the variant's fidelity), or null", "profiles": "a list of objects",
     "variants": "a list of objects", "availability": "a list of objects",
     "routing": "a list of objects, or null", "fleet": "an object, or null",
@@ -175,8 +175,13 @@ class _Trace(_Obj):  # a burst scenario's tick trace, as the report states it
     peak_rate_hz_10ms: _Fig = 0.0
 
 
+def _rates(v: Any) -> Any:
+    """``rate_hz``: one rate (server), or a sliding load sweep's list of rates."""
+    return [_number(x) for x in v] if isinstance(v, list) else _opt_number(v)
+
+
 class _Params(_Obj):
-    rate_hz: _OptFig = None
+    rate_hz: Annotated[Any, PlainValidator(_rates)] = None
     loadavg_1m: _OptFig = None
     trace: Optional[_Trace] = None
 
@@ -227,6 +232,13 @@ class _Profile(_Obj):
     p95_us: _OptFig = None
     sliding: Optional[_Sliding] = None
     noise_floor: Optional[_Stats] = None
+
+    @model_validator(mode="after")
+    def _one_rate_unless_a_sweep(self) -> "_Profile":
+        if isinstance(self.params.rate_hz, list) and self.scenario != "sliding":
+            raise ValueError(f"params.rate_hz is a list in a {self.scenario!r} row; only a "
+                             f"sliding row's load sweep has several rates")
+        return self
 
 
 class _Variant(_Obj):

@@ -98,7 +98,7 @@ MAX_TRACE_BYTES = 256 << 20
 def read_trace(path: str) -> bytes:
     """The bytes of a ``trace=FILE``: a regular file of at most :data:`MAX_TRACE_BYTES`
     (:func:`hwbackends.config.read_small_file`: a FIFO never blocks, a device is refused)."""
-    from ..config import read_small_file
+    from ..user_files import read_small_file
 
     return read_small_file(path, "trace file", MAX_TRACE_BYTES)
 

@@ -163,14 +163,13 @@ def _problem(path: str | Path, where: str, exc: ValidationError) -> InputError:
                                      "Export from a results file `hwb bench` or `hwb fleet` wrote"))
 
 
-def _load(path: str | Path) -> _File:
+def _load(path: str | Path) -> tuple[_File, Any]:
+    """The head of results file ``path`` checked, and the file's JSON."""
     raw = read_results_json(path, InputError)
     try:
-        head = _File.model_validate(raw)
+        return _File.model_validate(raw), raw
     except ValidationError as exc:
         raise _problem(path, "", exc) from None
-    validate_results(raw, path)  # the whole file, as every other command reads it
-    return head
 
 
 def _row(path: str | Path, i: int, d: dict[str, Any]) -> _Row:
@@ -197,7 +196,7 @@ def read_measurements(path: str | Path, variant: str, model: Any = None,
     absent, p99 ≥ p50, sample counts, types) and the first problem is an :class:`InputError`
     naming the field and what it must be. The file must carry a model fingerprint, and with
     ``model`` given it must be that model's."""
-    res = _load(path)
+    res, raw = _load(path)
     if model is not None and res.model.fingerprint != model.fingerprint:
         raise InputError(f"{path} measured model {res.model.name!r:.80} (fingerprint "
                          f"{res.model.fingerprint}), not {model.name!r:.80} "
@@ -222,6 +221,8 @@ def read_measurements(path: str | Path, variant: str, model: Any = None,
             sizes[p.batch_size] = row
         info[name] = (m.usable_cores or m.cores or 1, "emulated" if p.mode == "emulated"
                       else "hardware")
+    # after the exported rows' own stricter checks: the whole file, as every command reads it
+    validate_results(raw, path)
     if not by_machine:
         where = f" on machine {machine!r}" if machine else ""
         raise InputError(f"{path} holds no closed-loop (batch or single-stream) profile of "
