@@ -176,6 +176,12 @@ def parse_infer(body: bytes, header_len: int | None) -> tuple[list[InTensor], li
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
     protocol_version = "HTTP/1.1"
+    # One segment per reply, sent at once: the status line, headers and body are buffered and
+    # flushed together at the end of the request (http.server flushes wfile then), and Nagle's
+    # algorithm is off. Unbuffered, the body is a second small write that waits for the
+    # client's delayed ACK (measured: 22 requests/s, p99 56 ms under perf_analyzer).
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
     server_version = "hwbackends-oip"
     sys_version = ""
 
