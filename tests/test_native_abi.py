@@ -1,6 +1,6 @@
-"""The native entry's C ABI (hwbackends/serve/include/hwb_native.h, issue 37 item 6): one
+"""The native entry's C ABI (hwbackends/serve/include/hwb_native.h): one
 header, valid C and C++ on its own, the only definition of the struct in the source tree;
-every cpu.native build (the incremental and the recompute sliding forms) offers an ABI 2
+every cpu.native build (the incremental and the recompute sliding forms) offers an ABI 3
 entry whose window the shm loop can serve; the extension's fixed C (hwb_plugins/cpu_native/
 hwb_ext.h) compiles warning-free; `hwb serve --print-include` names the header's directory."""
 from __future__ import annotations
@@ -48,9 +48,9 @@ def test_the_header_is_c_and_cpp_on_its_own(tmp_path, compiler, std, suffix):
     # the server was compiled from the same header: its constants are the same numbers
     assert (abi, v1, size) == (_shmloop.NATIVE_ENTRY_ABI, _shmloop.NATIVE_ENTRY_V1_BYTES,
                                _shmloop.NATIVE_ENTRY_BYTES)
-    assert push == v1  # ABI 2 only appends
+    assert push == v1  # ABI 2 only appends, and so does ABI 3
     if sysconfig.get_config_var("SIZEOF_VOID_P") == 8:
-        assert (abi, v1, size, window) == (2, 32, 64, 60)
+        assert (abi, v1, size, window) == (3, 32, 128, 60)
 
 
 def test_the_struct_is_defined_in_the_header_only():
@@ -88,7 +88,7 @@ def test_every_cpu_native_build_offers_its_window_in_the_entry(compiled, entries
     cap = cm.executor.native_entry()
     f = entries.fields(cap)
     window, step = int(cm.input.shape[0]), int(np.prod(cm.input.shape[1:]))
-    assert f == {"abi": 2, "struct_bytes": _shmloop.NATIVE_ENTRY_BYTES, "predict": True,
+    assert f == {"abi": 3, "struct_bytes": _shmloop.NATIVE_ENTRY_BYTES, "predict": True,
                  "in_count": window * step, "out_count": int(np.prod(cm.output.shape)), "batch": 1,
                  "push": True, "prepare": True, "reset": True, "step_count": step, "window": window}
     assert _shmloop.native_window(cap) == (window, step, f["out_count"])

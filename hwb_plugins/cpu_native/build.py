@@ -146,6 +146,8 @@ def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precis
    check HWB_MODEL_REQUIRES against the CPU before calling (an absent feature is SIGILL). */
 #ifndef HWB_MODEL_H
 #define HWB_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
 
 #define HWB_MODEL_ABI 1
 #define HWB_MODEL_NAME {c_string(name)}
@@ -192,6 +194,10 @@ def _prod(s: tuple[int, ...]) -> int:
 #: predict_into, bind, info and the native entry. The generated ext.c includes it.
 RUNTIME_DIR = Path(__file__).resolve().parent
 RUNTIME_HEADER = "hwb_ext.h"
+#: The fixed part of every sliding window (windows as handles), included by model.c.
+WINDOW_HEADER = "hwb_window.h"
+#: The extension's sliding-window entries (one window, and sets of handles), included by ext.c.
+EXT_WINDOW_HEADER = "hwb_ext_window.h"
 #: Where hwb_native.h is (the native entry's one definition): hwbackends.serve.shm.INCLUDE_DIR,
 #: found without importing the serving stack (this module stays light).
 NATIVE_INCLUDE = Path(hwbackends.__file__).resolve().parent / "serve" / "include"
@@ -199,11 +205,12 @@ NATIVE_INCLUDE = Path(hwbackends.__file__).resolve().parent / "serve" / "include
 
 @functools.cache
 def runtime_digest() -> str:
-    """A digest of the fixed C every artifact compiles against (:data:`RUNTIME_HEADER` and
-    hwb_native.h): part of the target's toolchain, so a changed runtime is a cache miss and
+    """A digest of the fixed C every artifact compiles against (:data:`RUNTIME_HEADER`,
+    :data:`WINDOW_HEADER` and hwb_native.h): part of the target's toolchain, so a changed runtime is a cache miss and
     a stored artifact never carries an older entry ABI than the server reads."""
     h = hashlib.sha256()
-    for f in (RUNTIME_DIR / RUNTIME_HEADER, NATIVE_INCLUDE / "hwb_native.h"):
+    for f in (RUNTIME_DIR / RUNTIME_HEADER, RUNTIME_DIR / WINDOW_HEADER, RUNTIME_DIR / EXT_WINDOW_HEADER,
+              NATIVE_INCLUDE / "hwb_native.h"):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -269,8 +276,9 @@ def build(workdir: Path, cc: str, isa: str, module: str) -> dict[str, object]:
 
     include = sysconfig.get_paths()["include"]
     vec = workdir / "vec.txt"
+    # -I: the fixed window code (hwb_window.h), included by the generated window section
     run([cc, *MODEL_FLAGS, f"-march={march(isa)}", f"-fopt-info-vec-optimized={vec.name}",
-         "-c", "model.c", "-o", "model.o"], workdir)
+         f"-I{RUNTIME_DIR}", "-c", "model.c", "-o", "model.o"], workdir)
     run([cc, "-shared", "model.o", "-o", "libhwb_model.so", "-Wl,-soname,libhwb_model.so"], workdir)
     # -Bsymbolic: the extension's calls into the model code bind inside it, whatever else the
     # process has loaded.

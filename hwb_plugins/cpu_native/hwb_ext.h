@@ -129,6 +129,14 @@ static const hwb_native_entry ENTRY = {
     .reset = hwb_model_reset,
     .step_count = HWB_MODEL_STEP_SIZE,
     .window = HWB_MODEL_WINDOW,
+    .window_new = hwb_model_window_new,
+    .window_push = hwb_model_window_push,
+    .window_push_many = hwb_model_window_push_many,
+    .window_prepare = hwb_model_window_prepare,
+    .window_reset = hwb_model_window_reset,
+    .window_free = hwb_model_window_free,
+    .stream_new = HWB_MODEL_STREAM ? hwb_model_stream_new : NULL,
+    .stream = HWB_MODEL_STREAM,
 #endif
 };
 

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from hwbackends.errors import InputError, UnsupportedError
-from hwbackends.sliding import Steps, check_step
+from hwbackends.sliding import Steps, StreamSteps, check_id, check_many, check_step
 
 from .._shared import layer_ir as ir
 from . import push_weights as pw
@@ -105,10 +105,15 @@ class _StepEmitter(Emitter):
         self.on_push = False
         #: the constants the push reads (:func:`_warm` prefetches them after a prepare)
         self.push_consts: list[tuple[str, int]] = []
+        self._seen: dict[bytes, str] = {}
 
     def const(self, stem: str, a: np.ndarray) -> str:
-        name = super().const(f"SL{stem}", a)
-        if self.on_push:
+        """One constant per distinct array (the push's product and push_many's read one copy)."""
+        key = stem.encode() + str(np.shape(a)).encode() + np.asarray(a, np.float32).tobytes()
+        name = self._seen.get(key)
+        if name is None:
+            name = self._seen[key] = super().const(f"SL{stem}", a)
+        if self.on_push and all(n != name for n, _ in self.push_consts):
             self.push_consts.append((name, 4 * max(a.size, 1)))
         return name
 
@@ -152,20 +157,21 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
     reduced_in = push_weights != "fp32"
     kern = pw.Kernels(push_weights, push_gates == "fast") if reduced_in or push_gates == "fast" else None
     nw = p.window
-    out: list[str] = [f"#define HWB_NW {nw}", "static int hwb_f, hwb_pend, hwb_spend;"]
+    # one window's state (and one stream's: a handle is one or the other, hwb_window.h)
+    members = ["int stream;", "int f, pend, spend;"]
     names = []
     for li, cell in enumerate(p.cells):
         u = cell.units
         nr = _rec_weights(cell).shape[1]
-        h, c, r = f"hwb_h{li}", f"hwb_c{li}", f"hwb_r{li}"
-        names.append((h, c, r, u, nr))
+        names.append((f"w->h{li}", f"w->c{li}", f"w->r{li}", u, nr))
         # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
-        out += [f"static float {h}[HWB_NW + 2][{_pad(u)}] A64;", f"static float {c}[HWB_NW + 2][{_pad(u)}] A64;",
-                f"static float {r}[HWB_NW + 2][{_pad(nr)}] A64;"]
+        members += [f"float h{li}[HWB_NW + 2][{_pad(u)}] A64;", f"float c{li}[HWB_NW + 2][{_pad(u)}] A64;",
+                    f"float r{li}[HWB_NW + 2][{_pad(nr)}] A64;"]
     g0u = _gates(p.cells[0]) * p.cells[0].units
-    out += [f"static float hwb_zx[{_pad(g0u)}] A64, hwb_szx[{_pad(g0u)}] A64, hwb_tzx[{_pad(g0u)}] A64;"]
+    members += [f"float zx[{_pad(g0u)}] A64, szx[{_pad(g0u)}] A64, tzx[{_pad(g0u)}] A64;"]
     if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
-        out += [f"static float hwb_qzx[{_pad(g0u)}] A64, hwb_xt[{_pad(p.step)}] A64;"]
+        members += [f"float qzx[{_pad(g0u)}] A64, xt[{_pad(p.step)}] A64;"]
+    out: list[str] = [f"#define HWB_NW {nw}", "struct hwb_window {", *(f"    {m}" for m in members), "};"]
     # the step's per-step layers and the first layer's input projection, shared by the windows
     ib0, _ = _biases(p.cells[0])
     fns: list[str] = []
@@ -182,6 +188,11 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         else:
             e.matvec([("xt", p.step)], "zx", g0u, p.cells[0].kernel, ib0)
         fns += e.function(f"hwb_in{'q' if reduced else ''}(const float *restrict x, float *restrict zx)")
+    many = not reduced_in and not p.prefix and p.cells[0].cell == "lstm"
+    if many:  # push_many's input products: MANY ticks' as one blocked product (the same sums)
+        e.on_push = True
+        _, gp = e.input_gemm("x", MANY, p.step, p.cells[0].kernel, dst="zx")
+        fns += e.function("hwb_in_many(const float *restrict x, float *restrict zx)")
     for li, cell in enumerate(p.cells):
         shared = None
         if kern is not None and not reduced_in and li:  # K·h_below: one function (and one copy
@@ -197,61 +208,97 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         e.on_push = False
         h, _, r, u, nr = names[li]
         e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
-        fns += e.function(f"hwb_rec{li}(int slot)")
+        fns += e.function(f"hwb_rec{li}(hwb_window *restrict w, int slot)")
     e.on_push = True
     fns += _head(e, p, names[-1][0])
     fns += _warm(e.push_consts + (kern.push_consts if kern is not None else []))
     lines = [*out, *(kern.c() if kern is not None else []), *e.consts, "", *fns]
     n = len(p.cells)
-    tick = " ".join(f"hwb_cell{li}(slot, zx);" for li in range(n))
-    tickq = " ".join(f"hwb_cellq{li}(slot, zx);" for li in range(n))
-    rec = " ".join(f"hwb_rec{li}(slot);" for li in range(n))
+    tick = " ".join(f"hwb_cell{li}(w, slot, zx);" for li in range(n))
+    tickq = " ".join(f"hwb_cellq{li}(w, slot, zx);" for li in range(n))
+    rec = " ".join(f"hwb_rec{li}(w, slot);" for li in range(n))
     zero = " ".join(f"__builtin_memset({h}[slot], 0, sizeof {h}[slot]); __builtin_memset({c}[slot], 0, sizeof {c}[slot]);"
                     for h, c, _, _, _ in names)
     copy = " ".join(f"__builtin_memcpy({a}[d], {a}[s], sizeof {a}[d]);" for h, c, r, _, _ in names for a in (h, c, r))
     last_h = names[-1][0]
+    win = "hwb_window *restrict w"
     if kern is not None:
-        lines.append(f"static void hwb_tickq(int slot, const float *zx) {{ {tickq} }}")
+        lines.append(f"static void hwb_tickq({win}, int slot, const float *zx) {{ {tickq} }}")
     if not reduced_in:
-        push = ["    hwb_in(x, hwb_zx);", f"    hwb_tick{'q' if kern else ''}(hwb_f, hwb_zx);",
-                f"    hwb_head({last_h}[hwb_f], y);"]
+        push = ["    hwb_in(x, w->zx);", f"    hwb_tick{'q' if kern else ''}(w, w->f, w->zx);",
+                f"    hwb_head({last_h}[w->f], y);"]
         fp32_in = []
     else:  # the answer from the reduced products; the prepare projects x_t again in fp32
-        push = ["    hwb_inq(x, hwb_qzx);", "    hwb_tickq(hwb_f, hwb_qzx);", f"    hwb_head({last_h}[hwb_f], y);",
-                f"    for (int i = 0; i < {p.step}; i++) hwb_xt[i] = x[i];"]
-        fp32_in = ["    hwb_in(hwb_xt, hwb_zx);"]
+        push = ["    hwb_inq(x, w->qzx);", "    hwb_tickq(w, w->f, w->qzx);", f"    hwb_head({last_h}[w->f], y);",
+                f"    for (int i = 0; i < {p.step}; i++) w->xt[i] = x[i];"]
+        fp32_in = ["    hwb_in(w->xt, w->zx);"]
     lines += [
-        f"static void hwb_tick(int slot, const float *zx) {{ {tick} }}",
-        f"static void hwb_rec_all(int slot) {{ {rec} }}",
-        f"static void hwb_zero(int slot) {{ {zero} hwb_rec_all(slot); }}",
-        f"static void hwb_copy(int d, int s) {{ {copy} }}",
-        "int hwb_model_prepare(void) {",
-        "    if (!hwb_pend) return 0;", *fp32_in,
-        "    for (int s = 0; s < HWB_NW; s++) if (s != hwb_f) { hwb_tick(s, hwb_zx); hwb_rec_all(s); }",
-        "    hwb_zero(hwb_f);",
-        "    hwb_f = hwb_f + 1 == HWB_NW ? 0 : hwb_f + 1;",
-        "    hwb_warm();", "    hwb_pend = 0;", "    return 0;", "}",
-        "int hwb_model_push(const float *x, float *y) {",
-        "    if (hwb_pend) hwb_model_prepare();",
+        f"static void hwb_tick({win}, int slot, const float *zx) {{ {tick} }}",
+        f"static void hwb_rec_all({win}, int slot) {{ {rec} }}",
+        f"static void hwb_zero({win}, int slot) {{ {zero} hwb_rec_all(w, slot); }}",
+        f"static void hwb_copy({win}, int d, int s) {{ {copy} }}",
+        f"static int hwb_w_prepare({win}) {{",
+        "    if (!w->pend) return 0;", *fp32_in,
+        "    for (int s = 0; s < HWB_NW; s++) if (s != w->f) { hwb_tick(w, s, w->zx); hwb_rec_all(w, s); }",
+        "    hwb_zero(w, w->f);",
+        "    w->f = w->f + 1 == HWB_NW ? 0 : w->f + 1;",
+        "    hwb_warm();", "    w->pend = 0;", "    return 0;", "}",
+        f"static int hwb_w_push({win}, const float *x, float *y) {{",
+        "    if (w->pend) hwb_w_prepare(w);",
         *push,
-        "    hwb_pend = 1;", "    return 0;", "}",
-        "int hwb_model_reset(void) {",
+        "    w->pend = 1;", "    return 0;", "}",
+        f"static int hwb_s_prepare({win}) {{ if (w->spend) {{ hwb_rec_all(w, HWB_NW); hwb_warm(); w->spend = 0; }} return 0; }}",
+        f"static int hwb_s_push({win}, const float *x, float *y) {{",
+        "    if (w->spend) hwb_s_prepare(w);",
+        f"    hwb_in(x, w->szx); hwb_tick(w, HWB_NW, w->szx); hwb_head({last_h}[HWB_NW], y);",
+        "    w->spend = 1;", "    return 0;", "}",
+        "/* a fresh window: each slot holds the state a window has after as many zero steps as its",
+        "   age (one run over zero steps, copied into the slots); the stream's state zero */",
+        f"static void hwb_w_fill({win}) {{",
         f"    static const float zeros[{_pad(p.step)}] A64;",
-        "    hwb_pend = 0; hwb_f = 0;",
-        "    hwb_in(zeros, hwb_tzx); hwb_zero(HWB_NW + 1);",
+        "    w->pend = 0; w->f = 0; w->spend = 0;",
+        "    hwb_in(zeros, w->tzx); hwb_zero(w, HWB_NW + 1);",
         "    for (int age = 0; age < HWB_NW; age++) {",
-        "        hwb_copy((hwb_f + HWB_NW - 1 - age) % HWB_NW, HWB_NW + 1);",
-        "        if (age + 1 < HWB_NW) { hwb_tick(HWB_NW + 1, hwb_tzx); hwb_rec_all(HWB_NW + 1); }",
-        "    }", "    return 0;", "}",
-        "int hwb_model_stream_prepare(void) { if (hwb_spend) { hwb_rec_all(HWB_NW); hwb_warm(); hwb_spend = 0; } return 0; }",
-        "int hwb_model_stream_push(const float *x, float *y) {",
-        "    if (hwb_spend) hwb_model_stream_prepare();",
-        f"    hwb_in(x, hwb_szx); hwb_tick(HWB_NW, hwb_szx); hwb_head({last_h}[HWB_NW], y);",
-        "    hwb_spend = 1;", "    return 0;", "}",
-        "int hwb_model_stream_reset(void) { hwb_zero(HWB_NW); hwb_spend = 0; return 0; }",
-        "__attribute__((constructor)) static void hwb_window_init(void) { hwb_model_reset(); hwb_model_stream_reset(); }",
-        ""]
+        "        hwb_copy(w, (w->f + HWB_NW - 1 - age) % HWB_NW, HWB_NW + 1);",
+        "        if (age + 1 < HWB_NW) { hwb_tick(w, HWB_NW + 1, w->tzx); hwb_rec_all(w, HWB_NW + 1); }",
+        "    }",
+        "    hwb_zero(w, HWB_NW);", "}",
+        "#define HWB_WINDOW_STREAM 1"]
+    if many:
+        lines += _push_many(p, g0u, gp, last_h)
+    lines += ['#include "hwb_window.h"', ""]
     return "\n".join(lines)
+
+
+#: The ticks of several windows :c:func:`hwb_model_window_push_many` projects as one blocked
+#: product (the full window's tile height: the same sums as one tick's).
+MANY = 8
+
+
+def _push_many(p: Plan, g0u: int, gp: int, last_h: str) -> list[str]:
+    """``hwb_w_push_many``: every pending prepare first, then the input products of the ``k``
+    ticks, :data:`MANY` at a time, as one blocked product (the rest one by one, the same
+    sums), then each window's step and head."""
+    h = last_h.removeprefix("w->")
+    return [
+        "#define HWB_WINDOW_PUSH_MANY 1",
+        "static int hwb_w_push_many(hwb_window *const *ws, uint32_t k, const float *xs, float *ys) {",
+        f"    float zxs[{MANY * gp}] A64;",
+        "    for (uint32_t j = 0; j < k; j++) { if (ws[j]->stream) hwb_s_prepare(ws[j]); else hwb_w_prepare(ws[j]); }",
+        "    uint32_t i = 0;",
+        f"    for (; i + {MANY} <= k; i += {MANY}) {{",
+        f"        hwb_in_many(xs + (size_t)i * {p.step}, zxs);",
+        f"        for (int j = 0; j < {MANY}; j++) {{ hwb_window *w = ws[i + j]; "
+        f"__builtin_memcpy(w->stream ? w->szx : w->zx, zxs + j * {gp}, {4 * g0u}); }}",
+        "    }",
+        f"    for (; i < k; i++) hwb_in(xs + (size_t)i * {p.step}, ws[i]->stream ? ws[i]->szx : ws[i]->zx);",
+        "    for (uint32_t j = 0; j < k; j++) {",
+        "        hwb_window *w = ws[j];",
+        "        float *y = ys + (size_t)j * HWB_MODEL_OUTPUT_SIZE;",
+        f"        if (w->stream) {{ hwb_tick(w, HWB_NW, w->szx); hwb_head(w->{h}[HWB_NW], y); w->spend = 1; }}",
+        f"        else {{ hwb_tick(w, w->f, w->zx); hwb_head(w->{h}[w->f], y); w->pend = 1; }}",
+        "    }",
+        "    return 0;", "}"]
 
 
 def _warm(consts: list[tuple[str, int]]) -> list[str]:
@@ -302,7 +349,7 @@ def _cell(e: _StepEmitter, li: int, cell: ir.Recurrent, names: list[tuple[str, s
     elif not reduced:
         zx = e.buf(g * u)
     below = (f"{names[li - 1][0]}[slot]", names[li - 1][3]) if li else None
-    fn = f"hwb_cell{'q' if kern is not None else ''}{li}(int slot, const float *restrict zx)"
+    fn = f"hwb_cell{'q' if kern is not None else ''}{li}(hwb_window *restrict w, int slot, const float *restrict zx)"
     fast = kern is not None and kern.fast_gates
     if below is not None and reduced:
         zx = e.buf(_pad(g * u))
@@ -356,17 +403,15 @@ def emit_recompute(window: int, step: int) -> str:
     """The recompute form's C: the window in a doubled ring, ``hwb_one`` on it each tick."""
     return "\n".join([
         f"#define HWB_NW {window}", f"#define HWB_STEP {step}",
-        "static float hwb_ring[2 * HWB_NW * HWB_STEP] A64;", "static int hwb_k;",
-        "int hwb_model_push(const float *x, float *y) {",
-        "    __builtin_memcpy(hwb_ring + hwb_k * HWB_STEP, x, 4 * HWB_STEP);",
-        "    __builtin_memcpy(hwb_ring + (hwb_k + HWB_NW) * HWB_STEP, x, 4 * HWB_STEP);",
-        "    hwb_one(hwb_ring + (hwb_k + 1) * HWB_STEP, y);",
-        "    hwb_k = hwb_k + 1 == HWB_NW ? 0 : hwb_k + 1;", "    return 0;", "}",
-        "int hwb_model_prepare(void) { return 0; }",
-        "int hwb_model_reset(void) { __builtin_memset(hwb_ring, 0, sizeof hwb_ring); hwb_k = 0; return 0; }",
-        "int hwb_model_stream_push(const float *x, float *y) { (void)x; (void)y; return -1; }",
-        "int hwb_model_stream_prepare(void) { return -1; }",
-        "int hwb_model_stream_reset(void) { return -1; }", ""])
+        "struct hwb_window { int stream; int k; float ring[2 * HWB_NW * HWB_STEP] A64; };",
+        "static int hwb_w_push(hwb_window *restrict w, const float *x, float *y) {",
+        "    __builtin_memcpy(w->ring + w->k * HWB_STEP, x, 4 * HWB_STEP);",
+        "    __builtin_memcpy(w->ring + (w->k + HWB_NW) * HWB_STEP, x, 4 * HWB_STEP);",
+        "    hwb_one(w->ring + (w->k + 1) * HWB_STEP, y);",
+        "    w->k = w->k + 1 == HWB_NW ? 0 : w->k + 1;", "    return 0;", "}",
+        "static int hwb_w_prepare(hwb_window *restrict w) { (void)w; return 0; }",
+        "static void hwb_w_fill(hwb_window *restrict w) { __builtin_memset(w->ring, 0, sizeof w->ring); w->k = 0; }",
+        "#define HWB_WINDOW_STREAM 0", '#include "hwb_window.h"', ""])
 
 
 @dataclass
@@ -421,8 +466,16 @@ HEADER = """
    start, zero-filled before it is full; then call hwb_model_prepare() off the critical path
    (push runs it first when it was not). hwb_model_reset() empties the window. The stream
    (HWB_MODEL_STREAM 1 only, else they return -1): state never reset between pushes, zeroed by
-   hwb_model_stream_reset(). Both keep their state in this library (it is initialised when the
-   library loads): one caller at a time, not reentrant. Return 0.
+   hwb_model_stream_reset(). Those two are one window and one stream this library keeps (made
+   when it loads): one caller at a time, not reentrant. Return 0.
+   Windows as handles, one per symbol, any number over this one library's weights:
+   hwb_model_window_new() (NULL: out of memory) / hwb_model_stream_new() (NULL without a
+   stream), then hwb_model_window_push(w, x_t, y), _prepare(w), _reset(w) as above on that
+   handle alone, and hwb_model_window_free(w). hwb_model_window_push_many(ws, k, xs, ys):
+   xs[i * HWB_MODEL_STEP_SIZE ..] into the distinct handles ws[i], answers at
+   ys[i * HWB_MODEL_OUTPUT_SIZE ..], the same as k pushes (their input products computed
+   together where the form can). Calls on different handles may run on different threads at
+   once; one handle is one caller's at a time.
    HWB_MODEL_PUSH_WEIGHTS other than "fp32" (the push_weights option): the push multiplies
    the newest step's inputs by bf16 or int8 copies of the input weights, so its answers are
    within that precision's fidelity tolerance of hwb_model_predict's, not equal to them bit
@@ -440,94 +493,24 @@ int hwb_model_reset(void);
 int hwb_model_stream_push(const float *x_t, float *y);
 int hwb_model_stream_prepare(void);
 int hwb_model_stream_reset(void);
+typedef struct hwb_window hwb_window;
+hwb_window *hwb_model_window_new(void);
+hwb_window *hwb_model_stream_new(void);
+int hwb_model_window_push(hwb_window *w, const float *x_t, float *y);
+int hwb_model_window_push_many(hwb_window *const *ws, uint32_t k, const float *xs, float *ys);
+int hwb_model_window_prepare(hwb_window *w);
+int hwb_model_window_reset(hwb_window *w);
+void hwb_model_window_free(hwb_window *w);
 """
 
 # -- the extension's entries ---------------------------------------------------------------
-EXT_DEFS = r"""
-/* The sliding window's and stream's entries (hwb_plugins/cpu_native/sliding.py): METH_FASTCALL
-   push(x_t, out) and step(x_t, out) (push, then prepare), over the buffer protocol; a wrong
-   array calls the check set by window_check(), which raises the core's InputError. */
-static const Py_ssize_t SXSHAPE[] = {@SXSHAPE@};
-static PyObject *window_check_fn = NULL, *window_err = NULL;
-
-static PyObject *window_fail(PyObject *const *args, Py_ssize_t nargs) {
-    if (window_check_fn != NULL) {
-        PyObject *r = PyObject_Vectorcall(window_check_fn, args, (size_t)nargs, NULL);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-    }
-    PyErr_SetString(window_err ? window_err : PyExc_TypeError, "push_into(x_t, out): x_t must be a "
-                    "C-contiguous float32 array of one step's shape and out a writeable one of the output's");
-    return NULL;
-}
-
-static PyObject *window_call(PyObject *const *args, Py_ssize_t nargs, int (*push)(const float *, float *),
-                             int (*prepare)(void)) {
-    if (nargs != 2) return window_fail(args, nargs);
-    Py_buffer xb, yb;
-    if (PyObject_GetBuffer(args[0], &xb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
-        PyErr_Clear();
-        return window_fail(args, nargs);
-    }
-    if (PyObject_GetBuffer(args[1], &yb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
-        PyErr_Clear();
-        PyBuffer_Release(&xb);
-        return window_fail(args, nargs);
-    }
-    if (!shape_is(&xb, SXSHAPE, @SXND@) || !shape_is(&yb, YSHAPE + 1, @YND@ - 1)) {
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&yb);
-        return window_fail(args, nargs);
-    }
-    int rc = push((const float *)xb.buf, (float *)yb.buf);
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&yb);
-    if (rc != 0) {
-        PyErr_SetString(PyExc_RuntimeError, "this artifact has no stream form");
-        return NULL;
-    }
-    if (prepare != NULL) prepare();
-    Py_RETURN_NONE;
-}
-
-static PyObject *w_push(PyObject *m, PyObject *const *a, Py_ssize_t n) { return window_call(a, n, hwb_model_push, NULL); }
-static PyObject *w_step(PyObject *m, PyObject *const *a, Py_ssize_t n) {
-    return window_call(a, n, hwb_model_push, hwb_model_prepare);
-}
-static PyObject *s_push(PyObject *m, PyObject *const *a, Py_ssize_t n) { return window_call(a, n, hwb_model_stream_push, NULL); }
-static PyObject *s_step(PyObject *m, PyObject *const *a, Py_ssize_t n) {
-    return window_call(a, n, hwb_model_stream_push, hwb_model_stream_prepare);
-}
-static PyObject *w_prepare(PyObject *m, PyObject *u) { hwb_model_prepare(); Py_RETURN_NONE; }
-static PyObject *w_reset(PyObject *m, PyObject *u) { hwb_model_reset(); Py_RETURN_NONE; }
-static PyObject *s_prepare(PyObject *m, PyObject *u) { hwb_model_stream_prepare(); Py_RETURN_NONE; }
-static PyObject *s_reset(PyObject *m, PyObject *u) { hwb_model_stream_reset(); Py_RETURN_NONE; }
-static PyObject *window_check(PyObject *m, PyObject *args) {
-    PyObject *fn, *err;
-    if (!PyArg_ParseTuple(args, "OO", &fn, &err)) return NULL;
-    Py_XSETREF(window_check_fn, Py_NewRef(fn));
-    Py_XSETREF(window_err, Py_NewRef(err));
-    Py_RETURN_NONE;
-}
-"""
-
-EXT_METHODS = r"""
-    {"push_into", (PyCFunction)(void (*)(void))w_push, METH_FASTCALL, "the window: push one step"},
-    {"step_into", (PyCFunction)(void (*)(void))w_step, METH_FASTCALL, "the window: push, then prepare"},
-    {"stream_push_into", (PyCFunction)(void (*)(void))s_push, METH_FASTCALL, "the stream: push one step"},
-    {"stream_step_into", (PyCFunction)(void (*)(void))s_step, METH_FASTCALL, "the stream: push, then prepare"},
-    {"prepare", w_prepare, METH_NOARGS, "the window: prepare the next tick"},
-    {"reset", w_reset, METH_NOARGS, "the window: empty it"},
-    {"stream_prepare", s_prepare, METH_NOARGS, "the stream: prepare the next step"},
-    {"stream_reset", s_reset, METH_NOARGS, "the stream: zero its state"},
-    {"window_check", window_check, METH_VARARGS, "window_check(check, InputError)"},"""
-
-
 def ext_parts(in_shape: tuple[int, ...]) -> tuple[str, str]:
-    """The extension's definitions and method-table entries for one artifact."""
+    """The extension's definitions and method-table entries for one artifact: the fixed
+    window entries (hwb_ext_window.h) for this artifact's step shape."""
     step = tuple(in_shape[1:])
-    defs = EXT_DEFS.replace("@SXSHAPE@", ", ".join(map(str, step)) or "0").replace("@SXND@", str(len(step)))
-    return defs, EXT_METHODS
+    defs = (f"#define HWB_EXT_SXSHAPE {', '.join(map(str, step)) or '0'}\n"
+            f"#define HWB_EXT_SXND {len(step)}\n#include \"hwb_ext_window.h\"\n")
+    return defs, "\n    HWB_EXT_WINDOW_METHODS"
 
 
 # -- the executor's hook -------------------------------------------------------------------
@@ -543,7 +526,7 @@ def steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...], out_shap
     info = meta.get("sliding")
     if not info or not hasattr(module, "push_into") or (stateful and not info.get("stream")):
         return None
-    module.window_check(functools.partial(_check, tuple(in_shape[1:]), tuple(out_shape)), InputError)
+    module.window_check(functools.partial(_check, module, tuple(in_shape[1:]), tuple(out_shape)), InputError)
     live = _LIVE.setdefault(module.__name__, {})
     old = live.get(stateful)
     if old is not None:
@@ -562,8 +545,41 @@ def steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...], out_shap
     return s
 
 
-def _check(step: tuple[int, ...], out_shape: tuple[int, ...], *args: Any) -> None:
-    if len(args) != 2:
-        raise TypeError(f"push_into takes 2 arguments (x_t, out); got {len(args)}")
-    check_step(args[0], args[1], step, out_shape)
+def streams_steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...],
+                  out_shape: tuple[int, ...], streams: int, *, stateful: bool,
+                  auto_prepare: bool) -> StreamSteps | None:
+    """``streams`` windows (``stateful``: streams) as handles of the library
+    (hwb_window.h), in one capsule freed with the returned calls; None when the artifact has
+    none (built before them, or no stream form)."""
+    info = meta.get("sliding")
+    if not info or not hasattr(module, "windows") or (stateful and not info.get("stream")):
+        return None
+    module.window_check(functools.partial(_check, module, tuple(in_shape[1:]), tuple(out_shape)), InputError)
+    cap = module.windows(streams, stateful)
+    push = module.wstep if auto_prepare else module.wpush
+    many = module.wstep_many if auto_prepare else module.wpush_many
+    return StreamSteps(functools.partial(push, cap), functools.partial(many, cap),
+                       functools.partial(module.wprepare, cap), functools.partial(_reset, module.wreset, cap),
+                       "incremental" if stateful else info["form"])
+
+
+def _reset(wreset: Any, cap: Any, i: int) -> None:
+    wreset(cap, i)
+
+
+def _check(module: Any, step: tuple[int, ...], out_shape: tuple[int, ...], *args: Any) -> None:
+    """The InputError for a call the extension's fast checks refused: ``(x_t, out)`` of the
+    library's window, ``(set, i, x_t, out)`` or ``(set, ids, xs, outs)`` of a set."""
+    if len(args) == 2:
+        check_step(args[0], args[1], step, out_shape)
+        return
+    if len(args) != 4:
+        raise TypeError(f"push_into takes (x_t, out), or (i, x_t, out) on many windows; got "
+                        f"{len(args) - 1 if len(args) > 2 else len(args)} arguments")
+    n = module.wcount(args[0])
+    if isinstance(args[1], np.ndarray):
+        check_many(args[1], args[2], args[3], n, step, out_shape)
+    else:
+        check_id(args[1], n)
+        check_step(args[2], args[3], step, out_shape)
 

@@ -236,18 +236,18 @@ class _ConvEmitter(Emitter):
 
 
 def _ring(li: int) -> str:
-    return f"hwb_s{li}"
+    return f"w->s{li}"
 
 
 def _back(li: int, st: Stage, a: int) -> str:
     """Stage ``li``'s value ``a`` ticks before the current one (``0 <= a < rows``)."""
     assert 0 <= a < st.rows, (a, st.rows)
-    return f"({_ring(li)} + (hwb_h{li} + {st.rows - a}) * {st.channels})"
+    return f"({_ring(li)} + (w->h{li} + {st.rows - a}) * {st.channels})"
 
 
 def _row(li: int, st: Stage, j: str) -> str:
     """Position ``j`` (a C expression) of the current window of stage ``li``."""
-    return f"({_ring(li)} + (hwb_h{li} + 1 + ({j}) * {st.stride}) * {st.channels})"
+    return f"({_ring(li)} + (w->h{li} + 1 + ({j}) * {st.stride}) * {st.channels})"
 
 
 def _post(e: _ConvEmitter, st: Stage, src: str) -> str:
@@ -265,7 +265,7 @@ def _store(e: _ConvEmitter, li: int, st: Stage, src: str, j: str | None) -> None
     """Write ``src`` (``channels`` floats) as position ``j`` of stage ``li``'s current window
     (``None``: as the value of the current tick), both copies of its row."""
     n, c = st.rows, st.channels
-    r = f"hwb_h{li}" if j is None else f"hwb_h{li} + 1 + ({j}) * {st.stride}"
+    r = f"w->h{li}" if j is None else f"w->h{li} + 1 + ({j}) * {st.stride}"
     e.line(f"{{ int r = {r}; if (r >= {n}) r -= {n}; float *d0 = {_ring(li)} + r * {c}, "
            f"*d1 = d0 + {n * c}; for (int i = 0; i < {c}; i++) d0[i] = d1[i] = {src}[i]; }}")
 
@@ -312,7 +312,7 @@ def _newest(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
         a, b = (_back(s, p.stages[s], 0) for s in st.srcs)
         e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {a}[i] + {b}[i];")
     _store(e, li, st, _post(e, st, o), None)
-    return e.function(f"hwb_new{li}(void)")
+    return e.function(f"hwb_new{li}(hwb_window *restrict w)")
 
 
 def _position(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
@@ -339,7 +339,7 @@ def _position(e: _ConvEmitter, p: ConvPlan, li: int) -> list[str]:
         a, b = (_row(s, p.stages[s], "j") for s in st.srcs)
         e.line(f"for (int i = 0; i < {st.raw}; i++) {o}[i] = {a}[i] + {b}[i];")
     _store(e, li, st, _post(e, st, o), "j")
-    return e.function(f"hwb_pos{li}(int j)")
+    return e.function(f"hwb_pos{li}(hwb_window *restrict w, int j)")
 
 
 def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
@@ -349,7 +349,7 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     li, n, c = len(p.stages) - 1, last.length, last.channels
     newest = _row(li, last, str(n - 1))
     if p.flat is not None:
-        v, c = sd.push(e, p.flat, f"hwb_h{li}", None if last.lag else newest), p.flat.width
+        v, c = sd.push(e, p.flat, f"w->h{li}", None if last.lag else newest), p.flat.width
     else:
         v = e.buf(c)
     if p.flat is not None:
@@ -359,12 +359,12 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     elif n == 1:
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = {newest}[i];")
     elif last.lag:  # every position is known before the tick: the prepare pooled them all
-        e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = hwb_acc[i];")
+        e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = w->acc[i];")
     elif p.pool.kind == "max":  # type: ignore[attr-defined]
         e.line(f"for (int i = 0; i < {c}; i++) {{ const float u = {newest}[i]; "
-               f"{v}[i] = u > hwb_acc[i] ? u : hwb_acc[i]; }}")
+               f"{v}[i] = u > w->acc[i] ? u : w->acc[i]; }}")
     else:
-        e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = hwb_acc[i] + {newest}[i];")
+        e.line(f"for (int i = 0; i < {c}; i++) {v}[i] = w->acc[i] + {newest}[i];")
     if p.flat is None and p.index < 0 and p.pool.kind == "avg":  # type: ignore[attr-defined]
         e.line(f"for (int i = 0; i < {c}; i++) {v}[i] /= {float(n).hex()}f;")
     producing = [i for i, layer in enumerate(p.head) if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
@@ -377,7 +377,7 @@ def _head(e: _ConvEmitter, p: ConvPlan) -> list[str]:
         shape = out_shape
     if final < 0:
         e.line(f"for (int i = 0; i < {int(np.prod(shape))}; i++) y[i] = {cur}[i];")
-    return e.function("hwb_head(float *restrict y)")
+    return e.function("hwb_head(hwb_window *restrict w, float *restrict y)")
 
 
 def _partial(e: _ConvEmitter, p: ConvPlan) -> list[str]:
@@ -388,14 +388,14 @@ def _partial(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     last = p.stages[-1]
     li, n, c = len(p.stages) - 1, last.length, last.channels
     if p.flat is not None:
-        sd.own_terms(e, p.flat, f"hwb_h{li}", lambda j: _row(li, last, str(j)), last.padded, last.lag > 0)
-        return e.function("hwb_partial(void)")
+        sd.own_terms(e, p.flat, f"w->h{li}", lambda j: _row(li, last, str(j)), last.padded, last.lag > 0)
+        return e.function("hwb_partial(hwb_window *restrict w)")
     if p.index >= 0 or n == 1:
-        return ["static void hwb_partial(void) {}", ""]
-    op = "hwb_acc[i] = u > hwb_acc[i] ? u : hwb_acc[i];" if p.pool.kind == "max" else "hwb_acc[i] += u;"  # type: ignore[attr-defined]
+        return ["static void hwb_partial(hwb_window *restrict w) { (void)w; }", ""]
+    op = "w->acc[i] = u > w->acc[i] ? u : w->acc[i];" if p.pool.kind == "max" else "w->acc[i] += u;"  # type: ignore[attr-defined]
     upto = n if last.lag else n - 1  # a lagging stage's last position is known now too
-    return ["static void hwb_partial(void) {",
-            f"    for (int i = 0; i < {c}; i++) hwb_acc[i] = {_row(li, last, '0')}[i];",
+    return ["static void hwb_partial(hwb_window *restrict w) {",
+            f"    for (int i = 0; i < {c}; i++) w->acc[i] = {_row(li, last, '0')}[i];",
             f"    for (int t = 1; t < {upto}; t++) for (int i = 0; i < {c}; i++) "
             f"{{ const float u = {_row(li, last, 't')}[i]; {op} }}", "}", ""]
 
@@ -407,11 +407,11 @@ def _spread(e: _ConvEmitter, p: ConvPlan) -> list[str]:
     last = p.stages[-1]
     li = len(p.stages) - 1
     if p.flat is not None:
-        sd.retire(e, p.flat, f"hwb_h{li}")
+        sd.retire(e, p.flat, f"w->h{li}")
         if last.clean_last:
-            sd.spread(e, p.flat, _back(li, last, 0), f"hwb_h{li}", last.rows, last.lag, last.stride,
+            sd.spread(e, p.flat, _back(li, last, 0), f"w->h{li}", last.rows, last.lag, last.stride,
                       last.padded)
-    return e.function("hwb_spread(void)")
+    return e.function("hwb_spread(hwb_window *restrict w)")
 
 
 def _redo(st: Stage) -> int:
@@ -425,18 +425,20 @@ def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
     vw, acc = vector_shape(requires)
     e = _ConvEmitter(net, vw, acc)
     nw, step = p.window, p.step
-    decls = ["static int hwb_pend, hwb_badp;", f"static unsigned char hwb_bad[{nw}];",
-             f"static float hwb_acc[{p.stages[-1].channels}] A64;"]
+    # one window's state (hwb_window.h: a handle per window, none in the library)
+    members = ["int stream;", "int pend, badp;", f"unsigned char bad[{nw}];",
+               f"float acc[{p.stages[-1].channels}] A64;"]
     if p.flat is not None:
-        decls += sd.decls(p.flat, p.stages[-1].rows)
+        members += sd.members(p.flat, p.stages[-1].rows)
     for li, st in enumerate(p.stages):
-        decls += [f"static float {_ring(li)}[{2 * st.rows * st.channels}] A64;", f"static int hwb_h{li};"]
+        members += [f"float s{li}[{2 * st.rows * st.channels}] A64;", f"int h{li};"]
+    decls = ["struct hwb_window {", *(f"    {m}" for m in members), "};"]
     # the input stage: one step through its layers, into the current tick's row
     s0 = p.stages[0]
     e.line(f"float xt[{step}] A64;")
     e.line(f"for (int i = 0; i < {step}; i++) xt[i] = x[i];")
     _store(e, 0, s0, _post(e, s0, "xt"), None)
-    fns = e.function("hwb_put0(const float *restrict x)")
+    fns = e.function("hwb_put0(hwb_window *restrict w, const float *restrict x)")
     for li in range(1, len(p.stages)):
         fns += _newest(e, p, li)
         fns += _position(e, p, li)
@@ -444,50 +446,51 @@ def emit_incremental(net: ir.Network, p: ConvPlan, requires: list[str]) -> str:
     fns += _partial(e, p)
     fns += _spread(e, p)
     stages = list(enumerate(p.stages))
-    advance = " ".join(f"hwb_h{li} = hwb_h{li} + 1 == {st.rows} ? 0 : hwb_h{li} + 1;" for li, st in stages)
-    news = " ".join(f"hwb_new{li}();" for li, st in stages if li and st.lag == 0)
-    lagging = " ".join(f"hwb_new{li}();" for li, st in stages if li and st.lag > 0 and st.clean_last)
-    redo = "".join(f"    for (int j = 0; j < {_redo(st)}; j++) hwb_pos{li}(j);\n"
+    advance = " ".join(f"w->h{li} = w->h{li} + 1 == {st.rows} ? 0 : w->h{li} + 1;" for li, st in stages)
+    news = " ".join(f"hwb_new{li}(w);" for li, st in stages if li and st.lag == 0)
+    lagging = " ".join(f"hwb_new{li}(w);" for li, st in stages if li and st.lag > 0 and st.clean_last)
+    redo = "".join(f"    for (int j = 0; j < {_redo(st)}; j++) hwb_pos{li}(w, j);\n"
                    for li, st in stages if li and _redo(st) > 0)
     warm = max(st.rows + st.reach for st in p.stages) + 1
     out_n = int(np.prod(net.output_shape))
+    win = "hwb_window *restrict w"
     code = [*decls, *e.consts, "", *fns,
-            "int hwb_model_prepare(void) {",
-            "    if (!hwb_pend) return 0;",
+            f"static int hwb_w_prepare({win}) {{",
+            "    if (!w->pend) return 0;",
             f"    {lagging}",
-            "    hwb_spread();",
+            "    hwb_spread(w);",
             f"    {advance}",
             redo.rstrip("\n"),
-            "    hwb_partial();",
+            "    hwb_partial(w);",
             "    int bad = 0;",
-            f"    for (int j = 0; j < {nw - 1}; j++) {{ int r = hwb_h0 + 1 + j; if (r >= {nw}) r -= {nw}; bad |= hwb_bad[r]; }}",
-            "    hwb_badp = bad;", "    hwb_pend = 0;", "    return 0;", "}",
-            "static void hwb_in(const float *x) {",
-            "    hwb_put0(x);",
+            f"    for (int j = 0; j < {nw - 1}; j++) {{ int r = w->h0 + 1 + j; if (r >= {nw}) r -= {nw}; bad |= w->bad[r]; }}",
+            "    w->badp = bad;", "    w->pend = 0;", "    return 0;", "}",
+            f"static void hwb_in({win}, const float *x) {{",
+            "    hwb_put0(w, x);",
             f"    {news}",
             "}",
-            "int hwb_model_push(const float *x, float *y) {",
-            "    if (hwb_pend) hwb_model_prepare();",
+            f"static int hwb_w_push({win}, const float *x, float *y) {{",
+            "    if (w->pend) hwb_w_prepare(w);",
             "    int bad = 0;",
             f"    for (int i = 0; i < {step}; i++) bad |= !(__builtin_fabsf(x[i]) <= 3.40282347e38f);",
-            "    hwb_bad[hwb_h0] = (unsigned char)bad;",
-            "    hwb_in(x);",
-            "    hwb_head(y);",
-            f"    if (__builtin_expect(bad | hwb_badp, 0)) for (int i = 0; i < {out_n}; i++) y[i] = __builtin_nanf(\"\");",
-            "    hwb_pend = 1;", "    return 0;", "}",
-            "int hwb_model_reset(void) {",
+            "    w->bad[w->h0] = (unsigned char)bad;",
+            "    hwb_in(w, x);",
+            "    hwb_head(w, y);",
+            f"    if (__builtin_expect(bad | w->badp, 0)) for (int i = 0; i < {out_n}; i++) y[i] = __builtin_nanf(\"\");",
+            "    w->pend = 1;", "    return 0;", "}",
+            "/* a fresh window: the input ring holds the input layers' answer to a zero step, then",
+            "   push and prepare on zero steps until every value a later window reads was computed",
+            "   from them */",
+            f"static void hwb_w_fill({win}) {{",
             f"    static const float zeros[{step}] A64;",
-            f"    {' '.join(f'hwb_h{li} = 0; __builtin_memset({_ring(li)}, 0, sizeof {_ring(li)});' for li in range(1, len(p.stages)))}",
-            f"    for (int j = 0; j < {nw}; j++) {{ hwb_h0 = j; hwb_put0(zeros); hwb_bad[j] = 0; }}",
-            "    hwb_h0 = 0; hwb_pend = 0;",
-            *([f"    for (int s = 0; s < {p.stages[-1].rows}; s++) {{ hwb_h{len(p.stages) - 1} = s; hwb_spread(); }}",
-               f"    hwb_h{len(p.stages) - 1} = 0;"] if p.flat is not None else []),
-            f"    for (int k = 0; k < {warm}; k++) {{ hwb_in(zeros); hwb_pend = 1; hwb_model_prepare(); }}",
-            "    hwb_badp = 0;", "    return 0;", "}",
-            "int hwb_model_stream_push(const float *x, float *y) { (void)x; (void)y; return -1; }",
-            "int hwb_model_stream_prepare(void) { return -1; }",
-            "int hwb_model_stream_reset(void) { return -1; }",
-            "__attribute__((constructor)) static void hwb_window_init(void) { hwb_model_reset(); }", ""]
+            f"    {' '.join(f'w->h{li} = 0; __builtin_memset({_ring(li)}, 0, sizeof {_ring(li)});' for li in range(1, len(p.stages)))}",
+            f"    for (int j = 0; j < {nw}; j++) {{ w->h0 = j; hwb_put0(w, zeros); w->bad[j] = 0; }}",
+            "    w->h0 = 0; w->pend = 0;",
+            *([f"    for (int s = 0; s < {p.stages[-1].rows}; s++) {{ w->h{len(p.stages) - 1} = s; hwb_spread(w); }}",
+               f"    w->h{len(p.stages) - 1} = 0;"] if p.flat is not None else []),
+            f"    for (int k = 0; k < {warm}; k++) {{ hwb_in(w, zeros); w->pend = 1; hwb_w_prepare(w); }}",
+            "    w->badp = 0;", "}",
+            "#define HWB_WINDOW_STREAM 0", '#include "hwb_window.h"', ""]
     return "\n".join(line for line in code if line.strip())
 
 

@@ -62,15 +62,15 @@ def _pad(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def decls(fd: FlatDense, slots: int) -> list[str]:
-    """The ring of partial sums, one per window in flight."""
-    return [f"static float hwb_P[{slots}][{_pad(fd.width)}] A64;"]
+def members(fd: FlatDense, slots: int) -> list[str]:
+    """The window's ring of partial sums, one per window in flight (``w->P``)."""
+    return [f"float P[{slots}][{_pad(fd.width)}] A64;"]
 
 
 def retire(e: Emitter, fd: FlatDense, slot: str) -> None:
     """Slot ``slot`` (the window just answered) starts over as a later window's: the bias."""
     bias = e.const("B", fd.dense.b)
-    e.line(f"for (int i = 0; i < {fd.width}; i++) hwb_P[{slot}][i] = {bias}[i];")
+    e.line(f"for (int i = 0; i < {fd.width}; i++) w->P[{slot}][i] = {bias}[i];")
 
 
 def spread(e: Emitter, fd: FlatDense, newest: str, head: str, slots: int, lag: int, stride: int,
@@ -81,7 +81,7 @@ def spread(e: Emitter, fd: FlatDense, newest: str, head: str, slots: int, lag: i
     for m in range(1, n - padded):
         off = lag + m * stride
         assert 1 <= off < slots, (off, slots)
-        e.line(f"{{ int s = {head} + {off}; if (s >= {slots}) s -= {slots}; float *p = hwb_P[s];")
+        e.line(f"{{ int s = {head} + {off}; if (s >= {slots}) s -= {slots}; float *p = w->P[s];")
         e.matvec([(newest, fd.channels)], "p", fd.width, fd.rows(n - 1 - m), None, accumulate=True)
         e.line("}")
 
@@ -94,7 +94,7 @@ def own_terms(e: Emitter, fd: FlatDense, slot: str, row: Callable[[int], str], p
     js = list(range(min(padded, fd.length - 1))) + ([fd.length - 1] if last_known else [])
     if not js:
         return
-    e.line(f"{{ float *p = hwb_P[{slot}];")
+    e.line(f"{{ float *p = w->P[{slot}];")
     for j in js:
         e.matvec([(row(j), fd.channels)], "p", fd.width, fd.rows(j), None, accumulate=True)
     e.line("}")
@@ -105,7 +105,7 @@ def push(e: Emitter, fd: FlatDense, slot: str, last: str | None) -> str:
     its row; None when :func:`own_terms` added it), in a new buffer (returned: the head's
     layers after the Dense read it)."""
     v = e.buf(_pad(fd.width))
-    e.line(f"for (int i = 0; i < {fd.width}; i++) {v}[i] = hwb_P[{slot}][i];")
+    e.line(f"for (int i = 0; i < {fd.width}; i++) {v}[i] = w->P[{slot}][i];")
     if last is not None:
         e.matvec([(last, fd.channels)], v, fd.width, fd.rows(fd.length - 1), None, accumulate=True)
     return v

@@ -55,6 +55,15 @@ class NativeExecutor(Executor):
         return sliding.steps(self.module, art.meta, tuple(art.inputs[0].shape),
                              tuple(art.outputs[0].shape), stateful=stateful, auto_prepare=auto_prepare)
 
+    def incremental_streams(self, streams: int, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
+        """``streams`` windows or streams as the library's handles (hwb_window.h), each empty."""
+        from . import sliding
+
+        art = self._artifact
+        return sliding.streams_steps(self.module, art.meta, tuple(art.inputs[0].shape),
+                                     tuple(art.outputs[0].shape), streams, stateful=stateful,
+                                     auto_prepare=auto_prepare)
+
     def native_entry(self) -> Any:
         """The generated model function as the contract's native entry (the extension's
         ``entry`` capsule, ABI 1); None for an artifact built before the extension had one."""
@@ -96,7 +105,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "12"
+    version = "13"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "

@@ -101,9 +101,9 @@ static const hwb_native_entry *entry_of(PyObject *cap) {
     if (!e) return NULL;
     if (hwb_native_entry_readable(e) == 0) {
         PyErr_Format(PyExc_ValueError, "native entry of ABI %u (%u bytes%s); this server reads "
-                     "ABI 1 (%u bytes or more) and ABI 2 (%u or more)", e->abi, e->struct_bytes,
-                     e->predict ? "" : ", no predict", HWB_NATIVE_ENTRY_V1_BYTES,
-                     (unsigned)sizeof(hwb_native_entry));
+                     "ABI 1 (%u bytes or more), ABI 2 (%u or more) and ABI 3 (%u or more)", e->abi,
+                     e->struct_bytes, e->predict ? "" : ", no predict", HWB_NATIVE_ENTRY_V1_BYTES,
+                     HWB_NATIVE_ENTRY_V2_BYTES, (unsigned)sizeof(hwb_native_entry));
         return NULL;
     }
     return e;
