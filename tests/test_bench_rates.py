@@ -36,6 +36,22 @@ def test_offered_and_achieved_rates_of_open_loop_rows() -> None:
     assert RATE_NOTE not in table([single])
 
 
+def test_html_report_server_table_offered_achieved_fit_and_footer_version(tmp_path) -> None:
+    from hwbackends.bench.results import VERSION
+    from hwbackends.report import write_report
+
+    server = LatencyProfile(**(BASE | {"scenario": "server", "params": {"rate_hz": 800.0}}))
+    hostile = LatencyProfile(**(BASE | {"scenario": "server", "params": {"rate_hz": "x"}}))
+    res = BenchResults(model={"name": "m"}, machine={}, profiles=[server, hostile])
+    page = write_report(res, tmp_path / "r.html").read_text()
+    assert f"results format v{VERSION}" in page and VERSION != 1
+    server_table = page[page.index("achieved/s"):]
+    assert "1,600/s" in server_table and "<td class=\"num\">1,600</td>" in server_table
+    # every table sits in a wrapper that scrolls it inside its card
+    assert page.count("<table>") == page.count('<div class="tbl"><table>') > 0
+    assert ".tbl{max-width:100%;overflow-x:auto}" in page
+
+
 @pytest.mark.slow
 def test_hwb_bench_table_gives_every_open_loop_row_its_rates(store_dir, tmp_path, capsys) -> None:
     out = tmp_path / "res.json"
