@@ -48,7 +48,8 @@ code{background:#f1f3f6;padding:0 4px;border-radius:3px;font-size:12px}
 details.long summary{cursor:pointer}pre.full{white-space:pre-wrap;word-break:break-word;font-size:11.5px;
 background:#f6f8fb;border:1px solid var(--line);padding:6px 8px;margin:4px 0;max-height:420px;overflow:auto}
 footer{color:var(--mute);font-size:12px;margin-top:26px}
-.tbl{max-width:100%;overflow-x:auto}
+.tbl{max-width:100%;overflow-x:auto}th.num{white-space:normal}
+.tbl table{font-size:12px}.tbl th,.tbl td{padding:5px 4px}.tbl td .over{white-space:normal}
 """
 
 
@@ -477,7 +478,7 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
             r.append(f"{achieved:,.0f}" if achieved is not None else "—")
             r.append(fmt_us(p.queue_mean_us))
             nf = p.noise_floor or {}
-            r.append(fmt_us(nf.get("p99_us")) + (' <span class="over">p99 at the noise floor</span>'
+            r.append(fmt_us(nf.get("p99_us")) + ('<br><span class="over">p99 at the noise floor</span>'
                                                   if p.at_noise_floor else ""))
         rows.append(r)
     num = set(range(2, len(head)))
