@@ -363,3 +363,37 @@ def test_sequences_reclaim_idle_windows_and_check_ids(lstm, monkeypatch):
             seq.tick(bad, x, out, start=True)
     with pytest.raises(InputError):
         Sequences(lstm.sliding(streams=1), lstm, idle_s=-1)
+
+
+def test_http_connection_cap_and_idle_timeout(lstm):
+    import time
+
+    eng = Engine(lstm).start()
+    try:
+        with OipHttpServer(OipModels({"lstm": eng}), insecure_loopback=True, max_connections=2,
+                           timeout_s=0.5) as h:
+            held = [socket.create_connection((h.host, h.port), timeout=5) for _ in range(2)]
+            time.sleep(0.2)
+            # a third connection is closed at once, unanswered
+            with socket.create_connection((h.host, h.port), timeout=5) as s:
+                s.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert s.recv(100) == b""
+            # the silent ones are closed after the timeout, and the server serves again
+            for s in held:
+                s.settimeout(5)
+                assert s.recv(100) == b""
+                s.close()
+            time.sleep(0.2)
+            assert _req(h.url + "/v2/health/live")[0] == 200
+    finally:
+        eng.stop()
+
+
+def test_hwb_serve_protocol_flags_are_checked(capsys):
+    from hwbackends.cli import main
+
+    assert main(["serve", "zoo:lstm", "-t", "cpu.native", "--shm", "x", "--sequences", "4"]) == 1
+    assert "--sequences serves over the Open Inference Protocol" in capsys.readouterr().err
+    assert main(["serve", "zoo:lstm", "-t", "cpu.native", "--shm", "x", "--sliding",
+                 "--http", "0"]) == 1
+    assert "--sequences N serves a window per sequence id" in capsys.readouterr().err
