@@ -397,3 +397,17 @@ def test_hwb_serve_protocol_flags_are_checked(capsys):
     assert main(["serve", "zoo:lstm", "-t", "cpu.native", "--shm", "x", "--sliding",
                  "--http", "0"]) == 1
     assert "--sequences N serves a window per sequence id" in capsys.readouterr().err
+
+
+def test_http_other_methods_and_a_get_with_a_body_close_the_connection(servers):
+    srv = servers["http"]
+    for raw in (b"PUT /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nGET ",
+                b"GET /v2 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nGET "):
+        with socket.create_connection((srv.host, srv.port), timeout=10) as s:
+            s.sendall(raw)
+            got = b""
+            while chunk := s.recv(4096):  # the server closes: the 4 bytes never become a request
+                got += chunk
+            status = got.split(b" ", 2)[1]
+            assert status in (b"404", b"400") and got.count(b"HTTP/1.1 ") == 1, got
+            assert b'"error"' in got

@@ -19,6 +19,7 @@ the engine answers "unavailable" (deadline, breaker open, backend error) is an
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -323,9 +324,9 @@ class OipModels:
             if n_rows is not None and t.shape[0] != n_rows:
                 raise OipError(f"inputs have different batch sizes ({n_rows} and {t.shape[0]})")
             n_rows = t.shape[0]
-            if t.data.size != int(np.prod(t.shape)):
+            if t.data.size != math.prod(t.shape):
                 raise OipError(f"input {tname!r} carries {t.data.size} values; its shape "
-                               f"{list(t.shape)} needs {int(np.prod(t.shape))}")
+                               f"{list(t.shape)} needs {math.prod(t.shape)}")
             arrays.append(t.data.reshape(t.shape))
         return int(n_rows or 0), arrays
 

@@ -25,6 +25,8 @@ nothing for ``timeout_s`` (its TLS handshake included) is closed.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import ssl
 import tempfile
@@ -38,6 +40,8 @@ import numpy as np
 from ..errors import ConfigError
 from .grpc_server import TLSFiles, bearer_matches, is_loopback
 from .oip import HTTP_STATUS, InTensor, OipError, OipModels
+
+log = logging.getLogger("hwbackends.serve")
 
 #: The most dimensions a request tensor's shape may have.
 MAX_RANK = 16
@@ -86,7 +90,7 @@ def _input(k: int, t: Any, rest: bytes, offset: int) -> tuple[InTensor, int]:
     where = f"input {t['name'][:100]!r}"
     shape = _shape(t.get("shape"), where)
     tp = _params(t.get("parameters"), where)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # exact: a hostile shape cannot wrap around
     used = 0
     if t["datatype"] != "FP32":  # the model check names it; other types are not decoded
         data = np.empty(0, np.float32)
@@ -236,10 +240,15 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 body = b""
                 if self.headers.get("Content-Length") not in (None, "0"):
+                    self.close_connection = True  # the unread body cannot start the next request
                     raise OipError("a GET takes no body")
             self._dispatch(method, parts, body)
         except OipError as exc:
-            self._error(exc)
+            self._error(exc, close=self.close_connection)
+        except Exception as exc:  # a fault of ours, not the client's: 500, and say so in the log
+            log.exception("HTTP %s %s failed", method, self.path[:200])
+            self._send(500, json.dumps({"error": f"internal error ({type(exc).__name__}); the "
+                                                 f"server log has the details"}).encode())
 
     def _body(self) -> bytes | None:
         if self.headers.get("Transfer-Encoding"):
@@ -339,7 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
     def do_PUT(self) -> None:  # noqa: N802
-        self._error(OipError("method not allowed", "not_found"))
+        self._error(OipError(f"no route {self.command} {self.path[:200]!r}: the protocol uses GET "
+                             f"and POST", "not_found"), close=True)
 
     do_DELETE = do_PATCH = do_PUT
 
