@@ -411,3 +411,42 @@ def test_http_other_methods_and_a_get_with_a_body_close_the_connection(servers):
             status = got.split(b" ", 2)[1]
             assert status in (b"404", b"400") and got.count(b"HTTP/1.1 ") == 1, got
             assert b'"error"' in got
+
+
+def test_sequences_against_a_model_of_windows_per_id(lstm):
+    """Any interleaving of START / ticks / END over a few ids: each answer is push_into on a
+    window of that id's own (emptied at its START), and the refusals are exactly the ones the
+    rules give (not live without START; START with every window live)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.integers(1, 5), st.booleans(), st.booleans(),
+                             st.integers(0, 2 ** 31)), min_size=1, max_size=60)
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(ops)
+    def run(steps):
+        seq = Sequences(lstm.sliding(streams=3), lstm, idle_s=1e6)
+        windows = lstm.sliding(streams=6)  # the reference: window cid for id cid
+        ref: set[int] = set()  # the ids live in the reference
+        out, want = np.empty(1, np.float32), np.empty(1, np.float32)
+        for cid, start, end, seed in steps:
+            x = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+            if not start and cid not in ref:
+                with pytest.raises(SequenceError, match="not live"):
+                    seq.tick(cid, x, out, start=start, end=end)
+                continue
+            if start and cid not in ref and len(ref) == 3:
+                with pytest.raises(SequenceError, match="all 3 sequence windows"):
+                    seq.tick(cid, x, out, start=start, end=end)
+                continue
+            if start:
+                ref.add(cid)
+                windows.reset(cid)
+            seq.tick(cid, x, out, start=start, end=end)
+            windows.push_into(cid, x, want)
+            np.testing.assert_array_equal(out, want)
+            if end:
+                ref.discard(cid)
+            assert seq.live == len(ref)
+    run()
