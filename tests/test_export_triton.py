@@ -1,4 +1,4 @@
-"""A real Triton server loads what ``hwb export --format triton`` writes (issue 23).
+"""A real Triton server loads what ``hwb export --format triton`` writes.
 
 The ``tritonserver`` binary of the ``nvidia-pytriton`` wheel (python backend only; no GPU
 needed) runs the python-backend flavour of ``two_head`` on cpu.litert: it loads the exported

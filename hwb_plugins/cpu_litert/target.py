@@ -5,7 +5,7 @@ from typing import Any
 
 from hwbackends.errors import UnsupportedError
 from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.target import Artifact, CompileOptions, Executor, Target, TritonForm
 
 from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite
@@ -49,6 +49,11 @@ class LiteRTTarget(Target):
         (workdir / "model.tflite").write_bytes(blob)
         return {"file": "model.tflite", "bytes": len(blob), "ops": op_names(blob),
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
+
+    def triton(self) -> TritonForm:
+        from .export import TRITON
+
+        return TRITON
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),

@@ -207,8 +207,14 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
                 kern.product(cell.kernel, _biases(cell)[0]) if li else None))
         e.on_push = False
         h, _, r, u, nr = names[li]
-        e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
+        if cell.cell == "lstm":  # R·h + b as the full window and the blocked prepare sum it
+            e.input_gemm(f"{h}[slot]", 1, u, cell.recurrent, dst=f"{r}[slot]", bias=cell.bias)
+        else:
+            e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
         fns += e.function(f"hwb_rec{li}(hwb_window *restrict w, int slot)")
+    blocked = all(cell.cell == "lstm" for cell in p.cells)
+    if blocked:
+        fns += _blocked_parts(e, p, names)
     e.on_push = True
     fns += _head(e, p, names[-1][0])
     fns += _warm(e.push_consts + (kern.push_consts if kern is not None else []))
@@ -239,7 +245,8 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         f"static void hwb_copy({win}, int d, int s) {{ {copy} }}",
         f"static int hwb_w_prepare({win}) {{",
         "    if (!w->pend) return 0;", *fp32_in,
-        "    for (int s = 0; s < HWB_NW; s++) if (s != w->f) { hwb_tick(w, s, w->zx); hwb_rec_all(w, s); }",
+        *(_blocked_prepare(p, names) if blocked else [
+            "    for (int s = 0; s < HWB_NW; s++) if (s != w->f) { hwb_tick(w, s, w->zx); hwb_rec_all(w, s); }"]),
         "    hwb_zero(w, w->f);",
         "    w->f = w->f + 1 == HWB_NW ? 0 : w->f + 1;",
         "    hwb_warm();", "    w->pend = 0;", "    return 0;", "}",
@@ -268,6 +275,69 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         lines += _push_many(p, g0u, gp, last_h)
     lines += ['#include "hwb_window.h"', ""]
     return "\n".join(lines)
+
+
+#: The most bytes of one layer's input products over the windows in flight the blocked
+#: prepare holds on the stack at once (a chunk of windows; the rest in further chunks).
+PREPARE_CHUNK_BYTES = 64 << 10
+
+
+def _chunks(nw: int, g: int) -> list[tuple[int, int]]:
+    """``(first window, windows)`` of the blocked prepare's chunks over ``nw`` windows whose
+    products are ``g`` floats each: whole tiles of 8 rows within :data:`PREPARE_CHUNK_BYTES`."""
+    rows = max(8, PREPARE_CHUNK_BYTES // (4 * _pad(g)) // 8 * 8)
+    return [(s0, min(rows, nw - s0)) for s0 in range(0, nw, rows)]
+
+
+def _blocked_parts(e: _StepEmitter, p: Plan, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+    """The blocked prepare's functions (an LSTM stack): ``hwb_gate<l>(w, slot, zx)`` (one
+    step of layer ``l``'s gates from its prepared ``r`` and input products ``zx``: what
+    ``hwb_cell<l>`` does after its product), and per layer and chunk size ``n`` the products
+    over ``n`` windows' rows at once, ``hwb_kb<l>_<n>(h, z)`` (``K_l·h_{l-1}``, l ≥ 1) and
+    ``hwb_rb<l>_<n>(h, r)`` (``R_l·h_l + b`` into the rows of ``r``): :meth:`Emitter.input_gemm`
+    with the rows' strides, so each window's sums are the one-window functions' bit for bit
+    and each weight is read once per chunk, not once per window."""
+    fns: list[str] = []
+    e.on_push = False
+    for li, cell in enumerate(p.cells):
+        h, c, r, u, nr = names[li]
+        g = _gates(cell) * u
+        e.line(f"for (int j = 0; j < {g}; j++) {r}[slot][j] += zx[j];")
+        e.lstm_gates(f"{r}[slot]", f"{c}[slot]", f"{h}[slot]", u)
+        fns += e.function(f"hwb_gate{li}(hwb_window *restrict w, int slot, const float *restrict zx)")
+        fns.append(f"#define HWB_GP{li} {-(-g // e.vw) * e.vw}")  # a product row's floats
+        for n in sorted({k for _, k in _chunks(p.window, g)}):
+            if li:
+                below = names[li - 1][3]
+                e.input_gemm("h", n, below, cell.kernel, dst="z", src_stride=_pad(below))
+                fns += e.function(f"hwb_kb{li}_{n}(const float *restrict h, float *restrict z)")
+            e.input_gemm("h", n, u, cell.recurrent, dst="r", bias=cell.bias, src_stride=_pad(u),
+                         dst_stride=_pad(nr))
+            fns += e.function(f"hwb_rb{li}_{n}(const float *restrict h, float *restrict r)")
+    return fns
+
+
+def _blocked_prepare(p: Plan, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+    """The prepare's step of every window in flight, layer by layer: layer 0's gates from
+    the shared ``K₁·x_t``, each later layer's input products over the windows' states as
+    blocked products (:func:`_blocked_parts`), then the next step's recurrent products
+    likewise. The finishing window's slot (``w->f``) rides along in the products and is
+    zeroed after (hwb_zero)."""
+    lines = ["    for (int s = 0; s < HWB_NW; s++) if (s != w->f) hwb_gate0(w, s, w->zx);"]
+    for li, cell in enumerate(p.cells[1:], 1):
+        g = _gates(cell) * cell.units
+        below = names[li - 1][0]
+        lines.append("    {")
+        for s0, n in _chunks(p.window, g):  # rows of whole vectors of any build (_pad)
+            lines += [f"        {{ float z[{n * _pad(g)}] A64; hwb_kb{li}_{n}({below}[{s0}], z);",
+                      f"          for (int j = 0; j < {n}; j++) if ({s0} + j != w->f) "
+                      f"hwb_gate{li}(w, {s0} + j, z + j * HWB_GP{li}); }}"]
+        lines.append("    }")
+    for li, cell in enumerate(p.cells):
+        h, _, r, _, _ = names[li]
+        for s0, n in _chunks(p.window, _gates(cell) * cell.units):
+            lines.append(f"    hwb_rb{li}_{n}({h}[{s0}], {r}[{s0}]);")
+    return lines
 
 
 #: The ticks of several windows :c:func:`hwb_model_window_push_many` projects as one blocked

@@ -75,7 +75,7 @@ class Hls4mlTarget(Target):
                  "on PATH; otherwise the report records why it is absent)",
     }
     compile_timeout = 900.0
-    version = "2"  # 2: hls4ml sees generated layer names (issue 33)
+    version = "2"  # 2: hls4ml sees generated layer names
     batch_independent = True  # the C-simulation loops over samples; load() sizes the executor
 
     def accepts(self, precision: str) -> bool:

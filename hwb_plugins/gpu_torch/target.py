@@ -87,8 +87,8 @@ class _Graphed:
             raise UnavailableError("gpu.torch: torch.cuda.is_available() is False at load "
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
         self.device = torch.device(device)
-        # The program's own dtype (fp16 programs are exported as fp16); an artifact from
-        # before fp16 export is an fp32 program, cast here as it used to be.
+        # The program's own dtype (fp16 programs are exported as fp16); an fp16 artifact
+        # holding an fp32 program (written by an earlier target version) is cast here.
         module, dtype = program_on(path, device)
         if precision == "fp16" and dtype == torch.float32:
             module, dtype = module.to(torch.float16), torch.float16

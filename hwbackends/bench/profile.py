@@ -64,7 +64,9 @@ class LatencyProfile:
     p95_us: float | None = None
     #: The ``sliding`` scenario (whose percentiles above are ``push_into``'s, tick → answer):
     #: ``{"form", "window", "prepare": {...}, "full": {...}}``, the prepare and the full window
-    #: (``predict_into``) measured in the same interleaved run (:func:`brief` each); else None.
+    #: (``predict_into``) measured in the same interleaved run (:func:`brief` each), and
+    #: ``"load"``: the load sweep over several windows and offered tick rates (its layout:
+    #: hwbackends/bench/load.py); else None.
     sliding: dict[str, Any] | None = None
     #: Open-loop scenarios (server, burst): the same loop over a no-op in the same run
     #: (:func:`brief`), the harness's own floor; None in other scenarios and older files.
@@ -180,6 +182,7 @@ def extra_lines(profiles: list[LatencyProfile]) -> list[str]:
     for p in profiles:
         if p.sliding:
             out.append(f"  {p.variant} {sliding_summary(p)}")
+            out += [f"  {p.variant} {line}" for line in load_lines(p)]
         nf = p.noise_floor
         if nf:
             out.append(f"  {p.variant} {p.scenario}: no-op floor p50 {_f(nf.get('p50_us'))} / p99 "
@@ -201,6 +204,24 @@ def sliding_summary(p: LatencyProfile) -> str:
 
 def _rate(v: float | None) -> str:
     return f"{v:,.0f}" if v is not None else "—"
+
+
+def load_lines(p: LatencyProfile) -> list[str]:
+    """The sliding load sweep in words, one line per count of windows: the rate one core
+    sustains, the knee at the budget, the p99 at the highest rate within it."""
+    load = (p.sliding or {}).get("load") or {}
+    out = []
+    for pt in load.get("points", []):
+        c = pt.get("closed") or {}
+        k, bound = pt.get("knee_hz"), pt.get("knee_bound", "")
+        knee = "—" if k is None else f"{'≥ ' if bound == '>=' else '≤ ' if bound == '<=' else ''}{k:,.0f}"
+        b = load.get("budget_us")
+        out.append(f"NMI {pt.get('streams')}: tick (push + prepare) p50 {_f(c.get('tick_p50_us'))} / "
+                   f"p99 {_f(c.get('tick_p99_us'))} µs → one core sustains "
+                   f"{c.get('sustainable_hz', 0):,.0f} ticks/s; knee {knee} ticks/s "
+                   + (f"(p99 ≤ {b:g} µs)" if b else f"(budget {load.get('budget_from', '?')})")
+                   + f" over {len(pt.get('open') or [])} offered rate(s)")
+    return out
 
 
 def _f(v: Any) -> str:

@@ -89,9 +89,13 @@ class BenchResults:
             variants = [VariantRecord.from_dict(v) for v in d["variants"]]
         except RecordError as exc:
             raise ResultsError(f"{p}: {exc}") from exc
+        profiles = [LatencyProfile.from_dict(x) for x in d["profiles"]]
+        from .load import parse_load  # a sliding row's load sweep, checked field by field
+        for j, prof in enumerate(profiles):
+            if isinstance(prof.sliding, dict) and prof.sliding.get("load") is not None:
+                parse_load(prof.sliding["load"], f"{p}: profile {j} ({prof.variant})")
         return cls(model=d["model"], machine=d["machine"], availability=d["availability"],
-                   variants=variants,
-                   profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
+                   variants=variants, profiles=profiles,
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"), command=d.get("command", ""),
                    created=d.get("created", 0.0), data=d.get("data"))

@@ -92,12 +92,15 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "not pinned, the shm loop on the last allowed core when there are 2+)")
     p.add_argument("--shm", default=None, metavar="NAME",
                    help="shared-memory endpoint name (default: no shm endpoint)")
-    p.add_argument("--shm-slots", type=int, default=None,
-                   help="client slots of the shm endpoint (default 8; 1 with --sliding)")
+    p.add_argument("--shm-slots", type=int, default=8,
+                   help="client slots of the shm endpoint: clients attached at once (default 8)")
     p.add_argument("--sliding", action="store_true",
-                   help="with --shm: serve the model's sliding window: each request is one tick "
-                        "(input shape[1:]), the server keeps the window; a request flagged "
-                        "reset (hwb_shm_reset) or a new connection empties it")
+                   help="with --shm: serve the model's sliding windows: each request is one tick "
+                        "(input shape[1:]) for one of the client's streams, the server keeps "
+                        "the windows; a request flagged reset (hwb_shm_reset_stream) empties one")
+    p.add_argument("--streams", type=int, default=None, metavar="N",
+                   help="with --sliding: windows per client, stream ids 0..N-1 (one per symbol; "
+                        "each client's own, made on first use, freed when it detaches; default 1)")
     p.add_argument("--shm-mode", default="auto", choices=("auto", "direct", "batch"),
                    help="direct: the shm polling thread runs each request (batch 1, no hand-off); "
                         "batch: through the engine's micro-batching; auto: direct for --preset single")
@@ -200,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
     if args.sliding:
         _check_sliding_args(args)
+    elif args.streams is not None:
+        raise ConfigError("--streams counts the windows of a sliding endpoint: add --sliding "
+                          "(with --shm NAME)")
     backends = _backends(args, RouterStrategy)
     args.preset = _preset(args, backends)
     pin = tuple(args.pin) if args.pin else None  # [] (--pin none): not pinned
@@ -313,15 +319,19 @@ def _check_sliding_args(args: argparse.Namespace) -> None:
     if not args.shm:
         raise ConfigError("--sliding serves over shared memory: give --shm NAME")
     if args.grpc_port is not None or args.http is not None:
-        raise ConfigError("--sliding serves a window over --shm only (the window's state is the "
-                          "model's, one caller at a time); drop --grpc-port/--http (over those, "
-                          "--sequences N serves a window per sequence id)")
+        raise ConfigError("--sliding serves its windows over --shm only (the gRPC endpoint takes "
+                          "whole inputs); drop --grpc-port/--http (over those, --sequences N "
+                          "serves a window per sequence id), or run them from another `hwb "
+                          "serve` without --sliding")
     if args.config or args.batch_sizes:
         raise ConfigError("--sliding serves one compiled model: give MODEL -t TARGET (no "
                           "--config router strategy, no --batch-sizes)")
     if args.shm_mode == "batch" or args.preset not in (None, "single"):
         raise ConfigError("--sliding answers each tick in the shm polling thread: drop --shm-mode "
                           "batch / a batching --preset")
+    if args.streams is not None:
+        from ..sliding import check_streams
+        check_streams(args.streams)  # before the compile: InputError saying the range
 
 
 def _loop_pin(args: argparse.Namespace) -> int | str:
@@ -339,10 +349,10 @@ def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -
     core, line = choose_loop_core(_loop_pin(args))
     # clients' slots are mapped in this process: no other process of the user may read it
     info["shm_non_dumpable"] = deny_same_user_inspection()
-    slots = args.shm_slots if args.shm_slots is not None else (1 if args.sliding else 8)
-    shm = ShmServer(eng, args.shm, slots=slots, mode=args.shm_mode,  # type: ignore[arg-type]
+    shm = ShmServer(eng, args.shm, slots=args.shm_slots, mode=args.shm_mode,  # type: ignore[arg-type]
                     spin_us=args.shm_spin_us, pin_core=core, group=args.shm_group,
-                    sliding=args.sliding)
+                    sliding=args.sliding,
+                    streams=args.streams if args.streams is not None else 1)
     stops.insert(0, shm.close)
     info["shm"] = shm.name
     info["shm_mode"] = shm.mode
@@ -350,8 +360,8 @@ def _serve_shm(args: argparse.Namespace, eng: object, stops: list, info: dict) -
     if shm.window is not None:
         info["shm_sliding"] = shm.window.describe()
         info["tick_size"] = math.prod(shm.window.step_shape)
-        print(f"hwb serve: sliding window of {shm.window.length} ticks, one tick of "
-              f"{info['tick_size']} float32 per request ({shm.window.window.form} form, "
-              f"{'C loop calls hwb_model_push' if shm.native else 'Python Window: ' + shm.native_reason})",
+        print(f"hwb serve: sliding windows of {shm.window.length} ticks, {shm.window.streams} per "
+              f"client, one tick of {info['tick_size']} float32 per request ({shm.window.form} "
+              f"form, {'C loop calls window_push' if shm.native else 'Python Windows: ' + shm.native_reason})",
               file=sys.stderr)
     print(f"hwb serve: {line}", file=sys.stderr, flush=True)
