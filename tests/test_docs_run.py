@@ -117,6 +117,12 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/serving.md", "--tls-cert c.pem"): (
         "needs your TLS certificate, key and token files and fixed ports 50051/9464 (a shared "
         "machine); tests/test_serve_cli.py serves TLS + token gRPC, shm and metrics on free ports"),
+    ("docs/serving.md", "import numpy as np, tritonclient.grpc"): (
+        "Triton's client lives in a venv of its own (it pins protobuf < 7); "
+        "tests/test_serve_oip_clients.py makes these calls against hwb serve"),
+    ("docs/serving.md", "--http 8000 --grpc-port 8001 --sequences 64 --insecure-loopback"): (
+        "fixed ports 8000/8001 (a shared machine); tests/test_serve_oip_clients.py serves "
+        "--http, --grpc-port and --sequences on free ports"),
     ("README.md", "hwb compare base.json"): (
         "needs a baseline results file of an earlier run; tests/test_cli_conventions.py "
         "compares real bench runs through hwb compare"),
