@@ -1,6 +1,6 @@
 """One ``perf_analyzer`` run against ``hwb serve`` and against a real Triton server serving
 ``hwb export`` of the same model variant: the same client, the same flags (gRPC, concurrency 1,
-batch 1), p50/p99 side by side (issue 47's goal: hwb serve's gRPC p99 ≤ 0.5× Triton's).
+batch 1), p50/p99 side by side (the goal: hwb serve's gRPC p99 ≤ 0.5× Triton's).
 
 Needs the two cached venvs the tests build: ``tritonclient`` 2.51 with ``perf_analyzer``
 (tests/test_serve_oip_clients.py, ``$HWB_OIP_CLIENT_ENV``, default ``~/.cache/hwbackends-oip``)

@@ -149,7 +149,7 @@ def hwb_cli(capsys):
     return run
 
 
-# -- leftovers (issue 20 #11) -------------------------------------------------------------------
+# -- leftovers -------------------------------------------------------------------
 #: What may stay in RUN_TMP at the end (removed with it): pytest's own temp dirs, this
 #: conftest's config dir, the run's shared store and its key, ONNX Runtime's telemetry session id (kept per TMPDIR by design),
 #: TensorFlow autograph's generated modules (one per converted function, never removed by TF,

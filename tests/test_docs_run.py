@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md, run as written (issue 20 #10).
+"""Every code block of README.md and docs/*.md, run as written.
 
 * ```python blocks and shell lines run in a scratch directory holding the files the docs name
   (model.keras, x.npy, two_head.pt2, model.json + params.h5, net.pt, examples/,
@@ -12,7 +12,7 @@
   line. ``hwb serve`` lines run as a process of their own and are stopped with SIGTERM as soon
   as they print their endpoints (they would serve until Ctrl-C).
 * ```python blocks run the same way: in this process, as ``__main__``, in their scratch
-  directory, stdout captured (issue 21 #8: the subprocess per block cost ~15 s of imports).
+  directory, stdout captured.
 
 A new doc line runs by default, in the fast part. Lines that compile or measure are in
 :data:`SLOW` (``-m slow``); lines that cannot run here as written (another machine, an
