@@ -222,6 +222,30 @@ class Kernels:
                       *_by_form(self.kind, bodies), "}", ""]
         return name
 
+    def _bf16(self, w: np.ndarray, nv: int, bn: str) -> list[str]:
+        n_in, n_out = w.shape
+        npad = -(-n_in // 32) * 32
+        pairs = -(-n_in // 2)
+        wp = np.zeros((2 * pairs, nv * _LANES), np.float32)
+        wp[:n_in, :n_out] = w
+        # [pair][output][2]: lane j of a vector holds (w[2p][j], w[2p+1][j])
+        layout = wp.reshape(pairs, 2, nv * _LANES).transpose(0, 2, 1)
+        wn = self._const("uint16_t", "W", bf16_bits(np.ascontiguousarray(layout)))
+        lines = [f"    float xs[{npad}] A64; uint32_t xp[{npad // 2}] A64;",
+                 f"    for (int i = 0; i < {n_in}; i++) xs[i] = x[i];",
+                 f"    for (int i = {n_in}; i < {npad}; i++) xs[i] = 0.0f;",
+                 f"    for (int i = 0; i < {npad}; i += 32) _mm512_store_si512((__m512i *)(xp + i / 2), "
+                 "(__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(xs + i + 16), _mm512_load_ps(xs + i)));"]
+        for b0, nb in _blocks(nv):
+            lines.append("    { " + " ".join(f"__m512 a{k} = _mm512_load_ps({bn} + {(b0 + k) * _LANES});"
+                                               for k in range(nb)))
+            lines.append("      " + broadcast_dot(pairs, "const int x4 = (int)xp[g];", "__m512bh",
+                                                  "(__m512bh)_mm512_set1_epi32", wn, nv, b0, 32,
+                                                  "_mm512_dpbf16_ps", nb))
+            lines.append("      " + " ".join(f"_mm512_store_ps(y + {(b0 + k) * _LANES}, a{k});"
+                                             for k in range(nb)) + " }")
+        return lines
+
     def _f16_weights(self, w: np.ndarray, nv: int) -> str:
         """``w`` as IEEE half bit patterns, ``[input][output]`` (outputs padded to whole
         16-lane vectors); refuses a weight beyond half's range, naming it."""
