@@ -271,23 +271,34 @@ def test_lstm_a_reduced_push_is_gated_and_close_to_the_fp32_window(kind, isa, zo
     assert f.rel_err > 0  # reduced: not predict_into bit for bit
 
 
-def test_fast_gates_keep_an_fp32_push_within_1e_5_over_10000_ticks(zoo_model, store_dir):
+@pytest.mark.parametrize("isa", ["native", AVX2])
+def test_fast_gates_keep_an_fp32_push_within_1e_5_over_10000_ticks(isa, zoo_model, store_dir):
     """push_gates='fast' on the zoo LSTM (window 16): 10,000 ticks within 1e-5 of the answers'
     scale of predict_into on each window (and not bit-equal: the fast gates are in use), the
-    compile's gate recorded; predict_into is the fp32 variant's bit for bit."""
-    _need("fast")
-    cm = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False,
-                     options={"push_gates": "fast"})
+    compile's gate recorded; predict_into is the fp32 variant's bit for bit. At
+    isa=x86-64-v3: the AVX2 gates (vrcpps + Newton, exponent-bit 2^n)."""
+    _need("fast", isa)
+    opts = {"push_gates": "fast", **({"isa": isa} if isa != "native" else {})}
+    cm = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False, options=opts)
     sl = cm.artifact.meta["sliding"]
     assert (sl["push_weights"], sl["push_gates"], sl["push_gate"]["violations"]) == ("fp32", "fast", [])
+    assert sl["push_kernels"]["fast"] == ("avx2" if isa == AVX2 else push_weights_kernel("fast"))
     xs = np.random.default_rng(12).normal(size=(10_000, 8)).astype(np.float32)
     got = push_all(cm.sliding(), xs, (1,))
     want = window_answers(cm, xs)
     err = np.abs(got - want).max() / max(1.0, np.abs(want).max())
     assert 0 < err <= 1e-5, err
-    exact = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False)
+    exact = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False,
+                        options={k: v for k, v in opts.items() if k == "isa"})
     win = np.random.default_rng(13).normal(size=(3, 16, 8)).astype(np.float32)
     assert cm.predict(win).tobytes() == exact.predict(win).tobytes()
+
+
+def push_weights_kernel(kind: str) -> str | None:
+    """The form of ``kind`` an isa='native' build picks on this CPU."""
+    from hwb_plugins.cpu_native import build, push_weights
+
+    return push_weights.kernel(kind, build.required_flags(build.compiler_path(), "native"))
 
 
 def test_push_weights_refusals_say_what_to_do(store_dir, stack_model):
