@@ -56,6 +56,14 @@ def _assert_avx2(cm, kind: str, gates: str = "fast") -> None:
     assert not [f for f in meta["requires"] if f.startswith("avx512")], meta["requires"]
     want = {kind: "avx2", **({"fast": "avx2"} if gates == "fast" else {})}
     assert meta["sliding"]["push_kernels"] == want
+    if shutil.which("objdump"):  # and the library holds that form's code, no zmm anywhere
+        import subprocess
+
+        dis = subprocess.run(["objdump", "-d", cm.artifact.file("libhwb_model.so")], capture_output=True,
+                             text=True, timeout=120).stdout
+        op, reg = FORM_MARK[kind, "avx2"]
+        assert any(op in line and f"%{reg}" in line for line in dis.splitlines()), (op, reg)
+        assert "%zmm" not in dis
 
 
 @pytest.fixture(scope="module")
