@@ -36,7 +36,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(XDIST) -m 'not slow'
 
-# The long differential fuzz of the layer IR and cpu.native (issue 34): FUZZ_EXAMPLES models
+# The long differential fuzz of the layer IR and cpu.native: FUZZ_EXAMPLES models
 # per property, counts written to fuzz.json; then cpu.native `fixed` bit-exact against
 # fpga.hls4ml's C-simulation (FUZZ_EXAMPLES/20 models), counts in fuzz_fixed.json.
 FUZZ_EXAMPLES ?= 2000

@@ -4,14 +4,18 @@
 //   ./shm_strategy NAME predict in.f32 out.f32     # rows of float32 features -> float32 outputs
 //   ./shm_strategy NAME bench N [GAP_US]           # N calls (GAP_US apart; default back to back)
 //   ./shm_strategy NAME replay ticks.f64           # open loop: one call per scheduled arrival
+//   ./shm_strategy NAME streams K in.f32 out.f32   # sliding: row r is a tick of symbol r % K
 //
-// A sliding endpoint (`hwb serve ... --shm NAME --sliding`) takes one tick per call (its
-// in_count is one tick's floats; the header's `window` says how many ticks it keeps): every
-// mode above then sends ticks, and `predict` answers one row per tick, in order (a new
-// connection starts on an empty window; hwb_shm_reset() empties it mid-session). Pin this
-// process to another core than the server's loop (`hwb serve` prints it): taskset -c 0 ...
-// The server prepares the next tick after each answer: back to back, the next call waits for
-// that prepare; `bench N 20` leaves 20 µs between calls, as real ticks do, so it is not.
+// A sliding endpoint (`hwb serve ... --shm NAME --sliding [--streams N]`) takes one tick per
+// call (its in_count is one tick's floats; the header's `window` says how many ticks it keeps)
+// for one of this client's N windows: every mode above then sends ticks to stream 0, and
+// `predict` answers one row per tick, in order; `streams K` sends row r to stream r % K with
+// hwb_shm_push(), as a desk feeding K symbols through one connection does (each connection's
+// windows are its own and start empty; hwb_shm_reset_stream() empties one mid-session). Pin
+// this process to another core than the server's loop (`hwb serve` prints it): taskset -c 0 ...
+// The server prepares a window after its answer, in its idle time: back to back on one
+// window, the next call may wait for that prepare; `bench N 20` leaves 20 µs between calls,
+// as real ticks do, so it does not.
 //
 // Every failure is a status, never a wrong answer: a version, dtype or size mismatch is
 // refused at attach (exit 3); a tick whose answer did not come is skipped and counted.
@@ -56,7 +60,8 @@ void print_stats(const std::vector<double> &lat_us, long lost, long errors) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: %s NAME predict IN OUT | bench N | replay TICKS\n", argv[0]);
+        std::fprintf(stderr, "usage: %s NAME predict IN OUT | bench N | replay TICKS | streams K IN OUT\n",
+                     argv[0]);
         return 2;
     }
     hwb_shm_client c;
@@ -68,8 +73,8 @@ int main(int argc, char **argv) {
     const uint32_t ni = c.in_count, no = c.out_count;
     std::string mode = argv[2];
     if (c.hdr->sliding == HWB_SHM_ONE_TICK)
-        std::fprintf(stderr, "%s: sliding endpoint, one tick of %u floats per call (window of %u)\n",
-                     argv[1], ni, c.hdr->window);
+        std::fprintf(stderr, "%s: sliding endpoint, one tick of %u floats per call (window of %u, "
+                     "%u streams)\n", argv[1], ni, c.hdr->window, c.streams);
     std::vector<float> out(no);
     int status = 0;
 
@@ -93,6 +98,29 @@ int main(int argc, char **argv) {
             }
         }
         FILE *f = std::fopen(argv[4], "wb");
+        if (!f || std::fwrite(y.data(), 4, y.size(), f) != y.size()) status = 2;
+        if (f) std::fclose(f);
+    } else if (mode == "streams" && argc == 6) {
+        const uint32_t k = static_cast<uint32_t>(std::atol(argv[3]));
+        std::vector<char> raw = read_file(argv[4]);
+        if (k == 0 || raw.size() % (4u * ni)) {
+            std::fprintf(stderr, "streams: K must be >= 1 and %s whole %u-float rows\n", argv[4], ni);
+            hwb_shm_detach(&c);
+            return 2;
+        }
+        size_t rows = raw.size() / (4u * ni);
+        std::vector<float> x(raw.size() / 4), y(rows * no);
+        std::memcpy(x.data(), raw.data(), raw.size());
+        for (size_t r = 0; r < rows; r++) {
+            rc = hwb_shm_push(&c, static_cast<uint32_t>(r % k), &x[r * ni], &y[r * no], 0);
+            if (rc != HWB_SHM_OK) {
+                std::fprintf(stderr, "row %zu (stream %zu): %s %s\n", r, r % k, hwb_shm_strerror(rc),
+                             hwb_shm_message(&c));
+                status = 4;
+                break;
+            }
+        }
+        FILE *f = std::fopen(argv[5], "wb");
         if (!f || std::fwrite(y.data(), 4, y.size(), f) != y.size()) status = 2;
         if (f) std::fclose(f);
     } else if (mode == "bench" && (argc == 4 || argc == 5)) {

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from hwbackends.machine import cpu_model
+from hwbackends.contract import machine
 
 
 def version(dist: str) -> str:
@@ -24,4 +24,4 @@ def importable(module: str) -> bool:
 
 def cpu_name() -> str:
     """The CPU's model name, for ``Availability.device`` (reads /proc/cpuinfo; no import)."""
-    return cpu_model()
+    return machine.cpu_model()

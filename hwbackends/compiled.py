@@ -9,7 +9,7 @@ from .chunked import as_returned, predict_in_batches, tuple_call
 from .exclusive import lock_for
 from .fidelity import Fidelity
 from .inputs import NAN_POLICIES, as_batches, is_single
-from .labels import label
+from .labels import label, push_form
 from .sliding import Window, Windows, open_window, open_windows
 from .specs import Availability, Mode, TensorSpec
 from .target import Artifact, Executor, check_io, close_executor
@@ -103,7 +103,7 @@ class CompiledModel:
 
     @property
     def variant(self) -> str:
-        return label(self.target, self.precision)
+        return label(self.target, self.precision, push_form(self.artifact.meta))
 
     def describe(self) -> dict[str, Any]:
         return {

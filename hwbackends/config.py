@@ -10,6 +10,7 @@
     fidelity = { corr_min = 0.999, max_abs = 1e-3 }
     output_kind = "signed"                     # signed, regression, probabilities, logits
     # pin = "cpu.litert:int8"                  # optional explicit choice
+    # sliding = { streams = 500, tick_rate_hz = 200, cores = 2 }   # a windowed model's load
 
 Parsing is ``tomllib``; the schema is pydantic v2 (``extra="forbid"``, so a misspelt key is
 an error that lists the allowed keys). :func:`load_config` also checks what the schema cannot:
@@ -27,7 +28,15 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError, UnsupportedError
 from .fidelity import Tolerance
@@ -61,20 +70,9 @@ class TierConfig(_Strict):
     description: str = ""
 
 
-#: The gate's defaults: :class:`~hwbackends.fidelity.Tolerance`'s own, the one source.
-_GATE = Tolerance()
-
-
-class FidelityConfig(_Strict):
-    """What a variant must meet against the fp32 reference (``hwbackends.fidelity.Tolerance``,
-    whose defaults these are); keys left out are not checked."""
-
-    corr_min: float | None = Field(_GATE.corr_min, ge=-1, le=1)
-    max_abs: float | None = Field(_GATE.max_abs, ge=0)
-    rel_err: float | None = Field(_GATE.rel_err, ge=0)
-    mae: float | None = Field(_GATE.mae, ge=0)
-    sign_min: float | None = Field(_GATE.sign_min, ge=0, le=1)
-    argmax_min: float | None = Field(_GATE.argmax_min, ge=0, le=1)
+class _FidelityFields(_Strict):
+    """What :class:`FidelityConfig` does besides its fields (which come from
+    :class:`~hwbackends.fidelity.Tolerance`)."""
 
     def tolerance(self, kind: str | None = None) -> Tolerance:
         """The gate, for outputs of ``kind`` (the strategy's ``output_kind``; ``None``: as
@@ -90,6 +88,28 @@ class FidelityConfig(_Strict):
         unset = [k for k, v in vals.items() if v is None]
         return (", ".join(shown) or "nothing checked") + (f"; not checked: {', '.join(unset)}"
                                                           if unset else "")
+
+
+FidelityConfig = create_model(
+    "FidelityConfig", __base__=_FidelityFields, __module__=__name__,
+    **{f.name: (float | None, Field(f.default, ge=f.metadata["bounds"][0],
+                                    le=f.metadata["bounds"][1]))
+       for f in Tolerance.gate_fields()})
+FidelityConfig.__doc__ = ("What a variant must meet against the fp32 reference "
+                          "(``hwbackends.fidelity.Tolerance``, whose gate fields, defaults and "
+                          "ranges these are); keys left out are not checked.")
+
+
+class SlidingLoadConfig(_Strict):
+    """A sliding strategy's load: ``streams`` symbols (one window each) ticking at
+    ``tick_rate_hz`` each, on at most ``cores`` cores (instances of a target). The router
+    ranks variants by their sliding load profile at ``streams × tick_rate_hz`` ticks/s
+    (hwbackends/bench/load.py), says how many cores each needs, and refuses one whose knee on
+    the cores allowed is below the load."""
+
+    streams: int = Field(ge=1, le=MAX_COUNT, description="symbols, one window each")
+    tick_rate_hz: float = Field(gt=0, le=1e9, description="ticks per second per symbol")
+    cores: int = Field(1, ge=1, le=4096, description="cores (target instances) allowed")
 
 
 class StrategyConfig(_Strict):
@@ -110,6 +130,9 @@ class StrategyConfig(_Strict):
     #: the default) or ``sliding`` (a windowed model fed one tick at a time: ``push_into``'s
     #: p99, the prepare apart; a variant with no sliding measurement is not eligible).
     scenario: Literal["single-stream", "sliding"] = "single-stream"
+    #: A sliding strategy's load (``sliding = {streams = 500, tick_rate_hz = 200}``): it
+    #: makes the scenario ``sliding`` and ranks by the p99 at that load (SlidingLoadConfig).
+    sliding: SlidingLoadConfig | None = None
     #: Hard per-call deadline: calls go through a watchdog thread and a call that misses it is
     #: served by the next candidate. Costs a thread hand-off per call (see docs/routing.md).
     timeout_us: float | None = Field(None, gt=0, le=MAX_US)
@@ -149,11 +172,21 @@ class StrategyConfig(_Strict):
             kw["trust_pickle"] = True
         return kw
 
+    @model_validator(mode="after")
+    def _load_is_sliding(self) -> "StrategyConfig":
+        if self.sliding is not None:
+            if "scenario" in self.model_fields_set and self.scenario != "sliding":
+                raise ValueError(f"sliding = {{streams, tick_rate_hz}} declares a sliding load, "
+                                 f"but scenario = {self.scenario!r}; drop the scenario key (a "
+                                 f"load makes it 'sliding') or the sliding table")
+            self.scenario = "sliding"
+        return self
+
     @field_validator("pin")
     @classmethod
     def _pin_form(cls, v: str | None) -> str | None:
         # The precision may be any the target accepts (``ap_fixed<16,6>``): checked later
-        # by Target.check_precision, not by a character class here (issue 21 #4).
+        # by Target.check_precision, not by a character class here.
         if v is not None and not re.fullmatch(r"[\w.\-]+:\S+", v):
             raise ValueError(f"pin must be 'target:precision' (e.g. 'cpu.litert:int8'), got {v!r}")
         return v
@@ -528,12 +561,12 @@ def _check_targets(base: tuple[str, ...], s: Any, reg: "Registry", bad: Any) -> 
     names = sorted(reg.targets)
     allowed = _allowed_targets(base, s, names, bad)
     # Target.accepts, not the listed precisions: an FPGA target builds any ap_fixed<W,I>
-    # named here, as `hwb compile` does (issue 21 #4).
+    # named here, as `hwb compile` does.
     why = unaccepted_precisions([reg.targets[n] for n in allowed], s.precisions or [])
     if allowed and why:
         bad(base + ("precisions",), why)
     if s.pin:
-        tname, prec = parse_label(s.pin)
+        tname, prec, _push = parse_label(s.pin)  # the push form is matched at routing
         if tname not in reg.targets:
             bad(base + ("pin",), f"unknown target {tname!r}; registered: {', '.join(names)}")
         elif tname not in allowed:

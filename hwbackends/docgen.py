@@ -35,6 +35,7 @@ def contract_objects() -> list[Any]:
     """The public contract a plugin author works with, in the order the reference lists it."""
     objs: list[Any] = [target.Target, target.Executor, target.BufferedExecutor,
                        target.CompileOptions, target.Artifact,
+                       target.TritonForm, target.TritonFile,
                        target.Converter, target.check_io, target.several,
                        specs.Availability, specs.Mode,
                        specs.TensorSpec]

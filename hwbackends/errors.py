@@ -57,5 +57,9 @@ class PluginError(HwbError):
     """A plugin failed to import, raised in a hook, or broke the contract."""
 
 
+class ResultsError(HwbError):
+    """A results file is missing, unreadable, or from another results-format version."""
+
+
 class ConfigError(HwbError, ValueError):
     """A configuration file or value is invalid (the message points at the entry)."""

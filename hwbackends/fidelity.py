@@ -35,7 +35,7 @@ without being wrong (a probability that rounds to exactly 0 is not a sign flip).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -288,17 +288,30 @@ class Tolerance:
     naming the kind for a ``strict`` one: a strategy's gate, written for one model
     (:meth:`hwbackends.config.FidelityConfig.tolerance`)."""
 
-    corr_min: float | None = 0.999
-    max_abs: float | None = None
-    rel_err: float | None = None
-    mae: float | None = None
-    sign_min: float | None = None
-    argmax_min: float | None = None
+    # The gate's fields, declared here only: each carries the range a value must lie in
+    # (``bounds``: low, high; None: open), which a strategies file's ``fidelity`` table is
+    # checked against (:class:`hwbackends.config.FidelityConfig` is built from these).
+    corr_min: float | None = field(default=0.999, metadata={"bounds": (-1.0, 1.0)})
+    max_abs: float | None = field(default=None, metadata={"bounds": (0.0, None)})
+    rel_err: float | None = field(default=None, metadata={"bounds": (0.0, None)})
+    mae: float | None = field(default=None, metadata={"bounds": (0.0, None)})
+    sign_min: float | None = field(default=None, metadata={"bounds": (0.0, 1.0)})
+    argmax_min: float | None = field(default=None, metadata={"bounds": (0.0, 1.0)})
     #: The output kind declared for the model (``output_kind``): a Fidelity whose kind was
     #: inferred is judged as this kind (:func:`with_kind`). ``None``: as measured.
     kind: str | None = None
     #: A set field the output kind does not gate is an error (:meth:`check_kind`), not skipped.
     strict: bool = False
+
+    @classmethod
+    def gate_fields(cls) -> tuple[Any, ...]:
+        """The dataclass fields that gate (each with ``metadata["bounds"]``), in order: what a
+        strategy's ``fidelity`` table and an FPGA target's ``fidelity`` option may set."""
+        return tuple(f for f in fields(cls) if "bounds" in f.metadata)
+
+    def gates(self) -> dict[str, float | None]:
+        """The gate fields' values, by name."""
+        return {f.name: getattr(self, f.name) for f in self.gate_fields()}
 
     def misapplied(self, kind: str) -> list[str]:
         """The set fields that do not apply to an output of ``kind``."""
@@ -365,6 +378,12 @@ TOLERANCES: dict[str, Tolerance] = {
 #: ``fidelity``, hwb_plugins/_shared/fixed_point.py ``FidelityTarget``): tighter than the
 #: quantized family's gate, because the search then keeps the cheapest type that meets it.
 AUTO_SEARCH = Tolerance(corr_min=0.999, rel_err=0.01, sign_min=0.995, argmax_min=0.995)
+
+#: What a new model version must meet against the serving one on live inputs before a swap
+#: (``hwb serve``'s shadow check, :class:`hwbackends.serve.engine.EngineConfig`'s default
+#: ``tolerance``): both are already gated against the reference, so this catches a version
+#: that answers differently from what is served, not one that drifted a little.
+SWAP_GATE = Tolerance(corr_min=0.999, rel_err=0.01)
 
 
 def precision_family(precision: str) -> str:

@@ -95,7 +95,7 @@ def _hookimpl(pkg: str, target: str, camel: str) -> str:
         """hwbackends plugin providing the ``{target}`` target."""
         from __future__ import annotations
 
-        from hwbackends import hookimpl
+        from hwbackends.contract import hookimpl
 
         from .target import {camel}Target
 

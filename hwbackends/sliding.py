@@ -42,6 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .errors import InputError, UnsupportedError
+from .inputs import as_sample
 from .specs import TensorSpec
 
 _F32 = np.dtype(np.float32)
@@ -60,6 +61,7 @@ class Windowed(Protocol):
     outputs: Sequence[TensorSpec]
     input: TensorSpec
     output: TensorSpec
+    nan_policy: str
 
     def predict_into(self, xs: Any, outs: Any) -> None: ...
 
@@ -105,8 +107,10 @@ class Window:
     the target costs. One caller at a time, like ``predict_into``; it takes no lock."""
 
     def __init__(self, steps: Steps, *, window: int, step_shape: tuple[int, ...],
-                 output_shape: tuple[int, ...], stateful: bool):
+                 output_shape: tuple[int, ...], stateful: bool, nan_policy: str = "reject"):
         self.form = steps.form
+        #: What :meth:`push` does with a NaN/Inf tick (the compiled model's ``nan_policy``).
+        self.nan_policy = nan_policy
         #: The window's length in steps (``input.shape[0]``); for a stream, the compiled one.
         self.window = window
         self.step_shape = step_shape
@@ -116,6 +120,16 @@ class Window:
         self.prepare = steps.prepare
         self.reset = steps.reset
         steps.revoke = self._revoke
+
+    def push(self, x_t: Any) -> np.ndarray:
+        """The validating form of :meth:`push_into`, as ``predict`` is of ``predict_into``:
+        ``x_t`` any array-like of one step's shape, checked (a NaN/Inf tick is an
+        :class:`InputError` under ``nan_policy="reject"``, before it reaches the window);
+        returns a new array of the answer."""
+        x = as_sample(x_t, TensorSpec("x_t", self.step_shape), self.nan_policy, where="push")
+        out = np.empty(self.output_shape, np.float32)
+        self.push_into(x, out)
+        return out
 
     def _revoke(self, why: str) -> None:
         def refused(*_: Any) -> None:
@@ -134,8 +148,11 @@ class Windows:
     window handles). One caller at a time over the whole object, like ``predict_into``."""
 
     def __init__(self, steps: StreamSteps, *, streams: int, window: int,
-                 step_shape: tuple[int, ...], output_shape: tuple[int, ...], stateful: bool):
+                 step_shape: tuple[int, ...], output_shape: tuple[int, ...], stateful: bool,
+                 nan_policy: str = "reject"):
         self.form = steps.form
+        #: What :meth:`push` does with a NaN/Inf tick (the compiled model's ``nan_policy``).
+        self.nan_policy = nan_policy
         self.streams = streams
         self.window = window
         self.step_shape = step_shape
@@ -145,6 +162,14 @@ class Windows:
         self.push_many = steps.push_many
         self.prepare = steps.prepare
         self._reset = steps.reset
+
+    def push(self, i: int, x_t: Any) -> np.ndarray:
+        """The validating form of :meth:`push_into` (see :meth:`Window.push`) on window ``i``."""
+        check_id(i, self.streams)
+        x = as_sample(x_t, TensorSpec("x_t", self.step_shape), self.nan_policy, where="push")
+        out = np.empty(self.output_shape, np.float32)
+        self.push_into(int(i), x, out)
+        return out
 
     def reset(self, i: int | None = None) -> None:
         """Empty window ``i`` (zero-filled; a stream's state zeroed), or every window."""
@@ -357,7 +382,7 @@ def open_window(cm: Windowed, *, stateful: bool, auto_prepare: bool) -> Window:
                 f"window with zero state at its start")
         steps = RecomputeSteps(cm).steps()
     return Window(steps, window=t, step_shape=step, output_shape=tuple(cm.output.shape),
-                  stateful=stateful)
+                  stateful=stateful, nan_policy=cm.nan_policy)
 
 
 def open_windows(cm: Windowed, streams: Any, *, stateful: bool, auto_prepare: bool) -> Windows:
@@ -376,4 +401,5 @@ def open_windows(cm: Windowed, streams: Any, *, stateful: bool, auto_prepare: bo
                 f"for windows with zero state at their start")
         steps = RecomputeStreams(cm, n).steps()
     return Windows(steps, streams=n, window=t, step_shape=step,
-                   output_shape=tuple(cm.output.shape), stateful=stateful)
+                   output_shape=tuple(cm.output.shape), stateful=stateful,
+                   nan_policy=cm.nan_policy)

@@ -559,13 +559,21 @@ class Target:
     def export(self, artifact: Artifact, fmt: str, outdir: Path) -> list[Path]:
         """Write ``artifact`` in deployment format ``fmt`` (one of :attr:`exports`) into
         ``outdir`` and return the files written; what ``hwb export --format FMT`` calls for
-        formats the target itself owns (``c``: a shared library and its header). Formats the
-        core owns (``triton``, ``tf-serving``) do not come here. Raise
+        formats the target itself owns (``c``: a shared library and its header). The model
+        servers' formats the core writes do not come here: ``triton`` asks :meth:`triton`,
+        ``tf-serving`` serves the source model. Raise
         :class:`~hwbackends.errors.UnsupportedError` for a format it does not offer; the
         default offers none."""
         raise UnsupportedError(
             f"target {self.name} exports no format {fmt!r} (it offers: "
             f"{', '.join(self.exports) or 'none'}); choose a format it lists in `hwb targets`")
+
+    def triton(self) -> "TritonForm | None":
+        """How Triton serves this target's variants (``hwb export --format triton``): a
+        :class:`TritonForm`, or ``None`` (the default) when Triton cannot, which the export
+        says. Fast, no heavy imports (import the form's module here, its runtimes inside
+        its methods)."""
+        return None
 
     def summary_lines(self, meta: dict[str, Any]) -> list[str]:
         """Lines about this variant's build that ``hwb compile`` prints after its own
@@ -586,6 +594,93 @@ class Target:
 
     def __repr__(self) -> str:
         return f"<Target {self.name}>"
+
+
+@dataclass
+class TritonFile:
+    """The model file a :class:`TritonForm` wrote for one of Triton's own backends
+    (:meth:`TritonForm.native`), and what ``config.pbtxt`` says about it."""
+
+    #: The files written, inside the version directory.
+    files: list[Path]
+    #: How Triton runs them: ``{"backend": "onnxruntime"}``, ``{"platform": "tensorrt_plan"}``.
+    keys: dict[str, str]
+    #: The backend's ``parameters`` (Triton takes them as strings).
+    parameters: dict[str, str] = field(default_factory=dict)
+    #: Whether the instances run on the GPU (``KIND_GPU``; else ``KIND_CPU``).
+    gpu: bool = False
+    #: ``(inputs, outputs)`` as the file binds them when it cannot take the served names (an
+    #: engine's bindings): the core refuses one that is not a plain identifier. ``None``: the
+    #: file takes the served names.
+    bound: tuple[list[TensorSpec], list[TensorSpec]] | None = None
+    #: The one batch size the file runs (the config then has ``max_batch_size: 0`` and the
+    #: batch in its dims); ``None``: any batch.
+    static_batch: int | None = None
+    #: Lines for people and for the config's comment (what the file is bound to): the
+    #: form's own words, never text from the model.
+    notes: list[str] = field(default_factory=list)
+
+
+class TritonForm:
+    """How Triton serves a target's variants: what :meth:`Target.triton` returns and
+    ``hwb export --format triton`` asks. The core measures, plans the batching, compiles the
+    variant at each batch size it serves, names the tensors (plain identifiers) and writes
+    ``config.pbtxt``; the form says what Triton runs, in one flavour or both:
+
+    - **native**: one of Triton's own backends runs the model file :meth:`native` writes
+      from the compiled artifacts (ONNX Runtime's ``model.onnx``, a TensorRT plan);
+    - **python**: Triton's python backend runs the core's ``model.py`` over the
+      :attr:`artifact_file` of the variant compiled at each served batch size (``1/bN/``):
+      ``model.py`` pads a batch into the smallest size that holds it and calls the runner
+      module :attr:`runtime`, copied beside it as ``1/hwb_runtime.py``.
+
+    Native is the default where both are offered; the core falls back on python (and says
+    why) when :meth:`native` refuses a graph. A subclass sets what it offers; the base
+    offers neither."""
+
+    #: The artifact's file Triton's model is made from, copied into ``1/bN/`` per batch size.
+    artifact_file: ClassVar[str] = ""
+    #: Whether :meth:`native` writes a file for one of Triton's own backends.
+    native_backend: ClassVar[bool] = False
+    #: Whether the native file holds one batch size (an engine whose optimization profile is
+    #: its batch): the core then compiles the variant once, at the export's max batch size
+    #: (default: the target's), that batch caps the settings, and Triton passes requests as
+    #: they come. Else the variant is compiled at every batch size the settings serve.
+    one_batch: ClassVar[bool] = False
+    #: The python backend's runner, or ``None``: no python flavour. A module file that imports
+    #: numpy and its runtime only (it runs in Triton's python stub, which has no hwbackends)
+    #: and defines ``load(path, threads, inputs, outputs)`` returning a function from a list
+    #: of input arrays (in ``inputs`` order) to a list of output arrays; ``inputs``/``outputs``
+    #: are dicts with ``name`` (served), ``index`` (:meth:`positions`), ``shape``, ``dtype``.
+    runtime: ClassVar[Path | None] = None
+    #: The runtime's name in ``hwb_model.json``, for people (``"onnxruntime"``).
+    runtime_name: ClassVar[str] = ""
+
+    def check(self, artifact: Artifact, portable: bool) -> None:
+        """Refuse, with :class:`~hwbackends.errors.UnsupportedError` saying what to change,
+        the artifact of a :attr:`one_batch` form that the native file cannot be made from,
+        right after its compile. ``portable``: the user asked for a file that runs on other
+        versions of its runtime (``hwb export --trt-version-compatible``). The default
+        accepts every artifact."""
+
+    def native(self, version_dir: Path, compiled: dict[int, Any], inputs: list[TensorSpec],
+               outputs: list[TensorSpec], threads: int) -> TritonFile:
+        """Write the native model file into ``version_dir`` and describe it. ``compiled``:
+        batch size → ``CompiledModel`` of the variant (for a :attr:`one_batch` form, the one
+        compiled; else each with its :attr:`artifact_file` staged at
+        ``version_dir/bN/``, which the core removes afterwards); ``inputs``/``outputs``: the
+        model's specs under the served names; ``threads``: intra-op threads per instance.
+        Raise :class:`~hwbackends.errors.UnsupportedError` when the file cannot be made (a
+        graph whose batch is fixed inside): the core falls back on the python flavour where
+        the form has one. The default offers no native file."""
+        raise UnsupportedError("this target has no native Triton backend")
+
+    def positions(self, compiled: Any, path: Path) -> tuple[list[int], list[int]]:
+        """Where each input and output (in spec order) is among the runtime's own, by
+        position: the runner finds tensors by these, never by a name from the model.
+        ``compiled``: a ``CompiledModel`` of the variant; ``path``: its staged
+        :attr:`artifact_file`. The default is spec order."""
+        return list(range(len(compiled.inputs))), list(range(len(compiled.outputs)))
 
 
 @dataclass(frozen=True)

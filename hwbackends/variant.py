@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import HwbError
 from .fidelity import Fidelity
-from .labels import label
+from .labels import PUSH_FORMS, label, push_form
 
 if TYPE_CHECKING:  # pragma: no cover
     from .compiled import CompiledModel
@@ -58,6 +58,9 @@ class VariantRecord:
     #: the FPGA targets bits, bit-exactness, chosen fraction); ``None`` for most targets.
     plugin_report: dict[str, Any] | None = None
     machine: dict[str, Any] | None = None
+    #: The sliding push form when it is not the variant's own precision (a label's
+    #: ``+push=FORM``: cpu.native's ``push_weights=int8``); ``None`` for the plain form.
+    push: str | None = None
     artifact_from: str | None = None
     artifact_from_node: str | None = None
     #: Keys of the row this version does not know (a newer writer's), written back unchanged.
@@ -76,7 +79,8 @@ class VariantRecord:
                    cached=bool(d.get("cached")), artifact_bytes=d.get("artifact_bytes"),
                    artifact_key=cm.artifact.key, batch_size=cm.batch_size,
                    toolchain=dict(d.get("toolchain") or {}), data=cm.data or None,
-                   hardware_estimate=est, plugin_report=report_meta(cm.target, d.get("meta") or {}, registry))
+                   hardware_estimate=est, plugin_report=report_meta(cm.target, d.get("meta") or {}, registry),
+                   push=push_form(d.get("meta")))
 
     @classmethod
     def failed(cls, target: str, precision: str, mode: str, error: str,
@@ -111,7 +115,11 @@ class VariantRecord:
                               f"re-run `hwb bench` to regenerate the results file")
         known = {f.name for f in fields(cls)} - {"extra"}
         kw = {k: v for k, v in d.items() if k in known and v is not None}
-        kw.setdefault("variant", label(d["target"], d["precision"]))
+        if "push" in kw and kw["push"] not in PUSH_FORMS:
+            raise RecordError(f"variant row {d.get('variant', '?')!r}: push {kw['push']!r} is not "
+                              f"one of {', '.join(PUSH_FORMS)}; re-run `hwb bench` to regenerate "
+                              f"the results file")
+        kw.setdefault("variant", label(d["target"], d["precision"], kw.get("push")))
         kw.setdefault("mode", "unknown")
         kw["error"] = d.get("error") or None
         if isinstance(d.get("fidelity"), dict):

@@ -1,4 +1,4 @@
-"""``hwb export`` (issue 23): settings from measurements, the Triton and TF Serving layouts,
+"""``hwb export``: settings from measurements, the Triton and TF Serving layouts,
 their files parsed with the servers' own protos, the SavedModel and the python-backend model
 run against the source model, and the errors.
 
@@ -162,7 +162,12 @@ def test_triton_python_backend_two_head(measured_file, zoo_model, store_dir, tmp
     assert "# measured: cpu.litert:fp32" in text and "p99" in text and m.fingerprint in text
     assert "bench_model" not in text  # the results file's command is not written: no free text
     assert sorted(p.name for p in (root / "1").iterdir()) == ["b1", "b16", "b4", "hwb_model.json",
-                                                               "model.py"]
+                                                               "hwb_runtime.py", "model.py"]
+    # the runner beside model.py is the target's own (the core's model.py runs no framework)
+    from hwbackends.registry import get_registry
+
+    shipped = get_registry().target("cpu.litert").triton().runtime
+    assert (root / "1" / "hwb_runtime.py").read_bytes() == shipped.read_bytes()
     # model.py's runner (what the python backend calls) answers as the source model, at a
     # batch no artifact was compiled for (3: padded into the batch-4 artifact)
     runner = _load_runner(root / "1")
@@ -227,17 +232,37 @@ def _strategies(d: Path, p99_us: float) -> Path:
 
 
 def test_tensorrt_plan_config_parses(pylibs, zoo_model, tmp_path):
-    """gpu.tensorrt cannot build here: the config of a static-batch plan (what gpu.tensorrt
-    builds) is written and parsed; no engine is run."""
+    """gpu.tensorrt cannot build here: its Triton form writes ``model.plan`` from an artifact
+    of a static-batch engine (a stand-in file; no engine is run), binds the engine's tensor
+    names, and the config the core writes from it parses with Triton's proto."""
     from hwbackends.export.triton import TritonModel, config_text
+    from hwbackends.registry import get_registry
+    from hwbackends.target import Artifact
 
+    form = get_registry().target("gpu.tensorrt").triton()
+    assert form.native_backend and form.one_batch and form.runtime is None
     m = zoo_model("two_head")
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / form.artifact_file).write_bytes(b"engine")
+    art = Artifact(tmp_path / "art", "k", "gpu.tensorrt", "fp32", m.fingerprint, 8, m.inputs,
+                   m.outputs, meta={"io": {"inputs": ["in_a", "in_b"], "outputs": ["y0", "y1"]},
+                                    "bound_to": {"tensorrt": "10.x"}})
+    with pytest.raises(UnsupportedError, match="not built with VERSION_COMPATIBLE"):
+        form.check(art, True)
+    form.check(art, False)
+
+    class Compiled:
+        artifact = art
+    f = form.native(tmp_path / "1", {8: Compiled()}, m.inputs, m.outputs, 1)
+    assert [p.name for p in f.files] == ["model.plan"] and f.files[0].read_bytes() == b"engine"
+    assert any("TensorRT 10.x" in n for n in f.notes)
     s = plan(_measured([(1, 10.0, 20.0), (8, 40.0, 60.0)]), max_batch=8, engine_max=8)
-    tm = TritonModel("th", m.inputs, m.outputs, {"platform": "tensorrt_plan"}, 1, static_batch=8)
+    tm = TritonModel.native("th", m.inputs, m.outputs, f, 1)
     p = tmp_path / "config.pbtxt"
-    p.write_text(config_text(tm, s, ["TensorRT plan: TensorRT 10.x (not built here)"]))
+    p.write_text(config_text(tm, s, f.notes))
     cfg = _parse_triton(pylibs, p)
     assert cfg.platform == "tensorrt_plan" and cfg.max_batch_size == 0
+    assert [i.name for i in cfg.input] == ["in_a", "in_b"]
     assert list(cfg.input[0].dims) == [8, 16] and not cfg.HasField("dynamic_batching")
     assert cfg.instance_group[0].kind == _triton_proto(pylibs).ModelInstanceGroup.KIND_GPU
 

@@ -1,5 +1,5 @@
-"""``hwb export`` against a hostile model, results file and output directory (issue 33 items 2,
-4 and 5; issue 36's served tensor names).
+"""``hwb export`` against a hostile model, results file and output directory, and
+the served tensor names.
 
 Everything goes through ``hwb export`` (``hwbackends.cli.main``) except the Hypothesis test of
 names a file name cannot hold (NUL, ``/``), which uses ``load_model(name=...)`` and
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hwbackends.bench.results import FORMAT, VERSION
 from hwbackends.errors import HwbError
 from hwbackends.identifiers import is_plain
+from hwbackends.registry import get_registry
 
 pylibs = _export_tests.pylibs  # the fixture (Triton's and TF Serving's protos), reused
 _parse_triton = _export_tests._parse_triton
@@ -109,7 +110,7 @@ def _untouched(v: Path) -> None:
     assert (v / "secret").read_text() == "precious"
 
 
-# -- issue 33 item 2: links and other versions in the output directory --------------------------
+# -- links and other versions in the output directory --------------------------------------------
 @pytest.mark.parametrize("planted", ["config.pbtxt", "1", "tiny", "1/model.onnx"])
 def test_triton_refuses_a_link_where_it_writes(planted, cli, tiny, tmp_path):
     """A link in place of the config, the version directory, the model directory or a file in
@@ -207,7 +208,7 @@ def test_tf_serving_refuses_a_link_in_place_of_models_config(hwb_cli, store_dir,
     assert (out / "models.config").is_symlink() and not (out / "mlp").exists()
 
 
-# -- issue 33 item 5: the results file is hostile -------------------------------------------------
+# -- the results file is hostile ---------------------------------------------------------------------
 def _set(path: list, value):
     def edit(d: dict) -> dict:
         d = copy.deepcopy(d)
@@ -291,7 +292,7 @@ def test_batch_sizes_are_capped_by_memory():
     assert any("above 100 left out" in w and "4.0 GiB" in w for w in s.why), s.why
 
 
-# -- issue 33 item 4: the store's cap prunes what the export compiled -------------------------------
+# -- the store's cap prunes what the export compiled -------------------------------------------------
 def test_export_beside_the_store_cap_never_loses_a_size(hwb_cli, tiny, tmp_path, monkeypatch, pylibs):
     """HWB_CACHE_MAX_SIZE below two artifacts and no grace: each compile of the sweep prunes the
     ones before it. The export still ships every size (each pinned or copied on compile)."""
@@ -311,7 +312,7 @@ def test_export_beside_the_store_cap_never_loses_a_size(hwb_cli, tiny, tmp_path,
     assert _parse_triton(pylibs, out / "tiny" / "config.pbtxt").max_batch_size == 8
 
 
-# -- issue 36: tensors served under the model's own names -----------------------------------------
+# -- tensors served under the model's own names ------------------------------------------------------
 def test_single_tensor_keras_model_keeps_its_names(hwb_cli, store_dir, zoo_model, tmp_path, pylibs):
     """zoo:mlp is ``keras.Input(name="features")`` → layer ``probs``: those are the served
     names, not the readers' ``input``/``output``."""
@@ -332,7 +333,7 @@ def test_single_tensor_keras_model_keeps_its_names(hwb_cli, store_dir, zoo_model
 
 
 def test_without_results_the_export_measures_the_sweep(cli, tiny, tmp_path, pylibs):
-    """Issue 36: no --results is no refusal: the sweep is measured first, with progress, and
+    """No --results is no refusal: the sweep is measured first, with progress, and
     the settings come from those figures (max_batch_size = the largest size measured)."""
     p, _, _ = tiny
     rc, out, err = cli(str(p), "-t", VARIANT, "--format", "triton", "-o", str(tmp_path / "repo"),
@@ -444,6 +445,8 @@ def test_hostile_names_and_paths_through_every_format(payload, where, fmt, plant
     if fmt == "triton-python":
         shipped = Path(__import__("hwbackends.export.triton_model", fromlist=["x"]).__file__)
         assert (out / served / "1" / "model.py").read_bytes() == shipped.read_bytes()
+        runner = get_registry().target(target).triton().runtime
+        assert (out / served / "1" / "hwb_runtime.py").read_bytes() == runner.read_bytes()
 
 
 def _compile_and_run_header(out: Path, tmp: Path, marker: Path) -> None:

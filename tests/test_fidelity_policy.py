@@ -1,5 +1,5 @@
-"""The precision-family fidelity policy lives once, in :mod:`hwbackends.fidelity` (issue 37,
-item 5): ``hwb compile``'s gate, the conformance kit's fidelity check and a fleet node's
+"""The precision-family fidelity policy lives once, in :mod:`hwbackends.fidelity`:
+``hwb compile``'s gate, the conformance kit's fidelity check and a fleet node's
 artifact import all decide with :func:`hwbackends.fidelity.gate_violations`, so changing the
 one table changes all three."""
 from __future__ import annotations
@@ -67,3 +67,24 @@ def test_one_table_decides_compile_kit_and_import(zoo_model, tmp_path, monkeypat
     with pytest.raises(CacheError, match="reference model"):
         import_artifact(dst, staged, src.get(cm.artifact.key), m, Sample.name, registry=reg)
     assert dst.get(cm.artifact.key) is None
+
+
+def test_the_gate_fields_are_declared_once():
+    """A strategy's ``fidelity`` table takes exactly Tolerance's gate fields, with Tolerance's
+    defaults and the ranges declared beside them; the serving engine's swap gate is the
+    policy's SWAP_GATE."""
+    from pydantic import ValidationError
+
+    from hwbackends.config import FidelityConfig
+    from hwbackends.serve.engine import EngineConfig
+
+    gate = Tolerance.gate_fields()
+    assert list(FidelityConfig.model_fields) == [f.name for f in gate]
+    assert FidelityConfig().tolerance().gates() == Tolerance().gates()
+    for f in gate:
+        lo, hi = f.metadata["bounds"]
+        for bad in ([lo - 1] if lo is not None else []) + ([hi + 1] if hi is not None else []):
+            with pytest.raises(ValidationError, match=f.name):
+                FidelityConfig(**{f.name: bad})
+    assert FidelityConfig(rel_err=0.5).tolerance(kind="signed").rel_err == 0.5
+    assert EngineConfig().tolerance == fidelity.SWAP_GATE

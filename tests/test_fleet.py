@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _ray_tmp() -> tuple[dict[str, str], Path]:
     """An environment whose TMPDIR is a fresh short directory (Ray's session dirs, sockets and
     ray_current_cluster follow TMPDIR), and that directory: remove it once the Ray processes
-    started under it are gone (issue 20 #11)."""
+    started under it are gone."""
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix="hwb-ray-"))
@@ -292,8 +292,8 @@ def test_hwb_node_head_then_hwb_fleet_address(store_dir, zoo_model, tmp_path) ->
 
 
 def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> None:
-    """Issue 21 #2: `hwb route --fleet-results` crashed on any multi-output model (``Fidelity(**d)``:
-    unexpected keyword 'output'). A real two_head bench, once as written (one machine) and
+    """`hwb route --fleet-results` routes a multi-output model (its fidelity records rebuild
+    through ``Fidelity.from_dict``). A real two_head bench, once as written (one machine) and
     once with its rows tagged as a fleet node's, routes from its records and profiles."""
     from hwbackends.bench import BenchResults, SingleStream, bench_model
 
@@ -325,8 +325,8 @@ def test_route_fleet_on_a_multi_output_model(store_dir, tmp_path, hwb_cli) -> No
 
 
 def test_fleet_plan_builds_an_unlisted_fixed_point_precision() -> None:
-    """Issue 21 #4 for `hwb fleet -p 'ap_fixed<16,6>'`: the driver checked -p against the
-    precisions the nodes list, so it refused what fpga.hls4ml's compile accepts. Planned with
+    """`hwb fleet -p 'ap_fixed<16,6>'`: the driver checks -p with the target's ``accepts``, not
+    against the precisions the nodes list, so it takes what fpga.hls4ml's compile accepts. Planned with
     the rows a node answers (node_info's shape) and the driver's own targets, without Ray."""
     import hwbackends as hwb
     from hwbackends.bench import BenchResults

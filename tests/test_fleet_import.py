@@ -1,4 +1,4 @@
-"""Issue 19 item 6: what a fleet node imports from a peer (no Ray: the receive function itself).
+"""What a fleet node imports from a peer (no Ray: the receive function itself).
 
 The receiver computes the key from what it asks for, takes only plainly named files its
 manifest lists, and checks the artifact against its own reference before signing it."""
@@ -69,8 +69,8 @@ def test_an_honest_package_is_imported_verified_and_served(zoo_model, tmp_path: 
 
 
 def test_another_models_package_is_refused(zoo_model, tmp_path: Path) -> None:
-    """Issue 19.6: another model's consistent entry was imported (under the key it came with)
-    by a node asking for zoo:signal. The receiver's own key differs: refused, nothing kept."""
+    """Another model's consistent entry, sent under the key it came with to a node asking for
+    zoo:signal: the receiver's own key differs, so it is refused and nothing kept."""
     m, other = zoo_model("signal"), _other_signal()
     p_other, _ = _package(other, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "receiver")
@@ -80,9 +80,8 @@ def test_another_models_package_is_refused(zoo_model, tmp_path: Path) -> None:
 
 
 def test_a_package_forged_with_this_models_key_is_refused(zoo_model, tmp_path: Path) -> None:
-    """Issue 19.6: another model's entry carrying zoo:signal's key (and key parts, and
-    fingerprint) was imported, re-signed and then served under zoo:signal. Its outputs are
-    checked against the receiver's own reference before it is signed: refused, and the
+    """Another model's entry carrying zoo:signal's key (and key parts, and fingerprint): its
+    outputs are checked against the receiver's own reference before it is signed: refused, and the
     compile builds its own."""
     m, other = zoo_model("signal"), _other_signal()
     p_mine, key = _package(m, tmp_path, "mine")
@@ -103,7 +102,7 @@ def test_a_package_forged_with_this_models_key_is_refused(zoo_model, tmp_path: P
 
 
 def test_a_key_with_dotdot_touches_nothing_outside_the_store(zoo_model, tmp_path: Path) -> None:
-    """Issue 19.6: a key containing ``../`` deleted and wrote outside the store."""
+    """A key containing ``../`` deletes and writes nothing outside the store."""
     m = zoo_model("signal")
     p, _ = _package(m, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "a" / "b" / "receiver")
@@ -130,8 +129,8 @@ def test_a_key_with_dotdot_touches_nothing_outside_the_store(zoo_model, tmp_path
 ], ids=["list", "no-files", "dotdot-name", "absolute-name"])
 def test_a_malformed_manifest_is_refused_and_leaves_nothing(
         zoo_model, tmp_path: Path, manifest: Any, match: str) -> None:
-    """Issue 19.6: a manifest that is a list raised a raw AttributeError and left a staging
-    directory. The other cases guard the name checks (refused by name, before any file is
+    """A manifest that is a list is refused with an HwbError and leaves no staging directory.
+    The other cases guard the name checks (refused by name, before any file is
     hashed or loaded)."""
     m = zoo_model("signal")
     p, _ = _package(m, tmp_path, "sender")

@@ -1,4 +1,4 @@
-"""Classifiers on fpga.hls4ml with precision="auto" and default tolerances (issue 14, item 2):
+"""Classifiers on fpga.hls4ml with precision="auto" and default tolerances:
 probabilities are gated on decision agreement, error and correlation, not on sign."""
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def test_classifier_compiles_with_auto_precision(store_dir, layers, head, bn):
 
 
 def test_softmax_classifier_on_fpga_da4ml_meets_the_default_gate_bit_exact(store_dir):
-    """Issue 20 #2: on fpga.da4ml the 5-class softmax could not meet the default gate (8-bit
-    tables floored the error at ~0.011) and wider widths gave rows summing to 4.5 (a da4ml bug
-    skipped by construction now). Auto, RTL simulation, no synthesis. An 8→16→16→5 classifier:
+    """On fpga.da4ml the 5-class softmax meets the default gate: its tables are wider than 8
+    bits (which floor the error at ~0.011), and widths where da4ml's rows would sum to 4.5
+    (a da4ml bug) are skipped by construction. Auto, RTL simulation, no synthesis. An 8→16→16→5 classifier:
     the softmax's tables and the gate do not depend on the layers before it, and the jet
     tagger's (16→64→32→32→5) search and Verilator build cost several times as much (it stays
     the fpga.hls4ml classifier above). Here max_abs was 0.0013 and argmax agreement 1.0."""

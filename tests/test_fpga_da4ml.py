@@ -128,9 +128,9 @@ def _jet_layers(seed: int = 0, dims: tuple[int, ...] = (16, 64, 32, 32, 5)):
 
 @pytest.mark.parametrize("f", [8, 10, 12, 14, 16, 18, 20])
 def test_softmax_stays_a_distribution_and_its_error_falls_with_the_precision(f):
-    """Issue 20 #2: at f >= 13 rows summed to 4.5 (a da4ml bug, interp.py) and 8-bit tables
-    floored the error at ~0.011. The nearest da4ml-safe design to f fractional bits now sums
-    to 1 and its error falls below the old floor."""
+    """At f >= 13 da4ml's rows would sum to 4.5 (a da4ml bug, interp.py), and 8-bit tables floor
+    the error at ~0.011: the nearest da4ml-safe design to f fractional bits sums to 1 and its
+    error falls below that floor."""
     from hwb_plugins.fpga_da4ml import interp, precision
     layers, x, want = _jet_layers(dims=(8, 16, 5))
     r = precision.measure(layers, x)

@@ -58,8 +58,8 @@ def test_precisions_accept_explicit_fixed_point_only(zoo_model):
         assert t.accepts(ok), ok
     for bad in ("fp32", "int8", "ap_fixed<16>", "ap_fixed<4,9>", "ap_fixed<100,6>", ""):
         assert not t.accepts(bad), bad
-    # Listed = what a sweep builds; the family is accepted, never listed (issue 21 #4: a
-    # tuple whose `in` disagreed with iteration made bench/strategies refuse ap_fixed).
+    # Listed = what a sweep builds; the family is accepted, never listed (a tuple whose `in`
+    # disagreed with its iteration would make bench/strategies refuse ap_fixed).
     assert t.precisions == ("auto",) and "ap_fixed" in t.precision_rule
     with pytest.raises(UnsupportedError, match="ap_fixed<W,I>.*got 'fp16'"):
         hwb.compile(zoo_model("mlp"), TARGET, "fp16")
@@ -165,7 +165,7 @@ def test_ranges_come_from_the_traced_c_sim_where_the_graph_is_not_the_chain(tmp_
         [keras.Input((8,)), keras.layers.Dense(3, activation="relu", name="d")]), name="plain"))
     hm = convert.convert(plain, convert.hls_config(plain, opts, "fixed<16,6>"), opts, tmp_path / "q")
     got = emulate.float_trace(emulate.network(plain), hm, plain.representative(16))
-    # hls4ml saw generated names (issue 33); they map back to the user's
+    # hls4ml sees generated names; they map back to the user's
     assert got is not None and sorted(convert.renaming(plain).user_keys(got)) == ["d", "d_relu"]
 
 

@@ -1,8 +1,8 @@
-"""Issue 34 item 3: fpga.hls4ml takes the layers hls4ml 1.3 converts (a causal TCN's Conv1D and
+"""fpga.hls4ml takes the layers hls4ml 1.3 converts (a causal TCN's Conv1D and
 pooling here; zoo:lstm in tests/test_fpga_hls4ml.py), C-simulated within fidelity, and refuses
 by name what hls4ml would build wrong: a dilated convolution (hls4ml's Keras 3 handler drops
-``dilation_rate``; the design computed an undilated convolution, corr 0.47 on the model below
-before the refusal). Everything goes through ``hwb compile`` as a user runs it."""
+``dilation_rate``; a design built from it computes an undilated convolution, corr 0.47 on
+the model below). Everything goes through ``hwb compile`` as a user runs it."""
 from __future__ import annotations
 
 import json

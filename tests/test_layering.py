@@ -6,7 +6,9 @@
 * no module imports another module's ``_private`` name;
 * the core never imports the built-in plugins (``hwb_plugins``): it reaches them, like any
   third-party plugin, only through the hooks. No exception, ``hwbackends/testing`` included:
-  the conformance kit tests whatever target it is given by name through the registry.
+  the conformance kit tests whatever target it is given by name through the registry;
+* the plugins take nothing from the core but the contract (``hwbackends.contract``), as a
+  third party's would: the core can move anything behind it without touching a plugin.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 #: Installed package name → source folder (pyproject's package-dir).
 PACKAGES = {"hwbackends": REPO / "hwbackends", "hwb_plugins": REPO / "hwb_plugins"}
 #: Generated code (grpcio-tools), not written by hand.
-GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc")
+GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc",
+             "hwbackends.serve.proto.grpc_service_pb2", "hwbackends.serve.proto.grpc_service_pb2_grpc",
+             "hwbackends.serve.proto.model_config_pb2")
 
 
 @dataclass(frozen=True)
@@ -181,10 +185,48 @@ def plugin_imports(name: str, path: Path) -> list[str]:
     return out
 
 
+#: What a plugin may import of the core: the contract package and its modules.
+CONTRACT = "hwbackends.contract"
+
+
+def core_imports(name: str, path: Path) -> list[str]:
+    """The imports of module ``name`` that reach the core outside the contract."""
+    out = []
+    for imp in imports_of(name, path):
+        mods = [imp.module] if imp.module != "hwbackends" or not imp.names else [
+            f"hwbackends.{n}" for n in imp.names]
+        for mod in mods:
+            top = mod.split(".")[0]
+            if top == "hwbackends" and mod != CONTRACT and not mod.startswith(CONTRACT + "."):
+                out.append(f"{name}:{imp.line} imports {mod}")
+    return out
+
+
+def test_plugins_import_only_the_contract():
+    bad = [b for m, path in modules().items() if m.split(".")[0] == "hwb_plugins"
+           for b in core_imports(m, path)]
+    assert not bad, ("plugins import the core outside hwbackends.contract (add what they need "
+                     "to the contract):\n" + "\n".join(bad))
+
+
+@pytest.mark.parametrize("source, expect", [
+    ("from hwbackends.errors import InputError\n", 1),
+    ("def f():\n    from hwbackends import machine\n", 1),
+    ("import hwbackends\n", 1),
+    ("from hwbackends.contract import InputError\n", 0),
+    ("from hwbackends.contract.cli import emit\n", 0),
+    ("from hwbackends import contract\n", 0),
+])
+def test_the_contract_check_sees_every_form(tmp_path, source, expect):
+    f = tmp_path / "x.py"
+    f.write_text(source)
+    assert len(core_imports("hwb_plugins.x", f)) == expect
+
+
 def test_the_core_never_imports_the_builtin_plugins():
-    """Issue 21 #3: a core that imports a plugin (``hwb fpga-trace`` did) breaks when that
-    plugin is not installed and makes the built-in plugins special; their commands and report
-    sections come through hwb_cli_commands / hwb_report_sections instead."""
+    """A core that imports a plugin breaks when that plugin is not installed and makes the
+    built-in plugins special; their commands and report sections come through
+    hwb_cli_commands / hwb_report_sections instead."""
     bad = [b for m, path in modules().items() if m.split(".")[0] == "hwbackends"
            for b in plugin_imports(m, path)]
     assert not bad, "the core imports plugins:\n" + "\n".join(bad)

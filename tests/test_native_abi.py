@@ -91,7 +91,7 @@ def test_every_cpu_native_build_offers_its_window_in_the_entry(compiled, entries
     assert f == {"abi": 3, "struct_bytes": _shmloop.NATIVE_ENTRY_BYTES, "predict": True,
                  "in_count": window * step, "out_count": int(np.prod(cm.output.shape)), "batch": 1,
                  "push": True, "prepare": True, "reset": True, "step_count": step, "window": window}
-    assert _shmloop.native_window(cap) == (window, step, f["out_count"])
+    assert _shmloop.native_windows(cap) == (window, step, f["out_count"])
     assert cm.executor.module.info()["native_entry_abi"] == 3
 
 

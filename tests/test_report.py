@@ -162,11 +162,17 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert rc == 0
     assert "routing (examples: s.toml)" in out and "report:" in out
     res = BenchResults.load(tmp_path / "demo" / "results.json")
-    assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst"}
+    assert {p.scenario for p in res.profiles} == {"single-stream", "server", "burst", "sliding"}
+    # the sliding figure is in the results (and so the report), named by its own model
+    sl = next(p for p in res.profiles if p.scenario == "sliding")
+    assert sl.params["model"] == "zoo:lstm" and sl.variant == "cpu.native:fp32"
+    assert [pt["streams"] for pt in sl.sliding["load"]["points"]] == [1]  # --quick: one window
+    assert "Sliding windows under load" in (tmp_path / "demo" / "report.html").read_text()
+    assert "  NMI 1: tick (push + prepare)" in out
     assert [r["strategy"] for r in res.routing] == ["a", "b"]
     assert all(r["model"] == "zoo:signal" and r["model_in_run"] for r in res.routing)
     assert (tmp_path / "demo" / "report.html").stat().st_size > 20_000
-    # issue 35: the sliding figure of the zoo LSTM, measured in the demo (cpu.native's own form)
+    # the sliding figure of the zoo LSTM, measured in the demo (cpu.native's own form)
     line = next(x for x in out.splitlines() if x.startswith("sliding window, zoo:lstm on cpu.native"))
     m = re.search(r"push p50 ([\d.]+) µs / p99 ([\d.]+) µs vs full window ([\d.]+) µs "
                   r"\(incremental; prepare p50 [\d.]+ µs apart, n=\d+\)", line)
@@ -175,7 +181,7 @@ def test_demo_quick_end_to_end(store_dir, tmp_path, capsys) -> None:
     assert 0 < push50 <= push99 and push50 < full50  # one step costs less than the window
 
 
-# -- plugin sections (hook hwb_report_sections; issue 21 #3) -----------------------------------
+# -- plugin sections (hook hwb_report_sections) -----------------------------------------------
 
 def _fpga_results() -> BenchResults:
     """A results file with one fpga.da4ml and one fpga.hls4ml row, as the bench writes them:

@@ -393,10 +393,9 @@ def test_predict_and_cli_explain_json(tmp_path, store_dir, zoo_model, capsys) ->
 
 
 def test_results_routing_ranks_a_modelled_estimate_only_when_allowed(compiled, tmp_path: Path) -> None:
-    """Issue 21 #2: `hwb route --fleet-results` (fleet/placement.py) kept its own copy of the
-    candidate rules and ignored ``allow_modelled``: a variant with a modelled hardware
-    estimate was always "rejected: emulated". Now one policy (plan.judge) judges the records
-    of a results file as the live router judges a fresh build."""
+    """`hwb route --fleet-results` (fleet/placement.py) judges the records of a results file with
+    the live router's one policy (plan.judge), ``allow_modelled`` included: a variant with a
+    modelled hardware estimate is not "rejected: emulated"."""
     import dataclasses
 
     from hwb_plugins.fpga_da4ml.estimate import hardware_estimate

@@ -1,4 +1,4 @@
-"""Live re-routing with hysteresis (issue 20 #8): when every candidate's tail exceeds the
+"""Live re-routing with hysteresis: when every candidate's tail exceeds the
 budget at once (a noisy moment on the machine), the lane does not flap between them, and it
 never moves traffic to a candidate that is measured worse than the one serving.
 

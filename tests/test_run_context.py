@@ -1,4 +1,4 @@
-"""One context for a run (issue 37 item 8) and one variant label (item 9), through the API
+"""One context for a run and one variant label, through the API
 a caller touches: ``bench_model(context=)``, ``Router``'s lanes, ``label``/``parse_label``.
 
 The bench tests run a test plugin's instant target (``fpga.test_batchfree``) in a registry of
@@ -91,6 +91,6 @@ def test_label_and_parse_label_are_inverse() -> None:
     for target, precision in [("cpu.litert", "int8"), ("fpga.hls4ml", "ap_fixed<16,6>"),
                               ("cpu.native", "")]:
         text = label(target, precision)
-        assert parse_label(text) == (target, precision)
+        assert parse_label(text) == (target, precision, None)
     assert label("cpu.litert", "fp32") == "cpu.litert:fp32"
     assert label("tpu.xla", "") == "tpu.xla"  # a target never built has no precision

@@ -1,11 +1,11 @@
-"""``hwb serve --shm NAME --sliding`` (issue 35 items 2 and 5): a sliding endpoint takes one tick
-per request and keeps the window; its answers are ``cm.sliding()``'s, bit for bit, over many
-ticks and across resets (a flagged tick, a reset alone, a new connection); a hostile client
-sending a whole window (or a tick to a whole-window endpoint, or a reset to it) gets a clear
-BAD_INPUT and the server keeps serving; the C loop takes the window's functions from the
-model's native entry (ABI 2), and an entry without them, or a target without the C window, is
-served through the Python Window; the serving loop is pinned to a core the client is told to
-avoid."""
+"""``hwb serve --shm NAME --sliding``: a sliding endpoint takes one tick per request and keeps
+the window; its answers are ``cm.sliding()``'s, bit for bit, over many ticks and across
+resets (a flagged tick, a reset alone, a new connection); a hostile client sending a whole
+window (or a tick to a whole-window endpoint, or a reset or a stream id to it) gets a clear
+BAD_INPUT and the server keeps serving; the C loop keeps its windows as the model's native
+window handles (ABI 3), and an entry without them, or a target without a C window, is served
+through the Python Windows; the serving loop is pinned to a core the client is told to avoid.
+Several clients and streams: test_serve_sliding_streams.py."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,13 @@ from shm_raw import RawClient
 from hwbackends.errors import ConfigError, InputError
 from hwbackends.serve import Engine, EngineConfig
 from hwbackends.serve.request import Status
-from hwbackends.serve.shm import ShmClient, ShmServer, choose_loop_core, endpoint_dir
+from hwbackends.serve.shm import (
+    SLOT_OFFSETS,
+    ShmClient,
+    ShmServer,
+    choose_loop_core,
+    endpoint_dir,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="cpu.native needs a C compiler")
@@ -70,8 +77,9 @@ def test_hwb_serve_sliding_answers_are_cm_sliding_bit_for_bit(store_dir, compile
         line = p.stdout.readline()
         assert line, p.stderr.read()
         info = json.loads(line)
+        # the C loop keeps cpu.native's window handles (ABI 3)
         assert info["shm_sliding"] == {"window": 16, "tick_shape": [8], "form": "incremental",
-                                       "loop": "native"}
+                                       "streams": 1, "loop": "native"}
         assert info["tick_size"] == 8
         allowed = sorted(os.sched_getaffinity(0))
         if len(allowed) >= 2:  # the loop's thread is pinned to the last core, and says so
@@ -135,24 +143,25 @@ def test_the_python_window_path_equals_the_c_loop(lstm_engine, compiled):
     np.testing.assert_array_equal(np.stack(got), _reference(cm, xs, frozenset({60})))
 
 
-def test_the_c_loop_takes_the_window_from_the_native_entry(lstm_engine, compiled, tmp_path,
-                                                         monkeypatch):
-    # the loop calls the ABI 2 entry's push/prepare/reset; an ABI 1 entry (an artifact built
-    # before them) or one without push leaves the Python Window serving, with the reason
+def test_the_c_loop_takes_the_windows_from_an_abi3_entry(lstm_engine, compiled, tmp_path,
+                                                        monkeypatch):
+    # the loop keeps ABI 3 window handles; an ABI 1 entry, an ABI 2 one (a single window in
+    # the library, no handles: an artifact built before them) or a newer ABI leaves the Python
+    # Windows serving, with the reason
     cm = compiled("lstm", "cpu.native")
     xs = _ticks(cm, 80, seed=13)
     entries = native_entries.build(tmp_path)
-    real = cm.executor.native_entry()
-    f = entries.fields(real)
-    assert (f["abi"], f["push"], f["prepare"], f["reset"], f["window"], f["step_count"]) == \
-        (2, True, True, True, 16, 8)
+    summing = entries.windowed_sum(16, 8, 1)
+    monkeypatch.setattr(cm.executor, "native_entry", lambda: summing)
+    ints = np.round(xs * 2)  # whole numbers: the windowed sum is exact
     with ShmServer(lstm_engine, slots=1, sliding=True) as srv, ShmClient(srv.name) as c:
         assert srv.native and srv.stats()["sliding"]["loop"] == "native"
-        got = np.stack([c.predict(x) for x in xs])
-    np.testing.assert_array_equal(got, _reference(cm, xs))
-    for entry, why in ((entries.abi1_of(real), "native entry of ABI 1 has no sliding window"),
-                       (entries.no_push, "push, prepare or reset is NULL"),
-                       (entries.newer_abi, "native entry of ABI 3")):
+        got = np.stack([c.predict(x)[0] for x in ints])
+    np.testing.assert_array_equal(got, native_entries.windowed_sum_reference(16, ints))
+    real = cm.executor.__class__.native_entry(cm.executor)
+    for entry, why in ((entries.abi1_of(real), "native entry of ABI 1 has no window handles"),
+                       (entries.no_push, "came with ABI 3: rebuild the artifact"),
+                       (entries.newer_abi, "native entry of ABI 4")):
         monkeypatch.setattr(cm.executor, "native_entry", lambda e=entry: e)
         with ShmServer(lstm_engine, slots=1, sliding=True) as srv, ShmClient(srv.name) as c:
             assert not srv.native and why in srv.native_reason, srv.native_reason
@@ -185,6 +194,10 @@ def test_a_whole_window_endpoint_refuses_ticks_and_resets_clearly(lstm_engine):
         try:
             st, msg, _ = raw.request(np.zeros(8, np.float32), count=8)
             assert st == Status.BAD_INPUT and "one tick?" in msg and "--sliding" in msg
+            struct.pack_into("I", raw.slot, SLOT_OFFSETS["stream"], 5)
+            st, msg, _ = raw.request(np.zeros(16 * 8, np.float32))
+            assert st == Status.BAD_INPUT and "stream id 5 sent to an endpoint that keeps no " \
+                "windows" in msg, msg
         finally:
             raw.close()
         with ShmClient(srv.name) as c:
@@ -192,14 +205,15 @@ def test_a_whole_window_endpoint_refuses_ticks_and_resets_clearly(lstm_engine):
             with pytest.raises(InputError, match="keeps no window"):
                 c.reset()
             assert isinstance(c.predict(np.zeros((16, 8), np.float32)), np.ndarray)  # serves on
-        assert srv.stats()["bad_payloads"] == 2
+        assert srv.stats()["bad_payloads"] == 3
 
 
-def test_sliding_needs_one_slot_and_direct_mode(lstm_engine):
-    with pytest.raises(ConfigError, match="one window, fed by one client"):
-        ShmServer(lstm_engine, slots=2, sliding=True)
+def test_sliding_needs_direct_mode_and_a_count_of_streams(lstm_engine):
     with pytest.raises(ConfigError, match="mode='direct'"):
         ShmServer(lstm_engine, slots=1, sliding=True, mode="batch")
+    for bad in (0, 1 << 17, 2.5):
+        with pytest.raises(InputError, match="streams"):
+            ShmServer(lstm_engine, slots=2, sliding=True, streams=bad)
 
 
 def test_hwb_serve_sliding_refuses_what_it_cannot_serve(hwb_cli):
@@ -209,6 +223,10 @@ def test_hwb_serve_sliding_refuses_what_it_cannot_serve(hwb_cli):
     assert rc != 0 and "drop --grpc-port" in err
     rc, _, err = hwb_cli("serve", "zoo:lstm", "--sliding", "--shm", "x", "--shm-mode", "batch")
     assert rc != 0 and "--shm-mode" in err
+    rc, _, err = hwb_cli("serve", "zoo:lstm", "--shm", "x", "--streams", "4")
+    assert rc != 0 and "add --sliding" in err
+    rc, _, err = hwb_cli("serve", "zoo:lstm", "--sliding", "--shm", "x", "--streams", "0")
+    assert rc != 0 and "streams=0: expected 1 to 65536 windows" in err
 
 
 def test_loop_core_choice():
@@ -259,14 +277,24 @@ def test_the_cpp_client_sends_ticks_and_gets_the_windows_answers(lstm_engine, co
                     str(ROOT / "examples" / "shm_strategy.cpp"), "-o", str(exe)], check=True)
     xs = _ticks(cm, 100, seed=11)
     xs.tofile(tmp_path / "in.f32")
-    with ShmServer(lstm_engine, slots=1, sliding=True) as srv:
-        assert srv.native
+    with ShmServer(lstm_engine, slots=2, sliding=True, streams=3) as srv:
         r = subprocess.run([str(exe), srv.name, "predict", str(tmp_path / "in.f32"),
                             str(tmp_path / "out.f32")], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        assert "sliding endpoint, one tick of 8 floats per call (window of 16)" in r.stderr
+        assert "sliding endpoint, one tick of 8 floats per call (window of 16, 3 streams)" in r.stderr
+        # row r to stream r % 3 (hwb_shm_push): each stream's answers are its own window's
+        r3 = subprocess.run([str(exe), srv.name, "streams", "3", str(tmp_path / "in.f32"),
+                             str(tmp_path / "out3.f32")], capture_output=True, text=True, timeout=60)
+        assert r3.returncode == 0, r3.stderr
+        r4 = subprocess.run([str(exe), srv.name, "streams", "4", str(tmp_path / "in.f32"),
+                             str(tmp_path / "out4.f32")], capture_output=True, text=True, timeout=60)
+        assert r4.returncode == 4 and "row 3 (stream 3): bad input" in r4.stderr, r4.stderr
+        assert "stream id 3 out of range" in r4.stderr
         r2 = subprocess.run([str(exe), srv.name, "bench", "200", "5"], capture_output=True,
                             text=True, timeout=60)
         assert r2.returncode == 0 and json.loads(r2.stdout)["errors"] == 0, r2.stderr
     got = np.fromfile(tmp_path / "out.f32", np.float32).reshape(100, *cm.output.shape)
     np.testing.assert_array_equal(got, _reference(cm, xs))
+    got3 = np.fromfile(tmp_path / "out3.f32", np.float32).reshape(100, *cm.output.shape)
+    for s in range(3):
+        np.testing.assert_array_equal(got3[s::3], _reference(cm, xs[s::3]))

@@ -262,3 +262,30 @@ def test_cpp_windows_answer_as_python(compiled, tmp_path):
     bench = subprocess.run([str(exe), "--bench", "24", "200"], capture_output=True, text=True, check=True,
                            timeout=120)
     assert "push p50" in bench.stdout and "push_many" in bench.stdout
+
+
+def test_push_validates_and_refuses_a_nan_tick_under_reject(compiled):
+    """push() is push_into's validating form, as predict() is predict_into's: the compiled
+    model's nan_policy ('reject' by default) refuses a NaN tick before it enters the window,
+    which then answers as if it never came; push_into (the hot path) does not check."""
+    cm = compiled("lstm", "cpu.native")
+    assert cm.nan_policy == "reject"
+    ws, one = cm.sliding(streams=2), cm.sliding()
+    step = ws.step_shape
+    rng = np.random.default_rng(4)
+    xs = rng.normal(size=(5, *step)).astype(np.float32)
+    bad = xs[0].copy()
+    bad[0] = np.nan
+    for t in range(5):
+        got = ws.push(0, xs[t].tolist())      # any array-like of one step's shape
+        with pytest.raises(InputError, match="NaN"):
+            ws.push(0, bad)
+        with pytest.raises(InputError, match="NaN"):
+            one.push(bad)
+        want = one.push(xs[t])
+        assert got.tobytes() == want.tobytes()
+    with pytest.raises(InputError, match="shape"):
+        ws.push(1, np.zeros(3, np.float32))
+    out = np.zeros(ws.output_shape, np.float32)
+    ws.push_into(1, bad, out)                 # the hot path lets it through: NaN answers
+    assert np.isnan(out).all()

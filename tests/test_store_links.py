@@ -1,6 +1,6 @@
-"""``hwb store`` and ``hwb store prune`` never follow a symlink inside the store (issue 33.3):
-a linked ``objects/ab`` made prune delete a directory outside the store, and ``profiles ->
-/usr`` made ``hwb store`` walk /usr. The walk goes through directory fds (hwbackends.dirfd):
+"""``hwb store`` and ``hwb store prune`` never follow a symlink inside the store:
+a linked ``objects/ab`` must not make prune delete a directory outside the store, nor
+``profiles -> /usr`` make ``hwb store`` walk /usr. The walk goes through directory fds (hwbackends.dirfd):
 a link is listed, prune unlinks the ones where the store writes none (below objects/,
 build-cache/, tmp/, locks/) and leaves a top-level one, and nothing outside is read or
 removed."""
@@ -143,8 +143,8 @@ def _profile():
 
 @pytest.mark.parametrize("where", ["root", "ab"])
 def test_the_profile_cache_reads_and_clears_nothing_through_a_link(tmp_path, where) -> None:
-    """Issue 37.4: ProfileCache read without the store's path checks (and clear() unlinked
-    ``*/*.json`` through a linked root)."""
+    """ProfileCache reads through the store's path checks, and clear() unlinks nothing through a
+    linked root (``*/*.json``)."""
     from hwbackends.bench import ProfileCache
     from hwbackends.errors import StoreTrustError
 

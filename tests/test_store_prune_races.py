@@ -1,4 +1,4 @@
-"""Prune beside live use (issue 33.4): last use is checked again at the moment of removal
+"""Prune beside live use: last use is checked again at the moment of removal
 (after the rename: an entry used since the scan is put back), a pinned entry is never
 removed, and a reader that loses its entry to a prune sees a miss, never a raw error."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19, items 4 and 5 and the store minors: the store root is pinned (no check-then-use),
+"""The store root is pinned (no check-then-use),
 an entry is bound to its key, and the key file, profile cache and shared-group rules hold.
 
 A "second user" is uid 65534 (``nobody``): files, directories and symlinks are chown'ed to
@@ -81,8 +81,8 @@ def test_a_root_reached_through_another_users_symlink_is_refused(tmp_path: Path)
 
 def test_a_link_swapped_after_the_check_is_not_followed_by_the_load(
         zoo_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The race of issue 19.4: checked through the link, then loaded through it again after it
-    was pointed at another user's copy. The load reads from what was checked."""
+    """A link raced between check and load: checked through the link, then loaded through it
+    again after it was pointed at another user's copy. The load reads from what was checked."""
     _need_chown(tmp_path)
     m = zoo_model("signal")
     (tmp_path / "mine").mkdir(mode=0o700)
@@ -108,7 +108,7 @@ def test_a_link_swapped_after_the_check_is_not_followed_by_the_load(
 
 
 def test_evict_after_a_swap_stays_in_the_pinned_store(tmp_path: Path):
-    """Issue 19.4: evict() went through the swapped link and moved entries in the other tree."""
+    """evict() through a swapped link moves no entry of the other tree."""
     _need_chown(tmp_path)
     (tmp_path / "mine").mkdir(mode=0o700)
     link = tmp_path / "store-link"
@@ -129,7 +129,7 @@ def test_evict_after_a_swap_stays_in_the_pinned_store(tmp_path: Path):
 @pytest.mark.parametrize("when", ["before-the-tree-check", "while-hashing"])
 def test_an_entry_evicted_meanwhile_is_absent_not_a_raw_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str):
-    """Issue 19.4: a concurrent eviction surfaced as a raw FileNotFoundError (72 of them)."""
+    """A concurrent eviction is a miss, never a raw FileNotFoundError."""
     st = ArtifactStore(tmp_path / "store")
     d = _commit(st, KEY)
     if when == "before-the-tree-check":
@@ -151,8 +151,8 @@ def test_an_entry_evicted_meanwhile_is_absent_not_a_raw_error(
 
 # -- 5. an entry is bound to its key ----------------------------------------------------------
 def test_a_signed_entry_moved_under_another_key_is_not_served(zoo_model, tmp_path: Path):
-    """Issue 19.5: another model's correctly signed entry renamed into this key's directory
-    was served (max error 1.78; with fidelity on, corr -0.21)."""
+    """Another model's correctly signed entry renamed into this key's directory is not served
+    (served, it would answer 1.78 off; with fidelity on, corr -0.21)."""
     st = ArtifactStore(tmp_path / "store")
     mine, other = zoo_model("signal"), _other_signal()
     cm = hwb.compile(mine, "ref", store=st, isolate_compile=False, fidelity=False)

@@ -1,4 +1,4 @@
-"""The artifact store's trust model (issue 16 item 1): nothing planted is loaded.
+"""The artifact store's trust model: nothing planted is loaded.
 
 Ownership tests chown directories to another uid (``nobody``, 65534); they need root (or
 CAP_CHOWN) and skip with the reason elsewhere."""
@@ -161,9 +161,9 @@ def _rehash(d: Path, *, files_empty: bool = False, key: bytes | None = None) -> 
 @pytest.mark.parametrize("edit", ["rehash", "files-empty", "resigned-with-key"])
 def test_another_models_artifact_planted_in_an_entry_is_never_returned(
         zoo_model, tmp_path: Path, edit: str):
-    """Issue 16.1: copy another model's model.tflite into an entry and re-hash its manifest
-    (or set "files": {}); the next compile returned the other model with cached=True. With
-    the key as well (re-signed), the stored outputs still catch it."""
+    """Another model's model.tflite copied into an entry with its manifest re-hashed (or
+    "files": {}) is not returned as a cached compile; with the key re-signed as well, the
+    stored outputs still catch it."""
     st = ArtifactStore(tmp_path / "store")
     mine, other = zoo_model("mlp"), _other_mlp()
     cm = hwb.compile(mine, "cpu.litert", "fp32", store=st, isolate_compile=False, fidelity=False)
@@ -208,7 +208,7 @@ def test_listing_entries_shows_only_verified_manifests(tmp_path: Path):
 
 # -- the zoo's trained model --------------------------------------------------------------------
 def test_a_planted_zoo_model_is_not_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Issue 16.1: a planted zoo/signal-v1.keras was served with fidelity 1.0."""
+    """A planted zoo/signal-v1.keras is not served (it would pass with fidelity 1.0)."""
     monkeypatch.setenv("HWB_CACHE_DIR", str(tmp_path / "cache"))
     trained: list[int] = []
 

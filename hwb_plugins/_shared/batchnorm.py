@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 WHERE = ("it folds a BatchNormalization into the Dense/Linear layer right before it (no "
          "activation between them, the Dense's output read by nothing else)")

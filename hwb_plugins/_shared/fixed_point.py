@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from hwbackends.fidelity import AUTO_SEARCH, Fidelity, Tolerance
+from hwbackends.contract import AUTO_SEARCH, Fidelity, Tolerance
 
 F_MIN, F_MAX = 2, 24
 #: Error budgets the calibration data must meet, as a share of the target's (see tolerance()).
@@ -29,7 +29,7 @@ class FidelityTarget:
 
     @classmethod
     def from_option(cls, d: dict[str, float] | None) -> "FidelityTarget":
-        from hwbackends.errors import UnsupportedError
+        from hwbackends.contract import UnsupportedError
         d = dict(d or {})
         bad = sorted(set(d) - set(cls.__dataclass_fields__))
         if bad:
@@ -203,7 +203,7 @@ def predict_bits(net: Any, x: Any, ref: Any, target: FidelityTarget,
     (the source model's outputs). Milliseconds of NumPy instead of builds; a design has more
     error sources than rounding, so the search still measures every value it returns. None
     when not even ``F_MAX`` bits pass (the search then starts from :func:`first_guess`)."""
-    from hwbackends.fidelity import compare
+    from hwbackends.contract import compare
 
     tol = target.tolerance(margin)
 

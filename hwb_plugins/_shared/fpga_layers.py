@@ -39,7 +39,7 @@ def render() -> str:
 def splice(text: str, body: str) -> str:
     """``text`` with the section between :data:`BEGIN` and :data:`END` replaced by ``body``
     (the docs' one splice, :func:`hwbackends.docgen.splice`)."""
-    from hwbackends.docgen import splice as splice_section
+    from hwbackends.contract import splice as splice_section
 
     return splice_section(text, body.rstrip("\n"), BEGIN, END)
 

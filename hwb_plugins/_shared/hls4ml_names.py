@@ -19,8 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.identifiers import ident
+from hwbackends.contract import UnsupportedError, ident
 
 #: Prefix of a generated layer name (``hwb0``, ``hwb1``, …): hls4ml's own names are
 #: ``layerN_out``, ``wN``, ``configN``, never ``hwbN``; derived ones append ``_relu`` etc.

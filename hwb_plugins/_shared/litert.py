@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from hwbackends.specs import TensorSpec
-from hwbackends.target import BufferedExecutor
+from hwbackends.contract import BufferedExecutor, TensorSpec
 
 from .tflite import io_tensors
 

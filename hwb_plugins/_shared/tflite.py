@@ -17,9 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.models import keras_call_input
-from hwbackends.specs import several
+from hwbackends.contract import UnsupportedError, keras_call_input, several
 
 RECURRENT = ("LSTM", "GRU", "SimpleRNN")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 #: The modules a chain may hold, as the refusal lists them.
 REBUILT = "Linear, ReLU, Tanh, Sigmoid, Softmax, BatchNorm1d (eval), Dropout (eval), Flatten"

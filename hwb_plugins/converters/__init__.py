@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from hwbackends import hookimpl
-from hwbackends.target import Converter
+from hwbackends.contract import Converter, hookimpl
 
 from .._util import importable
 from .to_onnx import keras_to_onnx, torch_to_onnx

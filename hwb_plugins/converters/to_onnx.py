@@ -4,8 +4,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import CompileError, HwbError, UnsupportedError
-from hwbackends.models import Model, keras_call_input
+from hwbackends.contract import CompileError, HwbError, Model, UnsupportedError, keras_call_input
 
 OPSET = 17
 

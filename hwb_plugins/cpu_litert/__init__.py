@@ -4,7 +4,7 @@ Precisions: ``fp32``, ``fp16`` (weights in fp16), ``int8-dynamic`` (weights int8
 float), ``int8`` (full integer, calibrated on representative data; float32 in and out)."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import LiteRTTarget
 

@@ -3,9 +3,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TritonForm,
+    UnsupportedError,
+)
 
 from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite
@@ -49,6 +55,11 @@ class LiteRTTarget(Target):
         (workdir / "model.tflite").write_bytes(blob)
         return {"file": "model.tflite", "bytes": len(blob), "ops": op_names(blob),
                 "recurrent": recurrent if has_recurrent(model.obj) else None}
+
+    def triton(self) -> TritonForm:
+        from .export import TRITON
+
+        return TRITON
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         return LiteRTExecutor(artifact.file("model.tflite"), options.runtime_threads(),

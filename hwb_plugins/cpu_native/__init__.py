@@ -7,7 +7,7 @@ int32 accumulation); ``fixed`` / ``ap_fixed<W,I[,Q,O]>`` (hls4ml's fixed-point a
 integers, bit-exact with ``fpga.hls4ml``'s C-simulation at the same types: fixed.py)."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import NativeTarget
 

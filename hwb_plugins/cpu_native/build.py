@@ -16,9 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hwbackends
-from hwbackends.errors import CompileError
-from hwbackends.identifiers import c_string
+from hwbackends.contract import NATIVE_INCLUDE, CompileError, c_string
 
 #: ``isa`` option values → the ``-march`` each builds with.
 ISAS = {"native": "native", "x86-64-v2": "x86-64-v2", "x86-64-v3": "x86-64-v3",
@@ -198,9 +196,6 @@ RUNTIME_HEADER = "hwb_ext.h"
 WINDOW_HEADER = "hwb_window.h"
 #: The extension's sliding-window entries (one window, and sets of handles), included by ext.c.
 EXT_WINDOW_HEADER = "hwb_ext_window.h"
-#: Where hwb_native.h is (the native entry's one definition): hwbackends.serve.shm.INCLUDE_DIR,
-#: found without importing the serving stack (this module stays light).
-NATIVE_INCLUDE = Path(hwbackends.__file__).resolve().parent / "serve" / "include"
 
 
 @functools.cache

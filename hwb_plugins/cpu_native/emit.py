@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from .._shared import layer_ir as ir
 
@@ -417,7 +417,7 @@ class Emitter:
         h = self.buf(u) if layer.return_sequences else o
         self.state.add(h)  # |h| <= 1 (int8: a fixed scale)
         self.line(f"for (int j = 0; j < {u}; j++) {h}[j] = 0.0f;")
-        z = self.buf(gates * u)
+        z = self.buf(-(-gates * u // self.vw) * self.vw)  # whole vectors: input_gemm writes them
         xt = f"({src} + t * {ci})"
         if layer.cell == "lstm" and self.blocked_input(t_len):
             c = self.buf(u)
@@ -496,7 +496,8 @@ class Emitter:
         blocked products (:meth:`input_gemm`) over chunks of :meth:`gemm_chunk` steps, so each
         step's matvec reads only the recurrent kernel ``R``: a stacked ``[x_t, h]`` matvec
         would stream ``K`` and ``R`` every step (LSTM_B's 1.4 MB a step, past L2; ``R`` alone
-        is 640 KB). z_t = (R·h + b) + K·x_t, summed as the sliding window's push sums them
+        is 640 KB). z_t = (R·h + b) + K·x_t, both products :meth:`input_gemm`'s, summed as
+        the sliding window's push and prepare sum them
         (hwb_plugins/cpu_native/sliding.py), so the two forms agree bit for bit; chunking does not
         change any sum. Chunks bound the products' stack buffer (LSTM_B's 100 steps × 800
         would take 320 KB)."""
@@ -517,7 +518,7 @@ class Emitter:
                 base = str(t0)
             zx, gp = self.input_gemm(f"({src} + {base} * {ci})", steps, ci, layer.kernel)
             self.line(f"for (int t = {base}; t < {base} + {steps}; t++) {{")
-            self.matvec([(h, u)], z, g, layer.recurrent, layer.bias)
+            self.input_gemm(h, 1, u, layer.recurrent, dst=z, bias=layer.bias)
             self.line(f"  for (int j = 0; j < {g}; j++) {z}[j] += {zx}[(t - {base}) * {gp} + j];")
             self.lstm_gates(z, c, h, u)
             if layer.return_sequences:
@@ -525,17 +526,21 @@ class Emitter:
             self.line("} }")
 
     def input_gemm(self, src: str, t_len: int, ci: int, w: np.ndarray,
-                   dst: str | None = None) -> tuple[str, int]:
-        """``zx[t] = src[t] @ w + bias`` for every step as one blocked matrix product: a
+                   dst: str | None = None, *, bias: np.ndarray | None = None,
+                   src_stride: int | None = None, dst_stride: int | None = None) -> tuple[str, int]:
+        """``zx[t] = src[t] @ w (+ bias)`` for every step as one blocked matrix product: a
         register tile of :data:`GEMM_STEPS` steps × ``acc / GEMM_STEPS`` output vectors, so
         each weight vector loaded serves 8 steps and each broadcast input both vectors; the
         tile's slice of ``w`` (``ci`` rows × its vectors, 13 KiB for LSTM_A's shape) stays in
-        L1 beside the input over the steps. Each output's sum runs over the inputs in order
-        from 0 whatever the tile, so every tile shape gives the same bits. Per step the recurrent matvec then reads only ``R`` (half the
-        weights a stacked ``[x_t, h]`` matvec read from L2 each step, the full window's
-        bound). The sliding window's push runs it on one step (the same sums, in the same
-        order). ``dst``: where to write (64-byte aligned, rows of whole vectors), else a new
-        stack buffer. Returns the buffer and its row stride (a whole number of vectors)."""
+        L1 beside the input over the steps. Each output's sum starts from its bias (or 0) and
+        runs over the inputs in order from 0 whatever the tile, so every tile shape gives the
+        same bits: an LSTM's products ``K·x_t`` and ``R·h + b`` are this one code whether they
+        run on one step (the full window's recurrence, the sliding push), on many steps (the
+        full window's input projections) or on many windows' states at once (the sliding
+        prepare). ``src_stride`` / ``dst_stride``: floats between rows of ``src`` / ``dst``
+        (default ``ci`` / the padded output width). ``dst``: where to write (64-byte aligned,
+        rows of whole vectors), else a new stack buffer. Returns the buffer and its row stride
+        (a whole number of vectors)."""
         vw = self.vw
         n_out = w.shape[1]
         nv = -(-n_out // vw)
@@ -543,6 +548,12 @@ class Emitter:
         wp = np.zeros((ci, gp), np.float32)
         wp[:, :n_out] = w
         wn = self.const("W", wp)
+        bn = None
+        if bias is not None:
+            bp = np.zeros(gp, np.float32)
+            bp[:n_out] = bias
+            bn = self.const("B", bp)
+        sx = ci if src_stride is None else src_stride
         if dst is not None:
             zx = dst
         elif self.gemm_scratch is not None and self.gemm_scratch[1] >= t_len * gp:
@@ -550,15 +561,18 @@ class Emitter:
         else:
             zx = self.buf(t_len * gp)
             self.gemm_scratch = (zx, t_len * gp)
+        sy = gp if dst_stride is None else dst_stride
+        assert sy >= gp and sy % vw == 0, (sy, gp, vw)
         ts = min(self.GEMM_STEPS, t_len)  # one step (the push): all accumulators on outputs
         per = max(1, self.acc // ts)
         full = t_len - t_len % ts
 
         def tile(t: str, steps: int, b0: int, nb: int) -> None:
-            init = " ".join(f"vf a{s}_{k} = (vf){{0}};" for s in range(steps) for k in range(nb))
-            xs = " ".join(f"const float x{s} = {src}[({t} + {s}) * {ci} + i];" for s in range(steps))
+            init = " ".join(f"vf a{s}_{k} = {'(vf){0}' if bn is None else f'*(const vf *)({bn} + {(b0 + k) * vw})'};"
+                            for s in range(steps) for k in range(nb))
+            xs = " ".join(f"const float x{s} = {src}[({t} + {s}) * {sx} + i];" for s in range(steps))
             fma = " ".join(f"a{s}_{k} += x{s} * wr[{k}];" for s in range(steps) for k in range(nb))
-            st = " ".join(f"*(vf *)({zx} + ({t} + {s}) * {gp} + {(b0 + k) * vw}) = a{s}_{k};"
+            st = " ".join(f"*(vf *)({zx} + ({t} + {s}) * {sy} + {(b0 + k) * vw}) = a{s}_{k};"
                           for s in range(steps) for k in range(nb))
             self.line(f"  {{ {init}")
             self.line(f"    for (int i = 0; i < {ci}; i++) {{ const vf *wr = (const vf *)({wn} + i * {gp}) + {b0}; "

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnsupportedError
+from hwbackends.contract import CompileError, UnsupportedError
 
 from .._shared.fixed_point import OVF_MODES, QUANT_MODES, FxType
 from .._shared.hls4ml_names import Renamed, rename_keras

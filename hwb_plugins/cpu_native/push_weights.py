@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from .emit import broadcast_dot
 
@@ -538,7 +538,7 @@ def gate(module: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], bat
     violations (empty: it passes) of the ``kind`` family's tolerance, or for ``fp32`` (fast
     gates) of :data:`FP32_BOUND`. ``module``: the freshly built extension; its window is reset
     before and after."""
-    from hwbackends.fidelity import compare, gate_violations
+    from hwbackends.contract import compare, gate_violations
 
     window, step = int(in_shape[0]), tuple(in_shape[1:])
     xs = np.random.default_rng(35).standard_normal((ticks, *step)).astype(np.float32)

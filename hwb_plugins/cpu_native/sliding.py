@@ -45,8 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import InputError, UnsupportedError
-from hwbackends.sliding import Steps, StreamSteps, check_id, check_many, check_step
+from hwbackends.contract import (
+    InputError,
+    Steps,
+    StreamSteps,
+    UnsupportedError,
+    check_id,
+    check_many,
+    check_step,
+)
 
 from .._shared import layer_ir as ir
 from . import push_weights as pw
@@ -156,22 +163,8 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
     e = _StepEmitter(net, vw, acc)
     reduced_in = push_weights != "fp32"
     kern = pw.Kernels(push_weights, push_gates == "fast") if reduced_in or push_gates == "fast" else None
-    nw = p.window
-    # one window's state (and one stream's: a handle is one or the other, hwb_window.h)
-    members = ["int stream;", "int f, pend, spend;"]
-    names = []
-    for li, cell in enumerate(p.cells):
-        u = cell.units
-        nr = _rec_weights(cell).shape[1]
-        names.append((f"w->h{li}", f"w->c{li}", f"w->r{li}", u, nr))
-        # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
-        members += [f"float h{li}[HWB_NW + 2][{_pad(u)}] A64;", f"float c{li}[HWB_NW + 2][{_pad(u)}] A64;",
-                    f"float r{li}[HWB_NW + 2][{_pad(nr)}] A64;"]
+    out, names = _state(p, reduced_in)
     g0u = _gates(p.cells[0]) * p.cells[0].units
-    members += [f"float zx[{_pad(g0u)}] A64, szx[{_pad(g0u)}] A64, tzx[{_pad(g0u)}] A64;"]
-    if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
-        members += [f"float qzx[{_pad(g0u)}] A64, xt[{_pad(p.step)}] A64;"]
-    out: list[str] = [f"#define HWB_NW {nw}", "struct hwb_window {", *(f"    {m}" for m in members), "};"]
     # the step's per-step layers and the first layer's input projection, shared by the windows
     ib0, _ = _biases(p.cells[0])
     fns: list[str] = []
@@ -207,8 +200,14 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
                 kern.product(cell.kernel, _biases(cell)[0]) if li else None))
         e.on_push = False
         h, _, r, u, nr = names[li]
-        e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
+        if cell.cell == "lstm":  # R·h + b as the full window and the blocked prepare sum it
+            e.input_gemm(f"{h}[slot]", 1, u, cell.recurrent, dst=f"{r}[slot]", bias=cell.bias)
+        else:
+            e.matvec([(f"{h}[slot]", u)], f"{r}[slot]", nr, _rec_weights(cell), _biases(cell)[1])
         fns += e.function(f"hwb_rec{li}(hwb_window *restrict w, int slot)")
+    blocked = all(cell.cell == "lstm" for cell in p.cells)
+    if blocked:
+        fns += _blocked_parts(e, p, names)
     e.on_push = True
     fns += _head(e, p, names[-1][0])
     fns += _warm(e.push_consts + (kern.push_consts if kern is not None else []))
@@ -239,7 +238,8 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         f"static void hwb_copy({win}, int d, int s) {{ {copy} }}",
         f"static int hwb_w_prepare({win}) {{",
         "    if (!w->pend) return 0;", *fp32_in,
-        "    for (int s = 0; s < HWB_NW; s++) if (s != w->f) { hwb_tick(w, s, w->zx); hwb_rec_all(w, s); }",
+        *(_blocked_prepare(p, names) if blocked else [
+            "    for (int s = 0; s < HWB_NW; s++) if (s != w->f) { hwb_tick(w, s, w->zx); hwb_rec_all(w, s); }"]),
         "    hwb_zero(w, w->f);",
         "    w->f = w->f + 1 == HWB_NW ? 0 : w->f + 1;",
         "    hwb_warm();", "    w->pend = 0;", "    return 0;", "}",
@@ -268,6 +268,69 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         lines += _push_many(p, g0u, gp, last_h)
     lines += ['#include "hwb_window.h"', ""]
     return "\n".join(lines)
+
+
+#: The most bytes of one layer's input products over the windows in flight the blocked
+#: prepare holds on the stack at once (a chunk of windows; the rest in further chunks).
+PREPARE_CHUNK_BYTES = 64 << 10
+
+
+def _chunks(nw: int, g: int) -> list[tuple[int, int]]:
+    """``(first window, windows)`` of the blocked prepare's chunks over ``nw`` windows whose
+    products are ``g`` floats each: whole tiles of 8 rows within :data:`PREPARE_CHUNK_BYTES`."""
+    rows = max(8, PREPARE_CHUNK_BYTES // (4 * _pad(g)) // 8 * 8)
+    return [(s0, min(rows, nw - s0)) for s0 in range(0, nw, rows)]
+
+
+def _blocked_parts(e: _StepEmitter, p: Plan, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+    """The blocked prepare's functions (an LSTM stack): ``hwb_gate<l>(w, slot, zx)`` (one
+    step of layer ``l``'s gates from its prepared ``r`` and input products ``zx``: what
+    ``hwb_cell<l>`` does after its product), and per layer and chunk size ``n`` the products
+    over ``n`` windows' rows at once, ``hwb_kb<l>_<n>(h, z)`` (``K_l·h_{l-1}``, l ≥ 1) and
+    ``hwb_rb<l>_<n>(h, r)`` (``R_l·h_l + b`` into the rows of ``r``): :meth:`Emitter.input_gemm`
+    with the rows' strides, so each window's sums are the one-window functions' bit for bit
+    and each weight is read once per chunk, not once per window."""
+    fns: list[str] = []
+    e.on_push = False
+    for li, cell in enumerate(p.cells):
+        h, c, r, u, nr = names[li]
+        g = _gates(cell) * u
+        e.line(f"for (int j = 0; j < {g}; j++) {r}[slot][j] += zx[j];")
+        e.lstm_gates(f"{r}[slot]", f"{c}[slot]", f"{h}[slot]", u)
+        fns += e.function(f"hwb_gate{li}(hwb_window *restrict w, int slot, const float *restrict zx)")
+        fns.append(f"#define HWB_GP{li} {-(-g // e.vw) * e.vw}")  # a product row's floats
+        for n in sorted({k for _, k in _chunks(p.window, g)}):
+            if li:
+                below = names[li - 1][3]
+                e.input_gemm("h", n, below, cell.kernel, dst="z", src_stride=_pad(below))
+                fns += e.function(f"hwb_kb{li}_{n}(const float *restrict h, float *restrict z)")
+            e.input_gemm("h", n, u, cell.recurrent, dst="r", bias=cell.bias, src_stride=_pad(u),
+                         dst_stride=_pad(nr))
+            fns += e.function(f"hwb_rb{li}_{n}(const float *restrict h, float *restrict r)")
+    return fns
+
+
+def _blocked_prepare(p: Plan, names: list[tuple[str, str, str, int, int]]) -> list[str]:
+    """The prepare's step of every window in flight, layer by layer: layer 0's gates from
+    the shared ``K₁·x_t``, each later layer's input products over the windows' states as
+    blocked products (:func:`_blocked_parts`), then the next step's recurrent products
+    likewise. The finishing window's slot (``w->f``) rides along in the products and is
+    zeroed after (hwb_zero)."""
+    lines = ["    for (int s = 0; s < HWB_NW; s++) if (s != w->f) hwb_gate0(w, s, w->zx);"]
+    for li, cell in enumerate(p.cells[1:], 1):
+        g = _gates(cell) * cell.units
+        below = names[li - 1][0]
+        lines.append("    {")
+        for s0, n in _chunks(p.window, g):  # rows of whole vectors of any build (_pad)
+            lines += [f"        {{ float z[{n * _pad(g)}] A64; hwb_kb{li}_{n}({below}[{s0}], z);",
+                      f"          for (int j = 0; j < {n}; j++) if ({s0} + j != w->f) "
+                      f"hwb_gate{li}(w, {s0} + j, z + j * HWB_GP{li}); }}"]
+        lines.append("    }")
+    for li, cell in enumerate(p.cells):
+        h, _, r, _, _ = names[li]
+        for s0, n in _chunks(p.window, _gates(cell) * cell.units):
+            lines.append(f"    hwb_rb{li}_{n}({h}[{s0}], {r}[{s0}]);")
+    return lines
 
 
 #: The ticks of several windows :c:func:`hwb_model_window_push_many` projects as one blocked
@@ -299,6 +362,27 @@ def _push_many(p: Plan, g0u: int, gp: int, last_h: str) -> list[str]:
         f"        else {{ hwb_tick(w, w->f, w->zx); hwb_head(w->{h}[w->f], y); w->pend = 1; }}",
         "    }",
         "    return 0;", "}"]
+
+
+def _state(p: Plan, reduced_in: bool) -> tuple[list[str], list[tuple[str, str, str, int, int]]]:
+    """``struct hwb_window``: one window's state (and one stream's: a handle is one or the
+    other, hwb_window.h), and per layer the C names of its state, recurrent products and
+    sizes ``(h, c, r, units, product width)``."""
+    members = ["int stream;", "int f, pend, spend;"]
+    names = []
+    for li, cell in enumerate(p.cells):
+        u = cell.units
+        nr = _rec_weights(cell).shape[1]
+        names.append((f"w->h{li}", f"w->c{li}", f"w->r{li}", u, nr))
+        # slots 0..NW-1: the windows; NW: the stream; NW+1: reset's scratch window
+        members += [f"float h{li}[HWB_NW + 2][{_pad(u)}] A64;", f"float c{li}[HWB_NW + 2][{_pad(u)}] A64;",
+                    f"float r{li}[HWB_NW + 2][{_pad(nr)}] A64;"]
+    g0u = _gates(p.cells[0]) * p.cells[0].units
+    members += [f"float zx[{_pad(g0u)}] A64, szx[{_pad(g0u)}] A64, tzx[{_pad(g0u)}] A64;"]
+    if reduced_in:  # the push's reduced projection, and x_t kept for the prepare's fp32 one
+        members += [f"float qzx[{_pad(g0u)}] A64, xt[{_pad(p.step)}] A64;"]
+    out = [f"#define HWB_NW {p.window}", "struct hwb_window {", *(f"    {m}" for m in members), "};"]
+    return out, names
 
 
 def _warm(consts: list[tuple[str, int]]) -> list[str]:

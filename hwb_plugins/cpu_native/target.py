@@ -11,10 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends import machine
-from hwbackends.errors import CompileError, InputError, UnavailableError, UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileError,
+    CompileOptions,
+    Executor,
+    InputError,
+    Target,
+    UnavailableError,
+    UnsupportedError,
+    machine,
+)
 
 from .._util import cpu_name, version
 from . import build, push_weights

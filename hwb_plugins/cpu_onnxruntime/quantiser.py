@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwbackends.errors import CompileError
+from hwbackends.contract import CompileError
 
 #: The default-domain opset given to a graph that imports none: its nodes are all in other
 #: domains (``ai.onnx.ml``, ``com.microsoft``), so the version only satisfies the quantiser.

@@ -6,9 +6,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import HwbError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, BufferedExecutor, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    BufferedExecutor,
+    CompileOptions,
+    Executor,
+    HwbError,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnsupportedError,
+)
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._shared.onnx_io import graph_inputs, spec_order
@@ -156,6 +165,11 @@ class OnnxRuntimeTarget(Target):
                                   options.batch_size)
             quantize_static(str(pre), str(final), reader, activation_type=QuantType.QInt8,
                             weight_type=QuantType.QInt8, reduce_range=True)
+
+    def triton(self) -> TritonForm:
+        from .export import TRITON
+
+        return TRITON
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         return OnnxRuntimeExecutor(artifact.file("model.onnx"), options.runtime_threads(),

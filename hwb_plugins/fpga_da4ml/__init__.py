@@ -6,7 +6,7 @@ simulation), and is sized by yosys. ``describe()["hardware_estimate"]`` carries 
 *modelled* cycles, II, resources and ns. See docs/targets-fpga.md."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import Da4mlTarget
 

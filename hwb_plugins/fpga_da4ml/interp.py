@@ -39,7 +39,7 @@ def unsafe_muxes(comb: Any) -> int:
 
 def evaluate(comb: Any, x: np.ndarray) -> np.ndarray:
     """``comb`` on the rows of ``x`` (already in the input's range), bit-exact, float64."""
-    from hwbackends.errors import CompileError
+    from hwbackends.contract import CompileError
 
     if unsafe_muxes(comb):
         raise CompileError("this da4ml design holds a mux da4ml 0.6 evaluates wrongly (see "

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CompileError
+from hwbackends.contract import CompileError
 
 from . import interp
 from .executor import RtlLibrary, WordFormat

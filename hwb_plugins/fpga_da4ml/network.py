@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from .._shared import layer_ir
 from .._shared.layer_ir import DenseAct as DenseLayer

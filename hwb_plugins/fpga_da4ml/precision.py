@@ -17,8 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnsupportedError
-from hwbackends.fidelity import Fidelity, compare
+from hwbackends.contract import CompileError, Fidelity, UnsupportedError, compare
 
 from .._shared.fixed_point import (
     F_MAX,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwbackends.specs import MODELLED
+from hwbackends.contract import MODELLED
 
 from .._shared.fpga_report import esc, estimate, fidelity_cell, fpga_meta, num, rows_of, table
 from .target import Da4mlTarget

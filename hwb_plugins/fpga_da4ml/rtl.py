@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwbackends import build_cache
-from hwbackends.errors import CompileError
+from hwbackends.contract import CompileError, build_cache
 
 log = logging.getLogger("hwbackends.fpga_da4ml")
 TOP = "hwb"

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import CompileError
+from hwbackends.contract import CompileError
 
 FAMILY = "xcup"  # UltraScale+: synth_xilinx's family for the default part (xcvu13p)
 

@@ -9,9 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CacheError, CompileError, UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CacheError,
+    CompileError,
+    CompileOptions,
+    Target,
+    UnsupportedError,
+)
 
 from .._shared.fixed_point import FidelityTarget
 from .._shared.fpga_summary import bits_lines, report_meta
@@ -154,7 +160,7 @@ class Da4mlTarget(Target):
         if not exact["bit_exact"]:
             raise CompileError(f"the Verilated design differs from da4ml's reference on "
                                f"{exact['mismatches']} of {exact['samples']} samples")
-        from hwbackends.fidelity import compare
+        from hwbackends.contract import compare
         fid = compare(ref, run_stream(lib, fmt, timing.latency_cycles, calib).reshape(ref.shape))
         synth = _synth(w, opts, float(chosen.comb.cost))
         tools = {"simulation": f"Verilator {rtl.verilator_version()} (testbench: hwbackends)",

@@ -6,7 +6,7 @@ fixed-point types that meet a fidelity target on calibration data, as narrow as 
 or any explicit ``ap_fixed<W,I>``. See docs/targets-fpga.md."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import Hls4mlTarget
 

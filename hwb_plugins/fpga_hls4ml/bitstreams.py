@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import CacheError
-from hwbackends.store import file_sha256
+from hwbackends.contract import CacheError, file_sha256
 
 MANIFEST_FORMAT = 1
 REQUIRED = ("format", "board", "part", "fingerprint", "hls4ml_config", "files", "build_date", "io")

@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends import build_cache
-from hwbackends.errors import CompileError, UnavailableError
+from hwbackends.contract import CompileError, UnavailableError, build_cache
 
 #: Declaration g++ force-includes (``-include``) so that ``WEIGHTS_DIR`` can be a call.
 WEIGHTS_HEADER = 'extern "C" const char *hwb_weights_dir();\n'

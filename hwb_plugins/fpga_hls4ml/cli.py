@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from hwbackends.cli import emit
-from hwbackends.cli.compile import add_model_args, compile_from_args
-from hwbackends.cli.source import model_from_args
+from hwbackends.contract.cli import add_model_args, compile_from_args, emit, model_from_args
 
 from .target import Hls4mlTarget
 
@@ -28,8 +26,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwbackends.errors import UnsupportedError
-    from hwbackends.models import load_model
+    from hwbackends.contract import UnsupportedError, load_model
 
     from .trace import trace_layers
 

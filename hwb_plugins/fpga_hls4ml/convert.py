@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from .._shared import batchnorm
 from .._shared.hls4ml_names import Renamed, generated, rename_keras

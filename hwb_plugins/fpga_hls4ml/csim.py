@@ -13,9 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hwbackends.errors import CacheError
-from hwbackends.specs import TensorSpec
-from hwbackends.target import Executor
+from hwbackends.contract import CacheError, Executor, TensorSpec
 
 
 class CsimLibrary:

@@ -1,8 +1,8 @@
 """The ``auto`` search's first guess for fpga.hls4ml: the model in float64 with the rounding
 and the lookup tables of the design :func:`.precision.assign` builds at ``f`` fractional bits.
 
-The search needs two builds at least (the answer, and one bit less failing); it used to start
-from the error budget alone and spend one to three more. This model takes milliseconds and,
+The search needs two builds at least (the answer, and one bit less failing); started from the
+error budget alone it spends one to three more. This model takes milliseconds and,
 on the zoo and the classifiers of the tests, lands on the search's answer or next to it; the
 builds still decide. What it models, from hls4ml 1.3's ``nnet_activation.h``:
 

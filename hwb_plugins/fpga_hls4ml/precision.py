@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hwbackends.fidelity import Fidelity, compare
+from hwbackends.contract import Fidelity, compare
 
 from .._shared.fixed_point import (  # noqa: F401 — re-exported: the search lives in _shared
     F_MAX,

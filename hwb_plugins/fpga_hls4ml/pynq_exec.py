@@ -17,8 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Executor
+from hwbackends.contract import Availability, Executor, TensorSpec
 
 from .bitstreams import BitstreamEntry
 

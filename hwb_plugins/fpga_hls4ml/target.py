@@ -10,9 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import CacheError, CompileError, UnsupportedError
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CacheError,
+    CompileError,
+    CompileOptions,
+    Target,
+    UnsupportedError,
+)
 
 from .._shared.fpga_summary import bits_lines, report_meta
 from .._util import cpu_name, importable, version
@@ -75,7 +81,7 @@ class Hls4mlTarget(Target):
                  "on PATH; otherwise the report records why it is absent)",
     }
     compile_timeout = 900.0
-    version = "2"  # 2: hls4ml sees generated layer names (issue 33)
+    version = "2"  # 2: hls4ml sees generated layer names
     batch_independent = True  # the C-simulation loops over samples; load() sizes the executor
 
     def accepts(self, precision: str) -> bool:
@@ -115,7 +121,7 @@ class Hls4mlTarget(Target):
 
     # -- compile (isolated child process) -------------------------------------------------
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from hwbackends.fidelity import compare
+        from hwbackends.contract import compare
 
         from . import convert
         from . import precision as P

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from . import convert
 from .build import trace

@@ -3,7 +3,7 @@ GPU model, compute capability, TensorRT and driver version, run from pinned buff
 CUDA graph per call. Unavailable without an NVIDIA GPU, ``tensorrt`` and ``cuda-python``."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import TensorRTTarget
 

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 PRECISIONS = ("fp32", "fp16", "int8")
 #: Ops given Q/DQ on their inputs; the rest of the graph stays float.

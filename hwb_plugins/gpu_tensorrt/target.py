@@ -27,9 +27,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileError,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._nvidia import cuda_stack, gpu_info, no_gpu_reason, stack_mismatch
 from .._shared.onnx_io import graph_inputs, graph_outputs, spec_order
@@ -504,6 +513,11 @@ class TensorRTTarget(Target):
                 "graph": GRAPH, "qdq_nodes": len(qdq_zero_points(graph)),
                 "build_plan": asdict(plan),
                 "build_log": log[-4000:], "converted_from": model.meta.get("converted_from", "onnx")}
+
+    def triton(self) -> TritonForm:
+        from .export import TensorRTTriton
+
+        return TensorRTTriton(ENGINE)
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         bound, here = artifact.meta.get("bound_to", {}), current_binding()

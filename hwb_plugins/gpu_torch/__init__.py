@@ -3,7 +3,7 @@ load, CUDA-graph capture over fixed device buffers, pinned host buffers. Unavail
 a CUDA build of torch and a GPU (the reason says which)."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import TorchCudaTarget
 

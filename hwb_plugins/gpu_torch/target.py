@@ -24,9 +24,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._nvidia import gpu_info, torch_cuda_reason
 from .._util import version
@@ -87,8 +94,8 @@ class _Graphed:
             raise UnavailableError("gpu.torch: torch.cuda.is_available() is False at load "
                                    "(GPU lost or CUDA_VISIBLE_DEVICES hides it)")
         self.device = torch.device(device)
-        # The program's own dtype (fp16 programs are exported as fp16); an artifact from
-        # before fp16 export is an fp32 program, cast here as it used to be.
+        # The program's own dtype (fp16 programs are exported as fp16); an fp16 artifact
+        # holding an fp32 program (written by an earlier target version) is cast here.
         module, dtype = program_on(path, device)
         if precision == "fp16" and dtype == torch.float32:
             module, dtype = module.to(torch.float16), torch.float16

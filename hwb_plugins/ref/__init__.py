@@ -2,7 +2,7 @@
 models) in fp32. Its outputs are the golden values every other target is checked against."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import RefTarget
 

@@ -5,9 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.models import Model, load_saved
-from hwbackends.specs import Availability
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import Artifact, Availability, CompileOptions, Executor, Model, Target, load_saved
 
 from .._shared.onnx_batch import batch_meta
 from .._util import cpu_name, version

@@ -3,7 +3,7 @@
 same int8 model runs on the CPU LiteRT interpreter (mode emulated, reason shown)."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import EdgeTpuTarget
 

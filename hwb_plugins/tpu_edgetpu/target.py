@@ -28,9 +28,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import CompileError, UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, Mode, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileError,
+    CompileOptions,
+    Executor,
+    Mode,
+    Target,
+    TensorSpec,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._shared.litert import LiteRTExecutor
 from .._shared.tflite import has_recurrent, op_names, to_tflite

@@ -4,7 +4,7 @@ Runs on ``jax.devices()[0]``: a TPU (mode hardware), else the GPU or CPU XLA bac
 emulated, device named). Precisions ``fp32`` and ``bf16``. Imports no TensorFlow."""
 from __future__ import annotations
 
-from hwbackends import hookimpl
+from hwbackends.contract import hookimpl
 
 from .target import XlaTarget
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 Value = Any  # numpy.ndarray (trace-time constant) or a jax array / tracer
 

@@ -21,9 +21,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hwbackends.errors import UnavailableError, UnsupportedError
-from hwbackends.specs import Availability, TensorSpec
-from hwbackends.target import Artifact, CompileOptions, Executor, Target
+from hwbackends.contract import (
+    Artifact,
+    Availability,
+    CompileOptions,
+    Executor,
+    Target,
+    TensorSpec,
+    TritonForm,
+    UnavailableError,
+    UnsupportedError,
+)
 
 from .._shared.onnx_batch import batch_meta, fix_batch
 from .._util import importable, version
@@ -203,6 +211,11 @@ class XlaTarget(Target):
                 "onnx_ops": ops, "compute_dtype": "bfloat16" if options.precision == "bf16" else "float32",
                 "converted_from": model.meta.get("converted_from", "onnx"),
                 "compiled_on": str(jax.devices()[0]), **batch_meta(model, options.batch_size)}
+
+    def triton(self) -> TritonForm:
+        from .export import XlaTriton
+
+        return XlaTriton(ARTIFACT)
 
     def load(self, artifact: Artifact, options: CompileOptions) -> Executor:
         expected, why = predicted_platform()

@@ -4,7 +4,9 @@ error) moved; which moves break the thresholds a CI job sets.
 
 Rows are matched by variant, scenario (with its offered rate for ``server``), batch size and
 machine, so a demo's several server rates and a fleet file's machines each compare with their
-own. A variant that compiled in BASE and failed in NEW always breaks the comparison; one
+own. A sliding profile with a load sweep adds a row per count of windows (``sliding NMI N``):
+the closed loop's tick (push + prepare) p50/p99, judged like any row, beside the rate one core
+sustains and the knee. A variant that compiled in BASE and failed in NEW always breaks the comparison; one
 absent from NEW is listed, and breaks it with ``fail_missing``.
 """
 from __future__ import annotations
@@ -48,6 +50,12 @@ class Delta:
     new_rel_err: float | None = None
     status: str = "ok"  # ok | regression | only in base | only in new | failed in new
     why: list[str] = field(default_factory=list)
+    #: Sliding load rows (``sliding NMI N``): the rate one core sustains and the knee
+    #: (ticks/s); their p50/p99 are the closed loop's tick (push + prepare).
+    base_sustainable_hz: float | None = None
+    new_sustainable_hz: float | None = None
+    base_knee_hz: float | None = None
+    new_knee_hz: float | None = None
 
     @staticmethod
     def pct(base: float | None, new: float | None) -> float | None:
@@ -94,7 +102,41 @@ def _key(p: LatencyProfile) -> tuple[str, str, int, str]:
     rate = (p.params or {}).get("rate_hz")
     if p.scenario == "server" and rate is not None:
         scen = f"server@{rate:g}Hz"
+    other = (p.params or {}).get("model")  # a profile of another model than the file's (the demo's sliding)
+    if isinstance(other, str):
+        scen += f" ({other})"
     return p.variant, scen, p.batch_size, machine_key(p)
+
+
+@dataclass(frozen=True)
+class _LoadRow:
+    """A sliding profile's load point as a comparison row's figures."""
+
+    mode: str
+    p50_us: float
+    p99_us: float
+    sustainable_hz: float
+    knee_hz: float | None
+
+
+def _load_rows(res: BenchResults) -> dict[tuple[str, str, int, str], _LoadRow]:
+    """Per sliding profile with a load sweep, one row per count of windows: ``(variant,
+    "sliding NMI N", batch, machine)``."""
+    from .load import parse_load
+
+    out: dict[tuple[str, str, int, str], _LoadRow] = {}
+    for p in res.profiles:
+        raw = (p.sliding or {}).get("load")
+        if not raw:
+            continue
+        for pt in parse_load(raw, f"profile {p.variant}")["points"]:
+            c = pt["closed"]
+            other = (p.params or {}).get("model")
+            scen = f"sliding NMI {pt['streams']}" + (f" ({other})" if isinstance(other, str) else "")
+            out[(p.variant, scen, p.batch_size, machine_key(p))] = _LoadRow(
+                p.mode, float(c.get("tick_p50_us", math.nan)), float(c["tick_p99_us"]),
+                float(c["sustainable_hz"]), pt.get("knee_hz"))
+    return out
 
 
 def _fidelity(res: BenchResults) -> dict[tuple[str, int, str], tuple[float, float] | None]:
@@ -129,8 +171,10 @@ def _fill(d: Delta, base_f: Any, new_f: Any) -> None:
 
 def compare(base: BenchResults, new: BenchResults, thresholds: Thresholds = Thresholds()) -> Comparison:
     """The rows of both files matched, each judged against ``thresholds``."""
-    bp = {_key(p): p for p in base.profiles}
-    np_ = {_key(p): p for p in new.profiles}
+    bp: dict[tuple[str, str, int, str], Any] = {_key(p): p for p in base.profiles}
+    np_: dict[tuple[str, str, int, str], Any] = {_key(p): p for p in new.profiles}
+    bp.update(_load_rows(base))
+    np_.update(_load_rows(new))
     bf, nf = _fidelity(base), _fidelity(new)
     rows: list[Delta] = []
     for key in list(bp) + [k for k in np_ if k not in bp]:
@@ -143,8 +187,12 @@ def compare(base: BenchResults, new: BenchResults, thresholds: Thresholds = Thre
         _fill(d, bf.get(fk), nf.get(fk))
         if b is not None:
             d.base_p50_us, d.base_p99_us = b.p50_us, b.p99_us
+            if isinstance(b, _LoadRow):
+                d.base_sustainable_hz, d.base_knee_hz = b.sustainable_hz, b.knee_hz
         if n is not None:
             d.new_p50_us, d.new_p99_us = n.p50_us, n.p99_us
+            if isinstance(n, _LoadRow):
+                d.new_sustainable_hz, d.new_knee_hz = n.sustainable_hz, n.knee_hz
         if b is not None and n is None:
             if fk in nf and nf[fk] is None:
                 d.status, d.why = "failed in new", ["the variant failed to compile in NEW"]
@@ -185,6 +233,11 @@ def render(c: Comparison) -> str:
             f"{_num(r.base_p99_us, '.4g'):>9}→{_num(r.new_p99_us, '.4g'):<9} {_num(r.p99_pct, '+.1f'):>7}% "
             f"{_num(r.base_corr, '.4f'):>9}→{_num(r.new_corr, '.4f'):<9} {r.status}"
             + (f": {'; '.join(r.why)}" if r.why else ""))
+        if r.scenario.startswith("sliding NMI"):
+            lines.append(f"{'':<27}one core sustains {_num(r.base_sustainable_hz, ',.0f')}→"
+                         f"{_num(r.new_sustainable_hz, ',.0f')} ticks/s; knee "
+                         f"{_num(r.base_knee_hz, ',.0f')}→{_num(r.new_knee_hz, ',.0f')} ticks/s "
+                         f"(p50/p99 above: the closed loop's push + prepare)")
     lines += [f"note: {n}" for n in c.notes]
     bad = c.failed
     lines.append(f"{len(bad)} of {len(c.rows)} row(s) past the thresholds" if bad
@@ -194,7 +247,8 @@ def render(c: Comparison) -> str:
 
 CSV_FIELDS = ("variant", "scenario", "batch_size", "machine", "mode", "base_p50_us", "new_p50_us",
               "p50_pct", "base_p99_us", "new_p99_us", "p99_pct", "base_corr", "new_corr",
-              "corr_change", "base_rel_err", "new_rel_err", "status", "why")
+              "corr_change", "base_rel_err", "new_rel_err", "status", "why",
+              "base_sustainable_hz", "new_sustainable_hz", "base_knee_hz", "new_knee_hz")
 
 
 def render_csv(c: Comparison) -> str:

@@ -215,8 +215,9 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
                     pin: Sequence[int] | None = None, bars: bool = False) -> LatencyProfile:
     """The sliding scenario of ``cm`` (:func:`~.scenarios.sliding_loop`): the profile's
     percentiles are ``push_into``'s; ``sliding`` holds the form, the prepare's and the full
-    window's figures from the same run. A model without a window is refused
-    (UnsupportedError, saying what it needs)."""
+    window's figures from the same run, and (``scenario.streams``) the load sweep over that
+    many windows (``sliding["load"]``, :func:`~.load.measure_load`). A model without a window
+    is refused (UnsupportedError, saying what it needs)."""
     why = sliding_refusal(tuple(cm.input.shape), getattr(cm, "multi_io", False), cm.model_name)
     if why:
         raise UnsupportedError(why)
@@ -249,6 +250,14 @@ def measure_sliding(cm: "CompiledModel", scenario: Sliding, data: Any = None,
                                            if full["n"] and full["p50_us"] > 0 else None)}
     bar.done(f"push p50 {prof.p50_us:.2f} µs  p99 {prof.p99_us:.2f} µs  full window p50 "
              f"{full['p50_us']:.1f} µs  n={prof.n}" + ("  (interrupted)" if t.interrupted else ""))
+    if scenario.streams and not t.interrupted:
+        from .load import measure_load
+        with pinned(pin):
+            load = measure_load(cm, scenario, steps, bars)
+        prof.sliding["load"] = load
+        last = load["points"][-1] if load["points"] else {}
+        prof.interrupted = bool(last.get("interrupted")
+                                or any(o["interrupted"] for o in last.get("open", [])))
     return prof
 
 
@@ -356,13 +365,15 @@ class BenchRun:
     reuse_profiles: bool = False
     calibration_data: Any = None
     validation_data: Any = None
+    #: Target-specific compile options for every variant (``hwb bench -O``).
+    options: dict[str, Any] | None = None
 
     def compile(self, target: str, precision: str, batch_size: int | None = None) -> "CompiledModel":
         """The variant, compiled (or loaded from the store) in this run's context."""
         return hwb_compile(self.model, target, precision, batch_size=batch_size,
                            store=self.ctx.store, progress=self.ctx.progress,
                            registry=self.ctx.registry, calibration_data=self.calibration_data,
-                           validation_data=self.validation_data)
+                           validation_data=self.validation_data, options=self.options)
 
     def measure(self, cm: "CompiledModel", sc: Scenario,
                 batch_size: int | None = None) -> tuple[LatencyProfile, bool]:
@@ -376,7 +387,8 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
                 context: RunContext | None = None, pin: Sequence[int] | None = None,
                 bars: bool = True, reuse_profiles: bool = False,
                 max_ref_s: float | None = 3.0, results: BenchResults | None = None,
-                calibration_data: Any = None, validation_data: Any = None) -> BenchResults:
+                calibration_data: Any = None, validation_data: Any = None,
+                options: dict[str, Any] | None = None) -> BenchResults:
     """Compile ``model`` on every matching, available target × precision and measure each
     variant in each scenario. Failures (compile errors, unavailable targets) are recorded with
     their reason, never raised. Ctrl-C stops the run and returns what was measured
@@ -389,7 +401,8 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
     only by ``*`` is listed, not built (:func:`~hwbackends.registry.slow_unless_named`).
     ``calibration_data`` and ``validation_data`` go to every compile (see
     :func:`hwbackends.compile`); where the data came from is each variant row's ``data`` and
-    ``results.data``."""
+    ``results.data``. ``options``: target-specific compile options for every variant (a target
+    that refuses them gives a failed row, saying why)."""
     from ..models import load_model
 
     ctx = context or RunContext()
@@ -415,7 +428,7 @@ def bench_model(model: Any, targets: Sequence[str] = ("*",), precisions: Sequenc
         with open_loop_cores(pin) as where:  # what each open-loop row's ``affinity`` will say
             res.machine = {**res.machine, "open_loop": where}
     run = BenchRun(ctx, m, m.representative(256, seed=2), pin, bars, reuse_profiles,
-                   calibration_data, validation_data)
+                   calibration_data, validation_data, options)
     try:
         for name in names:
             tgt = reg.targets[name]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import strict_json
-from ..errors import HwbError
+from ..errors import ResultsError
 from ..variant import RecordError, VariantRecord
 from .profile import LatencyProfile, table, table_csv
 
@@ -17,10 +17,6 @@ FORMAT = "hwbackends-bench-results"
 #: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``
 #: (was ``fpga``), and the rows written before the variant record are no longer read.
 VERSION = 2
-
-
-class ResultsError(HwbError):
-    """A results file is missing, unreadable, or from another results-format version."""
 
 
 @dataclass
@@ -89,9 +85,13 @@ class BenchResults:
             variants = [VariantRecord.from_dict(v) for v in d["variants"]]
         except RecordError as exc:
             raise ResultsError(f"{p}: {exc}") from exc
+        profiles = [LatencyProfile.from_dict(x) for x in d["profiles"]]
+        from .load import parse_load  # a sliding row's load sweep, checked field by field
+        for j, prof in enumerate(profiles):
+            if isinstance(prof.sliding, dict) and prof.sliding.get("load") is not None:
+                parse_load(prof.sliding["load"], f"{p}: profile {j} ({prof.variant})")
         return cls(model=d["model"], machine=d["machine"], availability=d["availability"],
-                   variants=variants,
-                   profiles=[LatencyProfile.from_dict(x) for x in d["profiles"]],
+                   variants=variants, profiles=profiles,
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"), command=d.get("command", ""),
                    created=d.get("created", 0.0), data=d.get("data"))

@@ -10,7 +10,10 @@
 * ``sliding``: a windowed model (input ``(T, *step)``) fed one tick at a time through
   ``cm.sliding()``: tick → answer (``push_into``) timed, the ``prepare()`` after it timed apart
   (as STAC-ML Tacana reports it), and the full window (``predict_into``) in the same
-  interleaved run, so the two are compared under the same noise.
+  interleaved run, so the two are compared under the same noise; then under load, over
+  ``cm.sliding(streams=N)`` for each ``N`` of ``streams`` (STAC-ML's NMI): ticks round-robin in
+  a closed loop (:func:`streams_loop`: the rate one core sustains) and Poisson ticks at offered
+  rates in open loops (:func:`streams_open_loop`), as hwbackends/bench/load.py keeps them.
 
 The loops time with ``perf_counter_ns`` around the bare ``predict_into`` (the hot path), keep
 the garbage collector off while measuring, and stop cleanly on Ctrl-C keeping what was
@@ -100,15 +103,40 @@ class Batch:
         return asdict(self)
 
 
+#: The numbers of windows (model instances, STAC-ML's NMI) the STAC-ML sweep runs.
+NMI_SWEEP = (1, 2, 4, 8, 24)
+#: Offered aggregate rates of the load sweep when no ``rate`` is given: these fractions of the
+#: rate one core sustains at that many windows (1 / the closed loop's median push + prepare).
+AUTO_LOAD = (0.25, 0.5, 0.75, 0.9, 1.0, 1.2)
+#: At most this many windows per scenario (``streams=``), as ``sliding(streams=N)`` allows.
+MAX_SLIDING_STREAMS = 1 << 16
+
+
 @dataclass(frozen=True)
 class Sliding:
     """``n`` ticks, in ``rounds`` rounds; each round pushes ``n / rounds`` fresh steps (each
-    followed by its timed ``prepare``) then runs as many full windows."""
+    followed by its timed ``prepare``) then runs as many full windows. Then the **load
+    sweep**, for each count of windows in ``streams`` (``cm.sliding(streams=N)``): a closed
+    loop (``ticks`` ticks round-robin over the ``N`` windows, push and prepare timed apart:
+    the rate one core sustains) and, at each offered per-stream rate of ``rate_hz`` (empty:
+    :data:`AUTO_LOAD` of that sustainable rate), an open loop of Poisson ticks at ``N ×
+    rate`` (and at each aggregate rate of ``offered_hz``) to windows drawn at random, latency
+    from each tick's scheduled arrival. The sweep
+    takes at most ``max_s`` more; ``streams=()`` skips it. ``budget_us``: the p99 the knee is
+    taken at (the router uses its tier's)."""
 
     n: int = 2000
     max_s: float = 10.0
     warmup: int = 200
     rounds: int = 5
+    streams: tuple[int, ...] = (1,)
+    rate_hz: tuple[float, ...] = ()
+    #: Aggregate offered rates (ticks/s over all the windows) measured at every count of
+    #: windows besides ``rate_hz`` (the router adds its strategy's load per core).
+    offered_hz: tuple[float, ...] = ()
+    ticks: int = 1000
+    budget_us: float | None = None
+    seed: int = 0
     name: str = field(default="sliding", init=False)
 
     def key(self) -> dict[str, Any]:
@@ -124,7 +152,9 @@ OPEN_LOOP = (Server, Burst)
 
 def parse(spec: str) -> Scenario:
     """``NAME[:key=value,...]``: ``single-stream:n=5000``, ``server:rate_hz=2000``,
-    ``burst:trace=ticks.txt,unit=ms``, ``batch:sizes=1/8/64``."""
+    ``burst:trace=ticks.txt,unit=ms``, ``batch:sizes=1/8/64``,
+    ``sliding:streams=1/2/4/8/24,rate=200/1000,budget_us=50`` (``streams=stac``: the
+    STAC-ML sweep :data:`NMI_SWEEP`)."""
     name, _, rest = spec.partition(":")
     cls = SCENARIOS.get(name.strip())
     if cls is None:
@@ -134,7 +164,7 @@ def parse(spec: str) -> Scenario:
     kw: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         k, eq, v = item.partition("=")
-        k = {"rate": "rate_hz", "duration": "duration_s"}.get(k.strip(), k.strip())
+        k = {"rate": "rate_hz", "duration": "duration_s", "offered": "offered_hz"}.get(k.strip(), k.strip())
         if not eq or k not in fields:
             raise ConfigError(f"scenario {name}: bad parameter {item!r}; allowed: "
                               f"{', '.join(f'{f}=…' for f in fields)}")
@@ -143,12 +173,24 @@ def parse(spec: str) -> Scenario:
                 kw[k] = tuple(int(s) for s in v.split("/"))
                 if not kw[k] or min(kw[k]) < 1:
                     raise ValueError("sizes must be ≥ 1")
+            elif cls is Sliding and k == "streams":
+                v = v.strip()
+                kw[k] = (NMI_SWEEP if v == "stac" else () if v == "none"
+                         else tuple(int(s) for s in v.split("/")))
+                if any(not 1 <= x <= MAX_SLIDING_STREAMS for x in kw[k]):
+                    raise ValueError(f"each count of windows must be 1 to {MAX_SLIDING_STREAMS}; "
+                                     f"write them as 1/2/4/8/24, 'stac', or 'none' (no load sweep)")
+            elif cls is Sliding and k in ("rate_hz", "offered_hz"):
+                kw[k] = tuple(float(s) for s in v.split("/"))
+                if not all(0 < x < float("inf") for x in kw[k]):
+                    raise ValueError("each rate (ticks per second per stream) must be a positive "
+                                     "number; write several as 200/1000")
             elif k in ("trace", "unit"):
                 kw[k] = v
-            elif k in ("n", "warmup", "seed", "rounds"):
+            elif k in ("n", "warmup", "seed", "rounds", "ticks"):
                 kw[k] = int(v)
-                if kw[k] < (1 if k in ("n", "rounds") else 0):
-                    raise ValueError(f"{k} must be ≥ {1 if k in ('n', 'rounds') else 0}")
+                if kw[k] < (1 if k in ("n", "rounds", "ticks") else 0):
+                    raise ValueError(f"{k} must be ≥ {1 if k in ('n', 'rounds', 'ticks') else 0}")
             else:
                 kw[k] = float(v)
                 if not 0 < kw[k] < float("inf"):  # a rate, a duration, a time limit
@@ -398,3 +440,120 @@ def sliding_loop(push: Fn, prepare: Callable[[], None], full: Fn, steps: Sequenc
             gc.enable()
     return SlidingTiming(push_ns[:i], prep_ns[:i], full_ns[:f], (clock() - start) / 1e9,
                          interrupted)
+
+
+Push = Callable[[int, np.ndarray, np.ndarray], None]
+
+
+@dataclass
+class StreamsTiming:
+    """Raw outcome of :func:`streams_loop` / :func:`streams_open_loop` (ns): per tick, the
+    ``push_into`` (closed loop) or the tick's latency from its scheduled arrival (open loop),
+    and the ``prepare()`` after it; open loops add each push's own service time."""
+
+    latency_ns: np.ndarray
+    prepare_ns: np.ndarray
+    wall_s: float
+    interrupted: bool = False
+    service_ns: np.ndarray | None = None
+
+
+def streams_loop(push: Push, prepare: Callable[[], None], steps: Sequence[np.ndarray],
+                 out: np.ndarray, streams: int, n: int, max_s: float, warmup: int = 0,
+                 bar: ProgressBar | None = None) -> StreamsTiming:
+    """Closed loop over ``streams`` windows: ``n`` ticks round-robin (tick ``j`` to window
+    ``j % streams``, a new step each), ``push(i, step, out)`` timed, then ``prepare()`` timed
+    apart (stopping early after ``max_s``)."""
+    k = len(steps)
+    for j in range(min(warmup, k)):
+        push(j % streams, steps[j], out)
+        prepare()
+    clock = time.perf_counter_ns
+    lat = np.empty(n, np.int64)
+    prep = np.empty(n, np.int64)
+    i = 0
+    s = warmup
+    interrupted = False
+    gc_was = gc.isenabled()
+    gc.disable()
+    start = clock()
+    stop = start + int(max_s * 1e9)
+    try:
+        while i < n:
+            x = steps[s % k]
+            w = s % streams
+            s += 1
+            t0 = clock()
+            push(w, x, out)
+            t1 = clock()
+            prepare()
+            t2 = clock()
+            lat[i] = t1 - t0
+            prep[i] = t2 - t1
+            i += 1
+            if not i & 255:
+                if bar:
+                    bar.update(i)
+                if t2 > stop:
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if gc_was:
+            gc.enable()
+    return StreamsTiming(lat[:i], prep[:i], (clock() - start) / 1e9, interrupted)
+
+
+def streams_open_loop(push: Push, prepare: Callable[[], None], steps: Sequence[np.ndarray],
+                      out: np.ndarray, arrivals_s: np.ndarray, ids: np.ndarray, max_s: float,
+                      bar: ProgressBar | None = None) -> StreamsTiming:
+    """Open loop over several windows: tick ``j`` arrives at ``arrivals_s[j]`` for window
+    ``ids[j]`` whatever the variant does; one server answers them in order, each push followed
+    by the ``prepare()`` the next tick needs (a tick that arrives during a prepare waits for
+    it). Latency = the push's completion − the tick's *scheduled* arrival, as
+    :func:`open_loop`."""
+    k = len(steps)
+    clock = time.perf_counter_ns
+    m = len(arrivals_s)
+    lat = np.empty(m, np.int64)
+    svc = np.empty(m, np.int64)
+    prep = np.empty(m, np.int64)
+    sleep = time.sleep
+    wid = [int(i) for i in ids]
+    i = 0
+    interrupted = False
+    gc_was = gc.isenabled()
+    gc.disable()
+    start = clock() + 1_000_000
+    sched = start + (np.asarray(arrivals_s, dtype=np.float64) * 1e9).astype(np.int64)
+    stop = start + int(max_s * 1e9)
+    try:
+        while i < m:
+            s = int(sched[i])
+            now = clock()
+            if now < s:
+                if s - now > 2 * SPIN_NS:
+                    sleep((s - now - SPIN_NS) / 1e9)
+                while clock() < s:
+                    pass
+            x = steps[i % k]
+            t0 = clock()
+            push(wid[i], x, out)
+            t1 = clock()
+            prepare()
+            t2 = clock()
+            lat[i] = t1 - s
+            svc[i] = t1 - t0
+            prep[i] = t2 - t1
+            i += 1
+            if not i & 63:
+                if bar:
+                    bar.update(i)
+                if t2 > stop:
+                    break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if gc_was:
+            gc.enable()
+    return StreamsTiming(lat[:i], prep[:i], (clock() - start) / 1e9, interrupted, svc[:i])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import CACHE_DIR_HELP, emit, positive_int, split_list, stderr_progress, usage_type
+from .compile import parse_option, parse_options
 from .source import add_source_args, calibration_from_args, model_from_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,8 +61,10 @@ def add_measure_options(p: argparse.ArgumentParser, *, where: str, default_outpu
     p.add_argument("--scenario", "-s", action="append", default=None, metavar="SPEC",
                    type=usage_type(check_scenario, "scenario"),
                    help="single-stream | server[:rate_hz=R,n=N] | burst[:trace=FILE,unit=ms] | "
-                        "batch[:sizes=1/8/32] | sliding[:n=N,rounds=R] (a windowed model, one "
-                        "tick at a time: push, prepare apart, the full window beside it); "
+                        "batch[:sizes=1/8/32] | sliding[:n=N,rounds=R,streams=1/2/4/8/24,"
+                        "rate=R,budget_us=B] (a windowed model, one tick at a time: push, "
+                        "prepare apart, the full window beside it; then per count of windows, "
+                        "closed and Poisson open loops at offered tick rates and the knee); "
                         "repeatable (default: single-stream)")
     p.add_argument("--n", type=usage_type(positive_int, "count"), default=None,
                    help="timed calls per single-stream/server/batch run (default: each "
@@ -88,6 +91,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="also route the strategies of this file from the variants and "
                         "profiles just measured (nothing is compiled or measured again) into "
                         "the results (default: none)")
+    p.add_argument("--option", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   type=usage_type(parse_option, "option"),
+                   help="target-specific compile option for every variant built, as hwb "
+                        "compile's (e.g. -t cpu.native -p fp32 -O push_weights=int8: the row is "
+                        "cpu.native:fp32+push=int8); a target that refuses it is a failed row "
+                        "(default: none)")
     p.add_argument("--cache-dir", default=None, help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true",
                    help="print the results JSON instead of the table (default: the table)")
@@ -126,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     scenarios, context=ctx, pin=args.pin, bars=not quiet,
                     reuse_profiles=args.use_cache, results=res,
-                    calibration_data=calibration_from_args(args, model))
+                    calibration_data=calibration_from_args(args, model),
+                    options=parse_options(args.option) or None)
         if cfg is not None and not res.interrupted:
             res.routing = route_measured(res, cfg, ctx.registry)
     except BaseException:

@@ -3,8 +3,9 @@
 every registered target × precision → compile (cached) → fidelity → bench (single-stream,
 server, burst; batch sweep and offered-load sweep on the hardware fp32 variants) → routing
 table for the example tiers (examples/strategies.toml) → results JSON + HTML report; and the
-sliding window (issue 35): the zoo LSTM on cpu.native, one tick in and the answer out, beside
-the full window (a short bounded run, :func:`sliding_figure`).
+sliding window: the zoo LSTM on cpu.native, one tick in and the answer out, beside the full
+window, then under load over 1 … 24 windows (a short bounded run, :func:`sliding_figure`, in
+the results and the report as well).
 Sized to finish in a few minutes on a 2-core machine (less once the artifacts are cached).
 Slow builds (``Target.slow_compile``: ``fpga.da4ml``'s Verilator build and yosys synthesis
 take minutes) are listed, not built, unless ``--targets`` names them (``--targets '*,fpga.*'``
@@ -93,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
             res.variants = _dedupe(res.variants, lambda v: (v.variant, v.batch_size, v.error))
             res.availability = _dedupe(res.availability, lambda a: a["target"])
     sliding = None if res.interrupted else sliding_figure(ctx, args.quick)
+    if sliding is not None and sliding["profile"] is not None:
+        # into the results and the report too: its params name its model (zoo:lstm), so
+        # neither a comparison nor a routing of this run's model takes it for that model's
+        from ..bench import LatencyProfile
+        res.profiles.append(LatencyProfile.from_dict(sliding["profile"]))
     router = None
     if not res.interrupted:
         say(f"routing the strategies of {args.config}")
@@ -135,11 +141,16 @@ SLIDING_MODEL, SLIDING_TARGET = "zoo:lstm", "cpu.native"
 
 
 def sliding_figure(ctx: "RunContext", quick: bool) -> dict[str, Any]:
-    """The demo's sliding line: ``zoo:lstm`` on cpu.native in the sliding scenario (push timed,
-    the prepare apart, the full window interleaved; at most 2 s), as ``{"line", "profile"}``;
+    """The demo's sliding figures: ``zoo:lstm`` on cpu.native in the sliding scenario (push
+    timed, the prepare apart, the full window interleaved; then the load sweep over NMI 1 … 24
+    and offered tick rates; at most 2 s each), as ``{"line", "profile"}`` (the profile's
+    ``params["model"]`` names zoo:lstm; the demo adds it to its results and report);
     a line saying why when cpu.native cannot run here or the build fails."""
     from ..bench import Sliding, measure
+    from ..bench.profile import load_lines
+    from ..bench.scenarios import NMI_SWEEP
     from ..compiler import compile as hwb_compile
+    from ..context import quiet
     from ..errors import HwbError
     from ..registry import safe_probe
 
@@ -154,14 +165,20 @@ def sliding_figure(ctx: "RunContext", quick: bool) -> dict[str, Any]:
     try:
         cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", store=ctx.store,
                          progress=ctx.progress, registry=ctx.registry)
-        prof = measure(cm, Sliding(n=500 if quick else 5000, warmup=100, max_s=2.0, rounds=5))
+        # the STAC-ML sweep (NMI 1 … 24) over offered tick rates; --quick: one window
+        prof = measure(cm, Sliding(n=500 if quick else 5000, warmup=100, max_s=2.0, rounds=5,
+                                   streams=(1,) if quick else NMI_SWEEP,
+                                   ticks=200 if quick else 1000),
+                       bars=ctx.progress is not quiet)
     except HwbError as exc:
         return {"line": f"{head}: not measured ({type(exc).__name__}: {exc})", "profile": None}
+    prof.params["model"] = SLIDING_MODEL
     sl = prof.sliding or {}
     full, prep = sl.get("full") or {}, sl.get("prepare") or {}
     line = (f"{head}: push p50 {prof.p50_us:.2f} µs / p99 {prof.p99_us:.2f} µs vs full window "
             f"{full.get('p50_us', float('nan')):.2f} µs ({sl.get('form')}; prepare p50 "
             f"{prep.get('p50_us', float('nan')):.2f} µs apart, n={prof.n})")
+    line = "\n".join([line] + [f"  {x}" for x in load_lines(prof)])
     return {"line": line, "profile": prof.to_dict()}
 
 

@@ -61,7 +61,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..export import export
 
-    target, prec = parse_label(args.target)
+    target, prec, push = parse_label(args.target)
+    if push:
+        from ..errors import UnsupportedError
+        raise UnsupportedError(f"hwb export takes TARGET[:PRECISION]; {args.target!r} names a "
+                               f"sliding push form (+push={push}), which an export does not "
+                               f"carry: export {target}:{prec}")
     res = export(model_from_args(args), target, args.fmt, args.out,
                  precision=args.precision or prec or None, results=args.results,
                  config=args.config, strategy=args.strategy, machine=args.machine,

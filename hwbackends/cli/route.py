@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
             p99 = f"{c.p99_us:.2f} µs" if c and c.p99_us is not None else "—"
             rows.append(f"{d.strategy:<18} {d.tier:<10} {d.budget_us:>7g} µs "
                         f"{(c.variant if c else 'NONE'):<30} {(c.mode if c else ''):<9} {p99:>10}"
-                        + ("" if d.meets_budget else "  ! over budget" if c else "  ! no variant"))
+                        + ("" if d.meets_budget else "  ! over budget" if c else "  ! no variant")
+                        + (f"  ({c.load.cores_used} core(s) at {c.load.offered_hz:,.0f} ticks/s)"
+                           if c and c.load else ""))
             if d.note:
                 rows.append(f"{'':<18} {one_line(d.note)}")
         human = "\n".join(rows)

@@ -14,7 +14,7 @@ from .. import build_cache, cost, isolate
 from ..compiled import CompiledModel
 from ..context import Progress
 from ..errors import CompileError, HwbError
-from ..labels import label
+from ..labels import label, push_form
 from ..manifest import Manifest
 from ..models import load_saved
 from ..store import ArtifactStore
@@ -110,7 +110,7 @@ def load_cached(req: Request, run: Run) -> tuple[Any, Artifact] | None:
     art = man.artifact(st.path_for(key), cached=True)
     if tgt.batch_independent:  # built once for any size: serve this one
         art.batch_size = opts.batch_size
-    run.progress(f"{label(tgt.name, opts.precision)} cached artifact {key[:12]}")
+    run.progress(f"{label(tgt.name, opts.precision, push_form(art.meta))} cached artifact {key[:12]}")
     try:
         executor = tgt.load(art, opts)
     except Exception as exc:
@@ -169,7 +169,7 @@ def build(req: Request, run: Run) -> tuple[Any, Artifact]:
     except BaseException:
         st.discard(staged)
         raise
-    run.progress(f"{label(tgt.name, opts.precision)} built in {elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
+    run.progress(f"{label(tgt.name, opts.precision, push_form(man.meta))} built in {elapsed(seconds) if seconds >= 60 else f'{seconds:.1f} s'}")
     keep_within_limit(st, run.progress)  # HWB_CACHE_MAX_SIZE, when set
     return executor, man.artifact(st.path_for(req.key))
 

@@ -2,9 +2,10 @@
 
 :func:`export` writes one measured variant as a Triton model repository (:mod:`.triton`) or a
 TF Serving model (:mod:`.tfserving`), every batching and instance setting taken from the
-variant's measured latencies (:mod:`.measurements`); other formats go to the variant's target
-(``Target.exports`` / ``Target.export``: ``cpu.native``'s C library). Nothing here imports a
-framework at module level: TensorFlow, ONNX and the runtimes load inside the writers.
+variant's measured latencies (:mod:`.measurements`); what Triton runs is the target's to say
+(``Target.triton``), and other formats go to the variant's target (``Target.exports`` /
+``Target.export``: a C library and its header). Nothing here names a target or runs its
+runtime; TensorFlow loads inside the TF Serving writer, which saves the source model.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     deadline (the strategy's ``timeout_us``, else its tier's p99). ``outdir`` is written as
     :mod:`.outdir` says: created, or the user's own and not writable by others, no link
     followed; a model directory holding other versions is refused unless ``replace``. Every
-    name written comes from :mod:`.names`. ``command`` is no longer written into the files
-    (they carry no free text); it is kept for callers. Errors are
+    name written comes from :mod:`.names`. ``command`` is not written into the files (they
+    carry no free text); it is accepted for callers. Errors are
     :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
     from ..models import load_model
     from ..registry import get_registry
@@ -92,7 +93,8 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
             return ExportResult(fmt, od.real, od.publish())
     if fmt == "triton":  # a variant Triton cannot run is refused before anything is read
         from .triton import flavour_for
-        flavour_for(target, flavour)
+        form = tgt.triton()
+        how = flavour_for(target, form, flavour, reg.targets)
     if (config is None) != (strategy is None):
         raise ConfigError("--config and --strategy go together: the strategy's deadline is "
                           "read from the strategies file")
@@ -118,9 +120,9 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
         od.check({names.name: True} if fmt == "triton" else
                  {names.name: True, **{f: False for f in TF_SERVING_FILES}})
         if fmt == "triton":
-            res = _triton(m, names, target, prec, od.stage, measured, main, deadline,
-                          max_batch_size, threads, instances, flavour, version_compatible, st,
-                          progress, memory)
+            res = _triton(m, names, target, prec, form, how, flavour, od.stage, measured,
+                          main, deadline, max_batch_size, threads, instances,
+                          version_compatible, st, progress, memory)
         else:
             res = _tf_serving(m, names, od, measured[main], deadline, max_batch_size, threads,
                               instances, memory)
@@ -228,9 +230,10 @@ def _pins(store: Any) -> Any:
     return store.pinned() if hasattr(store, "pinned") else contextlib.nullcontext(None)
 
 
-def _compile_sizes(m: Any, target: str, prec: str, sizes: list[int], threads: int, store: Any,
-                   progress: Any, vdir: Path, pins: Any) -> dict[int, Any]:
-    """Each batch size compiled and its artifact copied into ``vdir/bN/`` right away."""
+def _compile_sizes(m: Any, target: str, prec: str, fname: str, sizes: list[int], threads: int,
+                   store: Any, progress: Any, vdir: Path, pins: Any) -> dict[int, Any]:
+    """Each batch size compiled and its artifact's file ``fname`` copied into ``vdir/bN/``
+    right away."""
     from .triton import stage_artifact
 
     compiled: dict[int, Any] = {}
@@ -239,32 +242,30 @@ def _compile_sizes(m: Any, target: str, prec: str, sizes: list[int], threads: in
             cm = _compile(m, target, prec, b, threads, store, progress)
             if pins is not None:
                 pins.add(cm.artifact.key)
-            stage_artifact(vdir, target, b, cm.artifact)
+            stage_artifact(vdir, fname, b, cm.artifact)
             return cm
         compiled[b] = _with_miss_retry(take, store, f"{target}:{prec} at batch {b}")
     return compiled
 
 
-def _triton(m: Any, names: Any, target: str, prec: str, stage: Path,
-            measured: dict[str, Measured], main: str, deadline: float | None,
-            max_batch: int | None, threads: int, instances: int | None, flavour: str | None,
-            version_compat: bool, store: Any, progress: Any,
-            memory: tuple[int, int]) -> ExportResult:
+def _triton(m: Any, names: Any, target: str, prec: str, form: Any, how: str,
+            flavour: str | None, stage: Path, measured: dict[str, Measured], main: str,
+            deadline: float | None, max_batch: int | None, threads: int, instances: int | None,
+            portable: bool, store: Any, progress: Any, memory: tuple[int, int]) -> ExportResult:
+    """The Triton repository of ``target:prec`` as the target's Triton ``form`` says, in
+    flavour ``how`` (:func:`.triton.flavour_for`)."""
     import shutil
 
     from . import triton as T
 
-    how = T.flavour_for(target, flavour)
+    variant = f"{target}:{prec}"
+    one = how == "native" and form.one_batch
     engine_max = None
-    art = None
-    if target == "gpu.tensorrt":
-        # the engine is what the store holds at its compiled batch: its profile is the limit
+    if one:
+        # one file at one batch: the batch the store holds it at is the settings' limit
         art = _compile(m, target, prec, max_batch, threads, store, progress).artifact
         engine_max = art.batch_size
-        if version_compat and not T.version_compatible(art):
-            raise UnsupportedError("--trt-version-compatible: this engine was not built with "
-                                   "VERSION_COMPATIBLE, so it runs only on the TensorRT version "
-                                   "it was built with; rebuild it version-compatible first")
+        form.check(art, portable)
     settings = {k: plan(v, deadline_us=deadline, max_batch=max_batch, engine_max=engine_max,
                         threads=threads, instances=instances, memory=memory)
                 for k, v in measured.items()}
@@ -272,52 +273,62 @@ def _triton(m: Any, names: Any, target: str, prec: str, stage: Path,
     vdir = stage / names.name / "1"
     notes: list[str] = []     # for people: hwb export's output
     comments: list[str] = []  # our own words only: the config's comment
-    if target == "gpu.tensorrt":
-        # a plan's bindings keep the names it was built with: the config must say them, so
-        # each must already be a safe one (nothing renames tensors inside an engine)
-        bad = [s_.name for s_ in [*art.inputs, *art.outputs] if safe_ident(s_.name) != s_.name]
-        if bad:
-            raise UnsupportedError(f"the TensorRT engine binds tensor(s) "
-                                   f"{', '.join(repr(b)[:60] for b in bad)}, which are not plain "
-                                   f"identifiers, and a plan's bindings cannot be renamed; "
-                                   f"rename them in the model, or export a variant whose graph "
-                                   f"the export renames (-t cpu.onnxruntime)")
-        files, bound = _with_miss_retry(lambda: T.plan_file(vdir, art), store, f"{target}:{prec}")
-        tm = T.TritonModel(names.name, art.inputs, art.outputs, T.NATIVE[target][1],
-                           threads, static_batch=art.batch_size)
-        notes += bound
-        comments += bound
+    if one:
+        tf = _with_miss_retry(lambda: form.native(
+            vdir, {engine_max: _compile(m, target, prec, max_batch, threads, store, progress)},
+            names.inputs, names.outputs, threads), store, variant)
+        tm = _native_model(names, tf, threads, variant)
     else:
         sizes = sorted({*s.warmup_sizes, *(b for st in settings.values() for b in st.warmup_sizes)})
         with _pins(store) as pins:
-            compiled = _compile_sizes(m, target, prec, sizes, threads, store, progress, vdir, pins)
+            compiled = _compile_sizes(m, target, prec, form.artifact_file, sizes, threads,
+                                      store, progress, vdir, pins)
         if how == "native":
             try:
-                src = vdir / f"b{max(compiled)}" / T.NATIVE[target][0]
-                files = T.onnx_file(vdir, compiled, src, names.inputs, names.outputs)
+                tf = form.native(vdir, compiled, names.inputs, names.outputs, threads)
+                tm = _native_model(names, tf, threads, variant)
                 for b in compiled:
                     shutil.rmtree(vdir / f"b{b}")
-                tm = T.TritonModel(names.name, names.inputs, names.outputs, T.NATIVE[target][1],
-                                   threads)
             except UnsupportedError as exc:
-                if flavour == "native" or target not in T.PYTHON:
+                if flavour == "native" or form.runtime is None:
                     raise
-                # a graph with its batch fixed inside (an LSTM's initial state): the python
-                # backend runs the compiled graph per measured size instead
-                notes.append(f"python backend instead of {T.NATIVE[target][1]}: {exc}")
-                comments.append(f"python backend instead of {T.NATIVE[target][1]}: the graph "
-                                f"does not take a dynamic batch (hwb export said why)")
+                # a graph the target cannot serve natively (its batch fixed inside): the
+                # python backend runs the compiled graph per measured size instead
+                backend = "its native backend"
+                notes.append(f"python backend instead of {backend}: {exc}")
+                comments.append(f"python backend instead of {backend}: the graph does not "
+                                f"take a dynamic batch (hwb export said why)")
                 how = "python"
         if how == "python":
-            files = T.python_files(vdir, target, compiled, threads, names.inputs, names.outputs)
+            files = T.python_files(vdir, form, compiled, threads, names.inputs, names.outputs)
             tm = T.TritonModel(names.name, names.inputs, names.outputs, {"backend": "python"},
                                threads)
+    if how == "native":
+        files = tf.files
+        notes += tf.notes
+        comments += tf.notes
     written = T.write_repository(stage, tm, settings, measured, main,
-                                 f"hwb export -t {target}:{prec} --format triton")
-    if comments:  # the engine's binding or a backend fallback: at the top of every config
+                                 f"hwb export -t {variant} --format triton")
+    if comments:  # what the file is bound to, or a backend fallback: atop every config
         for p in written:
             p.write_text(comment(comments) + p.read_text())
     return ExportResult("triton", stage, written + files, settings, measured, notes)
+
+
+def _native_model(names: Any, tf: Any, threads: int, variant: str) -> Any:
+    """The config's model for a target's native file; a file whose bindings keep names that
+    are not plain identifiers is refused (nothing renames tensors inside it)."""
+    from .triton import TritonModel
+
+    if tf.bound is not None:
+        bad = [s.name for s in [*tf.bound[0], *tf.bound[1]] if safe_ident(s.name) != s.name]
+        if bad:
+            raise UnsupportedError(f"the {variant} model file binds tensor(s) "
+                                   f"{', '.join(repr(b)[:60] for b in bad)}, which are not plain "
+                                   f"identifiers, and its bindings cannot be renamed; rename "
+                                   f"them in the model, or export a variant whose file takes "
+                                   f"the served names (--flavour python, or another target)")
+    return TritonModel.native(names.name, names.inputs, names.outputs, tf, threads)
 
 
 def _tf_serving(m: Any, names: Any, od: Any, meas: Measured, deadline: float | None,

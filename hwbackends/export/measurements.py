@@ -9,7 +9,7 @@ The mapping (docs/export.md has the table):
 
 - ``max_batch_size``: the largest measured batch size (no setting beyond what was measured),
   lowered to the largest size whose p99 fits the deadline when a strategy gives one, and never
-  above the engine's own maximum (a TensorRT profile);
+  above the model file's own maximum (an engine built for one batch size);
 - ``preferred_batch_size``: the measured sizes > 1 (≤ ``max_batch_size``) whose cost per row
   (median call / batch) is lower than at every smaller measured size: batching to them pays;
 - ``max_queue_delay``: half of (deadline − p99 at ``max_batch_size``): a request that waited
@@ -277,7 +277,7 @@ def plan(m: Measured, *, deadline_us: float | None = None, max_batch: int | None
          memory: tuple[int, int] | None = None) -> Settings:
     """The settings :mod:`this module's docstring <hwbackends.export.measurements>` derives
     from ``m``. ``max_batch``: the user's cap; ``engine_max``: the artifact's own limit (a
-    TensorRT profile); ``threads``: intra-op threads per instance; ``instances``: the user's
+    file that holds one batch size, :attr:`TritonForm.one_batch <hwbackends.target.TritonForm.one_batch>`); ``threads``: intra-op threads per instance; ``instances``: the user's
     count (default: as many as the cores allow); ``memory``: (bytes one row needs, limit):
     no batch size whose rows need more than the limit is compiled or configured, whatever the
     results file says was measured. Impossible requests raise, saying why."""

@@ -2,75 +2,86 @@
 
 Layout (``DIR/NAME/``): ``config.pbtxt``, ``1/`` with the model, and ``configs/<machine>.pbtxt``
 per machine of a fleet results file (``tritonserver --model-config-name=<machine>`` picks one).
-Which model file goes in ``1/`` depends on the variant (:data:`NATIVE`, :data:`PYTHON`):
-
-- ``cpu.onnxruntime`` → ``model.onnx`` (backend ``onnxruntime``), the compiled graph with its
-  batch dimension made dynamic and its I/O named after the model's tensors; checked in ONNX
-  Runtime against the compiled variant at every measured size before it is written;
-- ``gpu.tensorrt`` → ``model.plan`` (platform ``tensorrt_plan``), bound to the TensorRT
-  version and compute capability it was built on (recorded in the config's comment);
-- ``cpu.litert``, ``tpu.xla`` (and ``cpu.onnxruntime`` with ``flavour="python"``) → the
-  python backend: ``model.py`` (:mod:`.triton_model`) runs the compiled artifacts, one per
-  measured batch size, listed in ``hwb_model.json``.
+What goes in ``1/`` is the variant's target's to say (:meth:`Target.triton
+<hwbackends.target.Target.triton>`, a :class:`~hwbackends.target.TritonForm`): a model file
+for one of Triton's own backends (:meth:`TritonForm.native
+<hwbackends.target.TritonForm.native>`), or the python backend: ``model.py``
+(:mod:`.triton_model`, the same file for every model) with the target's runner module beside
+it as ``hwb_runtime.py``, one compiled artifact per measured batch size, listed in
+``hwb_model.json``. This module writes the config and the python backend's files; it names no
+target and runs no framework.
 """
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Mapping
 
 from ..errors import UnsupportedError
 from .measurements import Measured, Settings
 from .textproto import Enum, comment, dumps
 
-#: Variants Triton runs with one of its own backends: target → (model file, config keys).
-NATIVE: dict[str, tuple[str, dict[str, str]]] = {
-    "cpu.onnxruntime": ("model.onnx", {"backend": "onnxruntime"}),
-    "gpu.tensorrt": ("model.plan", {"platform": "tensorrt_plan"}),
-}
-#: Variants the python backend runs: target → (runtime name in model.py, artifact file).
-PYTHON: dict[str, tuple[str, str]] = {
-    "cpu.litert": ("litert", "model.tflite"),
-    "tpu.xla": ("xla", "model.jax_export"),
-    "cpu.onnxruntime": ("onnxruntime", "model.onnx"),
-}
+#: The name the python backend's runner module is copied under, beside ``model.py``.
+RUNTIME_FILE = "hwb_runtime.py"
 #: numpy dtype name → Triton's DataType.
 TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "float64": "TYPE_FP64",
                  "int8": "TYPE_INT8", "uint8": "TYPE_UINT8", "int32": "TYPE_INT32",
                  "int64": "TYPE_INT64", "bool": "TYPE_BOOL"}
 
 
-def flavour_for(target: str, flavour: str | None) -> str:
-    """``"native"`` or ``"python"`` for ``target``; a clear error when Triton can run neither."""
+def flavour_for(target: str, form: Any, flavour: str | None,
+                targets: Mapping[str, Any] | None = None) -> str:
+    """``"native"`` or ``"python"`` for ``target`` whose Triton form is ``form`` (``None``:
+    none); a clear error when Triton can run neither, naming those of the registered
+    ``targets`` (name → :class:`~hwbackends.target.Target`) it can run."""
     if flavour not in (None, "native", "python"):
         raise UnsupportedError(f"--flavour must be native or python, got {flavour!r}")
-    if flavour == "python" or (flavour is None and target not in NATIVE):
-        if target not in PYTHON:
+    native = form is not None and form.native_backend
+    python = form is not None and form.runtime is not None
+
+    def having(native_backend: bool) -> str:
+        forms = [(n, t.triton()) for n, t in sorted((targets or {}).items())]
+        return ", ".join(n for n, f in forms if f is not None and (
+            f.native_backend if native_backend else f.runtime is not None)) or "none"
+    if flavour == "python" or (flavour is None and not native):
+        if not python:
             raise UnsupportedError(
                 f"{target} has no Triton backend and no python-backend flavour (Triton runs "
-                f"{', '.join(NATIVE)} natively and {', '.join(PYTHON)} through model.py); "
-                f"export a variant of one of those")
+                f"{having(True)} natively and {having(False)} through model.py); export a "
+                f"variant of one of those")
         return "python"
-    if target not in NATIVE:
+    if not native:
         raise UnsupportedError(f"{target} has no native Triton backend; use --flavour python "
-                               f"(model.py runs it) or a variant of {', '.join(NATIVE)}")
+                               f"(model.py runs it) or a variant of {having(True)}")
     return "native"
 
 
 @dataclass
 class TritonModel:
-    """What the config describes besides the settings: name, tensors, how it is run."""
+    """What the config describes besides the settings: name, tensors, how it is run
+    (``keys``: backend or platform; ``parameters``: the backend's; ``gpu``: ``KIND_GPU``
+    instances), from the target's :class:`~hwbackends.target.TritonFile` or the python
+    backend."""
 
     name: str
     inputs: list[Any]   # TensorSpec, per sample
     outputs: list[Any]
     keys: dict[str, str]
     threads: int
-    static_batch: int | None = None  # a TensorRT engine with a fixed batch: max_batch_size 0
+    static_batch: int | None = None  # a file with one batch size inside: max_batch_size 0
+    parameters: dict[str, str] = field(default_factory=dict)
+    gpu: bool = False
+
+    @classmethod
+    def native(cls, name: str, inputs: list[Any], outputs: list[Any], f: Any,
+               threads: int) -> "TritonModel":
+        """The model a target's native :class:`~hwbackends.target.TritonFile` ``f`` describes;
+        ``inputs``/``outputs``: the served specs (``f.bound`` replaces them)."""
+        ins, outs = f.bound if f.bound is not None else (inputs, outputs)
+        return cls(name, list(ins), list(outs), dict(f.keys), threads, f.static_batch,
+                   dict(f.parameters), f.gpu)
 
 
 def _dtype(spec: Any) -> Enum:
@@ -107,12 +118,11 @@ def config_text(tm: TritonModel, s: Settings, provenance: list[str]) -> str:
                                           "default_timeout_microseconds": s.timeout_us,
                                           "allow_timeout_override": False}
         cfg["dynamic_batching"] = db
-    gpu = tm.keys.get("platform") == "tensorrt_plan"
-    cfg["instance_group"] = [{"count": s.instances, "kind": Enum("KIND_GPU" if gpu else "KIND_CPU")}]
-    if tm.keys.get("backend") == "onnxruntime":
-        # ORT backend parameters are strings in Triton's config, numbers inside them.
-        cfg["parameters"] = [{"key": "intra_op_thread_count", "value": {"string_value": str(tm.threads)}},
-                             {"key": "inter_op_thread_count", "value": {"string_value": "1"}}]
+    cfg["instance_group"] = [{"count": s.instances,
+                              "kind": Enum("KIND_GPU" if tm.gpu else "KIND_CPU")}]
+    if tm.parameters:  # strings in Triton's config, whatever the backend reads from them
+        cfg["parameters"] = [{"key": k, "value": {"string_value": str(v)}}
+                             for k, v in tm.parameters.items()]
     sizes = [tm.static_batch] if static else list(s.warmup_sizes)
     cfg["model_warmup"] = [
         {"name": f"batch_{b}", "batch_size": 1 if static else b,
@@ -145,32 +155,33 @@ def write_repository(outdir: Path, tm: TritonModel, settings: dict[str, Settings
     return written
 
 
-# -- model files -------------------------------------------------------------------------------
-def stage_artifact(version_dir: Path, target: str, batch: int, artifact: Any) -> Path:
-    """Copy ``artifact``'s model file into ``version_dir/bN/`` (where the python backend reads
-    it, and what :func:`onnx_file` reads); a copy taken right after its compile, before
-    another compile's store cap can prune it. A pruned file raises ``FileNotFoundError``."""
-    fname = PYTHON[target][1] if target in PYTHON else NATIVE[target][0]
+# -- the python backend's files -----------------------------------------------------------------
+def stage_artifact(version_dir: Path, fname: str, batch: int, artifact: Any) -> Path:
+    """Copy ``artifact``'s file ``fname`` (the form's ``artifact_file``) into
+    ``version_dir/bN/``, where the python backend reads it and a native form makes its file
+    from it; a copy taken right after its compile, before another compile's store cap can
+    prune it. A pruned file raises ``FileNotFoundError``."""
     d = version_dir / f"b{batch}"
     d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(artifact.file(fname), d / fname)
     return d / fname
 
 
-def python_files(version_dir: Path, target: str, compiled: dict[int, Any], threads: int,
+def python_files(version_dir: Path, form: Any, compiled: dict[int, Any], threads: int,
                  inputs: list[Any], outputs: list[Any]) -> list[Path]:
-    """``model.py`` and ``hwb_model.json`` for the python backend, beside one artifact per
-    compiled batch size (``bN/``, from :func:`stage_artifact`). ``compiled``: batch size →
-    :class:`~hwbackends.CompiledModel`; ``inputs``/``outputs``: the served specs. The manifest
-    names tensors by their served names and finds them in the runtime by position: it holds
-    no text from the model."""
-    runtime, fname = PYTHON[target]
+    """``model.py``, the form's runner as ``hwb_runtime.py`` and ``hwb_model.json`` for the
+    python backend, beside one artifact per compiled batch size (``bN/``, from
+    :func:`stage_artifact`). ``compiled``: batch size → :class:`~hwbackends.CompiledModel`;
+    ``inputs``/``outputs``: the served specs. The manifest names tensors by their served
+    names and finds them in the runtime by position (:meth:`TritonForm.positions
+    <hwbackends.target.TritonForm.positions>`): it holds no text from the model."""
+    fname = form.artifact_file
     batches = {str(b): f"b{b}/{fname}" for b in sorted(compiled)}
     written = [version_dir / p for p in batches.values()]
     any_b = min(compiled)
-    ikeys, okeys = runtime_keys(runtime, compiled[any_b], version_dir / batches[str(any_b)])
+    ikeys, okeys = form.positions(compiled[any_b], version_dir / batches[str(any_b)])
     manifest = {
-        "format": "hwbackends-triton-python", "runtime": runtime,
+        "format": "hwbackends-triton-python", "runtime": form.runtime_name,
         "variant": compiled[any_b].variant, "threads": threads, "batches": batches,
         "inputs": [{"name": s.name, "index": k, "shape": list(s.shape), "dtype": s.dtype}
                    for s, k in zip(inputs, ikeys, strict=True)],
@@ -179,124 +190,5 @@ def python_files(version_dir: Path, target: str, compiled: dict[int, Any], threa
     }
     (version_dir / "hwb_model.json").write_text(json.dumps(manifest, indent=1))
     shutil.copyfile(Path(__file__).with_name("triton_model.py"), version_dir / "model.py")
-    return written + [version_dir / "hwb_model.json", version_dir / "model.py"]
-
-
-def runtime_keys(runtime: str, cm: Any, path: Path) -> tuple[list[int], list[int]]:
-    """Where each input/output (in spec order) is inside the runtime, by position: among the
-    LiteRT interpreter's input/output details (as the loaded executor bound them), among the
-    ONNX graph's inputs/outputs (what ONNX Runtime lists), or the XLA call's arguments and
-    results. ``path``: the staged artifact file."""
-    if runtime == "litert":
-        ex = cm.executor
-        det_in, det_out = ex.input_details, ex.output_details
-        det_in = det_in if isinstance(det_in, list) else [det_in]
-        det_out = det_out if isinstance(det_out, list) else [det_out]
-        all_in = [d["index"] for d in ex.interpreter.get_input_details()]
-        all_out = [d["index"] for d in ex.interpreter.get_output_details()]
-        return [all_in.index(d["index"]) for d in det_in], [all_out.index(d["index"]) for d in det_out]
-    if runtime == "onnxruntime":
-        import onnx
-
-        g = onnx.load(str(path)).graph
-        ins, outs = graph_names(g, cm.inputs, cm.outputs)
-        gin, gout = _graph_io(g)
-        return [gin.index(n) for n in ins], [gout.index(n) for n in outs]
-    return list(range(len(cm.inputs))), list(range(len(cm.outputs)))
-
-
-def _graph_io(graph: Any) -> tuple[list[str], list[str]]:
-    inits = {i.name for i in graph.initializer}
-    return ([i.name for i in graph.input if i.name not in inits], [o.name for o in graph.output])
-
-
-def graph_names(graph: Any, inputs: list[Any], outputs: list[Any]) -> tuple[list[str], list[str]]:
-    """The graph's input and output names in spec order. Converted models keep their
-    converter's names in spec order (tf2onnx calls a Keras model's outputs ``Identity:0``,
-    ``Identity_1:0``, …), ONNX models carry the spec's names."""
-    gin, gout = _graph_io(graph)
-
-    def order(names: list[str], specs: list[Any]) -> list[str]:
-        return [s.name for s in specs] if set(names) == {s.name for s in specs} else names
-    return order(gin, inputs), order(gout, outputs)
-
-
-def onnx_file(version_dir: Path, compiled: dict[int, Any], src: Path, inputs: list[Any],
-              outputs: list[Any]) -> list[Path]:
-    """``model.onnx`` for Triton's onnxruntime backend: the compiled graph (``src``, staged
-    from the largest compiled size) with a dynamic batch dimension and the served tensor
-    names, checked in ONNX Runtime against each compiled batch size (same inputs, outputs
-    equal to 1e-5) before it is kept."""
-    import onnx
-    import onnxruntime as ort
-
-    top = compiled[max(compiled)]
-    proto = onnx.load(str(src))
-    g = proto.graph
-    ins, outs = graph_names(g, top.inputs, top.outputs)
-    rename = {old: s.name for old, s in zip([*ins, *outs], [*inputs, *outputs], strict=True)}
-    taken = ({n for node in g.node for n in [*node.input, *node.output]}
-             | {i.name for i in g.initializer}) - set(rename)
-    clash = sorted(set(rename.values()) & taken)
-    out = version_dir / "model.onnx"
-
-    def refuse(why: str) -> UnsupportedError:
-        out.unlink(missing_ok=True)
-        return UnsupportedError(f"the {top.variant} graph does not take a dynamic batch under "
-                                f"the served names: {why}; export it with --flavour python, "
-                                f"which ships the compiled graph per batch size")
-    if clash:
-        raise refuse(f"served name(s) {', '.join(clash)} name tensors inside the graph")
-    for vi in [*g.input, *g.output]:
-        if vi.name in rename:
-            vi.name = rename[vi.name]
-            dims = vi.type.tensor_type.shape.dim
-            if len(dims):
-                dims[0].Clear()
-                dims[0].dim_param = "batch"
-    for node in g.node:
-        node.input[:] = [rename.get(n, n) for n in node.input]
-        node.output[:] = [rename.get(n, n) for n in node.output]
-    del g.value_info[:]  # shapes inferred at the compiled batch; ORT infers them again
-    version_dir.mkdir(parents=True, exist_ok=True)
-    onnx.save(proto, str(out))
-    rng = np.random.default_rng(0)
-    try:
-        sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-        for b, cm in sorted(compiled.items()):
-            xs = tuple(rng.standard_normal(s.batched(b)).astype(np.float32) for s in cm.inputs)
-            want = cm.predict(xs if cm.multi_io else xs[0])
-            want = want if isinstance(want, tuple) else (want,)
-            got = sess.run([s.name for s in outputs],
-                           {s.name: x for s, x in zip(inputs, xs, strict=True)})
-            for s, w, g_ in zip(outputs, want, got, strict=True):
-                if not np.allclose(w, g_, atol=1e-5, rtol=1e-5):
-                    raise refuse(f"at batch {b} output {s.name} differs from the compiled "
-                                 f"variant by {float(np.max(np.abs(w - g_))):.3g}")
-    except UnsupportedError:
-        raise
-    except Exception as exc:  # ORT's own errors: a shape fixed inside the graph (LSTM states)
-        raise refuse(f"ONNX Runtime: {str(exc)[:300]}") from exc
-    return [out]
-
-
-def plan_file(version_dir: Path, artifact: Any) -> tuple[list[Path], list[str]]:
-    """``model.plan`` from a ``gpu.tensorrt`` artifact and the comment lines recording what
-    the engine is bound to (a plan runs only on the TensorRT version and compute capability
-    it was built for, unless built version-compatible)."""
-    version_dir.mkdir(parents=True, exist_ok=True)
-    out = version_dir / "model.plan"
-    shutil.copyfile(artifact.file(artifact.meta.get("file", "model.engine")), out)
-    bound = artifact.meta.get("bound_to") or {}
-    flags = (artifact.meta.get("build_plan") or {}).get("builder_flags") or ()
-    return [out], [f"TensorRT plan: TensorRT {bound.get('tensorrt', '?')}, compute capability "
-                   f"{bound.get('compute_capability', '?')} ({bound.get('gpu', '?')}); "
-                   + ("built VERSION_COMPATIBLE" if "VERSION_COMPATIBLE" in flags else
-                      "runs only there (not built VERSION_COMPATIBLE)"),
-                   f"engine optimization profile: batch {artifact.batch_size} (static)"]
-
-
-def version_compatible(artifact: Any) -> bool:
-    """Whether a ``gpu.tensorrt`` artifact's engine was built with VERSION_COMPATIBLE."""
-    flags = (artifact.meta.get("build_plan") or {}).get("builder_flags") or ()
-    return "VERSION_COMPATIBLE" in flags
+    shutil.copyfile(form.runtime, version_dir / RUNTIME_FILE)
+    return written + [version_dir / n for n in ("hwb_model.json", "model.py", RUNTIME_FILE)]

@@ -1,12 +1,14 @@
-"""Triton python-backend model for variants with no native Triton backend (LiteRT, XLA).
+"""Triton python-backend model for variants Triton runs through its python backend.
 
 ``hwb export --format triton`` copies this file to ``NAME/1/model.py`` beside
-``hwb_model.json`` (runtime, served tensor names and each tensor's position in the runtime,
-one compiled artifact per measured batch size). The file is the same for every model: no
-text from a model is ever written into it.
+``hwb_model.json`` (served tensor names and each tensor's position in the runtime, one
+compiled artifact per measured batch size) and the target's runner module ``hwb_runtime.py``
+(:attr:`TritonForm.runtime <hwbackends.target.TritonForm.runtime>`), which loads one artifact
+in the variant's runtime. The file is the same for every model and every target: no text
+from a model is ever written into it, and it runs no framework itself.
 It runs inside Triton's python-backend stub, whose interpreter does not have hwbackends:
-it imports only numpy and the variant's own runtime (``ai_edge_litert``, ``onnxruntime`` or
-``jax``), and ``triton_python_backend_utils`` (the stub's module) only in the Triton class.
+it imports only numpy and the runner beside it (by its fixed file name), and
+``triton_python_backend_utils`` (the stub's module) only in the Triton class.
 
 Requests Triton hands over together (dynamic batching) are concatenated and run as one
 batch: the smallest compiled artifact that holds them, padded with zeros (each artifact was
@@ -14,6 +16,7 @@ measured at exactly that size, so the batches Triton forms are the measured ones
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,18 @@ from typing import Any
 import numpy as np
 
 MANIFEST = "hwb_model.json"
+RUNTIME = "hwb_runtime.py"
+
+
+def load_runtime(root: Path) -> Any:
+    """The runner module ``root/hwb_runtime.py``, imported by path (the version directory is
+    not on the stub's ``sys.path``)."""
+    spec = importlib.util.spec_from_file_location("hwb_runtime", root / RUNTIME)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no runner module {RUNTIME} in {root}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class Runner:
@@ -32,49 +47,10 @@ class Runner:
         self.inputs: list[dict[str, Any]] = self.spec["inputs"]
         self.outputs: list[dict[str, Any]] = self.spec["outputs"]
         self.threads = int(self.spec.get("threads", 1))
-        runtime = self.spec["runtime"]
-        make = {"litert": self._litert, "onnxruntime": self._onnxruntime, "xla": self._xla}[runtime]
+        runtime = load_runtime(root)
         self.sizes = sorted(int(b) for b in self.spec["batches"])
-        self.calls = {b: make(root / self.spec["batches"][str(b)], b) for b in self.sizes}
-
-    def _litert(self, path: Path, batch: int) -> Any:
-        from ai_edge_litert.interpreter import Interpreter
-
-        it = Interpreter(model_path=str(path), num_threads=self.threads)
-        it.allocate_tensors()
-        det_in, det_out = it.get_input_details(), it.get_output_details()
-        ins = [det_in[int(t["index"])]["index"] for t in self.inputs]
-        outs = [det_out[int(t["index"])]["index"] for t in self.outputs]
-
-        def call(xs: list[np.ndarray]) -> list[np.ndarray]:
-            for i, x in zip(ins, xs, strict=True):
-                it.set_tensor(i, x)
-            it.invoke()
-            return [it.get_tensor(o) for o in outs]
-        return call
-
-    def _onnxruntime(self, path: Path, batch: int) -> Any:
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        gin, gout = [i.name for i in sess.get_inputs()], [o.name for o in sess.get_outputs()]
-        ins = [gin[int(t["index"])] for t in self.inputs]
-        outs = [gout[int(t["index"])] for t in self.outputs]
-        return lambda xs: sess.run(outs, dict(zip(ins, xs, strict=True)))
-
-    def _xla(self, path: Path, batch: int) -> Any:
-        import jax
-
-        exp = jax.export.deserialize(bytearray(path.read_bytes()))
-        fn = jax.jit(exp.call)
-
-        def call(xs: list[np.ndarray]) -> list[np.ndarray]:
-            ys = fn(*xs)
-            return [np.asarray(y) for y in (ys if isinstance(ys, (list, tuple)) else [ys])]
-        return call
+        self.calls = {b: runtime.load(root / self.spec["batches"][str(b)], self.threads,
+                                      self.inputs, self.outputs) for b in self.sizes}
 
     def run(self, xs: list[np.ndarray]) -> list[np.ndarray]:
         """Outputs for one batch of ``n`` rows (any ``n`` up to the largest compiled size)."""

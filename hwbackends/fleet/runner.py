@@ -318,7 +318,7 @@ def _plan(res: BenchResults, rows: list[dict[str, Any]], precisions: Sequence[st
     from ..registry import get_registry, precisions_to_build, unaccepted_precisions
 
     # Target.accepts (the driver's plugins are the nodes' version): -p 'ap_fixed<16,6>' is
-    # built on fpga.hls4ml nodes, listed or not (issue 21 #4).
+    # built on fpga.hls4ml nodes, listed or not.
     reg = get_registry()
     advertised = sorted({t for r in rows for t in (r.get("targets") or {})})
     if precisions:  # a target only the nodes register (no plugin here) offers what it lists

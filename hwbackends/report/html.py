@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..bench.profile import FLOOR_FACTOR, LatencyProfile
+from ..bench.results import VERSION as RESULTS_VERSION
 from ..bench.results import BenchResults
 from ..machine import describe as machine_line
 from ..units import fmt_us
@@ -47,6 +48,8 @@ code{background:#f1f3f6;padding:0 4px;border-radius:3px;font-size:12px}
 details.long summary{cursor:pointer}pre.full{white-space:pre-wrap;word-break:break-word;font-size:11.5px;
 background:#f6f8fb;border:1px solid var(--line);padding:6px 8px;margin:4px 0;max-height:420px;overflow:auto}
 footer{color:var(--mute);font-size:12px;margin-top:26px}
+.tbl{max-width:100%;overflow-x:auto}th.num{white-space:normal}
+.tbl table{font-size:12px}.tbl th,.tbl td{padding:5px 4px}.tbl td .over{white-space:normal}
 """
 
 
@@ -78,7 +81,8 @@ def _table(head: list[str], rows: list[list[str]], num: set[int] = frozenset()) 
     th = "".join(f'<th class="{"num" if i in num else ""}">{h}</th>' for i, h in enumerate(head))
     body = "".join("<tr>" + "".join(f'<td class="{"num" if i in num else ""}">{c}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    # the wrapper scrolls a table wider than its section instead of letting it run past the card
+    return f'<div class="tbl"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _cards(res: BenchResults) -> str:
@@ -301,7 +305,8 @@ def _sliding(ctx: _Ctx) -> str:
         d = p.sliding or {}
         pr, fu = d.get("prepare") or {}, d.get("full") or {}
         ratio = d.get("push_over_full_p50")
-        rows.append([f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""),
+        rows.append([f"<b>{_e(p.variant)}</b>" + _other_model(p)
+                     + (" ⚠ interrupted" if p.interrupted else ""),
                      _badge(p.mode), _e(d.get("form", "?")), _e(d.get("window", "?")),
                      f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p95_us),
                      fmt_us(p.p99_us), fmt_us(p.p999_us), fmt_us(pr.get("p50_us")),
@@ -317,7 +322,53 @@ def _sliding(ctx: _Ctx) -> str:
               'and the full window (<code>predict_into</code>) runs in the same interleaved '
               'rounds. <b>incremental</b>: the target\'s own form (only the newest step on the '
               'critical path); <b>recompute</b>: the window recomputed each tick.</p>'
-            + _load_note(sl, ctx.res) + "</section>")
+            + _load_note(sl, ctx.res) + "</section>" + _sliding_load(ctx, sl))
+
+
+def _other_model(p: LatencyProfile) -> str:
+    """`` (MODEL)`` for a profile of another model than the run's (the demo's sliding one)."""
+    m = (p.params or {}).get("model")
+    return f" <i>({_e(m)})</i>" if isinstance(m, str) else ""
+
+
+def _sliding_load(ctx: _Ctx, sl: list[LatencyProfile]) -> str:
+    """The sliding load sweep (STAC-ML's NMI × offered rate): the curve per variant, and per
+    count of windows the rate one core sustains, the knee and the open-loop points."""
+    from ..bench.load import parse_load
+
+    ps = [p for p in sl if (p.sliding or {}).get("load")]
+    if not ps:
+        return ""
+    rows = []
+    for p in ps:
+        load = parse_load(p.sliding["load"], f"profile {p.variant}")  # type: ignore[index]
+        for pt in load["points"]:
+            c = pt["closed"]
+            k, bound = pt.get("knee_hz"), pt.get("knee_bound", "")
+            knee = "—" if k is None else f"{'≥ ' if bound == '>=' else '≤ ' if bound == '<=' else ''}{k:,.0f}/s"
+            pts = "; ".join(f"{q['offered_hz']:,.0f}/s → {fmt_us(q['p99_us'])}"
+                            for q in sorted(pt["open"], key=lambda q: q["offered_hz"]))
+            rows.append([f"<b>{_e(p.variant)}</b>" + _other_model(p), _badge(p.mode),
+                         _e(load.get("form", "?")),
+                         str(pt["streams"]), fmt_us((c.get("push") or {}).get("p99_us")),
+                         fmt_us((c.get("prepare") or {}).get("p50_us")),
+                         fmt_us((c.get("prepare") or {}).get("p99_us")),
+                         f"{c['sustainable_hz']:,.0f}/s", _e(knee), _e(pts or "—")])
+    budget = {(p.sliding or {}).get("load", {}).get("budget_from") for p in ps}
+    return ('<section><h2>Sliding windows under load: latency against offered tick rate</h2>'
+            '<div class="plot">' + plots.sliding_load(ps, ctx.col) + "</div>"
+            + _table(["variant", "mode", "form", "windows (NMI)", "push p99 (closed)",
+                      "prepare p50", "prepare p99", "one core sustains", "knee",
+                      "p99 at offered rate"], rows, set(range(3, 9)))
+            + '<p class="note">Per count of windows (<code>cm.sliding(streams=N)</code>, '
+              'STAC-ML\'s NMI): a closed loop, ticks round-robin over the windows, push and '
+              'prepare timed apart (<i>one core sustains</i> = 1 / (median push + median '
+              'prepare): the work a core must fit between ticks); then open loops of Poisson '
+              'ticks at each offered rate to windows drawn at random, latency from each tick\'s '
+              'scheduled arrival, so a tick that waits behind a prepare is charged the wait. '
+              'The <b>knee</b> is the offered rate where p99 leaves the budget ('
+              + _e("; ".join(sorted(b for b in budget if b))) + ').</p>'
+            + _load_note(ps, ctx.res) + "</section>")
 
 
 def _batch(ctx: _Ctx) -> str:
@@ -411,11 +462,12 @@ another. <b>server</b>: open loop with seeded Poisson arrivals. <b>burst</b>: op
 a seeded tick trace (quiet periods and bursts); both also run the same loop over a no-op (the
 noise floor){_e(_affinity(res))}. <b>batch</b>: closed loop at N samples per call. <b>sliding</b>:
 one new step per tick through <code>cm.sliding()</code>, the prepare timed apart, the full window
-interleaved.
+interleaved; under load, per count of windows, ticks round-robin (closed loop) and Poisson ticks
+at offered rates (open loop, from each tick's scheduled arrival).
 Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.machine))}
 (fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
 </p></section>
-<footer>hwbackends hardware-evaluation report · results format v1 · generated
+<footer>hwbackends hardware-evaluation report · results format v{RESULTS_VERSION} · generated
 {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</footer></main></body></html>"""
 
 
@@ -462,18 +514,19 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
     head = ["variant", "mode", "batch", "n", "p50", "p90", "p95", "p99", "p99.9", "max", "samples/s"]
     if server:
         head.insert(3, "offered")
-        head += ["mean queue wait", "no-op floor p99"]
+        head += ["achieved/s", "mean queue wait", "no-op floor p99"]
     rows = []
     for p in ps:
         r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
              str(p.batch_size), f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p95_us), fmt_us(p.p99_us),
              fmt_us(p.p999_us), fmt_us(p.max_us), f"{p.throughput:,.0f}"]
         if server:
-            rate = p.params.get("rate_hz")
-            r.insert(3, f"{rate:g}/s" if rate else "trace")
+            offered, achieved = p.offered_per_s, p.achieved_per_s
+            r.insert(3, f"{offered:,.0f}/s" if offered is not None else "—")
+            r.append(f"{achieved:,.0f}" if achieved is not None else "—")
             r.append(fmt_us(p.queue_mean_us))
             nf = p.noise_floor or {}
-            r.append(fmt_us(nf.get("p99_us")) + (' <span class="over">p99 at the noise floor</span>'
+            r.append(fmt_us(nf.get("p99_us")) + ('<br><span class="over">p99 at the noise floor</span>'
                                                   if p.at_noise_floor else ""))
         rows.append(r)
     num = set(range(2, len(head)))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import math
 from typing import Any, Sequence
 
 from ..bench.profile import LatencyProfile
@@ -135,13 +134,50 @@ def server_load(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
     for p in profiles:
         by.setdefault(p.variant, []).append(p)
     for v, ps in by.items():
-        ps.sort(key=lambda p: p.params.get("rate_hz", 0))
-        ax.plot([p.params.get("rate_hz", math.nan) for p in ps], [p.p99_us for p in ps],
+        # offered_per_s: the rate as a number, or None for one a results file spells otherwise
+        ps = sorted((p for p in ps if p.offered_per_s is not None), key=lambda p: p.offered_per_s)
+        if not ps:
+            continue
+        ax.plot([p.offered_per_s / (p.batch_size or 1) for p in ps], [p.p99_us for p in ps],
                 _style(ps[0]) + "o", color=col.get(v), label=_label(ps[0]), ms=3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("offered load (Poisson arrivals per second)")
     ax.set_ylabel("p99 from scheduled arrival (µs)")
     ax.set_title("server scenario: p99 vs offered load", loc="left", fontsize=10)
+    _legend_right(ax)
+    return _svg(fig)
+
+
+def sliding_load(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
+    """The sliding load sweep: p99 (and p50, thin) against offered aggregate tick rate, one
+    curve per variant and count of windows (marker per count), the budget as a line."""
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(7.6, 3.6))
+    markers = "osD^v<>ph*"
+    budgets = set()
+    for p in profiles:
+        load = (p.sliding or {}).get("load") or {}
+        if load.get("budget_us"):
+            budgets.add(float(load["budget_us"]))
+        for j, pt in enumerate(load.get("points", [])):
+            o = sorted((q for q in pt.get("open", []) if q.get("n")), key=lambda q: q["offered_hz"])
+            if not o:
+                continue
+            xs = [q["offered_hz"] for q in o]
+            ax.plot(xs, [q["p99_us"] for q in o], _style(p) + markers[j % len(markers)],
+                    color=col.get(p.variant), ms=3.5, lw=1.2,
+                    label=f"{_label(p)} NMI {pt['streams']} p99")
+            ax.plot(xs, [q["p50_us"] for q in o], ":", color=col.get(p.variant), lw=0.8)
+    for b in sorted(budgets):
+        ax.axhline(b, color="#b3261e", lw=0.8, ls="--")
+        ax.annotate(f"budget {b:g} µs", (0.01, b), xycoords=("axes fraction", "data"),
+                    fontsize=7, color="#b3261e", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered tick rate, all windows (Poisson ticks per second, one core)")
+    ax.set_ylabel("latency from scheduled tick (µs)")
+    ax.set_title("sliding load sweep: p99 (p50 dotted) vs offered tick rate", loc="left",
+                 fontsize=10)
     _legend_right(ax)
     return _svg(fig)

@@ -18,6 +18,7 @@ planning here and the routing of a results file (:func:`decide_from_results`: ``
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import logging
 from dataclasses import dataclass, field
@@ -26,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..bench import LatencyProfile, SingleStream, Sliding
 from ..bench.harness import cached_measure, measure_interleaved
+from ..bench.load import AtLoad, at_load, parse_load
 from ..bench.profile import sliding_summary
+from ..bench.scenarios import NMI_SWEEP
 from ..compiler import compile as hwb_compile
 from ..context import RunContext
 from ..errors import HwbError
 from ..fidelity import describe_kind, with_kind
-from ..labels import label
+from ..labels import label, push_of
 from ..registry import (
     precisions_to_build,
     safe_probe,
@@ -90,13 +93,21 @@ class Candidate:
     #: ``hwb_choose`` plugin tests instead of the target's name; set by :func:`decide` from
     #: the run's registry ("" for a target not registered there).
     family: str = ""
+    #: A strategy with a sliding load: what that load costs this variant (cores, knee, the
+    #: p99 at it: :func:`hwbackends.bench.load.at_load`); its p99 is then the one ranked.
+    load: AtLoad | None = None
 
     @property
     def variant(self) -> str:
-        return label(self.target, self.precision)
+        # with the record's push form (``cpu.native:fp32+push=int8``)
+        return label(self.target, self.precision, self.record.push if self.record else None)
 
     @property
     def p99_us(self) -> float | None:
+        """The p99 ranked: at the strategy's sliding load when it declares one, else the
+        profile's."""
+        if self.load is not None:
+            return self.load.p99_us
         return self.profile.p99_us if self.profile else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +117,7 @@ class Candidate:
                 "p50_us": p.p50_us if p else None, "p99_us": p.p99_us if p else None,
                 "p999_us": p.p999_us if p else None, "n": p.n if p else None,
                 "profile_cached": self.profile_cached, "fidelity": self.fidelity,
-                "data": self.data}
+                "data": self.data, "load": self.load.to_dict() if self.load else None}
 
 
 @dataclass
@@ -127,6 +138,8 @@ class Decision:
     tolerance: str = ""
     #: The scenario whose p99 ranked the candidates (the strategy's ``scenario``).
     scenario: str = "single-stream"
+    #: The strategy's sliding load (``{"streams", "tick_rate_hz", "cores"}``), or None.
+    load: dict[str, Any] | None = None
 
     @property
     def chosen(self) -> Candidate | None:
@@ -139,7 +152,8 @@ class Decision:
                 "chosen_p99_us": c.p99_us if c else None, "meets_budget": self.meets_budget,
                 "chosen_by": self.chosen_by, "note": self.note,
                 "output_kind": self.output_kind, "tolerance": self.tolerance,
-                "scenario": self.scenario,
+                "scenario": self.scenario, "load": self.load,
+                "chosen_cores": c.load.cores_used if c and c.load else None,
                 "failover": [x.variant for x in self.order[1:]],
                 "candidates": [x.to_dict() for x in self.candidates]}
 
@@ -160,7 +174,13 @@ def explain(d: Decision) -> str:
         lines.append(f"  output kind: {d.output_kind}")
     if d.tolerance:
         lines.append(f"  fidelity gate: {d.tolerance}")
-    if d.scenario == "sliding":
+    if d.load:
+        ld = d.load
+        lines.append(f"  ranked at its sliding load: {ld['streams']:,} streams × "
+                     f"{ld['tick_rate_hz']:g} ticks/s = {ld['streams'] * ld['tick_rate_hz']:,.0f} "
+                     f"ticks/s on at most {ld['cores']} core(s): fewest cores whose knee holds "
+                     f"it, then the p99 at each core's share (interpolated from the sweep)")
+    elif d.scenario == "sliding":
         lines.append("  ranked by the sliding scenario: p99 of push_into (one tick in, the "
                      "window's answer out); the prepare and the full window are measured apart")
     lines.append(f"  {'VARIANT':<30} {'MODE':<11} {'p99':>10} {'corr':>9} {'max abs':>9}  VERDICT")
@@ -173,6 +193,8 @@ def explain(d: Decision) -> str:
     for x in d.candidates:
         if x.profile is not None and x.profile.sliding:
             lines.append(f"  {x.variant}: {sliding_summary(x.profile)}")
+        if x.load is not None:
+            lines.append(f"  {x.variant}: {x.load.describe()}")
     if len(d.order) > 1:
         lines.append("  failover order: " + " → ".join(x.variant for x in d.order))
     return "\n".join(lines)
@@ -307,10 +329,19 @@ def measure_sliding_candidates(todo: list[Candidate], cfg: "StrategiesFile", mod
     window, interleaved within its own run; cached per artifact and machine), on the model's
     sample windows. One that cannot slide is rejected, saying why."""
     b = cfg.router.bench
-    sc = Sliding(n=b.n, warmup=b.warmup, max_s=b.max_s, rounds=b.rounds)
+    s = cfg.strategies[name]
+    sc = Sliding(n=b.n, warmup=b.warmup, max_s=b.max_s, rounds=b.rounds, streams=(),
+                 ticks=b.n, budget_us=cfg.tiers[s.tier].p99_us)
+    if s.sliding is not None:  # the STAC-ML sweep up to the declared number of windows
+        want = s.sliding.streams
+        agg = want * s.sliding.tick_rate_hz
+        sc = dataclasses.replace(sc, streams=tuple(
+            sorted({x for x in NMI_SWEEP if x <= want} | ({want} if want < NMI_SWEEP[-1] else set()))),
+            offered_hz=tuple(sorted({agg / s.sliding.cores, agg})))  # the load, per core and on one
     data = model.representative(256, seed=2)
     ctx.progress(f"{name}: measuring {len(todo)} candidate(s) sliding ({sc.n} ticks each, the full "
-        f"window interleaved)")
+        f"window interleaved" + (f"; then under load over {'/'.join(map(str, sc.streams))} "
+                                 f"windows" if sc.streams else "") + ")")
     for c in todo:
         try:
             c.profile, c.profile_cached = cached_measure(c.cm, sc, ctx.profiles, data,  # type: ignore[arg-type]
@@ -318,6 +349,31 @@ def measure_sliding_candidates(todo: list[Candidate], cfg: "StrategiesFile", mod
             c.status = "candidate"
         except HwbError as exc:
             c.status, c.reasons = "rejected", [no_sliding(f"{type(exc).__name__}: {exc}")]
+        else:
+            judge_load(c, s, cfg.tiers[s.tier].p99_us)
+
+
+def judge_load(c: Candidate, s: "StrategyConfig", budget: float) -> None:
+    """For a strategy with a sliding load: what the load costs candidate ``c`` (its
+    profile's load sweep, :func:`~hwbackends.bench.load.at_load` at the tier's budget) as
+    ``c.load``; ``c`` is rejected, saying why, when its profile has no sweep or its knee on the
+    cores allowed is below the load. No load declared: nothing changes."""
+    if s.sliding is None or c.profile is None:
+        return
+    raw = (c.profile.sliding or {}).get("load")
+    if not raw:
+        c.status, c.reasons = "rejected", [no_sliding(
+            "its sliding profile has no load sweep; measure it with hwb bench -s "
+            "sliding:streams=stac")]
+        return
+    try:
+        c.load = at_load(parse_load(raw, f"{c.variant}'s sliding profile"), s.sliding.streams,
+                         s.sliding.tick_rate_hz, s.sliding.cores, budget)
+    except HwbError as exc:
+        c.status, c.reasons = "rejected", [f"{type(exc).__name__}: {exc}"]
+        return
+    if not c.load.holds:
+        c.status, c.reasons = "rejected", [f"load: {c.load.why}"]
 
 
 def unmeasured_model(s: "StrategyConfig", res: "BenchResults") -> str:
@@ -357,8 +413,9 @@ def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
         if c.status != "to-measure":
             continue
         prof = [p for p in res.profiles if here(p) and p.target == c.target
-                and p.precision == c.precision and p.scenario == s.scenario
-                and p.batch_size == s.batch_size and not p.interrupted]
+                and p.precision == c.precision and push_of(p.variant) == rec.push
+                and p.scenario == s.scenario and p.batch_size == s.batch_size
+                and not p.interrupted and (p.params or {}).get("model") in (None, s.model)]
         if not prof and s.scenario == "sliding":
             c.status, c.reasons = "rejected", [no_sliding(
                 "none in the results" + (" of this machine" if node else "")
@@ -370,6 +427,7 @@ def candidates_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
             continue
         c.profile = max(prof, key=lambda p: p.created)  # the newest
         c.status = "candidate"
+        judge_load(c, s, cfg.tiers[s.tier].p99_us)
     return cands
 
 
@@ -393,18 +451,42 @@ def decide_from_results(res: "BenchResults", name: str, s: "StrategyConfig",
     return d
 
 
+def _others(eligible: list[Candidate], chosen: Candidate, budget: float) -> None:
+    """Why each eligible candidate but the chosen one is not chosen."""
+    for c in eligible:
+        if c is not chosen and c.status == "fallback" and c.load is not None \
+                and chosen.load is not None and c.load.cores_used > chosen.load.cores_used:
+            c.reasons = [f"needs {c.load.cores_used} cores to hold the load; chosen needs "
+                         f"{chosen.load.cores_used}"]
+        elif c is not chosen and c.status == "fallback":
+            c.reasons = [f"p99 {fmt_us(c.p99_us)} ≥ chosen {fmt_us(chosen.p99_us)}"]
+        elif c.status == "over-budget":
+            c.reasons = [f"p99 {fmt_us(c.p99_us)} > budget {fmt_us(budget)}"]
+
+
+def rank(c: Candidate) -> tuple[float, ...]:
+    """The built-in policy's order: with a sliding load, the fewest cores that hold it (a
+    target whose throughput holds it where one core cannot comes first), then the p99 at it;
+    else the p99, then the p50."""
+    if c.load is not None:
+        return (c.load.cores_used, c.load.p99_us, c.profile.p50_us if c.profile else 0.0)
+    return (c.profile.p99_us, c.profile.p50_us)  # type: ignore[union-attr]
+
+
 def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate],
            reg: "Registry") -> Decision:
     """Rank the measured candidates and choose (pin, then plugins, then the built-in policy)."""
-    d = Decision(name, s.tier, budget, cands, scenario=s.scenario)
+    d = Decision(name, s.tier, budget, cands, scenario=s.scenario,
+                 load=s.sliding.model_dump() if getattr(s, "sliding", None) is not None else None)
     for c in cands:
         c.family = reg.family(c.target)
     measured = next((c.record.fidelity for c in cands if c.record and c.record.fidelity), None)
     d.output_kind = describe_kind(measured, s.output_kind)
     d.tolerance = s.fidelity.describe()
-    eligible = sorted((c for c in cands if c.profile is not None), key=lambda c: (c.profile.p99_us, c.profile.p50_us))
+    eligible = sorted((c for c in cands if c.profile is not None and c.status != "rejected"),
+                      key=rank)
     for c in eligible:
-        c.status = "fallback" if c.profile.p99_us <= budget else "over-budget"
+        c.status = "fallback" if c.p99_us <= budget else "over-budget"
     if not eligible:
         d.note = ("no target can serve this strategy: "
                   + "; ".join(f"{c.variant}: {c.status} ({'; '.join(c.reasons)})" for c in cands)
@@ -429,19 +511,18 @@ def decide(name: str, s: "StrategyConfig", budget: float, cands: list[Candidate]
                 log.warning("an hwb_choose plugin returned %r, not one of the candidates; ignored",
                             picked)
     if chosen is None:
-        within = [c for c in eligible if c.profile.p99_us <= budget]
+        within = [c for c in eligible if c.p99_us <= budget]
         chosen = within[0] if within else eligible[0]
-    d.meets_budget = chosen.profile.p99_us <= budget
+    d.meets_budget = chosen.p99_us <= budget
     chosen.status = "chosen"
     why = {"pin": "pinned in the config", "policy": "lowest measured p99"
            + (" within budget" if d.meets_budget else "")}.get(d.chosen_by, f"chosen by {d.chosen_by}")
+    if chosen.load is not None and d.chosen_by == "policy":
+        why = (f"holds the load on the fewest cores ({chosen.load.cores_used}), then lowest p99 "
+               f"at it" + (" within budget" if d.meets_budget else ""))
     # A modelled latency (allow_modelled) keeps its label next to the verdict.
     chosen.reasons = [why] + [r for r in chosen.reasons if chosen.mode == MODELLED and r.startswith(MODELLED)]
-    for c in eligible:
-        if c is not chosen and c.status == "fallback":
-            c.reasons = [f"p99 {fmt_us(c.p99_us)} ≥ chosen {fmt_us(chosen.p99_us)}"]
-        elif c.status == "over-budget":
-            c.reasons = [f"p99 {fmt_us(c.p99_us)} > budget {fmt_us(budget)}"]
+    _others(eligible, chosen, budget)
     if not d.meets_budget:
         d.note = (f"no variant meets tier {s.tier} (p99 ≤ {fmt_us(budget)}); "
                   + (f"closest: {chosen.variant} at p99 {fmt_us(chosen.p99_us)}"

@@ -26,6 +26,7 @@
 #include "include/hwb_shm.h"
 
 #define MAX_SLOTS 1024
+#define MAX_STREAMS (1u << 16) /* windows per client of a sliding endpoint (sliding.MAX_STREAMS) */
 #define RC_BAD_BUFFER (-100) /* call(): x/out are not float32 C-contiguous of the right size */
 #define RC_BUSY (-102)       /* call(): the client is in use by another thread */
 
@@ -48,6 +49,14 @@ static void reply(hwb_shm_slot *s, uint32_t seq, uint32_t status, const char *ms
     if (HWB_LOAD_RLX(&s->client_waiting)) hwb_futex_wake(&s->resp, INT_MAX);
 }
 
+/* One window of one client of a sliding endpoint: the server's own record. */
+typedef struct win_t {
+    hwb_window *h;       /* the native path's handle (window_new); NULL until its first tick */
+    struct win_t *next;  /* the prepare queue's link */
+    uint32_t slot;       /* the client (slot index) it belongs to */
+    uint8_t queued;      /* in the prepare queue */
+} win_t;
+
 /* One attached client. Everything here is the server's own: the slot memory is the client's
  * to write, so nothing read from it is kept or trusted beyond the one request. */
 typedef struct {
@@ -56,12 +65,15 @@ typedef struct {
     uint32_t answered;     /* the last sequence the server answered (its own record) */
     PyObject *mm, *args;   /* mmap object (its buffer held in `view`) and (x, y) views */
     Py_buffer view;
+    /* a sliding endpoint: this client's windows, made on its first tick, freed at hang-up */
+    win_t *wins;           /* streams entries (NULL: no tick yet) */
+    PyObject *py_push, *py_prepare, *py_reset; /* the Python path: its Windows' methods */
 } slot_t;
 
 /* ---- native fast path ---------------------------------------------------------------- */
 /* An executor's raw C entry (hwbackends.target.Executor.native_entry): hwb_native.h defines
- * it (ABI, layout, rules). Gate_set takes ABI 1 and 2 entries for whole inputs; a sliding
- * endpoint's native window takes an ABI 2 entry's push/prepare/reset (parse_sliding). */
+ * it (ABI, layout, rules). Gate_set takes entries of every ABI for whole inputs (predict); a
+ * sliding endpoint's native windows take an ABI 3 entry's window handles (parse_sliding). */
 
 /* Gate: which native entry (if any) the poll loop calls instead of the Python handler. The
  * loop reads `entry` once per batch of pending slots, with the GIL released (an atomic
@@ -76,16 +88,15 @@ typedef struct {
 
 static PyTypeObject GateType;
 
-/* A sliding endpoint's window calls: an ABI 2 native entry's push / prepare / reset (a
- * cpu.native library's hwb_model_push / _prepare / _reset, called without the GIL), or, when
- * it has none, the Python Window's (`run` is then its push_into; prepare and reset Python
- * callables). */
+/* A sliding endpoint's windows: an ABI 3 native entry's handles (window_new / _push /
+ * _prepare / _reset / _free, called without the GIL), or, when it has none, one Python
+ * Windows per client (`make_windows()`, i.e. cm.sliding(streams=N): its push_into(i, x, y),
+ * prepare(), reset(i), with the GIL). */
 typedef struct {
     uint32_t window;             /* ticks in the window; 0: not a sliding endpoint */
-    hwb_native_predict_fn push;  /* native (NULL: the Python path) */
-    hwb_native_void_fn prepare, reset;
-    uint32_t step_count, out_count; /* the native entry's, checked against the header's */
-    PyObject *py_prepare, *py_reset; /* the Python path's */
+    uint32_t streams;            /* windows per client: stream ids 0 .. streams-1 */
+    const hwb_native_entry *e;   /* native (NULL: the Python path) */
+    PyObject *make_windows;      /* the Python path's */
 } sliding_ops;
 
 /* The native entry in `cap`, or NULL with a ValueError saying why this loop cannot call it
@@ -109,15 +120,17 @@ static const hwb_native_entry *entry_of(PyObject *cap) {
     return e;
 }
 
-/* The sliding window of the entry in `cap`, or NULL with a ValueError saying why it has none
- * this loop can call (entry_of's reasons, an ABI 1 entry, an ABI 2 one without a window). */
-static const hwb_native_entry *window_entry_of(PyObject *cap) {
+/* The entry in `cap` when its windows are handles this loop can keep one per stream, or NULL
+ * with a ValueError saying why not (entry_of's reasons, an ABI 1 or 2 entry, an ABI 3 one
+ * whose window functions are NULL). */
+static const hwb_native_entry *windows_entry_of(PyObject *cap) {
     const hwb_native_entry *e = entry_of(cap);
     if (!e) return NULL;
-    if (!hwb_native_entry_has_window(e)) {
-        PyErr_Format(PyExc_ValueError, "native entry of ABI %u has no sliding window%s", e->abi,
-                     e->abi < 2u ? " (push/prepare/reset came with ABI 2: rebuild the artifact)"
-                                 : " (push, prepare or reset is NULL, or window/step_count 0)");
+    if (!hwb_native_entry_has_windows(e)) {
+        PyErr_Format(PyExc_ValueError, "native entry of ABI %u has no window handles%s", e->abi,
+                     e->abi < 3u ? " (window_new/_push/... came with ABI 3: rebuild the artifact)"
+                                 : " (a window_* function, push, prepare or reset is NULL, or "
+                                   "window/step_count 0)");
         return NULL;
     }
     return e;
@@ -134,6 +147,7 @@ typedef struct {
     PyObject *run, *make_slot, *batch, *input_error;
     GateObject *gate; /* NULL: no native fast path (batch mode) */
     sliding_ops sl;
+    win_t *prep_head, *prep_tail; /* windows pushed and not prepared yet, oldest first */
 } loop_ctx;
 
 static void count(uint64_t *c) { __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
@@ -160,13 +174,16 @@ static const char *wrong_size(loop_ctx *L, uint32_t got, char *buf, size_t n) {
 /* A request the server refuses without running the model; NULL if it is acceptable. Reads
  * each client-written word once; the size and flags it accepted go to *got / *flags. */
 static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t *status,
-                            char *buf, size_t n, uint32_t *got_out, uint32_t *flags_out) {
+                            char *buf, size_t n, uint32_t *got_out, uint32_t *flags_out,
+                            uint32_t *stream_out) {
     uint32_t got = HWB_LOAD_RLX(&s->in_count);
     uint32_t flags = HWB_LOAD_RLX(&s->flags);
+    uint32_t stream = HWB_LOAD_RLX(&s->stream);
     int64_t dl = HWB_LOAD_RLX(&s->deadline_ns);
     const float *x = hwb_shm_slot_in(s);
     *got_out = got;
     *flags_out = flags;
+    *stream_out = stream;
     *status = HWB_SHM_BAD_INPUT;
     if (flags & ~HWB_SHM_FLAG_RESET) {
         snprintf(buf, n, "unknown request flags 0x%x (this server knows HWB_SHM_FLAG_RESET only)",
@@ -176,6 +193,18 @@ static const char *precheck(loop_ctx *L, hwb_shm_slot *s, int64_t now, uint32_t 
     if (flags && !L->sl.window)
         return "a reset was asked of an endpoint that keeps no window (it takes whole inputs); "
                "resets are for sliding endpoints (hwb serve --shm NAME --sliding)";
+    if (stream && !L->sl.window) {
+        snprintf(buf, n, "stream id %u sent to an endpoint that keeps no windows (it takes whole "
+                 "inputs); stream ids are for sliding endpoints (hwb serve --shm NAME --sliding "
+                 "--streams N)", stream);
+        return buf;
+    }
+    if (L->sl.window && stream >= L->sl.streams) {
+        snprintf(buf, n, "stream id %u out of range: this endpoint keeps %u window%s per client "
+                 "(stream ids 0 to %u); serve more with hwb serve --streams N", stream,
+                 L->sl.streams, L->sl.streams == 1 ? "" : "s", L->sl.streams - 1);
+        return buf;
+    }
     if (got == 0 && (flags & HWB_SHM_FLAG_RESET)) return NULL; /* a reset alone */
     if (got != L->in_count) return wrong_size(L, got, buf, n);
     if (dl > 0 && now > dl) {
@@ -243,34 +272,144 @@ static void reply_py(hwb_shm_header *h, hwb_shm_slot *s, uint32_t seq, PyObject 
     }
 }
 
-/* Empty the window: the native reset (no GIL needed) or the Python one (needs the GIL).
- * 0, or -1 with a Python exception pending. */
-static int sliding_reset(loop_ctx *L) {
-    if (L->sl.push) return L->sl.reset() == 0 ? 0 : (PyErr_SetString(PyExc_RuntimeError,
-                                                     "the model's native reset failed"), -1);
-    PyObject *r = PyObject_CallNoArgs(L->sl.py_reset);
-    Py_XDECREF(r);
-    return r ? 0 : -1;
+/* The prepare queue: windows pushed since their last prepare, run in the loop's idle time
+ * (poll_loop: one per turn, after looking for new requests). A window is in it at most once. */
+static void enqueue(loop_ctx *L, win_t *w) {
+    if (w->queued) return;
+    w->queued = 1;
+    w->next = NULL;
+    if (L->prep_tail) L->prep_tail->next = w; else L->prep_head = w;
+    L->prep_tail = w;
 }
 
-/* A sliding endpoint's pending slots: per request, the reset it asks for, then push on its
- * tick and the answer published; the prepare for the next tick runs after every answer of
- * this round is out (the client's critical path is the push only). Without the GIL; the
- * Python path takes it for the round. */
+/* Take client `slot`'s windows out of the queue (it hung up: they are about to be freed). */
+static void unqueue_slot(loop_ctx *L, uint32_t slot) {
+    win_t **p = &L->prep_head;
+    L->prep_tail = NULL;
+    while (*p) {
+        if ((*p)->slot == slot) { (*p)->queued = 0; *p = (*p)->next; }
+        else { L->prep_tail = *p; p = &(*p)->next; }
+    }
+}
+
+/* Run the oldest pending prepare. Without the GIL; the Python path takes it for the call.
+ * A failed prepare is counted; the window's next push prepares it again itself. */
+static void prepare_one(loop_ctx *L) {
+    win_t *w = L->prep_head;
+    if (!w) return;
+    L->prep_head = w->next;
+    if (!L->prep_head) L->prep_tail = NULL;
+    w->queued = 0;
+    w->next = NULL;
+    if (L->sl.e) {
+        if (w->h && L->sl.e->window_prepare(w->h) != 0) count(&L->h->errors);
+        return;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *prep = L->slots[w->slot].py_prepare;
+    if (prep) { /* this client's Windows.prepare(): its windows with work pending (later
+                   entries of the same client find nothing left to do) */
+        PyObject *r = PyObject_CallNoArgs(prep);
+        if (!r) { PyErr_Clear(); count(&L->h->errors); }
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(g);
+}
+
+/* The Python path: client `sl`'s Windows (made on its first tick). 0, or -1 with a Python
+ * exception pending. Needs the GIL. */
+static int py_windows(loop_ctx *L, slot_t *sl) {
+    PyObject *w;
+    if (sl->py_push) return 0;
+    w = PyObject_CallNoArgs(L->sl.make_windows);
+    if (!w) return -1;
+    sl->py_push = PyObject_GetAttrString(w, "push_into");
+    sl->py_prepare = PyObject_GetAttrString(w, "prepare");
+    sl->py_reset = PyObject_GetAttrString(w, "reset");
+    Py_DECREF(w); /* the bound methods keep it */
+    if (!sl->py_push || !sl->py_prepare || !sl->py_reset) {
+        Py_CLEAR(sl->py_push);
+        Py_CLEAR(sl->py_prepare);
+        Py_CLEAR(sl->py_reset);
+        return -1;
+    }
+    __atomic_fetch_add(&L->h->windows, L->sl.streams, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Free client `i`'s windows (it hung up, or the server stops). The native handles need no
+ * GIL; the Python path's Windows does (the caller holds it). */
+static void free_windows(loop_ctx *L, uint32_t i) {
+    slot_t *sl = &L->slots[i];
+    if (sl->wins) {
+        unqueue_slot(L, i);
+        for (uint32_t k = 0; k < L->sl.streams; k++) {
+            if (sl->wins[k].h) {
+                L->sl.e->window_free(sl->wins[k].h);
+                __atomic_fetch_sub(&L->h->windows, 1u, __ATOMIC_RELAXED);
+            }
+        }
+        PyMem_RawFree(sl->wins);
+        sl->wins = NULL;
+    }
+    if (sl->py_push) __atomic_fetch_sub(&L->h->windows, L->sl.streams, __ATOMIC_RELAXED);
+    Py_CLEAR(sl->py_push);
+    Py_CLEAR(sl->py_prepare);
+    Py_CLEAR(sl->py_reset);
+}
+
+/* The Python path's call of one of its Windows' methods: reset(i) (x NULL) or push_into(i, x,
+ * y). New reference or NULL with an exception. Needs the GIL. */
+static PyObject *py_window_call(PyObject *fn, uint32_t stream, PyObject *x, PyObject *y) {
+    PyObject *i = PyLong_FromUnsignedLong(stream), *r;
+    if (!i) return NULL;
+    PyObject *args[3] = {i, x, y};
+    r = PyObject_Vectorcall(fn, args, x ? 3 : 1, NULL);
+    Py_DECREF(i);
+    return r;
+}
+
+/* A sliding endpoint's pending slots: per request, the reset it asks for, then the push of its
+ * tick into its stream's window and the answer published; the window then waits in the
+ * prepare queue for the loop's idle time (the client's critical path is the push only).
+ * Without the GIL; the Python path takes it for the round. */
 static void handle_sliding(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs,
-                           const int *valid, const uint32_t *gots, const uint32_t *flags, int nv) {
+                           const int *valid, const uint32_t *gots, const uint32_t *flags,
+                           const uint32_t *streams, int nv) {
     hwb_shm_header *h = L->h;
+    const hwb_native_entry *e = L->sl.e;
     char buf[HWB_SHM_MSG + 1];
     PyGILState_STATE g = PyGILState_UNLOCKED;
-    if (!L->sl.push) g = PyGILState_Ensure();
+    if (!e) g = PyGILState_Ensure();
     for (int j = 0; j < nv; j++) {
         int k = valid[j];
+        uint32_t st = streams[k]; /* checked by precheck: < L->sl.streams */
         slot_t *sl = &L->slots[idx[k]];
         float *x = hwb_shm_slot_in(sl->s);
-        if (flags[k] & HWB_SHM_FLAG_RESET) {
-            if (sliding_reset(L) != 0) {
-                if (L->sl.push) { count(&h->errors); reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE,
-                                                            "server error: the window's reset failed"); }
+        win_t *w;
+        if (!sl->wins) {
+            sl->wins = (win_t *)PyMem_RawCalloc(L->sl.streams, sizeof(win_t));
+            if (!sl->wins) {
+                count(&h->errors);
+                reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE, "server error: out of memory for "
+                      "this client's windows");
+                continue;
+            }
+            for (uint32_t q = 0; q < L->sl.streams; q++) sl->wins[q].slot = idx[k];
+        }
+        w = &sl->wins[st];
+        if (flags[k] & HWB_SHM_FLAG_RESET) { /* a window never pushed is empty already */
+            int bad = 0;
+            if (e) {
+                bad = w->h && e->window_reset(w->h) != 0;
+            } else if (sl->py_reset) {
+                PyObject *r = py_window_call(sl->py_reset, st, NULL, NULL);
+                bad = r == NULL;
+                Py_XDECREF(r);
+            }
+            if (bad) {
+                if (e) { count(&h->errors); reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE,
+                                                  "server error: the window's reset failed"); }
                 else reply_py(h, sl->s, seqs[k], NULL, L->input_error);
                 continue;
             }
@@ -280,31 +419,39 @@ static void handle_sliding(loop_ctx *L, const uint32_t *idx, const uint32_t *seq
                 continue;
             }
         }
-        if (L->sl.push) {
-            int rc = L->sl.push(x, x + L->in_count);
+        if (e) {
+            int rc;
+            if (!w->h) {
+                w->h = e->window_new();
+                if (!w->h) {
+                    count(&h->errors);
+                    reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE, "server error: the model's "
+                          "window_new returned NULL (out of memory)");
+                    continue;
+                }
+                __atomic_fetch_add(&h->windows, 1u, __ATOMIC_RELAXED);
+            }
+            rc = e->window_push(w->h, x, x + L->in_count);
             if (rc == 0) {
                 count(&h->served);
                 reply(sl->s, seqs[k], HWB_SHM_OK, NULL);
+                enqueue(L, w);
             } else {
-                snprintf(buf, sizeof buf, "server error: the model's native push returned %d", rc);
+                snprintf(buf, sizeof buf, "server error: the model's native window_push returned %d", rc);
                 count(&h->errors);
                 reply(sl->s, seqs[k], HWB_SHM_UNAVAILABLE, buf);
             }
         } else {
-            PyObject *res = PyObject_Call(L->run, sl->args, NULL);
+            PyObject *res = NULL;
+            if (py_windows(L, sl) == 0)
+                res = py_window_call(sl->py_push, st, PyTuple_GET_ITEM(sl->args, 0),
+                                     PyTuple_GET_ITEM(sl->args, 1));
+            if (res) enqueue(L, w);
             reply_py(h, sl->s, seqs[k], res, L->input_error);
             Py_XDECREF(res);
         }
     }
-    /* off the critical path: every answer of this round is published */
-    if (L->sl.push) {
-        L->sl.prepare();
-    } else {
-        PyObject *r = PyObject_CallNoArgs(L->sl.py_prepare);
-        if (!r) { PyErr_Clear(); count(&h->errors); } /* the next push prepares again itself */
-        Py_XDECREF(r);
-        PyGILState_Release(g);
-    }
+    if (!e) PyGILState_Release(g);
 }
 
 /* Handle the pending slots; called and returns without the GIL. */
@@ -312,13 +459,14 @@ static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n
     hwb_shm_header *h = L->h;
     int valid[MAX_SLOTS], nv = 0;
     int64_t dls[MAX_SLOTS];
-    uint32_t gots[MAX_SLOTS], flags[MAX_SLOTS];
+    uint32_t gots[MAX_SLOTS], flags[MAX_SLOTS], streams[MAX_SLOTS];
     int64_t now = hwb_now_ns();
     char buf[HWB_SHM_MSG + 1];
     for (int k = 0; k < n; k++) {
         hwb_shm_slot *s = L->slots[idx[k]].s;
         uint32_t status = 0;
-        const char *why = precheck(L, s, now, &status, buf, sizeof buf, &gots[k], &flags[k]);
+        const char *why = precheck(L, s, now, &status, buf, sizeof buf, &gots[k], &flags[k],
+                                   &streams[k]);
         L->slots[idx[k]].answered = seqs[k];
         if (why) {
             count(status == HWB_SHM_DEADLINE ? &h->deadline_missed : &h->bad_payloads);
@@ -330,7 +478,7 @@ static void handle(loop_ctx *L, const uint32_t *idx, const uint32_t *seqs, int n
     }
     if (nv == 0) return;
     if (L->sl.window) {
-        handle_sliding(L, idx, seqs, valid, gots, flags, nv);
+        handle_sliding(L, idx, seqs, valid, gots, flags, streams, nv);
         return;
     }
     if (L->gate) {
@@ -470,14 +618,7 @@ static void attach_client(loop_ctx *L, int conn) {
     Py_DECREF(pair);
     sl->s = (hwb_shm_slot *)sl->view.buf;
     sl->answered = 0;
-    if (L->sl.window && sliding_reset(L) != 0) { /* a new session starts on an empty window */
-        sl->s = NULL;
-        PyBuffer_Release(&sl->view);
-        Py_CLEAR(sl->args);
-        Py_CLEAR(sl->mm);
-        pair = NULL; /* released above */
-        goto fail;
-    }
+    sl->wins = NULL; /* a new session: its windows are made empty on their first tick */
     sl->conn = conn;
     {
         int fds[2] = {L->hdr_fd, fd};
@@ -499,6 +640,7 @@ static void detach_client(loop_ctx *L, uint32_t i) {
     if (sl->conn < 0) return;
     close(sl->conn);
     sl->conn = -1;
+    free_windows(L, i);
     sl->s = NULL;
     PyBuffer_Release(&sl->view);
     Py_CLEAR(sl->args);
@@ -562,6 +704,12 @@ static void poll_loop(loop_ctx *L, int64_t spin_ns, int64_t reap_ns) {
             handle(L, idx, seqs, n);
             last_busy = hwb_now_ns();
             if (last_busy < next_house) continue;
+        } else if (L->prep_head) {
+            /* idle time: one window's prepare, then look for new requests again, so a tick
+             * that arrived meanwhile is answered before the remaining prepares */
+            prepare_one(L);
+            last_busy = hwb_now_ns();
+            if (last_busy < next_house) continue;
         }
         now = hwb_now_ns();
         if (now >= next_house) {
@@ -588,52 +736,52 @@ static void poll_loop(loop_ctx *L, int64_t spin_ns, int64_t reap_ns) {
     }
 }
 
-/* serve()'s `sliding`: None (whole inputs), (window, entry): an ABI 2 native entry's window
- * (window_entry_of; its sizes are checked against the header in serve()), or
- * (window, None, prepare, reset): the Python path (`run` is then the Window's push_into). */
+/* serve()'s `sliding`: None (whole inputs), (window, streams, entry): an ABI 3 native entry's
+ * window handles (windows_entry_of; its sizes are checked against the header in serve()), or
+ * (window, streams, None, make_windows): the Python path (make_windows() -> a Windows of
+ * `streams` windows, one per client). */
 static int parse_sliding(PyObject *sliding, PyObject *gate, PyObject *batch, sliding_ops *o) {
-    unsigned long w;
+    unsigned long w, n_streams;
     Py_ssize_t n;
     PyObject *entry;
     memset(o, 0, sizeof *o);
     if (sliding == Py_None) return 0;
     n = PyTuple_Check(sliding) ? PyTuple_GET_SIZE(sliding) : 0;
-    if ((n != 2 && n != 4) || gate != Py_None || batch != Py_None) {
-        PyErr_SetString(PyExc_TypeError, "serve(): sliding must be (window, entry) or (window, "
-                        "None, prepare, reset), in direct mode without a gate");
+    if ((n != 3 && n != 4) || gate != Py_None || batch != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "serve(): sliding must be (window, streams, entry) or "
+                        "(window, streams, None, make_windows), in direct mode without a gate");
         return -1;
     }
     w = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sliding, 0));
     if (PyErr_Occurred()) return -1;
-    if (w == 0 || w > (1u << 24)) {
-        PyErr_SetString(PyExc_ValueError, "serve(): the window must be 1..16M ticks");
+    n_streams = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(sliding, 1));
+    if (PyErr_Occurred()) return -1;
+    if (w == 0 || w > (1u << 24) || n_streams == 0 || n_streams > MAX_STREAMS) {
+        PyErr_SetString(PyExc_ValueError, "serve(): the window must be 1..16M ticks and the "
+                        "streams 1..65536 windows per client");
         return -1;
     }
     o->window = (uint32_t)w;
-    entry = PyTuple_GET_ITEM(sliding, 1);
+    o->streams = (uint32_t)n_streams;
+    entry = PyTuple_GET_ITEM(sliding, 2);
     if (n == 4) {
-        PyObject *prep = PyTuple_GET_ITEM(sliding, 2), *rst = PyTuple_GET_ITEM(sliding, 3);
-        if (entry != Py_None || !PyCallable_Check(prep) || !PyCallable_Check(rst)) {
-            PyErr_SetString(PyExc_TypeError, "serve(): the Python path is (window, None, "
-                            "prepare, reset) with two callables");
+        PyObject *make = PyTuple_GET_ITEM(sliding, 3);
+        if (entry != Py_None || !PyCallable_Check(make)) {
+            PyErr_SetString(PyExc_TypeError, "serve(): the Python path is (window, streams, "
+                            "None, make_windows) with a callable");
             return -1;
         }
-        o->py_prepare = prep;
-        o->py_reset = rst;
+        o->make_windows = make;
         return 0;
     }
-    const hwb_native_entry *e = window_entry_of(entry);
+    const hwb_native_entry *e = windows_entry_of(entry);
     if (!e) return -1;
     if (e->window != o->window) {
         PyErr_Format(PyExc_ValueError, "serve(): the native entry's window is %u ticks, the "
                      "endpoint's %u", e->window, o->window);
         return -1;
     }
-    o->push = e->push;
-    o->prepare = e->prepare;
-    o->reset = e->reset;
-    o->step_count = e->step_count;
-    o->out_count = e->out_count;
+    o->e = e;
     return 0;
 }
 
@@ -686,17 +834,18 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     L.gate = gate == Py_None ? NULL : (GateObject *)gate;
     L.sl = ops;
     L.in_shape0 = L.h->in_ndim ? L.h->in_shape[0] : 1;
-    if (ops.window && (L.h->sliding != HWB_SHM_ONE_TICK || L.h->window != ops.window)) {
+    if (ops.window && (L.h->sliding != HWB_SHM_ONE_TICK || L.h->window != ops.window ||
+                       L.h->streams != ops.streams)) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "serve(): a sliding loop needs a header initialised "
-                        "with the same window (init_header's window)");
+                        "with the same window and streams (init_header's window, streams)");
         return NULL;
     }
-    if (ops.push && (ops.step_count != L.in_count || ops.out_count != L.out_count)) {
+    if (ops.e && (ops.e->step_count != L.in_count || ops.e->out_count != L.out_count)) {
         PyBuffer_Release(&buf);
         PyErr_Format(PyExc_ValueError, "serve(): the native window takes %u -> %u floats per "
-                     "tick; the endpoint %u -> %u", ops.step_count, ops.out_count, L.in_count,
-                     L.out_count);
+                     "tick; the endpoint %u -> %u", ops.e->step_count, ops.e->out_count,
+                     L.in_count, L.out_count);
         return NULL;
     }
     L.slots = (slot_t *)PyMem_RawCalloc(nslots, sizeof(slot_t));
@@ -732,18 +881,24 @@ static PyObject *py_serve(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window]): size, write and seal
+/* init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window[, streams]]):
+ * size, write and seal
  * the header memfd; returns its size. The server maps it writable before the seal; after it,
  * nobody can map it writable again (F_SEAL_FUTURE_WRITE) or resize it. */
 static PyObject *py_init_header(PyObject *self, PyObject *args) {
     int fd, pid;
     unsigned nslots, uid;
     unsigned long long gen;
-    unsigned window = 0;
+    unsigned window = 0, streams = 1;
     PyObject *ins, *outs;
     hwb_shm_header hd;
-    if (!PyArg_ParseTuple(args, "iIOOIiK|I", &fd, &nslots, &ins, &outs, &uid, &pid, &gen, &window))
+    if (!PyArg_ParseTuple(args, "iIOOIiK|II", &fd, &nslots, &ins, &outs, &uid, &pid, &gen, &window,
+                          &streams))
         return NULL;
+    if (window && (streams == 0 || streams > MAX_STREAMS)) {
+        PyErr_SetString(PyExc_ValueError, "streams must be 1..65536 windows per client");
+        return NULL;
+    }
     Py_ssize_t ni = PyTuple_Size(ins), no = PyTuple_Size(outs);
     if (ni < 0 || no < 0 || ni > HWB_SHM_MAXDIM || no > HWB_SHM_MAXDIM || nslots == 0 ||
         nslots > MAX_SLOTS) {
@@ -775,6 +930,7 @@ static PyObject *py_init_header(PyObject *self, PyObject *args) {
     hd.generation = gen;
     hd.sliding = window ? HWB_SHM_ONE_TICK : HWB_SHM_WHOLE_INPUT;
     hd.window = window;
+    hd.streams = window ? streams : 0u;
     hd.state = HWB_SHM_STATE_RUNNING;
     if (ftruncate(fd, HWB_SHM_HEADER_BYTES) != 0 ||
         pwrite(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
@@ -798,13 +954,13 @@ static PyObject *py_counters(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
     hwb_shm_header *h = (hwb_shm_header *)buf.buf;
     PyObject *d = Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:I}", "served", (unsigned long long)HWB_LOAD_RLX(&h->served),
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "served", (unsigned long long)HWB_LOAD_RLX(&h->served),
         "bad_payloads", (unsigned long long)HWB_LOAD_RLX(&h->bad_payloads), "deadline_missed",
         (unsigned long long)HWB_LOAD_RLX(&h->deadline_missed), "detached",
         (unsigned long long)HWB_LOAD_RLX(&h->detached), "errors",
         (unsigned long long)HWB_LOAD_RLX(&h->errors), "heartbeat_ns",
         (unsigned long long)HWB_LOAD_RLX(&h->heartbeat_ns), "generation_lo",
-        (unsigned)(h->generation & 0xFFFFFFFFu));
+        (unsigned)(h->generation & 0xFFFFFFFFu), "windows", HWB_LOAD_RLX(&h->windows));
     PyBuffer_Release(&buf);
     return d;
 }
@@ -831,7 +987,7 @@ static void Gate_dealloc(GateObject *o) {
 
 /* set(capsule | None): serve through this entry from the next request on (None: the Python
  * path). Refuses (ValueError, the gate unchanged) an entry entry_of refuses, or one of other
- * sizes than the endpoint's, or of a batch other than 1. ABI 1 and 2 entries are both served
+ * sizes than the endpoint's, or of a batch other than 1. Entries of every ABI are served
  * (the gate calls predict only). */
 static PyObject *Gate_set(GateObject *o, PyObject *cap) {
     const hwb_native_entry *e;
@@ -940,23 +1096,32 @@ static int float_buffer(PyObject *obj, Py_buffer *b, int writable, uint32_t coun
     return 0;
 }
 
-/* call(x, out, deadline_ns[, flags]) -> status (int). x, out: float32 C-contiguous with the
- * endpoint's element counts (else RC_BAD_BUFFER, nothing sent). flags: HWB_SHM_FLAG_* (a
- * sliding endpoint's reset before this tick). The GIL is released for the round trip. */
+/* call(x, out, deadline_ns[, flags[, stream]]) -> status (int). x, out: float32 C-contiguous
+ * with the endpoint's element counts (else RC_BAD_BUFFER, nothing sent). flags: HWB_SHM_FLAG_*
+ * (a sliding endpoint's reset before this tick); stream: which of this client's windows
+ * (hwb_shm_call_stream; the server checks it). The GIL is released for the round trip. */
 static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer bx, by;
     long long dl;
-    unsigned long flags = 0;
+    unsigned long flags = 0, stream = 0;
     int rc;
-    if (nargs != 3 && nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "call(x, out, deadline_ns[, flags])");
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "call(x, out, deadline_ns[, flags[, stream]])");
         return NULL;
     }
     dl = PyLong_AsLongLong(args[2]);
     if (dl == -1 && PyErr_Occurred()) return NULL;
-    if (nargs == 4) {
+    if (nargs >= 4) {
         flags = PyLong_AsUnsignedLong(args[3]);
         if (PyErr_Occurred()) return NULL;
+    }
+    if (nargs == 5) {
+        stream = PyLong_AsUnsignedLong(args[4]);
+        if (PyErr_Occurred() || stream > UINT32_MAX) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_OverflowError, "stream must be 0 .. 2**32-1");
+            return NULL;
+        }
     }
     if (!o->c.slot) return PyLong_FromLong(HWB_SHM_E_CLOSED);
     if (o->busy) return PyLong_FromLong(RC_BUSY); /* one slot serves one thread at a time */
@@ -967,8 +1132,8 @@ static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t 
     }
     o->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = hwb_shm_call(&o->c, (const float *)bx.buf, o->c.in_count, (float *)by.buf,
-                      o->c.out_count, (int64_t)dl, (uint32_t)flags);
+    rc = hwb_shm_call_stream(&o->c, (uint32_t)stream, (const float *)bx.buf, o->c.in_count,
+                             (float *)by.buf, o->c.out_count, (int64_t)dl, (uint32_t)flags);
     Py_END_ALLOW_THREADS
     o->busy = 0;
     PyBuffer_Release(&bx);
@@ -976,16 +1141,22 @@ static PyObject *Client_call(ClientObject *o, PyObject *const *args, Py_ssize_t 
     return PyLong_FromLong(rc);
 }
 
-/* reset(deadline_ns) -> status: a sliding endpoint's reset alone (hwb_shm_reset). */
-static PyObject *Client_reset(ClientObject *o, PyObject *arg) {
-    long long dl = PyLong_AsLongLong(arg);
+/* reset(deadline_ns[, stream]) -> status: a sliding endpoint's reset alone of one of this
+ * client's windows (hwb_shm_reset_stream). */
+static PyObject *Client_reset(ClientObject *o, PyObject *args) {
+    long long dl;
+    unsigned long stream = 0;
     int rc;
-    if (dl == -1 && PyErr_Occurred()) return NULL;
+    if (!PyArg_ParseTuple(args, "L|k", &dl, &stream)) return NULL;
+    if (stream > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "stream must be 0 .. 2**32-1");
+        return NULL;
+    }
     if (!o->c.slot) return PyLong_FromLong(HWB_SHM_E_CLOSED);
     if (o->busy) return PyLong_FromLong(RC_BUSY);
     o->busy = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = hwb_shm_reset(&o->c, (int64_t)dl);
+    rc = hwb_shm_reset_stream(&o->c, (uint32_t)stream, (int64_t)dl);
     Py_END_ALLOW_THREADS
     o->busy = 0;
     return PyLong_FromLong(rc);
@@ -1014,18 +1185,18 @@ static PyObject *Client_info(ClientObject *o, PyObject *unused) {
     hwb_shm_client *c = &o->c;
     if (!c->hdr) Py_RETURN_NONE;
     /* slot_addr: where this process maps its own slot (diagnostics and tests of stray writes) */
-    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K,s:K,s:n,s:I,s:I}", "slot", c->slot_index, "in_shape",
+    return Py_BuildValue("{s:i,s:N,s:N,s:i,s:I,s:I,s:K,s:K,s:n,s:I,s:I,s:I}", "slot", c->slot_index, "in_shape",
                          shape_tuple(c->hdr->in_shape, c->hdr->in_ndim), "out_shape",
                          shape_tuple(c->hdr->out_shape, c->hdr->out_ndim), "server_pid",
                          c->server_pid, "nslots", c->hdr->nslots, "seq", c->seq, "generation",
                          (unsigned long long)c->hdr->generation, "slot_addr",
                          (unsigned long long)(uintptr_t)c->slot, "slot_bytes", (Py_ssize_t)c->slot_size,
-                         "sliding", c->hdr->sliding, "window", c->hdr->window);
+                         "sliding", c->hdr->sliding, "window", c->hdr->window, "streams", c->streams);
 }
 
 static PyMethodDef Client_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Client_call, METH_FASTCALL, "call(x, out, deadline_ns[, flags]) -> status"},
-    {"reset", (PyCFunction)Client_reset, METH_O, "reset(deadline_ns) -> status: empty a sliding endpoint's window"},
+    {"reset", (PyCFunction)Client_reset, METH_VARARGS, "reset(deadline_ns[, stream]) -> status: empty one of a sliding endpoint's windows"},
     {"message", (PyCFunction)Client_message, METH_NOARGS, "the server's message for the last status"},
     {"detach", (PyCFunction)Client_detach, METH_NOARGS, "release the slot and unmap"},
     {"info", (PyCFunction)Client_info, METH_NOARGS, "slot, shapes, server pid"},
@@ -1049,10 +1220,11 @@ static PyObject *py_slot_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSize_t(hwb_shm_slot_bytes(ic, oc));
 }
 
-/* native_window(capsule) -> (window, step_count, out_count) of the entry's sliding window, or
- * ValueError saying why this loop cannot serve it (what serve()'s (window, entry) checks). */
-static PyObject *py_native_window(PyObject *self, PyObject *cap) {
-    const hwb_native_entry *e = window_entry_of(cap);
+/* native_windows(capsule) -> (window, step_count, out_count) of the entry's window handles,
+ * or ValueError saying why this loop cannot serve them (what serve()'s (window, streams,
+ * entry) checks). */
+static PyObject *py_native_windows(PyObject *self, PyObject *cap) {
+    const hwb_native_entry *e = windows_entry_of(cap);
     if (!e) return NULL;
     return Py_BuildValue("(III)", e->window, e->step_count, e->out_count);
 }
@@ -1078,7 +1250,8 @@ static const field_off HEADER_FIELDS[] = {
     HWB_OFF(hwb_shm_header, in_shape), HWB_OFF(hwb_shm_header, out_shape),
     HWB_OFF(hwb_shm_header, owner_uid), HWB_OFF(hwb_shm_header, server_pid),
     HWB_OFF(hwb_shm_header, generation), HWB_OFF(hwb_shm_header, sliding),
-    HWB_OFF(hwb_shm_header, window), HWB_OFF(hwb_shm_header, state),
+    HWB_OFF(hwb_shm_header, window), HWB_OFF(hwb_shm_header, streams),
+    HWB_OFF(hwb_shm_header, state), HWB_OFF(hwb_shm_header, windows),
     HWB_OFF(hwb_shm_header, server_sleeping), HWB_OFF(hwb_shm_header, heartbeat_ns),
     HWB_OFF(hwb_shm_header, served), HWB_OFF(hwb_shm_header, bad_payloads),
     HWB_OFF(hwb_shm_header, deadline_missed), HWB_OFF(hwb_shm_header, detached),
@@ -1088,7 +1261,8 @@ static const field_off SLOT_FIELDS[] = {
     HWB_OFF(hwb_shm_slot, client_waiting), HWB_OFF(hwb_shm_slot, flags),
     HWB_OFF(hwb_shm_slot, in_count),
     HWB_OFF(hwb_shm_slot, deadline_ns), HWB_OFF(hwb_shm_slot, msg_len),
-    HWB_OFF(hwb_shm_slot, msg), {"in", HWB_SHM_SLOT_CTL}, {NULL, 0}};
+    HWB_OFF(hwb_shm_slot, stream), HWB_OFF(hwb_shm_slot, msg), {"in", HWB_SHM_SLOT_CTL},
+    {NULL, 0}};
 static const field_off HELLO_FIELDS[] = {
     HWB_OFF(hwb_shm_hello, magic), HWB_OFF(hwb_shm_hello, version), HWB_OFF(hwb_shm_hello, status),
     HWB_OFF(hwb_shm_hello, slot_index), HWB_OFF(hwb_shm_hello, slot_bytes),
@@ -1119,13 +1293,13 @@ static int add_statuses(PyObject *m) {
 
 static PyMethodDef methods[] = {
     {"serve", py_serve, METH_VARARGS, "serve(hdr_buf, hdr_fd, listen_fd, stop_fd, nslots, run, make_slot, batch, input_error, spin_ns, reap_ns, pin[, gate[, sliding]])"},
-    {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window]): window > 0: a sliding endpoint (in_shape one tick's)"},
+    {"init_header", py_init_header, METH_VARARGS, "init_header(fd, nslots, in_shape, out_shape, uid, pid, generation[, window[, streams]]): window > 0: a sliding endpoint (in_shape one tick's, streams windows per client)"},
     {"seal_header", py_seal_header, METH_VARARGS, "seal_header(fd): no resize, no new writable mapping"},
     {"counters", py_counters, METH_VARARGS, "counters(buf) -> dict"},
     {"slot_bytes", py_slot_bytes, METH_VARARGS, "slot_bytes(in_count, out_count)"},
     {"strerror", py_strerror, METH_VARARGS, "strerror(status) -> hwb_shm_strerror's text"},
-    {"native_window", py_native_window, METH_O,
-     "native_window(entry) -> (window, step_count, out_count), or ValueError saying why not"},
+    {"native_windows", py_native_windows, METH_O,
+     "native_windows(entry) -> (window, step_count, out_count), or ValueError saying why not"},
     {NULL, NULL, 0, NULL},
 };
 

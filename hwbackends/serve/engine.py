@@ -34,7 +34,7 @@ import numpy as np
 
 from ..breaker import Breaker
 from ..errors import ConfigError, InputError
-from ..fidelity import Tolerance
+from ..fidelity import SWAP_GATE, Tolerance
 from ..inputs import as_sample
 from ..packing import Layout, layouts
 from .batch_plan import PRESETS, BatchPlan, BatchPolicy
@@ -86,7 +86,7 @@ class EngineConfig:
     #: set, else 20× the warm-up call time + ``batch_timeout_us``, and at least 200 µs.
     breaker_min_deadline_us: float | None = None
     #: Swap validation: tolerance of the new version against the serving one on live inputs.
-    tolerance: Tolerance | None = field(default_factory=lambda: Tolerance(corr_min=0.999, rel_err=0.01))
+    tolerance: Tolerance | None = SWAP_GATE
     shadow_samples: int = 256
     shadow_timeout_s: float = 30.0
     #: A whole swap (factory, warm-up, shadow) that takes longer ends rejected; the engine

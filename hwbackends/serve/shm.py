@@ -22,16 +22,20 @@ takes the GIL; the checks before it, the statuses and the counters are the Pytho
 The server follows every swap and rollback (:meth:`Versions.watch`); anything else (a router
 strategy, a static batch > 1, batch mode, an executor without one) keeps the Python path.
 
-Sliding endpoints (``sliding=True``, ``hwb serve --shm NAME --sliding``): each request carries
-one tick (``input.shape[1:]``) and the server keeps the window (``cm.sliding()``'s semantics:
-zero state at the window's start, zero-filled before it is full). The C loop calls push on the
-request, publishes the answer, then runs prepare before it waits for the next request, so the
-client's critical path is the push alone. When the model's native entry has a window (ABI 2
-of hwb_native.h: cpu.native's ``hwb_model_push`` / ``_prepare`` / ``_reset``) the loop calls
-those functions itself, without the GIL; any other target is served through the Python
-:class:`~hwbackends.sliding.Window` (its recompute form: ``predict_into`` on the window each
-tick), with the GIL held for the tick. A request flagged ``HWB_SHM_FLAG_RESET`` (or a new
-connection) empties the window. One window per endpoint, so one client (``slots=1``).
+Sliding endpoints (``sliding=True``, ``hwb serve --shm NAME --sliding [--streams N]``): each
+request carries one tick (``input.shape[1:]``) for one of the client's ``streams`` windows (the
+slot's ``stream``: one per symbol), and the server keeps the windows (``cm.sliding()``'s
+semantics: zero state at the window's start, zero-filled before it is full). Stream ids are per
+client: each connection's windows are its own, made on their first tick and freed when it hangs
+up, so any number of clients share the endpoint and none can reach another's windows. The C loop
+pushes each request's tick, publishes the answer, and runs the prepares of the windows it pushed
+in its idle time, one at a time, looking for new requests between them (the client's critical
+path is the push alone). When the model's native entry has window handles (ABI 3 of
+hwb_native.h: ``window_new`` / ``_push`` / ``_prepare`` / ``_reset`` / ``_free``) the loop calls
+them itself, without the GIL; any other target is served through one Python
+:class:`~hwbackends.sliding.Windows` per client (``cm.sliding(streams=N)``; the recompute form
+where the target has no other: ``predict_into`` on the window each tick), with the GIL held for
+the tick. A request flagged ``HWB_SHM_FLAG_RESET`` empties its stream's window.
 
 Trust (docs/serving.md states it in full): each client's slot is a memfd the server made for
 that connection alone; the header is sealed read-only for clients; the server keeps its own
@@ -65,6 +69,7 @@ import numpy as np
 
 from ..errors import ConfigError, InputError
 from ..inputs import as_sample
+from ..sliding import check_streams, step_shapes
 from ..specs import TensorSpec
 from . import _shmloop  # built with the package; request.py explains when it is missing
 from .engine import Engine
@@ -159,14 +164,15 @@ class ShmServer:
     ``pin_core``: pin the polling thread. ``group``: open the endpoint to this group (socket
     0660, dirs 0750/0710) instead of owner-only. ``native``: use the model's C entry when the
     serving version has one (the module docstring says when); False: always the Python path.
-    ``sliding``: serve the model's sliding window, one tick per request (the module docstring);
-    direct mode and one slot only; ``native`` then chooses between the model library's C window
-    and the Python :class:`~hwbackends.sliding.Window`."""
+    ``sliding``: serve the model's sliding windows, one tick per request (the module docstring);
+    direct mode only; ``streams``: windows per client (stream ids 0 … streams-1); ``native``
+    then chooses between the model library's C window handles and the Python
+    :class:`~hwbackends.sliding.Windows`."""
 
     def __init__(self, engine: Engine, name: str | None = None, slots: int = 8, *,
                  mode: str = "auto", spin_us: float = 50.0, reap_every_s: float = 0.25,
                  pin_core: int | None = None, group: str | int | None = None,
-                 native: bool = True, sliding: bool = False):
+                 native: bool = True, sliding: bool = False, streams: int = 1):
         native_mod = _shmloop
         if not 1 <= slots <= 1024:
             raise ConfigError(f"slots must be 1..1024, got {slots}")
@@ -187,7 +193,7 @@ class ShmServer:
         #: A sliding endpoint's window (None: each request is a whole input).
         self.window: SlidingWindow | None = None
         if sliding:
-            self.window = SlidingWindow.of(engine, mode=mode, slots=slots, native=native)
+            self.window = SlidingWindow.of(engine, mode=mode, streams=streams, native=native)
             self.in_shape = self.window.step_shape
         gid = _group_id(group)
         _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid, exact=False)
@@ -204,7 +210,8 @@ class ShmServer:
         self._hdr_fd = os.memfd_create("hwb-header", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         native_mod.init_header(self._hdr_fd, slots, self.in_shape, self.out_shape, os.geteuid(),
                                os.getpid(), secrets.randbits(64),
-                               self.window.length if self.window is not None else 0)
+                               *((self.window.length, self.window.streams)
+                                 if self.window is not None else ()))
         self._mm = mmap.mmap(self._hdr_fd, native_mod.HEADER_BYTES)  # ours, writable: before the seal
         native_mod.seal_header(self._hdr_fd)  # from here on clients can only map it read-only
         self._sock, self._sock_ino = self._listen(0o600 if gid is None else 0o660, gid, slots)
@@ -244,7 +251,7 @@ class ShmServer:
                  "native fast path" if not why else f"Python path ({why})")
 
     def _keep_window(self, kind: str, version: Any) -> None:
-        """A swap does not move a sliding endpoint: its window is the starting model's."""
+        """A swap does not move a sliding endpoint: its windows are the starting model's."""
         assert self.window is not None
         log.warning("shm %s: %s to version %d: this sliding endpoint keeps serving the window of "
                     "%s (a window's state belongs to one model); restart it to serve the new one",
@@ -326,7 +333,7 @@ class ShmServer:
         batch = self._batch if self.mode == "batch" else None
         run, sliding = self.engine.run_direct, None
         if self.window is not None:
-            run, sliding = self.window.loop_args()
+            sliding = self.window.loop_args()
         try:
             native.serve(self._mm, self._hdr_fd, self._sock.fileno(), self._stop_fd, self.nslots,
                          run, self._make_slot, batch, InputError,
@@ -361,8 +368,10 @@ class ShmServer:
     # -- reporting and shutdown -------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """served, bad_payloads, deadline_missed, detached (clients gone), errors (every
-        path), and ``native`` (the fast path serves now), ``native_served`` /
-        ``native_failed`` (answers of the C entry; included in served / errors)."""
+        path), windows (a sliding endpoint's windows alive now: the C loop's handles, or
+        ``streams`` per client with a Python Windows), and ``native`` (the fast path serves
+        now), ``native_served`` / ``native_failed`` (answers of the C entry; included in
+        served / errors)."""
         gate = self._gate.counters() if self._gate is not None else {
             "native_served": 0, "native_failed": 0}
         extra = {} if self.window is None else {"sliding": self.window.describe()}
@@ -435,15 +444,15 @@ def choose_loop_core(spec: int | str | None = "auto") -> tuple[int | None, str]:
 
 def native_window_of(cm: Any) -> tuple[Any, str]:
     """``cm``'s native entry (:meth:`hwbackends.target.Executor.native_entry`) when the C loop
-    can serve its sliding window (an ABI 2 entry with push/prepare/reset of this window's
-    sizes: hwbackends/serve/include/hwb_native.h), and ``""``; or ``None`` and why not. The
-    entry's functions drive the same library state ``cm.sliding()`` claimed and reset."""
+    can keep its windows as handles, one per stream (an ABI 3 entry with ``window_new`` …
+    ``window_free`` of this window's sizes: hwbackends/serve/include/hwb_native.h), and ``""``;
+    or ``None`` and why not."""
     get = getattr(getattr(cm, "executor", None), "native_entry", None)
     cap = get() if callable(get) else None
     if cap is None:
         return None, f"{getattr(cm, 'variant', cm)}: its executor has no native entry (not a C model library)"
     try:
-        window, step, out = _shmloop.native_window(cap)
+        window, step, out = _shmloop.native_windows(cap)
     except ValueError as exc:
         return None, f"{cm.variant}: {exc}"
     want = (int(cm.input.shape[0]), int(np.prod(cm.input.shape[1:])), int(np.prod(cm.output.shape)))
@@ -455,60 +464,57 @@ def native_window_of(cm: Any) -> tuple[Any, str]:
 
 @dataclass
 class SlidingWindow:
-    """What a sliding endpoint serves: one compiled model's window. ``window`` is the
-    :class:`~hwbackends.sliding.Window` from ``cm.sliding(auto_prepare=False)`` (it claims and
-    resets the model's window state); ``entry`` the model's native entry when the loop calls
-    its window functions directly (``native``), else the loop calls ``window``'s methods."""
+    """What a sliding endpoint serves: one compiled model's windows, ``streams`` per client.
+    ``entry``: the model's native entry when the loop keeps its windows as C handles
+    (``native``); else the loop makes one :class:`~hwbackends.sliding.Windows` per client
+    (:meth:`make_windows`) and calls its methods. ``form``: the windows' form."""
 
     cm: Any
-    window: Any
+    streams: int
+    length: int
+    step_shape: tuple[int, ...]
+    form: str
     entry: Any
     native_reason: str
 
     @classmethod
-    def of(cls, engine: Engine, *, mode: str, slots: int, native: bool) -> "SlidingWindow":
-        """The window of ``engine``'s serving model, or ConfigError saying why it has none."""
+    def of(cls, engine: Engine, *, mode: str, streams: int, native: bool) -> "SlidingWindow":
+        """The windows of ``engine``'s serving model, or an HwbError saying why it has none."""
         if mode != "direct":
             raise ConfigError("a sliding endpoint answers each tick in its polling thread: it "
                               "needs mode='direct' (hwb serve --preset single, --shm-mode direct)")
-        if slots != 1:
-            raise ConfigError(f"a sliding endpoint keeps one window, fed by one client; got "
-                              f"slots={slots}. Use one slot (--shm-slots 1) and one endpoint "
-                              f"per strategy")
+        n = check_streams(streams)
         cm = engine.versions.active.plan.slot_for(1).backend
         if not callable(getattr(cm, "sliding", None)):
             raise ConfigError("a sliding endpoint serves one compiled model (a router strategy "
                               "or a packed multi-IO model has no window); serve MODEL -t TARGET")
-        window = cm.sliding(auto_prepare=False)  # UnsupportedError (an HwbError) says why not
+        length, step = step_shapes(cm)  # UnsupportedError (an HwbError) for a model without one
         entry, why = native_window_of(cm) if native else (None, "turned off (native=False)")
-        return cls(cm, window, entry, why)
+        # the windows' form, from one probe (a target that refuses its windows says so here)
+        form = cm.sliding(streams=1, auto_prepare=False).form
+        return cls(cm, n, length, tuple(step), form, entry, why)
 
     @property
     def native(self) -> bool:
         return self.entry is not None
 
     @property
-    def length(self) -> int:
-        return int(self.window.window)
-
-    @property
-    def step_shape(self) -> tuple[int, ...]:
-        return tuple(self.window.step_shape)
-
-    @property
     def variant(self) -> str:
         return str(getattr(self.cm, "variant", "the model"))
 
-    def loop_args(self) -> tuple[Any, tuple[Any, ...]]:
-        """``(run, sliding)`` for ``_shmloop.serve``: the native entry, or the Window's calls."""
-        w = self.window
+    def make_windows(self) -> Any:
+        """One client's windows (the Python path; the loop calls it on the client's first tick)."""
+        return self.cm.sliding(streams=self.streams, auto_prepare=False)
+
+    def loop_args(self) -> tuple[Any, ...]:
+        """``_shmloop.serve``'s ``sliding``: the native entry, or the Windows' maker."""
         if self.entry is not None:
-            return None, (self.length, self.entry)
-        return w.push_into, (self.length, None, w.prepare, w.reset)
+            return (self.length, self.streams, self.entry)
+        return (self.length, self.streams, None, self.make_windows)
 
     def describe(self) -> dict[str, Any]:
-        return {"window": self.length, "tick_shape": list(self.step_shape), "form": self.window.form,
-                "loop": "native" if self.native else "python",
+        return {"window": self.length, "tick_shape": list(self.step_shape), "form": self.form,
+                "streams": self.streams, "loop": "native" if self.native else "python",
                 **({"why_python": self.native_reason} if not self.native else {})}
 
 
@@ -587,6 +593,14 @@ def _deadline_ns(deadline_us: float | None) -> int:
                      f"got {deadline_us!r}")
 
 
+def _stream_id(stream: Any) -> int:
+    """A stream id the protocol can carry (the server checks its range), else InputError."""
+    if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or not 0 <= stream < 2**32:
+        raise InputError(f"stream must be a whole number 0 … 2**32-1 (the server says its range); "
+                         f"got {type(stream).__name__} {stream!r}")
+    return int(stream)
+
+
 class ShmClient:
     """One slot of a :class:`ShmServer`'s segment, for one thread of a client process.
     ``owner``: the server's user (name or uid; default this user)."""
@@ -611,6 +625,9 @@ class ShmClient:
         #: A sliding endpoint's window length in ticks (each request is then one tick, of
         #: ``in_shape``); 0 for an endpoint that takes whole inputs.
         self.window: int = info["window"] if info["sliding"] else 0
+        #: A sliding endpoint's windows for this client (stream ids 0 … streams-1: this
+        #: client's own, never another's); 0 for an endpoint that takes whole inputs.
+        self.streams: int = info["streams"]
         self._in_spec = TensorSpec("x", self.in_shape)
         self._call = self._c.call
 
@@ -625,10 +642,31 @@ class ShmClient:
         rc = self._call(x, out, dl, _shmloop.FLAG_RESET) if reset else self._call(x, out, dl)
         return True if rc == _OK else self._failed(rc, x, out)
 
-    def reset(self, deadline_us: float | None = None) -> bool | Unavailable:
-        """Empty a sliding endpoint's window (zero-filled, as at the start): ``True`` or
-        :class:`Unavailable`; InputError from an endpoint that keeps no window."""
-        rc = self._c.reset(_deadline_ns(deadline_us))
+    def try_push_into(self, stream: int, x_t: np.ndarray, out: np.ndarray,
+                      deadline_us: float | None = None, *, reset: bool = False) -> bool | Unavailable:
+        """A sliding endpoint: one tick ``x_t`` (float32, C-contiguous, ``in_shape``) into this
+        client's window ``stream`` (0 … :attr:`streams` - 1), its answer into ``out``;
+        ``True`` or :class:`Unavailable` (``hwb_shm_push``). ``reset``: empty that window
+        before the tick. A stream id out of range, like a bad tick, raises
+        :class:`InputError` with the server's message."""
+        rc = self._call(x_t, out, _deadline_ns(deadline_us), _shmloop.FLAG_RESET if reset else 0,
+                        _stream_id(stream))
+        return True if rc == _OK else self._failed(rc, x_t, out)
+
+    def push(self, stream: int, x_t: Any, deadline_us: float | None = None, *,
+             reset: bool = False) -> np.ndarray | Unavailable:
+        """:meth:`try_push_into` with a new output array: the answer, or :class:`Unavailable`."""
+        x = as_sample(x_t, self._in_spec, "pass", where=f"shm endpoint {self.name!r} (stream {stream})")
+        out = np.empty(self.out_shape, np.float32)
+        r = self.try_push_into(stream, np.ascontiguousarray(x, np.float32), out, deadline_us,
+                               reset=reset)
+        return out if r is True else r
+
+    def reset(self, deadline_us: float | None = None, *, stream: int = 0) -> bool | Unavailable:
+        """Empty one of a sliding endpoint's windows (this client's ``stream``; zero-filled, as
+        at the start): ``True`` or :class:`Unavailable`; InputError from an endpoint that
+        keeps no window, or for a stream id out of range."""
+        rc = self._c.reset(_deadline_ns(deadline_us), _stream_id(stream))
         return True if rc == _OK else self._failed(rc, None, None)
 
     def _failed(self, rc: int, x: Any, out: Any) -> Unavailable:

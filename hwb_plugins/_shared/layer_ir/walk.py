@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from hwbackends.errors import UnsupportedError
+from hwbackends.contract import UnsupportedError
 
 from .ir import (
     ONNX_OPS,

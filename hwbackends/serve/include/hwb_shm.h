@@ -5,6 +5,8 @@
  *   if (rc) { fprintf(stderr, "%s\n", hwb_shm_strerror(rc)); ... }
  *   rc = hwb_shm_predict(&c, features, 32, out, 1, 200000); // deadline 200 µs (ns; 0: none)
  *   if (rc == HWB_SHM_OK) use(out); else skip_tick(hwb_shm_strerror(rc), hwb_shm_message(&c));
+ *   rc = hwb_shm_push(&c, 7, tick, out, 200000);            // a sliding endpoint: this client's
+ *                                                           // window 7 (0 .. c.streams-1)
  *   hwb_shm_detach(&c);
  *
  * `hwb serve --print-include` prints the directory holding this file (add it with -I).
@@ -20,9 +22,10 @@
  *   - the header (geometry, state, counters) is a memfd sealed with F_SEAL_FUTURE_WRITE: a
  *     client maps it read-only and cannot make it writable; the server keeps its own copy of
  *     every geometry value and never re-reads what a client could have written;
- *   - everything the server reads from a slot (req, in_count, deadline, features) is treated
- *     as untrusted input that can only change that client's own answer; the server keeps its
- *     own record of which sequence it answered last;
+ *   - everything the server reads from a slot (req, in_count, stream, deadline, features) is
+ *     treated as untrusted input that can only change that client's own answer; the server
+ *     keeps its own record of which sequence it answered last, and a sliding endpoint's
+ *     windows are per connection (a stream id names one of this client's windows only);
  *   - the client authenticates the server: the endpoint directory and its parent must be
  *     owned by the expected uid and not writable by group/others (OpenSSH's StrictModes), and
  *     the socket's peer credentials (SO_PEERCRED, set by the kernel) must be that uid and the
@@ -48,7 +51,9 @@
  *    40 out_ndim   44 in_shape[6]   68 out_shape[6]   92 owner_uid   96 server_pid
  *   104 generation (random per server start)   112 sliding (0 whole input per request, 1 one
  *   tick per request: the server keeps the window)   116 window (ticks; 0 unless sliding)
- *   128 state (1 running, 2 closing)   132 _unused   136 server_sleeping
+ *   120 streams (windows each client may keep: stream ids 0 .. streams-1; 0 unless sliding)
+ *   128 state (1 running, 2 closing)   132 windows (a sliding endpoint's windows alive now)
+ *   136 server_sleeping
  *   144 heartbeat_ns   152 served   160 bad_payloads   168 deadline_missed   176 detached
  *   184 errors
  * SLOT LAYOUT (slot_bytes, a multiple of 64):
@@ -59,6 +64,7 @@
  *               (valid when resp == req; any status but OK means "no answer this tick")
  *    12 client_waiting   16 flags (HWB_SHM_FLAG_RESET)   20 in_count (floats the client wrote)
  *    24 deadline_ns (absolute CLOCK_MONOTONIC, 0 = none)   32 msg_len
+ *    36 stream  (a sliding endpoint: which of this client's windows the tick is for)
  *    64 msg[192]  (server's message for a non-OK status)
  *   256 in[in_count] float32, then out[out_count] float32
  *
@@ -69,13 +75,19 @@
  * sides (Dekker); the server's doorbell is a byte in a socket buffer, which cannot be lost.
  * This is correct on weakly ordered CPUs (ARM) too.
  *
- * SLIDING ENDPOINTS (version 4). Header `sliding` = HWB_SHM_ONE_TICK: each request carries one
- * tick (in_shape is one tick's, `window` the window's length in ticks); the server keeps the
- * window, answers with the model on the window ending at the tick, then prepares the next
- * tick after the answer is published. A request whose `flags` hold HWB_SHM_FLAG_RESET
- * empties the window first (in_count 0: a reset alone, answered OK without outputs;
- * hwb_shm_reset()); a new connection starts on an empty window. A whole-input endpoint
- * refuses flags (BAD_INPUT). Clients of version 3 are refused at attach (E_VERSION).
+ * SLIDING ENDPOINTS (version 4; streams since 5). Header `sliding` = HWB_SHM_ONE_TICK: each
+ * request carries one tick (in_shape is one tick's, `window` the window's length in ticks) for
+ * one of the client's windows, the slot's `stream` (hwb_shm_push()); the server keeps the
+ * windows, answers with the model on the window ending at the tick, then prepares the next
+ * tick after the answer is published. Stream ids are PER CLIENT: each connection has its own
+ * windows 0 .. header `streams`-1 (one per symbol), made on their first tick, freed when it
+ * hangs up; client A's stream 7 and client B's stream 7 are two windows, and no request of
+ * one client can reach another's. A stream id ≥ `streams` is BAD_INPUT (the message says the
+ * range). A request whose `flags` hold HWB_SHM_FLAG_RESET empties its stream's window first
+ * (in_count 0: a reset alone, answered OK without outputs; hwb_shm_reset_stream()); a new
+ * connection starts with every window empty. A whole-input endpoint refuses flags and stream
+ * ids other than 0 (BAD_INPUT). Clients of another version are refused at attach
+ * (E_VERSION): a version 4 client would feed every tick into stream 0 without knowing it.
  *
  * WAITING. The client spins (spin_ns, default 50 µs) re-reading resp, then sleeps on a futex
  * in ≤ 10 ms steps, checking between steps that the server's connection is still open: a dead
@@ -137,7 +149,7 @@ extern "C" {
 #endif
 
 #define HWB_SHM_MAGIC 0x00004D4853425748ULL /* "HWBSHM\0\0" little-endian */
-#define HWB_SHM_VERSION 4u /* 4: sliding endpoints (header sliding/window, slot flags) */
+#define HWB_SHM_VERSION 5u /* 4: sliding endpoints (header sliding/window, slot flags); 5: streams */
 #define HWB_SHM_HEADER_BYTES 256u
 #define HWB_SHM_SLOT_CTL 256u
 #define HWB_SHM_MSG 192u
@@ -197,9 +209,10 @@ typedef struct {
     uint64_t generation;
     uint32_t sliding; /* HWB_SHM_WHOLE_INPUT or HWB_SHM_ONE_TICK */
     uint32_t window;  /* ONE_TICK: the window's length in ticks (in_shape is one tick's); else 0 */
-    uint8_t _pad1[128 - 120];
+    uint32_t streams; /* ONE_TICK: windows per client (stream ids 0 .. streams-1); else 0 */
+    uint8_t _pad1[128 - 124];
     /* words the server updates (clients only read them), on their own cache line */
-    uint32_t state, _unused, server_sleeping, _pad2;
+    uint32_t state, windows, server_sleeping, _pad2; /* windows: alive now (sliding) */
     uint64_t heartbeat_ns, served, bad_payloads, deadline_missed, detached, errors;
     uint8_t _pad3[256 - 192];
 } hwb_shm_header;
@@ -210,7 +223,8 @@ typedef struct {
     uint32_t in_count;
     int64_t deadline_ns;
     uint32_t msg_len;
-    uint8_t _pad[64 - 36];
+    uint32_t stream; /* a sliding endpoint: this client's window the tick is for (0: whole input) */
+    uint8_t _pad[64 - 40];
     char msg[HWB_SHM_MSG];
 } hwb_shm_slot;
 
@@ -246,6 +260,7 @@ typedef struct {
     size_t hdr_size, slot_size;
     float *in, *out;
     uint32_t seq, in_count, out_count;
+    uint32_t streams;          /* a sliding endpoint's windows per client (0: whole inputs) */
     int sock, slot_index, err;
     int32_t server_pid;
     int64_t spin_ns;    /* busy-poll budget before sleeping (default 50 µs) */
@@ -489,6 +504,7 @@ static inline int hwb_shm_attach_as(hwb_shm_client *c, const char *name, unsigne
     c->in_count = c->hdr->in_count;
     c->out_count = c->hdr->out_count;
     c->out = c->in + c->in_count;
+    c->streams = c->hdr->sliding ? c->hdr->streams : 0u;
     c->server_pid = (int32_t)cred.pid;
     c->seq = 0;
     return 0;
@@ -560,12 +576,14 @@ static inline void hwb_shm__ring(hwb_shm_client *c) {
     }
 }
 
-/* One request with flags (HWB_SHM_FLAG_*; 0 for a plain call): in[n_in] → out[n_out].
- * deadline_ns: relative budget (≤ 0: none, the client's timeout_ns applies). Returns
- * HWB_SHM_OK (out written) or another status; out is untouched unless the status is
- * HWB_SHM_OK. n_in 0 with HWB_SHM_FLAG_RESET: a reset alone (out untouched). */
-static inline int hwb_shm_call(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
-                               uint32_t n_out, int64_t deadline_ns, uint32_t flags) {
+/* One request for `stream` (0 unless the endpoint is sliding) with flags (HWB_SHM_FLAG_*; 0
+ * for a plain call): in[n_in] → out[n_out]. deadline_ns: relative budget (≤ 0: none, the
+ * client's timeout_ns applies). Returns HWB_SHM_OK (out written) or another status; out is
+ * untouched unless the status is HWB_SHM_OK. n_in 0 with HWB_SHM_FLAG_RESET: a reset alone
+ * (out untouched). The server checks `stream` (BAD_INPUT, with the range, when out of it). */
+static inline int hwb_shm_call_stream(hwb_shm_client *c, uint32_t stream, const float *in,
+                                      uint32_t n_in, float *out, uint32_t n_out,
+                                      int64_t deadline_ns, uint32_t flags) {
     hwb_shm_slot *s = c->slot;
     int64_t t0, until;
     uint32_t seq, st;
@@ -577,6 +595,7 @@ static inline int hwb_shm_call(hwb_shm_client *c, const float *in, uint32_t n_in
     until = deadline_ns > 0 ? t0 + deadline_ns : t0 + c->timeout_ns;
     if (n_in) memcpy(c->in, in, (size_t)n_in * 4u);
     HWB_STORE_RLX(&s->flags, flags);
+    HWB_STORE_RLX(&s->stream, stream);
     HWB_STORE_RLX(&s->in_count, n_in);
     HWB_STORE_RLX(&s->deadline_ns, deadline_ns > 0 ? until : (int64_t)0);
     /* one past what stands in req: never the sequence the server answered last, even after
@@ -592,17 +611,37 @@ static inline int hwb_shm_call(hwb_shm_client *c, const float *in, uint32_t n_in
     return (int)st;
 }
 
-/* One sample (a whole input, or one tick of a sliding endpoint): hwb_shm_call without flags. */
+/* hwb_shm_call_stream on stream 0. */
+static inline int hwb_shm_call(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
+                               uint32_t n_out, int64_t deadline_ns, uint32_t flags) {
+    return hwb_shm_call_stream(c, 0u, in, n_in, out, n_out, deadline_ns, flags);
+}
+
+/* One sample (a whole input, or one tick of a sliding endpoint's stream 0): hwb_shm_call
+ * without flags. */
 static inline int hwb_shm_predict(hwb_shm_client *c, const float *in, uint32_t n_in, float *out,
                                   uint32_t n_out, int64_t deadline_ns) {
     return hwb_shm_call(c, in, n_in, out, n_out, deadline_ns, 0u);
 }
 
-/* Sliding endpoints: empty the server's window (a new session or day); the next tick's
- * answer is the model on [0, ..., 0, x]. Also done for every new connection. */
-static inline int hwb_shm_reset(hwb_shm_client *c, int64_t deadline_ns) {
+/* Sliding endpoints: one tick (in_count floats) into this client's window `stream` (0 ..
+ * c->streams-1, e.g. one per symbol), its answer (out_count floats) into y. */
+static inline int hwb_shm_push(hwb_shm_client *c, uint32_t stream, const float *x, float *y,
+                               int64_t deadline_ns) {
+    return hwb_shm_call_stream(c, stream, x, c->in_count, y, c->out_count, deadline_ns, 0u);
+}
+
+/* Sliding endpoints: empty this client's window `stream` (a new session or day); its next
+ * tick's answer is the model on [0, ..., 0, x]. Every window of a new connection is empty. */
+static inline int hwb_shm_reset_stream(hwb_shm_client *c, uint32_t stream, int64_t deadline_ns) {
     float none = 0.0f;
-    return hwb_shm_call(c, &none, 0u, &none, c->out_count, deadline_ns, HWB_SHM_FLAG_RESET);
+    return hwb_shm_call_stream(c, stream, &none, 0u, &none, c->out_count, deadline_ns,
+                               HWB_SHM_FLAG_RESET);
+}
+
+/* hwb_shm_reset_stream on stream 0. */
+static inline int hwb_shm_reset(hwb_shm_client *c, int64_t deadline_ns) {
+    return hwb_shm_reset_stream(c, 0u, deadline_ns);
 }
 
 #ifdef __cplusplus
