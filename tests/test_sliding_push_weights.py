@@ -92,6 +92,7 @@ def test_reduced_push_is_within_its_family_tolerance_of_the_fp32_window(kind, is
     sl = cm.artifact.meta["sliding"]
     assert sl["form"] == "incremental" and sl["push_weights"] == kind
     assert sl["push_gate"]["violations"] == [] and sl["push_gate"]["tolerance"] == GATED_AT[kind]
+    assert cm.variant == f"cpu.native:fp32+push={kind}"  # its own variant, not the fp32 one
     kind = GATED_AT[kind]  # the precision whose family tolerance judges it
     xs = np.random.default_rng(4).normal(0, 1.5, (90, 5)).astype(np.float32)
     resets = {40}
