@@ -1,4 +1,4 @@
-"""The store's build cache and build lock (issue 21): what a second build of an FPGA design
+"""The store's build cache and build lock: what a second build of an FPGA design
 costs with them. For each case, in one fresh store: the first compile (everything built), then
 the same variant again after evicting its artifact (what a corrupted or evicted entry costs:
 the build cache serves the C-sim library / Verilator model), then a retrained model (same

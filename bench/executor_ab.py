@@ -1,4 +1,4 @@
-"""The hot path before and after a change of the Executor contract, in one run (issue 21 #1).
+"""The hot path before and after a change of the Executor contract, in one run.
 
 Interleaved rounds (A B C A B C …, so the noise of a shared machine hits all alike) of:
   raw     the library's documented calls (LiteRT set_tensor/invoke/get_tensor; ORT sess.run)

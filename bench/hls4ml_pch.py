@@ -1,4 +1,4 @@
-"""fpga.hls4ml's precompiled header (issue 21): precision='auto' compiles with and without it.
+"""fpga.hls4ml's precompiled header: precision='auto' compiles with and without it.
 
 Each case compiles in a fresh store of its own (so neither run reuses the other's libraries from
 the build cache), without the PCH (``HWB_HLS4ML_PCH=0``) and with it, one after the other.

@@ -1,5 +1,5 @@
-"""cpu.native against LiteRT (the ultra tier's previous winner) in one run, interleaved
-(issue 22's goals): ``predict_into`` per call from Python, timer included, for the signal MLP
+"""cpu.native against LiteRT (the ultra tier's previous winner) in one run, interleaved:
+``predict_into`` per call from Python, timer included, for the signal MLP
 and the zoo mlp/conv1d/lstm; the same model's C ABI from C++ (examples/native_strategy.cpp);
 the compile time of a fresh build.
 

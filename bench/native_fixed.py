@@ -1,5 +1,5 @@
-"""cpu.native ``fixed`` against fpga.hls4ml's C-simulation at the same precision (issue 22:
-bit-exact, ≥ 20× faster per sample): both compiled through the public API for the zoo signal
+"""cpu.native ``fixed`` against fpga.hls4ml's C-simulation at the same precision
+(bit-exact, ≥ 20× faster per sample): both compiled through the public API for the zoo signal
 model, checked bit-exact on the timed inputs, then timed per batch-1 ``predict_into`` call
 (timer included), interleaved in blocks of ``--block`` calls for ``--rounds`` rounds so a
 shared machine's noise hits both alike. Reported: p50 / p99 per target and the p50 ratio.

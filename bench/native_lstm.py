@@ -1,4 +1,4 @@
-"""cpu.native on the LSTM_A-shaped zoo model (issue 35's goals): the full window
+"""cpu.native on the LSTM_A-shaped zoo model: the full window
 (``predict_into``, STAC's Sumaco scenario) against cpu.onnxruntime, interleaved in one run,
 and the sliding window's ``push_into`` and ``prepare`` (Tacana's) from Python, plus the C++
 example's own timing of ``hwb_model_push`` through the exported C ABI.

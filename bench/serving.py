@@ -1,4 +1,4 @@
-"""Serving benchmark (issue 6): in-process vs shared-memory vs gRPC round trip, batch-1 vs
+"""Serving benchmark: in-process vs shared-memory vs gRPC round trip, batch-1 vs
 micro-batched under several offered loads, cache-hit latency. One run, medians and ratios.
 
     HWB_CACHE_DIR=/tmp/hwbstore .venv/bin/python bench/serving.py [--quick]

@@ -1,4 +1,4 @@
-"""Shared-memory endpoint latency (issue 12), in one run: the direct call vs the in-process
+"""Shared-memory endpoint latency, in one run: the direct call vs the in-process
 engine vs shm from another process (Python client, C++ client), single stream and open-loop
 tick replay at several rates. Percentiles of the open loop count from the *scheduled* arrival
 (a call that queued behind a slow one is charged the wait: no coordinated omission).
@@ -9,7 +9,7 @@ The shm server runs in this process (direct mode: its polling thread runs each r
 clients run in child processes. Rounds of the single-stream rows are interleaved, so a
 neighbour's load on a shared machine hits every row alike.
 
-``--native`` (issue 22) adds a second server over ``cpu.native``, whose C loop calls the
+``--native`` adds a second server over ``cpu.native``, whose C loop calls the
 generated model function itself without the GIL (``*_nat`` rows, beside the LiteRT ones in the
 same interleaved rounds), and prints the native/LiteRT ratios.
 """

@@ -4,9 +4,12 @@
 call (the floor); then the answers: max |push − predict_into on the window| over N ticks; and
 the same push from C++ (examples/sliding_push.cpp --bench) when g++ can build it.
 
-``--push-weights fast,bf16,int8`` (the default; ``""`` for none) adds, per model with an
+``--push-weights fast,bf16,f16,int8`` (the default; ``""`` for none) adds, per model with an
 incremental recurrent push, cpu.native variants compiled with that ``push_weights`` option
-(``fast``: fp32 weights with ``push_gates="fast"``), where this CPU has the feature: their push and prepare timed in the same interleaved rounds, their answers
+(``fast``: fp32 weights with ``push_gates="fast"``; ``bf16``, ``f16``, ``int8``; a suffix
+``@<isa>`` builds it for that ``isa`` option, e.g. ``int8@x86-64-v3`` for the AVX2 forms on an
+AVX-512 CPU, ``fp32@x86-64-v3`` the exact push beside them), where this CPU has the
+feature: their push and prepare timed in the same interleaved rounds, their answers
 against the fp32 window (they are not bit-equal: gated by their family's tolerance at compile),
 and all of a model's pushes from C++ in one process, interleaved in blocks
 (bench/sliding_push_weights.cpp, each library dlopen'ed on its own).
@@ -17,7 +20,7 @@ strategy's own timing would be); the callables take turns in blocks of ``--block
 (cycled from 4,096 seeded ones), never one tick repeated.
 
     .venv/bin/python bench/sliding.py [--rounds 20] [--block 1000] [--ticks 10000]
-        [--models lstm,conv1d,lstm_a,lstm_b] [--push-weights fast,bf16,int8] [--quick]
+        [--models lstm,conv1d,lstm_a,lstm_b] [--push-weights fast,bf16,f16,int8] [--quick]
 """
 from __future__ import annotations
 
@@ -110,7 +113,10 @@ def push_weights_variants(hwb, name: str, nat, kinds: list[str]) -> tuple[dict, 
             "sliding", {}).get("stream"):
         return got, [f"{name}: push_weights needs an incremental recurrent push; left out"]
     for kind in kinds:
-        opts = {"push_gates": "fast"} if kind == "fast" else {"push_weights": kind}
+        base, _, isa = kind.partition("@")  # int8@x86-64-v3: the AVX2 forms on an AVX-512 CPU
+        opts = {"push_gates": "fast"} if base == "fast" else {} if base == "fp32" else {"push_weights": base}
+        if isa:
+            opts["isa"] = isa
         try:
             got[kind] = hwb.compile(f"zoo:{name}", "cpu.native", "fp32", options=opts)
         except HwbError as exc:
@@ -170,9 +176,10 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=1000)
     ap.add_argument("--ticks", type=int, default=10_000, help="ticks of the answer check")
     ap.add_argument("--models", default="lstm,conv1d,lstm_a,lstm_b")
-    ap.add_argument("--push-weights", default="fast,bf16,int8",
+    ap.add_argument("--push-weights", default="fast,bf16,f16,int8",
                     help="cpu.native push_weights variants to add per recurrent model (fast: fp32 "
-                         "with push_gates='fast'; '' for none)")
+                         "with push_gates='fast'; KIND@ISA: built for that isa option, e.g. "
+                         "int8@x86-64-v3; '' for none)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 3 rounds × 100 calls, 300 ticks checked, lstm and conv1d "
                          "only unless --models is given")

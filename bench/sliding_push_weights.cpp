@@ -1,4 +1,4 @@
-// The sliding push of several cpu.native libraries of one model (push_weights fp32 / bf16 / int8)
+// The sliding push of several cpu.native libraries of one model (push_weights fp32 / bf16 / f16 / int8, any isa)
 // timed interleaved in one C++ process (bench/sliding.py --push-weights builds and runs it).
 //
 //   g++ -O2 -std=c++17 bench/sliding_push_weights.cpp -ldl -o push_weights

@@ -30,8 +30,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def closed_loop(ws, steps: np.ndarray, ticks: int, k0: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Round-robin ticks over ``ws``'s windows: push ns, prepare ns, and the wall seconds."""
+def closed_loop(ws, steps: np.ndarray, ticks: int, k0: int,
+                hist: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """Round-robin ticks over ``ws``'s windows: push ns, prepare ns, and the wall seconds
+    (``hist``: each window's step indices, appended outside the timed calls)."""
     n = ws.streams
     out = np.zeros(ws.output_shape, np.float32)
     push = np.zeros(ticks, np.int64)
@@ -47,10 +49,12 @@ def closed_loop(ws, steps: np.ndarray, ticks: int, k0: int) -> tuple[np.ndarray,
         ws.prepare()
         prep[t] = clock() - t1
         push[t] = t1 - t0
+        if hist is not None:
+            hist[t % n].append((k0 + t) % k)
     return push, prep, (clock() - start) / 1e9
 
 
-def many_loop(ws, steps: np.ndarray, rounds: int) -> np.ndarray:
+def many_loop(ws, steps: np.ndarray, rounds: int, hist: list[list[int]]) -> np.ndarray:
     """``push_many`` of every window's tick, then the prepares: ns per call."""
     n = ws.streams
     ids = np.arange(n, dtype=np.int64)
@@ -58,22 +62,25 @@ def many_loop(ws, steps: np.ndarray, rounds: int) -> np.ndarray:
     took = np.zeros(rounds, np.int64)
     clock = time.perf_counter_ns
     for r in range(rounds):
-        xs = np.ascontiguousarray(steps[(r * n + ids) % len(steps)])
+        idx = (r * n + ids) % len(steps)
+        xs = np.ascontiguousarray(steps[idx])
         t0 = clock()
         ws.push_many(ids, xs, outs)
         took[r] = clock() - t0
         ws.prepare()
+        for i, j in enumerate(idx.tolist()):
+            hist[i].append(j)
     return took
 
 
-def check_answers(cm, ws, steps: np.ndarray, ticks: int, k0: int) -> float:
+def check_answers(cm, ws, steps: np.ndarray, hist: list[list[int]]) -> float:
     """Each window's answer to one more tick against predict_into on its own last ticks."""
     n, t = ws.streams, cm.input.shape[0]
     worst = 0.0
     out = np.zeros(ws.output_shape, np.float32)
     for i in range(n):
-        mine = [steps[(k0 + j) % len(steps)] for j in range(ticks) if j % n == i][-(t - 1):]
-        x = steps[(k0 + ticks + i) % len(steps)]
+        mine = [steps[j] for j in hist[i][-(t - 1):]]
+        x = steps[(7 * i + 1) % len(steps)]
         ws.push_into(i, x, out)
         win = np.zeros(cm.input.shape, np.float32)
         seq = [*mine, x][-t:]
@@ -131,9 +138,10 @@ def main() -> int:
     for label, cm in variants:
         stats: dict[int, list] = {n: [] for n in nmis}
         sets = {n: cm.sliding(streams=n, auto_prepare=False) for n in nmis}
+        hists = {n: [[] for _ in range(n)] for n in nmis}
         for r in range(args.rounds):
             for n in nmis:
-                stats[n].append(closed_loop(sets[n], steps, args.ticks, r * args.ticks))
+                stats[n].append(closed_loop(sets[n], steps, args.ticks, r * args.ticks, hists[n]))
         print(f"\n{cm.variant if hasattr(cm, 'variant') else label} [{label}]")
         print(f"{'NMI':>4} {'push p50':>9} {'p99':>7} {'p99.9':>7} {'prepare p50':>12} {'p99':>7} "
               f"{'ticks/s/core':>13} {'push_many/tick':>15} {'max err':>8}")
@@ -141,8 +149,8 @@ def main() -> int:
             push = np.concatenate([s[0] for s in stats[n]])
             prep = np.concatenate([s[1] for s in stats[n]])
             rate = len(push) / sum(s[2] for s in stats[n])
-            many = many_loop(sets[n], steps, max(50, args.ticks // n))
-            err = check_answers(cm, sets[n], steps, args.ticks, (args.rounds - 1) * args.ticks)
+            many = many_loop(sets[n], steps, max(50, args.ticks // n), hists[n])
+            err = check_answers(cm, sets[n], steps, hists[n])
             print(f"{n:>4} {pct(push, 50):>8.2f}µ {pct(push, 99):>6.2f}µ {pct(push, 99.9):>6.2f}µ "
                   f"{pct(prep, 50):>11.1f}µ {pct(prep, 99):>6.1f}µ {rate:>13,.0f} "
                   f"{np.median(many) / 1e3 / n:>14.2f}µ {err:>8.1e}")

@@ -13,7 +13,7 @@ import re
 from typing import Any, NamedTuple
 
 #: The push forms a label may name (``+push=FORM``); fp32 is the plain form and is not named.
-PUSH_FORMS = ("bf16", "fp16", "int8")
+PUSH_FORMS = ("bf16", "f16", "fp16", "int8")
 _PUSH = "+push="
 
 

@@ -1,4 +1,4 @@
-"""Targets for tests/test_cli_data.py's build-cost checks (issue 20 item 9). A module of its
+"""Targets for tests/test_cli_data.py's build-cost checks. A module of its
 own because the compile worker unpickles targets by module name.
 
 - ``fpga.test_slow``: a target that declares ``slow_compile`` (as ``fpga.da4ml`` does); its

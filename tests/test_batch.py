@@ -1,4 +1,4 @@
-"""Models exported with a fixed batch compile and run on every ONNX target (issue 14, item 1)."""
+"""Models exported with a fixed batch compile and run on every ONNX target."""
 from __future__ import annotations
 
 import json

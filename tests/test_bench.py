@@ -232,7 +232,7 @@ def test_cli_bench_writes_results(store_dir, tmp_path, capsys) -> None:
 
 
 def test_cli_bench_writes_results_on_every_exit_path(store_dir, tmp_path, monkeypatch) -> None:
-    """Issue 16 item 11: an interrupted `hwb bench` exited 130 with no results file. Once the
+    """An interrupted `hwb bench` exited 130 with no results file. Once the
     model is loaded the file is written however the run ends: Ctrl-C while the routing
     decisions are computed (after every variant was measured), or an error mid-run."""
     from hwbackends.bench import harness
@@ -286,7 +286,7 @@ validation_data = "v.npy"
 
 
 def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_path) -> None:
-    """Issue 21 #2: `hwb bench --route` loaded, compiled and measured again (the router's
+    """`hwb bench --route` loaded, compiled and measured again (the router's
     own n, interleaved, under another cache key), so the routing in a results file disagreed
     with the profiles beside it. It routes from the records and profiles it just wrote."""
     from hwbackends.cli import main
@@ -311,10 +311,10 @@ def test_bench_route_routes_from_the_profiles_in_the_same_file(store_dir, tmp_pa
 
 
 def test_variant_record_round_trips_and_keeps_newer_keys(compiled, tmp_path) -> None:
-    """The typed variant record (issue 21 #2): to_dict/from_dict round-trip through JSON for
+    """The typed variant record: to_dict/from_dict round-trip through JSON for
     one output and several (one Fidelity with per-output figures); a key a newer writer added
     is written back; a file of the format before (version 1) is refused, saying to re-run
-    `hwb bench` (issue 37 item 10: no readers for older rows)."""
+    `hwb bench`."""
     from hwbackends.fidelity import Fidelity
     from hwbackends.variant import VariantRecord
 
@@ -349,7 +349,7 @@ def test_variant_record_round_trips_and_keeps_newer_keys(compiled, tmp_path) -> 
 
 
 def test_bench_precision_check_takes_what_the_target_accepts(hwb_cli) -> None:
-    """Issue 21 #4: `hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` was refused before any
+    """`hwb bench -p 'ap_fixed<16,6>' -t fpga.hls4ml` was refused before any
     build ("offered by none of fpga.hls4ml") because -p was checked against the listed
     precisions, not Target.accepts. An explicit -p builds exactly what it names."""
     import hwbackends as hwb

@@ -1,4 +1,4 @@
-"""Issue 35 item 3: ``hwb bench -s sliding`` (tick → answer, the prepare apart, the full window
+"""``hwb bench -s sliding`` (tick → answer, the prepare apart, the full window
 in the same run), strategies routed by their scenario, and the report showing both; through
 ``hwb bench`` / ``hwb route`` / ``hwb report`` on zoo:lstm with cpu.native (incremental) and
 cpu.onnxruntime (the recompute fallback)."""

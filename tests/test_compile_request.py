@@ -1,4 +1,4 @@
-"""compile()'s orchestration (issue 21 #5): the caller's Model is never changed, the manifest
+"""compile()'s orchestration: the caller's Model is never changed, the manifest
 has one schema (hwbackends.manifest.Manifest) and a request is one object."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The store's manifest and the compile's reading of the target contract (issue 37, items 3
-and 10): an entry of an older store format is rebuilt, never read with the old key names; the
+"""The store's manifest and the compile's reading of the target contract: an
+entry of an older store format is rebuilt, never read with the old key names; the
 key follows ``Target.version`` read from the class; an executor is closed through one path."""
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_cli_check(tmp_path: Path, capsys) -> None:
     assert "unknown tier 'slow'" in capsys.readouterr().err
 
 
-# -- issue 16 item 10: hostile files ---------------------------------------------------------
+# -- hostile files ---------------------------------------------------------
 def test_long_lines_are_checked_in_linear_time(tmp_path: Path) -> None:
     """A 6,000-space line made `hwb route --check` take 110 s (a backtracking line regex).
     Run in a child with a deadline far above the linear cost and far below the old one."""
@@ -195,7 +195,7 @@ tier = 5
 
 
 def test_check_reports_schema_and_semantic_problems_at_once(tmp_path: Path, capsys) -> None:
-    """Issue 20 item 12: an unknown key hid every other problem of the file until it was
+    """An unknown key hid every other problem of the file until it was
     fixed (the schema stopped the check); now `--check` lists them all in one run."""
     from hwbackends.cli import main
 
@@ -232,7 +232,7 @@ targets = ["cpu.litert"]
 
 
 def test_fpga_fixed_point_precisions_are_accepted(tmp_path: Path) -> None:
-    """Issue 21 #4: ``precisions = ["ap_fixed<16,6>"]`` (and a pin at it) was refused because
+    """``precisions = ["ap_fixed<16,6>"]`` (and a pin at it) was refused because
     the check asked the listed precisions, while ``hwb compile`` takes any ap_fixed<W,I>
     fpga.hls4ml accepts. Refused only when no allowed target accepts it, naming the rule."""
     text = GOOD.replace('targets = ["cpu.*", "fpga.*"]',

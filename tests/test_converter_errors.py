@@ -1,4 +1,4 @@
-"""Item 5 of issue 34: a converter from another library that fails on a model comes back from
+"""A converter from another library that fails on a model comes back from
 ``hwb compile`` as an HwbError (exit 1, docs/cli.md) naming the converter, the op, the
 library's own message and what to do — never a traceback. Each model here really makes that
 converter fail (or, for ONNX Runtime's quantiser, used to), built in the test."""

@@ -187,7 +187,7 @@ def test_the_executor_found_at_load_decides_the_mode(zoo_model, tmp_path):
 
 
 def test_machine_isa_names_the_host_instruction_set_for_toolchain_keys():
-    """Issue 20 #13: a native-code plugin keys its artifacts on the host ISA."""
+    """A native-code plugin keys its artifacts on the host ISA."""
     import platform
 
     from hwbackends import machine
@@ -205,8 +205,8 @@ def test_machine_isa_names_the_host_instruction_set_for_toolchain_keys():
 
 
 def test_fidelity_round_trips_through_json_for_one_output_and_several():
-    """A results file or a fleet node's answer rebuilds the same Fidelity (issue 21 #2: `hwb
-    route --fleet-results` crashed on a multi-output model's `Fidelity(**d)`)."""
+    """A results file or a fleet node's answer rebuilds the same Fidelity,
+    a multi-output model's too (`hwb route --fleet-results` reads them)."""
     import json
 
     from hwbackends.fidelity import Fidelity, compare

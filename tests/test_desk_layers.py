@@ -1,4 +1,4 @@
-"""The layers desks use, on cpu.native (issue 34, build item 2): causal/left padding, time
+"""The layers desks use, on cpu.native: causal/left padding, time
 slices, channels-first torch through transposes, residual adds, LayerNormalization, GELU,
 stacked and bidirectional LSTM/GRU, multi-head self-attention. Each family is drawn by
 Hypothesis (shapes, paddings, dilations, heads; a few examples each), compiled through the

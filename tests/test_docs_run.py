@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md, run as written (issue 20 #10).
+"""Every code block of README.md and docs/*.md, run as written.
 
 * ```python blocks and shell lines run in a scratch directory holding the files the docs name
   (model.keras, x.npy, two_head.pt2, model.json + params.h5, net.pt, examples/,
@@ -12,7 +12,7 @@
   line. ``hwb serve`` lines run as a process of their own and are stopped with SIGTERM as soon
   as they print their endpoints (they would serve until Ctrl-C).
 * ```python blocks run the same way: in this process, as ``__main__``, in their scratch
-  directory, stdout captured (issue 21 #8: the subprocess per block cost ~15 s of imports).
+  directory, stdout captured.
 
 A new doc line runs by default, in the fast part. Lines that compile or measure are in
 :data:`SLOW` (``-m slow``); lines that cannot run here as written (another machine, an
@@ -117,6 +117,12 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/serving.md", "--tls-cert c.pem"): (
         "needs your TLS certificate, key and token files and fixed ports 50051/9464 (a shared "
         "machine); tests/test_serve_cli.py serves TLS + token gRPC, shm and metrics on free ports"),
+    ("docs/serving.md", "import numpy as np, tritonclient.grpc"): (
+        "Triton's client lives in a venv of its own (it pins protobuf < 7); "
+        "tests/test_serve_oip_clients.py makes these calls against hwb serve"),
+    ("docs/serving.md", "--http 8000 --grpc-port 8001 --sequences 64 --insecure-loopback"): (
+        "fixed ports 8000/8001 (a shared machine); tests/test_serve_oip_clients.py serves "
+        "--http, --grpc-port and --sequences on free ports"),
     ("README.md", "hwb compare base.json"): (
         "needs a baseline results file of an earlier run; tests/test_cli_conventions.py "
         "compares real bench runs through hwb compare"),

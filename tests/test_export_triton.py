@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from triton_tools import libb64
 
 pytestmark = pytest.mark.slow
 
@@ -231,34 +232,12 @@ def test_triton_loads_answers_batches_and_rejects(server, repository, zoo_model)
     assert any(c == 200 for c, _ in burst)
 
 
-def _libb64(env_dir: Path) -> Path | None:
-    """A directory holding libb64.so.0d: the system's, or Debian's package unpacked here."""
-    if "libb64.so.0d" in subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout:
-        return None
-    lib = env_dir / "libb64" / "usr" / "lib" / "x86_64-linux-gnu"
-    if (lib / "libb64.so.0d").exists():
-        return lib
-    dl = env_dir / "libb64-deb"
-    dl.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["apt-get", "download", "libb64-0d"], cwd=dl, capture_output=True, text=True)
-    if r.returncode and os.geteuid() == 0:  # a fresh machine has no package lists yet
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300)
-        r = subprocess.run(["apt-get", "download", "libb64-0d"], cwd=dl, capture_output=True,
-                           text=True)
-    debs = sorted(dl.glob("libb64-0d_*.deb"))
-    if r.returncode or not debs:
-        pytest.skip(f"perf_analyzer needs libb64-0d (not installed; apt-get download failed: "
-                    f"{r.stderr.strip()[-200:]})")
-    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(env_dir / "libb64")], check=True)
-    return lib
-
-
 def test_perf_analyzer_beside_our_prediction(server, repository, triton_env, tmp_path, record_property):
     pa = triton_env["venv"] / "bin" / "perf_analyzer"
     if not pa.exists():
         pytest.skip(f"no perf_analyzer in {triton_env['venv']} (tritonclient 2.51's wheel ships it)")
     libs = [str(triton_env["site"] / "nvidia" / "cuda_runtime" / "lib")]
-    b64 = _libb64(triton_env["dir"])
+    b64 = libb64(triton_env["dir"])
     if b64:
         libs.append(str(b64))
     out = tmp_path / "pa.csv"

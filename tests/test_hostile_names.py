@@ -1,4 +1,4 @@
-"""A model file is data, never code (issue 33 #1): hostile layer, node, tensor and model names
+"""A model file is data, never code: hostile layer, node, tensor and model names
 go through every generator, and nothing of them runs.
 
 Each name carries a payload that, if it became code, would run ``touch <MARK>`` as the user
@@ -50,11 +50,11 @@ def _oct(text: str) -> str:
 CMD = _oct(f"touch {MARK}")
 GUARD = "#ifndef HWB_PWN\n#define HWB_PWN\n{body}\n#endif\n"
 PAYLOADS = {
-    # closes a /* */ comment (cpu.native's per-layer comment before issue 33)
+    # closes a /* */ comment (cpu.native's per-layer comment)
     "comment": f'*/ __attribute__((constructor)) static void hwb_pwn(void) {{ system("{CMD}"); }} /*',
     # ends a // comment or a typedef line (hls4ml's writer), once however often it is pasted
     "line": "x;\n" + GUARD.format(body=f'static int hwb_pwn = system("{CMD}");') + "int y",
-    # closes a string literal (the header's HWB_MODEL_NAME before issue 33)
+    # closes a string literal (the header's HWB_MODEL_NAME)
     "quote": '";\n' + GUARD.format(body=f'__attribute__((constructor)) static void hwb_pwn(void) '
                                         f'{{ system("{CMD}"); }}') + 'static const char *hwb_q = "',
     # a Python literal or docstring

@@ -1,4 +1,4 @@
-"""The compile worker (issue 16 items 2, 4, 11): replies matched to requests, private logs,
+"""The compile worker: replies matched to requests, private logs,
 no temp files or processes left behind after a success, a failure, a timeout or Ctrl-C."""
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_worker_log_is_private_unpredictable_and_removed():
         assert w.run(print, "hello from the worker", flush=True, timeout=60, what="job") is None
         assert w.log_fd is not None and not os.fstat(w.log_fd).st_mode & 0o077
         assert "hello from the worker" in w._get_log(0)
-        # no name on disk while it runs: nothing is left however the process ends (issue 20 #11)
+        # no name on disk while it runs: nothing is left however the process ends
         assert {p.name for p in d.iterdir() if p.name.startswith("worker-")} <= before
         w.kill()
         assert w.log_fd is None

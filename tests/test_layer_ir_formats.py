@@ -1,5 +1,5 @@
-"""The shared layer IR (hwb_plugins/_shared/layer_ir/) from ONNX and torch.export beyond MLPs
-(issue 22): Conv/pooling/Flatten/LSTM/GRU graphs as tf2onnx and torch.onnx write them, and
+"""The shared layer IR (hwb_plugins/_shared/layer_ir/) from ONNX and torch.export beyond MLPs:
+Conv/pooling/Flatten/LSTM/GRU graphs as tf2onnx and torch.onnx write them, and
 torch modules with their own forward (an LSTM's last step, a Conv1d between transposes),
 compiled by cpu.native and checked against ONNX Runtime / torch themselves; what the IR
 cannot hold is refused naming the op and what about it."""

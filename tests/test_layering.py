@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 #: Installed package name → source folder (pyproject's package-dir).
 PACKAGES = {"hwbackends": REPO / "hwbackends", "hwb_plugins": REPO / "hwb_plugins"}
 #: Generated code (grpcio-tools), not written by hand.
-GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc")
+GENERATED = ("hwbackends.serve.proto.signal_pb2", "hwbackends.serve.proto.signal_pb2_grpc",
+             "hwbackends.serve.proto.grpc_service_pb2", "hwbackends.serve.proto.grpc_service_pb2_grpc",
+             "hwbackends.serve.proto.model_config_pb2")
 
 
 @dataclass(frozen=True)

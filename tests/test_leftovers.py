@@ -1,4 +1,4 @@
-"""The session-level leftover check of tests/conftest.py (issue 20 #11): a run whose tests
+"""The session-level leftover check of tests/conftest.py: a run whose tests
 leave a temporary path they made fails, naming the path and the test; a clean run passes and
 removes its private temp directory."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Keras and torch models as users have them (issue 14, item 3)."""
+"""Keras and torch models as users have them."""
 from __future__ import annotations
 
 from pathlib import Path

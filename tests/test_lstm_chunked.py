@@ -1,4 +1,4 @@
-"""cpu.native fp32 LSTM over a long window: the input projections in chunks (issue 35 item 4).
+"""cpu.native fp32 LSTM over a long window: the input projections in chunks.
 
 An LSTM's input projections K·x_t are one blocked product ahead of the time loop, so each step
 reads only the recurrent kernel. A window whose products would not fit the stack bound took

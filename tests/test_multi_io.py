@@ -1,10 +1,10 @@
-"""Models with several inputs and outputs (issue 14, item 4): ``zoo:two_head`` (features (16,)
+"""Models with several inputs and outputs: ``zoo:two_head`` (features (16,)
 + state (4,) → signal (1,) + confidence (1,)) through predict/predict_into on the targets that
 take them, per-output fidelity, clear refusals everywhere else; calibrated int8 with one
 calibration array per input; and serving: the engine (packed, hwbackends.packing), the
 shared-memory endpoint and gRPC, the router (tuples on the hot path, failover, deadline
 workers) and the benchmark harness, every answer checked against the model's own reference
-for *its* input. (Merged from test_multi_io_int8.py and test_multi_io_serving.py, issue 21 #1.)"""
+for *its* input."""
 from __future__ import annotations
 
 import concurrent.futures as cf

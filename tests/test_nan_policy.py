@@ -1,4 +1,4 @@
-"""The NaN rule (issue 33 #7, docs/targets.md "NaN and Inf"): ``nan_policy='reject'`` (the
+"""The NaN rule: ``nan_policy='reject'`` (the
 default) refuses NaN/Inf in ``predict``; with ``nan_policy='pass'`` and on ``predict_into``
 (never checked: the hot path), a non-finite input never becomes a finite answer on a float
 target. cpu.native (fp32, int8) writes NaN to every output of such a sample, whatever its

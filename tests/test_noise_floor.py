@@ -1,4 +1,4 @@
-"""Issue 35 item 5: every open-loop scenario (server, burst) also runs the same loop over a
+"""Every open-loop scenario (server, burst) also runs the same loop over a
 no-op in the same run and reports that floor beside its figures; the measured thread gets a
 core of its own when there are two."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The output kind is declared, and inferred only as a printed default (issue 34 build item 4).
+"""The output kind is declared, and inferred only as a printed default.
 
 A regression whose outputs happen to lie in [0, 1] was judged as probabilities (``> 0.5``
 agreement, trivially 1.0) and a ``sign_min`` in its tolerance was skipped without a word.

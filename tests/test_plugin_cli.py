@@ -1,4 +1,4 @@
-"""Issue 21 #3: plugins add their own ``hwb`` commands (hook ``hwb_cli_commands``); the core's
+"""Plugins add their own ``hwb`` commands (hook ``hwb_cli_commands``); the core's
 command line names none. ``hwb fpga-trace`` is the fpga.hls4ml plugin's. A plugin whose hook
 raises, or that takes a name already used, is reported and skipped: ``hwb`` keeps working."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real models and a newcomer's first hour (issue 20): model shapes users actually have — a
+"""Real models and a newcomer's first hour: model shapes users actually have — a
 Keras 2 functional JSON (hls4ml's KERAS_1layer), one input with two outputs, a PyTorch MLP on
 the da4ml FPGA target, BatchNormalization before a softmax on hls4ml (its compile is
 the jet tagger's in test_fpga_classifiers.py), a model whose output

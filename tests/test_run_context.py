@@ -1,4 +1,4 @@
-"""One context for a run (issue 37 item 8) and one variant label (item 9), through the API
+"""One context for a run and one variant label, through the API
 a caller touches: ``bench_model(context=)``, ``Router``'s lanes, ``label``/``parse_label``.
 
 The bench tests run a test plugin's instant target (``fpga.test_batchfree``) in a registry of

@@ -132,7 +132,7 @@ def _serve_info(monkeypatch, capsys, *extra: str) -> tuple[dict, str]:
 
 
 def test_hwb_serve_default_for_one_batch1_program_is_direct_shm(monkeypatch, capsys):
-    # issue 20 #8: the default preset was 'latency' (batch mode): p50 191 µs vs 2 µs direct
+    # the default preset was 'latency' (batch mode): p50 191 µs vs 2 µs direct
     info, err = _serve_info(monkeypatch, capsys)
     assert info["preset"] == "single" and info["shm_mode"] == "direct"
     assert "warning" not in err

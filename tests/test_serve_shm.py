@@ -1,7 +1,7 @@
 """Shared-memory endpoint: in-process and cross-process round trips against a real compiled
 model, batching across clients, a client killed mid-request, a server that dies, stale
-servers, owner-only files, another user refused, stray writes, rogue payloads. The attacks of
-issue 19 (header, other slots, planted endpoints) are in test_shm_trust.py."""
+servers, owner-only files, another user refused, stray writes, rogue payloads. The attacks
+on the header, other slots and planted endpoints are in test_shm_trust.py."""
 from __future__ import annotations
 
 import ctypes
@@ -301,7 +301,7 @@ def test_a_live_servers_name_is_refused(server, litert):
 
 
 def test_a_stale_server_never_removes_a_newer_servers_files(linear_server):
-    """Issue 16 #8: the old server's close() once removed a newer server's segment."""
+    """The old server's close() once removed a newer server's segment."""
     import shutil
     name = linear_server.name
     shutil.rmtree(linear_server.dir)  # someone wipes the directory under a live server
@@ -313,7 +313,7 @@ def test_a_stale_server_never_removes_a_newer_servers_files(linear_server):
                 np.testing.assert_allclose(c.predict(np.ones(32, np.float32)),
                                            [np.linspace(-1, 1, 32).sum()], atol=1e-5)
             assert (newer.dir / "sock").exists()
-            # issue 19 #11: the stale close() left the newer server's server.lock, so a third
+            # the stale close() left the newer server's server.lock, so a third
             # server is still refused beside the live one
             assert (newer.dir / "server.lock").exists()
             with pytest.raises(ConfigError, match="served by a live process"):
@@ -346,7 +346,7 @@ shm.ShmClient(sys.argv[1])
 
 
 def test_plain_shared_memory_attach_or_a_crashing_client_leaves_the_segment(linear_server):
-    """Issue 16 #8: Python's resource tracker unlinked the server's segment when a process that
+    """Python's resource tracker unlinked the server's segment when a process that
     attached with SharedMemory(name), or crashed inside ShmClient(), exited."""
     p = _py(ATTACH_PLAIN, linear_server.name)
     out, err = p.communicate(timeout=60)
@@ -361,7 +361,7 @@ def test_plain_shared_memory_attach_or_a_crashing_client_leaves_the_segment(line
 
 
 def test_a_stray_write_to_the_request_counter_does_not_wedge_the_client(linear_server):
-    """Issue 16 #6: the client resynchronises its sequence after a timeout."""
+    """The client resynchronises its sequence after a timeout."""
     x = np.ones(32, np.float32)
     want = x[None] @ Linear.w
     with ShmClient(linear_server.name, timeout_s=0.5) as c:
@@ -458,7 +458,7 @@ class Probe(Linear):
 
 
 def test_direct_mode_never_runs_the_executor_beside_the_serving_thread():
-    """Issue 16 #3 for the shm path: the polling thread and the engine's serving thread take
+    """The shm path: the polling thread and the engine's serving thread take
     turns on one executor (Engine.run_direct holds the engine's executor lock)."""
     probe = Probe()
     eng = Engine(probe, EngineConfig.preset("single", warmup=1)).start()

@@ -1,4 +1,4 @@
-"""The shm server's native fast path (issue 22): a cpu.native variant served in direct mode is
+"""The shm server's native fast path: a cpu.native variant served in direct mode is
 run by the C poll loop through the executor's native entry, without the GIL. Its answers,
 statuses and counters are the Python path's; a swap to a variant without an entry (LiteRT)
 and the rollback switch paths; a C entry that fails gives an error status, never an answer;

@@ -1,4 +1,4 @@
-"""Issue 21 #6: serving outcomes travel as one ``Status`` enum whose values are hwb_shm.h's
+"""Serving outcomes travel as one ``Status`` enum whose values are hwb_shm.h's
 codes, read from the C extension; the field offsets Python uses are the header's offsetof.
 
 The C side is checked independently of the extension: a small program compiled here against

@@ -1,4 +1,4 @@
-"""Issue 16, request correctness: each test reproduces one finding and shows it fixed.
+"""Each test reproduces one finding and shows it fixed.
 
 3. swapping in a backend that is already serving never runs its executor on two threads;
 5. a router lane with ``timeout_us`` never hands a call another call's reply;

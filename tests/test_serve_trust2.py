@@ -1,4 +1,4 @@
-"""Issue 19, serving trust: each test reproduces one finding and shows it fixed.
+"""Each test reproduces one finding and shows it fixed.
 
 7. the inference cache never stores one version's output under another version's key (swap,
    then rollback, while a request is in flight);

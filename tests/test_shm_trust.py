@@ -1,4 +1,4 @@
-"""Issue 19 #1-#3, #11 and the shm minors: nothing one client writes reaches another client or
+"""Nothing one client writes reaches another client or
 the server's state, a planted endpoint is refused, and a fuzzing attacker (a second uid in
 the endpoint's group) gets no wrong answer to anyone for 30 s.
 
@@ -446,7 +446,7 @@ def _attack(send, d: Path, pid: int, secs: float) -> None:
 def fuzzed_model(request, tmp_path):
     """(executor, table of inputs and their answers): the exact numpy model through the
     engine's Python path, and zoo:signal's cpu.native variant, which the server's C loop runs
-    without the GIL (issue 22): the garbage reaches its precheck, not Python's."""
+    without the GIL: the garbage reaches its precheck, not Python's."""
     if request.param == "python":
         rng = np.random.default_rng(0)
         x = rng.standard_normal((512, 32)).astype(np.float32)

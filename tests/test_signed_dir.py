@@ -1,6 +1,6 @@
 """The one signed-record-on-disk primitive (hwbackends.signed_dir) and the one private
 directory helper (hwbackends.trust.private_dir), tested directly and through the surfaces
-that use them: ``hwb bench``'s profile cache, the zoo's memo, ``hwb store`` (issue 37.4).
+that use them: ``hwb bench``'s profile cache, the zoo's memo, ``hwb store``.
 
 A record that is missing, unsigned, edited, of another format version or for another key is
 a miss (evicted; the caller rebuilds); something another party could have changed on the way

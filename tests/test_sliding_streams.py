@@ -48,8 +48,9 @@ def variants(compiled, zoo_model, store_dir):
            ("lstm-ort", compiled("lstm", "cpu.onnxruntime"), "recompute", 0.0),
            ("gru", hwb.compile(gru_model(), "cpu.native", store=store_dir, fidelity=False), "incremental",
             FP32_ERR)]
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    if "avx512_vnni" in flags:
+    from hwb_plugins.cpu_native import build, push_weights
+
+    if not push_weights.missing_features("int8", build.host_flags()):
         q = hwb.compile(zoo_model("lstm"), "cpu.native", store=store_dir, fidelity=False,
                         options={"push_weights": "int8"})
         out.append(("lstm-int8push", q, "incremental", 0.05))

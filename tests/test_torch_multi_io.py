@@ -1,4 +1,4 @@
-"""PyTorch models with several inputs and outputs (issue 14, item 4): an ``nn.Module`` with
+"""PyTorch models with several inputs and outputs: an ``nn.Module`` with
 ``forward(features, state)`` returning two heads, loaded as a module, a ``torch.export``
 ``.pt2`` file and TorchScript; compiled on ref, cpu.onnxruntime and tpu.xla from Python and
 through ``hwb compile``/``hwb predict``, every output checked against torch itself."""

@@ -1,6 +1,6 @@
 """cpu.native's ``push_weights`` option: the weights the sliding window's push reads stored in
-bf16 (AVX512_BF16) or int8 (AVX512_VNNI) instead of fp32, and the gate that checks the push's
-answers before such a variant is kept.
+bf16, IEEE half (f16) or int8 instead of fp32, and the gate that checks the push's answers
+before such a variant is kept.
 
 **What is reduced.** Only the products on the push's critical path that multiply the newest
 inputs: the first layer's input projection ``K₁·x_t`` and each later layer's ``K_l·h_{l-1}``
@@ -11,22 +11,42 @@ window's first ``T-1`` steps are exactly fp32 and only its last step's input pro
 rounded: the answer moves by that one step's rounding, not by ``T`` steps of it.
 
 **Why the push.** Those products stream their weights from L2 (LSTM_A's shape: 2 × 160 KiB of
-fp32); bf16 halves the bytes and the multiply-add instructions, int8 quarters them.
+fp32); 16-bit weights halve the bytes, int8 quarters them (and bf16 / int8 the multiply-add
+instructions too).
 
-* ``bf16``: weights rounded to bf16 (nearest even) in the layout ``vdpbf16ps`` reads (the two
-  weights of consecutive inputs for one output paired in one 32-bit lane, ``[input/2][output]
-  [2]``); the input vector is rounded to bf16 on the push (``vcvtne2ps2bf16``); products
-  summed in fp32. Gated as the ``bf16`` precision family (``half``): both operands carry bf16's
-  8-bit significand, the error class of a bf16 variant.
+**Which kernel.** Each kind has one or more forms (:data:`FORMS`, preferred first), each the
+CPU features it executes; the artifact's ``-march`` (its ``isa`` option, hence its
+``requires``) picks the first form it enables (:func:`kernel`), and the C carries every form
+under ``#if`` of those features' predefined macros, so the compiler builds the same one. An
+AVX2 CPU without AVX-512 (Zen 3, ``isa=x86-64-v3``) gets ``f16`` and ``int8`` in 8-lane ymm
+and the fast gates in AVX2; ``bf16`` stays AVX-512 only (``vdpbf16ps``).
+
+* ``bf16`` (AVX512_BF16): weights rounded to bf16 (nearest even) in the layout ``vdpbf16ps``
+  reads (the two weights of consecutive inputs for one output paired in one 32-bit lane,
+  ``[input/2][output][2]``); the input vector is rounded to bf16 on the push
+  (``vcvtne2ps2bf16``); products summed in fp32. Gated as the ``bf16`` precision family
+  (``half``): both operands carry bf16's 8-bit significand, the error class of a bf16 variant.
+* ``f16`` (F16C with AVX2 + FMA, or AVX-512F): weights rounded to IEEE half (nearest even,
+  ``[input][output]``), widened on load (``vcvtph2ps``) and multiplied into fp32 FMAs with the
+  fp32 input, so only the weights carry half's 11-bit significand: more accurate than bf16,
+  and gated as ``fp16`` (the same ``half`` family). A weight beyond half's range (|w| > 65504)
+  is refused at compile (:class:`UnsupportedError` naming it); weights below 2⁻¹⁴ ≈ 6.1e-5 are
+  half subnormals, kept to an absolute 2⁻²⁴ ≈ 6e-8, which the gate judges with the rest.
 * ``int8``: symmetric per-output-channel int8 weights (``[input/4][output][4]``, emit.py's
-  ``vnni_dot`` layout); the input vector quantised to u8 (``q + 128``) with a scale measured
-  on that vector on each push (``max|v| / 127``: no calibration data reaches an fp32 compile,
-  and a per-tick scale never clips); ``vpdpbusd`` into int32, the ``128·Σw`` correction,
-  dequantised by ``scale × channel scale``. Gated as ``int8`` (``quantized``). A NaN or
-  infinity in the input makes every output of the product NaN (the bytes cannot carry it).
-  The scale is one per vector: features whose scales differ by orders of magnitude (no
-  normalisation before the LSTM) leave the small ones a fraction of a step, and the gate
-  refuses such a model (tests/test_sliding_push_weights.py builds one); bf16 has no such limit.
+  ``vnni_dot`` layout); the input vector quantised to int8 ``q`` (-127..127) with a scale
+  measured on that vector on each push (``max|v| / 127``: no calibration data reaches an
+  fp32 compile, and a per-tick scale never clips); the int32 sums ``Σ q·w`` dequantised by
+  ``scale × channel scale``. Three forms, the same sums exactly (one :func:`reference_products`):
+  AVX512_VNNI ``vpdpbusd`` on zmm and AVX-VNNI ``vpdpbusd`` on ymm (Alder Lake+, Zen 5) take
+  the input as ``q + 128`` (u8) and subtract the ``128·Σw`` correction; plain AVX2 has only
+  ``vpmaddubsw`` (u8 × s8 pairs summed into a *saturating* s16) + ``vpmaddwd``: it multiplies
+  ``|q|`` (u8, ≤ 127) by ``w`` carrying ``q``'s sign (``vpsignb``), so a pair's sum is at most
+  2·127·127 = 32258 < 32767 and never saturates, with the input kept at the full 8 bits (no
+  7-bit input, no split). Gated as ``int8`` (``quantized``). A NaN or infinity in the input
+  makes every output of the product NaN (the bytes cannot carry it). The scale is one per
+  vector: features whose scales differ by orders of magnitude (no normalisation before the
+  LSTM) leave the small ones a fraction of a step, and the gate refuses such a model
+  (tests/test_sliding_push_weights.py builds one); bf16 and f16 have no such limit.
 
 The sliding answers of a reduced push are no longer ``predict_into``'s bit for bit;
 :func:`gate` measures them against the same library's fp32 full-window answers (which the
@@ -45,22 +65,33 @@ from hwbackends.contract import UnsupportedError
 from .emit import broadcast_dot
 
 #: The option's values; ``fp32`` (the default) is the exact push.
-CHOICES = ("fp32", "bf16", "int8")
+CHOICES = ("fp32", "bf16", "f16", "int8")
 #: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`GATES_C` (the default with
 #: reduced weights, an opt-in for fp32).
 GATES = ("exact", "fast")
-#: The CPU features (``/proc/cpuinfo`` names) each reduced kernel (and the fast gates) executes.
-NEEDS = {"bf16": ("avx512f", "avx512_bf16"), "int8": ("avx512f", "avx512bw", "avx512_vnni"),
-         "fast": ("avx512f",)}
+#: Each reduced kernel's (and the fast gates') forms, preferred first: (the form's name, the
+#: CPU features (``/proc/cpuinfo`` names) it executes). :func:`kernel` picks one from the
+#: artifact's ``requires``; the C has each under ``#if`` of the same features (:func:`_cond`).
+FORMS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "bf16": (("avx512_bf16", ("avx512f", "avx512_bf16")),),
+    "f16": (("avx512f", ("avx512f", "f16c")), ("avx2", ("avx2", "fma", "f16c"))),
+    "int8": (("avx512_vnni", ("avx512f", "avx512bw", "avx512_vnni")),
+             ("avx_vnni", ("avx2", "fma", "avx_vnni")), ("avx2", ("avx2", "fma"))),
+    "fast": (("avx512f", ("avx512f",)), ("avx2", ("avx2", "fma"))),
+}
 #: The bound on an fp32 push with fast gates: max |push - window| over the answers' scale
 #: (max(1, max |answer|)), the conformance kit's bound for an fp32 incremental form.
 FP32_BOUND = 1e-5
 #: The precision whose family tolerance gates each (hwbackends/fidelity.py TOLERANCES).
-GATE_PRECISION = {"bf16": "bf16", "int8": "int8"}
+GATE_PRECISION = {"bf16": "bf16", "f16": "fp16", "int8": "int8"}
+#: Half's largest finite value: a weight beyond it is refused with ``f16``.
+F16_MAX = 65504.0
 #: Ticks :func:`gate` pushes (and full windows it recomputes).
 GATE_TICKS = 600
-#: float32 lanes per AVX-512 vector; accumulators a kernel keeps in registers at most.
+#: float32 lanes per AVX-512 vector; accumulators a kernel keeps in registers at most (of 32
+#: zmm); the same for AVX2's ymm (of 16: the broadcast input and a temporary need 2 or 3).
 _LANES, _ACC = 16, 16
+_LANES2, _ACC2 = 8, 12
 
 
 def choice(extra: dict[str, Any]) -> str:
@@ -73,9 +104,22 @@ def gates_choice(extra: dict[str, Any]) -> str:
     return str(extra.get("push_gates", "exact" if choice(extra) == "fp32" else "fast"))
 
 
+def kernel(kind: str, have: set[str] | list[str]) -> str | None:
+    """The form of ``kind``'s kernel (or of the ``fast`` gates) that CPU features ``have``
+    (an artifact's ``requires``) run: the first of :data:`FORMS` whose features they all
+    include; None when none (and ``None`` for a kind without forms: ``fp32``, ``exact``)."""
+    got = set(have)
+    return next((name for name, needs in FORMS.get(kind, ()) if got.issuperset(needs)), None)
+
+
 def missing_features(kind: str, have: set[str] | list[str]) -> list[str]:
-    """The CPU features ``kind``'s kernel (or the ``fast`` gates) needs that ``have`` lacks."""
-    return missing_features_of(NEEDS.get(kind, ()), have)
+    """The CPU features ``kind``'s kernel (or the ``fast`` gates) needs that ``have`` lacks:
+    none when one of its forms runs on ``have``, else those its most widely available form
+    (the last) lacks."""
+    forms = FORMS.get(kind, ())
+    if not forms or kernel(kind, have) is not None:
+        return []
+    return missing_features_of(forms[-1][1], have)
 
 
 def missing_features_of(needs: Any, have: set[str] | list[str]) -> list[str]:
@@ -84,9 +128,28 @@ def missing_features_of(needs: Any, have: set[str] | list[str]) -> list[str]:
     return [f for f in dict.fromkeys(needs) if f not in got]
 
 
-def _blocks(nv: int) -> list[tuple[int, int]]:
-    """``nv`` output vectors in near-equal blocks of at most :data:`_ACC` (25 → 13 + 12)."""
-    n = -(-nv // _ACC)
+def _cond(needs: tuple[str, ...]) -> str:
+    """The C preprocessor test that ``-march`` enables the CPU features ``needs``: the
+    compiler's predefined macro of each (``avx512_vnni`` → ``__AVX512VNNI__``; build.py maps
+    them back to these names for ``requires``)."""
+    return " && ".join(f"defined(__{f.upper().replace('_', '')}__)" for f in needs)
+
+
+def _by_form(kind: str, bodies: dict[str, list[str]]) -> list[str]:
+    """C lines that keep, of ``bodies`` (form name → lines), the one for the first of
+    ``kind``'s forms that the ``-march`` enables; any other ``-march`` is a build error naming
+    the features (target.py refuses it before a build)."""
+    lines, kw = [], "#if"
+    for name, needs in FORMS[kind]:
+        lines += [f"{kw} {_cond(needs)}", *bodies[name]]
+        kw = "#elif"
+    need = " or ".join("+".join(n) for _, n in FORMS[kind])
+    return [*lines, "#else", f'#error "push_weights/push_gates {kind} needs {need}"', "#endif"]
+
+
+def _blocks(nv: int, acc: int = _ACC) -> list[tuple[int, int]]:
+    """``nv`` output vectors in near-equal blocks of at most ``acc`` (25, 16 → 13 + 12)."""
+    n = -(-nv // acc)
     size = -(-nv // n)
     return [(b, min(size, nv - b)) for b in range(0, nv, size)]
 
@@ -137,8 +200,8 @@ class Kernels:
 
     def product(self, w: np.ndarray, bias: np.ndarray | None) -> str:
         """A C function ``name(x, y)``: ``y[0:pad16(n_out)] = x @ w (+ bias)`` with ``w``'s
-        reduced copy (``y`` 64-byte aligned, whole vectors: the padding lanes get 0 + 0);
-        returns its name."""
+        reduced copy (``y`` 64-byte aligned, whole vectors: the padding lanes get 0 + 0), in
+        each of the kind's forms (:func:`_by_form`); returns its name."""
         w = np.asarray(w, np.float32)
         n_in, n_out = w.shape
         nv = -(-n_out // _LANES)
@@ -148,8 +211,15 @@ class Kernels:
         bn = self._const("float", "B", bp)
         self.n += 1
         name = f"hwb_pw{self.n}"
-        body = self._bf16(w, nv, bn) if self.kind == "bf16" else self._int8(w, nv, bn)
-        self.code += [f"static void {name}(const float *restrict x, float *restrict y) {{", *body, "}", ""]
+        if self.kind == "bf16":
+            bodies = {"avx512_bf16": self._bf16(w, nv, bn)}
+        elif self.kind == "f16":
+            wn = self._f16_weights(w, nv)
+            bodies = {"avx512f": self._f16(n_in, nv, bn, wn, 512), "avx2": self._f16(n_in, nv, bn, wn, 256)}
+        else:
+            bodies = self._int8(w, nv, bn)
+        self.code += [f"static void {name}(const float *restrict x, float *restrict y) {{",
+                      *_by_form(self.kind, bodies), "}", ""]
         return name
 
     def _bf16(self, w: np.ndarray, nv: int, bn: str) -> list[str]:
@@ -176,9 +246,46 @@ class Kernels:
                                              for k in range(nb)) + " }")
         return lines
 
-    def _int8(self, w: np.ndarray, nv: int, bn: str) -> list[str]:
+    def _f16_weights(self, w: np.ndarray, nv: int) -> str:
+        """``w`` as IEEE half bit patterns, ``[input][output]`` (outputs padded to whole
+        16-lane vectors); refuses a weight beyond half's range, naming it."""
         n_in, n_out = w.shape
-        npad = -(-n_in // 16) * 16
+        big = np.argwhere(~(np.abs(w) <= F16_MAX))  # NaN too: it would not survive either
+        if big.size:
+            i, j = (int(v) for v in big[0])
+            raise UnsupportedError(
+                f"cpu.native push_weights='f16': weight [{i}, {j}] = {float(w[i, j]):g} of the kernel of "
+                f"recurrent layer {self.n} (the push's product {self.n}, inputs × gate outputs) is "
+                f"beyond half's range ±{F16_MAX:g} ({len(big)} weight(s) are): compile with "
+                f"push_weights='fp32' or 'bf16' (bf16 keeps fp32's range)")
+        wp = np.zeros((n_in, nv * _LANES), np.float16)
+        wp[:, :n_out] = w.astype(np.float16)
+        return self._const("uint16_t", "H", wp.view(np.uint16))
+
+    @staticmethod
+    def _f16(n_in: int, nv: int, bn: str, wn: str, bits: int) -> list[str]:
+        """The f16 product in zmm (``bits`` 512: 16 halves widened per load) or ymm (256:
+        8): per input, its value broadcast and FMA'd into each accumulator of a block with
+        that input's row of widened weights."""
+        lanes, acc = (_LANES, _ACC) if bits == 512 else (_LANES2, _ACC2)
+        p, hv = ("_mm512", "__m256i") if bits == 512 else ("_mm256", "__m128i")
+        load = "_mm256_load_si256" if bits == 512 else "_mm_load_si128"
+        nvl = nv * _LANES // lanes
+        lines = []
+        for b0, nb in _blocks(nvl, acc):
+            lines.append("    { " + " ".join(f"__m{bits} a{k} = {p}_load_ps({bn} + {(b0 + k) * lanes});"
+                                               for k in range(nb)))
+            lines.append(f"      for (int i = 0; i < {n_in}; i++) {{ const __m{bits} xb = {p}_set1_ps(x[i]); "
+                         f"const {hv} *wi = (const {hv} *)({wn} + (i * {nvl} + {b0}) * {lanes}); "
+                         + " ".join(f"a{k} = {p}_fmadd_ps({p}_cvtph_ps({load}(wi + {k})), xb, a{k});"
+                                    for k in range(nb)) + " }")
+            lines.append("      " + " ".join(f"{p}_store_ps(y + {(b0 + k) * lanes}, a{k});"
+                                             for k in range(nb)) + " }")
+        return lines
+
+    def _int8(self, w: np.ndarray, nv: int, bn: str) -> dict[str, list[str]]:
+        """The int8 product's three forms over one set of constants (module docstring)."""
+        n_in, n_out = w.shape
         groups = -(-n_in // 4)
         q, scale = int8_weights(w)
         wq = np.zeros((4 * groups, nv * _LANES), np.int8)
@@ -189,6 +296,13 @@ class Kernels:
         sp[:n_out] = scale
         sn = self._const("float", "S", sp)
         cn = self._const("int32_t", "C", (128 * wq.astype(np.int64).sum(axis=0)).astype(np.int32))
+        return {"avx512_vnni": self._int8_512(n_in, nv, groups, wn, sn, cn, bn),
+                "avx_vnni": self._int8_256(n_in, nv, groups, wn, sn, cn, bn, vnni=True),
+                "avx2": self._int8_256(n_in, nv, groups, wn, sn, None, bn, vnni=False)}
+
+    @staticmethod
+    def _int8_512(n_in: int, nv: int, groups: int, wn: str, sn: str, cn: str, bn: str) -> list[str]:
+        npad = -(-n_in // 16) * 16
         lines = [f"    float xs[{npad}] A64; uint8_t q[{npad}] A64;",
                  f"    for (int i = 0; i < {n_in}; i++) xs[i] = x[i];",
                  f"    for (int i = {n_in}; i < {npad}; i++) xs[i] = 0.0f;",
@@ -214,10 +328,47 @@ class Kernels:
             lines.append("    }")
         return lines
 
+    @staticmethod
+    def _int8_256(n_in: int, nv: int, groups: int, wn: str, sn: str, cn: str | None, bn: str,
+                  vnni: bool) -> list[str]:
+        """The 8-lane int8 forms: AVX-VNNI ``vpdpbusd`` on ymm (``vnni``: u8 ``q + 128`` and the
+        ``cn`` correction), or AVX2's ``hwb_pw_dots8`` (sign-carried ``vpmaddubsw``, no
+        correction); the same quantisation as :meth:`_int8_512` (:data:`AVX2_C`'s helpers)."""
+        npad = -(-n_in // 32) * 32
+        nv8 = nv * _LANES // _LANES2
+        lines = [f"    float xs[{npad}] A64; int8_t q[{npad}] A64;",
+                 f"    for (int i = 0; i < {n_in}; i++) xs[i] = x[i];",
+                 f"    for (int i = {n_in}; i < {npad}; i++) xs[i] = 0.0f;",
+                 # the scale of this vector; z is 0, or NaN when an input is NaN or infinite
+                 "    __m256 m = _mm256_setzero_ps(), z = _mm256_setzero_ps();",
+                 f"    for (int i = 0; i < {npad}; i += 8) {{ const __m256 v = _mm256_load_ps(xs + i); "
+                 "m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)); "
+                 "z = _mm256_add_ps(z, _mm256_mul_ps(v, _mm256_setzero_ps())); }",
+                 "    const float amax = hwb_pw_hmax8(m), nan = hwb_pw_hsum8(z);",
+                 "    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f), "
+                 "s = _mm256_set1_ps(amax * (1.0f / 127.0f)), vnan = _mm256_set1_ps(nan);",
+                 f"    for (int i = 0; i < {npad}; i += 32) hwb_pw_q32(xs + i, inv, q + i);"]
+        load = "int x4; __builtin_memcpy(&x4, q + 4 * g, 4);"
+        if vnni:  # s8 q as u8 q + 128: flip each byte's top bit
+            load += " x4 = (int)((unsigned)x4 ^ 0x80808080u);"
+        dot = "_mm256_dpbusd_avx_epi32" if vnni else "hwb_pw_dots8"
+        for b0, nb in _blocks(nv8, _ACC2 if vnni else _ACC2 - 2):  # dots8 holds |x|, 1s and a temporary
+            lines.append("    { " + " ".join(f"__m256i a{k} = _mm256_setzero_si256();" for k in range(nb)))
+            lines.append("      " + broadcast_dot(groups, load, "__m256i", "_mm256_set1_epi32", wn, nv8, b0, 32,
+                                                  dot, nb))
+            for k in range(nb):
+                j = (b0 + k) * _LANES2
+                acc = f"_mm256_sub_epi32(a{k}, _mm256_load_si256((const __m256i *)({cn} + {j})))" if vnni else f"a{k}"
+                lines.append(f"      _mm256_store_ps(y + {j}, _mm256_add_ps(_mm256_fmadd_ps(_mm256_cvtepi32_ps({acc}), "
+                             f"_mm256_mul_ps(s, _mm256_load_ps({sn} + {j})), _mm256_load_ps({bn} + {j})), vnan));")
+            lines.append("    }")
+        return lines
+
     def lstm_gates(self, r: str, zx: str, c: str, h: str, u: int) -> list[str]:
-        """The push's LSTM gates (``hwb_pw_lstm16``, :data:`GATES_C`) over ``u`` units: the
-        gate pre-activations ``r + zx`` (``r`` is read, not overwritten), the new ``c`` and
-        ``h``; whole vectors of 16 units, then one masked vector for the rest."""
+        """The push's LSTM gates (``hwb_pw_lstm16``: :data:`GATES_C`, or :data:`GATES_AVX2_C`
+        as two 8-lane halves) over ``u`` units: the gate pre-activations ``r + zx`` (``r`` is
+        read, not overwritten), the new ``c`` and ``h``; whole vectors of 16 units, then one
+        masked vector for the rest."""
         full = u - u % _LANES
         lines = []
         if full:
@@ -227,8 +378,11 @@ class Kernels:
         return lines
 
     def c(self) -> list[str]:
-        """The constants and functions, after the ``#include`` the intrinsics need."""
-        return ["#include <immintrin.h>", GATES_C, *self.consts, "", *self.code]
+        """The constants and functions, after the ``#include`` the intrinsics need, the fast
+        gates (when used) and the 8-lane int8 helpers, each in the form ``-march`` builds."""
+        gates = _by_form("fast", {"avx512f": [GATES_C], "avx2": [GATES_AVX2_C]}) if self.fast_gates else []
+        helpers = [f"#if {_cond(FORMS['int8'][-1][1])}", AVX2_C, "#endif"] if self.kind == "int8" else []
+        return ["#include <immintrin.h>", *gates, *helpers, *self.consts, "", *self.code]
 
 
 #: The push's LSTM gates in AVX-512 (with a reduced push; the prepare keeps emit.py's exact
@@ -272,13 +426,103 @@ HWB_INLINE void hwb_pw_lstm16(const float *r, const float *zx, float *c, float *
 """
 
 
+#: The push's LSTM gates in AVX2 + FMA (8 lanes), for a ``-march`` without AVX-512: the
+#: arithmetic of :data:`GATES_C` with what AVX2 lacks done by hand. ``x`` is clamped to
+#: ``±80/s`` (``t`` within ±115.5, so ``2^n`` is a normal float built in the exponent bits:
+#: ``(n + 127) << 23``; ``σ(±80)`` is 0 / 1 in float, so the clamp changes no answer, and the
+#: ``max``/``min`` operand order keeps a NaN); ``1/(1 + e)`` by ``vrcpps`` (12 bits) and one
+#: Newton step (relative error ~1.5e-7). ``hwb_pw_lstm16`` keeps :data:`GATES_C`'s signature
+#: (the same emitted calls) and runs two 8-lane halves, a masked half only at a partial end.
+GATES_AVX2_C = r"""
+HWB_INLINE __m256 hwb_pw_sig8(__m256 x, float s) {
+    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(80.0f / s), _mm256_max_ps(_mm256_set1_ps(-80.0f / s), x));
+    const __m256 hi = _mm256_set1_ps(-s * 0x1.715476p+0f), lo = _mm256_set1_ps(-s * 0x1.4ae0cp-26f);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_fmadd_ps(xc, lo, _mm256_fmsub_ps(xc, hi, n));
+    __m256 p = _mm256_set1_ps(0x1.5a850ap-10f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.3cec2ap-7f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.c6baaap-5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.ebf9b6p-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.62e426p-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256 e2n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                                              _mm256_set1_epi32(127)), 23));
+    const __m256 d = _mm256_fmadd_ps(p, e2n, _mm256_set1_ps(1.0f));
+    const __m256 r = _mm256_rcp_ps(d);
+    return _mm256_fmadd_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(1.0f)), r);
+}
+HWB_INLINE __m256 hwb_pw_tanh8(__m256 x) { return _mm256_fmsub_ps(hwb_pw_sig8(x, 2.0f), _mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f)); }
+/* lanes of m (bits 0..7): all 8 (full) by plain loads and stores, else masked */
+HWB_INLINE __m256i hwb_pw_mask8(unsigned m) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)m), bit), bit);
+}
+HWB_INLINE __m256 hwb_pw_ld8(const float *p, unsigned m) {
+    return m == 0xFF ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, hwb_pw_mask8(m));
+}
+HWB_INLINE void hwb_pw_st8(float *p, unsigned m, __m256 v) {
+    if (m == 0xFF) _mm256_storeu_ps(p, v); else _mm256_maskstore_ps(p, hwb_pw_mask8(m), v);
+}
+HWB_INLINE void hwb_pw_lstm8(const float *r, const float *zx, float *c, float *h, int u, int j, unsigned m) {
+    const __m256 zi = _mm256_add_ps(hwb_pw_ld8(r + j, m), hwb_pw_ld8(zx + j, m));
+    const __m256 zf = _mm256_add_ps(hwb_pw_ld8(r + u + j, m), hwb_pw_ld8(zx + u + j, m));
+    const __m256 zg = _mm256_add_ps(hwb_pw_ld8(r + 2 * u + j, m), hwb_pw_ld8(zx + 2 * u + j, m));
+    const __m256 zo = _mm256_add_ps(hwb_pw_ld8(r + 3 * u + j, m), hwb_pw_ld8(zx + 3 * u + j, m));
+    const __m256 cc = _mm256_fmadd_ps(hwb_pw_sig8(zf, 1.0f), hwb_pw_ld8(c + j, m),
+                                      _mm256_mul_ps(hwb_pw_sig8(zi, 1.0f), hwb_pw_tanh8(zg)));
+    hwb_pw_st8(c + j, m, cc);
+    hwb_pw_st8(h + j, m, _mm256_mul_ps(hwb_pw_sig8(zo, 1.0f), hwb_pw_tanh8(cc)));
+}
+/* units j..j+15 (lanes in m) of an LSTM of u units: gates i, f, g, o at r + zx (Keras' order) */
+HWB_INLINE void hwb_pw_lstm16(const float *r, const float *zx, float *c, float *h, int u, int j, unsigned m) {
+    hwb_pw_lstm8(r, zx, c, h, u, j, m & 0xFF);
+    if (m >> 8) hwb_pw_lstm8(r, zx, c, h, u, j + 8, m >> 8);
+}
+"""
+
+#: The 8-lane int8 forms' helpers (AVX2): horizontal max and sum, the quantisation of 32
+#: inputs, and AVX2's exact s8 × s8 dot product of 4-byte groups, ``hwb_pw_dots8``:
+#: ``vpmaddubsw`` takes ``|x|`` as its u8 operand and ``w`` with ``x``'s sign (``vpsignb``;
+#: zero where ``x`` is 0), so each s16 pair sum is ``x₀w₀ + x₁w₁`` with |x|, |w| ≤ 127:
+#: at most 2·127·127 = 32258, never saturated; ``vpmaddwd`` by 1 adds the pairs into s32.
+AVX2_C = r"""
+HWB_INLINE float hwb_pw_hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+HWB_INLINE float hwb_pw_hsum8(__m256 v) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+/* q[0..31] = v[0..31]·inv rounded to nearest even (|v·inv| <= 127: the packs do not clip) */
+HWB_INLINE void hwb_pw_q32(const float *v, __m256 inv, int8_t *q) {
+    const __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v), inv));
+    const __m256i c1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8), inv));
+    const __m256i c2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 16), inv));
+    const __m256i c3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 24), inv));
+    /* the packs interleave 128-bit lanes: dwords c0lo c1lo c2lo c3lo c0hi c1hi c2hi c3hi */
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+    _mm256_store_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+HWB_INLINE __m256i hwb_pw_dots8(__m256i acc, __m256i x, __m256i w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x)),
+                                                   _mm256_set1_epi16(1)));
+}
+"""
+
+
 def reference_products(kind: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """What the ``kind`` kernel computes for ``x @ w`` (``x``: rows of inputs), in float64 from
-    the same rounded operands: the arithmetic model a test checks the C against."""
+    the same rounded operands: the arithmetic model a test checks the C against (one model
+    per kind: its forms compute the same products, up to the order of the fp32 sums)."""
     w = np.asarray(w, np.float32)
     x = np.asarray(x, np.float32)
     if kind == "bf16":
         return bf16_values(x).astype(np.float64) @ bf16_values(w).astype(np.float64)
+    if kind == "f16":
+        return x.astype(np.float64) @ w.astype(np.float16).astype(np.float64)
     q, scale = int8_weights(w)
     amax = np.abs(x).max(axis=-1, keepdims=True)
     a32 = amax.astype(np.float32)
@@ -336,4 +580,4 @@ def refuse(kind: str, result: dict[str, Any]) -> UnsupportedError:
         f"cpu.native push_weights={kind!r}: the sliding push's answers miss the "
         f"{result['tolerance']} tolerance against the fp32 full window ({'; '.join(result['violations'])}"
         f" over {result['ticks']} ticks): this model's push needs fp32 weights; compile it with "
-        f"push_weights='fp32'" + (" or 'bf16'" if kind == "int8" else ""))
+        f"push_weights='fp32'" + (" or 'f16'" if kind == "int8" else ""))

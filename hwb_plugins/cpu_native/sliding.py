@@ -17,8 +17,8 @@ every window in the prepare), each later layer's ``K_l·h_{l-1}``, the gates, an
 
 **Reduced push weights** (the target's ``push_weights`` option, push_weights.py): the push
 gets its own copies of the functions above (``hwb_inq``, ``hwb_cellq<l>``, ``hwb_tickq``) whose
-input products read bf16 or int8 weights and whose LSTM gates are AVX-512 code with a
-polynomial exp and no division; it keeps a copy of ``x_t``, from which the prepare computes the
+input products read bf16, f16 or int8 weights and whose LSTM gates are vector code (AVX-512 or
+AVX2: push_weights.FORMS) with a polynomial exp and no division; it keeps a copy of ``x_t``, from which the prepare computes the
 fp32 projection the windows in flight share. So only the finishing window's last step is
 reduced, and the answers are within that precision's tolerance of ``predict_into``'s, no longer
 equal to them (the compile gates them: push_weights.gate). The stream stays fp32.
@@ -155,8 +155,8 @@ def _rec_weights(cell: ir.Recurrent) -> np.ndarray:
 def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights: str = "fp32",
                      push_gates: str = "exact") -> str:
     """The incremental form's C (see the module docstring); appended to ``model.c``.
-    ``push_weights`` other than ``fp32``: the push's input products in bf16 or int8
-    (hwb_plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512
+    ``push_weights`` other than ``fp32``: the push's input products in bf16, f16 or int8
+    (hwb_plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512 or AVX2
     (push_weights.GATES_C). Either gives the push its own copies of the functions they change
     (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the exact fp32 ones."""
     vw, acc = vector_shape(requires)

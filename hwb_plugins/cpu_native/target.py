@@ -113,7 +113,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "13"
+    version = "14"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
@@ -121,15 +121,17 @@ class NativeTarget(Target):
     option_docs = {
         "isa": ("native (default) | x86-64-v2 | x86-64-v3 | x86-64-v4: the -march the model is "
                 "built for; load refuses an artifact whose CPU features this CPU lacks"),
-        "push_weights": ("fp32 (default) | bf16 | int8: the weights the sliding window's push reads "
-                         "(the input products of the newest step; prepare and predict stay fp32) in "
-                         "bf16 (needs avx512_bf16) or int8 (avx512_vnni, per-tick input scale); the "
-                         "push's answers are gated against the fp32 window at the bf16/int8 "
-                         "tolerance, not bit-equal (hwb_plugins/cpu_native/push_weights.py)"),
-        "push_gates": ("exact (default in fp32) | fast (default with bf16/int8 push_weights): the "
-                       "sliding push's LSTM gates as AVX-512 code (polynomial exp, rcp14 + Newton; "
-                       "needs avx512f); in fp32 the push is then within 1e-5 of the answers' scale "
-                       "of the full window (gated at compile), not bit-equal"),
+        "push_weights": ("fp32 (default) | bf16 | f16 | int8: the weights the sliding window's push "
+                         "reads (the input products of the newest step; prepare and predict stay "
+                         "fp32) in bf16 (needs avx512_bf16), IEEE half (f16c: AVX2 or AVX-512) or "
+                         "int8 (per-tick input scale; avx512_vnni, avx_vnni or AVX2), the form "
+                         "picked from the isa's features; the push's answers are gated against the "
+                         "fp32 window at the bf16/fp16/int8 tolerance, not bit-equal "
+                         "(hwb_plugins/cpu_native/push_weights.py)"),
+        "push_gates": ("exact (default in fp32) | fast (default with reduced push_weights): the "
+                       "sliding push's LSTM gates as vector code (polynomial exp, reciprocal + "
+                       "Newton; AVX-512 or AVX2 + FMA); in fp32 the push is then within 1e-5 of "
+                       "the answers' scale of the full window (gated at compile), not bit-equal"),
     }
     exports = ("c",)
     compile_timeout = 300.0
@@ -184,19 +186,25 @@ class NativeTarget(Target):
             raise UnsupportedError(f"cpu.native option {what} applies to precision 'fp32' (its "
                                    f"incremental sliding push); precision {options.precision!r} has "
                                    f"none: drop {' and '.join(a.split('=')[0] for a in asked)}")
-        needs = [f for part in (kind, gates) for f in push_weights.NEEDS.get(part, ())]
-        lacks = push_weights.missing_features_of(needs, build.host_flags())
+        def lacking(have: list[str]) -> tuple[list[str], bool]:
+            """The features no form of the kind (or of the fast gates) finds in ``have``, and
+            whether the gates lack any."""
+            gl = push_weights.missing_features(gates, have)
+            return list(dict.fromkeys(push_weights.missing_features(kind, have) + gl)), bool(gl)
+
+        lacks, gates_lack = lacking(build.host_flags())
         if lacks:
             raise UnsupportedError(f"cpu.native option {what} needs CPU feature(s) {', '.join(lacks)}, "
                                    f"which this CPU ({cpu_name()}) lacks: use push_weights='fp32'"
-                                   + (", or 'int8' if it has avx512_vnni" if kind == "bf16" else "")
-                                   + (" and push_gates='exact'" if "avx512f" in lacks else ""))
+                                   + (", or 'f16' / 'int8' (AVX2 forms)" if kind == "bf16" else "")
+                                   + (" and push_gates='exact'" if gates_lack else ""))
         cc = build.compiler_path()
-        lacks = push_weights.missing_features_of(needs, build.required_flags(cc, isa)) if cc else []
+        lacks, _ = lacking(build.required_flags(cc, isa)) if cc else ([], False)
         if lacks:
             raise UnsupportedError(f"cpu.native option {what} needs CPU feature(s) {', '.join(lacks)}, "
                                    f"which -march={build.march(isa)} (isa={isa!r}) does not enable: use "
-                                   f"isa='native' on a CPU that has them")
+                                   f"isa='native' on a CPU that has them"
+                                   + (", or push_weights='f16' / 'int8' (AVX2 forms)" if kind == "bf16" else ""))
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
         from .._shared import layer_ir
@@ -239,6 +247,9 @@ class NativeTarget(Target):
         (workdir / "ext.c").write_text(ext)
         facts = build.build(workdir, cc, isa, module)
         if not plain:
+            # the form of each reduced part that this -march builds (push_weights.FORMS)
+            window.meta["push_kernels"] = {part: push_weights.kernel(part, requires)
+                                           for part in (kind, gates) if part in push_weights.FORMS}
             window.meta["push_gate"] = self._push_gate(workdir, module, kind, in_shape, out_shape, batch)
         return {"module": module, "extension": module + build.python_abi(),
                 "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
@@ -301,7 +312,9 @@ class NativeTarget(Target):
         if gate is None:
             return []
         f = gate.get("fidelity") if isinstance(gate.get("fidelity"), dict) else {}
-        return [f"  push     {sl.get('push_weights')} input weights, {sl.get('push_gates')} LSTM gates: within "
+        forms = sl.get("push_kernels") if isinstance(sl.get("push_kernels"), dict) else {}
+        forms = f" ({', '.join(f'{k} {v}' for k, v in forms.items())})" if forms else ""
+        return [f"  push     {sl.get('push_weights')} input weights, {sl.get('push_gates')} LSTM gates{forms}: within "
                 f"the {gate.get('tolerance')} tolerance of the fp32 window (max_abs={f.get('max_abs', 0):.3g}, "
                 f"rel={f.get('rel_err', 0):.3g}, corr={f.get('corr', 0):.6f} over {gate.get('ticks')} "
                 f"ticks), not bit-equal to predict_into"]

@@ -92,13 +92,40 @@ class LatencyProfile:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 
+    @property
+    def offered_per_s(self) -> float | None:
+        """Open-loop rows (server, burst): the samples per second offered — the server's
+        Poisson rate, the burst trace's mean rate — times the batch size; None otherwise (or
+        when a results file does not say)."""
+        if self.scenario == "server":
+            rate = self.params.get("rate_hz")
+        elif self.scenario == "burst":
+            trace = self.params.get("trace")
+            rate = trace.get("mean_rate_hz") if isinstance(trace, dict) else None
+        else:
+            return None
+        ok = isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate == rate
+        return float(rate) * self.batch_size if ok else None
+
+    @property
+    def achieved_per_s(self) -> float | None:
+        """Open-loop rows: the samples per second answered — ``n × batch`` over the loop's
+        wall time (from the first scheduled arrival to the last answer); None otherwise. Beside
+        :attr:`offered_per_s` it says whether the variant kept up; :attr:`throughput` is what
+        one caller sustains at the median call, whatever was offered."""
+        if self.scenario not in ("server", "burst") or not self.duration_s or self.duration_s <= 0:
+            return None
+        return self.n * self.batch_size / self.duration_s
+
     def row(self) -> str:
         """One line of the readable table (``*`` marks emulated figures)."""
         mark = "*" if self.emulated else " "
         p95 = f"{self.p95_us:>9.1f}" if self.p95_us is not None else f"{'—':>9}"
+        offered, achieved = self.offered_per_s, self.achieved_per_s
         return (f"{self.variant:<26}{mark}{self.scenario:<14}{self.batch_size:>5} {self.n:>7} "
                 f"{self.p50_us:>9.1f} {self.p90_us:>9.1f} {p95} {self.p99_us:>9.1f} "
-                f"{self.p999_us:>9.1f} {self.max_us:>10.1f} {self.throughput:>12,.0f}")
+                f"{self.p999_us:>9.1f} {self.max_us:>10.1f} {self.throughput:>12,.0f}"
+                f" {_rate(offered):>10} {_rate(achieved):>10}")
 
     def csv_row(self) -> dict[str, Any]:
         """The table's row as :data:`CSV_FIELDS` values (``mode`` spelled out, not a ``*``)."""
@@ -121,7 +148,12 @@ class LatencyProfile:
 
 
 TABLE_HEADER = (f"{'VARIANT':<27}{'SCENARIO':<14}{'BATCH':>5} {'N':>7} {'p50 µs':>9} {'p90 µs':>9} "
-                f"{'p95 µs':>9} {'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12}")
+                f"{'p95 µs':>9} {'p99 µs':>9} {'p99.9 µs':>9} {'max µs':>10} {'samples/s':>12} "
+                f"{'offered/s':>10} {'achieved/s':>10}")
+#: What the last three columns mean (printed under the table).
+RATE_NOTE = ("samples/s: what one caller sustains at the median call (batch ÷ median service "
+             "time); offered/s and achieved/s (open-loop rows): the arrival rate and the rate "
+             "answered over the run's wall time")
 #: The columns of :func:`table_csv` (``hwb bench --csv``, ``hwb report --csv``).
 CSV_FIELDS = ("variant", "target", "precision", "mode", "scenario", "batch_size", "n", "p50_us",
               "p90_us", "p95_us", "p99_us", "p999_us", "max_us", "samples_per_s", "machine",
@@ -133,6 +165,8 @@ CSV_FIELDS = ("variant", "target", "precision", "mode", "scenario", "batch_size"
 def table(profiles: list[LatencyProfile]) -> str:
     lines = [TABLE_HEADER] + [p.row() for p in profiles]
     lines += extra_lines(profiles)
+    if any(p.offered_per_s is not None or p.achieved_per_s is not None for p in profiles):
+        lines.append(RATE_NOTE)
     if any(p.emulated for p in profiles):
         lines.append("* emulated: measured on a stand-in (C-simulation, CPU instead of the "
                      "accelerator), not the hardware's latency")
@@ -166,6 +200,10 @@ def sliding_summary(p: LatencyProfile) -> str:
             f"p99 {_f(p.p99_us)} µs; prepare p50 {_f(pr.get('p50_us'))} / p99 "
             f"{_f(pr.get('p99_us'))} µs (apart); full window p50 {_f(fu.get('p50_us'))} / p99 "
             f"{_f(fu.get('p99_us'))} µs")
+
+
+def _rate(v: float | None) -> str:
+    return f"{v:,.0f}" if v is not None else "—"
 
 
 def load_lines(p: LatencyProfile) -> list[str]:

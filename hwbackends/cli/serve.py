@@ -125,7 +125,24 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="print the directory of hwb_shm.h (the C/C++ shm client) and exit")
     p.add_argument("--grpc-port", type=number(parse_port, "port"), default=None,
                    help="serve gRPC on this port, 0 for any free one (default: no gRPC)")
-    p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default loopback)")
+    p.add_argument("--http", type=number(parse_port, "port"), default=None, metavar="PORT",
+                   help="serve the Open Inference Protocol (KServe v2 / Triton HTTP/REST) on this "
+                        "port, 0 for any free one (default: no HTTP); the gRPC port speaks it too")
+    p.add_argument("--sequences", type=count("sequence count", 1, MAX_STREAMS), default=None,
+                   metavar="N",
+                   help="with --http/--grpc-port: also serve NAME.window, N windows of "
+                        "cm.sliding(streams=N), one per live sequence_id; each request is one "
+                        "tick (default: no sequences)")
+    p.add_argument("--sequence-form", default="sliding", choices=("sliding", "streaming"),
+                   help="sliding: windows with zero state at their start (NAME.window); "
+                        "streaming: state kept across ticks (NAME.stream); default sliding")
+    p.add_argument("--sequence-idle-s", type=number(parse_seconds, "idle time"), default=None,
+                   help="a sequence silent this long may be reclaimed by a new START when all "
+                        "windows are live (default 60)")
+    p.add_argument("--max-request-bytes", type=count("byte count", 1, 1 << 30), default=1 << 20,
+                   help="largest request body/message accepted over HTTP and gRPC (default 1 MiB)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="gRPC and HTTP bind address (default loopback)")
     p.add_argument("--tls-cert", help="PEM certificate file (default: none)")
     p.add_argument("--tls-key", help="PEM private key file (default: none)")
     p.add_argument("--token-file",
@@ -186,10 +203,12 @@ def _preset(args: argparse.Namespace, backends: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..serve import Engine, EngineConfig, RouterStrategy
-    from ..serve.grpc_server import GrpcServer, read_tls_files, read_token_file
     from ..serve.metrics import PromMetrics
-    if args.grpc_port is None and args.shm is None:
-        raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT")
+    if args.grpc_port is None and args.shm is None and args.http is None:
+        raise ConfigError("nothing to serve on: give --shm NAME and/or --grpc-port PORT and/or --http PORT")
+    if args.sequences is not None and args.grpc_port is None and args.http is None:
+        raise ConfigError("--sequences serves over the Open Inference Protocol: give --http PORT "
+                          "and/or --grpc-port PORT")
     if not args.config and not args.model:
         raise ConfigError("give a MODEL (file or zoo:NAME) or --config strategies.toml --strategy NAME")
     if args.sliding:
@@ -221,18 +240,7 @@ def run(args: argparse.Namespace) -> int:
             info["metrics"] = f"http://{args.metrics_host}:{port}/metrics"
         if args.shm:
             _serve_shm(args, eng, stops, info)
-        if args.grpc_port is not None:
-            tls = None
-            if args.tls_cert or args.tls_key:
-                if not (args.tls_cert and args.tls_key):
-                    raise ConfigError("give both --tls-cert and --tls-key")
-                tls = read_tls_files(args.tls_cert, args.tls_key)
-            token = read_token_file(args.token_file) if args.token_file else None
-            g = GrpcServer(eng, host=args.host, port=args.grpc_port, tls=tls, token=token,
-                           insecure_loopback=args.insecure_loopback)
-            stops.insert(0, g.stop)
-            info["grpc"] = g.address
-            info["grpc_tls"] = g.secure
+        _serve_network(args, name, eng, backends, stops, info)
         done = threading.Event()
         # before the endpoints are printed: a supervisor that stops the server as soon as it
         # reads them (SIGTERM) gets a clean stop, not the default SIGTERM death
@@ -260,16 +268,81 @@ def _serve_until(done: threading.Event, duration: float | None) -> bool:
     return False
 
 
+def _serve_network(args: argparse.Namespace, name: str, eng: Any, backends: Any, stops: list,
+                   info: dict) -> None:
+    """The network endpoints: gRPC (own SignalService and the Open Inference Protocol's
+    service) and the protocol's HTTP/REST, with one TLS setting and one token."""
+    from ..errors import ConfigError
+    from ..serve.grpc_server import GrpcServer, read_tls_files, read_token_file
+
+    tls = token = oip = None
+    if args.grpc_port is not None or args.http is not None:
+        if args.tls_cert or args.tls_key:
+            if not (args.tls_cert and args.tls_key):
+                raise ConfigError("give both --tls-cert and --tls-key")
+            tls = read_tls_files(args.tls_cert, args.tls_key)
+        token = read_token_file(args.token_file) if args.token_file else None
+        oip = _oip_models(args, name, eng, backends, info)
+    if args.grpc_port is not None:
+        g = GrpcServer(eng, host=args.host, port=args.grpc_port, tls=tls, token=token,
+                       insecure_loopback=args.insecure_loopback, oip=oip,
+                       max_request_bytes=args.max_request_bytes)
+        stops.insert(0, g.stop)
+        info["grpc"] = g.address
+        info["grpc_tls"] = g.secure
+    if args.http is not None:
+        from ..serve.oip_http import OipHttpServer
+        h = OipHttpServer(oip, host=args.host, port=args.http, tls=tls, token=token,
+                          insecure_loopback=args.insecure_loopback,
+                          max_request_bytes=args.max_request_bytes)
+        stops.insert(0, h.stop)
+        info["http"] = h.url
+
+
+def _oip_models(args: argparse.Namespace, name: str, eng: Any, backends: Any, info: dict) -> Any:
+    """What the Open Inference Protocol serves: the engine under the strategy's name and the
+    model's, and with --sequences, ``NAME.window`` (or ``.stream``) over the compiled model's
+    windows. The names go into the start-up JSON (``oip_models``)."""
+    from ..errors import ConfigError
+    from ..serve.oip import OipModels
+    from ..serve.sequences import DEFAULT_IDLE_S, Sequences
+
+    first = backends[min(backends)] if isinstance(backends, dict) else backends
+    cm = first.lane.cms[0] if hasattr(first, "lane") else first
+    names = [name]
+    model_name = str(getattr(cm, "model_name", "") or "")
+    if model_name and model_name != name and not any(c in model_name for c in "/?#% \t\r\n"):
+        names.append(model_name)
+    sequences = {}
+    if args.sequences is not None:
+        if args.config:
+            raise ConfigError("--sequences keeps windows of one compiled model: give MODEL -t "
+                              "TARGET, not --config (a router strategy chooses per call)")
+        streaming = args.sequence_form == "streaming"
+        windows = (cm.streaming if streaming else cm.sliding)(streams=args.sequences)
+        seq = Sequences(windows, cm, idle_s=args.sequence_idle_s or DEFAULT_IDLE_S)
+        suffix = ".stream" if streaming else ".window"
+        sequences = {f"{n}{suffix}": (eng, seq) for n in names}
+        info["sequences"] = seq.stats()
+        print(f"hwb serve: {args.sequences} sequence windows ({windows.form} form) as "
+              f"{', '.join(sequences)}: one tick of {list(seq.step_shape)} per request",
+              file=sys.stderr)
+    oip = OipModels({n: eng for n in names}, sequences)
+    info["oip_models"] = oip.names
+    return oip
+
+
 def _check_sliding_args(args: argparse.Namespace) -> None:
     """``--sliding``: one compiled model behind one shm endpoint, answered in its loop."""
     from ..errors import ConfigError
 
     if not args.shm:
         raise ConfigError("--sliding serves over shared memory: give --shm NAME")
-    if args.grpc_port is not None:
+    if args.grpc_port is not None or args.http is not None:
         raise ConfigError("--sliding serves its windows over --shm only (the gRPC endpoint takes "
-                          "whole inputs); drop --grpc-port, or run gRPC from another `hwb serve` "
-                          "without --sliding")
+                          "whole inputs); drop --grpc-port/--http (over those, --sequences N "
+                          "serves a window per sequence id), or run them from another `hwb "
+                          "serve` without --sliding")
     if args.config or args.batch_sizes:
         raise ConfigError("--sliding serves one compiled model: give MODEL -t TARGET (no "
                           "--config router strategy, no --batch-sizes)")

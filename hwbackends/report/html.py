@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..bench.profile import FLOOR_FACTOR, LatencyProfile
+from ..bench.results import VERSION as RESULTS_VERSION
 from ..bench.results import BenchResults
 from ..machine import describe as machine_line
 from ..units import fmt_us
@@ -47,6 +48,8 @@ code{background:#f1f3f6;padding:0 4px;border-radius:3px;font-size:12px}
 details.long summary{cursor:pointer}pre.full{white-space:pre-wrap;word-break:break-word;font-size:11.5px;
 background:#f6f8fb;border:1px solid var(--line);padding:6px 8px;margin:4px 0;max-height:420px;overflow:auto}
 footer{color:var(--mute);font-size:12px;margin-top:26px}
+.tbl{max-width:100%;overflow-x:auto}th.num{white-space:normal}
+.tbl table{font-size:12px}.tbl th,.tbl td{padding:5px 4px}.tbl td .over{white-space:normal}
 """
 
 
@@ -78,7 +81,8 @@ def _table(head: list[str], rows: list[list[str]], num: set[int] = frozenset()) 
     th = "".join(f'<th class="{"num" if i in num else ""}">{h}</th>' for i, h in enumerate(head))
     body = "".join("<tr>" + "".join(f'<td class="{"num" if i in num else ""}">{c}</td>'
                                     for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    # the wrapper scrolls a table wider than its section instead of letting it run past the card
+    return f'<div class="tbl"><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _cards(res: BenchResults) -> str:
@@ -463,7 +467,7 @@ at offered rates (open loop, from each tick's scheduled arrival).
 Percentiles are over all timed calls (n per row). Machine: {_e(machine_line(res.machine))}
 (fingerprint {_e(res.machine.get('id', ''))}).{' Command: <code>' + _e(res.command) + '</code>' if res.command else ''}
 </p></section>
-<footer>hwbackends hardware-evaluation report · results format v1 · generated
+<footer>hwbackends hardware-evaluation report · results format v{RESULTS_VERSION} · generated
 {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</footer></main></body></html>"""
 
 
@@ -510,18 +514,19 @@ def _profile_table(ps: list[LatencyProfile], server: bool = False) -> str:
     head = ["variant", "mode", "batch", "n", "p50", "p90", "p95", "p99", "p99.9", "max", "samples/s"]
     if server:
         head.insert(3, "offered")
-        head += ["mean queue wait", "no-op floor p99"]
+        head += ["achieved/s", "mean queue wait", "no-op floor p99"]
     rows = []
     for p in ps:
         r = [f"<b>{_e(p.variant)}</b>" + (" ⚠ interrupted" if p.interrupted else ""), _badge(p.mode),
              str(p.batch_size), f"{p.n:,}", fmt_us(p.p50_us), fmt_us(p.p90_us), fmt_us(p.p95_us), fmt_us(p.p99_us),
              fmt_us(p.p999_us), fmt_us(p.max_us), f"{p.throughput:,.0f}"]
         if server:
-            rate = p.params.get("rate_hz")
-            r.insert(3, f"{rate:g}/s" if rate else "trace")
+            offered, achieved = p.offered_per_s, p.achieved_per_s
+            r.insert(3, f"{offered:,.0f}/s" if offered is not None else "—")
+            r.append(f"{achieved:,.0f}" if achieved is not None else "—")
             r.append(fmt_us(p.queue_mean_us))
             nf = p.noise_floor or {}
-            r.append(fmt_us(nf.get("p99_us")) + (' <span class="over">p99 at the noise floor</span>'
+            r.append(fmt_us(nf.get("p99_us")) + ('<br><span class="over">p99 at the noise floor</span>'
                                                   if p.at_noise_floor else ""))
         rows.append(r)
     num = set(range(2, len(head)))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import math
 from typing import Any, Sequence
 
 from ..bench.profile import LatencyProfile
@@ -135,8 +134,11 @@ def server_load(profiles: list[LatencyProfile], col: dict[str, str]) -> str:
     for p in profiles:
         by.setdefault(p.variant, []).append(p)
     for v, ps in by.items():
-        ps.sort(key=lambda p: p.params.get("rate_hz", 0))
-        ax.plot([p.params.get("rate_hz", math.nan) for p in ps], [p.p99_us for p in ps],
+        # offered_per_s: the rate as a number, or None for one a results file spells otherwise
+        ps = sorted((p for p in ps if p.offered_per_s is not None), key=lambda p: p.offered_per_s)
+        if not ps:
+            continue
+        ax.plot([p.offered_per_s / (p.batch_size or 1) for p in ps], [p.p99_us for p in ps],
                 _style(ps[0]) + "o", color=col.get(v), label=_label(ps[0]), ms=3)
     ax.set_xscale("log")
     ax.set_yscale("log")

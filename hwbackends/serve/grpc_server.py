@@ -33,7 +33,9 @@ import numpy as np
 from ..config import read_small_file, read_text_file
 from ..errors import ConfigError, InputError
 from .engine import Engine
-from .request import DEADLINE, MAX_DEADLINE_US, MIN_DEADLINE_US, Status, Unavailable, check_deadline_us
+from .grpc_handlers import add_raw_service, call_budget_us
+from .oip import run_rows
+from .request import DEADLINE, MIN_DEADLINE_US, Status, Unavailable, check_deadline_us
 
 log = logging.getLogger("hwbackends.serve")
 
@@ -144,9 +146,17 @@ def self_signed_cert(host: str = "127.0.0.1", days: int = 7) -> TLSFiles:
                                       serialization.NoEncryption()))
 
 
+def bearer_matches(value: str | bytes | None, token: str) -> bool:
+    """Whether an ``authorization`` value is ``Bearer <token>``: the scheme case-insensitive,
+    the whole value compared in constant time (the gRPC interceptor and the HTTP endpoint)."""
+    if value is None:
+        return False
+    got = value if isinstance(value, str) else value.decode(errors="replace")
+    return hmac.compare_digest((got[:7].lower() + got[7:]).encode(), f"bearer {token}".encode())
+
+
 def _auth_interceptor(token: str) -> Any:
     grpc = _grpc()
-    expected = f"bearer {token}".encode()
 
     def deny(request: Any, context: Any) -> Any:
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -157,12 +167,8 @@ def _auth_interceptor(token: str) -> Any:
     class Auth(grpc.ServerInterceptor):
         def intercept_service(self, continuation: Any, details: Any) -> Any:
             for k, v in details.invocation_metadata or ():
-                if k == "authorization":
-                    got = (v if isinstance(v, str) else v.decode(errors="replace"))
-                    # case-insensitive scheme, constant-time comparison of the whole value
-                    got_b = (got[:7].lower() + got[7:]).encode()
-                    if hmac.compare_digest(got_b, expected):
-                        return continuation(details)
+                if k == "authorization" and bearer_matches(v, token):
+                    return continuation(details)
             return deny_handler
     return Auth()
 
@@ -214,38 +220,20 @@ class _Servicer:
             asked = check_deadline_us(request.deadline_us or None, "deadline_us")
         except InputError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        # Without a client deadline gRPC reports ~9.2e18 s remaining (not None): beyond the
-        # longest deadline the engine takes, the call has none, and the engine's own default
-        # (EngineConfig.deadline_us, else none) applies.
-        remaining = context.time_remaining()
-        if remaining is not None and remaining * 1e6 > MAX_DEADLINE_US:
-            remaining = None
-        # Keep back time for the "unavailable" answer to reach the client before its own
-        # deadline fires: 10% of what is left, at least 20 ms (a loaded host needs a time
-        # slice or two to send it), never more than half.
-        if remaining is not None:
-            remaining -= min(max(0.1 * remaining, 0.020), 0.5 * remaining)
-        budget = [v for v in (asked, remaining * 1e6 if remaining is not None else None)
-                  if v is not None]
-        deadline_us = min(budget) if budget else None
+        deadline_us = call_budget_us(asked, context.time_remaining())
         if deadline_us is not None and deadline_us < MIN_DEADLINE_US:
             # The client's gRPC deadline has (all but) passed: answer at once, count nothing.
             return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=DEADLINE.reason,
                                       code=DEADLINE.status, model_version=eng.version,
                                       variant=eng.variant)
         try:
-            handles = [eng.submit(np.ascontiguousarray(x, dtype=np.float32), deadline_us) for x in xs]
+            out = run_rows(eng, np.ascontiguousarray(xs, dtype=np.float32), deadline_us)
         except InputError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        out = np.empty((len(xs), *eng.output_shape), np.float32)
-        for i, h in enumerate(handles):
-            res = eng.wait(h, out[i])
-            if isinstance(res, Unavailable):
-                for rest in handles[i + 1:]:  # the answer is "unavailable": don't run the rest
-                    eng.abandon(rest)
-                return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=res.reason,
-                                          code=res.status, model_version=eng.version,
-                                          variant=eng.variant)
+        if isinstance(out, Unavailable):
+            return pb.PredictResponse(status=pb.PredictResponse.UNAVAILABLE, reason=out.reason,
+                                      code=out.status, model_version=eng.version,
+                                      variant=eng.variant)
         if not context.is_active():  # the client left (cancelled / vanished): nothing to send
             return pb.PredictResponse()
         return pb.PredictResponse(status=pb.PredictResponse.OK, outputs=out.astype("<f4").tobytes(),
@@ -257,40 +245,24 @@ SERVICE = "hwbackends.serve.v1.SignalService"
 
 
 def _add_servicer(servicer: _Servicer, server: Any) -> None:
-    """Register the service with handlers that take the raw request bytes and parse them
-    themselves: bytes that are not a valid message are the client's mistake
-    (INVALID_ARGUMENT saying so), where gRPC's own deserializer answers INTERNAL."""
-    grpc = _grpc()
     pb, _ = _pb()
-
-    def parsing(method: Any, req_type: Any, resp_type: Any) -> Any:
-        name = req_type.DESCRIPTOR.full_name
-
-        def handler(raw: bytes, context: Any) -> Any:
-            try:
-                req = req_type.FromString(raw)
-            except Exception as exc:  # google.protobuf.message.DecodeError (any runtime)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"the request is not a valid {name} protobuf message ({exc}); "
-                              f"build it from hwbackends/serve/proto/signal.proto")
-            return method(req, context)
-        return grpc.unary_unary_rpc_method_handler(
-            handler, request_deserializer=None, response_serializer=resp_type.SerializeToString)
-
-    handlers = {"Predict": parsing(servicer.Predict, pb.PredictRequest, pb.PredictResponse),
-                "Info": parsing(servicer.Info, pb.InfoRequest, pb.InfoResponse)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+    add_raw_service(server, SERVICE,
+                    {"Predict": (servicer.Predict, pb.PredictRequest, pb.PredictResponse),
+                     "Info": (servicer.Info, pb.InfoRequest, pb.InfoResponse)},
+                    "hwbackends/serve/proto/signal.proto")
 
 
 class GrpcServer:
-    """Serve engines (``{strategy: Engine}``) over gRPC. ``port=0`` picks a free port."""
+    """Serve engines (``{strategy: Engine}``) over gRPC. ``port=0`` picks a free port.
+    ``oip``: an :class:`~hwbackends.serve.oip.OipModels` also served as the Open Inference
+    Protocol's ``inference.GRPCInferenceService`` (same port, TLS and token)."""
 
     def __init__(self, engines: Mapping[str, Engine] | Engine, *, host: str = "127.0.0.1",
                  port: int = 0, tls: TLSFiles | None = None, token: str | None = None,
                  insecure_loopback: bool = False, max_request_bytes: int = 1 << 20,
                  workers: int = 8, max_connections: int = 1000,
-                 handshake_timeout_s: float = 5.0, idle_timeout_s: float = 300.0):
+                 handshake_timeout_s: float = 5.0, idle_timeout_s: float = 300.0,
+                 oip: Any = None):
         grpc = _grpc()
         if isinstance(engines, Engine):
             engines = {engines.strategy: engines}
@@ -331,6 +303,9 @@ class GrpcServer:
                      ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
                      ("grpc.max_connection_idle_ms", int(idle_timeout_s * 1000))])
         _add_servicer(_Servicer(engines), self._server)
+        if oip is not None:  # the Open Inference Protocol's service on the same port
+            from .oip_grpc import add_oip_service
+            add_oip_service(oip, self._server)
         addr = f"{host}:{port}"
         if tls is not None:
             creds = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])

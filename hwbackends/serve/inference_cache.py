@@ -9,7 +9,7 @@ misses; the model version is part of the key so a swap never serves the old mode
 An entry records the version that computed it, and :meth:`InferenceCache.put` stores it only
 when that is the version its key names: a request keyed under version 1 that a swap let
 version 2 answer is never cached (a rollback to version 1 would otherwise serve version 2's
-output from the cache; issue 19 item 7). Such refusals are counted (``stale_puts``).
+output from the cache). Such refusals are counted (``stale_puts``).
 """
 from __future__ import annotations
 

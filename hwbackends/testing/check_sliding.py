@@ -1,5 +1,7 @@
 """The ``sliding`` check: ``cm.sliding()`` answers every tick what ``predict_into`` answers on
-the window ending at that tick (hwbackends/sliding.py), whichever form the target gives it."""
+the window ending at that tick (hwbackends/sliding.py), whichever form the target gives it;
+and ``cm.sliding(streams=N)``'s windows each answer their own ticks, through interleaved
+pushes, ``push_many`` and a reset."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,4 +100,50 @@ def check_sliding(ctx: Conformance, v: Variant) -> str:
         raise ConformanceError(f"sliding ({manual.form}, auto_prepare=False) on {cm.variant}: "
                                f"push_into then prepare() gives other answers than push_into alone "
                                f"(max diff {np.abs(split - got[:t + 2]).max():.3g})")
-    return f"{w.form}: {len(xs)} ticks over a window of {t}, max error {err:.2g} of scale {scale:.3g}"
+    many = check_streams(cm, xs, tol)
+    return (f"{w.form}: {len(xs)} ticks over a window of {t}, max error {err:.2g} of scale {scale:.3g}; "
+            f"{many}")
+
+
+#: Windows the many-window part drives.
+STREAMS = 3
+
+
+def check_streams(cm: CompiledModel, xs: np.ndarray, tol: float) -> str:
+    """``sliding(streams=STREAMS)``: window ``i`` takes its own sequence (``xs`` scaled by
+    ``1 - i/4``, reversed for odd ``i``), the windows' ticks interleaved: on every third
+    round all together through ``push_many`` (ids in a shuffled order), else one by one;
+    window 2 is reset halfway. Each window's answers must be ``predict_into``'s on its own
+    ticks (within ``tol`` of the answers' scale)."""
+    ws = cm.sliding(streams=STREAMS)
+    seqs = [np.ascontiguousarray((xs[::-1] if i % 2 else xs) * np.float32(1 - i / 4)) for i in range(STREAMS)]
+    n, half = len(xs), len(xs) // 2
+    got = np.zeros((STREAMS, n, *cm.output.shape), np.float32)
+    out = np.zeros(cm.output.shape, np.float32)
+    order = np.array([2, 0, 1], np.int64)
+    for r in range(n):
+        if r == half:
+            ws.reset(2)
+        if r % 3 == 2:
+            outs = np.zeros((STREAMS, *cm.output.shape), np.float32)
+            ws.push_many(order, np.ascontiguousarray(np.stack([seqs[i][r] for i in order.tolist()])), outs)
+            for j, i in enumerate(order.tolist()):
+                got[i, r] = outs[j]
+        else:
+            for i in range(STREAMS):
+                ws.push_into(i, seqs[i][r], out)
+                got[i, r] = out
+    worst = 0.0
+    for i in range(STREAMS):
+        want = replay(cm, seqs[i])
+        if i == 2:  # the reset: the second half starts on an empty window
+            want[half:] = replay(cm, seqs[i][half:])
+        scale = max(1.0, float(np.abs(want).max()))
+        err = float(np.abs(got[i] - want).max()) / scale
+        worst = max(worst, err)
+        if not err <= tol:
+            raise ConformanceError(
+                f"sliding(streams={STREAMS}) ({ws.form}) on {cm.variant}: window {i} differs from "
+                f"predict_into on its own ticks by {err:.3g} of the answers' scale (bound {tol:g}); "
+                f"its windows must not share state, and push_many must answer as push_into does")
+    return f"{STREAMS} windows ({ws.form}) interleaved with push_many and a reset, max error {worst:.2g}"
