@@ -27,7 +27,7 @@ from hwbackends.cli import build_parser, main
 BAD = ["-1", "0", "nan", "inf", "-inf", "1e308", "9" * 400, "text", "1_000", "0x10"]
 #: Options where 0 is a meaningful value (what it means), so "0" is not a bad value there.
 ZERO_MEANS = {
-    "--grpc-port": "any free port", "--metrics-port": "any free port",
+    "--grpc-port": "any free port", "--metrics-port": "any free port", "--http": "any free port",
     "--cache-entries": "no inference cache", "--limit": "list every store entry",
     "--num-cpus": "a head node that runs no tasks", "--shm-spin-us": "never spin",
     "--max-p50": "no rise allowed", "--max-p99": "no rise allowed",
