@@ -187,13 +187,18 @@ def _divisors(c: int) -> list[int]:
 
 @st.composite
 def _attn(draw: Any, fe: str, c: int) -> L:
-    """Self-attention over the window, output channels ``c`` (its input's)."""
+    """Self-attention over the window, output channels ``c`` (its input's); ``causal``: each
+    step attends steps up to itself (Keras ``use_causal_mask=True``; torch ``is_causal=True``,
+    with the square subsequent mask where ``nn.MultiheadAttention`` wants one)."""
+    causal = draw(st.booleans())
     if fe.startswith("keras"):
-        return _layer("attn", form="mha", heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)))
+        return _layer("attn", form="mha", heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)),
+                      causal=causal)
     form = draw(st.sampled_from(["mha", "sdpa", "encoder"]))
     if form == "sdpa":
-        return _layer("attn", form=form, heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)))
-    p: dict[str, Any] = {"form": form, "heads": draw(st.sampled_from(_divisors(c)))}
+        return _layer("attn", form=form, heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)),
+                      causal=causal)
+    p: dict[str, Any] = {"form": form, "heads": draw(st.sampled_from(_divisors(c))), "causal": causal}
     if form == "mha":
         p["weights"] = draw(st.booleans())  # need_weights: torch computes the averaged weights
     else:
@@ -465,7 +470,7 @@ def _keras_apply(spec: Spec, layers: tuple[L, ...], y: Any) -> Any:
         elif lay.kind == "slice":
             y = y[:, g("start"):g("stop")] if g("keep") else y[:, g("start")]
         elif lay.kind == "attn":
-            y = kl.MultiHeadAttention(g("heads"), g("kd"))(y, y)
+            y = kl.MultiHeadAttention(g("heads"), g("kd"))(y, y, use_causal_mask=bool(g("causal")))
         else:
             for layer in _keras_one(spec, lay):
                 y = layer(y)
@@ -596,7 +601,9 @@ if _nn is not None:
             super().__init__()
             g = lay.get
             self.form, self.t, self.heads = g("form"), t, g("heads")
-            self.weights = bool(g("weights"))
+            self.weights, self.causal = bool(g("weights")), bool(g("causal"))
+            # nn.MultiheadAttention's is_causal is a hint that needs the mask itself
+            self.register_buffer("mask", _nn.Transformer.generate_square_subsequent_mask(t))
             if self.form == "mha":
                 self.mha = _nn.MultiheadAttention(c, self.heads, batch_first=True)
             elif self.form == "sdpa":
@@ -611,15 +618,18 @@ if _nn is not None:
 
         def forward(self, x: Any) -> Any:
             import torch.nn.functional as F  # noqa: N812
+            mask = self.mask if self.causal else None
             if self.form == "mha":
-                return self.mha(x, x, x, need_weights=self.weights)[0]
+                return self.mha(x, x, x, need_weights=self.weights, attn_mask=mask,
+                                is_causal=self.causal)[0]
             if self.form == "encoder":
-                return self.enc(x)
+                return self.enc(x, src_mask=mask, is_causal=self.causal)
 
             def split(y: Any) -> Any:
                 return y.view(y.shape[0], self.t, self.heads, self.d).transpose(1, 2)
 
-            o = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+            o = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)),
+                                               is_causal=self.causal)
             return self.o(o.transpose(1, 2).reshape(x.shape[0], self.t, self.heads * self.d))
 
     class _Recurrent(_nn.Module):

@@ -669,7 +669,8 @@ class Emitter:
 
     def attention(self, layer: ir.Attention, src: str, shape: tuple[int, ...], o: str) -> None:
         """q, k, v per step (matvecs), then per head and query step the scaled scores over the
-        window, their softmax, the weighted sum of v; the heads' outputs projected by ``wo``."""
+        window (causal: over steps 0..t only), their softmax, the weighted sum of v; the heads'
+        outputs projected by ``wo``."""
         t_len, _ = shape
         hd = layer.wq.shape[1]
         d = hd // layer.heads
@@ -677,15 +678,16 @@ class Emitter:
         for buf, w, b in ((q, layer.wq, layer.bq), (k, layer.wk, layer.bk), (v, layer.wv, layer.bv)):
             self.per_step(src, shape, buf, w, b)
         p = self.buf(t_len)
+        keys = "(t + 1)" if layer.causal else str(t_len)  # causal: keys 0..t
         scale = float(np.float32(1.0 / np.sqrt(d))).hex()
         self.line(f"for (int h = 0; h < {layer.heads}; h++) for (int t = 0; t < {t_len}; t++) {{ "
                   f"const float *qt = {q} + t * {hd} + h * {d}; float m = -3.0e38f; "
-                  f"for (int s = 0; s < {t_len}; s++) {{ const float *ks = {k} + s * {hd} + h * {d}; "
+                  f"for (int s = 0; s < {keys}; s++) {{ const float *ks = {k} + s * {hd} + h * {d}; "
                   f"float z = 0.0f; for (int e = 0; e < {d}; e++) z += qt[e] * ks[e]; z *= {scale}f; "
                   f"{p}[s] = z; m = z > m ? z : m; }} float sum = 0.0f; "
-                  f"for (int s = 0; s < {t_len}; s++) {{ {p}[s] = hwb_exp({p}[s] - m); sum += {p}[s]; }} "
+                  f"for (int s = 0; s < {keys}; s++) {{ {p}[s] = hwb_exp({p}[s] - m); sum += {p}[s]; }} "
                   f"const float inv = 1.0f / sum; float *at = {a} + t * {hd} + h * {d}; "
-                  f"for (int e = 0; e < {d}; e++) at[e] = 0.0f; for (int s = 0; s < {t_len}; s++) {{ "
+                  f"for (int e = 0; e < {d}; e++) at[e] = 0.0f; for (int s = 0; s < {keys}; s++) {{ "
                   f"const float ps = {p}[s] * inv; const float *vs = {v} + s * {hd} + h * {d}; "
                   f"for (int e = 0; e < {d}; e++) at[e] += ps * vs[e]; }} }}")
         self.attention_out(a, (t_len, hd), o, layer)

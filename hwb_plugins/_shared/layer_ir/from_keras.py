@@ -107,6 +107,8 @@ def _functional(km: Any, target: str) -> list[Layer]:
             if why:
                 raise _refuse(target, op, f"a residual add only ({why})")
         else:
+            if cls == "MultiHeadAttention":
+                _k_mha_mask(target, op, nodes[0])  # a mask tensor is refused by its name
             if len(set(ins)) != 1 or not ch.enter(ins[0]):
                 raise _refuse(target, op, "the graph branches or merges here; chains with residual "
                                           "adds (Add) and self-attention are compiled")
@@ -124,6 +126,10 @@ def _k_layer(target: str, op: Any, node: Any) -> list[Layer]:
         return []
     if cls == "GetItem":
         return _k_getitem(target, op, node)
+    if cls == "MultiHeadAttention":
+        layers = _k_attention(target, op, op.get_config(), op.get_weights())
+        layers[0].causal = _k_mha_mask(target, op, node)  # type: ignore[attr-defined]
+        return layers
     conv = _KERAS.get(cls)
     if conv is None or not hasattr(op, "get_config"):
         raise _refuse(target, op)
@@ -186,6 +192,22 @@ def _k_bidirectional(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer
         sides += _keras_recurrent(target, sub, sub_cfg, sub.get_weights())
     fw, bw = sides
     return [Bidirectional(layer.name, fw, bw)]  # type: ignore[arg-type]
+
+
+def _k_mha_mask(target: str, op: Any, node: Any) -> bool:
+    """How a MultiHeadAttention call masks: ``use_causal_mask=True`` is causal attention (the
+    IR's ``causal``); an ``attention_mask`` tensor, or a Keras mask carried by the query or
+    value (``Masking``, ``mask_zero``), is refused by name — the IR holds no other mask."""
+    kw = dict(getattr(node.arguments, "kwargs", {}) or {})
+    if kw.get("attention_mask") is not None:
+        raise _refuse(target, op, "attention_mask (a mask tensor) is not compiled; causal "
+                                  "attention written as use_causal_mask=True is")
+    for t in node.input_tensors:
+        if getattr(t, "_keras_mask", None) is not None:
+            raise _refuse(target, op, "its input carries a Keras mask (Masking / mask_zero), "
+                                      "which the attention would apply and this target "
+                                      "does not compile")
+    return bool(kw.get("use_causal_mask", False))
 
 
 def _k_attention(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:

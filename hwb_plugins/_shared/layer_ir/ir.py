@@ -13,7 +13,7 @@ SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, 
              "softmax, gelu), BatchNormalization, LayerNormalization, Conv1D (valid/same/causal), "
              "ZeroPadding1D, Cropping1D, MaxPooling1D/AveragePooling1D (valid), GlobalAverage/"
              "MaxPooling1D, Flatten, LSTM, GRU (tanh/sigmoid), Bidirectional (concat), "
-             "MultiHeadAttention (self-attention), Add (residual), x[:, i] / x[:, a:b], Dropout; "
+             "MultiHeadAttention (self-attention; use_causal_mask, no attention_mask), Add (residual), x[:, i] / x[:, a:b], Dropout; "
              "torch: see TORCH_OPS; ONNX: see ONNX_OPS")
 
 
@@ -173,9 +173,11 @@ class Bidirectional(Layer):
 
 @dataclass
 class Attention(Layer):
-    """Multi-head self-attention over the fixed window (T, C), no mask: per head
+    """Multi-head self-attention over the fixed window (T, C): per head
     ``softmax(q·kᵀ / sqrt(d)) · v`` with ``q = x·wq + bq`` (``wq`` (C, heads·d)), likewise k and
-    v; heads concatenated and projected by ``wo`` (heads·d, C_out) + ``bo``."""
+    v; heads concatenated and projected by ``wo`` (heads·d, C_out) + ``bo``. ``causal``: query
+    step t attends keys 0..t only (Keras ``use_causal_mask=True``, torch ``is_causal=True``);
+    no other mask is represented (a front end refuses one by name)."""
 
     wq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
     bq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
@@ -186,6 +188,7 @@ class Attention(Layer):
     wo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
     bo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
     heads: int = 1
+    causal: bool = False
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (shape[0], self.wo.shape[1])
@@ -237,7 +240,7 @@ TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, BatchNorm1d
              "(x[:, -1], x[..., :-p]), residual adds (a + b of two branches from one tensor), "
              "transpose/permute/(un)squeeze, flatten/view to (batch, features), Linear per time "
              "step, self-attention (nn.MultiheadAttention, F.scaled_dot_product_attention, "
-             "softmax(q·kᵀ)·v; no mask, not causal, self-attention only), "
+             "softmax(q·kᵀ)·v; is_causal=True or no mask, no attn_mask, self-attention only), "
              "nn.TransformerEncoderLayer (eval)")
 
 def f32(a: Any) -> np.ndarray:

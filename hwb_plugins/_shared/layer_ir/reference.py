@@ -142,6 +142,8 @@ def _attention(layer: Attention, x: np.ndarray) -> np.ndarray:
     for j in range(h):
         sl = slice(j * d, (j + 1) * d)
         s = q[..., sl] @ np.swapaxes(k[..., sl], 1, 2) / np.sqrt(d)
+        if layer.causal:  # query t sees keys 0..t
+            s = np.where(np.tri(s.shape[-2], s.shape[-1], dtype=bool), s, -np.inf)
         outs.append(activate(s, "softmax") @ v[..., sl])
     return np.concatenate(outs, -1) @ layer.wo.astype(np.float64) + layer.bo
 
