@@ -97,6 +97,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     executor, art = loaded
     cm = wrap(executor, art, req.avail, req.m.name, nan_policy, tgt)
     cm.data = req.data
+    cm.upgraded = req.m.meta.get("upgraded")
     if fidelity:
         cm.fidelity = fidelity_of(req.m, cm, req.val, kinds)
         say(f"{cm.variant} fidelity: {cm.fidelity}")
