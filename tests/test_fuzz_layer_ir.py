@@ -10,6 +10,9 @@ framework:
   fidelity check (on held-out inputs, neither the calibration nor the test set) passed it; a
   variant that check refuses (``compile()`` raises ``FidelityGateError``) is counted as
   refused by its gate;
+* causal attention, the element-wise ops (ELU, SELU, Softplus, LogSoftmax, ReLU6/Clip, Exp,
+  Neg, HardSigmoid, Softsign, PReLU) and torch/ONNX models taking their window
+  channels-first (into a Conv1d, pool or BatchNorm1d) are drawn among the rest;
 * each desk layer family (``fuzz_models.FAMILIES``: causal/left padding, time slices,
   LayerNorm, GELU, stacked and bidirectional LSTM/GRU, residual blocks, attention, per-step
   Dense) in each front end that claims it, IR and fp32 C, so a small budget covers them all.
@@ -71,7 +74,8 @@ FAILURES: list[str] = []  # the first failing specs (Hypothesis' shrinking adds 
 
 def _who(spec: Spec) -> str:
     """A failing spec as the report lists it: its layers, seed and flatten layout."""
-    return f"{spec.describe()} [seed={spec.seed} channels_first_flatten={spec.channels_first_flatten}]"
+    return (f"{spec.describe()} [seed={spec.seed} channels_first_flatten={spec.channels_first_flatten} "
+            f"channels_first_input={spec.channels_first_input}]")
 
 
 def _tally(key: str, failure: str = "") -> None:
@@ -129,6 +133,8 @@ def _check_ir(spec: Spec, what: str = "ir") -> None:
         _tally(f"{what} wrong", f"{_who(spec)}: IR off by {err:.3g}")
     assert err <= FP32_BOUND, f"{spec.describe()}: IR reference off by {err:.3g} of the output scale"
     _tally(f"{what} right")
+    if spec.channels_first_input:
+        _tally(f"{what} right (channels-first input)")
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
@@ -170,6 +176,8 @@ def _check_fp32(spec: Spec, what: str = "fp32") -> None:
         _tally(f"{what} wrong", f"{_who(spec)}: C off by {err:.3g}")
     assert err <= FP32_BOUND, f"{spec.describe()}: C off by {err:.3g} of the output scale"
     _tally(f"{what} right")
+    if spec.channels_first_input:
+        _tally(f"{what} right (channels-first input)")
 
 
 @_settings(5, 4)
