@@ -70,7 +70,7 @@ def tally(request) -> ob.Tally:
 
 @pytest.mark.slow
 def test_every_case_is_right_or_refused(tally: ob.Tally) -> None:
-    """About a minute per target (loaded machine: 60-70 s for ref and cpu.onnxruntime)."""
+    """About 30-90 s per target (informal: the loaded 2-core dev machine)."""
     bad = [o for o in tally.outcomes if o.verdict in ("wrong", "raw")]
     assert not bad, "\n".join(f"{o.verdict} {o.case}: {o.detail}" for o in bad)
     counts = tally.counts()
