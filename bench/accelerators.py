@@ -66,7 +66,7 @@ def latency_table(models: list[str], rounds: int, calls: int) -> list[dict[str, 
             tgt = hwb.get_registry().target(target)
             if m.format not in tgt.formats and target != "tpu.xla":
                 continue  # LiteRT and the Edge TPU take Keras models
-            cm = hwb.compile(m, target, prec)
+            cm = hwb.compile(m, target, prec, gate=False)
             key = f"{target}:{prec}"
             fns[key] = (lambda cm=cm, x=x, out=out: cm.predict_into(x, out))
             info[key] = cm

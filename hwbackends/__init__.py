@@ -19,6 +19,7 @@ from .errors import (
     CacheError,
     CompileError,
     ConfigError,
+    FidelityGateError,
     HwbError,
     InputError,
     ModelError,
@@ -45,7 +46,7 @@ def targets() -> dict[str, Target]:
 __all__ = [
     "Artifact", "ArtifactStore", "Availability", "CONTRACT_VERSION", "CacheError", "CompileError",
     "CompileOptions", "CompiledModel", "ConfigError", "Converter", "Executor", "Fidelity",
-    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "RunContext", "Target",
+    "FidelityGateError",    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "RunContext", "Target",
     "TensorSpec", "Tolerance", "UnavailableError", "UnknownTargetError", "UnsupportedError",
     "compile", "get_registry", "hookimpl", "load_model", "register_plugin", "targets",
 ]

@@ -42,6 +42,9 @@ class CompiledModel:
         #: Where the calibration and validation inputs came from (``compile`` sets it:
         #: ``{"calibration": DataSource dict or None, "validation": …}``, hwbackends/samples.py).
         self.data: dict[str, Any] = {}
+        #: how the source model was converted before any target saw it (an old ONNX opset
+        #: upgraded: ``Model.meta["upgraded"]``), None when it was taken as written
+        self.upgraded: dict[str, Any] | None = None
         #: False when the executor takes any batch size (``predict`` then makes one call).
         self.static_batch = static_batch
         # The hot path: the executor's own bound method, so a call costs what the library costs.
@@ -121,6 +124,7 @@ class CompiledModel:
             "hardware_estimate": self.artifact.meta.get("hardware_estimate"),
             "fidelity": self.fidelity.to_dict() if self.fidelity else None,
             "data": self.data,
+            "upgraded": self.upgraded,
         }
 
     def __repr__(self) -> str:

@@ -5,6 +5,8 @@ tell the caller *which* part failed (input, model, target, compile, cache, plugi
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class HwbError(Exception):
     """Base class of every error hwbackends raises on purpose."""
@@ -41,6 +43,20 @@ class CompileError(HwbError):
         self.target = target
         self.precision = precision
         self.log = log
+
+
+class FidelityGateError(HwbError):
+    """A variant was built but fails its precision's fidelity gate, so ``compile()`` does not
+    hand it out. ``.variant`` is the loaded :class:`~hwbackends.CompiledModel` (for
+    inspection: ``.variant.fidelity``), ``.fidelity`` its figures, ``.violations`` what it
+    missed, ``.family`` the precision family whose gate it missed."""
+
+    def __init__(self, message: str, *, variant: Any, violations: list[str], family: str):
+        super().__init__(message)
+        self.variant = variant
+        self.fidelity = getattr(variant, "fidelity", None)
+        self.violations = list(violations)
+        self.family = family
 
 
 class CacheError(HwbError):

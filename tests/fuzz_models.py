@@ -71,9 +71,20 @@ class Spec:
     #: torch: flatten the channels-first tensor (its own layout) instead of transposing back
     channels_first_flatten: bool = False
     extra: dict = field(default_factory=dict, compare=False)
+    #: torch/ONNX: the model takes its window channels-first, ``input_shape`` (channels,
+    #: time), straight into its first Conv1d/pool/BatchNorm1d (no transpose before it)
+    channels_first_input: bool = False
+
+    def window(self) -> tuple[int, int]:
+        """(time steps, channels) of the window the layers run over (0 steps: flat)."""
+        if len(self.input_shape) == 1:
+            return 0, self.input_shape[0]
+        a, b = self.input_shape
+        return (b, a) if self.channels_first_input else (a, b)
 
     def describe(self) -> str:
-        return f"{self.frontend} {self.input_shape} " + " ".join(lay.describe() for lay in self.layers)
+        cf = " channels-first" if self.channels_first_input else ""
+        return f"{self.frontend} {self.input_shape}{cf} " + " ".join(lay.describe() for lay in self.layers)
 
 
 def _layer(layer_kind: str, **p: Any) -> L:
@@ -114,9 +125,26 @@ def _chain_only(spec: Spec) -> bool:
 
 
 # -- the strategy -------------------------------------------------------------------------------
+#: the element-wise ops each front end writes as one layer/module/node: Keras has no
+#: negation activation, torch's Softsign is abs/add/div nodes. ``exp`` is drawn as the exp of
+#: a tanh (two layers): exp over the fuzz's unbounded values, twice, overflows to inf.
+ELEMENTWISE = {
+    "keras": ("elu", "selu", "softplus", "log_softmax", "relu6", "exp", "hard_sigmoid", "softsign", "prelu"),
+    "torch": ("elu", "selu", "softplus", "log_softmax", "relu6", "exp", "neg", "hard_sigmoid", "prelu"),
+    "onnx": ("elu", "selu", "softplus", "log_softmax", "relu6", "exp", "neg", "hard_sigmoid", "softsign",
+             "prelu"),
+}
+ELEMENTWISE["keras_functional"] = ELEMENTWISE["keras"]
+
+
 def _acts(fe: str, desk: bool) -> list[str]:
     gelu = ["gelu"] + (["gelu_tanh"] if fe == "torch" else [])
-    return list(ACTS) + (gelu if desk and fe != "onnx" else [])
+    return list(ACTS) + (gelu if desk and fe != "onnx" else []) + list(ELEMENTWISE[fe])
+
+
+def _over_one(kind: Any) -> bool:
+    """(log) softmax over one channel: a constant (ones, zeros), nothing left to normalise."""
+    return kind in ("softmax", "log_softmax")
 
 
 @st.composite
@@ -187,13 +215,18 @@ def _divisors(c: int) -> list[int]:
 
 @st.composite
 def _attn(draw: Any, fe: str, c: int) -> L:
-    """Self-attention over the window, output channels ``c`` (its input's)."""
+    """Self-attention over the window, output channels ``c`` (its input's); ``causal``: each
+    step attends steps up to itself (Keras ``use_causal_mask=True``; torch ``is_causal=True``,
+    with the square subsequent mask where ``nn.MultiheadAttention`` wants one)."""
+    causal = draw(st.booleans())
     if fe.startswith("keras"):
-        return _layer("attn", form="mha", heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)))
+        return _layer("attn", form="mha", heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)),
+                      causal=causal)
     form = draw(st.sampled_from(["mha", "sdpa", "encoder"]))
     if form == "sdpa":
-        return _layer("attn", form=form, heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)))
-    p: dict[str, Any] = {"form": form, "heads": draw(st.sampled_from(_divisors(c)))}
+        return _layer("attn", form=form, heads=draw(st.integers(1, 3)), kd=draw(st.integers(1, 4)),
+                      causal=causal)
+    p: dict[str, Any] = {"form": form, "heads": draw(st.sampled_from(_divisors(c))), "causal": causal}
     if form == "mha":
         p["weights"] = draw(st.booleans())  # need_weights: torch computes the averaged weights
     else:
@@ -284,7 +317,7 @@ def _window_layer(draw: Any, kind: str, w: _Window, fe: str, desk: bool, family:
         return [_layer("bn")]
     if kind == "act":
         act = draw(_act(fe, desk, "gelu" if family == "gelu" else None))
-        w.narrow = 0 if act.get("kind") == "softmax" and w.c == 1 else w.narrow  # all ones
+        w.narrow = 0 if _over_one(act.get("kind")) and w.c == 1 else w.narrow  # all ones
         return [act]
     if kind == "rnn":
         return [w.after_rnn(draw(_rnn(fe, desk, True, bidir=True if family == "bidirectional" else None)))]
@@ -331,7 +364,7 @@ def _flat_layers(draw: Any, fe: str, desk: bool, family: str | None, width: int,
             out.append(_layer("dense", units=width, act="linear"))
         elif kind == "act":
             out.append(draw(_act(fe, desk, "gelu" if i == at else None)))
-            narrow = 0 if out[-1].get("kind") == "softmax" and width == 1 else narrow
+            narrow = 0 if _over_one(out[-1].get("kind")) and width == 1 else narrow
         elif kind == "res":
             out.append(draw(_residual(fe, 0, width, flat=True)))
         else:
@@ -372,13 +405,15 @@ def specs(draw: Any, frontend: str | None = None, *, family: str | None = None, 
             layers += [draw(_act(fe, desk))] if draw(st.booleans()) else []
             layers.append(_layer("flatten"))
             # a softmax over one channel is all ones: nothing left for a layer norm
-            narrow = 0 if layers[0].get("kind") == "softmax" and shape[1] == 1 else int(np.prod(shape))
+            narrow = 0 if _over_one(layers[0].get("kind")) and shape[1] == 1 else int(np.prod(shape))
     width = _flat_width(shape, layers)
     layers += _flat_layers(draw, fe, desk, family if not window else None, width, min(narrow, width))
     head = draw(st.sampled_from(["linear", "linear", "tanh", "sigmoid", "softmax"]))
     layers.append(_layer("dense", units=draw(st.integers(1, 4)), act=head))
-    return Spec(fe, shape, tuple(layers), draw(st.integers(0, 2**16)),
-                channels_first_flatten=draw(st.booleans()))
+    cf_in = (fe in ("torch", "onnx") and len(shape) == 2 and layers[0].kind in ("conv", "pool", "bn")
+             and draw(st.booleans()))
+    return Spec(fe, shape[::-1] if cf_in else shape, tuple(layers), draw(st.integers(0, 2**16)),
+                channels_first_flatten=draw(st.booleans()), channels_first_input=cf_in)
 
 
 def _flat_width(shape: tuple[int, ...], layers: list[L]) -> int:
@@ -435,7 +470,12 @@ def _keras_one(spec: Spec, lay: L) -> list[Any]:
         kind = g("kind")
         return [kl.LeakyReLU(negative_slope=g("alpha")) if kind == "leaky_relu" else
                 kl.Softmax() if kind == "softmax" and spec.seed % 2 else
-                kl.ReLU() if kind == "relu" and spec.seed % 2 else kl.Activation(kind)]
+                kl.ReLU() if kind == "relu" and spec.seed % 2 else
+                kl.PReLU() if kind == "prelu" else
+                kl.ELU(alpha=0.7) if kind == "elu" and spec.seed % 2 else
+                kl.ReLU(max_value=6.0) if kind == "relu6" and spec.seed % 2 else
+                kl.Activation({"exp": "exponential"}.get(kind, kind))] if kind != "exp" else \
+            [kl.Activation("tanh"), kl.Activation("exponential")]
     if lay.kind == "rnn":
         if g("cell") == "lstm":
             rnn = kl.LSTM(g("units"), return_sequences=g("seq"))
@@ -465,7 +505,7 @@ def _keras_apply(spec: Spec, layers: tuple[L, ...], y: Any) -> Any:
         elif lay.kind == "slice":
             y = y[:, g("start"):g("stop")] if g("keep") else y[:, g("start")]
         elif lay.kind == "attn":
-            y = kl.MultiHeadAttention(g("heads"), g("kd"))(y, y)
+            y = kl.MultiHeadAttention(g("heads"), g("kd"))(y, y, use_causal_mask=bool(g("causal")))
         else:
             for layer in _keras_one(spec, lay):
                 y = layer(y)
@@ -489,6 +529,9 @@ def build_keras(spec: Spec) -> Any:
         elif isinstance(layer, keras.layers.LayerNormalization):
             n = layer.get_weights()[0].shape[0]
             layer.set_weights([rng.uniform(0.5, 2.0, n), rng.normal(0, 0.5, n)])
+        elif isinstance(layer, keras.layers.PReLU):  # zeros at init; one slope per channel
+            a = layer.get_weights()[0]
+            layer.set_weights([np.broadcast_to(rng.uniform(-0.5, 0.9, a.shape[-1]), a.shape)])
         elif isinstance(layer, keras.layers.MultiHeadAttention):  # biases are zeros at init
             layer.set_weights([w + rng.normal(0, 0.3, w.shape) if w.ndim < 3 else w
                                for w in layer.get_weights()])
@@ -504,7 +547,7 @@ def _torch_sequential_ok(spec: Spec) -> bool:
             seen_flat = True
         elif lay.kind not in ("dense", "bn", "act", "ln") or (not seen_flat and lay.kind != "act"):
             return False
-        elif not seen_flat and lay.get("kind") == "softmax":
+        elif not seen_flat and _over_one(lay.get("kind")):
             return False  # nn.Softmax(dim=-1) over the window: only the op walk (a module) says so
     return True
 
@@ -521,9 +564,16 @@ def build_torch(spec: Spec) -> Any:
 def _torch_act(lay: L, dim: int) -> Any:
     from torch import nn
     kind = lay.get("kind") if lay.kind == "act" else lay.get("act")
+    if kind == "exp":
+        return nn.Sequential(nn.Tanh(), _Elementwise(kind))
+    if kind == "neg":
+        return _Elementwise(kind)
     return {"relu": nn.ReLU(), "tanh": nn.Tanh(), "sigmoid": nn.Sigmoid(), "linear": nn.Identity(),
             "softmax": nn.Softmax(dim=dim), "gelu": nn.GELU(),
-            "gelu_tanh": nn.GELU(approximate="tanh")}.get(kind) or nn.LeakyReLU(lay.get("alpha"))
+            "gelu_tanh": nn.GELU(approximate="tanh"), "elu": nn.ELU(0.7), "selu": nn.SELU(),
+            "softplus": nn.Softplus(), "log_softmax": nn.LogSoftmax(dim=dim), "relu6": nn.ReLU6(),
+            "hard_sigmoid": nn.Hardsigmoid(),
+            "prelu": nn.PReLU(1, 0.25)}.get(kind) or nn.LeakyReLU(lay.get("alpha"))
 
 
 def _torch_flat_modules(spec: Spec) -> list[Any]:
@@ -586,6 +636,20 @@ def _need(lay: L, cff: bool) -> bool | None:
 
 
 if _nn is not None:
+    class _Elementwise(_nn.Module):
+        """``torch.exp`` / ``torch.neg`` as a module (torch has none)."""
+
+        def __init__(self, fn: str) -> None:
+            super().__init__()
+            self.fn = fn
+
+        def extra_repr(self) -> str:  # the torch fingerprint is repr + weights
+            return self.fn
+
+        def forward(self, x: Any) -> Any:
+            import torch
+            return getattr(torch, self.fn)(x)
+
     class _Attention(_nn.Module):
         """Self-attention over a channels-last (batch, time, c) tensor, one of torch's ways:
         ``nn.MultiheadAttention`` (``need_weights`` either way), ``F.scaled_dot_product_attention``
@@ -596,7 +660,9 @@ if _nn is not None:
             super().__init__()
             g = lay.get
             self.form, self.t, self.heads = g("form"), t, g("heads")
-            self.weights = bool(g("weights"))
+            self.weights, self.causal = bool(g("weights")), bool(g("causal"))
+            # nn.MultiheadAttention's is_causal is a hint that needs the mask itself
+            self.register_buffer("mask", _nn.Transformer.generate_square_subsequent_mask(t))
             if self.form == "mha":
                 self.mha = _nn.MultiheadAttention(c, self.heads, batch_first=True)
             elif self.form == "sdpa":
@@ -611,15 +677,18 @@ if _nn is not None:
 
         def forward(self, x: Any) -> Any:
             import torch.nn.functional as F  # noqa: N812
+            mask = self.mask if self.causal else None
             if self.form == "mha":
-                return self.mha(x, x, x, need_weights=self.weights)[0]
+                return self.mha(x, x, x, need_weights=self.weights, attn_mask=mask,
+                                is_causal=self.causal)[0]
             if self.form == "encoder":
-                return self.enc(x)
+                return self.enc(x, src_mask=mask, is_causal=self.causal)
 
             def split(y: Any) -> Any:
                 return y.view(y.shape[0], self.t, self.heads, self.d).transpose(1, 2)
 
-            o = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+            o = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)),
+                                               is_causal=self.causal)
             return self.o(o.transpose(1, 2).reshape(x.shape[0], self.t, self.heads * self.d))
 
     class _Recurrent(_nn.Module):
@@ -651,8 +720,8 @@ if _nn is not None:
             super().__init__()
             self.spec = spec
             self.mods = _nn.ModuleList()
-            t, c = spec.input_shape if len(spec.input_shape) == 2 else (0, spec.input_shape[0])
-            self.ops, *_ = self._plan(spec.layers, t, c, False)
+            t, c = spec.window()
+            self.ops, *_ = self._plan(spec.layers, t, c, spec.channels_first_input)
 
         def _add(self, ops: list, op: str, mod: Any) -> None:
             ops.append((op, len(self.mods)))
@@ -763,6 +832,10 @@ else:  # pragma: no cover
 
 
 # -- ONNX --------------------------------------------------------------------------------------
+_ONNX_ELEMENTWISE = {"elu": "Elu", "selu": "Selu", "softplus": "Softplus", "neg": "Neg",
+                     "hard_sigmoid": "HardSigmoid", "softsign": "Softsign"}
+
+
 class _OnnxWriter:
     """A spec as ONNX nodes (opset 17): the (batch, time, channels) input transposed to
     channels-first for Conv/pooling/Pad, flattened in either layout, Gemm or MatMul+Add
@@ -776,9 +849,8 @@ class _OnnxWriter:
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.cur = "x"
-        window = len(spec.input_shape) == 2
-        self.t, self.c = spec.input_shape if window else (0, spec.input_shape[0])
-        self.cf = False
+        self.t, self.c = spec.window()
+        self.cf = spec.channels_first_input
 
     def new(self, op: str, ins: list[str], n_out: int = 1, **attrs: Any) -> str:
         from onnx import helper
@@ -800,8 +872,17 @@ class _OnnxWriter:
     def act(self, kind: str, alpha: float, axis: int) -> None:
         if kind == "leaky_relu":
             self.new("LeakyRelu", [self.cur], alpha=alpha)
-        elif kind == "softmax":
-            self.new("Softmax", [self.cur], axis=axis)
+        elif kind in ("softmax", "log_softmax"):
+            self.new("Softmax" if kind == "softmax" else "LogSoftmax", [self.cur], axis=axis)
+        elif kind == "exp":
+            self.new("Exp", [self.new("Tanh", [self.cur])])
+        elif kind in _ONNX_ELEMENTWISE:
+            self.new(_ONNX_ELEMENTWISE[kind], [self.cur], **({"alpha": 0.7} if kind == "elu" else {}))
+        elif kind == "relu6":
+            self.new("Clip", [self.cur, self.const(0.0), self.const(6.0)])
+        elif kind == "prelu":  # one slope per channel, on the channel axis
+            s = self.rng.uniform(-0.5, 0.9, self.c)
+            self.new("PRelu", [self.cur, self.const(s.reshape(-1, 1) if self.cf and self.t else s)])
         elif kind != "linear":
             self.new({"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}[kind], [self.cur])
 

@@ -12,8 +12,7 @@ from registry_helpers import registry_with
 
 import hwbackends as hwb
 from hwbackends import fidelity
-from hwbackends.cli.compile import fidelity_gate
-from hwbackends.compiler import import_artifact
+from hwbackends.compiler import fidelity_gate, import_artifact
 from hwbackends.errors import CacheError
 from hwbackends.fidelity import Tolerance, compare, gate_violations, precision_family
 from hwbackends.store import ArtifactStore

@@ -133,20 +133,33 @@ def test_int8_recurrent_state_scale_is_calibrated(store_dir, cell) -> None:
     assert not TOLERANCES["quantized"].violations(f), f
 
 
-# -- (3) torch nn.Sequential over (time, features): BatchNorm1d(T) / Softmax(dim=1) ---------------
+# -- (3) torch nn.Sequential over (a, b): BatchNorm1d(a) / Softmax(dim=1) -------------------------
 @pytest.mark.parametrize("case", ["bn_time", "bn_time_wider", "softmax_dim1"])
-def test_torch_sequential_over_time_axis_is_refused_not_wrong(store_dir, case) -> None:
-    """These act on dim 1, time, of a (batch, time, features) input; the IR applied them to
-    the channels (wrong answers, and reads past the constants when features > time)."""
+def test_torch_sequential_over_dim_1_is_right_or_refused(store_dir, case) -> None:
+    """These act on dim 1 of a 3-D input. The IR once applied them to the last axis (wrong
+    answers, and reads past the constants when that axis is wider). A BatchNorm1d reading the
+    input says its dim 1 is the channels: the input is channels-first, (channels, time), and
+    compiles exactly (fp32; int8 within its gate); a softmax over dim 1 of a window is still
+    refused naming it."""
     import torch
     from torch import nn
     t, f = (6, 4) if case != "bn_time_wider" else (3, 5)
     head = nn.BatchNorm1d(t) if case.startswith("bn") else nn.Softmax(dim=1)
     if case.startswith("bn"):
         _randomize_bn(head)
-    m = hwb.load_model(nn.Sequential(head, nn.Tanh()).eval(), example_input=torch.zeros(2, t, f))
+    seq = nn.Sequential(head, nn.Tanh()).eval()
+    m = hwb.load_model(seq, example_input=torch.zeros(2, t, f))
+    if case.startswith("bn"):
+        x = _x((t, f), 256, 3)
+        with torch.no_grad():
+            want = seq(torch.from_numpy(x)).numpy()
+        got = hwb.compile(m, "cpu.native", "fp32", store=store_dir, fidelity=False).predict(x)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        q = hwb.compile(m, "cpu.native", "int8", store=store_dir, fidelity=False, calibration_data=x)
+        assert not TOLERANCES["quantized"].violations(compare(want, q.predict(x)))
+        return
     for precision in ("fp32", "int8"):
-        with pytest.raises(UnsupportedError, match="batch_norm|softmax") as err:
+        with pytest.raises(UnsupportedError, match="softmax") as err:
             hwb.compile(m, "cpu.native", precision, store=store_dir, fidelity=False)
         assert "dim 1" in str(err.value)
 

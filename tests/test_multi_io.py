@@ -336,7 +336,7 @@ def test_calibration_reaches_each_input_by_name_not_position(target, store_dir):
     assert cm.fidelity.corr >= INT8_CORR, str(cm.fidelity)
     # The same build with the two calibration arrays swapped: the check above can fail.
     swapped = hwb.compile(m, target, "int8", calibration_data=(val[1][:768], val[0][:768]),
-                          store=store_dir)
+                          store=store_dir, gate=False)  # the failing variant, inspected
     assert swapped.fidelity.corr < 0.9, str(swapped.fidelity)
 
 

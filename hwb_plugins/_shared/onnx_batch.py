@@ -8,7 +8,11 @@ def fix_batch(proto: Any, batch: int) -> Any:
     """Static shapes: set the batch dimension of every graph input and output.
 
     The model's graph arrives with a symbolic batch, or (``model.meta["fixed_batch"]``) at
-    its exported batch, which the compiler then compiles at (see hwbackends.batchdim)."""
+    its exported batch, which the compiler then compiles at (see hwbackends.batchdim). The
+    model's own graph is left as it is (an in-process compile shares it with the model's
+    reference): the result is a copy."""
+    proto, src = type(proto)(), proto
+    proto.CopyFrom(src)
     inits = {i.name for i in proto.graph.initializer}
     for vi in [*proto.graph.input, *proto.graph.output]:
         if vi.name in inits:

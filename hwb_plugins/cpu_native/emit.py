@@ -91,6 +91,26 @@ HWB_INLINE float hwb_gelu(float x) {
     const float e = 1.0f - p * hwb_exp(-z * z);
     return 0.5f * x * (1.0f + (x < 0.0f ? -e : e));
 }
+/* log(x) for finite x >= 1 (the sums softplus and log_softmax take): Cephes' logf, the
+   mantissa in [sqrt(1/2), sqrt(2)) by a polynomial, no libm call. */
+HWB_INLINE float hwb_log_ge1(float x) {
+    union { float f; int i; } u = {x};
+    int e = ((u.i >> 23) & 0xff) - 126;
+    u.i = (u.i & 0x807fffff) | 0x3f000000;
+    float m = u.f;
+    if (m < 0.707106781186547524f) { e -= 1; m = m + m - 1.0f; } else { m = m - 1.0f; }
+    const float z = m * m, fe = (float)e;
+    float y = ((((((((7.0376836292e-2f * m - 1.1514610310e-1f) * m + 1.1676998740e-1f) * m
+              - 1.2420140846e-1f) * m + 1.4249322787e-1f) * m - 1.6668057665e-1f) * m
+              + 2.0000714765e-1f) * m - 2.4999993993e-1f) * m + 3.3333331174e-1f) * m * z;
+    y += -2.12194440e-4f * fe - 0.5f * z;
+    return m + y + 0.693359375f * fe;
+}
+/* log(1 + u) for 0 <= u <= 1, the rounding of 1 + u corrected (Goldberg's trick) */
+HWB_INLINE float hwb_log1p01(float u) {
+    const float w = 1.0f + u;
+    return w == 1.0f ? u : hwb_log_ge1(w) * (u / (w - 1.0f));
+}
 /* tanh: (1-e)/(1+e) with e = exp(-2|x|); near 0 its odd Taylor series (no cancellation). */
 HWB_INLINE float hwb_tanh(float x) {
     float a = x < 0.0f ? -x : x;
@@ -252,11 +272,35 @@ class Emitter:
                 self.line("  " + _store(dst, (b0 + k) * vw, n_out, f"a{k}_0", vw))
             self.line("}")
 
-    def act(self, kind: str, alpha: float, buf: str, size: int, last: int) -> None:
+    def act(self, kind: str, alpha: float, buf: str, size: int, last: int, beta: float = 0.0,
+            slope: np.ndarray | None = None) -> None:
+        def h(v: float) -> str:  # a float literal (inf as the largest float: -ffinite-math safe)
+            v = float(np.clip(v, -3.4028234e38, 3.4028234e38))
+            return f"{float(np.float32(v)).hex()}f"
+
+        a, b = h(alpha), h(beta)
         f = {"relu": "v > 0.0f ? v : 0.0f", "leaky_relu": f"v > 0.0f ? v : {float(alpha).hex()}f * v",
              "tanh": "hwb_tanh(v)", "sigmoid": "hwb_sigmoid(v)", "gelu": "hwb_gelu(v)",
              "gelu_tanh": "0.5f * v * (1.0f + hwb_tanh(0x1.988454p-1f * (v + 0x1.6e4a8cp-5f * v * v * v)))",
+             "elu": f"{b} * (v > 0.0f ? v : {a} * (hwb_exp(v < 0.0f ? v : 0.0f) - 1.0f))",
+             "softplus": f"({a} * v > {b} ? v : (({a} * v > 0.0f ? {a} * v : 0.0f) + hwb_log1p01("
+                         f"hwb_exp({a} * v > 0.0f ? -{a} * v : {a} * v))) / {a})",
+             "clip": f"v < {a} ? {a} : (v > {b} ? {b} : v)",
+             "hard_sigmoid": f"({a} * v + {b}) < 0.0f ? 0.0f : (({a} * v + {b}) > 1.0f ? 1.0f : {a} * v + {b})",
+             "exp": "hwb_exp(v)", "neg": "-v", "sqrt": "__builtin_sqrtf(v)",
+             "softsign": "v / (1.0f + (v < 0.0f ? -v : v))",
              }.get(kind)
+        if kind == "prelu":
+            s = np.asarray(slope, np.float32).ravel()
+            if s.size == 1:
+                f = f"v > 0.0f ? v : {h(s[0])} * v"
+            else:
+                if s.size != last:
+                    raise UnsupportedError(f"cpu.native: a PReLU of {s.size} slopes over {last} channels")
+                sn = self.const("P", s)
+                self.line(f"for (int i = 0; i < {size}; i++) {{ const float v = {buf}[i]; "
+                          f"{buf}[i] = v > 0.0f ? v : {sn}[i % {last}] * v; }}")
+                return
         if f is not None:
             self.line(f"for (int i = 0; i < {size}; i++) {{ const float v = {buf}[i]; {buf}[i] = {f}; }}")
         elif kind == "softmax":
@@ -264,8 +308,20 @@ class Emitter:
                       f"float m = q[0]; for (int i = 1; i < {last}; i++) m = q[i] > m ? q[i] : m; "
                       f"float s = 0.0f; for (int i = 0; i < {last}; i++) {{ q[i] = hwb_exp(q[i] - m); s += q[i]; }} "
                       f"const float inv = 1.0f / s; for (int i = 0; i < {last}; i++) q[i] *= inv; }}")
+        elif kind == "log_softmax":  # z - log Σ e^z, z = x - max: the sum is >= 1
+            self.line(f"for (int r = 0; r < {size // last}; r++) {{ float *q = {buf} + r * {last}; "
+                      f"float m = q[0]; for (int i = 1; i < {last}; i++) m = q[i] > m ? q[i] : m; "
+                      f"float s = 0.0f; for (int i = 0; i < {last}; i++) s += hwb_exp(q[i] - m); "
+                      f"const float ls = hwb_log_ge1(s); for (int i = 0; i < {last}; i++) q[i] = (q[i] - m) - ls; }}")
         elif kind != "linear":
             raise UnsupportedError(f"cpu.native: activation {kind!r} has no C form")
+
+    def transpose(self, src: str, shape: tuple[int, ...], o: str) -> str:
+        """``(a, b) -> (b, a)``: a channels-first input as the IR's (time, channels)."""
+        a, b = shape
+        self.line(f"for (int i = 0; i < {a}; i++) for (int j = 0; j < {b}; j++) "
+                  f"{o}[j * {a} + i] = {src}[i * {b} + j];")
+        return o
 
     # -- layers --------------------------------------------------------------------------------
     def layer(self, layer: ir.Layer, src: str, shape: tuple[int, ...], dst: str | None,
@@ -283,7 +339,7 @@ class Emitter:
         if isinstance(layer, ir.Act):
             if self.fused == self.cur:
                 return src
-            self.act(layer.kind, layer.alpha, src, size, out_shape[-1])
+            self.act(layer.kind, layer.alpha, src, size, out_shape[-1], layer.beta, layer.slope)
             return src
         if isinstance(layer, ir.Flatten):
             return src
@@ -612,7 +668,8 @@ class Emitter:
                   f"{tanh_parts('cc', 'c')} {h}[j] = cn / (do_ * cd); }}")
 
 
-    # -- the desk layers: padding, slicing, residuals, layer norm, bidirectional, attention --
+    # -- the desk layers: padding, slicing, residuals, layer norm, bidirectional, attention,
+    # -- a channels-first input's transpose
     def desk(self, layer: ir.Layer, src: str, shape: tuple[int, ...], o: str,
              out_shape: tuple[int, ...]) -> str:
         size, c = int(np.prod(out_shape)), shape[-1]
@@ -636,6 +693,8 @@ class Emitter:
             self.line(f"for (int i = 0; i < {size}; i++) {o}[i] = {body}[i] + {short}[i];")
         elif isinstance(layer, ir.Bidirectional):
             self.bidirectional(layer, src, shape, o)
+        elif isinstance(layer, ir.Transpose):
+            self.transpose(src, shape, o)
         else:
             self.attention(layer, src, shape, o)  # type: ignore[arg-type]
         return o
@@ -683,7 +742,8 @@ class Emitter:
 
     def attention(self, layer: ir.Attention, src: str, shape: tuple[int, ...], o: str) -> None:
         """q, k, v per step (matvecs), then per head and query step the scaled scores over the
-        window, their softmax, the weighted sum of v; the heads' outputs projected by ``wo``."""
+        window (causal: over steps 0..t only), their softmax, the weighted sum of v; the heads'
+        outputs projected by ``wo``."""
         t_len, _ = shape
         hd = layer.wq.shape[1]
         d = hd // layer.heads
@@ -691,15 +751,16 @@ class Emitter:
         for buf, w, b in ((q, layer.wq, layer.bq), (k, layer.wk, layer.bk), (v, layer.wv, layer.bv)):
             self.per_step(src, shape, buf, w, b)
         p = self.buf(t_len)
+        keys = "(t + 1)" if layer.causal else str(t_len)  # causal: keys 0..t
         scale = float(np.float32(1.0 / np.sqrt(d))).hex()
         self.line(f"for (int h = 0; h < {layer.heads}; h++) for (int t = 0; t < {t_len}; t++) {{ "
                   f"const float *qt = {q} + t * {hd} + h * {d}; float m = -3.0e38f; "
-                  f"for (int s = 0; s < {t_len}; s++) {{ const float *ks = {k} + s * {hd} + h * {d}; "
+                  f"for (int s = 0; s < {keys}; s++) {{ const float *ks = {k} + s * {hd} + h * {d}; "
                   f"float z = 0.0f; for (int e = 0; e < {d}; e++) z += qt[e] * ks[e]; z *= {scale}f; "
                   f"{p}[s] = z; m = z > m ? z : m; }} float sum = 0.0f; "
-                  f"for (int s = 0; s < {t_len}; s++) {{ {p}[s] = hwb_exp({p}[s] - m); sum += {p}[s]; }} "
+                  f"for (int s = 0; s < {keys}; s++) {{ {p}[s] = hwb_exp({p}[s] - m); sum += {p}[s]; }} "
                   f"const float inv = 1.0f / sum; float *at = {a} + t * {hd} + h * {d}; "
-                  f"for (int e = 0; e < {d}; e++) at[e] = 0.0f; for (int s = 0; s < {t_len}; s++) {{ "
+                  f"for (int e = 0; e < {d}; e++) at[e] = 0.0f; for (int s = 0; s < {keys}; s++) {{ "
                   f"const float ps = {p}[s] * inv; const float *vs = {v} + s * {hd} + h * {d}; "
                   f"for (int e = 0; e < {d}; e++) at[e] += ps * vs[e]; }} }}")
         self.attention_out(a, (t_len, hd), o, layer)
@@ -709,7 +770,8 @@ class Emitter:
 
 
 #: layers :meth:`Emitter.desk` writes
-_DESK = (ir.Pad1D, ir.TimeSlice, ir.LayerNorm, ir.Residual, ir.Bidirectional, ir.Attention)
+_DESK = (ir.Pad1D, ir.TimeSlice, ir.LayerNorm, ir.Residual, ir.Bidirectional, ir.Attention,
+         ir.Transpose)
 
 
 def vector_shape(requires: list[str]) -> tuple[int, int]:

@@ -26,13 +26,14 @@ from ..store import ArtifactStore
 from .adopt import import_artifact
 from .build import Run, build, load_cached, wrap
 from .converters import conversion_path
+from .gate import enforce_gate, fidelity_gate
 from .heartbeat import heartbeat
 from .reload_check import check_reload, make_reload_check
 from .request import CORE_FORMAT, CompileRequest, fidelity_of, resolve
 
 log = logging.getLogger("hwbackends")
 
-__all__ = ["CORE_FORMAT", "CompileRequest", "check_reload", "compile", "conversion_path",
+__all__ = ["CORE_FORMAT", "CompileRequest", "check_reload", "compile", "conversion_path", "fidelity_gate",
            "heartbeat", "import_artifact", "make_reload_check"]
 
 
@@ -46,7 +47,7 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
             isolate_compile: bool = True, timeout: float | None = None,
             rebuild: bool = False, progress: Progress | None = None,
             registry: Registry | None = None, limits: cost.Limits | None = None,
-            output_kind: str | dict[str, str] | None = None) -> CompiledModel:
+            output_kind: str | dict[str, str] | None = None, gate: bool = True) -> CompiledModel:
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
@@ -68,6 +69,11 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     ``output_kind`` says what the output is (``signed``, ``regression``, ``probabilities``,
     ``logits``; a dict by output name for several), which decides the metrics the fidelity
     gates on; without it the kind is inferred from the reference and ``cm.fidelity`` says so.
+    A variant whose measured fidelity fails its precision's gate (:func:`.gate.fidelity_gate`,
+    the check ``hwb compile`` exits 3 on) is not returned: :class:`FidelityGateError` is
+    raised, carrying the figures and the variant (``err.variant``) for inspection. Pass
+    ``gate=False`` to get ungated variants (a benchmark or a router that applies its own
+    tolerance); ``fidelity=False`` measures nothing, so gates nothing.
     """
     say = progress or log_progress
     req = resolve(CompileRequest(model, target, precision, batch_size, threads, options,
@@ -91,9 +97,12 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     executor, art = loaded
     cm = wrap(executor, art, req.avail, req.m.name, nan_policy, tgt)
     cm.data = req.data
+    cm.upgraded = req.m.meta.get("upgraded")
     if fidelity:
         cm.fidelity = fidelity_of(req.m, cm, req.val, kinds)
         say(f"{cm.variant} fidelity: {cm.fidelity}")
+        if gate:
+            enforce_gate(cm)
     return cm
 
 

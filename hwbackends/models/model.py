@@ -153,6 +153,7 @@ class Model:
                 "inputs": [s.to_dict() for s in self.inputs],
                 "outputs": [s.to_dict() for s in self.outputs],
                 "batch": self.meta.get("batch"),
+                "upgraded": self.meta.get("upgraded"),  # an old ONNX opset converted (models/onnx.py)
                 "source": str(self.source) if self.source else None}
 
     # -- transport to the compile child process ---------------------------------------------

@@ -1,6 +1,10 @@
 """The ONNX reader: a ``ModelProto`` as a :class:`~.model.Model` (static specs with the batch
 dimension resolved, fingerprint from the serialised graph, the reference ONNX Runtime
-without graph optimisations)."""
+without graph optimisations). A graph older than ONNX Runtime runs (default-domain opset
+below :data:`MIN_OPSET`) is first upgraded to :data:`UPGRADE_OPSET` with
+``onnx.version_converter``, so every target sees the upgraded graph; ``Model.describe()``
+names the conversion (``upgraded``), and a graph the converter cannot upgrade is refused
+naming it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,11 +30,92 @@ def load_onnx(path: Path, name: str, lim: cost.Limits) -> Model:
     return from_onnx(proto, name, path, lim, c)
 
 
+#: The oldest default-domain opset ONNX Runtime runs; an older graph is upgraded first.
+MIN_OPSET = 7
+#: What an old graph is upgraded to (the torch exporter's default opset).
+UPGRADE_OPSET = 17
+
+
+def default_opset(proto: Any) -> int | None:
+    """The graph's ``ai.onnx`` (default domain) opset version, None when it imports none."""
+    vs = [int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")]
+    return vs[0] if vs else None
+
+
+def upgrade_opset(proto: Any, name: str) -> tuple[Any, dict[str, Any] | None]:
+    """``proto`` upgraded to :data:`UPGRADE_OPSET` when its opset is below :data:`MIN_OPSET`
+    (else itself), and what was done (None: nothing). A failed conversion is a ModelError
+    naming ``onnx.version_converter`` and the opsets."""
+    old = default_opset(proto)
+    if old is None or old >= MIN_OPSET:
+        return proto, None
+    import onnx
+    from onnx import version_converter
+
+    try:
+        new = version_converter.convert_version(_channel_slopes(proto), UPGRADE_OPSET)
+        # the converter's inferred shapes fix the exported batch inside the graph: drop them,
+        # as the file had none, so the batch rewrite (batchdim.relax_onnx) sees the graph alike
+        del new.graph.value_info[:]
+        # the new opset's IR version: an IR-3 file lists its initializers as inputs, which the
+        # converter leaves to a version where they need not be
+        new.ir_version = max(new.ir_version, onnx.helper.find_min_ir_version_for(
+            [o for o in new.opset_import if o.domain in ("", "ai.onnx")]))
+        onnx.checker.check_model(new)
+    except Exception as exc:
+        raise ModelError(f"ONNX model {name!r} uses opset {old}, older than ONNX Runtime runs "
+                         f"(≥ {MIN_OPSET}), and onnx.version_converter (onnx {onnx.__version__}) "
+                         f"could not upgrade it to opset {UPGRADE_OPSET}: "
+                         f"{type(exc).__name__}: {clip(str(exc))}. Re-export the model at opset "
+                         f"{MIN_OPSET} or later") from exc
+    return new, {"from_opset": old, "to_opset": UPGRADE_OPSET,
+                 "by": f"onnx.version_converter (onnx {onnx.__version__})"}
+
+
+def _channel_slopes(proto: Any) -> Any:
+    """A copy of opset-6 ``proto`` whose PRelu slopes of shape (C,) over an (N, C, …) input are
+    reshaped to (C, 1, …): opset 6 applies such a slope per channel, opset 7 broadcasts it
+    numpy-style over the last axis, and the version converter does not adapt it."""
+    import onnx
+    from onnx import numpy_helper
+
+    prelu = [n for n in proto.graph.node if n.op_type == "PRelu" and len(n.input) == 2]
+    if not prelu:
+        return proto
+    new = type(proto)()
+    new.CopyFrom(proto)
+    try:
+        known = onnx.shape_inference.infer_shapes(new)
+    except Exception:  # the converter will say what is wrong with the graph
+        return proto
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim)
+             for vi in [*known.graph.input, *known.graph.value_info] if vi.type.HasField("tensor_type")}
+    inits = {i.name: i for i in new.graph.initializer}
+    for n in prelu:
+        slope, rank = inits.get(n.input[1]), ranks.get(n.input[0], 0)
+        if slope is None or len(slope.dims) != 1 or slope.dims[0] <= 1 or rank <= 2:
+            continue
+        arr = numpy_helper.to_array(slope).reshape(slope.dims[0], *[1] * (rank - 2))
+        slope.CopyFrom(numpy_helper.from_array(arr, slope.name))
+        for vi in new.graph.input:  # an IR-3 file also declares it as an input
+            if vi.name == slope.name:
+                vi.type.tensor_type.shape.CopyFrom(onnx.helper.make_tensor_type_proto(
+                    slope.data_type, arr.shape).tensor_type.shape)
+    return new
+
+
 def from_onnx(proto: Any, name: str, path: Path | None, lim: cost.Limits | None = None,
                c: cost.Cost | None = None) -> Model:
     if c is None:  # an in-memory graph: its data is in it (estimated all the same)
         c = cost.onnx_cost(proto, name)
         (lim or cost.Limits.from_env()).check(c, name)
+    # The fingerprint is the file as the user has it, before any upgrade or batch rewrite
+    # (and the converter that upgraded it: another one may write another graph).
+    fp = digest(b"onnx", proto.SerializeToString(deterministic=True))
+    proto, upgraded = upgrade_opset(proto, name)
+    if upgraded:
+        fp = digest(b"onnx-upgraded", fp.encode(), upgraded["by"].encode(),
+                    str(upgraded["to_opset"]).encode())
     g = proto.graph
     inits = {i.name for i in g.initializer}
     real_inputs = [i for i in g.input if i.name not in inits]
@@ -44,13 +129,13 @@ def from_onnx(proto: Any, name: str, path: Path | None, lim: cost.Limits | None 
 
     ins = [TensorSpec(i.name, dims(i, "input")) for i in real_inputs]
     outs = [TensorSpec(o.name, dims(o, "output")) for o in g.output]
-    # The fingerprint is the file as the user has it, before any batch rewrite.
-    fp = digest(b"onnx", proto.SerializeToString(deterministic=True))
     if len(ins) > 1 or len(outs) > 1:
         graph, info = _onnx_batch_multi(proto, real_inputs, name)
     else:
         graph, info = _onnx_batch(proto, ins[0].shape, name)
     meta: dict[str, Any] = {"batch": info.to_dict(), "cost": c.to_dict()}
+    if upgraded:
+        meta["upgraded"] = upgraded
     if info.handling == batchdim.FIXED:
         meta["fixed_batch"] = info.exported
     return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)

@@ -298,7 +298,7 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                 cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=ctx.store,
                                  isolate_compile=cfg.router.isolate_compile, progress=say,
                                  calibration_data=calibration_data, registry=reg,
-                                 output_kind=s.output_kind)
+                                 output_kind=s.output_kind, gate=False)  # judged below
                 rec = VariantRecord.from_compiled(cm, reg)
             except HwbError as exc:
                 rec = VariantRecord.failed(tname, prec, av.mode.value, f"{type(exc).__name__}: {exc}")

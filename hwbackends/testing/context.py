@@ -168,6 +168,7 @@ class Conformance:
         try:
             if self.options:
                 kw.setdefault("options", dict(self.options))
+            kw.setdefault("gate", False)  # the kit's own fidelity check reports a failed gate
             cm = hwb_compile(m, self.target_name, v.precision, store=store,
                              registry=self.registry, **kw)
             if not cm.artifact.cached:

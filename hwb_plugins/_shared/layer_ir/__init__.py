@@ -51,6 +51,7 @@ from .ir import (
     Recurrent,
     Residual,
     TimeSlice,
+    Transpose,
 )
 from .read import extract
 from .reference import DenseAct, activate, apply, dense_chain, forward
@@ -58,4 +59,4 @@ from .reference import DenseAct, activate, apply, dense_chain, forward
 __all__ = ["ACTIVATIONS", "ONNX_OPS", "SUPPORTED", "TORCH_OPS", "Act", "Affine", "Attention",
            "Bidirectional", "Conv1D", "Dense", "DenseAct", "Flatten", "GlobalPool1D", "Layer",
            "LayerNorm", "Network", "Pad1D", "Pool1D", "Recurrent", "Residual", "TimeSlice",
-           "activate", "apply", "dense_chain", "extract", "forward"]
+           "Transpose", "activate", "apply", "dense_chain", "extract", "forward"]

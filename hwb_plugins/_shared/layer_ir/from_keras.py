@@ -41,13 +41,28 @@ def _refuse(target: str, layer: Any, why: str = "") -> UnsupportedError:
                             f"Supported: {SUPPORTED}")
 
 
+#: Keras 3 activation functions that are an IR kind with parameters: name → (kind, alpha,
+#: beta). keras.activations.leaky_relu's default slope is 0.2; selu is an ELU scaled;
+#: hard_sigmoid is relu6(x + 3) / 6.
+_KERAS_ACTS = {
+    "leaky_relu": ("leaky_relu", 0.2, 0.0), "elu": ("elu", 1.0, 1.0),
+    "selu": ("elu", 1.67326324, 1.05070098), "softplus": ("softplus", 1.0, float("inf")),
+    "exponential": ("exp", 0.0, 0.0), "relu6": ("clip", 0.0, 6.0),
+    "hard_sigmoid": ("hard_sigmoid", 1.0 / 6.0, 0.5),
+}
+#: IR kinds Keras names alike and that take no parameters
+_KERAS_PLAIN = ("linear", "relu", "tanh", "sigmoid", "softmax", "gelu", "log_softmax", "softsign")
+
+
 def _keras_act(target: str, layer: Any, fn: Any) -> Act:
     name = getattr(fn, "__name__", str(fn))
-    name = {"None": "linear", "leaky_relu": "leaky_relu"}.get(name, name)
-    if name not in ACTIVATIONS:
+    name = {"None": "linear"}.get(name, name)
+    if name in _KERAS_ACTS:
+        kind, a, b = _KERAS_ACTS[name]
+        return Act(f"{layer.name}_act", kind, a, b)
+    if name not in _KERAS_PLAIN or name not in ACTIVATIONS:
         raise _refuse(target, layer, f"activation {name!r}")
-    # keras.activations.leaky_relu's default slope (Keras 3)
-    return Act(f"{layer.name}_act", name, 0.2 if name == "leaky_relu" else 0.0)
+    return Act(f"{layer.name}_act", name)
 
 
 def _chain(km: Any, target: str) -> list[Any]:
@@ -107,6 +122,8 @@ def _functional(km: Any, target: str) -> list[Layer]:
             if why:
                 raise _refuse(target, op, f"a residual add only ({why})")
         else:
+            if cls == "MultiHeadAttention":
+                _k_mha_mask(target, op, nodes[0])  # a mask tensor is refused by its name
             if len(set(ins)) != 1 or not ch.enter(ins[0]):
                 raise _refuse(target, op, "the graph branches or merges here; chains with residual "
                                           "adds (Add) and self-attention are compiled")
@@ -124,6 +141,10 @@ def _k_layer(target: str, op: Any, node: Any) -> list[Layer]:
         return []
     if cls == "GetItem":
         return _k_getitem(target, op, node)
+    if cls == "MultiHeadAttention":
+        layers = _k_attention(target, op, op.get_config(), op.get_weights())
+        layers[0].causal = _k_mha_mask(target, op, node)  # type: ignore[attr-defined]
+        return layers
     conv = _KERAS.get(cls)
     if conv is None or not hasattr(op, "get_config"):
         raise _refuse(target, op)
@@ -188,6 +209,22 @@ def _k_bidirectional(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer
     return [Bidirectional(layer.name, fw, bw)]  # type: ignore[arg-type]
 
 
+def _k_mha_mask(target: str, op: Any, node: Any) -> bool:
+    """How a MultiHeadAttention call masks: ``use_causal_mask=True`` is causal attention (the
+    IR's ``causal``); an ``attention_mask`` tensor, or a Keras mask carried by the query or
+    value (``Masking``, ``mask_zero``), is refused by name — the IR holds no other mask."""
+    kw = dict(getattr(node.arguments, "kwargs", {}) or {})
+    if kw.get("attention_mask") is not None:
+        raise _refuse(target, op, "attention_mask (a mask tensor) is not compiled; causal "
+                                  "attention written as use_causal_mask=True is")
+    for t in node.input_tensors:
+        if getattr(t, "_keras_mask", None) is not None:
+            raise _refuse(target, op, "its input carries a Keras mask (Masking / mask_zero), "
+                                      "which the attention would apply and this target "
+                                      "does not compile")
+    return bool(kw.get("use_causal_mask", False))
+
+
 def _k_attention(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
     """Keras MultiHeadAttention as self-attention: kernels (C, heads, d), biases (heads, d),
     the output kernel (heads, d, C_out); Keras scales the query by 1/sqrt(key_dim)."""
@@ -212,10 +249,28 @@ def _k_dense(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
 
 
 def _k_relu(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
-    if cfg.get("max_value") is not None or cfg.get("threshold", 0.0):
-        raise _refuse(target, layer, "max_value/threshold")
     slope = float(cfg.get("negative_slope", 0.0))
+    if cfg.get("threshold", 0.0) or (cfg.get("max_value") is not None and slope):
+        raise _refuse(target, layer, "threshold, or max_value with negative_slope")
+    if cfg.get("max_value") is not None:  # ReLU(max_value=6): ReLU6
+        return [Act(layer.name, "clip", 0.0, float(cfg["max_value"]))]
     return [Act(layer.name, "leaky_relu" if slope else "relu", slope)]
+
+
+def _k_elu(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    return [Act(layer.name, "elu", float(cfg.get("alpha", 1.0)), 1.0)]
+
+
+def _k_prelu(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    """Keras PReLU: one slope per element of a sample unless ``shared_axes``; compiled when
+    they are one per channel (time shared) or one."""
+    a = np.asarray(ws[0], np.float64)
+    if a.ndim == 2:  # (time, channels): one per channel only if every step has the same
+        if not np.all(a == a[:1]):
+            raise _refuse(target, layer, "slopes that differ per time step (pass "
+                                         "shared_axes=[1] for one slope per channel)")
+        a = a[0]
+    return [Act(layer.name, "prelu", slope=a.ravel() if a.size > 1 else a.reshape(1))]
 
 
 def _k_softmax(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
@@ -288,6 +343,7 @@ _KERAS = {
     "GlobalAveragePooling1D": _k_global_pool, "GlobalMaxPooling1D": _k_global_pool,
     "LSTM": _keras_recurrent, "GRU": _keras_recurrent,
     "Activation": lambda t, layer, cfg, ws: [_keras_act(t, layer, layer.activation)],
+    "ELU": _k_elu, "PReLU": _k_prelu,
     "LeakyReLU": lambda t, layer, cfg, ws: [Act(layer.name, "leaky_relu",
                                                float(cfg.get("negative_slope", cfg.get("alpha", 0.3))))],
     "Flatten": lambda t, layer, cfg, ws: [Flatten(layer.name)],

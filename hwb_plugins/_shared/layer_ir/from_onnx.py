@@ -21,12 +21,36 @@ from .ir import (
     Recurrent,
     f32,
 )
-from .walk import Walk, final_axes, last_step, permuted, squeeze_time, time_slice, walk_dense, walk_flatten
+from .walk import (
+    Walk,
+    final_axes,
+    last_step,
+    permuted,
+    squeeze_time,
+    time_slice,
+    walk_affine,
+    walk_dense,
+    walk_flatten,
+)
 
 _META_OPS = {"Shape", "Size"}  # ops whose output is only the data's shape
 _PASS = {"Identity", "Dropout", "Cast"}
 _ZERO_KEEP = {"Expand", "Unsqueeze", "Reshape", "Cast", "Identity", "Tile", "Squeeze", "Slice", "Gather"}
 
+
+
+#: ONNX ops over (batch, channels, time): an input they read first is channels-first
+_CHANNELS_FIRST = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
+                   "GlobalMaxPool", "InstanceNormalization"}
+
+
+def _first_consumer(g: Any, value: str) -> str | None:
+    """The op of the first node reading ``value``, through Unsqueezes (torch.onnx writes a
+    1-D pool as Unsqueeze, the 2-D op, Squeeze)."""
+    for n in g.node:
+        if value in n.input:
+            return _first_consumer(g, n.output[0]) if n.op_type == "Unsqueeze" else n.op_type
+    return None
 
 
 def _onnx_attrs(n: Any) -> dict[str, Any]:
@@ -46,7 +70,11 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
         raise UnsupportedError(f"{target} compiles ONNX models over (batch, features) or (batch, "
                                f"time, channels) inputs; input {g.input[0].name!r} has {len(dims)} axes")
     w = Walk(target, consts, tuple(dims[1:]))
-    data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else ["N", "T", "C"]}
+    w.opset = next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), w.opset)
+    data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else (
+        # the model's own layout, read from the op that consumes its input
+        w.channels_first(g.input[0].name, "input")
+        if _first_consumer(g, g.input[0].name) in _CHANNELS_FIRST else ["N", "T", "C"])}
     meta: dict[str, bool] = {}  # shape-derived tensors → whether they are all zeros
     prev = {g.input[0].name}
     w.put(g.input[0].name)
@@ -213,6 +241,51 @@ def _onnx_node(w: Walk, n: Any, name: str, op: str, ax: list[str], x: str,
     return _onnx_layer(w, n, name, op, ax, meta)
 
 
+#: ONNX activations with float attributes: op → (IR kind, [(attribute, default)] as Act's
+#: alpha, beta in order); Selu is an ELU scaled by gamma.
+_ONNX_PARAM_ACTS: dict[str, tuple[str, list[tuple[str, float]]]] = {
+    "Elu": ("elu", [("alpha", 1.0), ("__scale", 1.0)]),
+    "Selu": ("elu", [("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875)]),
+    "Softplus": ("softplus", [("__beta", 1.0), ("__threshold", float("inf"))]),
+    "HardSigmoid": ("hard_sigmoid", [("alpha", 0.2), ("beta", 0.5)]),
+}
+
+
+def _softmax_axis(w: Walk, name: str, op: str, attrs: dict, ax: list[str]) -> None:
+    """A (Log)Softmax must run over the channels, the last axis (before opset 13 the default
+    axis is 1 and the input is coerced to 2-D from it: the same only when that is the last)."""
+    axis = attrs["axis"].i if "axis" in attrs else (-1 if w.opset >= 13 else 1)
+    axis %= len(ax)
+    if axis != len(ax) - 1 or ax[axis] != "C" or (w.perm is not None and ax != ["N", "C"]):
+        raise w.refuse(name, op, f"{op.lower()} over axis {axis} (holding {ax[axis]}), not the "
+                                 f"channels (the last axis)")
+
+
+def _onnx_scalar(w: Walk, n: Any, idx: int, attrs: dict, key: str, default: float) -> float:
+    """A float given as constant input ``idx`` (newer opsets) or attribute ``key``."""
+    if len(n.input) > idx and n.input[idx]:
+        if n.input[idx] not in w.consts:
+            raise w.refuse(n.name or n.op_type, n.op_type, f"its {key} is computed, not a constant")
+        return float(np.ravel(w.consts[n.input[idx]])[0])
+    return float(attrs[key].f) if key in attrs else default
+
+
+def _onnx_slope(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> np.ndarray:
+    """A PRelu slope: one, or one per channel (the axis labelled C); anything else refused."""
+    if n.input[1] not in w.consts:
+        raise w.refuse(name, op, "its slope is computed, not a constant")
+    s = np.asarray(w.consts[n.input[1]], np.float64)
+    if s.size == 1:
+        return s.reshape(1)
+    # numpy broadcasting from the right: the slope's axes are ax's last s.ndim
+    lab = ax[len(ax) - s.ndim:] if s.ndim <= len(ax) else []
+    big = [i for i, d in enumerate(s.shape) if d != 1]
+    if len(big) != 1 or not lab or lab[big[0]] != "C" or w.perm is not None:
+        raise w.refuse(name, op, f"a slope of shape {s.shape} over axes {ax}: it takes one "
+                                 f"slope, or one per channel")
+    return s.ravel()
+
+
 def _onnx_elementwise(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]] | None:
     """Activations and the ops that only move axes (None: not one of those)."""
     attrs, o = _onnx_attrs(n), n.output[0]
@@ -220,16 +293,31 @@ def _onnx_elementwise(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dic
         if op == "Cast" and attrs["to"].i != 1:
             raise w.refuse(name, op, "a cast to other than float32")
         return {o: ax}
-    if op in ("Relu", "Tanh", "Sigmoid"):
+    if op in ("Relu", "Tanh", "Sigmoid", "Exp", "Neg", "Sqrt", "Softsign"):
         w.layers.append(Act(name, op.lower()))
+        return {o: ax}
+    if op in _ONNX_PARAM_ACTS:
+        kind, params = _ONNX_PARAM_ACTS[op]
+        vals = [attrs[k].f if k in attrs else d for k, d in params]
+        w.layers.append(Act(name, kind, *vals))
+        return {o: ax}
+    if op == "Clip":
+        lo, hi = (_onnx_scalar(w, n, i, attrs, k, d)
+                  for i, k, d in ((1, "min", -np.inf), (2, "max", np.inf)))
+        w.layers.append(Act(name, "clip", lo, hi))
+        return {o: ax}
+    if op == "PRelu":
+        w.layers.append(Act(name, "prelu", slope=_onnx_slope(w, n, name, op, ax)))
+        return {o: ax}
+    if op == "LogSoftmax":
+        _softmax_axis(w, name, op, attrs, ax)
+        w.layers.append(Act(name, "log_softmax"))
         return {o: ax}
     if op == "LeakyRelu":
         w.layers.append(Act(name, "leaky_relu", attrs["alpha"].f if "alpha" in attrs else 0.01))
         return {o: ax}
     if op == "Softmax":
-        axis = attrs["axis"].i if "axis" in attrs else -1
-        if ax[axis] != "C" or (w.perm is not None and ax != ["N", "C"]):
-            raise w.refuse(name, op, f"softmax over axis {axis} (holding {ax[axis]}), not the channels")
+        _softmax_axis(w, name, op, attrs, ax)
         w.layers.append(Act(name, "softmax"))
         return {o: ax}
     if op == "Transpose":
@@ -293,6 +381,23 @@ def _onnx_dense(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str,
     return None
 
 
+def _onnx_batchnorm(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]]:
+    """An eval-mode BatchNormalization over axis 1 (the channels) as an Affine:
+    ``y = (x - mean) / sqrt(var + eps) · scale + B``."""
+    attrs, c, o = _onnx_attrs(n), w.consts, n.output[0]
+    if len(n.output) > 1 and any(n.output[1:]) or (attrs.get("training_mode") and attrs["training_mode"].i):
+        raise w.refuse(name, op, "training mode (running statistics as outputs)")
+    if len(ax) < 2 or ax[1] != "C":
+        raise w.refuse(name, op, f"it normalizes axis 1, which holds {ax[1] if len(ax) > 1 else '?'} "
+                                 f"here, not the channels")
+    if not all(i in c for i in n.input[1:5]):
+        raise w.refuse(name, op, "computed statistics")
+    g, b, mean, var = (np.asarray(c[i], np.float64) for i in n.input[1:5])
+    scale = g / np.sqrt(var + (attrs["epsilon"].f if "epsilon" in attrs else 1e-5))
+    walk_affine(w, name, op, scale, b - mean * scale)
+    return {o: ax}
+
+
 def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
                 meta: dict[str, bool]) -> dict[str, list[str]]:
     """Conv, pooling, the last step of a sequence, LSTM/GRU; anything else is refused."""
@@ -310,6 +415,8 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
         b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(wt.shape[0])
         w.layers.append(Conv1D(name, f32(kern), f32(b), s, d, pad))
         return {o: ax}
+    if op == "BatchNormalization":
+        return _onnx_batchnorm(w, n, name, op, ax)
     if op in ("MaxPool", "AveragePool"):
         t = _onnx_spatial(w, name, op, ax)
         if len(n.output) > 1 and n.output[1] or (attrs.get("ceil_mode") and attrs["ceil_mode"].i):

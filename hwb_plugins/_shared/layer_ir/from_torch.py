@@ -10,7 +10,6 @@ from hwbackends.contract import UnsupportedError
 from .ir import (
     TORCH_OPS,
     Act,
-    Affine,
     Bidirectional,
     Conv1D,
     GlobalPool1D,
@@ -23,7 +22,17 @@ from .ir import (
     first,
 )
 from .torch_attention import Fused, find_attention
-from .walk import Walk, final_axes, last_step, permuted, squeeze_time, time_slice, walk_dense, walk_flatten
+from .walk import (
+    Walk,
+    final_axes,
+    last_step,
+    permuted,
+    squeeze_time,
+    time_slice,
+    walk_affine,
+    walk_dense,
+    walk_flatten,
+)
 
 
 def read_torch(obj: Any, target: str, in_shape: tuple[int, ...]) -> list[Layer]:
@@ -60,7 +69,16 @@ def export_module(obj: Any, target: str, in_shape: tuple[int, ...]) -> Any:
 # -- torch.export programs ---------------------------------------------------------------------
 #: torch ops :func:`_aten` takes, as refusals list them.
 
-_ATEN_ACTS = {"aten.relu.default": "relu", "aten.tanh.default": "tanh", "aten.sigmoid.default": "sigmoid"}
+_ATEN_ACTS = {"aten.relu.default": "relu", "aten.tanh.default": "tanh", "aten.sigmoid.default": "sigmoid",
+              "aten.exp.default": "exp", "aten.neg.default": "neg", "aten.sqrt.default": "sqrt"}
+#: torch's SELU constants (an ELU scaled)
+_SELU = (1.6732632423543772848170429916717, 1.0507009873554804934193349852946)
+#: torch ops over (batch, channels, time): an input they read first is channels-first
+_CHANNELS_FIRST = {"aten.conv1d.default", "aten.max_pool1d.default", "aten.avg_pool1d.default",
+                   "aten.max_pool1d_with_indices.default", "aten.adaptive_avg_pool1d.default",
+                   "aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
+#: ops on the input that read only its size
+_ATEN_META = {"aten.sym_size.int", "aten.sym_numel.default"}
 _ATEN_PASS = {"aten.dropout.default", "aten.alias.default", "aten.clone.default",
               "aten.contiguous.default", "aten.detach.default"}
 
@@ -84,7 +102,7 @@ def _aten(ep: Any, target: str) -> list[Layer]:
                                f"time, channels) inputs; this one takes {in_shape}")
     w = Walk(target, {}, in_shape)
     w.kind, w.supported = "torch op", TORCH_OPS
-    data: dict[Any, list[str]] = {user[0]: ["N", "C"] if len(in_shape) == 1 else ["N", "T", "C"]}
+    data: dict[Any, list[str]] = {user[0]: _input_labels(w, ep, user[0], in_shape)}
     meta: dict[Any, bool] = {}
     prev: set[Any] = {user[0]}
     w.put(user[0])
@@ -134,6 +152,17 @@ def _aten(ep: Any, target: str) -> list[Layer]:
         if op in ("aten.lstm.input", "aten.gru.input"):
             rec = n
     return w.main()
+
+
+def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...]) -> list[str]:
+    """The input's axes: (batch, features), (batch, time, channels), or channels-first when
+    the first op reading it takes channels on dim 1 (Conv1d, pooling, BatchNorm1d): the
+    model's own layout, read from its op."""
+    if len(in_shape) == 1:
+        return ["N", "C"]
+    first = next((str(n.target) for n in ep.graph.nodes if n.op == "call_function"
+                  and x in _aten_flat(n.args) and str(n.target) not in _ATEN_META), None)
+    return w.channels_first(x, "input") if first in _CHANNELS_FIRST else ["N", "T", "C"]
 
 
 def _live(ep: Any) -> set[Any]:
@@ -221,10 +250,15 @@ def _aten_node(w: Walk, n: Any, op: str, ax: list[str], consts: dict, meta: dict
     if op == "aten.leaky_relu.default":
         w.layers.append(Act(name, "leaky_relu", float(args[1]) if len(args) > 1 else 0.01))
         return ax
-    if op in ("aten.softmax.int", "aten._softmax.default"):
+    got = _aten_param_act(w, n, op, ax, args, t)
+    if got is not None:
+        w.layers.append(got)
+        return ax
+    if op in ("aten.softmax.int", "aten._softmax.default", "aten.log_softmax.int",
+              "aten._log_softmax.default"):
         if ax[args[1]] != "C" or (w.perm is not None and ax != ["N", "C"]):
             raise w.refuse(name, op, f"softmax over dim {args[1]} (holding {ax[args[1]]}), not the channels")
-        w.layers.append(Act(name, "softmax"))
+        w.layers.append(Act(name, "log_softmax" if "log" in op else "softmax"))
         return ax
     if op == "aten.linear.default":
         k = t(args[1]).T
@@ -243,25 +277,44 @@ def _aten_node(w: Walk, n: Any, op: str, ax: list[str], consts: dict, meta: dict
         wt, bt, mean, var = (t(a) for a in args[1:5])
         scale = (wt if wt is not None else 1.0) / np.sqrt(var + float(args[7]))
         shift = (bt if bt is not None else 0.0) - mean * scale
-        _affine(w, name, op, scale, shift)
+        walk_affine(w, name, op, scale, shift)
         return ax
     return _aten_layout(w, n, op, ax, t, meta)
 
 
-def _affine(w: Walk, name: str, op: str, scale: Any, shift: Any) -> None:
-    """Append ``y = x·scale + shift`` per feature (an eval-mode batch norm). After a
-    channels-first flatten (:attr:`Walk.perm`) the vectors, in the source tensor's feature
-    order, are put in the IR's; a vector of another length than the features is refused."""
-    n = w.shape()[-1]
-    scale, shift = (np.asarray(v, np.float64).ravel() for v in (scale, shift))
-    if scale.size != n or shift.size != n:
-        raise w.refuse(name, op, f"it normalizes {scale.size} features; its input has {n} on the "
-                                 f"axis it acts on (shape {w.shape()})")
-    if w.perm is not None:
-        ir_scale, ir_shift = np.empty_like(scale), np.empty_like(shift)
-        ir_scale[w.perm], ir_shift[w.perm] = scale, shift
-        scale, shift = ir_scale, ir_shift
-    w.layers.append(Affine(name, scale, shift))
+def _aten_param_act(w: Walk, n: Any, op: str, ax: list[str], args: list[Any], t: Any) -> Act | None:
+    """ELU, SELU, Softplus, Hardtanh/ReLU6/clamp, Hardsigmoid, PReLU as an :class:`Act`
+    (None: not one of these)."""
+    name = n.name
+
+    def arg(i: int, key: str, default: Any) -> Any:
+        v = n.kwargs.get(key, args[i] if len(args) > i else default)
+        return default if v is None else v
+
+    if op == "aten.elu.default":
+        if float(arg(3, "input_scale", 1.0)) != 1.0:
+            raise w.refuse(name, op, "an ELU with input_scale other than 1")
+        return Act(name, "elu", float(arg(1, "alpha", 1.0)), float(arg(2, "scale", 1.0)))
+    if op == "aten.selu.default":
+        return Act(name, "elu", *_SELU)
+    if op == "aten.softplus.default":
+        return Act(name, "softplus", float(arg(1, "beta", 1.0)), float(arg(2, "threshold", 20.0)))
+    if op in ("aten.hardtanh.default", "aten.clamp.default"):
+        lo, hi = (arg(1, "min", -1.0), arg(2, "max", 1.0)) if "hardtanh" in op else \
+            (arg(1, "min", -np.inf), arg(2, "max", np.inf))
+        if hasattr(lo, "op") or hasattr(hi, "op"):
+            raise w.refuse(name, op, "a clamp to tensor bounds (it takes numbers)")
+        return Act(name, "clip", float(lo), float(hi))
+    if op == "aten.hardsigmoid.default":
+        return Act(name, "hard_sigmoid", 1.0 / 6.0, 0.5)
+    if op == "aten.prelu.default":
+        s = np.asarray(t(args[1]), np.float64).ravel()
+        if s.size > 1 and (len(ax) < 2 or ax[1] != "C" or w.perm is not None):
+            raise w.refuse(name, op, f"a PReLU of {s.size} slopes over dim 1, which holds "
+                                     f"{ax[1] if len(ax) > 1 else '?'} here (it takes one slope, "
+                                     f"or one per channel)")
+        return Act(name, "prelu", slope=s)
+    return None
 
 
 def _aten_layout(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:

@@ -6,14 +6,18 @@ from typing import Any
 
 import numpy as np
 
-#: Element-wise activations an :class:`Act` may hold (``softmax`` is over the last axis).
-ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax", "gelu", "gelu_tanh")
+#: Element-wise activations an :class:`Act` may hold (``softmax`` and ``log_softmax`` are over
+#: the last axis); their parameters are :class:`Act`'s.
+ACTIVATIONS = ("linear", "relu", "leaky_relu", "tanh", "sigmoid", "softmax", "gelu", "gelu_tanh",
+               "elu", "softplus", "log_softmax", "clip", "exp", "neg", "sqrt", "prelu",
+               "hard_sigmoid", "softsign")
 #: What :func:`extract` takes, as refusals list it.
 SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, sigmoid, "
-             "softmax, gelu), BatchNormalization, LayerNormalization, Conv1D (valid/same/causal), "
+             "softmax, gelu, elu, selu, softplus, log_softmax, exponential, relu6, hard_sigmoid, "
+             "softsign), ELU, PReLU (per channel or shared), BatchNormalization, LayerNormalization, Conv1D (valid/same/causal), "
              "ZeroPadding1D, Cropping1D, MaxPooling1D/AveragePooling1D (valid), GlobalAverage/"
              "MaxPooling1D, Flatten, LSTM, GRU (tanh/sigmoid), Bidirectional (concat), "
-             "MultiHeadAttention (self-attention), Add (residual), x[:, i] / x[:, a:b], Dropout; "
+             "MultiHeadAttention (self-attention; use_causal_mask, no attention_mask), Add (residual), x[:, i] / x[:, a:b], Dropout; "
              "torch: see TORCH_OPS; ONNX: see ONNX_OPS")
 
 
@@ -38,8 +42,22 @@ class Dense(Layer):
 
 @dataclass
 class Act(Layer):
+    """An element-wise activation (:data:`ACTIVATIONS`) and its parameters:
+
+    * ``leaky_relu``: ``x > 0 ? x : alpha·x``;
+    * ``elu``: ``beta · (x > 0 ? x : alpha·(eˣ − 1))`` (``beta`` 1: ELU; SELU is
+      alpha 1.6732632, beta 1.0507010);
+    * ``softplus``: ``log(1 + e^(alpha·x)) / alpha``, or ``x`` where ``alpha·x > beta``
+      (torch's ``threshold``; ``inf``: none);
+    * ``clip``: ``min(max(x, alpha), beta)`` (ReLU6, Hardtanh, Clip);
+    * ``hard_sigmoid``: ``min(max(alpha·x + beta, 0), 1)``;
+    * ``prelu``: ``x > 0 ? x : slope[c]·x``, ``slope`` one per channel (the last axis) or one;
+    * ``exp``, ``neg``, ``sqrt``, ``softsign`` (``x / (1 + |x|)``), ``log_softmax`` (last axis)."""
+
     kind: str = "linear"
-    alpha: float = 0.0  # leaky_relu's negative slope
+    alpha: float = 0.0  # leaky_relu's negative slope; see above
+    beta: float = 0.0
+    slope: np.ndarray | None = field(repr=False, default=None)
 
 
 @dataclass
@@ -109,6 +127,16 @@ class Recurrent(Layer):
 
 
 @dataclass
+class Transpose(Layer):
+    """The two per-sample axes swapped, ``(A, B) → (B, A)``: a channels-first input
+    ``(channels, time)`` as the IR's channels-last ``(time, channels)``, read from the op
+    that consumes the model's input (a Conv, pool or batch norm over axis 1)."""
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[1], shape[0])
+
+
+@dataclass
 class Pad1D(Layer):
     """Zero padding of the time axis: ``pad`` (left, right) steps (``F.pad``, ZeroPadding1D,
     an ONNX Pad); :func:`extract` folds it into a Conv1D right after it."""
@@ -173,9 +201,11 @@ class Bidirectional(Layer):
 
 @dataclass
 class Attention(Layer):
-    """Multi-head self-attention over the fixed window (T, C), no mask: per head
+    """Multi-head self-attention over the fixed window (T, C): per head
     ``softmax(q·kᵀ / sqrt(d)) · v`` with ``q = x·wq + bq`` (``wq`` (C, heads·d)), likewise k and
-    v; heads concatenated and projected by ``wo`` (heads·d, C_out) + ``bo``."""
+    v; heads concatenated and projected by ``wo`` (heads·d, C_out) + ``bo``. ``causal``: query
+    step t attends keys 0..t only (Keras ``use_causal_mask=True``, torch ``is_causal=True``);
+    no other mask is represented (a front end refuses one by name)."""
 
     wq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
     bq: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
@@ -186,6 +216,7 @@ class Attention(Layer):
     wo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0), np.float32))
     bo: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
     heads: int = 1
+    causal: bool = False
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (shape[0], self.wo.shape[1])
@@ -221,7 +252,10 @@ class Network:
 
 
 #: ONNX ops :func:`extract` takes, as refusals list them.
-ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Conv (1-D, group 1), "
+ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Elu, Selu, Softplus, "
+            "LogSoftmax (last axis), Clip (constant bounds), Exp, Neg, Sqrt, PRelu (one slope or one "
+            "per channel), HardSigmoid, Softsign, BatchNormalization (eval, over the channels), "
+            "Conv (1-D, group 1), "
             "MaxPool/AveragePool (no padding), GlobalAveragePool/GlobalMaxPool, ReduceMean/ReduceMax "
             "over time, LSTM/GRU (forward or bidirectional, stacked nodes, tanh/sigmoid, zero "
             "initial state), LayerNormalization (last axis), Pad (zeros along time), Gather/Slice "
@@ -230,14 +264,16 @@ ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Conv
             "Transpose/Squeeze/Unsqueeze, Identity, Dropout, Cast, and the Shape arithmetic "
             "around them")
 
-TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, BatchNorm1d (eval), LayerNorm "
+TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, ELU, SELU, Softplus, LogSoftmax, "
+             "ReLU6/Hardtanh/clamp (number bounds), Hardsigmoid, PReLU (one slope, or one per "
+             "channel on dim 1), exp, neg, sqrt, BatchNorm1d (eval), LayerNorm "
              "(over the channels), Dropout (eval), Conv1d (group 1), F.pad with zeros along time, "
              "MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax over time, LSTM/GRU "
              "(stacked, bidirectional, zero initial state), time indexing and contiguous slices "
              "(x[:, -1], x[..., :-p]), residual adds (a + b of two branches from one tensor), "
              "transpose/permute/(un)squeeze, flatten/view to (batch, features), Linear per time "
              "step, self-attention (nn.MultiheadAttention, F.scaled_dot_product_attention, "
-             "softmax(q·kᵀ)·v; no mask, not causal, self-attention only), "
+             "softmax(q·kᵀ)·v; is_causal=True or no mask, no attn_mask, self-attention only), "
              "nn.TransformerEncoderLayer (eval)")
 
 def f32(a: Any) -> np.ndarray:

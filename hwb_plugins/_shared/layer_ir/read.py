@@ -28,6 +28,7 @@ from .ir import (
     Recurrent,
     Residual,
     TimeSlice,
+    Transpose,
     chain_shape,
     f32,
 )
@@ -64,7 +65,8 @@ def _check_shapes(net: Network, target: str) -> None:
 
 
 #: layers over (time, channels) only
-_TIME_LAYERS = (Conv1D, Pool1D, GlobalPool1D, Recurrent, Pad1D, TimeSlice, Bidirectional, Attention)
+_TIME_LAYERS = (Conv1D, Pool1D, GlobalPool1D, Recurrent, Pad1D, TimeSlice, Bidirectional, Attention,
+                Transpose)
 
 
 def _check_desk(layer: Layer, s: tuple[int, ...], target: str) -> None:

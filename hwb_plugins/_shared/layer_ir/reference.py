@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from .ir import (
     Recurrent,
     Residual,
     TimeSlice,
+    Transpose,
 )
 
 
@@ -34,24 +36,65 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def activate(x: np.ndarray, kind: str, alpha: float = 0.0) -> np.ndarray:
-    if kind == "relu":
-        return np.maximum(x, 0)
-    if kind == "leaky_relu":
-        return np.where(x >= 0, x, alpha * x)
-    if kind == "tanh":
-        return np.tanh(x)
-    if kind == "sigmoid":
-        return _sigmoid(x)
-    if kind == "softmax":
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-    if kind == "gelu":  # exact: x·Φ(x)
-        from math import erf
-        return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / np.sqrt(2.0)))
-    if kind == "gelu_tanh":
-        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
-    return x
+def _gelu(x: np.ndarray) -> np.ndarray:  # exact: x·Φ(x)
+    from math import erf
+    return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / np.sqrt(2.0)))
+
+
+def _softplus(x: np.ndarray, a: float, thr: float) -> np.ndarray:
+    z = a * x
+    return np.where(z > thr, x, (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / a)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _sqrt(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):  # NaN below 0, as the framework gives
+        return np.sqrt(x)
+
+
+def _prelu(x: np.ndarray, slope: np.ndarray | None) -> np.ndarray:
+    s = np.asarray(slope, np.float64)
+    return np.where(x > 0, x, (s if s.size > 1 else s.reshape(())) * x)
+
+
+#: kind → f(x, alpha, beta, slope), parameters as :class:`~.ir.Act` holds them
+_ACT: dict[str, Any] = {
+    "linear": lambda x, a, b, s: x,
+    "relu": lambda x, a, b, s: np.maximum(x, 0),
+    "leaky_relu": lambda x, a, b, s: np.where(x >= 0, x, a * x),
+    "tanh": lambda x, a, b, s: np.tanh(x),
+    "sigmoid": lambda x, a, b, s: _sigmoid(x),
+    "softmax": lambda x, a, b, s: _softmax(x),
+    "gelu": lambda x, a, b, s: _gelu(x),
+    "gelu_tanh": lambda x, a, b, s: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
+    "elu": lambda x, a, b, s: b * np.where(x > 0, x, a * np.expm1(np.minimum(x, 0))),
+    "softplus": lambda x, a, b, s: _softplus(x, a, b),
+    "log_softmax": lambda x, a, b, s: _log_softmax(x),
+    "clip": lambda x, a, b, s: np.minimum(np.maximum(x, a), b),
+    "hard_sigmoid": lambda x, a, b, s: np.clip(a * x + b, 0.0, 1.0),
+    "prelu": lambda x, a, b, s: _prelu(x, s),
+    "exp": lambda x, a, b, s: np.exp(x),
+    "neg": lambda x, a, b, s: -x,
+    "sqrt": lambda x, a, b, s: _sqrt(x),
+    "softsign": lambda x, a, b, s: x / (1.0 + np.abs(x)),
+}
+
+
+def activate(x: np.ndarray, kind: str, alpha: float = 0.0, beta: float = 0.0,
+             slope: np.ndarray | None = None) -> np.ndarray:
+    """``kind`` (:data:`~.ir.ACTIVATIONS`, parameters as :class:`~.ir.Act` holds them) on ``x``."""
+    if kind not in _ACT:
+        raise ValueError(f"activation {kind!r} has no reference")
+    return _ACT[kind](x, alpha, beta, slope)
 
 
 def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
@@ -59,9 +102,11 @@ def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
     if isinstance(layer, Dense):
         return x @ layer.w.astype(np.float64) + layer.b
     if isinstance(layer, Act):
-        return activate(x, layer.kind, layer.alpha)
+        return activate(x, layer.kind, layer.alpha, layer.beta, layer.slope)
     if isinstance(layer, Affine):
         return x * layer.scale + layer.shift
+    if isinstance(layer, Transpose):
+        return np.swapaxes(x, 1, 2)
     if isinstance(layer, Conv1D):
         xp = np.pad(x, ((0, 0), layer.pad, (0, 0)))
         k, d, s = layer.w.shape[0], layer.dilation, layer.stride
@@ -142,6 +187,8 @@ def _attention(layer: Attention, x: np.ndarray) -> np.ndarray:
     for j in range(h):
         sl = slice(j * d, (j + 1) * d)
         s = q[..., sl] @ np.swapaxes(k[..., sl], 1, 2) / np.sqrt(d)
+        if layer.causal:  # query t sees keys 0..t
+            s = np.where(np.tri(s.shape[-2], s.shape[-1], dtype=bool), s, -np.inf)
         outs.append(activate(s, "softmax") @ v[..., sl])
     return np.concatenate(outs, -1) @ layer.wo.astype(np.float64) + layer.bo
 

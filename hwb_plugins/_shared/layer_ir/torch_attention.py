@@ -8,7 +8,8 @@ q, k and v through pure layout ops to a Linear and forward through layout ops to
 *runs* those layout ops on index tensors: which projected channel of which time step and sample
 each head reads, and which head channel each out-projection input is. Only a graph whose maps
 are exactly per-head self-attention over time (every sample alike, keys in time order) is
-fused; anything else is refused naming what it is (a mask, causal attention, cross-attention).
+fused; causal attention (SDPA's ``is_causal=True``) is the layer's ``causal``; anything else is
+refused naming what it is (a mask tensor, cross-attention).
 """
 from __future__ import annotations
 
@@ -73,7 +74,14 @@ def find_attention(ep: Any, target: str, consts: dict, live: set[Any]) -> list[F
         if n.op != "call_function" or n not in live:
             continue
         if str(n.target) == SDPA:
-            found.append(_build(n, n, *_sdpa(n, target), {n}, target, consts, order, live))
+            qkv, scale, causal = _sdpa(n, target)
+            found.append(_build(n, n, qkv, scale, {n}, target, consts, order, live, causal))
+        elif str(n.target) in _SOFTMAX and _masked_scores(n):
+            raise _refuse(target, n, "attention scores with a mask tensor added (attn_mask with "
+                                     "need_weights=True); causal attention is compiled as "
+                                     "nn.MultiheadAttention(..., attn_mask=mask, is_causal=True, "
+                                     "need_weights=False) or F.scaled_dot_product_attention(..., "
+                                     "is_causal=True)")
         elif str(n.target) in _SOFTMAX and (m := _explicit(n, live)) is not None:
             found.append(_build(n, *m, target, consts, order, live))
     return found
@@ -81,6 +89,15 @@ def find_attention(ep: Any, target: str, consts: dict, live: set[Any]) -> list[F
 
 _SOFTMAX = {"aten.softmax.int", "aten._softmax.default"}
 _MATMUL = {"aten.bmm.default", "aten.matmul.default"}
+
+
+def _masked_scores(p: Any) -> bool:
+    """Softmax node ``p`` over ``mask + q·kᵀ`` (``baddbmm``: what ``nn.MultiheadAttention``
+    writes for an ``attn_mask`` when it returns the weights)."""
+    s = p.args[0]
+    while str(getattr(s, "target", "")) in ("aten.mul.Tensor", "aten.div.Tensor"):
+        s = s.args[0]
+    return str(getattr(s, "target", "")) == "aten.baddbmm.default"
 
 
 def _explicit(p: Any, live: set[Any]) -> tuple[Any, list[Any], float | None, set[Any]] | None:
@@ -116,33 +133,36 @@ def _explicit(p: Any, live: set[Any]) -> tuple[Any, list[Any], float | None, set
     return out, [q, kt.args[0], out.args[1]], scale, nodes
 
 
-def _sdpa(n: Any, target: str) -> tuple[list[Any], float | None]:
-    """An SDPA node's q, k, v and scale; a mask, causal attention, dropout, GQA refused."""
+def _sdpa(n: Any, target: str) -> tuple[list[Any], float | None, bool]:
+    """An SDPA node's q, k, v, scale and ``is_causal``; a mask tensor, dropout, GQA refused."""
     args = list(n.args) + [None] * 4
     kw = dict(n.kwargs)
     mask = kw.get("attn_mask", args[3])
     dropout = kw.get("dropout_p", args[4] if args[4] is not None else 0.0)
     causal = kw.get("is_causal", args[5] if args[5] is not None else False)
     if mask is not None:
-        raise _refuse(target, n, "attention with a mask (attn_mask / key_padding_mask)")
-    if causal:
-        raise _refuse(target, n, "causal attention (is_causal=True)")
+        raise _refuse(target, n, "attention with a mask tensor (attn_mask / key_padding_mask); "
+                                 "causal attention written as is_causal=True is compiled "
+                                 "(F.scaled_dot_product_attention(..., is_causal=True), or "
+                                 "nn.MultiheadAttention with attn_mask, is_causal=True and "
+                                 "need_weights=False)")
     if dropout:
         raise _refuse(target, n, f"attention dropout {dropout} (training mode)")
     if kw.get("enable_gqa"):
         raise _refuse(target, n, "grouped-query attention (enable_gqa)")
     scale = kw.get("scale", args[6] if len(args) > 6 else None)
-    return list(args[:3]), None if scale is None else float(scale)
+    return list(args[:3]), None if scale is None else float(scale), bool(causal)
 
 
 def _refuse(target: str, node: Any, what: str) -> UnsupportedError:
     return UnsupportedError(f"{target} cannot compile torch op {node.name!r} ({node.target}): {what}. "
                             f"It compiles self-attention: q, k and v Linear projections of one "
-                            f"(batch, time, channels) tensor, no mask, not causal, no dropout")
+                            f"(batch, time, channels) tensor, unmasked or causal "
+                            f"(is_causal=True), no dropout")
 
 
 def _build(n: Any, o: Any, qkv: list[Any], scale: float | None, core: set[Any], target: str,
-           consts: dict, order: dict, live: set[Any]) -> Fused:
+           consts: dict, order: dict, live: set[Any], causal: bool = False) -> Fused:
     """The :class:`Fused` attention named after node ``n`` whose heads' output is node ``o``
     (q, k, v its inputs, ``scale`` on q·kᵀ (None: 1/sqrt(head size)), ``core`` the nodes
     between)."""
@@ -174,7 +194,7 @@ def _build(n: Any, o: Any, qkv: list[Any], scale: float | None, core: set[Any], 
     wo = np.zeros((heads * d, wo_t.shape[0]))
     wo[rows] = wo_t.T
     layer = Attention(n.name, f32(wq * mult), f32(bq * mult), f32(wk), f32(bk), f32(wv), f32(bv),
-                      f32(wo), f32(bo), heads)
+                      f32(wo), f32(bo), heads, causal)
     nodes = {*core, *between} | {m for s in sides for m in (s.linear, *s.path)}
     for m in nodes - {end}:
         if any(u not in nodes and u in live for u in m.users):

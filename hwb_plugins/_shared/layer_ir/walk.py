@@ -11,6 +11,7 @@ from hwbackends.contract import UnsupportedError
 
 from .ir import (
     ONNX_OPS,
+    Affine,
     Bidirectional,
     Dense,
     Flatten,
@@ -18,6 +19,7 @@ from .ir import (
     Recurrent,
     Residual,
     TimeSlice,
+    Transpose,
     chain_shape,
     f32,
 )
@@ -107,6 +109,7 @@ class Walk:
     pad: tuple[int, int] = (0, 0)  # an ONNX Pad of time, for the Conv after it
     branches: Chains = field(init=False)  # residual branches between the graph's values
     stacked: int = 1  # layers of the stacked LSTM/GRU whose h_n is being indexed
+    opset: int = 17  # the ONNX graph's default-domain opset (attribute defaults differ by it)
     #: values made while a channels-first flatten's order was pending (:attr:`perm`): their
     #: features are in the source's order, not the IR's
     source_order: set = field(default_factory=set)
@@ -144,6 +147,13 @@ class Walk:
         self.layers = self.branches.chains[self.branches.cur]
         self.in_shape = self.branches.shapes[self.branches.cur]
 
+    def channels_first(self, value: Any, name: str) -> list[str]:
+        """The input ``value`` read channels-first, ``(batch, channels, time)`` (its first
+        consumer takes channels on axis 1): a :class:`Transpose` to the IR's (time, channels),
+        and the labels of the input as the model holds it."""
+        self.layers.append(Transpose(f"{name}_channels_first"))
+        return ["N", "C", "T"]
+
     def main(self) -> list[Layer]:
         """The model's chain of layers (its output must be that chain's tip)."""
         return self.branches.chains[0]
@@ -168,12 +178,32 @@ class Walk:
 
 
 def final_axes(w: Walk, labels: list[str]) -> None:
-    """Refuse an output whose axes are not the IR's (batch, [time,] channels)."""
+    """Refuse an output whose axes are not the IR's (batch, [time,] channels); one the model
+    holds channels-first, (batch, channels, time), gets a :class:`Transpose` back to it."""
     ax = [a for a in labels if a != "1"]
     want = ["N", "C"] if "T" not in ax else ["N", "T", "C"]
+    if labels == ["N", "C", "T"] and w.perm is None:
+        w.layers.append(Transpose("output_channels_first"))
+        return
     if ax != want or (w.perm is not None and np.any(w.perm != np.arange(len(w.perm)))):
         raise UnsupportedError(f"{w.target}: the model's output axes hold {ax} (batch N, time T, "
                                f"channels C); it compiles outputs laid out {want}")
+
+
+def walk_affine(w: Walk, name: str, op: str, scale: Any, shift: Any) -> None:
+    """Append ``y = x·scale + shift`` per feature (an eval-mode batch norm). After a
+    channels-first flatten (:attr:`Walk.perm`) the vectors, in the source tensor's feature
+    order, are put in the IR's; a vector of another length than the features is refused."""
+    n = w.shape()[-1]
+    scale, shift = (np.asarray(v, np.float64).ravel() for v in (scale, shift))
+    if scale.size != n or shift.size != n:
+        raise w.refuse(name, op, f"it normalizes {scale.size} features; its input has {n} on the "
+                                 f"axis it acts on (shape {w.shape()})")
+    if w.perm is not None:
+        ir_scale, ir_shift = np.empty_like(scale), np.empty_like(shift)
+        ir_scale[w.perm], ir_shift[w.perm] = scale, shift
+        scale, shift = ir_scale, ir_shift
+    w.layers.append(Affine(name, scale, shift))
 
 
 def walk_dense(w: Walk, name: str, op: str, ax: list[str], k: np.ndarray, b: Any) -> None:
