@@ -117,6 +117,9 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/serving.md", "--tls-cert c.pem"): (
         "needs your TLS certificate, key and token files and fixed ports 50051/9464 (a shared "
         "machine); tests/test_serve_cli.py serves TLS + token gRPC, shm and metrics on free ports"),
+    ("docs/serving.md", 'c = ShmClient("hwb-lstm")'): (
+        "a client of a running `hwb serve … --sliding --streams` endpoint; "
+        "tests/test_serve_sliding_streams.py makes these calls against a real one"),
     ("docs/serving.md", "import numpy as np, tritonclient.grpc"): (
         "Triton's client lives in a venv of its own (it pins protobuf < 7); "
         "tests/test_serve_oip_clients.py makes these calls against hwb serve"),

@@ -247,7 +247,8 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
         "    if (w->pend) hwb_w_prepare(w);",
         *push,
         "    w->pend = 1;", "    return 0;", "}",
-        f"static int hwb_s_prepare({win}) {{ if (w->spend) {{ hwb_rec_all(w, HWB_NW); hwb_warm(); w->spend = 0; }} return 0; }}",
+        # the stream's prepare reads R and one state, which evicts nothing the push reads: no warm pass
+        f"static int hwb_s_prepare({win}) {{ if (w->spend) {{ hwb_rec_all(w, HWB_NW); w->spend = 0; }} return 0; }}",
         f"static int hwb_s_push({win}, const float *x, float *y) {{",
         "    if (w->spend) hwb_s_prepare(w);",
         f"    hwb_in(x, w->szx); hwb_tick(w, HWB_NW, w->szx); hwb_head({last_h}[HWB_NW], y);",
