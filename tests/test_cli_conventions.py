@@ -361,10 +361,26 @@ def test_targets_name_the_extra_that_installs_each_target(hwb_cli):
     assert rows["gpu.torch"]["install"] == "hwbackends[torch]"
     rc, out, _ = hwb_cli("targets")
     lines = out.splitlines()
+    from hwbackends.cli.targets import extra_installed
+
     for name, r in rows.items():
         if r["availability"]["mode"] == "unavailable" and r["install"]:
             i = next(k for k, line in enumerate(lines) if line.startswith(name + " "))
-            assert f"packages: pip install '{r['install']}'" in "\n".join(lines[i:i + 3]), name
+            # the extra is named only when installing it would change something: a CPU-only
+            # torch build has gpu.torch's extra installed, and the reason says what is wrong
+            shown = f"packages: pip install '{r['install']}'" in "\n".join(lines[i:i + 3])
+            assert shown == (not extra_installed(r["install"])), name
+
+
+def test_an_installed_extra_is_not_named_again():
+    """extra_installed reads the distribution's own requirements: the core extra is installed
+    wherever hwbackends is, an unknown distribution or extra is not."""
+    from hwbackends.cli.targets import extra_installed
+
+    assert extra_installed("hwbackends") and extra_installed("hwbackends[]")
+    assert not extra_installed("hwbackends-no-such-dist[x]")
+    assert not extra_installed("hwbackends[board]")  # pynq: never on a CPU machine
+    assert not extra_installed("not a requirement")
 
 
 # -- hwb predict without -p runs the variant compiled last ------------------------------------

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"{r['name']:<18} {r['family']:<6} {a['mode']:<12} "
                      f"{','.join(r['precisions']):<32} {a['reason']}"
                      + (f" [{a['device']}]" if a["device"] else ""))
-        if a["mode"] == "unavailable" and r["install"]:  # what installs its packages
+        if a["mode"] == "unavailable" and r["install"] and not extra_installed(r["install"]):
             lines.append(f"{'':<20}packages: pip install '{r['install']}'")
         if args.verbose and r["options"]:
             for k, v in r["options"].items():
@@ -52,3 +52,36 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {k:<24} {v * 1000:8.1f} ms")
     emit(args, data, "\n".join(lines))
     return 0
+
+
+def extra_installed(spec: str, _seen: frozenset[str] = frozenset()) -> bool:
+    """Whether every requirement of the pip requirement ``spec`` (``"hwbackends[torch]"``) is
+    installed, its extras' own included: then ``pip install`` would change nothing and the
+    probe's reason (a CPU-only torch build, no device) is what to act on. False when it
+    cannot tell (the distribution or ``packaging`` is not installed)."""
+    import re
+    from importlib import metadata
+
+    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?\s*", spec)
+    if not m or spec in _seen:
+        return False
+    try:
+        from packaging.requirements import Requirement
+        reqs = metadata.requires(m.group(1)) or []
+    except (ImportError, metadata.PackageNotFoundError):
+        return False
+    for extra in [e.strip() for e in (m.group(2) or "").split(",") if e.strip()]:
+        for text in reqs:
+            req = Requirement(text)
+            if req.marker is None or not req.marker.evaluate({"extra": extra}):
+                continue
+            if req.extras:  # hwbackends[cpu] inside hwbackends[torch]
+                if not extra_installed(f"{req.name}[{','.join(sorted(req.extras))}]", _seen | {spec}):
+                    return False
+                continue
+            try:
+                if not req.specifier.contains(metadata.version(req.name), prereleases=True):
+                    return False
+            except metadata.PackageNotFoundError:
+                return False
+    return True
