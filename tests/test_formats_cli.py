@@ -74,5 +74,5 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path, store_dir: Path, hwb_cli)
     rc, _, err = hwb_cli("compile", str(tmp_path / "none.keras"))
     assert rc == 1 and "model file not found" in err
     rc, _, err = hwb_cli("compile", "zoo:mlp", "-t", "cpu.litert", "-p", "int3")
-    assert rc == 1 and "fp32, fp16, int8-dynamic, int8" in err
+    assert rc == 2 and "fp32, fp16, int8-dynamic, int8" in err  # a usage error (README's table)
     assert "Traceback" not in err

@@ -63,9 +63,9 @@ def test_scenario_settings_parse_and_bad_ones_are_config_errors() -> None:
     assert parse("sliding:streams=stac").streams == NMI_SWEEP == (1, 2, 4, 8, 24)
     assert parse("sliding:streams=none").streams == ()
     assert parse("sliding").streams == (1,)  # one window's curve by default
-    for bad, word in (("streams=0", "1 to"), ("streams=2/x", "streams"), ("rate=-5", "positive"),
-                      ("rate=inf", "positive"), ("ticks=0", "ticks must be"),
-                      ("budget_us=0", "positive"), ("nmi=4", "bad parameter")):
+    for bad, word in (("streams=0", "≥ 1"), ("streams=2/x", "streams"), ("rate=-5", "> 0"),
+                      ("rate=inf", "> 0"), ("ticks=0", "ticks='0' is not valid"),
+                      ("budget_us=0", "> 0"), ("nmi=4", "bad parameter")):
         with pytest.raises(ConfigError, match=word):
             parse(f"sliding:{bad}")
 

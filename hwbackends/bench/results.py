@@ -14,7 +14,7 @@ from ..errors import HwbError, ResultsError
 from ..fidelity import ALL_METRICS
 from ..units import MAX_BATCH
 from ..user_files import read_json, schema_problem, shown
-from ..variant import VariantRecord
+from ..variant import RecordError, VariantRecord
 from .profile import LatencyProfile, table, table_csv
 
 FORMAT = "hwbackends-bench-results"
@@ -82,8 +82,12 @@ class BenchResults:
         for j, prof in enumerate(profiles):
             if isinstance(prof.sliding, dict) and prof.sliding.get("load") is not None:
                 parse_load(prof.sliding["load"], f"{p}: profile {j} ({prof.variant})")
+        try:
+            variants = [VariantRecord.from_dict(v) for v in d["variants"]]
+        except RecordError as exc:  # a row the schema passed but the record refuses
+            raise ResultsError(f"{p}: {exc}") from None
         return cls(model=d["model"], machine=d["machine"], availability=d.get("availability", []),
-                   variants=[VariantRecord.from_dict(v) for v in d["variants"]],
+                   variants=variants,
                    profiles=profiles,
                    routing=d.get("routing"), trace=d.get("trace"),
                    interrupted=bool(d.get("interrupted")), fleet=d.get("fleet"),
