@@ -62,6 +62,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_auth(endpoint: str, host: str, tls: Any, token: str | None, insecure_loopback: bool) -> None:
+    """The one policy of a network endpoint (gRPC, HTTP): TLS and a token of at least 16
+    characters, unless ``insecure_loopback`` on a loopback ``host``; ConfigError saying what
+    to give otherwise."""
+    if insecure_loopback:
+        if not is_loopback(host):
+            raise ConfigError(f"insecure_loopback is for local development only; {host} is "
+                              f"not a loopback address. Give TLS files and a token instead.")
+    else:
+        missing = [w for w, v in (("TLS certificate/key", tls), ("token", token)) if not v]
+        if missing:
+            raise ConfigError(f"the {endpoint} endpoint needs {' and '.join(missing)} (TLS and token "
+                              f"auth are on by default); for loopback development only, pass "
+                              f"insecure_loopback=True (hwb serve --insecure-loopback)")
+    if token is not None and len(token) < 16:
+        raise ConfigError("the token must be at least 16 characters (secrets.token_urlsafe())")
+
+
 #: File descriptors kept back from the connection cap for everything else the server opens
 #: (model files, the shm endpoint, logs, gRPC's own pipes).
 FD_RESERVE = 256
@@ -266,18 +284,7 @@ class GrpcServer:
         grpc = _grpc()
         if isinstance(engines, Engine):
             engines = {engines.strategy: engines}
-        if insecure_loopback:
-            if not is_loopback(host):
-                raise ConfigError(f"insecure_loopback is for local development only; {host} is "
-                                  f"not a loopback address. Give TLS files and a token instead.")
-        else:
-            missing = [w for w, v in (("TLS certificate/key", tls), ("token", token)) if not v]
-            if missing:
-                raise ConfigError(f"the gRPC endpoint needs {' and '.join(missing)} (TLS and token "
-                                  f"auth are on by default); for loopback development only, pass "
-                                  f"insecure_loopback=True (hwb serve --insecure-loopback)")
-        if token is not None and len(token) < 16:
-            raise ConfigError("the token must be at least 16 characters (secrets.token_urlsafe())")
+        check_auth("gRPC", host, tls, token, insecure_loopback)
         for what, v in (("max_connections", max_connections),
                         ("handshake_timeout_s", handshake_timeout_s),
                         ("idle_timeout_s", idle_timeout_s)):

@@ -38,7 +38,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from ..errors import ConfigError
-from .grpc_server import TLSFiles, bearer_matches, is_loopback
+from .grpc_server import TLSFiles, bearer_matches, check_auth
 from .oip import HTTP_STATUS, InTensor, OipError, OipModels
 
 log = logging.getLogger("hwbackends.serve")
@@ -404,18 +404,7 @@ class OipHttpServer:
                  tls: TLSFiles | None = None, token: str | None = None,
                  insecure_loopback: bool = False, max_request_bytes: int = 1 << 20,
                  max_connections: int = 64, timeout_s: float = 30.0):
-        if insecure_loopback:
-            if not is_loopback(host):
-                raise ConfigError(f"insecure_loopback is for local development only; {host} is "
-                                  f"not a loopback address. Give TLS files and a token instead.")
-        else:
-            missing = [w for w, v in (("TLS certificate/key", tls), ("token", token)) if not v]
-            if missing:
-                raise ConfigError(f"the HTTP endpoint needs {' and '.join(missing)} (TLS and token "
-                                  f"auth are on by default); for loopback development only, pass "
-                                  f"insecure_loopback=True (hwb serve --insecure-loopback)")
-        if token is not None and len(token) < 16:
-            raise ConfigError("the token must be at least 16 characters (secrets.token_urlsafe())")
+        check_auth("HTTP", host, tls, token, insecure_loopback)
         for what, v in (("max_request_bytes", max_request_bytes), ("max_connections", max_connections),
                         ("timeout_s", timeout_s)):
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e10):
