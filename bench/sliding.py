@@ -1,4 +1,4 @@
-"""The sliding window (issue 35's goals), one interleaved run: per model, cpu.native's
+"""The sliding window, one interleaved run: per model, cpu.native's
 ``push_into`` (tick → answer) and its ``prepare`` timed apart, the full window
 (``predict_into``) on cpu.native and on cpu.onnxruntime, and a no-op through the same timed
 call (the floor); then the answers: max |push − predict_into on the window| over N ticks; and

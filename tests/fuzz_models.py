@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 ACTS = ("relu", "leaky_relu", "tanh", "sigmoid", "softmax")
 FRONTENDS = ("keras", "keras_functional", "torch", "onnx")
-#: the desk layer families (issue 34 item 2) and the front ends that claim each
+#: the desk layer families and the front ends that claim each
 FAMILIES = {
     "zpad": FRONTENDS, "causal": FRONTENDS, "slice": FRONTENDS, "layernorm": FRONTENDS,
     "gelu": ("keras", "keras_functional", "torch"), "bidirectional": FRONTENDS,

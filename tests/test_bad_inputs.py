@@ -1,5 +1,5 @@
 """Property-based: no bad input escapes the public API as anything but an HwbError whose
-message says what was expected (issue 14, item 5).
+message says what was expected.
 
 Each target compiles the zoo MLP once (the session store); Hypothesis then drives
 ``predict``/``predict_into`` with generated arrays, ``load_model`` with truncated and

@@ -1,11 +1,11 @@
-"""Issue 20 items 7, 9 and 12.
+"""The data a command checks against, what it builds, and its options:
 
-7: the user's calibration/validation data from the command line and strategies.toml, checked
+* the user's calibration/validation data from the command line and strategies.toml, checked
    against the model, with its provenance in every output (synthetic N(0,1) said as such);
-9: nothing is built that the strategy's rules could not choose, slow builds stay out of the
+* nothing is built that the strategy's rules could not choose, slow builds stay out of the
    default sets, long builds report progress, cached profiles are said to be cached, and a
    batch sweep does not rebuild a batch-independent artifact;
-12: a bench with nothing measurable fails with the reason, ``hwb compile`` shows the FPGA
+* a bench with nothing measurable fails with the reason, ``hwb compile`` shows the FPGA
    estimate and a failed fidelity gate, ``synth=true`` without Vitis fails at once, no TF
    start-up noise, every option's help states its default, samples/s from the median.
 """

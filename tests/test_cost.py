@@ -1,4 +1,4 @@
-"""Resource bombs are refused from the model's declarations, early and small (issue 33 #6):
+"""Resource bombs are refused from the model's declarations, early and small:
 a graph declaring a million-step window, external data of 40 GB (a sparse file, or a length
 the file does not hold), a compile job that allocates past the worker's memory limit.
 

@@ -1,4 +1,4 @@
-"""cpu.native (issue 22): generated C from the shared layer IR, entered through a per-artifact
+"""cpu.native: generated C from the shared layer IR, entered through a per-artifact
 CPython FASTCALL function, exported as a C library. Compared against the real Keras model,
 not a mock; the conformance kit itself runs in tests/test_conformance.py (mlp) and with
 ``pytest --hwb-target cpu.native`` (every zoo model)."""

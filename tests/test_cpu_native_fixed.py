@@ -1,4 +1,4 @@
-"""cpu.native precision ``fixed`` / ``ap_fixed<W,I[,Q,O]>`` (issue 22): bit-exact with the real
+"""cpu.native precision ``fixed`` / ``ap_fixed<W,I[,Q,O]>``: bit-exact with the real
 fpga.hls4ml C-simulation (hls4ml 1.3 + g++) at the same precision string, compiled through the
 public API. One compile per (target, precision), shared by the module."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The five defects the differential fuzz of cpu.native found (issue 34), one test each,
+"""The five defects the differential fuzz of cpu.native found, one test each,
 through ``hwb.compile`` (the isolated compile worker, where a torch model arrives as a
 ``torch.export`` program) and compared with the source framework; and the IR's check of
 every per-channel vector against the axis it acts on. tests/test_fuzz_layer_ir.py is the
@@ -233,7 +233,7 @@ def test_ir_checks_every_vector_against_its_axis() -> None:
             read._check_shapes(net, "cpu.native")
 
 
-# -- layer-IR reader defects the widened fuzz found (issue 34, the desk layers) ----------------------
+# -- layer-IR reader defects the widened fuzz found ----------------------
 def _onnx_model(nodes: list, inits: dict, in_shape: tuple[int, ...], n_out: int):
     from onnx import TensorProto, helper, numpy_helper
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", *in_shape])],

@@ -1,5 +1,5 @@
-"""cpu.native precision ``fixed`` bit-exact with fpga.hls4ml's C-simulation on random models
-(issue 34 build item 1, the ``fixed`` half): random Keras (``Sequential`` and functional)
+"""cpu.native precision ``fixed`` bit-exact with fpga.hls4ml's C-simulation on random models:
+random Keras (``Sequential`` and functional)
 and torch (``nn.Sequential``) models drawn by tests/fuzz_models.py's :func:`specs`,
 restricted to the layers both targets claim — Dense/Linear, BatchNormalization (Keras:
 folded into a neighbouring Dense, see ``hwb_plugins/_shared/batchnorm.py``; torch: hls4ml's

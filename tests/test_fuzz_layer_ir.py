@@ -1,4 +1,4 @@
-"""A differential fuzz of the layer IR and cpu.native (issue 34): random Keras (Sequential and
+"""A differential fuzz of the layer IR and cpu.native: random Keras (Sequential and
 functional), torch (``nn.Sequential`` and modules with their own ``forward``) and ONNX models
 from the layers cpu.native claims (tests/fuzz_models.py), each compared with its own
 framework:

@@ -1,4 +1,4 @@
-"""cpu.native int8 on inputs past the calibrated range (issue 34, the long fuzz).
+"""cpu.native int8 on inputs past the calibrated range.
 
 Min-max calibration on a few hundred samples sees less than the tail of fresh inputs. The
 long int8 fuzz found BN -> ReLU -> Dense(1) over 2 features whose test inputs went 27 %

@@ -803,8 +803,8 @@ class _Int8Emitter(Emitter):
     The calibrated range is a floor, not a ceiling: each quantised input's max |v| is taken
     at run time, and where it exceeds the calibrated range that call quantises at the wider
     range instead of saturating (:meth:`quantise`). Min-max calibration on a few hundred
-    samples sees less than the tail of fresh inputs (issue 34: inputs 27 % past the calibrated
-    max, clipped, moved a Dense(1) head by 0.21 of its range); inputs within the calibrated
+    samples sees less than the tail of fresh inputs (inputs 27 % past the calibrated max,
+    clipped, moved a Dense(1) head by 0.21 of its range); inputs within the calibrated
     range get exactly the calibrated scale, so nothing else changes.
 
     The input is stored shifted to unsigned (q + 128) and each output's dot product corrected
