@@ -317,6 +317,27 @@ def closed_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, n: int, max_s
     return Timing(lat[:i], (clock() - start) / 1e9, interrupted)
 
 
+def schedule(arrivals_s: np.ndarray, max_s: float) -> tuple[int, np.ndarray, int]:
+    """An open loop's clock: its start (1 ms from now), each arrival's scheduled
+    ``perf_counter_ns`` and the time past which it stops."""
+    start = time.perf_counter_ns() + 1_000_000
+    sched = start + (np.asarray(arrivals_s, dtype=np.float64) * 1e9).astype(np.int64)
+    return start, sched, start + int(max_s * 1e9)
+
+
+def wait_until(s: int) -> None:
+    """Sleep through the gap to ``perf_counter_ns`` time ``s`` and spin its last 200 µs
+    (sleep overshoots by tens of µs). On a busy machine a sleeper can still wake late; that
+    lateness is charged, as it would be to a real server thread. Called only when ahead of
+    the schedule, so a loop that is behind pays no call."""
+    clock = time.perf_counter_ns
+    now = clock()
+    if s - now > 2 * SPIN_NS:
+        time.sleep((s - now - SPIN_NS) / 1e9)
+    while clock() < s:
+        pass
+
+
 def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.ndarray,
               max_s: float, warmup: int = 0, bar: ProgressBar | None = None) -> Timing:
     """Requests arrive at ``arrivals_s`` (seconds from the start) whatever the variant does;
@@ -327,26 +348,16 @@ def open_loop(fn: Fn, xs: Sequence[np.ndarray], out: np.ndarray, arrivals_s: np.
     lat = np.empty(m, np.int64)
     svc = np.empty(m, np.int64)
     k = len(xs)
-    sleep = time.sleep
     i = 0
     interrupted = False
     gc_was = gc.isenabled()
     gc.disable()
-    start = clock() + 1_000_000
-    sched = start + (np.asarray(arrivals_s, dtype=np.float64) * 1e9).astype(np.int64)
-    stop = start + int(max_s * 1e9)
+    start, sched, stop = schedule(arrivals_s, max_s)
     try:
         while i < m:
             s = int(sched[i])
-            now = clock()
-            if now < s:
-                # Sleep through the gap and spin its last 200 µs (sleep overshoots by tens
-                # of µs). On a busy machine a sleeper can still wake late; that lateness is
-                # charged, as it would be to a real server thread.
-                if s - now > 2 * SPIN_NS:
-                    sleep((s - now - SPIN_NS) / 1e9)
-                while clock() < s:
-                    pass
+            if clock() < s:
+                wait_until(s)
             x = xs[i % k]
             t0 = clock()
             fn(x, out)
@@ -552,24 +563,17 @@ def streams_open_loop(push: Push, prepare: Callable[[], None], steps: Sequence[n
     lat = np.empty(m, np.int64)
     svc = np.empty(m, np.int64)
     prep = np.empty(m, np.int64)
-    sleep = time.sleep
     wid = [int(i) for i in ids]
     i = 0
     interrupted = False
     gc_was = gc.isenabled()
     gc.disable()
-    start = clock() + 1_000_000
-    sched = start + (np.asarray(arrivals_s, dtype=np.float64) * 1e9).astype(np.int64)
-    stop = start + int(max_s * 1e9)
+    start, sched, stop = schedule(arrivals_s, max_s)
     try:
         while i < m:
             s = int(sched[i])
-            now = clock()
-            if now < s:
-                if s - now > 2 * SPIN_NS:
-                    sleep((s - now - SPIN_NS) / 1e9)
-                while clock() < s:
-                    pass
+            if clock() < s:
+                wait_until(s)
             x = steps[i % k]
             t0 = clock()
             push(wid[i], x, out)
