@@ -128,21 +128,20 @@ def main() -> int:
 
     nmis = [int(v) for v in args.nmi.split(",")]
     model = hwb.load_model(f"zoo:{args.model}")
-    variants = [("fp32", hwb.compile(model, "cpu.native", "fp32", fidelity=False))]
-    if args.push_weights:
-        variants.append((f"fp32+push={args.push_weights}",
-                         hwb.compile(model, "cpu.native", "fp32", options={"push_weights": args.push_weights})))
+    variants = [hwb.compile(model, "cpu.native", "fp32", fidelity=False)]
+    if args.push_weights:  # labelled cpu.native:fp32+push=KIND
+        variants.append(hwb.compile(model, "cpu.native", "fp32", options={"push_weights": args.push_weights}))
     steps = np.random.default_rng(0).normal(size=(4096, *model.inputs[0].shape[1:])).astype(np.float32)
     print(f"# {args.model} on cpu.native, {cpu_model()} ({isa()}); {args.ticks} ticks per NMI per round, "
           f"{args.rounds} rounds (Python, one core)")
-    for label, cm in variants:
+    for cm in variants:
         stats: dict[int, list] = {n: [] for n in nmis}
         sets = {n: cm.sliding(streams=n, auto_prepare=False) for n in nmis}
         hists = {n: [[] for _ in range(n)] for n in nmis}
         for r in range(args.rounds):
             for n in nmis:
                 stats[n].append(closed_loop(sets[n], steps, args.ticks, r * args.ticks, hists[n]))
-        print(f"\n{cm.variant if hasattr(cm, 'variant') else label} [{label}]")
+        print(f"\n{cm.variant}")
         print(f"{'NMI':>4} {'push p50':>9} {'p99':>7} {'p99.9':>7} {'prepare p50':>12} {'p99':>7} "
               f"{'ticks/s/core':>13} {'push_many/tick':>15} {'max err':>8}")
         for n in nmis:

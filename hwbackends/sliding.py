@@ -324,13 +324,9 @@ class RecomputeStreams:
 
     def push_into(self, i: int, x_t: np.ndarray, out: np.ndarray) -> None:
         """Push ``x_t`` into window ``i``; its answer into ``out``."""
-        try:
-            ring = self._rings[i] if i >= 0 else None
-        except (IndexError, TypeError):
-            ring = None
-        if ring is None or isinstance(i, bool):
-            check_id(i, self._n)
-        ring.push_into(x_t, out)  # type: ignore[union-attr]
+        if not (type(i) is int and 0 <= i < self._n):
+            check_id(i, self._n)  # raises unless a numpy integer in range
+        self._rings[int(i)].push_into(x_t, out)
 
     def push_many(self, ids: np.ndarray, xs: np.ndarray, outs: np.ndarray) -> None:
         """Push ``xs[j]`` into window ``ids[j]``, its answer into ``outs[j]``."""

@@ -644,12 +644,8 @@ def streams_steps(module: Any, meta: dict[str, Any], in_shape: tuple[int, ...],
     push = module.wstep if auto_prepare else module.wpush
     many = module.wstep_many if auto_prepare else module.wpush_many
     return StreamSteps(functools.partial(push, cap), functools.partial(many, cap),
-                       functools.partial(module.wprepare, cap), functools.partial(_reset, module.wreset, cap),
+                       functools.partial(module.wprepare, cap), functools.partial(module.wreset, cap),
                        "incremental" if stateful else info["form"])
-
-
-def _reset(wreset: Any, cap: Any, i: int) -> None:
-    wreset(cap, i)
 
 
 def _check(module: Any, step: tuple[int, ...], out_shape: tuple[int, ...], *args: Any) -> None:
