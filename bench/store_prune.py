@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hwbackends.build_cache import DIRNAME, BuildCache, digest  # noqa: E402
-from hwbackends.store import ArtifactStore  # noqa: E402
-from hwbackends.store_prune import prune, usage  # noqa: E402
+from hwbackends.store.artifacts import ArtifactStore  # noqa: E402
+from hwbackends.store.build_cache import DIRNAME, BuildCache, digest  # noqa: E402
+from hwbackends.store.prune import prune, usage  # noqa: E402
 
 
 def _ms(f, rounds: int) -> float:

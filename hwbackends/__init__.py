@@ -33,7 +33,7 @@ from .hookspecs import hookimpl
 from .models import Model, load_model
 from .registry import get_registry, register_plugin
 from .specs import Availability, Mode, TensorSpec
-from .store import ArtifactStore
+from .store.artifacts import ArtifactStore
 from .target import CONTRACT_VERSION, Artifact, CompileOptions, Converter, Executor, Target
 from .version import __version__  # noqa: F401  (hwbackends.__version__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .registry import Registry, get_registry
-from .store import ArtifactStore
+from .store.artifacts import ArtifactStore
 
 if TYPE_CHECKING:  # pragma: no cover - imported where used: bench/ imports this module
     from .bench.profile_cache import ProfileCache

@@ -48,8 +48,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from . import trust
 from .errors import CompileError, HwbError
+from .store import trust
 from .units import fmt_bytes
 
 logger = logging.getLogger("hwbackends.isolate")
@@ -71,7 +71,7 @@ _FALLBACK: dict[str, Path] = {}
 
 def private_dir() -> Path:
     """A directory only this user can enter: ``$XDG_RUNTIME_DIR/hwbackends`` or
-    ``$TMPDIR/hwb-<uid>``, created 0700 (:func:`hwbackends.trust.private_dir`, ``closed``).
+    ``$TMPDIR/hwb-<uid>``, created 0700 (:func:`hwbackends.store.trust.private_dir`, ``closed``).
     A path that exists but is a symlink, another user's, or open to others is not used (and
     not changed: someone else may have put it there): a fresh random ``mkdtemp`` directory
     is, one per process."""

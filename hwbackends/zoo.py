@@ -53,7 +53,7 @@ import numpy as np
 
 from .errors import HwbError, ModelError
 from .models import Model, load_model, register_source
-from .signed_dir import SignedDir
+from .store.signed_dir import SignedDir
 
 log = logging.getLogger("hwbackends.zoo")
 
@@ -324,8 +324,8 @@ ZOO_FORMAT = 1
 
 def _zoo() -> SignedDir:
     """``<store root>/zoo``: each trained model and memo a file beside its signed record
-    (``<file>.hmac``), under the store's trust rules (:mod:`hwbackends.signed_dir`)."""
-    from .store import ArtifactStore
+    (``<file>.hmac``), under the store's trust rules (:mod:`hwbackends.store.signed_dir`)."""
+    from .store.artifacts import ArtifactStore
 
     st = ArtifactStore()
     st.check_root()
@@ -333,8 +333,8 @@ def _zoo() -> SignedDir:
 
 
 def _zoo_dir() -> Path:
-    """The zoo directory, created private (:func:`hwbackends.trust.private_dir`)."""
-    from .trust import private_dir, trusted_gid
+    """The zoo directory, created private (:func:`hwbackends.store.trust.private_dir`)."""
+    from .store.trust import private_dir, trusted_gid
 
     return private_dir(_zoo().root, "zoo directory", trusted_gid())
 

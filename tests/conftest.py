@@ -35,7 +35,7 @@ tempfile.tempdir = None  # re-read TMPDIR
 SHARED_STORE = "hwb-shared-store"
 if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("HWB_TEST_STORE"):
     os.environ["HWB_TEST_STORE"] = str(RUN_TMP / SHARED_STORE)
-# The store's signing key (hwbackends.trust) never lands in the user's ~/.config during tests:
+# The store's signing key (hwbackends.store.trust) never lands in the user's ~/.config during tests:
 # a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
 os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"

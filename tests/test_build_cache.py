@@ -1,4 +1,4 @@
-"""The store's build cache (hwbackends.build_cache): a product built before from the same
+"""The store's build cache (hwbackends.store.build_cache): a product built before from the same
 sources is reused, and a cached product that is not what its signed record says is never
 handed out."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends import trust
-from hwbackends.build_cache import BuildCache, digest
 from hwbackends.registry import get_registry
-from hwbackends.store import file_sha256
+from hwbackends.store import trust
+from hwbackends.store.artifacts import file_sha256
+from hwbackends.store.build_cache import BuildCache, digest
 
 
 def test_digest_separates_its_parts() -> None:

@@ -1,5 +1,5 @@
 """compile()'s orchestration: the caller's Model is never changed, the manifest
-has one schema (hwbackends.manifest.Manifest) and a request is one object."""
+has one schema (hwbackends.store.manifest.Manifest) and a request is one object."""
 from __future__ import annotations
 
 import copy
@@ -12,10 +12,10 @@ import numpy as np
 import hwbackends as hwb
 from hwbackends.compiler.request import CompileRequest, resolve
 from hwbackends.hookspecs import hookimpl
-from hwbackends.manifest import Manifest
 from hwbackends.registry import build_registry
 from hwbackends.specs import TensorSpec
-from hwbackends.store import ArtifactStore
+from hwbackends.store.artifacts import ArtifactStore
+from hwbackends.store.manifest import Manifest
 from hwbackends.testing.sample_target import NumpyDenseTarget
 
 

@@ -11,10 +11,10 @@ import pytest
 from registry_helpers import registry_with
 
 import hwbackends as hwb
-from hwbackends import trust
-from hwbackends.manifest import Manifest
 from hwbackends.specs import TensorSpec
-from hwbackends.store import MANIFEST, STORE_FORMAT, ArtifactStore
+from hwbackends.store import trust
+from hwbackends.store.artifacts import MANIFEST, STORE_FORMAT, ArtifactStore
+from hwbackends.store.manifest import Manifest
 from hwbackends.target import close_executor
 from hwbackends.testing.sample_target import NumpyDenseExecutor, NumpyDenseTarget
 

@@ -14,7 +14,7 @@ import hwbackends as hwb
 from hwbackends.errors import ModelError, UnknownTargetError
 from hwbackends.fidelity import Tolerance, compare
 from hwbackends.registry import build_registry
-from hwbackends.store import ArtifactStore
+from hwbackends.store.artifacts import ArtifactStore
 
 HEAVY = ("tensorflow", "torch", "jax", "hls4ml", "keras", "onnxruntime")
 

@@ -296,7 +296,7 @@ def test_batch_sizes_are_capped_by_memory():
 def test_export_beside_the_store_cap_never_loses_a_size(hwb_cli, tiny, tmp_path, monkeypatch, pylibs):
     """HWB_CACHE_MAX_SIZE below two artifacts and no grace: each compile of the sweep prunes the
     ones before it. The export still ships every size (each pinned or copied on compile)."""
-    import hwbackends.store_prune as prune
+    import hwbackends.store.prune as prune
 
     p, m, _ = tiny
     sizes = tuple(range(1, 9))

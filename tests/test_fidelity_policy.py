@@ -15,7 +15,7 @@ from hwbackends import fidelity
 from hwbackends.compiler import fidelity_gate, import_artifact
 from hwbackends.errors import CacheError
 from hwbackends.fidelity import Tolerance, compare, gate_violations, precision_family
-from hwbackends.store import ArtifactStore
+from hwbackends.store.artifacts import ArtifactStore
 from hwbackends.testing import Conformance, ConformanceError, Variant, run_variant_check
 from hwbackends.testing.sample_target import NumpyDenseTarget
 

@@ -19,7 +19,7 @@ from test_store_races import _other_signal
 import hwbackends as hwb
 from hwbackends.errors import CacheError
 from hwbackends.fleet.artifacts import Packed, import_packed, pack
-from hwbackends.store import MANIFEST, ArtifactStore
+from hwbackends.store.artifacts import MANIFEST, ArtifactStore
 
 
 def _package(model, tmp_path: Path, name: str) -> tuple[Packed, str]:

@@ -17,7 +17,7 @@ from hwbackends.context import RunContext
 from hwbackends.labels import label, parse_label
 from hwbackends.registry import build_registry, get_registry
 from hwbackends.router import Lane
-from hwbackends.store import ArtifactStore
+from hwbackends.store.artifacts import ArtifactStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "fpga.test_batchfree"

@@ -1,5 +1,5 @@
-"""The one signed-record-on-disk primitive (hwbackends.signed_dir) and the one private
-directory helper (hwbackends.trust.private_dir), tested directly and through the surfaces
+"""The one signed-record-on-disk primitive (hwbackends.store.signed_dir) and the one private
+directory helper (hwbackends.store.trust.private_dir), tested directly and through the surfaces
 that use them: ``hwb bench``'s profile cache, the zoo's memo, ``hwb store``.
 
 A record that is missing, unsigned, edited, of another format version or for another key is
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import test_zoo_memo
 
-from hwbackends import trust
 from hwbackends.errors import CacheError, StoreTrustError
-from hwbackends.signed_dir import SignedDir
+from hwbackends.store import trust
+from hwbackends.store.signed_dir import SignedDir
 
 KEY = "ab" * 32
 own_store = test_zoo_memo.own_store  # the fixture: a store (HWB_CACHE_DIR) of the test's own

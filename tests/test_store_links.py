@@ -1,6 +1,6 @@
 """``hwb store`` and ``hwb store prune`` never follow a symlink inside the store:
 a linked ``objects/ab`` must not make prune delete a directory outside the store, nor
-``profiles -> /usr`` make ``hwb store`` walk /usr. The walk goes through directory fds (hwbackends.dirfd):
+``profiles -> /usr`` make ``hwb store`` walk /usr. The walk goes through directory fds (hwbackends.store.dirfd):
 a link is listed, prune unlinks the ones where the store writes none (below objects/,
 build-cache/, tmp/, locks/) and leaves a top-level one, and nothing outside is read or
 removed."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hwbackends.build_cache import DIRNAME, BuildCache, digest
-from hwbackends.store import ArtifactStore
+from hwbackends.store.artifacts import ArtifactStore
+from hwbackends.store.build_cache import DIRNAME, BuildCache, digest
 
 DAY = 86400.0
 KEY = "ab" * 32

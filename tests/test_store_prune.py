@@ -1,4 +1,4 @@
-"""``hwb store`` / ``hwb store prune`` (hwbackends.store_prune): what the store holds, and the
+"""``hwb store`` / ``hwb store prune`` (hwbackends.store.prune): what the store holds, and the
 least recently used removed first, never an entry in use, never a wrong answer afterwards.
 
 Last use is an entry directory's mtime (set at commit, touched on each load); the tests age
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.build_cache import DIRNAME, BuildCache, digest
-from hwbackends.store import ArtifactStore
-from hwbackends.store_prune import GRACE_S, MAX_SIZE_ENV, prune, usage
+from hwbackends.store.artifacts import ArtifactStore
+from hwbackends.store.build_cache import DIRNAME, BuildCache, digest
+from hwbackends.store.prune import GRACE_S, MAX_SIZE_ENV, prune, usage
 
 DAY = 86400.0
 

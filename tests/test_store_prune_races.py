@@ -12,10 +12,11 @@ import pytest
 from test_trust import _commit
 
 import hwbackends as hwb
-from hwbackends import signed_dir, store_prune, trust
-from hwbackends.build_cache import DIRNAME, BuildCache, digest
-from hwbackends.store import ArtifactStore
-from hwbackends.store_prune import prune
+from hwbackends.store import prune as store_prune
+from hwbackends.store import signed_dir, trust
+from hwbackends.store.artifacts import ArtifactStore
+from hwbackends.store.build_cache import DIRNAME, BuildCache, digest
+from hwbackends.store.prune import prune
 
 DAY = 86400.0
 

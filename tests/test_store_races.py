@@ -17,12 +17,13 @@ import pytest
 from test_trust import OTHER_UID, _can_chown, _chown_tree, _commit
 
 import hwbackends as hwb
-from hwbackends import signed_dir, trust, zoo
+from hwbackends import zoo
 from hwbackends.bench.profile import LatencyProfile
 from hwbackends.bench.profile_cache import ProfileCache
 from hwbackends.errors import StoreTrustError
 from hwbackends.registry import get_registry
-from hwbackends.store import ArtifactStore
+from hwbackends.store import signed_dir, trust
+from hwbackends.store.artifacts import ArtifactStore
 
 KEY = "ab" * 32
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import hwbackends as hwb
 from hwbackends.cli import main
 from hwbackends.errors import ConfigError
-from hwbackends.store_prune import MAX_SIZE_ENV
+from hwbackends.store.prune import MAX_SIZE_ENV
 from hwbackends.units import MAX_AGE_S, MAX_SIZE_BYTES, parse_age, parse_size
 
 HUGE = "9" * 309  # float() of it is inf: int(inf) was the OverflowError

@@ -15,10 +15,11 @@ import pytest
 from hwbt_targets import SoTarget, plugin
 
 import hwbackends as hwb
-from hwbackends import trust, zoo
+from hwbackends import zoo
 from hwbackends.errors import StoreTrustError
 from hwbackends.registry import build_registry
-from hwbackends.store import MANIFEST, ArtifactStore, file_sha256
+from hwbackends.store import trust
+from hwbackends.store.artifacts import MANIFEST, ArtifactStore, file_sha256
 
 OTHER_UID = 65534
 

@@ -218,7 +218,7 @@ def _cache_key(w: Written, cc: str | None) -> str | None:
     """Everything the library is built from: every file under ``src/`` (the Verilog and
     da4ml's static modules; the lookup tables, read at run time, are in the key too, which
     costs only hits), the testbench, the tools' versions and flags
-    (:mod:`hwbackends.build_cache`). ``cc``: the compiler's ``--version`` (None: no key)."""
+    (:mod:`hwbackends.store.build_cache`). ``cc``: the compiler's ``--version`` (None: no key)."""
     if cc is None:
         return None
     parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, f"{w.n_in} {w.n_out} {w.bw_in} {w.bw_out}",

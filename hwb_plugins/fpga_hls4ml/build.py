@@ -15,7 +15,7 @@ commands (same flags: ``-O3 -fPIC``, the newest ``-std`` the compiler takes,
   ``myproject_float`` entry point, so the hot path is one ctypes call for any batch size.
 
 A library built before from the same preprocessed sources, flags and compiler comes from the
-store's build cache (:mod:`hwbackends.build_cache`) instead of g++.
+store's build cache (:mod:`hwbackends.store.build_cache`) instead of g++.
 
 Most of a build is g++ parsing ap_types and nnet_utils and instantiating their templates, the
 same headers for every candidate of a precision search. They are compiled once into a
@@ -70,7 +70,7 @@ class BuiltLib:
     lib: Path
     weights_dir: Path
     seconds: float
-    #: Taken from the store's build cache (:mod:`hwbackends.build_cache`), not compiled.
+    #: Taken from the store's build cache (:mod:`hwbackends.store.build_cache`), not compiled.
     cached: bool = False
 
 

@@ -4,7 +4,7 @@ A router that starts with the same artifacts on the same machine reuses the meas
 profiles instead of measuring again; a new artifact (other weights, options, toolchain), a
 different machine fingerprint or other scenario parameters is a miss.
 
-Profiles decide routing, so each is kept as a signed entry (:class:`hwbackends.signed_dir.
+Profiles decide routing, so each is kept as a signed entry (:class:`hwbackends.store.signed_dir.
 SignedDir`: hmac-sha256 under the user's store key, bound to its cache key and format, the
 directories private and checked as the store's are): an edited, planted, moved or linked
 entry is never believed (a miss: measured again), and a directory someone else could change
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..signed_dir import SignedDir
+from ..store.signed_dir import SignedDir
 from .profile import LatencyProfile
 
 #: Bumped when what a cached profile means changes (it is then re-measured). 2: signed.
@@ -42,7 +42,7 @@ class ProfileCache:
 
     def __init__(self, root: str | Path | None = None, max_age_s: float | None = None):
         if root is None:
-            from ..store import default_root
+            from ..store.artifacts import default_root
             root = default_root() / "profiles"
         self.root = Path(root)
         self.max_age_s = max_age_s

@@ -62,8 +62,8 @@ def last_used_precision(args: argparse.Namespace) -> str | None:
     import sys
 
     from ..models import load_model
-    from ..store import ArtifactStore
-    from ..store_prune import usage
+    from ..store.artifacts import ArtifactStore
+    from ..store.prune import usage
     from .source import model_from_args
 
     m = load_model(model_from_args(args))

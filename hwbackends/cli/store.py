@@ -1,5 +1,5 @@
 """``hwb store``: what the artifact store holds; ``hwb store prune``: keep it within a size or
-an age, least recently used removed first (:mod:`hwbackends.store_prune`)."""
+an age, least recently used removed first (:mod:`hwbackends.store.prune`)."""
 from __future__ import annotations
 
 import argparse
@@ -38,7 +38,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace):
-    from ..store import ArtifactStore
+    from ..store.artifacts import ArtifactStore
 
     return ArtifactStore(args.cache_dir)
 
@@ -64,7 +64,7 @@ def _links(links, what: str) -> list[str]:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from ..store_prune import usage
+    from ..store.prune import usage
 
     u = usage(_store(args))
     now = time.time()
@@ -83,7 +83,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from ..store_prune import GRACE_S, prune
+    from ..store.prune import GRACE_S, prune
 
     if args.max_size is None and args.older_than is None:  # a usage error: argparse's exit 2
         args.prune_parser.error("say what to keep: give --max-size SIZE (e.g. 2G) and/or "

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..fidelity import check_kind
 from ..models import Model
 from ..registry import Registry
-from ..store import ArtifactStore
+from ..store.artifacts import ArtifactStore
 from .adopt import import_artifact
 from .build import Run, build, load_cached, wrap
 from .converters import conversion_path

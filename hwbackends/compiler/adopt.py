@@ -10,7 +10,7 @@ from ..errors import CacheError, CompileError
 from ..fidelity import gate_violations, precision_family
 from ..registry import Registry
 from ..specs import Availability
-from ..store import ArtifactStore
+from ..store.artifacts import ArtifactStore
 from ..target import Artifact, close_executor
 from .build import load_new, record
 from .reload_check import make_reload_check

@@ -10,15 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import build_cache, cost, isolate
+from .. import cost, isolate
 from ..compiled import CompiledModel
 from ..context import Progress
 from ..errors import CompileError, HwbError
 from ..labels import label, push_form
-from ..manifest import Manifest
 from ..models import load_saved
-from ..store import ArtifactStore
-from ..store_prune import keep_within_limit
+from ..store import build_cache
+from ..store.artifacts import ArtifactStore
+from ..store.manifest import Manifest
+from ..store.prune import keep_within_limit
 from ..target import Artifact, CompileOptions, Converter, Target, close_executor
 from .heartbeat import elapsed, heartbeat
 from .reload_check import check_reload, make_reload_check
@@ -42,7 +43,7 @@ def compile_job(tgt: Target, chain: list[Converter], model_src: Any, options: Co
                  workdir: str, build_cache_dir: str | None = None,
                  limits: cost.Limits | None = None) -> dict[str, Any]:
     """Runs in the worker process (or in-process when isolation is off). ``build_cache_dir``:
-    the store's build cache, offered to the target for the compile (:mod:`hwbackends.build_cache`).
+    the store's build cache, offered to the target for the compile (:mod:`hwbackends.store.build_cache`).
     The saved model's cost is checked against ``limits`` again as the worker reads it."""
     model = (load_saved(Path(model_src), limits) if isinstance(model_src, (str, Path))
              else model_src)

@@ -20,7 +20,7 @@ from ..labels import label
 from ..models import Model, load_model
 from ..registry import Registry, get_registry
 from ..specs import Availability
-from ..store import cache_key
+from ..store.artifacts import cache_key
 from ..target import CompileOptions, Converter, Target
 from .converters import conversion_path
 from .data import select_data

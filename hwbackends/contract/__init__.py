@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import build_cache, machine
+from .. import machine
 from ..docgen import splice
 from ..errors import (
     CacheError,
@@ -44,7 +44,8 @@ from ..identifiers import c_string, ident
 from ..models import Model, keras_call_input, load_model, load_saved
 from ..sliding import Steps, StreamSteps, check_id, check_many, check_step
 from ..specs import MODELLED, Availability, Mode, TensorSpec, several
-from ..store import file_sha256
+from ..store import build_cache
+from ..store.artifacts import file_sha256
 from ..target import (
     Artifact,
     BufferedExecutor,

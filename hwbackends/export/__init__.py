@@ -73,7 +73,7 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
     from ..models import load_model
     from ..registry import get_registry
-    from ..store import ArtifactStore
+    from ..store.artifacts import ArtifactStore
     from .names import served
     from .outdir import OutputDir
 
@@ -146,7 +146,7 @@ def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, store: 
     from ..bench.harness import bench_model
     from ..bench.scenarios import Batch
     from ..context import RunContext, log_progress
-    from ..store import ArtifactStore
+    from ..store.artifacts import ArtifactStore
 
     sizes = tuple(sorted({b for b in SWEEP_SIZES if max_batch is None or b <= max_batch}
                          | ({max_batch} if max_batch is not None and max_batch >= 1 else set())))

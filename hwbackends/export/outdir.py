@@ -7,8 +7,8 @@ creates (``mkdtemp``: 0700, ours). :meth:`OutputDir.publish` then moves the stag
 the output directory:
 
 - the output directory is one this call creates, or one owned by the user and not writable by
-  group or others (:func:`hwbackends.trust.others_can_change`). It is opened once
-  (``O_DIRECTORY | O_NOFOLLOW``, :mod:`hwbackends.dirfd` as the store does) and every later
+  group or others (:func:`hwbackends.store.trust.others_can_change`). It is opened once
+  (``O_DIRECTORY | O_NOFOLLOW``, :mod:`hwbackends.store.dirfd` as the store does) and every later
   step goes through that descriptor and those of directories opened from it (``O_NOFOLLOW``
   again), never through a path;
 - a symbolic link where the export writes — the model directory, a top-level file, anything
@@ -36,8 +36,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import dirfd, trust
 from ..errors import HwbError
+from ..store import dirfd, trust
 
 #: Created directories: readable by the server's user, writable by this user only.
 DIR_MODE = 0o755
@@ -226,7 +226,7 @@ def _link(where: Path, target: str | None = None) -> ExportPathError:
 
 def _find_link(fd: int, where: Path) -> ExportPathError | None:
     """The refusal for the first symlink under the directory open as ``fd``, if any (the
-    store's own walk by descriptor, :func:`hwbackends.dirfd.tree_bytes`)."""
+    store's own walk by descriptor, :func:`hwbackends.store.dirfd.tree_bytes`)."""
     links: list[dirfd.Link] = []
     dirfd.tree_bytes(fd, "", links)
     return _link(where / links[0].path.lstrip("/"), links[0].target) if links else None

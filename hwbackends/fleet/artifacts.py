@@ -20,7 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import CacheError
-from ..store import MANIFEST, ArtifactStore, check_key
+from ..store.artifacts import MANIFEST, ArtifactStore, check_key
 
 log = logging.getLogger("hwbackends.fleet")
 

@@ -99,7 +99,7 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
     t0 = time.perf_counter()
     from ..bench import ProfileCache, bench_model, parse
     from ..context import RunContext
-    from ..store import ArtifactStore
+    from ..store.artifacts import ArtifactStore
 
     ident = identity()
     notes: list[str] = []

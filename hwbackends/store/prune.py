@@ -15,7 +15,7 @@ trained models and the measured profiles are small and are kept; idle lock files
 stagings go.
 
 No symlink in the store is followed (the walk goes through directory fds,
-:mod:`hwbackends.dirfd`): each one found is listed in :attr:`Usage.links`; prune unlinks
+:mod:`hwbackends.store.dirfd`): each one found is listed in :attr:`Usage.links`; prune unlinks
 those where an entry, an ``ab/`` directory, a staging or a lock belongs (the store writes
 none there, and a load refuses one), and leaves one in place of a top-level directory
 (``objects``, ``profiles``, …: the load that meets it says how to fix it), never reading
@@ -31,12 +31,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ..units import fmt_bytes, parse_size
 from . import dirfd, trust
+from .artifacts import MANIFEST, ArtifactStore
 from .build_cache import DIRNAME as BUILD_CACHE_DIR
 from .build_cache import RECORD, BuildCache
 from .signed_dir import two_level
-from .store import MANIFEST, ArtifactStore
-from .units import fmt_bytes, parse_size
 
 log = logging.getLogger("hwbackends.store")
 

@@ -9,12 +9,12 @@ Layout under the root (``HWB_CACHE_DIR``, default ``~/.cache/hwbackends``)::
     build-cache/, zoo/, profiles/      build products, trained zoo models, measured profiles
 
 An entry directory's mtime is when it was last used (set at commit, touched on each load), so
-``hwb store prune`` (:mod:`hwbackends.store_prune`) removes the least recently used first.
+``hwb store prune`` (:mod:`hwbackends.store.prune`) removes the least recently used first.
 
 A missing manifest, a missing, extra or changed file, a manifest whose HMAC does not
-verify with this user's key (:mod:`hwbackends.trust`), or one signed for another key (an
+verify with this user's key (:mod:`hwbackends.store.trust`), or one signed for another key (an
 entry moved to another key's directory) makes the entry invalid: it is removed and the
-caller rebuilds it (each entry is a :class:`hwbackends.signed_dir.SignedDir` entry; this
+caller rebuilds it (each entry is a :class:`hwbackends.store.signed_dir.SignedDir` entry; this
 module adds the root, the manifest's ``key_parts`` check, locks, pins and listing). A root, entry or file that someone else could have written (another
 owner, group/world-writable, a symlink) is refused with :class:`StoreTrustError` before
 anything in it is read. The root is resolved and checked once (:func:`trust.resolve_root`)
@@ -37,8 +37,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ..errors import CacheError
 from . import dirfd, trust
-from .errors import CacheError
 from .signed_dir import HEX_KEY, SignedDir, staged_files
 from .signed_dir import file_sha256 as file_sha256  # what plugins import from here
 
@@ -46,7 +46,7 @@ log = logging.getLogger("hwbackends.store")
 #: 2: manifests are HMAC-signed and no file outside the manifest is allowed.
 #: 3: the manifest signs its key's parts (``key_parts``: fingerprint, target, precision,
 #: options, toolchain…), checked against the key on every load.
-#: 4: the record is :class:`hwbackends.manifest.Manifest`, its reload check named
+#: 4: the record is :class:`hwbackends.store.manifest.Manifest`, its reload check named
 #: ``reload_check`` with one input array per tensor (``xs``); an entry of any other format is
 #: removed on read and rebuilt, so no reader keeps the older key names.
 STORE_FORMAT = 4
@@ -140,7 +140,7 @@ class ArtifactStore:
     @contextlib.contextmanager
     def pinned(self, keys: Iterable[str] = ()) -> Iterator[Pins]:
         """Keep ``keys`` (and any added with the yielded handle's ``add``) from being pruned
-        while the block runs: every :func:`~hwbackends.store_prune.prune` in this process
+        while the block runs: every :func:`~hwbackends.store.prune.prune` in this process
         skips them, including the automatic one ``HWB_CACHE_MAX_SIZE`` runs after each
         compile commits. For a caller that compiles many variants and then reads them
         (``hwb export`` over a batch-size sweep)::
@@ -154,7 +154,7 @@ class ArtifactStore:
         Pins are per process and per store root (any :class:`ArtifactStore` of the same real
         root sees them) and nest (a key pinned twice is free when both blocks end); they do
         not stop another process's ``hwb store prune``, which keeps what was used in the last
-        :data:`~hwbackends.store_prune.GRACE_S` seconds. A key that is not a store key is
+        :data:`~hwbackends.store.prune.GRACE_S` seconds. A key that is not a store key is
         :class:`CacheError`. Pinning does not make an absent or evicted entry present."""
         pins = Pins(str(self.root))
         try:
@@ -196,7 +196,7 @@ class ArtifactStore:
         """The verified manifest of ``key``, or ``None`` (absent, removed meanwhile by a prune
         or another process, or invalid and now removed: :meth:`SignedDir.read`). With
         ``touch`` (a use: the caller reads the entry) its last use is recorded before it is
-        read, so a prune that scanned earlier keeps it (:func:`~hwbackends.store_prune.prune`
+        read, so a prune that scanned earlier keeps it (:func:`~hwbackends.store.prune.prune`
         re-checks at removal)."""
         self.check_root()
         check_key(key)

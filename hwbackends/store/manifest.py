@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .specs import TensorSpec
-from .target import Artifact
+from ..specs import TensorSpec
+from ..target import Artifact
 
 
 @dataclass

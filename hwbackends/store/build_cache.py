@@ -10,7 +10,7 @@ preprocessed translation units, the generated Verilog, compiler versions and fla
 :func:`digest`), and gets the file back instead of rebuilding it.
 
 Layout: ``<store root>/build-cache/ab/abcdef…/{blob,record.json}``, a signed entry
-(:class:`hwbackends.signed_dir.SignedDir`: staged and renamed into place, never half-visible,
+(:class:`hwbackends.store.signed_dir.SignedDir`: staged and renamed into place, never half-visible,
 0700/0600 like the store, the record HMAC-signed with the store's key over the digest, the
 format and the blob's sha256). A blob that does not match its signed record (edited,
 truncated, written with another key, or an entry of an older format) is removed and reported
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .errors import StoreTrustError
+from ..errors import StoreTrustError
 from .signed_dir import HEX_KEY, SignedDir
 
-log = logging.getLogger("hwbackends.build_cache")
+log = logging.getLogger("hwbackends.store.build_cache")
 DIRNAME = "build-cache"
 RECORD, BLOB = "record.json", "blob"
 #: The record's format (1: a signed entry with a ``files`` list; no version before it).

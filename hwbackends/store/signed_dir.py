@@ -2,7 +2,7 @@
 profile cache and the zoo keep their records in.
 
 An *entry* is a set of files and a JSON *record* naming each file's sha256, signed with this
-user's store key (:func:`hwbackends.trust.sign`: ``hmac-sha256`` over the canonical JSON,
+user's store key (:func:`hwbackends.store.trust.sign`: ``hmac-sha256`` over the canonical JSON,
 compared with :func:`hmac.compare_digest`) and bound to its key and format version. Two
 layouts:
 
@@ -21,7 +21,7 @@ everything in the entry must be changeable only by this user (:func:`trust.check
 :func:`trust.check_tree`: a symlink, another owner or a group/world-writable path is
 :class:`~hwbackends.errors.StoreTrustError`, refused before a byte is read, and left in
 place); the record is read through directory fds opened with ``O_NOFOLLOW``
-(:mod:`hwbackends.dirfd`), and a record that is missing, unsigned, edited, of another format
+(:mod:`hwbackends.store.dirfd`), and a record that is missing, unsigned, edited, of another format
 version or for another key, or whose files are missing, extra or changed, is a *miss*: the
 entry is evicted and the caller rebuilds it. An entry moved away while it is read (a prune,
 another process) is a miss and is left alone.
@@ -42,8 +42,8 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ..errors import CacheError
 from . import dirfd, trust
-from .errors import CacheError
 
 log = logging.getLogger("hwbackends.store")
 

@@ -12,7 +12,7 @@ records signed with this user's key. Modelled on OpenSSH's ``StrictModes``.
 - **The key.** 32 random bytes in ``$HWB_KEY_FILE``, else
   ``$XDG_CONFIG_HOME/hwbackends/store.key`` (``~/.config/hwbackends/store.key``), created
   0600 on first use; a key file others can read or write, or one that is not a regular file
-  (a FIFO, a directory), is refused. Every signed record (:mod:`hwbackends.signed_dir`: store
+  (a FIFO, a directory), is refused. Every signed record (:mod:`hwbackends.store.signed_dir`: store
   manifests, build-cache and profile records, the zoo's) carries ``hmac-sha256(key, record)``
   (:func:`sign`, checked with :func:`verify` in constant time): a record edited without the
   key does not verify.
@@ -33,7 +33,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreTrustError
+from ..errors import StoreTrustError
 
 KEY_BYTES = 32
 
