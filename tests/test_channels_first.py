@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwb_plugins._shared import layer_ir
+from hwbackends import layer_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
 torch = pytest.importorskip("torch")

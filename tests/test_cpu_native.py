@@ -95,7 +95,7 @@ def test_int8_over_every_layer_kind(layer_models, store_dir) -> None:
 
 def test_ir_reference_is_the_keras_function(layer_models) -> None:
     """The IR's float64 NumPy reference (int8 calibration uses it) equals Keras."""
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     for km in layer_models:
         m = hwb.load_model(km)

@@ -101,7 +101,7 @@ def test_torch_tcn_int8_and_ir(store_dir) -> None:
     pads folded into the convs, no slice left but the last step."""
     import torch
 
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     m = tcn(3, 8, 3, [1, 2, 4], "slice", "dim", False)
     model = hwb.load_model(m, input_shape=(32, 3), name="tcn8")
@@ -513,7 +513,7 @@ def test_torch_encoder_layer_ir_and_int8(store_dir) -> None:
     Attention layer (its q/k/v/out projections folded in, the heads kept) inside a
     Residual, LayerNorms, a per-step feed-forward; int8 over it and over a bare
     MultiheadAttention stays within the int8 gate."""
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     for norm_first, want in ((False, ["Dense", "Residual", "LayerNorm", "Residual", "LayerNorm",
                                       "GlobalPool1D", "Dense"]),

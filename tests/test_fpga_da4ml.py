@@ -62,7 +62,7 @@ def test_lstm_is_refused_with_the_reason_and_what_would_make_it_possible():
 
 
 def test_extraction_is_the_shared_layer_ir_in_float64_with_batchnorm_folded():
-    """fpga.da4ml reads models through hwb_plugins/_shared/layer_ir/ (cpu.native's IR) in
+    """fpga.da4ml reads models through hwbackends/layer_ir/ (cpu.native's IR) in
     float64: BatchNormalization folds into the Dense before it, activations fuse into their
     Dense, and the float layers compute what the framework computes."""
     import keras

@@ -171,7 +171,7 @@ def test_ranges_come_from_the_traced_c_sim_where_the_graph_is_not_the_chain(tmp_
 
 def test_the_first_guess_is_the_fewest_bits_the_rounded_model_meets():
     from hwb_plugins._shared import fixed_point as FP
-    from hwb_plugins._shared.layer_ir import Act, Dense, Network
+    from hwbackends.layer_ir import Act, Dense, Network
 
     rng = np.random.default_rng(0)
     net = Network("t", (8,), [Dense("d", w=rng.normal(0, 0.4, (8, 4)), b=rng.normal(0, 0.1, 4)),

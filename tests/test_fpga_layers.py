@@ -110,7 +110,7 @@ def test_batchnorm_folds_into_conv1d_on_either_side_exactly(tmp_path: Path, func
     import keras
     import numpy as np
 
-    from hwb_plugins._shared.batchnorm import fold_keras
+    from hwbackends.layer_ir.batchnorm import fold_keras
 
     km = keras.models.load_model(bn_tcn(tmp_path / "bn.keras"))
     if not functional:

@@ -205,7 +205,7 @@ def test_a_vector_of_the_wrong_length_is_refused_by_name() -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
     s = numpy_helper.from_array(np.ones(5, np.float32), "s")
@@ -220,8 +220,8 @@ def test_a_vector_of_the_wrong_length_is_refused_by_name() -> None:
 
 
 def test_ir_checks_every_vector_against_its_axis() -> None:
-    from hwb_plugins._shared import layer_ir
-    from hwb_plugins._shared.layer_ir import read
+    from hwbackends import layer_ir
+    from hwbackends.layer_ir import read
 
     f = np.float32
     bad = [layer_ir.Affine("bn", np.ones(6, f), np.zeros(6, f)),

@@ -2,7 +2,7 @@
 random Keras (``Sequential`` and functional)
 and torch (``nn.Sequential``) models drawn by tests/fuzz_models.py's :func:`specs`,
 restricted to the layers both targets claim — Dense/Linear, BatchNormalization (Keras:
-folded into a neighbouring Dense, see ``hwb_plugins/_shared/batchnorm.py``; torch: hls4ml's
+folded into a neighbouring Dense, see ``hwbackends/layer_ir/batchnorm.py``; torch: hls4ml's
 fold or its own layer), the activations relu/tanh/sigmoid/softmax, over a flat input — each compiled on both targets at a drawn hls4ml precision (default, rounding and
 saturation modes, narrow and wide types) through ``hwb.compile``, and the outputs compared
 *exactly* on the same inputs (representative, scaled past the types' range and below one

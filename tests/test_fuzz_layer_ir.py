@@ -116,7 +116,7 @@ def _model(spec: Spec):
 
 def _check_ir(spec: Spec, what: str = "ir") -> None:
     """``layer_ir.extract`` then the IR's float64 reference against the framework."""
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     obj, m = _model(spec)
     _tally(f"{what} tried")

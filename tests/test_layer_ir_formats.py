@@ -1,4 +1,4 @@
-"""The shared layer IR (hwb_plugins/_shared/layer_ir/) from ONNX and torch.export beyond MLPs:
+"""The shared layer IR (hwbackends/layer_ir/) from ONNX and torch.export beyond MLPs:
 Conv/pooling/Flatten/LSTM/GRU graphs as tf2onnx and torch.onnx write them, and
 torch modules with their own forward (an LSTM's last step, a Conv1d between transposes),
 compiled by cpu.native and checked against ONNX Runtime / torch themselves; what the IR
@@ -217,7 +217,7 @@ def test_in_process_module_walks_its_export(zoo_model) -> None:
     program) exports it and reads the same layers; the IR's float64 reference matches torch."""
     import torch
 
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     m = zoo_model("lstm_torch")
     net = layer_ir.extract(m, "cpu.native")

@@ -7,8 +7,11 @@
 * the core never imports the built-in plugins (``hwb_plugins``): it reaches them, like any
   third-party plugin, only through the hooks. No exception, ``hwbackends/testing`` included:
   the conformance kit tests whatever target it is given by name through the registry;
-* the plugins take nothing from the core but the contract (``hwbackends.contract``), as a
-  third party's would: the core can move anything behind it without touching a plugin.
+* the plugins take nothing from the core but the contract (``hwbackends.contract``) and the
+  layer IR (``hwbackends.layer_ir``), as a third party's would: the core can move anything
+  behind them without touching a plugin;
+* the layer IR is public and stands on the contract alone, so a third party's code-generating
+  target can build on it without the rest of the core.
 """
 from __future__ import annotations
 
@@ -187,17 +190,19 @@ def plugin_imports(name: str, path: Path) -> list[str]:
 
 #: What a plugin may import of the core: the contract package and its modules.
 CONTRACT = "hwbackends.contract"
+#: The public layer IR, which code-generating plugins (and a third party's) build on.
+LAYER_IR = "hwbackends.layer_ir"
 
 
-def core_imports(name: str, path: Path) -> list[str]:
-    """The imports of module ``name`` that reach the core outside the contract."""
+def core_imports(name: str, path: Path, allowed: tuple[str, ...] = (CONTRACT, LAYER_IR)) -> list[str]:
+    """The imports of module ``name`` that reach the core outside the packages ``allowed``."""
     out = []
     for imp in imports_of(name, path):
         mods = [imp.module] if imp.module != "hwbackends" or not imp.names else [
             f"hwbackends.{n}" for n in imp.names]
         for mod in mods:
             top = mod.split(".")[0]
-            if top == "hwbackends" and mod != CONTRACT and not mod.startswith(CONTRACT + "."):
+            if top == "hwbackends" and not any(mod == a or mod.startswith(a + ".") for a in allowed):
                 out.append(f"{name}:{imp.line} imports {mod}")
     return out
 
@@ -205,8 +210,17 @@ def core_imports(name: str, path: Path) -> list[str]:
 def test_plugins_import_only_the_contract():
     bad = [b for m, path in modules().items() if m.split(".")[0] == "hwb_plugins"
            for b in core_imports(m, path)]
-    assert not bad, ("plugins import the core outside hwbackends.contract (add what they need "
-                     "to the contract):\n" + "\n".join(bad))
+    assert not bad, ("plugins import the core outside hwbackends.contract and hwbackends.layer_ir "
+                     "(add what they need to the contract):\n" + "\n".join(bad))
+
+
+def test_the_layer_ir_stands_on_the_contract_alone():
+    """The IR is what a third party's code generator builds on: it takes the contract's errors
+    and nothing else of the core, so it can be read (and moved) on its own."""
+    ir = [m for m in modules() if m == LAYER_IR or m.startswith(LAYER_IR + ".")]
+    assert len(ir) > 5, ir
+    bad = [b for m in ir for b in core_imports(m, modules()[m], (CONTRACT, LAYER_IR))]
+    assert not bad, "the layer IR imports the core outside the contract:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("source, expect", [
@@ -216,6 +230,9 @@ def test_plugins_import_only_the_contract():
     ("from hwbackends.contract import InputError\n", 0),
     ("from hwbackends.contract.cli import emit\n", 0),
     ("from hwbackends import contract\n", 0),
+    ("from hwbackends import layer_ir as ir\n", 0),
+    ("from hwbackends.layer_ir import batchnorm\n", 0),
+    ("from hwbackends.layer_ir_extra import x\n", 1),
 ])
 def test_the_contract_check_sees_every_form(tmp_path, source, expect):
     f = tmp_path / "x.py"

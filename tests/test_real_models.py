@@ -161,7 +161,7 @@ def _bn_model(functional: bool = False, act: str | None = None):
 
 @pytest.mark.parametrize("functional", [False, True])
 def test_batchnorm_folds_into_the_dense_before_it(functional):
-    from hwb_plugins._shared.batchnorm import fold_keras
+    from hwbackends.layer_ir.batchnorm import fold_keras
 
     km = _bn_model(functional)
     folded = fold_keras(km, "fpga.test")

@@ -67,7 +67,7 @@ def test_incremental_window_equals_predict_into_on_the_window(store_dir, seed, w
 
 def _ir_reference(km, seq: np.ndarray) -> np.ndarray:
     """The float64 layer-IR model on every prefix of ``seq`` (the stream's answers)."""
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     net = layer_ir.extract(hwb.load_model(km), "test")
     return np.array([layer_ir.forward(net, seq[None, :i + 1])[-1][0] for i in range(len(seq))],
@@ -170,7 +170,7 @@ def test_blocked_input_projection_matches_the_reference_and_the_push(store_dir, 
     want = window_answers(cm, xs)
     wins = np.stack([np.concatenate([np.zeros((max(0, t - 1 - i), 11), np.float32), xs[max(0, i - t + 1):i + 1]])
                      for i in range(len(xs))])
-    from hwb_plugins._shared import layer_ir
+    from hwbackends import layer_ir
 
     net = layer_ir.extract(hwb.load_model(km), "test")
     ref = np.stack([layer_ir.forward(net, w[None])[-1][0] for w in wins]).astype(np.float32)

@@ -182,7 +182,7 @@ def rounded_forward(net: Any, x: Any, f: int, fw: int, model: LayerModel | None 
     tables, recurrent state); saturation and accumulator widths are not modelled."""
     import dataclasses
 
-    from .layer_ir import reference
+    from hwbackends.layer_ir import reference
 
     h = round_to(x, f)
     for layer in net.layers:

@@ -20,9 +20,10 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "targets-fpga.md"
 
 def render() -> str:
     """The section's Markdown: one row per target and model format, then the refused settings."""
+    from hwbackends.layer_ir import batchnorm
+
     from ..fpga_da4ml.network import SUPPORTED
     from ..fpga_hls4ml import convert
-    from . import batchnorm
 
     rows = [("fpga.hls4ml", "Keras", ", ".join(convert.accepted_keras_layers())),
             ("fpga.hls4ml", "PyTorch", ", ".join(convert.supported_layers("torch"))

@@ -1,4 +1,4 @@
-"""The layer IR (hwb_plugins/_shared/layer_ir/) → one C file with the weights as constants.
+"""The layer IR (hwbackends/layer_ir/) → one C file with the weights as constants.
 
 Why a direct emitter (docs/performance.md has the measured comparison with keras2c and
 emlearn): the whole model becomes one function over fixed shapes, which the compiler inlines,
@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hwbackends import layer_ir as ir
 from hwbackends.contract import UnsupportedError
-
-from .._shared import layer_ir as ir
 
 #: (vector width in floats, vectors accumulated in registers at once, split chains included)
 #: per ISA: AVX-512 has 32 zmm registers (16 accumulators leave room for broadcasts and

@@ -122,7 +122,8 @@ def hls_graph(model: Any, hls_prec: str, scratch: Path) -> tuple[Any, Renamed]:
     names of its layers. Not written or built."""
     import hls4ml
 
-    from .._shared import batchnorm
+    from hwbackends.layer_ir import batchnorm
+
     from .._shared.torch_export import as_sequential
 
     kw: dict[str, Any] = dict(output_dir=str(scratch), project_name="myproject", backend="Vitis",

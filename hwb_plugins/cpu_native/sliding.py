@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from hwbackends import layer_ir as ir
 from hwbackends.contract import (
     InputError,
     Steps,
@@ -55,7 +56,6 @@ from hwbackends.contract import (
     check_step,
 )
 
-from .._shared import layer_ir as ir
 from . import push_weights as pw
 from .emit import Emitter, vector_shape
 

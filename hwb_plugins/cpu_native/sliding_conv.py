@@ -56,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from .._shared import layer_ir as ir
+from hwbackends import layer_ir as ir
+
 from . import sliding_dense as sd
 from .emit import Emitter, vector_shape
 from .sliding import WindowC, header_text

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._shared import layer_ir as ir
+from hwbackends import layer_ir as ir
+
 from .emit import Emitter
 
 

@@ -207,7 +207,8 @@ class NativeTarget(Target):
                                    + (", or push_weights='f16' / 'int8' (AVX2 forms)" if kind == "bf16" else ""))
 
     def compile(self, model: Any, options: CompileOptions, workdir: Path) -> dict[str, Any]:
-        from .._shared import layer_ir
+        from hwbackends import layer_ir
+
         from . import sliding, sliding_conv
         from .emit import emit
 

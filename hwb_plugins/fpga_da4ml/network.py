@@ -2,7 +2,7 @@
 
 da4ml builds hardware from constant matrices, so all the target needs from a model is, per
 layer, its weight matrix, bias and activation: the shared layer IR
-(:mod:`hwb_plugins._shared.layer_ir`, also ``cpu.native``'s) read in float64 and viewed as
+(:mod:`hwbackends.layer_ir`, also ``cpu.native``'s) read in float64 and viewed as
 :class:`DenseLayer` (BatchNormalization folded into the preceding Dense). What this target
 adds is its scope: which activations it implements and why it refuses what the IR reads but
 da4ml cannot build (recurrent and convolution layers).
@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from hwbackends import layer_ir
 from hwbackends.contract import UnsupportedError
-
-from .._shared import layer_ir
-from .._shared.layer_ir import DenseAct as DenseLayer
-from .._shared.layer_ir import activate
+from hwbackends.layer_ir import DenseAct as DenseLayer
+from hwbackends.layer_ir import activate
 
 __all__ = ["ACTIVATIONS", "SUPPORTED", "DenseLayer", "activate", "extract"]
 

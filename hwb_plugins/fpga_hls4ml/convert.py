@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hwbackends.contract import UnsupportedError
+from hwbackends.layer_ir import batchnorm
 
-from .._shared import batchnorm
 from .._shared.hls4ml_names import Renamed, generated, rename_keras
 from .._shared.torch_export import as_sequential
 

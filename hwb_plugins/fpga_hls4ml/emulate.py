@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from hwbackends.layer_ir import Act, Recurrent, extract
+
 from .._shared.fixed_point import FidelityTarget, int_bits, predict_bits, round_to
-from .._shared.layer_ir import Act, Recurrent, extract
 from .precision import table_size
 
 
@@ -149,7 +150,7 @@ def float_trace(net: Any, hmodel: Any, x: np.ndarray) -> dict[str, np.ndarray] |
     None unless the hls4ml graph (``hmodel``, converted from ``model``) is the layer IR's chain
     one for one, class and shape (then the C-simulation's trace measures the ranges).
     ``net``: :func:`network` of the model ``hmodel`` was converted from."""
-    from .._shared.layer_ir import reference
+    from hwbackends.layer_ir import reference
 
     if net is None:
         return None

@@ -8,7 +8,7 @@ import numpy as np
 
 from hwbackends.contract import UnsupportedError
 
-from .. import batchnorm
+from . import batchnorm
 from .from_keras import read_keras
 from .from_onnx import read_onnx
 from .from_torch import read_torch

@@ -7,7 +7,7 @@ import numpy as np
 
 from hwbackends.contract import UnsupportedError
 
-from .. import batchnorm
+from . import batchnorm
 from .ir import (
     ACTIVATIONS,
     SUPPORTED,

@@ -1,5 +1,6 @@
-"""One small layer IR for the targets that generate code from a model's weights (``cpu.native``,
-``fpga.da4ml``; ``fpga.hls4ml``'s ``convert.py`` still holds a narrower copy of this extraction).
+"""The layer IR: one small, public description of a model's layers and weights that the targets
+generating code from them build on (``cpu.native``, ``fpga.da4ml``, ``fpga.hls4ml``'s emulation,
+and a third party's; docs/layer_ir.md). It imports nothing of the core but the contract.
 
 A :class:`Network` is the input shape (per sample, no batch) and a chain of layers, each with
 its weights as float32 NumPy arrays in the layout the emitters use (Keras' own:
@@ -9,7 +10,7 @@ kernels ``(n_in, gates·units)`` with Keras' gate order). Activations are layers
 Dense/Conv1D right before it and is otherwise a per-channel :class:`Affine`.
 
 :func:`extract` reads Keras (``Sequential`` or a functional chain), torch (``nn.Sequential``,
-or a ``torch.export`` program of one, through :mod:`torch_export`; a program with Conv1d,
+or a ``torch.export`` program of one, through ``torch.export``; a program with Conv1d,
 pooling, LSTM/GRU or transposes op by op: :mod:`.from_torch`) and ONNX (the graphs tf2onnx and
 torch.onnx write for these layers: :mod:`.from_onnx`). Layers: Dense, ReLU/LeakyReLU/tanh/
 sigmoid/softmax, BatchNorm (folded), Conv1D, pooling, Flatten, LSTM and GRU unrolled over
