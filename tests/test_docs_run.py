@@ -281,7 +281,7 @@ def _own_process(argv: list[str]) -> bool:
 @pytest.fixture
 def in_scratch(monkeypatch: pytest.MonkeyPatch):
     """``in_scratch(d)``: this test runs in ``d`` with its own shm directory, as the snippet's
-    subprocess used to (cwd, HWB_SHM_DIR, the script's directory first on sys.path)."""
+    subprocess would (cwd, HWB_SHM_DIR, the script's directory first on sys.path)."""
     def enter(d: Path) -> None:
         monkeypatch.chdir(d)
         monkeypatch.setenv("HWB_SHM_DIR", str(d / "shm"))

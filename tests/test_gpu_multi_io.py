@@ -200,8 +200,8 @@ def test_executor_binds_copies_and_profiles_every_tensor_by_name():
 
 
 def test_core_takes_multi_io_int8_to_tensorrt_and_only_the_gpu_is_missing(zoo_model, store_dir):
-    """The core no longer refuses the model or its calibrated precision: without a GPU the
-    target's own probe is what stops it."""
+    """The core takes the model and its calibrated precision: without a GPU the target's own
+    probe is what stops it."""
     if "gpu.tensorrt" not in hwb.get_registry().targets:
         pytest.skip("gpu.tensorrt is not installed here")
     if hwb.get_registry().target("gpu.tensorrt").probe().usable:

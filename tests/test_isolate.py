@@ -81,8 +81,8 @@ def test_ctrl_c_during_a_job_restarts_the_worker_so_the_next_job_gets_its_own_re
         started, release = tmp_path / "started", tmp_path / "release"
         cancel = threading.Event()
         t = _interrupt_main_once(started, cancel)
-        # the job holds on until the interrupt has landed (it failed once on a fast box: the
-        # 2 s job it used to be ended first); Ctrl-C kills the worker, so it never replies
+        # the job holds on until the interrupt has landed (a fixed-length job can end first
+        # on a fast machine); Ctrl-C kills the worker, so it never replies
         try:
             with pytest.raises(KeyboardInterrupt):
                 w.run(_held_open, str(started), str(release), timeout=600, what="held job")
@@ -103,8 +103,8 @@ def test_worker_log_is_private_unpredictable_and_removed():
     d = private_dir()
     st = os.lstat(d)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-    # What used to be written: a predictable name in the shared temp dir. A planted symlink
-    # there must not be followed (its target stays untouched).
+    # A predictable name in the shared temp dir, planted as a symlink, must not be followed
+    # (its target stays untouched).
     victim = Path(tempfile.mkdtemp()) / "victim"
     victim.write_text("precious")
     planted = Path(tempfile.gettempdir()) / f"hwb-worker-{os.getpid()}.log"

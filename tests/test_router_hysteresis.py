@@ -194,8 +194,8 @@ class _Counting:
 @pytest.mark.parametrize("wait_s", [1.0, 0.05], ids=["the-call-ends", "still-stuck"])
 def test_a_lane_built_during_an_abandoned_call_never_runs_beside_it(monkeypatch, wait_s) -> None:
     """A deadline lane abandons a stalled call, which runs on in its worker thread; a direct
-    lane built over the same executor meanwhile (a re-plan, a new router) used to call it
-    at once, beside that call (the stress test saw the other call's answer). It waits for the
+    lane built over the same executor meanwhile (a re-plan, a new router) must not call it
+    at once, beside that call (the other call's answer would come back). It waits for the
     call to end, or, when the executor is still stuck after ABANDONED_WAIT_S, calls it under
     its lock."""
     from hwbackends.router import runtime

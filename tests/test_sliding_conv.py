@@ -149,8 +149,8 @@ def test_what_it_refuses_keeps_the_recompute_form(store_dir):
     np.testing.assert_array_equal(push_all(w, xs, (2,)), window_answers(cm, xs))
 
 
-def test_a_strided_conv_is_incremental_now(store_dir):
-    """The strided stack the recompute form used to take (stride 2 on both convs, window 12:
+def test_a_strided_conv_is_incremental(store_dir):
+    """A strided stack (stride 2 on both convs, window 12:
     the last position reads the window's steps up to 8 of 0..11, so the newest three reach the
     answer only through the NaN rule) slides incrementally, equal to predict_into on every
     window, a reset included."""

@@ -19,8 +19,8 @@ from .profile import LatencyProfile, table, table_csv
 
 FORMAT = "hwbackends-bench-results"
 #: Bumped when the layout changes incompatibly; loading another version is a clear error
-#: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``
-#: (was ``fpga``), and the rows written before the variant record are no longer read.
+#: saying to re-run ``hwb bench``. 2: a variant row's plugin metadata is ``plugin_report``,
+#: and every row carries the variant record; files of version 1 are refused.
 VERSION = 2
 
 
