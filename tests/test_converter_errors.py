@@ -1,5 +1,5 @@
 """A converter from another library that fails on a model comes back from
-``hwb compile`` as an HwbError (exit 1, docs/cli.md) naming the converter, the op, the
+``hwb compile`` as an HwbError (exit 1, the README's exit codes) naming the converter, the op, the
 library's own message and what to do — never a traceback. Each model here really makes that
 converter fail, built in the test; for ONNX Runtime's quantiser, the awkward models it must
 take (a duplicated default domain, an ML-only graph) quantise."""

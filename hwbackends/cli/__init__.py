@@ -21,7 +21,7 @@ CACHE_DIR_HELP = "artifact store root (default: $HWB_CACHE_DIR, else ~/.cache/hw
 COMMANDS = ("targets", "compile", "predict", "bench", "route", "report", "demo", "plugin", "serve",
             "fleet", "node", "export", "store", "compare")
 
-#: What ``hwb`` exits with (``hwb --help`` lists them; docs/cli.md): a script or CI job can
+#: What ``hwb`` exits with (``hwb --help`` lists them; the README's table): a script or CI job can
 #: tell a failed check from a broken run from a typo.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE, EXIT_REGRESSION, EXIT_BROKEN = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130
