@@ -72,7 +72,7 @@ def test_emulated_casts_match_python(tmp_path) -> None:
     import subprocess
 
     from hwb_plugins._shared.fixed_point import OVF_MODES, QUANT_MODES, FxType
-    from hwb_plugins.cpu_native.fixed import FX_PRELUDE
+    from hwb_plugins.cpu_native.fixed import FX_DIR, FX_INCLUDE
 
     raws = [v for base in (0, 5, 8, 11, 16, 40, 127, 128, 300) for v in (base, -base, base + 1, -base - 1)]
     floats = [0.0, 0.5, -0.5, 0.75, -0.75, 1.25, -1.25, 3.999, -4.0, 7.96875, -8.03125, 100.0, -1e30, 1e30]
@@ -91,7 +91,7 @@ def test_emulated_casts_match_python(tmp_path) -> None:
             want.append(t.from_double(float(np.float32(f))))
     src = tmp_path / "casts.c"
     src.write_text(
-        "#include <stdint.h>\n#include <stdio.h>\n" + FX_PRELUDE +
+        "#include <stdint.h>\n#include <stdio.h>\n" + FX_INCLUDE + "\n"
         "struct c { int64_t v; int s, q, w, sgn, o; } C[] = {" + ",".join(casts) + "};\n"
         "struct f { float x; double sc; int q, w, sgn, o; } F[] = {" + ",".join(conv) + "};\n"
         "int main(void) {\n"
@@ -100,7 +100,7 @@ def test_emulated_casts_match_python(tmp_path) -> None:
         "for (unsigned i = 0; i < sizeof F / sizeof *F; i++) printf(\"%lld\\n\", (long long)"
         "fx_from_float(F[i].x, F[i].sc, F[i].q, F[i].w, F[i].sgn, F[i].o));\n"
         "return 0; }\n")
-    subprocess.run(["cc", "-O1", str(src), "-o", str(tmp_path / "casts")], check=True)
+    subprocess.run(["cc", "-O1", f"-I{FX_DIR}", str(src), "-o", str(tmp_path / "casts")], check=True)
     got = [int(v) for v in subprocess.run([str(tmp_path / "casts")], check=True, capture_output=True,
                                           text=True).stdout.split()]
     assert got == want

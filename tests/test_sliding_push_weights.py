@@ -183,8 +183,8 @@ def _form_library(kind: str, form: str, w: np.ndarray, b: np.ndarray, path):
                               "#define A64 __attribute__((aligned(64)))", *kern.c(),
                               f"void run(const float *x, float *y) {{ {name}(x, y); }}", ""]))
     lib = path / f"{stem}.so"
-    subprocess.run([build.compiler_path(), "-O2", "-shared", "-fPIC", *FORM_FLAGS[kind, form], "-o", str(lib),
-                    str(src)], check=True, capture_output=True, text=True, timeout=120)
+    subprocess.run([build.compiler_path(), "-O2", "-shared", "-fPIC", *FORM_FLAGS[kind, form], f"-I{build.RUNTIME_DIR}",
+                    "-o", str(lib), str(src)], check=True, capture_output=True, text=True, timeout=120)
     return ctypes.CDLL(str(lib)).run, lib
 
 

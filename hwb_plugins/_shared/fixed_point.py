@@ -220,7 +220,7 @@ def predict_bits(net: Any, x: Any, ref: Any, target: FidelityTarget,
 
 # -- ap_fixed arithmetic as integers (cpu.native's ``fixed`` precision) -----------------------
 #: Quantisation modes (hls4ml's RoundingMode names, without ``AP_``) in the order of the C
-#: emulation's enum (hwb_plugins/cpu_native/fixed.py ``FX_PRELUDE``).
+#: emulation's enum (hwb_plugins/cpu_native/hwb_fixed.h).
 QUANT_MODES = ("TRN", "TRN_ZERO", "RND", "RND_ZERO", "RND_INF", "RND_MIN_INF", "RND_CONV")
 #: Overflow modes emulated exactly; AP_SAT_SYM and AP_WRAP_SM are not (see FxType.check).
 OVF_MODES = ("WRAP", "SAT", "SAT_ZERO")

@@ -131,7 +131,8 @@ def header(*, name: str, fingerprint: str, isa: str, requires: list[str], precis
            batch: int, stack: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...],
            extra: str = "") -> str:
     """``hwb_model.h``: the stable C ABI of one artifact (ABI version 1); ``extra``: more
-    declarations (the sliding window's, hwb_plugins/cpu_native/sliding.py)."""
+    declarations, each part with its own ``extern "C"`` (the sliding window's,
+    hwb_plugins/cpu_native/sliding.py)."""
     n_in, n_out = _prod(in_shape), _prod(out_shape)
 
     def dims(s: tuple[int, ...]) -> str:
@@ -174,10 +175,10 @@ int hwb_model_predict(const float *x, float *y);
 int hwb_model_predict_n(const float *x, float *y, long n);
 const char *hwb_model_fingerprint(void);
 const char *hwb_model_isa(void);
-{extra}#ifdef __cplusplus
+#ifdef __cplusplus
 }}
 #endif
-#endif
+{extra}#endif
 """
 
 
@@ -196,16 +197,21 @@ RUNTIME_HEADER = "hwb_ext.h"
 WINDOW_HEADER = "hwb_window.h"
 #: The extension's sliding-window entries (one window, and sets of handles), included by ext.c.
 EXT_WINDOW_HEADER = "hwb_ext_window.h"
+#: The rest of the fixed C a model.c includes or its hwb_model.h copies: the vector types and
+#: math (emit.py), the ap_fixed emulation (fixed.py), the reduced push's vector code
+#: (push_weights.py) and the window's declarations (sliding.py).
+MODEL_HEADERS = ("hwb_prelude.h", "hwb_fixed.h", "hwb_push.h", "hwb_model_window.h")
 
 
 @functools.cache
 def runtime_digest() -> str:
     """A digest of the fixed C every artifact compiles against (:data:`RUNTIME_HEADER`,
-    :data:`WINDOW_HEADER` and hwb_native.h): part of the target's toolchain, so a changed runtime is a cache miss and
-    a stored artifact never carries an older entry ABI than the server reads."""
+    :data:`WINDOW_HEADER`, :data:`EXT_WINDOW_HEADER`, :data:`MODEL_HEADERS` and hwb_native.h):
+    part of the target's toolchain, so a changed runtime is a cache miss and a stored artifact
+    never carries an older entry ABI than the server reads."""
     h = hashlib.sha256()
     for f in (RUNTIME_DIR / RUNTIME_HEADER, RUNTIME_DIR / WINDOW_HEADER, RUNTIME_DIR / EXT_WINDOW_HEADER,
-              NATIVE_INCLUDE / "hwb_native.h"):
+              *(RUNTIME_DIR / n for n in MODEL_HEADERS), NATIVE_INCLUDE / "hwb_native.h"):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -271,7 +277,7 @@ def build(workdir: Path, cc: str, isa: str, module: str) -> dict[str, object]:
 
     include = sysconfig.get_paths()["include"]
     vec = workdir / "vec.txt"
-    # -I: the fixed window code (hwb_window.h), included by the generated window section
+    # -I: the fixed C model.c includes (hwb_prelude.h, hwb_fixed.h, hwb_push.h, hwb_window.h)
     run([cc, *MODEL_FLAGS, f"-march={march(isa)}", f"-fopt-info-vec-optimized={vec.name}",
          f"-I{RUNTIME_DIR}", "-c", "model.c", "-o", "model.o"], workdir)
     run([cc, "-shared", "model.o", "-o", "libhwb_model.so", "-Wl,-soname,libhwb_model.so"], workdir)

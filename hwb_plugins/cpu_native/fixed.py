@@ -275,81 +275,10 @@ def _softmax_config(layer: Any, precision: str, what: str) -> dict[str, Any]:
 
 
 # -- C ---------------------------------------------------------------------------------------
-#: The ap_fixed emulation: raw integers, the modes as compile-time constants (every call
-#: site passes literals, so after inlining each cast is a few integer instructions).
-FX_PRELUDE = r"""
-enum { FX_TRN, FX_TRN_ZERO, FX_RND, FX_RND_ZERO, FX_RND_INF, FX_RND_MIN_INF, FX_RND_CONV };
-enum { FX_WRAP, FX_SAT, FX_SAT_ZERO };
-#define FX_INLINE static inline __attribute__((always_inline))
-FX_INLINE int64_t fx_hi(int w, int sgn) { return sgn ? (int64_t)((1ULL << (w - 1)) - 1) : (int64_t)((1ULL << w) - 1); }
-FX_INLINE int64_t fx_lo(int w, int sgn) { return sgn ? -fx_hi(w, sgn) - 1 : 0; }
-/* overflow: v (at the type's fraction) into w bits */
-FX_INLINE int64_t fx_ovf(int64_t v, int w, int sgn, int o) {
-    if (o == FX_WRAP) {
-        if (sgn) return (int64_t)((uint64_t)v << (64 - w)) >> (64 - w);
-        return (int64_t)((uint64_t)v & ((1ULL << w) - 1));
-    }
-    const int64_t hi = fx_hi(w, sgn), lo = fx_lo(w, sgn);
-    if (o == FX_SAT) return v > hi ? hi : (v < lo ? lo : v);
-    return (v > hi || v < lo) ? 0 : v;
-}
-/* whether dropping s > 0 low bits (floor fl, remainder fr) rounds up, per mode */
-FX_INLINE int fx_up(int64_t v, int64_t fl, int64_t fr, int64_t half, int q) {
-    switch (q) {
-    case FX_TRN: return 0;
-    case FX_TRN_ZERO: return v < 0 && fr != 0;
-    case FX_RND: return fr >= half;
-    case FX_RND_ZERO: return fr > half || (fr == half && v < 0);
-    case FX_RND_INF: return fr > half || (fr == half && v >= 0);
-    case FX_RND_MIN_INF: return fr > half;
-    default: return fr > half || (fr == half && (fl & 1));
-    }
-}
-FX_INLINE int64_t fx_shr(int64_t v, int s, int q) {
-    const int64_t fl = v >> s, fr = v & ((INT64_C(1) << s) - 1);
-    return fl + fx_up(v, fl, fr, INT64_C(1) << (s - 1), q);
-}
-/* v · 2^-f_src into the type (w bits, fraction f_src - s): ap_fixed's assignment */
-FX_INLINE int64_t fx_cast(int64_t v, int s, int q, int w, int sgn, int o) {
-    if (s > 0) return fx_ovf(fx_shr(v, s, q), w, sgn, o);
-    if (s == 0) return fx_ovf(v, w, sgn, o);
-    const int k = -s;
-    if (o == FX_WRAP) return fx_ovf((int64_t)((uint64_t)v << k), w, sgn, o);
-    /* saturating: range-check before the shift (v << k need not fit 64 bits) */
-    const int64_t hi = fx_hi(w, sgn), lo = fx_lo(w, sgn);
-    if (v > (hi >> k) || v < -((-lo) >> k)) return o == FX_SAT ? (v > 0 ? hi : lo) : 0;
-    return (int64_t)((uint64_t)v << k);
-}
-/* ap_fixed(double(f)): sc = 2^frac */
-FX_INLINE int64_t fx_from_float(float f, double sc, int q, int w, int sgn, int o) {
-    const double d = (double)f * sc;
-    if (!(d > -0x1p62 && d < 0x1p62)) {
-        if (d != d) return 0;
-        if (o != FX_WRAP) return o == FX_SAT ? (d > 0 ? fx_hi(w, sgn) : fx_lo(w, sgn)) : 0;
-        /* |d| >= 2^62 is an integer: its low 64 bits from the mantissa and exponent */
-        union { double d; uint64_t u; } b = {d};
-        const int e = (int)((b.u >> 52) & 0x7ff) - 1075;
-        const uint64_t m = (b.u & ((1ULL << 52) - 1)) | (1ULL << 52);
-        uint64_t low = e >= 64 ? 0 : m << e; /* inf: e >= 64 */
-        if (d < 0) low = -low;
-        return fx_ovf((int64_t)low, w, sgn, o);
-    }
-    int64_t fl = (int64_t)d;
-    if ((double)fl > d) fl -= 1;
-    const double fr = d - (double)fl;
-    int up;
-    switch (q) {
-    case FX_TRN: up = 0; break;
-    case FX_TRN_ZERO: up = d < 0 && fr != 0; break;
-    case FX_RND: up = fr >= 0.5; break;
-    case FX_RND_ZERO: up = fr > 0.5 || (fr == 0.5 && d < 0); break;
-    case FX_RND_INF: up = fr > 0.5 || (fr == 0.5 && d >= 0); break;
-    case FX_RND_MIN_INF: up = fr > 0.5; break;
-    default: up = fr > 0.5 || (fr == 0.5 && (fl & 1)); break;
-    }
-    return fx_ovf(fl + up, w, sgn, o);
-}
-"""
+#: The ap_fixed emulation (raw integers, the modes as compile-time constants): the real header
+#: hwb_fixed.h beside this module, included by the model code and the table generators.
+FX_DIR = Path(__file__).resolve().parent
+FX_INCLUDE = '#include "hwb_fixed.h"'
 
 #: hls4ml's init_tanh_table / init_sigmoid_table (nnet_activation.h), value by value: the
 #: index → x expression mixes float and double as the C++ does; tanh(float) binds to the float
@@ -358,7 +287,7 @@ _TABLEGEN = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
-%(prelude)s
+#include "hwb_fixed.h"
 int main(void) {
     for (int ii = 0; ii < %(n)d; ii++) {
         float in_val = 2 * %(span)s * (ii - (float)(%(n)d) / 2.0) / (float)(%(n)d);
@@ -385,7 +314,7 @@ _SOFTMAX_GEN = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
-%(prelude)s
+#include "hwb_fixed.h"
 int main(void) {
     for (int i = 0; i < %(n)d; i++) {
         int64_t raw = (int64_t)((uint64_t)i << %(shift)d);
@@ -401,7 +330,7 @@ int main(void) {
 
 def _gen_softmax(addr: FxType, n: int, fn: str, out_t: FxType) -> str:
     bits = n.bit_length() - 1
-    return _SOFTMAX_GEN % {"prelude": FX_PRELUDE, "n": n, "shift": addr.width - bits,
+    return _SOFTMAX_GEN % {"n": n, "shift": addr.width - bits,
                            "signed": int(addr.signed), "w": addr.width, "unit": _scale(-addr.frac),
                            "fn": fn, "sc": _scale(out_t.frac), "q": _mode(out_t)}
 
@@ -418,7 +347,7 @@ def _sources(layer: FxLayer) -> dict[str, tuple[str, int]]:
     if layer.table_t is None:
         return {}
     fn = "tanhf(in_val)" if layer.kind == "tanh" else "(float)(1.0 / (1 + expf(-in_val)))"
-    return {"": (_TABLEGEN % {"prelude": FX_PRELUDE, "n": layer.table_size, "fn": fn,
+    return {"": (_TABLEGEN % {"n": layer.table_size, "fn": fn,
                               "span": "4.0" if layer.kind == "tanh" else "8.0",
                               "sc": _scale(layer.table_t.frac), "q": _mode(layer.table_t)},
                  layer.table_size)}
@@ -440,7 +369,7 @@ def _run_gen(src: str, size: int, layer: FxLayer, cc: str, workdir: Path) -> np.
         c, exe = workdir / "tablegen.c", workdir / "tablegen"
         c.write_text(src)
         try:
-            subprocess.run([cc, "-O1", str(c), "-o", str(exe), "-lm"], check=True,
+            subprocess.run([cc, "-O1", f"-I{FX_DIR}", str(c), "-o", str(exe), "-lm"], check=True,
                            capture_output=True, text=True, timeout=60)
             res = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
@@ -473,7 +402,7 @@ class FixedEmitter:
 
     def __init__(self, net: FxNet, tabs: dict[str, np.ndarray], vw: int):
         self.net, self.tabs, self.vw = net, tabs, vw
-        self.consts: list[str] = [FX_PRELUDE]
+        self.consts: list[str] = [FX_INCLUDE]
         self.body: list[str] = []
         self.stack = 0
         self.n = 0

@@ -66,9 +66,12 @@ from .emit import broadcast_dot
 
 #: The option's values; ``fp32`` (the default) is the exact push.
 CHOICES = ("fp32", "bf16", "f16", "int8")
-#: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`GATES_C` (the default with
-#: reduced weights, an opt-in for fp32).
+#: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`HEADER`'s fast ones (the
+#: default with reduced weights, an opt-in for fp32).
 GATES = ("exact", "fast")
+#: The push's fixed vector code (the fast gates, the AVX2 int8 helpers), a real header beside
+#: this module (build.py's -I), its parts chosen by the macros :meth:`Kernels.c` defines.
+HEADER = "hwb_push.h"
 #: Each reduced kernel's (and the fast gates') forms, preferred first: (the form's name, the
 #: CPU features (``/proc/cpuinfo`` names) it executes). :func:`kernel` picks one from the
 #: artifact's ``requires``; the C has each under ``#if`` of the same features (:func:`_cond`).
@@ -179,7 +182,7 @@ class Kernels:
     constants the push reads, with their sizes in bytes (sliding.py's ``hwb_warm`` reads them)."""
 
     kind: str
-    #: whether the push's LSTM gates are :data:`GATES_C`'s (else emit.py's exact ones)
+    #: whether the push's LSTM gates are :data:`HEADER`'s fast ones (else emit.py's exact ones)
     fast_gates: bool = True
     consts: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
@@ -333,7 +336,7 @@ class Kernels:
                   vnni: bool) -> list[str]:
         """The 8-lane int8 forms: AVX-VNNI ``vpdpbusd`` on ymm (``vnni``: u8 ``q + 128`` and the
         ``cn`` correction), or AVX2's ``hwb_pw_dots8`` (sign-carried ``vpmaddubsw``, no
-        correction); the same quantisation as :meth:`_int8_512` (:data:`AVX2_C`'s helpers)."""
+        correction); the same quantisation as :meth:`_int8_512` (:data:`HEADER`'s AVX2 helpers)."""
         npad = -(-n_in // 32) * 32
         nv8 = nv * _LANES // _LANES2
         lines = [f"    float xs[{npad}] A64; int8_t q[{npad}] A64;",
@@ -365,8 +368,8 @@ class Kernels:
         return lines
 
     def lstm_gates(self, r: str, zx: str, c: str, h: str, u: int) -> list[str]:
-        """The push's LSTM gates (``hwb_pw_lstm16``: :data:`GATES_C`, or :data:`GATES_AVX2_C`
-        as two 8-lane halves) over ``u`` units: the gate pre-activations ``r + zx`` (``r`` is
+        """The push's LSTM gates (:data:`HEADER`'s ``hwb_pw_lstm16``: AVX-512, or AVX2 as two
+        8-lane halves) over ``u`` units: the gate pre-activations ``r + zx`` (``r`` is
         read, not overwritten), the new ``c`` and ``h``; whole vectors of 16 units, then one
         masked vector for the rest."""
         full = u - u % _LANES
@@ -378,139 +381,14 @@ class Kernels:
         return lines
 
     def c(self) -> list[str]:
-        """The constants and functions, after the ``#include`` the intrinsics need, the fast
-        gates (when used) and the 8-lane int8 helpers, each in the form ``-march`` builds."""
-        gates = _by_form("fast", {"avx512f": [GATES_C], "avx2": [GATES_AVX2_C]}) if self.fast_gates else []
-        helpers = [f"#if {_cond(FORMS['int8'][-1][1])}", AVX2_C, "#endif"] if self.kind == "int8" else []
-        return ["#include <immintrin.h>", *gates, *helpers, *self.consts, "", *self.code]
-
-
-#: The push's LSTM gates in AVX-512 (with a reduced push; the prepare keeps emit.py's exact
-#: ``lstm_gates``, so the windows in flight stay fp32). Every gate is ``σ(s·x) = 1/(1 + e)``
-#: with ``e = 2^t``, ``t = -s·x·log2(e)`` split as ``n + f`` (``n`` the nearest integer, ``f``
-#: by two FMAs with log2(e) in two parts), ``2^f`` a degree-5 polynomial on [-0.5, 0.5]
-#: (relative error 1.7e-7, fitted here), ``2^n`` by ``vscalefps`` (no integer exponent
-#: arithmetic, and it saturates to 0 / inf by itself), ``1/(1 + e)`` by ``vrcp14ps`` and one
-#: Newton step (relative error ~1e-8, no division); ``tanh(x) = 2σ(2x) - 1`` (absolute error
-#: ~1e-7 near 0, which is what the state and the answer see). ``x`` is clamped at ``-80/s``
-#: so ``1 + e`` stays finite; ``max(-80/s, x)`` keeps a NaN (vmaxps returns its second operand).
-#: About 95 vector operations per 16 units, against ~140 in the exact gates, and no scalar tail.
-GATES_C = r"""
-HWB_INLINE __m512 hwb_pw_sig(__m512 x, float s) {
-    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-80.0f / s), x);
-    const __m512 hi = _mm512_set1_ps(-s * 0x1.715476p+0f), lo = _mm512_set1_ps(-s * 0x1.4ae0cp-26f);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_fmadd_ps(xc, lo, _mm512_fmsub_ps(xc, hi, n));
-    __m512 p = _mm512_set1_ps(0x1.5a850ap-10f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.3cec2ap-7f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c6baaap-5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ebf9b6p-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e426p-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    const __m512 d = _mm512_add_ps(_mm512_scalef_ps(p, n), _mm512_set1_ps(1.0f));
-    const __m512 r = _mm512_rcp14_ps(d);
-    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
-}
-HWB_INLINE __m512 hwb_pw_tanh(__m512 x) { return _mm512_fmsub_ps(hwb_pw_sig(x, 2.0f), _mm512_set1_ps(2.0f), _mm512_set1_ps(1.0f)); }
-/* units j..j+15 (lanes in m) of an LSTM of u units: gates i, f, g, o at r + zx (Keras' order) */
-HWB_INLINE void hwb_pw_lstm16(const float *r, const float *zx, float *c, float *h, int u, int j, __mmask16 m) {
-    const __m512 zi = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + j), _mm512_maskz_loadu_ps(m, zx + j));
-    const __m512 zf = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + u + j), _mm512_maskz_loadu_ps(m, zx + u + j));
-    const __m512 zg = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + 2 * u + j), _mm512_maskz_loadu_ps(m, zx + 2 * u + j));
-    const __m512 zo = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + 3 * u + j), _mm512_maskz_loadu_ps(m, zx + 3 * u + j));
-    const __m512 cc = _mm512_fmadd_ps(hwb_pw_sig(zf, 1.0f), _mm512_maskz_loadu_ps(m, c + j),
-                                      _mm512_mul_ps(hwb_pw_sig(zi, 1.0f), hwb_pw_tanh(zg)));
-    _mm512_mask_storeu_ps(c + j, m, cc);
-    _mm512_mask_storeu_ps(h + j, m, _mm512_mul_ps(hwb_pw_sig(zo, 1.0f), hwb_pw_tanh(cc)));
-}
-"""
-
-
-#: The push's LSTM gates in AVX2 + FMA (8 lanes), for a ``-march`` without AVX-512: the
-#: arithmetic of :data:`GATES_C` with what AVX2 lacks done by hand. ``x`` is clamped to
-#: ``±80/s`` (``t`` within ±115.5, so ``2^n`` is a normal float built in the exponent bits:
-#: ``(n + 127) << 23``; ``σ(±80)`` is 0 / 1 in float, so the clamp changes no answer, and the
-#: ``max``/``min`` operand order keeps a NaN); ``1/(1 + e)`` by ``vrcpps`` (12 bits) and one
-#: Newton step (relative error ~1.5e-7). ``hwb_pw_lstm16`` keeps :data:`GATES_C`'s signature
-#: (the same emitted calls) and runs two 8-lane halves, a masked half only at a partial end.
-GATES_AVX2_C = r"""
-HWB_INLINE __m256 hwb_pw_sig8(__m256 x, float s) {
-    const __m256 xc = _mm256_min_ps(_mm256_set1_ps(80.0f / s), _mm256_max_ps(_mm256_set1_ps(-80.0f / s), x));
-    const __m256 hi = _mm256_set1_ps(-s * 0x1.715476p+0f), lo = _mm256_set1_ps(-s * 0x1.4ae0cp-26f);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_fmadd_ps(xc, lo, _mm256_fmsub_ps(xc, hi, n));
-    __m256 p = _mm256_set1_ps(0x1.5a850ap-10f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.3cec2ap-7f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.c6baaap-5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.ebf9b6p-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0x1.62e426p-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256 e2n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                                              _mm256_set1_epi32(127)), 23));
-    const __m256 d = _mm256_fmadd_ps(p, e2n, _mm256_set1_ps(1.0f));
-    const __m256 r = _mm256_rcp_ps(d);
-    return _mm256_fmadd_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(1.0f)), r);
-}
-HWB_INLINE __m256 hwb_pw_tanh8(__m256 x) { return _mm256_fmsub_ps(hwb_pw_sig8(x, 2.0f), _mm256_set1_ps(2.0f), _mm256_set1_ps(1.0f)); }
-/* lanes of m (bits 0..7): all 8 (full) by plain loads and stores, else masked */
-HWB_INLINE __m256i hwb_pw_mask8(unsigned m) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)m), bit), bit);
-}
-HWB_INLINE __m256 hwb_pw_ld8(const float *p, unsigned m) {
-    return m == 0xFF ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, hwb_pw_mask8(m));
-}
-HWB_INLINE void hwb_pw_st8(float *p, unsigned m, __m256 v) {
-    if (m == 0xFF) _mm256_storeu_ps(p, v); else _mm256_maskstore_ps(p, hwb_pw_mask8(m), v);
-}
-HWB_INLINE void hwb_pw_lstm8(const float *r, const float *zx, float *c, float *h, int u, int j, unsigned m) {
-    const __m256 zi = _mm256_add_ps(hwb_pw_ld8(r + j, m), hwb_pw_ld8(zx + j, m));
-    const __m256 zf = _mm256_add_ps(hwb_pw_ld8(r + u + j, m), hwb_pw_ld8(zx + u + j, m));
-    const __m256 zg = _mm256_add_ps(hwb_pw_ld8(r + 2 * u + j, m), hwb_pw_ld8(zx + 2 * u + j, m));
-    const __m256 zo = _mm256_add_ps(hwb_pw_ld8(r + 3 * u + j, m), hwb_pw_ld8(zx + 3 * u + j, m));
-    const __m256 cc = _mm256_fmadd_ps(hwb_pw_sig8(zf, 1.0f), hwb_pw_ld8(c + j, m),
-                                      _mm256_mul_ps(hwb_pw_sig8(zi, 1.0f), hwb_pw_tanh8(zg)));
-    hwb_pw_st8(c + j, m, cc);
-    hwb_pw_st8(h + j, m, _mm256_mul_ps(hwb_pw_sig8(zo, 1.0f), hwb_pw_tanh8(cc)));
-}
-/* units j..j+15 (lanes in m) of an LSTM of u units: gates i, f, g, o at r + zx (Keras' order) */
-HWB_INLINE void hwb_pw_lstm16(const float *r, const float *zx, float *c, float *h, int u, int j, unsigned m) {
-    hwb_pw_lstm8(r, zx, c, h, u, j, m & 0xFF);
-    if (m >> 8) hwb_pw_lstm8(r, zx, c, h, u, j + 8, m >> 8);
-}
-"""
-
-#: The 8-lane int8 forms' helpers (AVX2): horizontal max and sum, the quantisation of 32
-#: inputs, and AVX2's exact s8 × s8 dot product of 4-byte groups, ``hwb_pw_dots8``:
-#: ``vpmaddubsw`` takes ``|x|`` as its u8 operand and ``w`` with ``x``'s sign (``vpsignb``;
-#: zero where ``x`` is 0), so each s16 pair sum is ``x₀w₀ + x₁w₁`` with |x|, |w| ≤ 127:
-#: at most 2·127·127 = 32258, never saturated; ``vpmaddwd`` by 1 adds the pairs into s32.
-AVX2_C = r"""
-HWB_INLINE float hwb_pw_hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-HWB_INLINE float hwb_pw_hsum8(__m256 v) {
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
-/* q[0..31] = v[0..31]·inv rounded to nearest even (|v·inv| <= 127: the packs do not clip) */
-HWB_INLINE void hwb_pw_q32(const float *v, __m256 inv, int8_t *q) {
-    const __m256i c0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v), inv));
-    const __m256i c1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 8), inv));
-    const __m256i c2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 16), inv));
-    const __m256i c3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(v + 24), inv));
-    /* the packs interleave 128-bit lanes: dwords c0lo c1lo c2lo c3lo c0hi c1hi c2hi c3hi */
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
-    _mm256_store_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-HWB_INLINE __m256i hwb_pw_dots8(__m256i acc, __m256i x, __m256i w) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(w, x)),
-                                                   _mm256_set1_epi16(1)));
-}
-"""
+        """The constants and functions, after :data:`HEADER` with the parts of it this push
+        uses chosen: the fast gates (when used) and the 8-lane int8 helpers, each in the form
+        ``-march`` builds."""
+        gates = (_by_form("fast", {"avx512f": ["#define HWB_PW_FAST_GATES 512"],
+                                   "avx2": ["#define HWB_PW_FAST_GATES 256"]}) if self.fast_gates else [])
+        helpers = ([f"#if {_cond(FORMS['int8'][-1][1])}", "#define HWB_PW_INT8_AVX2 1", "#endif"]
+                   if self.kind == "int8" else [])
+        return [*gates, *helpers, f'#include "{HEADER}"', *self.consts, "", *self.code]
 
 
 def reference_products(kind: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:

