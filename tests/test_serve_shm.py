@@ -195,6 +195,35 @@ def test_a_named_group_opens_the_endpoint_to_it():
         os.chmod(runtime_root(), 0o700)
 
 
+def test_directories_others_can_write_are_refused_not_chmodded(tmp_path, monkeypatch):
+    """The endpoint's directories follow the store's trust rules (trust.private_dir): a
+    per-user root its group can write, or an owner-only endpoint's leftover directory that
+    others can read, is refused with the fix; nothing is chmod'ed behind the user's back."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("HWB_SHM_DIR", str(root))
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o770)
+    eng = Engine(Linear(), EngineConfig.preset("single"))
+    with pytest.raises(ConfigError, match=r"writable by its group.*chmod 700 .*HWB_SHM_DIR"):
+        ShmServer(eng, "ep", slots=1)
+    assert os.stat(root).st_mode & 0o777 == 0o770  # left as it was
+    os.chmod(root, 0o700)
+    (root / "ep").mkdir(mode=0o700)
+    os.chmod(root / "ep", 0o750)
+    with pytest.raises(ConfigError, match=r"open to others.*chmod 700"):
+        ShmServer(eng, "ep", slots=1)
+    os.chmod(root / "ep", 0o700)
+    (root / "sub").mkdir(mode=0o700)
+    monkeypatch.setenv("HWB_SHM_DIR", str(root / "sub" / "a" / "b"))  # missing parents: 0700
+    eng.start()
+    try:
+        with ShmServer(eng, "ep", slots=1) as srv:
+            assert os.stat(root / "sub" / "a").st_mode & 0o777 == 0o700
+            assert os.stat(srv.dir).st_mode & 0o777 == 0o700
+    finally:
+        eng.stop()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second uid (os.setuid)")
 def test_another_users_client_is_refused(linear_server):
     r, w = os.pipe()
