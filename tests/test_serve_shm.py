@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from hwbackends.serve.shm import ShmClient, ShmServer, endpoint_dir, runtime_roo
 from hwbackends.specs import TensorSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
+from as_user import AsUser  # noqa: E402
 from shm_raw import FakeServer, RawClient, S, fake_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,35 +226,26 @@ def test_directories_others_can_write_are_refused_not_chmodded(tmp_path, monkeyp
         eng.stop()
 
 
+def _attach_as_another_user(send, name: str) -> None:
+    """As uid 65534 (tests/as_user.py): attach to root's endpoint, then connect by path."""
+    try:
+        ShmClient(name, owner=0)
+        msg = "attached"
+    except ConfigError as exc:
+        msg = str(exc)
+    try:  # by path, bypassing the client
+        socket.socket(socket.AF_UNIX).connect(str(endpoint_dir(name, 0) / "sock"))
+        msg += "|connected"
+    except PermissionError:
+        msg += "|EACCES"
+    send(msg.replace("\n", " "))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second uid (os.setuid)")
 def test_another_users_client_is_refused(linear_server):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become nobody, try to attach
-        os.close(r)
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                ShmClient(linear_server.name, owner=0)
-                msg = b"attached"
-            except ConfigError as exc:
-                msg = str(exc).encode()
-            # and by path, bypassing the client
-            import socket
-            try:
-                socket.socket(socket.AF_UNIX).connect(str(endpoint_dir(linear_server.name, 0) / "sock"))
-                msg += b"|connected"
-            except PermissionError:
-                msg += b"|EACCES"
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-            msg = repr(exc).encode()
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    msg = os.read(r, 4096).decode()
-    os.close(r)
-    os.waitpid(pid, 0)
+    child = AsUser(65534, _attach_as_another_user, linear_server.name, dumpable=False)
+    msg = child.line()
+    assert child.finish() == 0, msg
     assert "permission denied" in msg and msg.endswith("|EACCES"), msg
 
 
