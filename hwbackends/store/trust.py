@@ -372,3 +372,31 @@ def verify(key: bytes, record: dict[str, Any]) -> bool:
     """Whether ``record`` carries :func:`sign`'s HMAC (compared in constant time)."""
     got = record.get("hmac")
     return isinstance(got, str) and hmac.compare_digest(got, sign(key, record))
+
+
+def seal(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``hmac`` under this user's key (:func:`load_key`, :func:`sign`):
+    for a plugin that keeps its own records under the store's rules (the FPGA bitstream
+    store's manifests)."""
+    body = {k: v for k, v in record.items() if k != "hmac"}
+    return {**body, "hmac": sign(load_key(), body)}
+
+
+def sealed(record: dict[str, Any]) -> bool:
+    """Whether ``record`` carries this user's :func:`seal` and is unchanged since."""
+    return verify(load_key(), record)
+
+
+def check_trusted_dir(path: Path, what: str) -> Path:
+    """``path`` resolved once (the caller keeps the result: no later lookup goes through a
+    link again), refused unless it and every directory above it pass :func:`check_path`
+    (ancestors may be sticky and world-writable, like ``/tmp``): a directory a plugin reads
+    from but does not create, such as a checked-in store. :class:`FileNotFoundError` when it
+    does not exist."""
+    real = Path(os.path.realpath(path))
+    st = check_path(real, what, None)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreTrustError(f"{what} {path} is not a directory")
+    for parent in real.parents:
+        check_path(parent, f"directory above the {what}", None, ancestor=True)
+    return real
