@@ -43,3 +43,30 @@ def test_a_fork_after_jax_fails_the_test_and_a_plain_subprocess_does_not(tmp_pat
     assert "ERROR test_cases.py::test_forks_after_jax" in out, out
     assert "forked in Python after JAX started its threads" in out, out
     assert "test_cases.py" in out.split("Forked at:")[1], out  # where it forked
+
+
+FLEET_AFTER_JAX = '''
+import os, sys
+import jax.numpy as jnp
+jnp.zeros(1).block_until_ready()
+os.register_at_fork(before=lambda: sys.stdout.write("FORKED\\n"))
+from hwbackends.errors import HwbError
+from hwbackends.fleet import run_fleet
+try:
+    run_fleet("zoo:signal", "local", targets=["cpu.onnxruntime"], allow_external=True)
+except HwbError as exc:
+    print("REFUSED", type(exc).__name__, exc)
+'''
+
+
+def test_the_embedded_fleet_refuses_to_fork_a_process_jax_runs_in(tmp_path):
+    """Starting the embedded local Ray forks the driver (Ray's own preexec_fn): after JAX has
+    started its threads, run_fleet says so and what to do instead, and nothing forks."""
+    pytest.importorskip("jax")
+    pytest.importorskip("ray")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", FLEET_AFTER_JAX], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED FleetError JAX has started its threads" in r.stdout, r.stdout + r.stderr
+    assert "hwb node --head" in r.stdout and "FORKED" not in r.stdout, r.stdout
