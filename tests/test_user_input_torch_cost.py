@@ -9,7 +9,8 @@ at its declared size (nothing about the file's size gives it away); the same for
 in ≤ 3 s under 500 MB of RSS, naming the figure and the limit. An archive with parts
 ``torch.export.load`` would run (a pickle torch's restricted unpickler refuses — torch then
 loads it with the full one —, a pickled payload, an AOTInductor package) is refused unless the
-caller trusts the file, and the code never runs."""
+caller trusts the file, and the code never runs. A model path that is a FIFO or a device (any
+format) is refused before anything opens it."""
 from __future__ import annotations
 
 import io
@@ -185,3 +186,18 @@ def test_a_hostile_archive_json_is_refused_with_what_it_is(small_pt2, tmp_path):
     f = rewrite(small_pt2, tmp_path / "deep.pt2", deep)
     with pytest.raises(ModelError, match="nested deeper than a torch.export archive writes"):
         load_model(f)
+
+
+@pytest.mark.parametrize("suffix", [".pt2", ".pt", ".onnx", ".keras", ".h5", ".json"])
+def test_a_model_path_that_is_a_fifo_or_device_is_refused_unread(suffix, tmp_path):
+    """A FIFO no one writes would block the framework that opens it forever; a link to a
+    device (``/dev/zero``) would be read without end. Both are refused before any open."""
+    fifo = tmp_path / f"m{suffix}"
+    os.mkfifo(fifo)
+    rc, err, took, _ = hwb_peak("compile", str(fifo), "-t", "ref", "--input-shape", "4")
+    assert rc == 1 and "is a FIFO (named pipe), not a model file" in err, err
+    assert "Traceback" not in err and took < 30, (took, err)
+    dev = tmp_path / f"zero{suffix}"
+    dev.symlink_to("/dev/zero")
+    with pytest.raises(ModelError, match="is a character device, not a model file"):
+        load_model(dev, input_shape=(4,))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,6 +15,7 @@ from .. import cost
 from ..errors import ModelError
 from ..inputs import as_batches
 from ..specs import TensorSpec
+from ..user_files import file_kind
 from . import legacy, torch_archive
 from .common import clip, module_of
 from .keras import from_keras
@@ -111,6 +113,10 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
+    kind = os.stat(path).st_mode
+    if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # nothing a framework opens may block
+        raise ModelError(f"{path} is {file_kind(kind)}, not a model file; give the path of the "
+                         f"file itself (.keras, .h5, .onnx, .pt2, .pt)")
     suffix = path.suffix.lower()
     name = name or path.stem
     lim = lim or cost.Limits.from_env()

@@ -17,7 +17,9 @@ from the file runs), so a file declaring gigabytes is refused before torch alloc
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,7 +43,11 @@ _REEXPORT = ("re-export it from the training code with plain tensors: "
 def load_export(path: Path, name: str, lim: cost.Limits, trust_pickle: bool) -> Any:
     """``torch.export.load`` of ``path`` once its declarations are within ``lim`` and nothing
     in it would run (unless ``trust_pickle``); see the module docstring."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelError(f"{path} is not a regular file; give the .pt2 file torch.export.save wrote")
+    with os.fdopen(fd, "rb") as f:
         try:
             z = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
