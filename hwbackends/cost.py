@@ -18,8 +18,12 @@ The estimates come from declarations only:
   HDF5 ``model_config``), read without Keras, each known layer's weights from its config and
   input shape (:func:`keras_config_cost`); then, once built, each layer's output shape and
   weights (the layer graph, no call).
-- **torch**: parameter sizes before any call, then the one-sample example call that loading
-  already makes, observed with forward hooks.
+- **torch**: first what the file declares, read without torch: a ``torch.export`` archive's
+  weight tables and graph (:func:`torch_export_cost`: tensor shapes, weighted ops), a
+  ``torch.save`` zip's storages as its pickle names them (read by
+  :mod:`hwbackends.models.torch_archive` without running it); then parameter sizes before any
+  call, and the one-sample example call that loading already makes, observed with forward
+  hooks.
 - **any file**: its size (and a zip's declared entry sizes) bound the weights before the
   framework opens it.
 
@@ -615,6 +619,202 @@ def _itemsize(w: Any) -> int:
         return np.dtype(str(getattr(w, "dtype", "float32"))).itemsize
     except TypeError:
         return 4
+
+
+# -- torch declarations: a torch.export archive's JSON, a torch.save zip's storages -----------
+#: The largest JSON record read from a ``.pt2`` archive (a graph of 100k nodes is tens of MB).
+MAX_PT2_JSON_BYTES = 64 << 20
+#: Bytes per element of torch.export's ScalarType codes (torch/_export/serde/schema.py).
+_PT2_DTYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 2, 7: 4, 8: 8, 9: 4, 10: 8, 11: 16, 12: 1,
+                    13: 2, 28: 2, 29: 1, 30: 1, 31: 1, 32: 1, 33: 1, 34: 4, 35: 8}
+#: Multiply-adds of the weighted aten ops: the contraction length is the last dimension of
+#: this argument (linear/mm/addmm/matmul/bmm), or the weight's elements per output channel
+#: (convolutions).
+_PT2_CONTRACTIONS = {"linear": 0, "mm": 0, "matmul": 0, "bmm": 0, "addmm": 1, "baddbmm": 1}
+_PT2_CONVS = ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d")
+
+
+def pt2_root(names: Iterable[str]) -> str | None:
+    """The directory a ``torch.export.save`` archive keeps everything under (``"model/"``):
+    where its ``archive_format`` record is; ``None`` for a zip that is not one."""
+    for n in names:
+        if n == "archive_format" or n.endswith("/archive_format") and n.count("/") == 1:
+            return n[: -len("archive_format")]
+    return None
+
+
+def read_archive_json(z: zipfile.ZipFile, entry: str, path: Path) -> Any:
+    """One JSON record of a model archive: at most :data:`MAX_PT2_JSON_BYTES` (its declared
+    size, checked before it is inflated), nested at most ``MAX_JSON_DEPTH``; else
+    :class:`ModelError`."""
+    from .user_files import MAX_JSON_DEPTH, json_depth
+
+    info = z.getinfo(entry)
+    if info.file_size > MAX_PT2_JSON_BYTES:
+        raise ModelError(f"{path}: its record {entry[:120]!r} is {fmt_bytes(info.file_size)}; a "
+                         f"torch.export graph or weights table is at most "
+                         f"{fmt_bytes(MAX_PT2_JSON_BYTES)}. Refused before torch reads it")
+    with z.open(info) as f:
+        raw = f.read(MAX_PT2_JSON_BYTES + 1)
+    text = raw.decode("utf-8", "replace")
+    if len(raw) > MAX_PT2_JSON_BYTES or json_depth(text) > MAX_JSON_DEPTH:
+        raise ModelError(f"{path}: its record {entry[:120]!r} is larger or nested deeper than a "
+                         f"torch.export archive writes; refused before torch reads it. "
+                         f"Re-export the model with torch.export.save")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ModelError(f"{path}: its record {entry[:120]!r} is not JSON; the archive is "
+                         f"damaged or not written by torch.export.save. Re-export it") from None
+
+
+def _pt2_meta_numel(meta: Any) -> tuple[int, int] | None:
+    """(elements, bytes) of a torch.export TensorMeta: symbolic dimensions count 1 (the
+    batch); ``None`` for a value that is not one."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("sizes"), list):
+        return None
+    dims = []
+    for d in meta["sizes"][:64]:
+        v = d.get("as_int") if isinstance(d, dict) else None
+        dims.append(v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 1)
+    dtype = meta.get("dtype")
+    n = _prod(dims)
+    return n, min(n * _PT2_DTYPE_BYTES.get(dtype if isinstance(dtype, int) else 0, 8), _HUGE)
+
+
+def _pt2_payload_bytes(z: zipfile.ZipFile, cfg: Any, directory: str) -> tuple[int, int]:
+    """(elements, bytes) of a weights or constants table: per file, the larger of what its
+    views declare (torch allocates a file that is absent or empty at its declared size) and
+    the file's own size."""
+    entries = cfg.get("config") if isinstance(cfg, dict) else None
+    per_file: dict[str, tuple[int, int]] = {}
+    for meta in (entries.values() if isinstance(entries, dict) else []):
+        if not isinstance(meta, dict):
+            continue
+        file = str(meta.get("path_name", ""))[:200]
+        got = _pt2_meta_numel(meta.get("tensor_meta")) or (0, 0)
+        try:
+            have = z.getinfo(directory + file).file_size
+        except KeyError:
+            have = 0
+        n, b = per_file.get(file, (0, have))
+        per_file[file] = (max(n, got[0]), max(b, got[1]))
+    return (min(sum(n for n, _ in per_file.values()), _HUGE),
+            min(sum(b for _, b in per_file.values()), _HUGE))
+
+
+def torch_export_cost(z: zipfile.ZipFile, path: Path) -> Cost:
+    """The cost a ``torch.export.save`` archive *declares*, read from its JSON without torch
+    (no weight is read, nothing unpickled): weights and constants from their tables
+    (``data/weights/*_weights_config.json``), activations per sample from the graph's tensor
+    values (``models/*.json``: every tensor that is not a weight, a symbolic batch counted as
+    one sample, a fixed batch divided out), multiply-adds of the weighted aten ops (linear,
+    matmul, convolutions; the others one per output element)."""
+    root = pt2_root(z.namelist())
+    if root is None:
+        return Cost(notes=["not a torch.export archive: nothing declared"])
+    models = [n[len(root) + 7:-5] for n in z.namelist()
+              if n.startswith(root + "models/") and n.endswith(".json") and n.count("/") == root.count("/") + 1]
+    params = wbytes = act = 0
+    macs, notes = 0.0, []
+    for model in models[:16]:
+        for table, directory in (("data/weights/{}_weights_config.json", "data/weights/"),
+                                 ("data/constants/{}_constants_config.json", "data/constants/")):
+            entry = root + table.format(model)
+            if entry in z.NameToInfo:
+                n, b = _pt2_payload_bytes(z, read_archive_json(z, entry, path), root + directory)
+                params, wbytes = min(params + n, _HUGE), min(wbytes + b, _HUGE)
+        doc = read_archive_json(z, f"{root}models/{model}.json", path)
+        a, m, unknown = _pt2_graph_cost(doc)
+        act, macs = min(act + a, _HUGE), macs + m
+        if unknown:
+            notes.append(f"multiply-adds of {', '.join(sorted(unknown)[:8])} not counted")
+    return Cost(params=params, weight_bytes=wbytes, macs=macs, activation_bytes=act, notes=notes)
+
+
+def _pt2_graph_cost(doc: Any) -> tuple[int, float, set[str]]:
+    """(activation bytes per sample, multiply-adds per sample, ops not counted) of one
+    serialized torch.export program."""
+    gm = doc.get("graph_module") if isinstance(doc, dict) else None
+    graph = gm.get("graph") if isinstance(gm, dict) else None
+    sig = gm.get("signature") if isinstance(gm, dict) else None
+    if not isinstance(graph, dict):
+        return 0, 0.0, set()
+    values = graph.get("tensor_values") if isinstance(graph.get("tensor_values"), dict) else {}
+    weights, batch = set(), 1
+    for spec in (sig.get("input_specs") if isinstance(sig, dict) else None) or []:
+        if not isinstance(spec, dict) or not spec:
+            continue
+        kind, body = next(iter(spec.items()))
+        arg = body.get("arg") if isinstance(body, dict) else None
+        arg = arg.get("as_tensor", arg) if isinstance(arg, dict) else None
+        name = arg.get("name") if isinstance(arg, dict) else None
+        if kind == "user_input":
+            if batch == 1 and name in values:
+                first = (values[name].get("sizes") or [{}])[0] if isinstance(values[name], dict) else {}
+                v = first.get("as_int") if isinstance(first, dict) else None
+                batch = v if isinstance(v, int) and v > 1 else batch
+        elif name is not None:
+            weights.add(name)
+    shapes, act = {}, 0
+    for name, meta in list(values.items())[:1_000_000]:
+        got = _pt2_meta_numel(meta)
+        if got is None:
+            continue
+        shapes[name] = [d.get("as_int") if isinstance(d, dict) and isinstance(d.get("as_int"), int)
+                        else 1 for d in meta["sizes"][:64]]
+        if name not in weights:
+            act = min(act + got[1], _HUGE)
+    macs, unknown = 0.0, set()
+    for node in (graph.get("nodes") if isinstance(graph.get("nodes"), list) else [])[:1_000_000]:
+        m = _pt2_node_macs(node, shapes) if isinstance(node, dict) else None
+        if m is None:
+            unknown.add(str(node.get("target", "?") if isinstance(node, dict) else "?")[:60])
+        else:
+            macs += m
+    return act // max(1, batch), macs / max(1, batch), unknown
+
+
+def _pt2_node_macs(node: dict[str, Any], shapes: dict[str, list[int]]) -> float | None:
+    """Multiply-adds of one serialized aten call (the weighted ops exactly, any other one per
+    output element); ``None`` when its shapes are not declared."""
+    def tensor(arg: Any) -> list[int] | None:
+        t = arg.get("arg", {}).get("as_tensor") if isinstance(arg, dict) and isinstance(arg.get("arg"), dict) else None
+        return shapes.get(t.get("name")) if isinstance(t, dict) else None
+
+    ins = node.get("inputs") if isinstance(node.get("inputs"), list) else []
+    outs = node.get("outputs") if isinstance(node.get("outputs"), list) else []
+    first = outs[0].get("as_tensor") if outs and isinstance(outs[0], dict) else None
+    out = shapes.get(first.get("name")) if isinstance(first, dict) else None
+    op = str(node.get("target", "")).split(".")
+    op_name = op[-2] if len(op) >= 2 else ""
+    if out is None:
+        return 0.0 if not outs or first is None else None  # no tensor out (a getitem of a tuple)
+    if op_name in _PT2_CONTRACTIONS:
+        a = tensor(ins[_PT2_CONTRACTIONS[op_name]]) if len(ins) > _PT2_CONTRACTIONS[op_name] else None
+        return None if not a else float(_numel(out) * a[-1])
+    if op_name in _PT2_CONVS:
+        w = tensor(ins[1]) if len(ins) > 1 else None
+        return None if not w else float(_numel(out) * _numel(w[1:]))
+    if op_name in ("lstm", "gru", "rnn_tanh", "rnn_relu"):
+        return None
+    return float(_numel(out))
+
+
+def check_torch_export(z: zipfile.ZipFile, path: Path, name: str, limits: Limits) -> Cost:
+    """Refuse a ``torch.export`` archive whose declared cost (:func:`torch_export_cost`) is
+    over a limit, before torch reads a weight: a table that declares a 6.4 GB parameter over
+    an empty file is 6.4 GB torch would allocate."""
+    c = torch_export_cost(z, path)
+    limits.check(c, name)
+    return c
+
+
+def torch_storage_cost(storages: dict[str, int], records: dict[str, int]) -> Cost:
+    """The weights a ``torch.save`` zip declares: each storage the pickle names (key → the
+    bytes its element count and type declare), at least the size of its record."""
+    total = sum(max(b, records.get(k, 0)) for k, b in storages.items())
+    return Cost(weight_bytes=min(total, _HUGE))
 
 
 def torch_param_cost(state: dict[str, Any]) -> Cost:

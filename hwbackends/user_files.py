@@ -29,6 +29,11 @@ MAX_JSON_DEPTH = 64
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 
 
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for a message: ``"a FIFO (named pipe)"``."""
+    return _kind(mode)
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +80,42 @@ MODULE_SECONDS = {
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest modules first (:data:`MODULE_SECONDS`); the order inside a module is kept."""
     items.sort(key=lambda it: -MODULE_SECONDS.get(Path(it.nodeid.split("::")[0]).stem, 0))
+
+
+# -- no fork of a process JAX runs in -----------------------------------------------------------
+#: Where the test process forked in Python (os.fork, a subprocess preexec_fn, multiprocessing's
+#: fork) after JAX had started its threads: JAX warns "os.fork() was called ... JAX is
+#: multithreaded, so this will likely lead to a deadlock", and the child may hang. Every test
+#: fails that forks so (_no_fork_after_jax); fork-free forms: subprocess without preexec_fn
+#: (its user=/group=/start_new_session= run in C), a fresh interpreter (tests/as_user.py).
+FORKS_AFTER_JAX: list[str] = []
+
+
+def jax_threads_run() -> bool:
+    """Whether JAX has started its backends (and threads) in this process: what makes it
+    register the fork warning (jax._src.xla_bridge); ``import jax`` alone does not."""
+    xb = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(xb, "_at_fork_handler_installed", xb is not None))
+
+
+def _note_fork() -> None:
+    if jax_threads_run():
+        FORKS_AFTER_JAX.append("".join(traceback.format_stack(limit=12)[:-1]))
+
+
+os.register_at_fork(before=_note_fork)
+
+
+@pytest.fixture(autouse=True)
+def _no_fork_after_jax() -> Iterator[None]:
+    seen = len(FORKS_AFTER_JAX)
+    yield
+    if len(FORKS_AFTER_JAX) > seen:
+        pytest.fail("the test process forked in Python after JAX started its threads (JAX: "
+                    "'os.fork() was called ... likely lead to a deadlock'); start the child "
+                    "without a fork of this process: subprocess without preexec_fn, or a fresh "
+                    "interpreter (tests/as_user.py). Forked at:\n" + FORKS_AFTER_JAX[-1],
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -178,12 +178,14 @@ def test_cluster_report_and_placement(cluster_run) -> None:
     _render_in_chromium(out / "report.html", "Machine differences")
 
 
-def _sigint_default() -> None:
-    """In the child: SIGINT back to its default and unblocked. An ignored disposition and a
-    blocked mask both survive exec: a test run that inherited either (it happened in full
-    runs) makes the child never see the Ctrl-C (it ran to the end and exited 0, not 130)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+#: ``hwb`` as ``python -c``, SIGINT back to Python's default and unblocked first: an ignored
+#: disposition and a blocked mask both survive exec, and a test run that inherited either (it
+#: happened in full runs) makes the child never see the Ctrl-C (it ran to the end and exited
+#: 0, not 130). Done by the child itself, not in a preexec_fn, which would fork the test
+#: process in Python (unsafe once JAX's threads run in it).
+HWB_SIGINT_DEFAULT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                      "from hwbackends.cli import main; sys.exit(main())")
 
 
 @pytest.mark.slow
@@ -203,12 +205,12 @@ def test_hwb_fleet_local_cli_end_to_end_and_ctrl_c(store_dir, zoo_model, tmp_pat
                HWBT_STALLED_RELEASE=str(release),
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                         os.environ.get("PYTHONPATH")])))
-    hwb = [sys.executable, "-c", "import sys; from hwbackends.cli import main; sys.exit(main())"]
+    hwb = [sys.executable, "-c", HWB_SIGINT_DEFAULT]
     proc = subprocess.Popen(hwb + ["fleet", "zoo:signal", "-t", "cpu.onnxruntime,cpu.stalled",
                                    "-p", "fp32", "-s", "single-stream:n=300", "--fleet", "local",
                                    "-o", str(tmp_path / "r.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path, preexec_fn=_sigint_default)
+                            cwd=tmp_path)
     err = []
     deadline = time.time() + 600
     try:

@@ -391,6 +391,78 @@ def test_bitstream_tamper_and_mismatch_refused(bitstore):
         bitstore.find("../etc", "f" * 32)
 
 
+def test_bitstream_entries_follow_the_store_trust_rules(bitstore, tmp_path):
+    """The one store whose loads reconfigure hardware is held to the artifact store's rules:
+    a linked file or directory, or one others can write, is refused before it is read (and
+    left in place), whatever its sha256 says."""
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamRefused
+
+    d = bitstore.root / "Pynq-Z2" / ("f" * 32)
+    assert bitstore.find("Pynq-Z2", "f" * 32).path == d.resolve()
+    hwh = d / "design.hwh"
+    os.chmod(hwh, 0o666)
+    with pytest.raises(BitstreamRefused, match=r"design.hwh is writable by others.*chmod 600"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    os.chmod(hwh, 0o644)
+    os.chmod(d, 0o777)
+    with pytest.raises(BitstreamRefused, match="bitstream entry .* is writable by others"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    os.chmod(d, 0o700)
+    os.chmod(bitstore.root, 0o770)
+    with pytest.raises(BitstreamRefused, match="bitstream store .* is writable by its group"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    os.chmod(bitstore.root, 0o700)
+    real = tmp_path / "elsewhere.hwh"
+    hwh.rename(real)
+    hwh.symlink_to(real)  # same bytes, same sha256: still refused
+    with pytest.raises(BitstreamRefused, match="design.hwh is a symlink"):
+        bitstore.find("Pynq-Z2", "f" * 32)
+    assert hwh.is_symlink()  # left in place
+    hwh.unlink()
+    real.rename(hwh)
+    linked = bitstore.root / "Pynq-Z2" / ("e" * 32)
+    linked.symlink_to(d)
+    with pytest.raises(BitstreamRefused, match="is a symlink"):
+        bitstore.find("Pynq-Z2", "e" * 32)
+    assert bitstore.find("Pynq-Z2", "f" * 32) is not None  # the real one still loads
+
+
+def test_an_unsigned_bitstream_is_refused_until_adopted(bitstore, tmp_path, hwb_cli, monkeypatch):
+    """An entry hwb did not write (checked in, copied from elsewhere: its manifest has no
+    signature, or one made with another key) is refused with the command that adopts it;
+    `hwb fpga-adopt` checks it as a load does and signs it; an edit after that is refused."""
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamRefused
+
+    src = bitstore.root / "Pynq-Z2" / ("f" * 32)
+    copied = tmp_path / "shipped"
+    shutil.copytree(bitstore.root, copied)
+    d = copied / "Pynq-Z2" / ("f" * 32)
+    man = json.loads((d / "manifest.json").read_text())
+    del man["hmac"]  # as a manifest written elsewhere comes
+    (d / "manifest.json").write_text(json.dumps(man))
+    monkeypatch.setenv("HWB_BITSTREAMS", str(copied))
+    from hwb_plugins.fpga_hls4ml.bitstreams import BitstreamStore
+
+    store = BitstreamStore()
+    with pytest.raises(BitstreamRefused, match=rf"not signed by you.*HWB_BITSTREAMS={copied} "
+                                               rf"hwb fpga-adopt Pynq-Z2 {'f' * 32}"):
+        store.find("Pynq-Z2", "f" * 32)
+    (d / "design.bit").write_bytes(b"not the design")  # adopt checks the sha256 first
+    rc, out, err = hwb_cli("fpga-adopt", "Pynq-Z2", "f" * 32)
+    assert rc == 1 and "sha256" in err and "Traceback" not in err, err
+    shutil.copy(src / "design.bit", d / "design.bit")
+    rc, out, err = hwb_cli("fpga-adopt", "Pynq-Z2", "f" * 32)
+    assert rc == 0 and "adopted" in out, err
+    assert store.find("Pynq-Z2", "f" * 32).manifest["part"] == "xc7z020clg400-1"
+    man = json.loads((d / "manifest.json").read_text())
+    man["io"]["n_in"] = 65  # an edit of the signed manifest
+    (d / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BitstreamRefused, match="edited since it was signed"):
+        store.find("Pynq-Z2", "f" * 32)
+    rc, out, err = hwb_cli("fpga-adopt", "Pynq-Z2", "0" * 32)
+    assert rc == 1 and "no bitstream entry" in err and "Traceback" not in err, err
+
+
 def test_pynq_overlay_on_a_board():
     from hwb_plugins._util import importable
 

@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from hwbackends.serve.shm import ShmClient, ShmServer, endpoint_dir, runtime_roo
 from hwbackends.specs import TensorSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
+from as_user import AsUser  # noqa: E402
 from shm_raw import FakeServer, RawClient, S, fake_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,35 +197,55 @@ def test_a_named_group_opens_the_endpoint_to_it():
         os.chmod(runtime_root(), 0o700)
 
 
+def test_directories_others_can_write_are_refused_not_chmodded(tmp_path, monkeypatch):
+    """The endpoint's directories follow the store's trust rules (trust.private_dir): a
+    per-user root its group can write, or an owner-only endpoint's leftover directory that
+    others can read, is refused with the fix; nothing is chmod'ed behind the user's back."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("HWB_SHM_DIR", str(root))
+    root.mkdir(mode=0o700)
+    os.chmod(root, 0o770)
+    eng = Engine(Linear(), EngineConfig.preset("single"))
+    with pytest.raises(ConfigError, match=r"writable by its group.*chmod 700 .*HWB_SHM_DIR"):
+        ShmServer(eng, "ep", slots=1)
+    assert os.stat(root).st_mode & 0o777 == 0o770  # left as it was
+    os.chmod(root, 0o700)
+    (root / "ep").mkdir(mode=0o700)
+    os.chmod(root / "ep", 0o750)
+    with pytest.raises(ConfigError, match=r"open to others.*chmod 700"):
+        ShmServer(eng, "ep", slots=1)
+    os.chmod(root / "ep", 0o700)
+    (root / "sub").mkdir(mode=0o700)
+    monkeypatch.setenv("HWB_SHM_DIR", str(root / "sub" / "a" / "b"))  # missing parents: 0700
+    eng.start()
+    try:
+        with ShmServer(eng, "ep", slots=1) as srv:
+            assert os.stat(root / "sub" / "a").st_mode & 0o777 == 0o700
+            assert os.stat(srv.dir).st_mode & 0o777 == 0o700
+    finally:
+        eng.stop()
+
+
+def _attach_as_another_user(send, name: str) -> None:
+    """As uid 65534 (tests/as_user.py): attach to root's endpoint, then connect by path."""
+    try:
+        ShmClient(name, owner=0)
+        msg = "attached"
+    except ConfigError as exc:
+        msg = str(exc)
+    try:  # by path, bypassing the client
+        socket.socket(socket.AF_UNIX).connect(str(endpoint_dir(name, 0) / "sock"))
+        msg += "|connected"
+    except PermissionError:
+        msg += "|EACCES"
+    send(msg.replace("\n", " "))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become a second uid (os.setuid)")
 def test_another_users_client_is_refused(linear_server):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: become nobody, try to attach
-        os.close(r)
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                ShmClient(linear_server.name, owner=0)
-                msg = b"attached"
-            except ConfigError as exc:
-                msg = str(exc).encode()
-            # and by path, bypassing the client
-            import socket
-            try:
-                socket.socket(socket.AF_UNIX).connect(str(endpoint_dir(linear_server.name, 0) / "sock"))
-                msg += b"|connected"
-            except PermissionError:
-                msg += b"|EACCES"
-        except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-            msg = repr(exc).encode()
-        os.write(w, msg)
-        os._exit(0)
-    os.close(w)
-    msg = os.read(r, 4096).decode()
-    os.close(r)
-    os.waitpid(pid, 0)
+    child = AsUser(65534, _attach_as_another_user, linear_server.name, dumpable=False)
+    msg = child.line()
+    assert child.finish() == 0, msg
     assert "permission denied" in msg and msg.endswith("|EACCES"), msg
 
 

@@ -31,6 +31,7 @@ from hwbackends.specs import TensorSpec
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from as_user import AsUser  # noqa: E402
 from shm_raw import HDR, H, RawClient  # noqa: E402
 
 ROOT = HERE.parent
@@ -59,46 +60,6 @@ def served():
     yield srv
     srv.close()
     eng.stop()
-
-
-class AsUser:
-    """Run ``fn(*args)`` in a forked child that became ``uid``/``gid`` (this interpreter may
-    live where another user cannot exec it, so no new process image). The child writes lines
-    through ``send``; the parent reads them with ``line()``."""
-
-    def __init__(self, uid: int, fn, *args, gid: int = NOBODY, dumpable: bool = True):
-        r, w = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child
-            os.close(r)
-            code = 0
-            try:
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
-                if dumpable:  # setuid made it non-dumpable; a process nobody started is not
-                    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
-                fn(lambda line: os.write(w, (str(line) + "\n").encode()), *args)
-            except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-                os.write(w, f"error: {exc!r}\n".encode())
-                code = 1
-            os._exit(code)
-        os.close(w)
-        self._r = os.fdopen(r)
-
-    def line(self) -> str:
-        return self._r.readline().strip()
-
-    def finish(self, timeout: float = 60) -> int:
-        t0 = time.time()
-        while True:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self._r.close()
-                return os.waitstatus_to_exitcode(status)
-            if time.time() - t0 > timeout:
-                os.kill(self.pid, signal.SIGKILL)
-            time.sleep(0.05)
 
 
 # -- #1: the header is the clients' read-only view; the server never re-reads it ------------
@@ -232,7 +193,7 @@ def test_an_endpoint_planted_by_another_user_is_refused(monkeypatch, request):
         with pytest.raises(ConfigError, match="does not belong to uid 0"):
             ShmClient("ep")
         eng = Engine(Linear(), EngineConfig.preset("single"))
-        with pytest.raises(ConfigError, match="belongs to uid 65534.*HWB_SHM_DIR"):
+        with pytest.raises(ConfigError, match=r"refusing to serve: .* is owned by .*uid 65534.*HWB_SHM_DIR"):
             ShmServer(eng, "ep")
         assert p.line() == "0"  # the client never even connected
     finally:

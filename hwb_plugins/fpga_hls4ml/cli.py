@@ -1,4 +1,6 @@
-"""``hwb fpga-trace MODEL [-p PRECISION]``: where an fpga.hls4ml design loses precision.
+"""``hwb fpga-trace MODEL [-p PRECISION]``: where an fpga.hls4ml design loses precision;
+``hwb fpga-adopt BOARD FINGERPRINT``: sign a bitstream entry hwb did not write
+(:mod:`.bitstreams`).
 
 Compiles (or loads) the variant, then compares every layer's fixed-point output (hls4ml's
 trace of the C-simulation, :mod:`.trace`) with the same layer of the Keras model. The
@@ -23,6 +25,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(target=TARGET)
     p.add_argument("-n", "--samples", type=count("sample count", 1, 1 << 16), default=128, help="validation samples to trace")
     p.set_defaults(func=run)
+    a = sub.add_parser("fpga-adopt", help="sign a bitstream entry hwb did not write, so "
+                       f"{TARGET} may program the board with it")
+    a.add_argument("board", help="the board directory (PYNQ's BOARD, e.g. Pynq-Z2)")
+    a.add_argument("fingerprint", help="the model fingerprint the entry implements")
+    a.set_defaults(func=adopt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,4 +46,15 @@ def run(args: argparse.Namespace) -> int:
     human = "\n".join([f"{cm.variant} on {m.name} ({cm.mode.value}: C-simulation), "
                        f"{args.samples} samples"] + [str(r) for r in rows])
     emit(args, {"variant": cm.variant, "layers": [r.to_dict() for r in rows]}, human)
+    return 0
+
+
+def adopt(args: argparse.Namespace) -> int:
+    """``hwb fpga-adopt BOARD FINGERPRINT``: :meth:`BitstreamStore.adopt` (the store at
+    ``HWB_BITSTREAMS``, default the repository's ``bitstreams/``)."""
+    from .bitstreams import BitstreamStore
+
+    e = BitstreamStore().adopt(args.board, args.fingerprint)
+    print(f"adopted {e.path} (board {e.board}, part {e.manifest.get('part')}, built "
+          f"{e.manifest.get('build_date')}): {TARGET} may now program the board with it")
     return 0

@@ -13,6 +13,10 @@ it holds, by concern:
 * the fidelity policy it gates with (:class:`Tolerance`, :func:`compare`, …);
 * the sliding window's calls (:class:`Steps`, :class:`StreamSteps` and their checks);
 * the model it compiles (:class:`Model`, :func:`load_model`, …);
+* the store's trust rules for a plugin's own files (:func:`check_path`,
+  :func:`check_trusted_dir`, :func:`private_dir`: owned by this user or root, not writable by
+  others, no links followed) and its signatures (:func:`seal`, :func:`sealed`: this user's
+  HMAC over a record), the FPGA bitstream store's;
 * shared services: the per-compile build cache (:mod:`build_cache`), file digests,
   identifier derivation for generated code (:func:`ident`, :func:`c_string`: model text never
   becomes code), the machine's CPU (:mod:`machine`), generated-docs splicing;
@@ -34,6 +38,7 @@ from ..errors import (
     HwbError,
     InputError,
     ModelError,
+    StoreTrustError,
     UnavailableError,
     UnknownTargetError,
     UnsupportedError,
@@ -46,6 +51,7 @@ from ..sliding import Steps, StreamSteps, check_id, check_many, check_step
 from ..specs import MODELLED, Availability, Mode, TensorSpec, several
 from ..store import build_cache
 from ..store.artifacts import file_sha256
+from ..store.trust import check_path, check_trusted_dir, private_dir, seal, sealed
 from ..target import (
     Artifact,
     BufferedExecutor,
@@ -65,9 +71,9 @@ __all__ = [
     "AUTO_SEARCH", "MODELLED", "NATIVE_INCLUDE", "TOLERANCES", "Artifact", "Availability",
     "BufferedExecutor", "CacheError", "CompileError", "CompileOptions", "ConfigError", "Converter",
     "Executor", "Fidelity", "HwbError", "InputError", "Mode", "Model", "ModelError", "Steps",
-    "StreamSteps", "Target", "TensorSpec", "Tolerance", "TritonFile", "TritonForm",
-    "UnavailableError", "UnknownTargetError", "UnsupportedError", "build_cache", "c_string",
-    "check_id", "check_many", "check_step", "compare", "file_sha256", "gate_violations",
-    "hookimpl", "ident", "keras_call_input", "load_model", "load_saved", "machine", "several",
-    "splice",
+    "StoreTrustError", "StreamSteps", "Target", "TensorSpec", "Tolerance", "TritonFile",
+    "TritonForm", "UnavailableError", "UnknownTargetError", "UnsupportedError", "build_cache",
+    "c_string", "check_id", "check_many", "check_path", "check_step", "check_trusted_dir",
+    "compare", "file_sha256", "gate_violations", "hookimpl", "ident", "keras_call_input",
+    "load_model", "load_saved", "machine", "private_dir", "seal", "sealed", "several", "splice",
 ]

@@ -95,6 +95,13 @@ def remove_local_ray_dirs() -> None:
         shutil.rmtree(_LOCAL_DIRS.pop(), ignore_errors=True)
 
 
+def jax_threads_run() -> bool:
+    """Whether JAX has started its backends, and with them its threads, in this process
+    (``import jax`` alone does not): then a fork of it may deadlock, and JAX warns so."""
+    xb = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(xb, "_at_fork_handler_installed", xb is not None))
+
+
 def _connect(address: str, progress: Progress, local_patterns: Sequence[str], allow_external: bool,
              num_cpus: int | None) -> str:
     import ray
@@ -107,6 +114,12 @@ def _connect(address: str, progress: Progress, local_patterns: Sequence[str], al
                 "the embedded local Ray binds the host's external interfaces; run it through "
                 "`hwb fleet --fleet local` (which enters a loopback-only network namespace), "
                 "or inside `unshare -n` yourself, or pass allow_external=True")
+        if jax_threads_run():
+            raise FleetError(
+                "JAX has started its threads in this process, and starting the embedded local "
+                "Ray forks it (Ray's preexec_fn; a fork of a process JAX runs in may deadlock). "
+                "Run the fleet from a process that has not used JAX (`hwb fleet --fleet local`), "
+                "or start a head with `hwb node --head` and pass its address")
         targets = local_targets(local_patterns)
         progress(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
         for attempt in (1, 2):

@@ -200,14 +200,23 @@ def _unpickle_module(path: Path) -> Any:
         raise
 
 
-def torch_file(path: Path, trust_pickle: bool) -> Any:
+def torch_file(path: Path, trust_pickle: bool, lim: Any = None, name: str | None = None) -> Any:
     """A ``.pt``/``.pth`` file: TorchScript, else a ``torch.save`` pickle (a whole module only
-    with ``trust_pickle=True``; a state dict is refused with what to do)."""
+    with ``trust_pickle=True``; a state dict is refused with what to do). The storages a
+    ``torch.save`` zip's pickle declares are checked against ``lim``
+    (:class:`hwbackends.cost.Limits`) first, read without running the pickle."""
     import pickle
 
-    import torch
+    from .torch_archive import declared_storages
 
     is_zip, scripted = _is_torch_zip(path)
+    if is_zip and not scripted and lim is not None:  # before torch is even imported
+        with zipfile.ZipFile(path) as z:
+            declared = declared_storages(z, path)
+        if declared is not None:
+            lim.check(declared, name or path.stem)
+    import torch
+
     if scripted:
         return torch.jit.load(str(path))
     try:  # safe: tensors and containers only

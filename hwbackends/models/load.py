@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,7 +15,8 @@ from .. import cost
 from ..errors import ModelError
 from ..inputs import as_batches
 from ..specs import TensorSpec
-from . import legacy
+from ..user_files import file_kind
+from . import legacy, torch_archive
 from .common import clip, module_of
 from .keras import from_keras
 from .model import KERAS_SUFFIXES, Model
@@ -42,7 +44,8 @@ def load_model(source: Any, *, name: str | None = None, example_input: Any = Non
     ``source`` is a path (``.keras``/``.h5`` Keras, ``.json`` a Keras 2 architecture with its
     HDF5 ``weights`` (found next to it when not given), ``.onnx``, ``.pt2`` torch.export,
     ``.pt``/``.ts`` TorchScript, or a whole-module ``torch.save`` pickle with
-    ``trust_pickle=True``: unpickling runs the file's code), ``"zoo:NAME"`` for a bundled
+    ``trust_pickle=True``: unpickling runs the file's code; a ``.pt2`` archive with pickled
+    parts or compiled AOTInductor code needs it too), ``"zoo:NAME"`` for a bundled
     example, a ``keras.Model`` (an unbuilt one is built for ``input_shape``), an
     ``onnx.ModelProto``, or a ``torch.nn.Module`` together with ``example_input`` (a tensor of
     one batch) or ``input_shape`` (per sample, without the batch dimension). An
@@ -110,6 +113,10 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
     if not path.exists():
         raise ModelError(f"model file not found: {path}. Pass the path of a .keras, .h5, .onnx, "
                          f".pt2 or .pt file, or 'zoo:NAME' for a bundled example")
+    kind = os.stat(path).st_mode
+    if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):  # nothing a framework opens may block
+        raise ModelError(f"{path} is {file_kind(kind)}, not a model file; give the path of the "
+                         f"file itself (.keras, .h5, .onnx, .pt2, .pt)")
     suffix = path.suffix.lower()
     name = name or path.stem
     lim = lim or cost.Limits.from_env()
@@ -128,12 +135,11 @@ def _load_path(path: Path, name: str | None, example: Any = None, input_shape: A
             return from_keras(legacy.keras2_json(path, weights), name, path, lim)
         if suffix == ".onnx":
             return load_onnx(path, name, lim)
-        if suffix == ".pt2":
-            import torch
-            ep = torch.export.load(str(path))
-            return from_torch(ep, name, path, None, None, lim)
+        if suffix == ".pt2":  # its declarations, and nothing in it that would run
+            return from_torch(torch_archive.load_export(path, name, lim, trust_pickle), name,
+                              path, None, None, lim)
         if suffix in (".pt", ".pth", ".ts"):
-            return from_torch(legacy.torch_file(path, trust_pickle), name, path, example,
+            return from_torch(legacy.torch_file(path, trust_pickle, lim, name), name, path, example,
                                input_shape, lim)
     except ModelError:
         raise

@@ -58,7 +58,6 @@ import os
 import pwd
 import secrets
 import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -67,10 +66,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, StoreTrustError
 from ..inputs import as_sample
 from ..sliding import check_streams, step_shapes
 from ..specs import TensorSpec
+from ..store import trust
 from . import _shmloop  # built with the package; request.py explains when it is missing
 from .engine import Engine
 from .request import DEADLINE, MIN_DEADLINE_US, Status, Unavailable
@@ -118,28 +118,17 @@ def _check_name(name: str) -> None:
                           f"[A-Za-z0-9._-], not starting with '.'")
 
 
-def _private_dir(path: Path, mode: int, gid: int | None, *, exact: bool = True) -> None:
-    """Create ``path`` with ``mode`` (and group ``gid``), or check an existing one is ours,
-    a real directory and not writable by others — as OpenSSH treats ~/.ssh. ``exact``: set
-    the mode; else (the per-user root, shared by endpoints) only add what ``mode`` needs and
-    take away write access of group and others, so one endpoint's group stays able to
-    traverse it when another endpoint starts owner-only."""
+def _private_dir(path: Path, what: str, gid: int | None, mode: int, *,
+                 closed: bool = False) -> None:
+    """:func:`hwbackends.store.trust.private_dir` for an endpoint's directories: created
+    ``mode`` (opened to group ``gid`` when one is named), or an existing one accepted only if
+    it is this user's real directory that nobody else can write — as OpenSSH treats ~/.ssh.
+    Refusals are :class:`ConfigError` naming the fix (``HWB_SHM_DIR`` points elsewhere)."""
     try:
-        os.mkdir(path, mode)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{path} exists and is not a directory (a symlink?); remove it")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to this user "
-                          f"({os.geteuid()}): refusing to serve from it; remove it or set "
-                          f"HWB_SHM_DIR to a directory of your own")
-    if gid is not None and st.st_gid != gid:
-        os.chown(path, -1, gid)
-    want = mode if exact else (stat.S_IMODE(st.st_mode) | mode) & ~0o022 & ~0o005
-    if stat.S_IMODE(st.st_mode) != want:
-        os.chmod(path, want)  # ours: tighten (or open to the named group) rather than refuse
+        trust.private_dir(path, what, None, closed=closed, mode=mode if gid is not None else 0o700,
+                          group=gid, elsewhere="HWB_SHM_DIR")
+    except StoreTrustError as exc:
+        raise ConfigError(f"refusing to serve: {exc}") from None
 
 
 def _group_id(group: str | int | None) -> int | None:
@@ -196,9 +185,11 @@ class ShmServer:
             self.window = SlidingWindow.of(engine, mode=mode, streams=streams, native=native)
             self.in_shape = self.window.step_shape
         gid = _group_id(group)
-        _private_dir(runtime_root(), 0o700 if gid is None else 0o710, gid, exact=False)
+        # the per-user root is shared by endpoints: one opened to a group leaves it 0710 (its
+        # group may traverse it), and an owner-only endpoint started later keeps it so
+        _private_dir(runtime_root(), "shared-memory directory", gid, 0o710)
         self.dir = runtime_root() / self.name
-        _private_dir(self.dir, 0o700 if gid is None else 0o750, gid)
+        _private_dir(self.dir, "shared-memory endpoint", gid, 0o750, closed=gid is None)
         # pinned once: every later file operation goes through this descriptor
         self._dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self._dir_ino = os.fstat(self._dirfd).st_ino

@@ -18,7 +18,8 @@ records signed with this user's key. Modelled on OpenSSH's ``StrictModes``.
   key does not verify.
 - **Private directories.** :func:`private_dir` creates a directory 0700 (its missing parents
   too) or accepts an existing one only if it passes the rules above, and says how to fix one
-  that does not: what the store, the caches and the compile worker's scratch use.
+  that does not: what the store, the caches, the compile worker's scratch, the shared-memory
+  endpoints (opened to a named group on request) and the FPGA bitstream store use.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def _member(uid: int, gid: int) -> bool:
         return False
 
 
-def _check_owner(path: Path, st: os.stat_result, what: str, gid: int | None) -> bool:
+def _check_owner(path: Path, st: os.stat_result, what: str, gid: int | None,
+                 elsewhere: str | None = None) -> bool:
     """Refuse ``path`` unless it is owned by this user, root, or (``gid`` shared) a member of
     ``gid`` with the path's group ``gid``. Returns whether the shared group is what let it in."""
     me = os.getuid()
@@ -79,11 +81,13 @@ def _check_owner(path: Path, st: os.stat_result, what: str, gid: int | None) -> 
     if st.st_uid in (me, 0):
         return shared
     if not shared:
+        instead = (f"set {elsewhere} to a directory of your own" if elsewhere else
+                   "use a store of your own (HWB_CACHE_DIR), or share one with a group "
+                   "(HWB_STORE_GROUP)")
         raise StoreTrustError(
             f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), not by you "
             f"({_user(me)}); nothing in it is loaded. If it is yours: chown -R {_user(me)} {path}; "
-            f"otherwise use a store of your own (HWB_CACHE_DIR), or share one with a group "
-            f"(HWB_STORE_GROUP)")
+            f"otherwise {instead}")
     assert gid is not None
     if not _member(st.st_uid, gid):
         group = _group(gid)
@@ -116,10 +120,13 @@ def others_can_change(st: os.stat_result) -> str | None:
     return None
 
 
-def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False) -> os.stat_result:
+def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False,
+               elsewhere: str | None = None) -> os.stat_result:
     """Refuse ``path`` unless only this user (or members of ``gid``) can change it. Raises
-    :class:`StoreTrustError` naming the path and the fix; returns its ``lstat``. A path that
-    does not exist raises :class:`FileNotFoundError` (the caller decides what absent means)."""
+    :class:`StoreTrustError` naming the path and the fix (``elsewhere``: the variable that
+    points the caller at another directory, for paths outside the store); returns its
+    ``lstat``. A path that does not exist raises :class:`FileNotFoundError` (the caller
+    decides what absent means)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -127,9 +134,9 @@ def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False
     except OSError as exc:
         raise StoreTrustError(f"{what} {path} cannot be inspected ({exc})") from exc
     if stat.S_ISLNK(st.st_mode) and not ancestor:
-        raise StoreTrustError(f"{what} {path} is a symlink; the store follows none. Remove it "
-                              f"(rm {path}) and let hwbackends rebuild it")
-    shared = _check_owner(path, st, what, gid)
+        raise StoreTrustError(f"{what} {path} is a symlink; hwbackends follows none there. "
+                              f"Remove it (rm {path}) and let hwbackends rebuild it")
+    shared = _check_owner(path, st, what, gid, elsewhere)
     writable = st.st_mode & (0o002 if shared else 0o022)
     if writable and not (ancestor and st.st_mode & stat.S_ISVTX):
         mode = "700" if stat.S_ISDIR(st.st_mode) else "600"
@@ -137,17 +144,30 @@ def check_path(path: Path, what: str, gid: int | None, *, ancestor: bool = False
             f"{what} {path} is writable by {'others' if st.st_mode & 0o002 else 'its group'} "
             f"(mode {stat.filemode(st.st_mode)}); nothing in it is loaded. Fix: chmod "
             f"{'-R go-w' if ancestor else mode} {path}"
-            + ("" if shared or ancestor else " (or share the store with HWB_STORE_GROUP=GROUP)"))
+            + ("" if shared or ancestor else f" (or set {elsewhere} to a directory of your own)"
+               if elsewhere else " (or share the store with HWB_STORE_GROUP=GROUP)"))
     return st
 
 
-def private_dir(path: Path, what: str, gid: int | None = None, *, closed: bool = False) -> Path:
+def private_dir(path: Path, what: str, gid: int | None = None, *, closed: bool = False,
+                mode: int = 0o700, group: int | None = None,
+                elsewhere: str | None = None) -> Path:
     """``path`` as a directory only this user (or members of ``gid``) can change: each missing
     component is created 0700 (``Path.mkdir(parents=True)`` would give the parents the
     umask's mode), and the directory itself must pass :func:`check_path`: not a symlink, owned
     by this user (or root), not writable by others. ``closed``: nobody else may even read or
     enter it (mode ``0700``). Anything else is :class:`StoreTrustError` naming ``what``,
-    the path and the fix; nothing is chmod'ed or removed behind the user's back."""
+    the path and the fix (``elsewhere``: the variable that points the caller at another
+    directory, outside the store); nothing is tightened, chmod'ed or removed behind the user's back.
+
+    ``group`` opens the directory to a group that may read or enter it, never write (a
+    serving endpoint's clients): the directory is given that group and the group bits of
+    ``mode`` (``0o750``, ``0o710``) — created so, or added to an existing one, since the
+    caller was asked to open it; the missing parents it creates get the group's traverse bit.
+    Without ``group``, ``mode`` may not open anything to the group or others."""
+    if mode & ~0o750 or mode & 0o700 != 0o700 or (mode & 0o070 and group is None):
+        raise ValueError(f"private_dir mode {mode:o}: owner rwx, at most group r-x, and group "
+                         f"bits only with a group")
     p = Path(path)
     missing = []
     while not os.path.lexists(p) and p != p.parent:
@@ -157,13 +177,15 @@ def private_dir(path: Path, what: str, gid: int | None = None, *, closed: bool =
         try:
             os.mkdir(q, 0o700)
         except FileExistsError:
-            pass  # created meanwhile: checked below like any other
+            continue  # created meanwhile: checked below like any other
         except OSError as exc:
             raise StoreTrustError(f"cannot create the {what} {q} ({exc}); make its parent "
                                   f"writable by you, or point hwbackends at a directory you "
-                                  f"own (HWB_CACHE_DIR)") from exc
+                                  f"own ({elsewhere or 'HWB_CACHE_DIR'})") from exc
+        if group is not None:  # ours, just made: given the group it is being opened to
+            _open_to(q, group, mode if q == Path(path) else 0o710, what)
     try:
-        st = check_path(Path(path), what, gid)
+        st = check_path(Path(path), what, gid, elsewhere=elsewhere)
     except FileNotFoundError:
         raise StoreTrustError(f"{what} {path} vanished as it was created; retry") from None
     if not stat.S_ISDIR(st.st_mode):
@@ -172,11 +194,33 @@ def private_dir(path: Path, what: str, gid: int | None = None, *, closed: bool =
     if gid is None and st.st_uid != os.getuid():  # root's is trusted, but not ours to use
         raise StoreTrustError(f"{what} {path} is owned by {_user(st.st_uid)} (uid {st.st_uid}), "
                               f"not by you ({_user(os.getuid())}); remove it or point "
-                              f"hwbackends at a directory of your own")
-    if closed and st.st_mode & 0o077:
+                              f"hwbackends at a directory of your own "
+                              f"({elsewhere or 'HWB_CACHE_DIR'})")
+    if group is not None and (st.st_gid != group or ~st.st_mode & mode & 0o070):
+        _open_to(Path(path), group, stat.S_IMODE(st.st_mode) | (mode & 0o070), what, st.st_ino)
+    elif closed and st.st_mode & 0o077:
         raise StoreTrustError(f"{what} {path} is open to others (mode "
                               f"{stat.filemode(st.st_mode)}); fix: chmod 700 {path}")
     return Path(path)
+
+
+def _open_to(path: Path, group: int, mode: int, what: str, ino: int | None = None) -> None:
+    """Give the directory ``path`` (this user's; ``ino``: the one just checked) the group
+    ``group`` and ``mode``, through a descriptor: a symlink swapped in meanwhile is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreTrustError(f"{what} {path} cannot be opened ({exc}); remove it and retry") from exc
+    try:
+        if ino is not None and os.fstat(fd).st_ino != ino:
+            raise StoreTrustError(f"{what} {path} was replaced while it was checked; retry")
+        os.fchown(fd, -1, group)
+        os.fchmod(fd, mode)
+    except OSError as exc:
+        raise StoreTrustError(f"cannot give {what} {path} the group {_group(group)} ({exc}); "
+                              f"you must be a member of it") from exc
+    finally:
+        os.close(fd)
 
 
 #: Symlinks followed while resolving a store root before it is refused as a loop.
@@ -328,3 +372,31 @@ def verify(key: bytes, record: dict[str, Any]) -> bool:
     """Whether ``record`` carries :func:`sign`'s HMAC (compared in constant time)."""
     got = record.get("hmac")
     return isinstance(got, str) and hmac.compare_digest(got, sign(key, record))
+
+
+def seal(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``hmac`` under this user's key (:func:`load_key`, :func:`sign`):
+    for a plugin that keeps its own records under the store's rules (the FPGA bitstream
+    store's manifests)."""
+    body = {k: v for k, v in record.items() if k != "hmac"}
+    return {**body, "hmac": sign(load_key(), body)}
+
+
+def sealed(record: dict[str, Any]) -> bool:
+    """Whether ``record`` carries this user's :func:`seal` and is unchanged since."""
+    return verify(load_key(), record)
+
+
+def check_trusted_dir(path: Path, what: str) -> Path:
+    """``path`` resolved once (the caller keeps the result: no later lookup goes through a
+    link again), refused unless it and every directory above it pass :func:`check_path`
+    (ancestors may be sticky and world-writable, like ``/tmp``): a directory a plugin reads
+    from but does not create, such as a checked-in store. :class:`FileNotFoundError` when it
+    does not exist."""
+    real = Path(os.path.realpath(path))
+    st = check_path(real, what, None)
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreTrustError(f"{what} {path} is not a directory")
+    for parent in real.parents:
+        check_path(parent, f"directory above the {what}", None, ancestor=True)
+    return real
