@@ -29,7 +29,7 @@ from hwbackends import layer_ir as ir
 from hwbackends.contract import UnsupportedError, c_string
 from hwbackends.layer_ir.multi import MultiNetwork
 
-from .emit import MAX_STACK_BYTES, Emitter, Source, _assemble, vector_shape
+from .emit import MAX_STACK_BYTES, Emitter, Source, assemble, vector_shape
 
 
 def _prod(s: tuple[int, ...]) -> int:
@@ -76,7 +76,7 @@ def emit_multi(net: MultiNetwork, requires: list[str], precision: str = "fp32") 
     oi, oo = offsets(n_in), offsets(n_out)
     e.consts += multi_one
     e.body = ["    hwb_multi_one(" + ", ".join([*(f"x + {o}" for o in oi), *(f"y + {o}" for o in oo)]) + ");"]
-    src = _assemble(e, sum(n_in), sum(n_out))
+    src = assemble(e, sum(n_in), sum(n_out))
     src.code += _multi_entry(n_in, n_out)
     return src
 

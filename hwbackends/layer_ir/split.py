@@ -48,7 +48,7 @@ def _find_merge(target: str, candidates: list[tuple[str, str, list[Any]]], reach
     operand. None for a model with one input; refused when the inputs never meet so."""
     if n_inputs == 1:
         return None
-    for name, kind, ops in candidates:
+    for name, kind, ops in _flatten(candidates, reach):
         sets = [reach(o) for o in ops]
         if any(len(s) != 1 for s in sets) or len({next(iter(s)) for s in sets}) != len(sets):
             continue
@@ -57,6 +57,27 @@ def _find_merge(target: str, candidates: list[tuple[str, str, list[Any]]], reach
     raise UnsupportedError(f"{target}: the model's {n_inputs} inputs do not meet in one "
                            f"Concatenate (last axis) or Add of one chain per input; "
                            f"{_SHAPE_HINT}")
+
+
+def _flatten(candidates: list[tuple[Any, str, list[Any]]], reach: Callable[[Any], frozenset]
+             ) -> list[tuple[Any, str, list[Any]]]:
+    """Each candidate with the operands that are themselves merges of the same kind over
+    several inputs replaced by theirs: ``(a + b) + c`` (how torch and ONNX write an add of
+    three) is one add of three, ``cat(cat(a, b), c)`` one concatenation."""
+    by_result = {_key(name): (kind, ops) for name, kind, ops in candidates}
+
+    def expand(v: Any, kind: str) -> list[Any]:
+        got = by_result.get(_key(v))
+        if got is None or got[0] != kind or len(reach(v)) < 2:
+            return [v]
+        return [x for o in got[1] for x in expand(o, kind)]
+
+    return [(name, kind, [x for o in ops for x in expand(o, kind)]) for name, kind, ops in candidates]
+
+
+def _key(v: Any) -> Any:
+    """A value's identity: a name (ONNX), or the object (a torch node, a Keras tensor)."""
+    return v if isinstance(v, str) else id(v)
 
 
 def _chain_to(target: str, what: str, read: Callable[[], list[Layer]]) -> list[Layer]:
@@ -99,7 +120,7 @@ def _keras(model: Any, target: str, in_shapes: list[tuple[int, ...]]) -> Parts:
         return got
 
     cands = _keras_merges(km)
-    found = _find_merge(target, [(c[0], c[1], c[2]) for c in cands], reach, len(ins))
+    found = _find_merge(target, [(c[3], c[1], c[2]) for c in cands], reach, len(ins))
 
     def sub(t: Any, u: Any, what: str) -> list[Layer]:
         if t is u:
@@ -117,8 +138,7 @@ def _keras(model: Any, target: str, in_shapes: list[tuple[int, ...]]) -> Parts:
     if found is None:
         start, kind, branches = ins[0], "none", [(0, [])]
     else:
-        name, kind, ops, idx = found
-        start = next(c[3] for c in cands if c[0] == name)
+        start, kind, ops, idx = found
         branches = [(i, sub(ins[i], o, f"input {model.inputs[i].name!r}")) for i, o in zip(idx, ops, strict=True)]
     outputs = [sub(start, u, f"output {model.outputs[k].name!r}") for k, u in enumerate(outs)]
     return Parts(kind, branches, outputs)
