@@ -1,5 +1,6 @@
 """A differential fuzz of cpu.native on models with several inputs and outputs: random Keras
-functional models and torch modules (``forward(a, b, …)`` returning a tuple) of the shape desks
+functional models, torch modules (``forward(a, b, …)`` returning a tuple) and those modules as
+``torch.onnx`` writes them (ONNX) of the shape desks
 write — each input through its own chain of Dense layers (possibly none), over flat features or
 a (time, channels) window, one ``Concatenate``/``cat`` of the last axis or an ``Add``, a shared
 trunk, then one head per output, some taken from inside the trunk — each compared with its own
@@ -218,6 +219,8 @@ def _torch_merge(kind: str, parts: list):
 
 
 def _model(s: MSpec, frontend: str):
+    """(the framework's model, the hwbackends Model); ``onnx``: the torch module as
+    torch.onnx writes it (dynamic batch), its reference the module."""
     if frontend == "keras":
         km = build_keras(s)
         return km, hwb.load_model(km, name="fuzz_multi")
@@ -225,11 +228,22 @@ def _model(s: MSpec, frontend: str):
 
     mod = build_torch(s)
     ex = tuple(torch.zeros((1, *shape)) for shape in s.in_shapes())
+    if frontend == "onnx":
+        import io
+
+        buf = io.BytesIO()
+        ins = [f"in{i}" for i in range(len(ex))]
+        outs = [f"out{k}" for k in range(len(s.heads))]
+        torch.onnx.export(mod, ex, buf, dynamo=False, opset_version=17, input_names=ins,
+                          output_names=outs, dynamic_axes={n: {0: "batch"} for n in (*ins, *outs)})
+        import onnx
+
+        return mod, hwb.load_model(onnx.load_from_string(buf.getvalue()), name="fuzz_multi")
     return mod, hwb.load_model(mod, name="fuzz_multi", example_input=ex)
 
 
 def _reference(obj, frontend: str, xs: list[np.ndarray]) -> list[np.ndarray]:
-    if frontend == "keras":
+    if frontend == "keras":  # torch and onnx: the module
         ys = obj(xs) if len(obj.outputs) > 1 else [obj(xs)]
         return [np.asarray(y, np.float64) for y in ys]
     import torch
@@ -280,7 +294,7 @@ def _check_c(s: MSpec, frontend: str) -> None:
             assert _err(o, w[:1]) <= BOUND, f"{s.describe()}: predict_into output {k}"
 
 
-@pytest.mark.parametrize("frontend", ["keras", "torch"])
+@pytest.mark.parametrize("frontend", ["keras", "torch", "onnx"])
 def test_ir_reader_matches_the_framework(frontend: str) -> None:
     @_settings(6, 1)
     @given(mspecs())
@@ -290,7 +304,7 @@ def test_ir_reader_matches_the_framework(frontend: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("frontend", ["keras", "torch"])
+@pytest.mark.parametrize("frontend", ["keras", "torch", "onnx"])
 def test_generated_c_matches_the_framework(frontend: str) -> None:
     @_settings(3, 4)
     @given(mspecs())
