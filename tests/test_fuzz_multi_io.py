@@ -411,3 +411,46 @@ def test_refusals_name_what(tmp_path: Path) -> None:
     cm = hwb.compile(m, "cpu.native", store=tmp_path / "s")
     with pytest.raises(UnsupportedError, match="one input and one output"):
         cm.sliding()
+
+
+def test_a_window_branch_of_desk_layers_beside_a_state_vector(tmp_path: Path) -> None:
+    """A (time, channels) window through Conv1D and LSTM (Keras) or a channels-first Conv1d
+    and a mean over time (torch), beside a state vector, concatenated: the branches' layers
+    are the single-chain readers' own. An input read by two branches is refused naming it."""
+    import keras
+    import torch
+
+    rng = np.random.default_rng(3)
+    xs = [rng.normal(size=(5, 10, 3)).astype(np.float32), rng.normal(size=(5, 4)).astype(np.float32)]
+    a, b = keras.Input((10, 3), name="book"), keras.Input((4,), name="state")
+    x = keras.layers.LSTM(6)(keras.layers.Conv1D(5, 3, activation="relu")(a))
+    h = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()(
+        [x, keras.layers.Dense(4, activation="relu")(b)]))
+    km = keras.Model([a, b], [keras.layers.Dense(1, activation="tanh")(h),
+                              keras.layers.Dense(3, activation="softmax")(h)])
+    cm = hwb.compile(km, "cpu.native", store=tmp_path / "s")
+    for g, w in zip(cm.predict(tuple(xs)), km(xs), strict=True):
+        assert _err(g, np.asarray(w, np.float64)) <= BOUND
+
+    class Desk(torch.nn.Module):
+        def __init__(self, fork: bool) -> None:
+            super().__init__()
+            self.fork = fork
+            self.conv, self.lstm = torch.nn.Conv1d(3, 5, 3), torch.nn.LSTM(3, 6, batch_first=True)
+            self.d, self.t = torch.nn.Linear(4, 4), torch.nn.Linear(15 if fork else 9, 8)
+            self.h1, self.h2 = torch.nn.Linear(8, 1), torch.nn.Linear(8, 2)
+
+        def forward(self, w, st):
+            parts = [torch.relu(self.conv(w.transpose(1, 2))).mean(-1)]
+            if self.fork:
+                parts.append(self.lstm(w)[0][:, -1])
+            h = torch.relu(self.t(torch.cat([*parts, torch.relu(self.d(st))], -1)))
+            return torch.tanh(self.h1(h)), torch.sigmoid(self.h2(h))
+
+    ex = (torch.zeros(1, 10, 3), torch.zeros(1, 4))
+    mod = Desk(False).eval()
+    cm = hwb.compile(hwb.load_model(mod, example_input=ex), "cpu.native", store=tmp_path / "s")
+    for g, w in zip(cm.predict(tuple(xs)), _reference(mod, "torch", xs), strict=True):
+        assert _err(g, w) <= BOUND
+    with pytest.raises(UnsupportedError, match=r"operands reading inputs \[\[0\], \[0\], \[1\]\]"):
+        extract_multi(hwb.load_model(Desk(True).eval(), example_input=ex), "cpu.native")

@@ -48,14 +48,19 @@ def _find_merge(target: str, candidates: list[tuple[str, str, list[Any]]], reach
     operand. None for a model with one input; refused when the inputs never meet so."""
     if n_inputs == 1:
         return None
+    near = ""
     for name, kind, ops in _flatten(candidates, reach):
         sets = [reach(o) for o in ops]
         if any(len(s) != 1 for s in sets) or len({next(iter(s)) for s in sets}) != len(sets):
+            if not near and len(frozenset().union(*sets)) == n_inputs:
+                near = (f" (the {'concatenation' if kind == 'concat' else 'add'} that meets them "
+                        f"has operands reading inputs {[sorted(s) for s in sets]} by position: "
+                        f"each operand must come from one input alone, a different one each)")
             continue
         if len(sets) == n_inputs:
             return name, kind, ops, [next(iter(s)) for s in sets]
     raise UnsupportedError(f"{target}: the model's {n_inputs} inputs do not meet in one "
-                           f"Concatenate (last axis) or Add of one chain per input; "
+                           f"Concatenate (last axis) or Add of one chain per input{near}; "
                            f"{_SHAPE_HINT}")
 
 
