@@ -454,3 +454,34 @@ def test_a_window_branch_of_desk_layers_beside_a_state_vector(tmp_path: Path) ->
         assert _err(g, w) <= BOUND
     with pytest.raises(UnsupportedError, match=r"operands reading inputs \[\[0\], \[0\], \[1\]\]"):
         extract_multi(hwb.load_model(Desk(True).eval(), example_input=ex), "cpu.native")
+
+
+def _deep_onnx(depth: int):
+    """Inputs a (4,) and b (3,): a through ``depth`` Relu nodes, concatenated with b, two
+    Gemm heads."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, v = [], "a"
+    for i in range(depth):
+        nodes.append(helper.make_node("Relu", [v], [f"r{i}"]))
+        v = f"r{i}"
+    nodes.append(helper.make_node("Concat", [v, "b"], ["m"], axis=-1))
+    inits = []
+    for k, n in enumerate((1, 2)):
+        inits += [numpy_helper.from_array(rng.normal(size=(7, n)).astype(np.float32), f"w{k}"),
+                  numpy_helper.from_array(rng.normal(size=n).astype(np.float32), f"c{k}")]
+        nodes.append(helper.make_node("Gemm", ["m", f"w{k}", f"c{k}"], [f"y{k}"]))
+    g = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 4]),
+                                          helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, ["N", n])
+                           for k, n in enumerate((1, 2))], initializer=inits)
+    return onnx.helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_deep_graph_is_read_without_recursion() -> None:
+    """A hostile file's depth is no stack overflow: the merge is found by an iterative walk."""
+    net = extract_multi(hwb.load_model(_deep_onnx(5000), name="deep"), "cpu.native")
+    assert net.merge == "concat" and len(net.branches[0].layers) == 5000
+    assert [len(h.layers) for h in net.heads] == [1, 1] and not net.trunk

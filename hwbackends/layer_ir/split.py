@@ -85,6 +85,33 @@ def _key(v: Any) -> Any:
     return v if isinstance(v, str) else id(v)
 
 
+def _reacher(seeds: dict[Any, int], parents: Callable[[Any], list[Any]]) -> Callable[[Any], frozenset]:
+    """``reach(v)``: the inputs (``seeds``: a value's key → input index) value ``v`` is
+    computed from, walking ``parents`` without recursion (a deep graph is no stack overflow;
+    a cycle adds nothing)."""
+    memo: dict[Any, frozenset] = {}
+
+    def reach(v: Any) -> frozenset:
+        stack, open_ = [(v, False)], set()
+        while stack:
+            x, done = stack.pop()
+            k = _key(x)
+            if k in memo:
+                continue
+            if k in seeds:
+                memo[k] = frozenset({seeds[k]})
+            elif done:
+                open_.discard(k)
+                memo[k] = frozenset().union(*(memo.get(_key(p), frozenset()) for p in parents(x)))
+            elif k not in open_:
+                open_.add(k)
+                stack.append((x, True))
+                stack.extend((p, False) for p in parents(x) if _key(p) not in memo and _key(p) not in open_)
+        return memo.get(_key(v), frozenset())
+
+    return reach
+
+
 def _chain_to(target: str, what: str, read: Callable[[], list[Layer]]) -> list[Layer]:
     try:
         return read()
@@ -102,28 +129,15 @@ def _keras(model: Any, target: str, in_shapes: list[tuple[int, ...]]) -> Parts:
     if isinstance(km, keras.Sequential):
         raise UnsupportedError(f"{target}: a Sequential model has one input and one output")
     ins, outs = list(km.inputs), list(km.outputs)
-    index = {id(t): i for i, t in enumerate(ins)}
-    memo: dict[int, frozenset] = {}
 
-    def producer(t: Any) -> Any:
+    def parents(t: Any) -> list[Any]:
         hist = getattr(t, "_keras_history", None)
         if hist is None:
-            return None
+            return []
         op, node_index = hist[0], hist[1]
-        return op, op._inbound_nodes[node_index]
+        return [x for x in op._inbound_nodes[node_index].input_tensors if x is not None]
 
-    def reach(t: Any) -> frozenset:
-        if id(t) in memo:
-            return memo[id(t)]
-        if id(t) in index:
-            got = frozenset({index[id(t)]})
-        else:
-            p = producer(t)
-            got = frozenset().union(*(reach(x) for x in p[1].input_tensors)) if p and \
-                p[1].input_tensors else frozenset()
-        memo[id(t)] = got
-        return got
-
+    reach = _reacher({id(t): i for i, t in enumerate(ins)}, parents)
     cands = _keras_merges(km)
     found = _find_merge(target, [(c[3], c[1], c[2]) for c in cands], reach, len(ins))
 
@@ -175,22 +189,9 @@ def _onnx(model: Any, target: str, in_shapes: list[tuple[int, ...]]) -> Parts:
     g = proto.graph
     inits = {i.name for i in g.initializer}
     inputs = [i.name for i in g.input if i.name not in inits]
-    index = {n: i for i, n in enumerate(inputs)}
     made = {o: n for n in g.node for o in n.output}
-    memo: dict[str, frozenset] = {}
-
-    def reach(v: str) -> frozenset:
-        if v in memo:
-            return memo[v]
-        memo[v] = frozenset()  # a cycle reads as no input
-        if v in index:
-            got = frozenset({index[v]})
-        elif v in made:
-            got = frozenset().union(*(reach(i) for i in made[v].input if i))
-        else:
-            got = frozenset()
-        memo[v] = got
-        return got
+    reach = _reacher({n: i for i, n in enumerate(inputs)},
+                     lambda v: [i for i in made[v].input if i] if v in made else [])
 
     cands, axes = [], {}
     for n in g.node:
@@ -277,16 +278,8 @@ def _torch(model: Any, target: str, in_shapes: list[tuple[int, ...]]) -> Parts:
         raise UnsupportedError(f"{target}: the torch program takes {len(places)} tensors and gives "
                                f"{len(outs)}; the model declares {len(in_shapes)} inputs and "
                                f"{len(model.outputs)} outputs")
-    index = {n: i for i, n in enumerate(places)}
-    memo: dict[Any, frozenset] = {}
-
-    def reach(v: Any) -> frozenset:
-        if v in memo:
-            return memo[v]
-        got = frozenset({index[v]}) if v in index else frozenset().union(
-            *(reach(a) for a in v.all_input_nodes if str(a.target) not in _TORCH_META))
-        memo[v] = got
-        return got
+    reach = _reacher({id(n): i for i, n in enumerate(places)},
+                     lambda v: [a for a in v.all_input_nodes if str(a.target) not in _TORCH_META])
 
     found = _find_merge(target, _torch_merges(gm), reach, len(places))
 
