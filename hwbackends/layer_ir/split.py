@@ -72,10 +72,15 @@ def _flatten(candidates: list[tuple[Any, str, list[Any]]], reach: Callable[[Any]
     by_result = {_key(name): (kind, ops) for name, kind, ops in candidates}
 
     def expand(v: Any, kind: str) -> list[Any]:
-        got = by_result.get(_key(v))
-        if got is None or got[0] != kind or len(reach(v)) < 2:
-            return [v]
-        return [x for o in got[1] for x in expand(o, kind)]
+        out, todo = [], [v]  # depth first, operands in order, without recursion
+        while todo:
+            x = todo.pop()
+            got = by_result.get(_key(x))
+            if got is None or got[0] != kind or len(reach(x)) < 2:
+                out.append(x)
+            else:
+                todo.extend(reversed(got[1]))
+        return out
 
     return [(name, kind, [x for o in ops for x in expand(o, kind)]) for name, kind, ops in candidates]
 
