@@ -23,7 +23,7 @@ from hwbackends.registry import build_registry
 from hwbackends.specs import TensorSpec
 from hwbackends.target import Target
 
-MULTI_TARGETS = ("ref", "cpu.onnxruntime", "tpu.xla", "cpu.litert")
+MULTI_TARGETS = ("ref", "cpu.onnxruntime", "tpu.xla", "cpu.litert", "cpu.native")
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_validation_data_as_a_tuple_or_dict(store_dir, data):
         hwb.load_model(zoo.keras_two_head(), validation_data=(data[0], data[1][:, :2]))
 
 
-@pytest.mark.parametrize("target", ["cpu.onnxruntime", "cpu.litert"])
+@pytest.mark.parametrize("target", ["cpu.onnxruntime", "cpu.litert", "cpu.native"])
 def test_multi_io_hot_path_allocates_no_arrays(target, compiled, data):
     """The tuple guard and copies stay within the conformance kit's per-call bounds."""
     from hwbackends.testing.alloc import ALLOC_BOUND_BYTES, PEAK_BOUND_BYTES, measure

@@ -1038,3 +1038,8 @@ def _assemble(e: Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source
     if isinstance(e, _Int8Emitter):
         kernel = f"vnni-{e.vnni[0] * 32}" if e.vnni else "portable"
     return Source(code, e.stack, e.matvecs, kernel, e.consts)
+
+
+#: The translation unit around an emitter's per-sample body, for the other emitters of this
+#: plugin (emit_multi.py).
+assemble = _assemble

@@ -41,19 +41,30 @@ class NativeExecutor(Executor):
     contiguous = True
 
     def __init__(self, module: Any, artifact: Artifact):
-        self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
         self.module = module
         self._artifact = artifact
+        if artifact.multi_io:  # one array per tensor, tuples each way (emit_multi.py)
+            self._init_io(artifact.inputs, artifact.outputs, artifact.batch_size)
+            self.predict_into = module.bind_multi(self._fail, np.ndarray, InputError)  # type: ignore[method-assign]
+            return
+        self._init_io(artifact.inputs[0], artifact.outputs[0], artifact.batch_size)
         self.predict_into = module.bind(self._fail, np.ndarray, InputError)  # type: ignore[method-assign]
 
     def _fail(self, *args: Any) -> None:
-        """The C entry's error path: raise the core's InputError for a wrong ``(x, out)``."""
+        """The C entry's error path: raise the core's InputError for a wrong ``(x, out)``
+        (tuples ``(xs, outs)`` for a model with several inputs or outputs)."""
         if len(args) != 2:
             raise TypeError(f"predict_into takes 2 arguments (x, out); got {len(args)}")
-        self._check((args[0],), (args[1],))
+        if self.single:
+            self._check((args[0],), (args[1],))
+        else:
+            self._check(args[0], args[1])
 
     def _run(self, xs: tuple[np.ndarray, ...], outs: tuple[np.ndarray, ...]) -> None:
-        self.predict_into(xs[0], outs[0])
+        if self.single:
+            self.predict_into(xs[0], outs[0])
+        else:
+            self.predict_into(tuple(xs), tuple(outs))
 
     def incremental(self, *, stateful: bool = False, auto_prepare: bool = True) -> Any:
         """The library's sliding window or stream (hwb_plugins/cpu_native/sliding.py), reset."""
@@ -74,7 +85,11 @@ class NativeExecutor(Executor):
 
     def native_entry(self) -> Any:
         """The generated model function as the contract's native entry (the extension's
-        ``entry`` capsule, ABI 1); None for an artifact built before the extension had one."""
+        ``entry`` capsule, ABI 1); None for an artifact built before the extension had one,
+        and for a model with several inputs or outputs (the contract's entry is for one of
+        each; its library's hwb_model_predict takes packed records, emit_multi.py)."""
+        if not self.single:
+            return None
         return getattr(self.module, "entry", None)
 
 
@@ -113,7 +128,11 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "16"
+    version = "17"
+    #: several inputs/outputs: fp32, each input's chain, a concatenation or add, a trunk and
+    #: one head per output (hwbackends/layer_ir/multi.py, emit_multi.py); int8 calibrates one
+    #: input tensor, so multi_io_calibrated stays False
+    multi_io = True
     install = "hwbackends[cpu]"
     description = ("generated C, weights as constants, cc -O3 -march=<isa>; one CPython "
                    "FASTCALL call per predict_into; exports a C library + header; precision "
@@ -222,6 +241,8 @@ class NativeTarget(Target):
         hls_prec = hls_precision(options.precision)
         fixed_meta: dict[str, Any] = {}
         net = None
+        if len(model.inputs) > 1 or len(model.outputs) > 1:
+            return self._compile_multi(model, options, workdir, cc, isa, requires, t0)
         if hls_prec is not None:
             src, in_shape, out_shape, layers, fixed_meta = self._fixed(model, hls_prec, cc,
                                                                        requires, workdir)
@@ -258,6 +279,51 @@ class NativeTarget(Target):
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
                 "layers": layers, "sliding": window.meta, **fixed_meta,
+                "build_seconds": round(time.perf_counter() - t0, 3), **facts}
+
+    def _compile_multi(self, model: Any, options: CompileOptions, workdir: Path, cc: str, isa: str,
+                       requires: list[str], t0: float) -> dict[str, Any]:
+        """A model with several inputs or outputs (emit_multi.py): fp32, no sliding window."""
+        from hwbackends.layer_ir.multi import extract_multi
+
+        from .emit_multi import emit_multi, ext_parts, header_extra
+
+        if options.precision != "fp32":
+            raise UnsupportedError(f"cpu.native compiles models with several inputs or outputs at "
+                                   f"precision 'fp32' only; {options.precision!r} takes one input "
+                                   f"and one output ({model.name!r} has {len(model.inputs)} and "
+                                   f"{len(model.outputs)})")
+        for opt in ("push_weights", "push_gates"):
+            if opt in options.extra:
+                raise UnsupportedError(f"cpu.native option {opt} is the sliding window's; a model "
+                                       f"with several inputs or outputs has none: drop it")
+        net = extract_multi(model, self.name)
+        src = emit_multi(net, requires, options.precision)
+        ins, outs = net.input_shapes, net.output_shapes
+        n_in = sum(int(np.prod(s, dtype=np.int64)) for s in ins)
+        n_out = sum(int(np.prod(s, dtype=np.int64)) for s in outs)
+        batch = options.batch_size
+        hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
+                           requires=requires, precision=options.precision, batch=batch,
+                           stack=src.stack_bytes, in_shape=(n_in,), out_shape=(n_out,),
+                           extra=header_extra([s.name for s in model.inputs], ins,
+                                              [s.name for s in model.outputs], outs))
+        module = build.module_name(src.code, hdr, cc, isa)
+        ext = build.extension_source(module, batch, (n_in,), (n_out,), ext_parts(batch, ins, outs))
+        (workdir / "model.c").write_text(src.code)
+        (workdir / "hwb_model.h").write_text(hdr)
+        (workdir / "ext.c").write_text(ext)
+        facts = build.build(workdir, cc, isa, module)
+        layers = [f"{layer.name}:{type(layer).__name__}" for _, chain, _ in net.chains() for layer in chain]
+        return {"module": module, "extension": module + build.python_abi(),
+                "library": "libhwb_model.so", "header": "hwb_model.h", "isa": isa,
+                "march": build.march(isa), "requires": requires, "arch": build.arch(),
+                "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
+                "vector_matvecs": src.matvecs, "int8_kernel": "", "layers": layers,
+                "multi_io": {"merge": net.merge, "branches": [len(b.layers) for b in net.branches],
+                             "trunk": len(net.trunk), "heads": [len(h.layers) for h in net.heads],
+                             "abi": "hwb_model_predict_multi_n: one buffer per tensor; "
+                                    "hwb_model_predict_n: packed records (hwbackends.packing)"},
                 "build_seconds": round(time.perf_counter() - t0, 3), **facts}
 
     @staticmethod

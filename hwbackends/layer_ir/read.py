@@ -60,6 +60,17 @@ def extract(model: Any, target: str, *, dtype: Any = np.float32) -> Network:
     return net
 
 
+def finish_chain(layers: list[Layer], shape: tuple[int, ...], dtype: Any, target: str,
+                 where: str) -> list[Layer]:
+    """One chain of a model read in parts (:mod:`.multi`) as :func:`extract` finishes a whole
+    model's: folded, cast to ``dtype``, its shapes checked from input ``shape``; refusals say
+    ``where`` the chain is."""
+    layers = _fold_slices(_fold(layers, np.dtype(dtype)), tuple(shape))
+    layers = [_cast(layer, np.dtype(dtype)) for layer in layers]
+    _check_chain(layers, tuple(shape), f"{target} ({where})")
+    return layers
+
+
 def _check_shapes(net: Network, target: str) -> None:
     _check_chain(net.layers, tuple(net.input_shape), target)
 
