@@ -403,7 +403,13 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
                 check_targets: bool = True) -> StrategiesFile:
     """Read, parse and fully validate a strategies file (see the module docstring). Every
     problem is reported at once: when the schema refuses some keys, what it accepted is still
-    checked against the registry and the file system."""
+    checked against the registry and the file system. ``registry`` is the run's (the
+    strategies' targets and precisions are checked against it); only a caller that reads no
+    target (``check_targets=False``: the deadlines of ``hwb export``) may omit it."""
+    if check_targets and registry is None:
+        raise TypeError("load_config checks the strategies' targets against the run's "
+                        "registry: pass registry= (RunContext.registry), or "
+                        "check_targets=False")
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise ConfigError(f"strategies file {p} does not exist; see examples/strategies.toml")
@@ -414,10 +420,7 @@ def load_config(path: str | Path, registry: "Registry | None" = None, *,
     def bad(loc: tuple[str, ...], msg: str) -> None:
         problems.append(f"{p}:{_locate(where, loc) or '?'}: {'.'.join(loc)}: {msg}")
 
-    reg = None
-    if check_targets:
-        from .registry import get_registry
-        reg = registry or get_registry()
+    reg = registry if check_targets else None
     if cfg is not None:
         tiers, strategies = list(cfg.tiers), list(cfg.strategies.items())
     else:  # the keys that have the right types, so their problems are found too

@@ -67,9 +67,9 @@ class VariantRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_compiled(cls, cm: "CompiledModel", registry: "Registry | None" = None) -> "VariantRecord":
-        """The record of a variant just compiled (or loaded from the store); ``registry``
-        holds its target (default: the process-wide registry)."""
+    def from_compiled(cls, cm: "CompiledModel", registry: "Registry") -> "VariantRecord":
+        """The record of a variant just compiled (or loaded from the store); ``registry`` is
+        the run's, which holds its target."""
         d = cm.describe()
         est = d.get("hardware_estimate")
         return cls(variant=cm.variant, target=cm.target, precision=cm.precision,
@@ -127,15 +127,12 @@ class VariantRecord:
         return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
 
 
-def report_meta(target: str, meta: dict[str, Any],
-                registry: "Registry | None" = None) -> dict[str, Any] | None:
+def report_meta(target: str, meta: dict[str, Any], registry: "Registry") -> dict[str, Any] | None:
     """What the results row keeps (as ``plugin_report``) of a variant's artifact metadata for its
     plugin's report sections: ``Target.report_meta``, so the core reads none of a plugin's
-    keys. ``None`` for a target not registered here, or a hook that raises or returns
-    something other than a dict (logged: a plugin bug must not lose the benchmark)."""
-    from .registry import get_registry
-
-    tgt = (registry or get_registry()).targets.get(target)
+    keys. ``None`` for a target the run's ``registry`` does not hold, or a hook that raises or
+    returns something other than a dict (logged: a plugin bug must not lose the benchmark)."""
+    tgt = registry.targets.get(target)
     if tgt is None:
         return None
     try:

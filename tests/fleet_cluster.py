@@ -18,6 +18,7 @@ def main(out: Path, shared: Path) -> int:
 
     from hwbackends.fleet import netns, run_fleet
     from hwbackends.fleet.placement import place
+    from hwbackends.registry import get_registry
     from hwbackends.report import write_report
 
     assert netns.loopback_only(), "refusing to start Ray outside a loopback-only namespace"
@@ -51,9 +52,9 @@ def main(out: Path, shared: Path) -> int:
     cfg = out / "s.toml"
     cfg.write_text('[tiers.fast]\np99_us = 1000\n[strategies.a]\nmodel = "zoo:signal"\n'
                    'tier = "fast"\ntargets = ["cpu.*"]\n')
-    res.fleet["placement"] = place(res, cfg)
+    res.fleet["placement"] = place(res, cfg, get_registry())
     res.save(out / "results.json")
-    write_report(res, out / "report.html")
+    write_report(res, out / "report.html", registry=get_registry())
     (out / "meta.json").write_text(json.dumps({
         "victim": victim, "killed": killed, "cluster_start_s": started,
         "nodes": {"head": cluster.head_node.node_id, "n2": n2.node_id, "n3": victim}}))

@@ -316,10 +316,11 @@ def test_variant_record_round_trips_and_keeps_newer_keys(compiled, tmp_path) -> 
     is written back; a file of the format before (version 1) is refused, saying to re-run
     `hwb bench`."""
     from hwbackends.fidelity import Fidelity
+    from hwbackends.registry import get_registry
     from hwbackends.variant import VariantRecord
 
     for name in ("signal", "two_head"):
-        rec = VariantRecord.from_compiled(compiled(name, "cpu.onnxruntime", "fp32"))
+        rec = VariantRecord.from_compiled(compiled(name, "cpu.onnxruntime", "fp32"), get_registry())
         assert rec.ok and rec.artifact_key and rec.fidelity is not None
         back = VariantRecord.from_dict(json.loads(json.dumps(rec.to_dict())))
         assert back == rec

@@ -38,12 +38,13 @@ def test_offered_and_achieved_rates_of_open_loop_rows() -> None:
 
 def test_html_report_server_table_offered_achieved_fit_and_footer_version(tmp_path) -> None:
     from hwbackends.bench.results import VERSION
+    from hwbackends.registry import get_registry
     from hwbackends.report import write_report
 
     server = LatencyProfile(**(BASE | {"scenario": "server", "params": {"rate_hz": 800.0}}))
     hostile = LatencyProfile(**(BASE | {"scenario": "server", "params": {"rate_hz": "x"}}))
     res = BenchResults(model={"name": "m"}, machine={}, profiles=[server, hostile])
-    page = write_report(res, tmp_path / "r.html").read_text()
+    page = write_report(res, tmp_path / "r.html", registry=get_registry()).read_text()
     assert f"results format v{VERSION}" in page and VERSION != 1
     server_table = page[page.index("achieved/s"):]
     assert "1,600/s" in server_table and "<td class=\"num\">1,600</td>" in server_table

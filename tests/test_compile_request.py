@@ -57,11 +57,11 @@ def test_compile_leaves_the_callers_model_as_it_was(zoo_model, tmp_path):
 
 def test_a_request_is_one_object_resolved_once(zoo_model):
     m = zoo_model("mlp")
-    req = resolve(CompileRequest(m, "cpu.meddler", registry=_registry()))
+    req = resolve(CompileRequest(m, "cpu.meddler"), _registry())
     assert req.m is not m and req.m.fingerprint == m.fingerprint  # the compile's own copy
     assert req.opts.precision == "fp32" and req.opts.batch_size == 1
     assert "cpu.meddler:fp32" in req.what
-    again = resolve(CompileRequest(m, "cpu.meddler", registry=_registry()))
+    again = resolve(CompileRequest(m, "cpu.meddler"), _registry())
     assert again.key == req.key and again.parts == req.parts
 
 

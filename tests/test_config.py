@@ -7,6 +7,10 @@ import pytest
 
 from hwbackends.config import load_config, parse_config
 from hwbackends.errors import ConfigError
+from hwbackends.registry import get_registry
+
+#: The installed plugins: the strategies' targets are checked against them.
+REG = get_registry()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,14 +33,14 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_example_config_is_valid() -> None:
-    cfg = load_config(ROOT / "examples" / "strategies.toml")
+    cfg = load_config(ROOT / "examples" / "strategies.toml", REG)
     assert set(cfg.tiers) == {"ultra", "fast", "standard"}
     assert cfg.strategies["momentum"].fidelity.tolerance().corr_min == 0.995
     assert cfg.router.allow_emulated is False
 
 
 def test_good_config_and_defaults(tmp_path: Path) -> None:
-    cfg = load_config(_write(tmp_path, GOOD))
+    cfg = load_config(_write(tmp_path, GOOD), REG)
     s = cfg.strategies["momentum"]
     assert s.targets == ["cpu.*", "fpga.*"] and s.pin is None and s.batch_size == 1
     assert cfg.router.window == 200 and cfg.router.bench.n == 2000
@@ -44,13 +48,13 @@ def test_good_config_and_defaults(tmp_path: Path) -> None:
 
 def test_invalid_toml_has_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"strategies.toml:3: invalid TOML"):
-        load_config(_write(tmp_path, "[tiers.fast]\np99_us = 100\np99 us = 3\n"))
+        load_config(_write(tmp_path, "[tiers.fast]\np99_us = 100\np99 us = 3\n"), REG)
 
 
 def test_unknown_key_lists_allowed_keys_with_line(tmp_path: Path) -> None:
     text = GOOD.replace('tier = "fast"', 'tier = "fast"\ntargetz = ["cpu.*"]')
     with pytest.raises(ConfigError) as e:
-        load_config(_write(tmp_path, text))
+        load_config(_write(tmp_path, text), REG)
     msg = str(e.value)
     assert "strategies.toml:7: strategies.momentum.targetz: unknown key 'targetz'" in msg
     assert "allowed here: model, tier, targets, precisions, fidelity, pin" in msg
@@ -59,7 +63,7 @@ def test_unknown_key_lists_allowed_keys_with_line(tmp_path: Path) -> None:
 def test_fidelity_key_and_value_errors(tmp_path: Path) -> None:
     text = GOOD.replace("corr_min = 0.999", "corr = 0.999").replace("p99_us = 100", "p99_us = -5")
     with pytest.raises(ConfigError) as e:
-        load_config(_write(tmp_path, text))
+        load_config(_write(tmp_path, text), REG)
     msg = str(e.value)
     assert ":2: tiers.fast.p99_us: Input should be greater than 0 (got -5)" in msg
     assert ":8: strategies.momentum.fidelity.corr: unknown key 'corr'; allowed here: corr_min" in msg
@@ -68,20 +72,20 @@ def test_fidelity_key_and_value_errors(tmp_path: Path) -> None:
 def test_unknown_tier_names_defined_tiers(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r":6: strategies.momentum.tier: unknown tier 'fastt'; "
                                           r"defined tiers: fast"):
-        load_config(_write(tmp_path, GOOD.replace('tier = "fast"', 'tier = "fastt"')))
+        load_config(_write(tmp_path, GOOD.replace('tier = "fast"', 'tier = "fastt"')), REG)
 
 
 def test_unknown_target_and_precision(tmp_path: Path) -> None:
     text = GOOD.replace('["cpu.*", "fpga.*"]', '["cpu.litrt"]')
     with pytest.raises(ConfigError, match=r":7: .*unknown target 'cpu.litrt'; registered: .*cpu.litert"):
-        load_config(_write(tmp_path, text))
+        load_config(_write(tmp_path, text), REG)
     text = GOOD.replace('["cpu.*", "fpga.*"]', '["nothing.*"]')
     with pytest.raises(ConfigError, match="match no registered target"):
-        load_config(_write(tmp_path, text))
+        load_config(_write(tmp_path, text), REG)
     text = GOOD.replace('targets = ["cpu.*", "fpga.*"]', 'targets = ["cpu.onnxruntime"]\nprecisions = ["fp16"]')
     with pytest.raises(ConfigError, match=r"precision 'fp16' is offered by none of cpu.onnxruntime; "
                                           r"they offer fp32, int8"):
-        load_config(_write(tmp_path, text))
+        load_config(_write(tmp_path, text), REG)
 
 
 def test_pin_errors(tmp_path: Path) -> None:
@@ -91,16 +95,16 @@ def test_pin_errors(tmp_path: Path) -> None:
                       ("gpu.nope:fp32", "unknown target 'gpu.nope'")):
         text = GOOD + f'pin = "{pin}"\n'
         with pytest.raises(ConfigError, match=want):
-            load_config(_write(tmp_path, text))
-    load_config(_write(tmp_path, GOOD + 'pin = "cpu.litert:int8"\n'))
+            load_config(_write(tmp_path, text), REG)
+    load_config(_write(tmp_path, GOOD + 'pin = "cpu.litert:int8"\n'), REG)
 
 
 def test_model_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r":5: strategies.momentum.model: model file .*nope.keras "
                                           r"does not exist"):
-        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "models/nope.keras")))
+        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "models/nope.keras")), REG)
     with pytest.raises(ConfigError, match="no zoo model 'signl'; zoo models: zoo:mlp"):
-        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "zoo:signl")))
+        load_config(_write(tmp_path, GOOD.replace("zoo:signal", "zoo:signl")), REG)
 
 
 def test_retry_after_s_is_the_router_key(tmp_path: Path) -> None:
@@ -118,7 +122,7 @@ def test_missing_sections_and_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tiers: missing required key 'tiers'"):
         parse_config("[strategies.a]\nmodel='zoo:signal'\ntier='x'\n")
     with pytest.raises(ConfigError, match="does not exist; see examples/strategies.toml"):
-        load_config(tmp_path / "none.toml")
+        load_config(tmp_path / "none.toml", REG)
 
 
 def test_cli_check(tmp_path: Path, capsys) -> None:
@@ -238,15 +242,15 @@ def test_fpga_fixed_point_precisions_are_accepted(tmp_path: Path) -> None:
     text = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
                         'targets = ["fpga.hls4ml"]\nprecisions = ["ap_fixed<16,6>"]\n'
                         'pin = "fpga.hls4ml:ap_fixed<16,6>"')
-    s = load_config(_write(tmp_path, text)).strategies["momentum"]
+    s = load_config(_write(tmp_path, text), REG).strategies["momentum"]
     assert s.precisions == ["ap_fixed<16,6>"] and s.pin == "fpga.hls4ml:ap_fixed<16,6>"
     bad = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
                        'targets = ["fpga.hls4ml"]\nprecisions = ["ap_fixed<99,6>"]')
     with pytest.raises(ConfigError, match=r"precision 'ap_fixed<99,6>' is offered by none of "
                                           r"fpga.hls4ml; .*fpga.hls4ml also takes any ap_fixed"):
-        load_config(_write(tmp_path, bad))
+        load_config(_write(tmp_path, bad), REG)
     cpu = GOOD.replace('targets = ["cpu.*", "fpga.*"]',
                        'targets = ["cpu.onnxruntime"]\nprecisions = ["ap_fixed<16,6>"]')
     with pytest.raises(ConfigError, match="precision 'ap_fixed<16,6>' is offered by none of "
                                           "cpu.onnxruntime"):
-        load_config(_write(tmp_path, cpu))
+        load_config(_write(tmp_path, cpu), REG)

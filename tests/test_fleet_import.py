@@ -21,6 +21,9 @@ from hwbackends.errors import CacheError
 from hwbackends.fleet.artifacts import Packed, import_packed, pack
 from hwbackends.store.artifacts import MANIFEST, ArtifactStore
 
+#: The receiving node's plugins (its task passes its own registry, as here).
+REG = hwb.get_registry()
+
 
 def _package(model, tmp_path: Path, name: str) -> tuple[Packed, str]:
     """``model`` compiled for ``ref`` in a sender's store, packed; and its key."""
@@ -62,8 +65,8 @@ def test_an_honest_package_is_imported_verified_and_served(zoo_model, tmp_path: 
     m = zoo_model("signal")
     p, key = _package(m, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "receiver")
-    assert import_packed(b, p, m, "ref", "fp32") == "imported"
-    assert import_packed(b, p, m, "ref", "fp32") == "present"
+    assert import_packed(b, p, m, "ref", "fp32", registry=REG) == "imported"
+    assert import_packed(b, p, m, "ref", "fp32", registry=REG) == "present"
     cm = hwb.compile(m, "ref", store=b, isolate_compile=False)
     assert cm.artifact.cached and cm.artifact.key == key and cm.fidelity.corr > 0.9999
 
@@ -75,7 +78,7 @@ def test_another_models_package_is_refused(zoo_model, tmp_path: Path) -> None:
     p_other, _ = _package(other, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "receiver")
     with pytest.raises(CacheError, match="built for another request.*fingerprint"):
-        import_packed(b, p_other, m, "ref", "fp32")
+        import_packed(b, p_other, m, "ref", "fp32", registry=REG)
     _nothing_left(b)
 
 
@@ -93,7 +96,7 @@ def test_a_package_forged_with_this_models_key_is_refused(zoo_model, tmp_path: P
         return dict(rec, key=key, key_parts=mine.get("key_parts"), fingerprint=m.fingerprint)
     forged = dataclasses.replace(_repack(p_other, forge), key=key)
     with pytest.raises(CacheError, match="does not match this node's reference model.*corr"):
-        import_packed(b, forged, m, "ref", "fp32")
+        import_packed(b, forged, m, "ref", "fp32", registry=REG)
     _nothing_left(b)
     x = m.representative(64, seed=3)
     cm = hwb.compile(m, "ref", store=b, isolate_compile=False, fidelity=False)
@@ -114,7 +117,7 @@ def test_a_key_with_dotdot_touches_nothing_outside_the_store(zoo_model, tmp_path
     outside = sorted(str(q) for q in tmp_path.rglob("*") if not q.is_relative_to(b.root))
     bad = dataclasses.replace(_repack(p, lambda rec: dict(rec, key=evil)), key=evil)
     with pytest.raises(CacheError) as refused:
-        import_packed(b, bad, m, "ref", "fp32")
+        import_packed(b, bad, m, "ref", "fp32", registry=REG)
     assert (victim / "precious").read_text() == "keep me"
     assert sorted(str(q) for q in tmp_path.rglob("*") if not q.is_relative_to(b.root)) == outside
     _nothing_left(b)
@@ -136,7 +139,7 @@ def test_a_malformed_manifest_is_refused_and_leaves_nothing(
     p, _ = _package(m, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "receiver")
     with pytest.raises(CacheError, match=match):
-        import_packed(b, _repack(p, lambda rec: manifest), m, "ref", "fp32")
+        import_packed(b, _repack(p, lambda rec: manifest), m, "ref", "fp32", registry=REG)
     _nothing_left(b)
     assert not (tmp_path / "escape").exists()
 
@@ -148,10 +151,10 @@ def test_a_file_altered_on_the_way_is_refused(zoo_model, tmp_path: Path) -> None
     name = next(n for n in tarfile.open(fileobj=io.BytesIO(p.blob)).getnames()
                 if n.endswith(".keras"))
     with pytest.raises(CacheError, match="sha256"):
-        import_packed(b, _repack(p, flip=name), m, "ref", "fp32")
+        import_packed(b, _repack(p, flip=name), m, "ref", "fp32", registry=REG)
     _nothing_left(b)
     with pytest.raises(CacheError, match="malformed"):
-        import_packed(b, dataclasses.replace(p, blob=b"not a tar"), m, "ref", "fp32")
+        import_packed(b, dataclasses.replace(p, blob=b"not a tar"), m, "ref", "fp32", registry=REG)
     _nothing_left(b)
 
 
@@ -160,7 +163,7 @@ def test_only_files_the_manifest_lists_are_taken(zoo_model, tmp_path: Path) -> N
     p, key = _package(m, tmp_path, "sender")
     b = ArtifactStore(tmp_path / "receiver")
     smuggled = _repack(p, extra={"./extra.sig": b"not in the manifest", "../outside": b"x"})
-    assert import_packed(b, smuggled, m, "ref", "fp32") == "imported"
+    assert import_packed(b, smuggled, m, "ref", "fp32", registry=REG) == "imported"
     assert not (b.path_for(key) / "extra.sig").exists() and not (tmp_path / "outside").exists()
     assert b.get(key) is not None
 

@@ -274,10 +274,11 @@ def test_signal_executor_predicts_and_guards(signal, zoo_model):
 
 @pytest.mark.slow
 def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
+    from hwbackends.registry import get_registry
     from hwbackends.router.modelled import modelled_estimate, modelled_profile
     from hwbackends.specs import MODELLED
     from hwbackends.variant import VariantRecord
-    rec = VariantRecord.from_compiled(signal)
+    rec = VariantRecord.from_compiled(signal, get_registry())
     est = modelled_estimate(rec)
     assert est is not None
     prof = modelled_profile(rec, est)
@@ -291,10 +292,11 @@ def test_router_ranks_the_modelled_latency_only_when_allowed(signal):
 def test_report_fpga_section_labels_modelled_figures(signal):
     from hwb_plugins.fpga_da4ml.report import sections
     from hwbackends.bench.results import BenchResults
+    from hwbackends.registry import get_registry
     from hwbackends.variant import VariantRecord
 
     res = BenchResults(model={"name": "signal"}, machine={},
-                       variants=[VariantRecord.from_compiled(signal)])  # the row a bench writes
+                       variants=[VariantRecord.from_compiled(signal, get_registry())])  # the row a bench writes
     html = "".join(sections(res))
     est = signal.describe()["hardware_estimate"]
     assert "Modelled, not measured on hardware" in html and f"<td>{est['latency_cycles']}</td>" in html

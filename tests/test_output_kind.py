@@ -17,9 +17,13 @@ from hwbackends.cli import main
 from hwbackends.config import FidelityConfig, load_config
 from hwbackends.errors import ConfigError
 from hwbackends.fidelity import Tolerance, compare
+from hwbackends.registry import get_registry
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+#: The installed plugins: the strategies' targets are checked against them.
+REG = get_registry()
 
 
 def bounded_regression(path):
@@ -120,14 +124,14 @@ def _config(tmp_path, model, extra=""):
 
 
 def test_a_strategy_declares_its_output_kind_and_a_misfit_tolerance_is_a_config_error(tmp_path, model):
-    ok = load_config(_config(tmp_path, model, 'output_kind = "regression"'))
+    ok = load_config(_config(tmp_path, model, 'output_kind = "regression"'), REG)
     assert ok.strategies["fill"].output_kind == "regression"
     cfg = _config(tmp_path, model, 'output_kind = "probabilities"\nfidelity = { sign_min = 0.99 }')
     with pytest.raises(ConfigError, match=r"s.toml:\d+: strategies.fill.fidelity.sign_min: fidelity "
                                           r"sign_min does not apply to a probabilities output"):
-        load_config(cfg)
+        load_config(cfg, REG)
     with pytest.raises(ConfigError, match="output_kind"):
-        load_config(_config(tmp_path, model, 'output_kind = "prices"'))
+        load_config(_config(tmp_path, model, 'output_kind = "prices"'), REG)
 
 
 def test_route_explain_shows_the_kind_and_the_default_tolerances(tmp_path, model, store_dir, capsys):

@@ -11,8 +11,12 @@ import pytest
 
 from hwbackends.bench import Batch, BenchResults, Burst, Server, SingleStream, bench_model
 from hwbackends.context import RunContext
+from hwbackends.registry import get_registry
 from hwbackends.report import write_report
 from hwbackends.units import fmt_us
+
+#: The installed plugins, whose report sections the report adds.
+REG = get_registry()
 
 CONFIG = """
 [tiers.fast]
@@ -53,7 +57,7 @@ def results(store_dir, tmp_path_factory) -> BenchResults:
 
 
 def test_report_is_self_contained_and_complete(results, tmp_path) -> None:
-    out = write_report(results, tmp_path / "r.html")
+    out = write_report(results, tmp_path / "r.html", registry=REG)
     html = out.read_text()
     for heading in ("Summary", "Routing decision per tier", "Availability on this machine",
                     "Latency distribution", "Server scenario", "Burst replay", "Batching",
@@ -75,7 +79,7 @@ def test_emulated_profiles_are_labelled(results, tmp_path) -> None:
     for p in res.profiles:
         if p.target == "ref":
             p.mode = "emulated"
-    html = write_report(res, tmp_path / "e.html").read_text()
+    html = write_report(res, tmp_path / "e.html", registry=REG).read_text()
     assert "EMULATED" in html and "Emulated figures" in html
     assert "not</b> how fast the hardware would be" in html
     # The summary names the emulated variants and gives no latency figure for them: a
@@ -140,7 +144,7 @@ def test_report_renders_in_headless_chromium(results, tmp_path) -> None:
     exe = _chromium()
     if exe is None:
         pytest.skip("no Chromium on PATH (apt-get install -y chromium) to render the report")
-    html = write_report(results, tmp_path / "r.html")
+    html = write_report(results, tmp_path / "r.html", registry=REG)
     shot = tmp_path / "r.png"
     base = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
     dom = subprocess.run(base + ["--dump-dom", html.as_uri()], capture_output=True, text=True,
@@ -209,7 +213,7 @@ def _fpga_results() -> BenchResults:
 def test_fpga_sections_come_from_the_fpga_plugins() -> None:
     from hwbackends.report.html import render
 
-    html = render(_fpga_results())
+    html = render(_fpga_results(), REG)
     da = html[html.index("FPGA (fpga.da4ml)"):]
     da = da[:da.index("</section>")]
     assert "Modelled, not measured on hardware" in da and "<td>6</td>" in da
@@ -231,7 +235,7 @@ def test_no_fpga_section_without_fpga_variants() -> None:
     res = BenchResults(model={"name": "m"}, machine={})
     res.variants = [VariantRecord(variant="cpu.litert:fp32", target="cpu.litert", precision="fp32",
                                   mode="hardware")]
-    assert "FPGA" not in render(res)
+    assert "FPGA" not in render(res, REG)
 
 
 class _Section:
@@ -254,17 +258,14 @@ class _WrongType:
 
 def test_a_raising_report_plugin_is_noted_and_the_report_is_written(tmp_path) -> None:
     import hwbackends as hwb
-    from hwbackends.registry import get_registry
+    from hwbackends.registry import build_registry
 
-    get_registry(refresh=True)
-    try:
-        for cls, name in ((_Section, "section-ok"), (_BrokenSection, "section-broken"),
-                          (_WrongType, "section-wrong")):
-            plugin = type(name, (), {"hwb_report_sections": hwb.hookimpl(cls.hwb_report_sections)})
-            hwb.register_plugin(plugin, name)
-        html = write_report(_fpga_results(), tmp_path / "r.html").read_text()
-    finally:
-        get_registry(refresh=True)
+    reg = build_registry()  # the installed plugins (the FPGA sections) and three of the test's
+    for cls, name in ((_Section, "section-ok"), (_BrokenSection, "section-broken"),
+                      (_WrongType, "section-wrong")):
+        plugin = type(name, (), {"hwb_report_sections": hwb.hookimpl(cls.hwb_report_sections)})
+        reg.register(plugin, name)
+    html = write_report(_fpga_results(), tmp_path / "r.html", registry=reg).read_text()
     assert "<h2>Plugin X</h2>3 rows" in html and "FPGA (fpga.da4ml)" in html
     left = html[html.index("Plugin sections left out"):]
     assert "section-broken: KeyError" in left and "a meta key the plugin expected" in left
@@ -277,8 +278,8 @@ def test_the_bench_keeps_what_each_target_reports() -> None:
     from hwbackends.variant import report_meta
 
     meta = {"bits": {"total_bits": 8}, "search": {"frac_bits": 5}, "bit_exact": None}
-    assert report_meta("fpga.hls4ml", meta) == {"bits": {"total_bits": 8}, "bit_exact": None,
+    assert report_meta("fpga.hls4ml", meta, REG) == {"bits": {"total_bits": 8}, "bit_exact": None,
                                                 "frac_bits": 5}
-    assert report_meta("fpga.da4ml", meta) == report_meta("fpga.hls4ml", meta)
-    assert report_meta("cpu.litert", meta) is None  # the default keeps nothing
-    assert report_meta("fpga.not-installed-here", meta) is None  # no Target, nothing kept
+    assert report_meta("fpga.da4ml", meta, REG) == report_meta("fpga.hls4ml", meta, REG)
+    assert report_meta("cpu.litert", meta, REG) is None  # the default keeps nothing
+    assert report_meta("fpga.not-installed-here", meta, REG) is None  # no Target, nothing kept

@@ -408,7 +408,7 @@ def test_results_routing_ranks_a_modelled_estimate_only_when_allowed(compiled, t
                             clock_mhz=200.0, io_ns=850.0, io_source="PCIe round trip", tools={})
     # A da4ml variant's row as a results file holds it: emulated (its executor is an RTL
     # simulation), real numerics (this variant's fidelity), the modelled figure beside.
-    rec = dataclasses.replace(VariantRecord.from_compiled(cm), variant="fpga.da4ml:auto",
+    rec = dataclasses.replace(VariantRecord.from_compiled(cm, hwb.get_registry()), variant="fpga.da4ml:auto",
                               target="fpga.da4ml", precision="auto", mode="emulated",
                               mode_reason="RTL simulation", hardware_estimate=est)
     res = BenchResults(model={"name": "signal"}, machine={"id": "m1", "cpu": "this box"})
@@ -419,7 +419,7 @@ def test_results_routing_ranks_a_modelled_estimate_only_when_allowed(compiled, t
         cfg.write_text(f'[tiers.t]\np99_us = 10000\n\n[strategies.s]\nmodel = "zoo:signal"\n'
                        f'tier = "t"\ntargets = ["fpga.*"]\nallow_modelled = {str(allow).lower()}\n'
                        f'fidelity = {{ corr_min = 0.99 }}\n')
-        (row,) = place(BenchResults.load(path), cfg)
+        (row,) = place(BenchResults.load(path), cfg, hwb.get_registry())
         (c,) = row["machines"][0]["decision"]["candidates"]
         if allow:
             assert c["status"] == "chosen" and c["mode"] == "modelled", c

@@ -207,7 +207,7 @@ tier = "fast"
 targets = ["cpu.native", "cpu.onnxruntime"]
 sliding = {load}
 """)
-    cfg = load_config(f)
+    cfg = load_config(f, get_registry())
     return cfg, cfg.strategies["desk"]
 
 
@@ -406,7 +406,7 @@ def test_a_compiled_int8_push_variant_is_labelled_so(store_dir) -> None:
     cm = hwb.compile("zoo:lstm", "cpu.native", "fp32", store=store_dir,
                      options={"push_weights": "int8"})
     assert cm.variant == "cpu.native:fp32+push=int8"
-    assert VariantRecord.from_compiled(cm).variant == cm.variant
+    assert VariantRecord.from_compiled(cm, get_registry()).variant == cm.variant
     assert hwb.compile("zoo:lstm", "cpu.native", "fp32", store=store_dir).variant == "cpu.native:fp32"
 
 

@@ -372,8 +372,7 @@ class BenchRun:
         """The variant, compiled (or loaded from the store) in this run's context, ungated: a
         benchmark measures and reports a variant whatever its fidelity (the report flags it)."""
         return hwb_compile(self.model, target, precision, batch_size=batch_size,
-                           store=self.ctx.store, progress=self.ctx.progress,
-                           registry=self.ctx.registry, calibration_data=self.calibration_data,
+                           context=self.ctx, calibration_data=self.calibration_data,
                            validation_data=self.validation_data, options=self.options, gate=False)
 
     def measure(self, cm: "CompiledModel", sc: Scenario,

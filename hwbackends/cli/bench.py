@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = None
     if args.route:  # a bad strategies file is refused before minutes of measuring
         from ..config import load_config
-        cfg = load_config(args.route)
+        cfg = load_config(args.route, ctx.registry)
     try:
         model = model_from_args(args)
         bench_model(model, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         human += f"\nWARNING: degenerate fidelity for {', '.join(flat)}: {DEGENERATE_ADVICE}"
     if args.report:
         from ..report import write_report
-        out = write_report(res, args.report)
+        out = write_report(res, args.report, registry=ctx.registry)
         human += f"\nreport:  {out}"
     if args.csv:
         print(res.table_csv(), end="")

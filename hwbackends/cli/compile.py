@@ -77,7 +77,11 @@ def parse_options(items: list[Any]) -> dict[str, Any]:
 
 
 def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
+    """The compile the model options ask for (``add_model_args``), in a run context built
+    here from ``--cache-dir`` (progress on stderr unless ``--json``); ``kw`` goes to
+    :func:`hwbackends.compile` (``fidelity=False``, ``rebuild=``…)."""
     from ..compiler import compile as hwb_compile
+    from ..context import RunContext
     from ..cost import export_limits, limits_from_items
 
     check_precision_arg(args.target, args.precision)
@@ -87,7 +91,8 @@ def compile_from_args(args: argparse.Namespace, **kw: Any) -> Any:
     return hwb_compile(model, args.target, args.precision, batch_size=args.batch_size,
                        threads=args.threads, options=parse_options(args.option),
                        calibration_data=calibration_from_args(args, model),
-                       store=args.cache_dir, progress=None if args.json else stderr_progress,
+                       context=RunContext.at(args.cache_dir,
+                                             progress=None if args.json else stderr_progress),
                        output_kind=getattr(args, "output_kind", None), **kw)
 
 

@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     say = quiet if args.json else stderr_progress
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(args.config)  # fail early on a bad config, before any measuring
+    ctx = RunContext.at(args.cache_dir, progress=say, profiles=ProfileCache())
+    cfg = load_config(args.config, ctx.registry)  # fail early on a bad config, before any measuring
     n = 300 if args.quick else args.n
     # The router measures its candidates again, interleaved (plan.py); the report shows both:
     # this single-stream run per variant and the router's own profile per candidate.
@@ -74,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
                           warmup=cfg.router.bench.warmup, max_s=cfg.router.bench.max_s)
     scenarios = [single, Server(rate_hz=2000, n=n, max_s=3.0),
                  Burst(duration_s=0.5 if args.quick else 2.0, seed=0, max_s=4.0)]
-    ctx = RunContext.at(args.cache_dir, progress=say, profiles=ProfileCache())
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     say(f"machine: {describe()}")
     model = model_from_args(args)
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"note: the strategies use {', '.join(sorted(cfg_model))}; the bench used {args.model}")
     res.command = "hwb " + " ".join(sys.argv[1:]) if sys.argv[1:] else "hwb demo"
     rpath = res.save(out / "results.json")
-    html = write_report(res, out / "report.html")
+    html = write_report(res, out / "report.html", registry=ctx.registry)
     took = time.monotonic() - t_start
     lines = [res.table(), ""]
     if router is not None:
@@ -163,8 +163,7 @@ def sliding_figure(ctx: "RunContext", quick: bool) -> dict[str, Any]:
                 "profile": None}
     ctx.progress(f"{head}: one tick at a time")
     try:
-        cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", store=ctx.store,
-                         progress=ctx.progress, registry=ctx.registry)
+        cm = hwb_compile(SLIDING_MODEL, SLIDING_TARGET, "fp32", context=ctx)
         # the STAC-ML sweep (NMI 1 … 24) over offered tick rates; --quick: one window
         prof = measure(cm, Sliding(n=500 if quick else 5000, warmup=100, max_s=2.0, rounds=5,
                                    streams=(1,) if quick else NMI_SWEEP,

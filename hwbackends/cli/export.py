@@ -60,6 +60,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..context import RunContext, quiet
     from ..export import export
 
     target, prec, push = parse_label(args.target)
@@ -75,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
                  max_batch_size=args.max_batch_size, threads=args.threads,
                  instances=args.instances, flavour=args.flavour, name=args.name,
                  version_compatible=args.trt_version_compatible, replace=args.replace,
-                 store=args.cache_dir,
+                 context=RunContext.at(args.cache_dir,
+                                       progress=quiet if args.json else stderr_progress),
                  command="hwb " + shlex.join(getattr(args, "argv", []) or []),
-                 progress=None if args.json else stderr_progress)
+                 bars=not args.json)
     lines = [f"{res.format} export of {args.model} ({target}) in {res.directory}"]
     for machine, s in res.settings.items():
         lines.append(f"  {machine}: max_batch_size {s.max_batch_size}, preferred "

@@ -88,19 +88,20 @@ def data_payload(args: argparse.Namespace) -> dict | None:
 
 
 def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
+    from ..context import RunContext
     from ..context import quiet as quiet_progress
     from ..fleet import run_fleet
 
     quiet = args.quiet or args.json
+    ctx = RunContext.at(args.cache_dir, progress=quiet_progress if quiet else stderr_progress)
     res = run_fleet(model, args.fleet, csv_list(args.targets) or ["*"], csv_list(args.precisions) or None,
                     args.scenario or ["single-stream"], n=args.n, pin=args.pin,
                     reuse_profiles=args.use_cache, task_timeout=args.task_timeout,
                     share_artifacts=not args.no_share_artifacts, cache_dir=args.cache_dir,
-                    progress=quiet_progress if quiet else stderr_progress,
-                    allow_external=args.no_netns, data=data)
+                    context=ctx, allow_external=args.no_netns, data=data)
     if args.route and not res.interrupted:
         from ..fleet.placement import place
-        res.fleet["placement"] = place(res, args.route)
+        res.fleet["placement"] = place(res, args.route, ctx.registry)
     res.command = "hwb " + " ".join(sys.argv[1:])
     path = res.save(args.output)
     failed = [v for v in res.variants if v.error]
@@ -110,6 +111,6 @@ def _run(args: argparse.Namespace, model: str, data: dict | None = None) -> int:
              + f"\nresults: {path}")
     if args.report:
         from ..report import write_report
-        human += f"\nreport:  {write_report(res, args.report)}"
+        human += f"\nreport:  {write_report(res, args.report, registry=ctx.registry)}"
     emit(args, res.to_dict(), human)
     return 130 if res.interrupted else 0

@@ -47,8 +47,10 @@ def command(args: argparse.Namespace, resources: dict[str, float]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..errors import UnavailableError
     from ..fleet.resources import local_targets, resources_for
+    from ..registry import get_registry
 
-    targets = local_targets(csv_list(args.targets) or ["*"], include_emulated=not args.hardware_only)
+    targets = local_targets(get_registry(), csv_list(args.targets) or ["*"],
+                            include_emulated=not args.hardware_only)
     if not targets:
         raise UnavailableError("no target matching the patterns can run on this machine "
                                "(see `hwb targets`); nothing to advertise")

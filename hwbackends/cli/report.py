@@ -16,11 +16,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..bench import BenchResults
+    from ..registry import get_registry
     from ..report import write_report
 
     if args.csv:
         print(BenchResults.load(args.results).table_csv(), end="")
         return 0
-    out = write_report(args.results, args.output)
+    out = write_report(args.results, args.output, registry=get_registry())
     print(f"report: {out}")
     return 0

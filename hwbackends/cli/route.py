@@ -35,18 +35,18 @@ def run(args: argparse.Namespace) -> int:
     from ..router import Router
     from ..router.plan import one_line
 
+    ctx = RunContext.at(args.cache_dir, progress=None if args.json else stderr_progress)
     if args.fleet_results:
         from ..bench import BenchResults
         from ..fleet.placement import place, render
-        advice = place(BenchResults.load(args.fleet_results), args.config)
+        advice = place(BenchResults.load(args.fleet_results), args.config, ctx.registry)
         emit(args, advice, render(advice))
         return 0 if all(r["best"] for r in advice) else 1
     if args.check:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, ctx.registry)
         emit(args, cfg.model_dump(), f"{args.config}: valid ({len(cfg.tiers)} tiers, "
                                      f"{len(cfg.strategies)} strategies)")
         return 0
-    ctx = RunContext.at(args.cache_dir, **({} if args.json else {"progress": stderr_progress}))
     router = Router.from_config(args.config, context=ctx, reuse_profiles=not args.refresh,
                                 strict=False, strategies=args.strategy,
                                 calibration_data=args.calibration_data,

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import cost
 from ..compiled import CompiledModel
-from ..context import Progress, log_progress
+from ..context import Progress, RunContext
 from ..errors import ConfigError
 from ..fidelity import check_kind
 from ..models import Model
@@ -47,7 +47,8 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
             isolate_compile: bool = True, timeout: float | None = None,
             rebuild: bool = False, progress: Progress | None = None,
             registry: Registry | None = None, limits: cost.Limits | None = None,
-            output_kind: str | dict[str, str] | None = None, gate: bool = True) -> CompiledModel:
+            output_kind: str | dict[str, str] | None = None, gate: bool = True,
+            context: RunContext | None = None) -> CompiledModel:
     """Compile ``model`` for ``target`` at ``precision`` (default: the target's first) and
     return the loaded :class:`CompiledModel`, with ``.fidelity`` measured on validation data.
 
@@ -74,14 +75,21 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     raised, carrying the figures and the variant (``err.variant``) for inspection. Pass
     ``gate=False`` to get ungated variants (a benchmark or a router that applies its own
     tolerance); ``fidelity=False`` measures nothing, so gates nothing.
+
+    ``context`` (:class:`~hwbackends.RunContext`) is the run this compile belongs to: the
+    target is looked up in its registry, the artifact kept in its store, progress sent to its
+    callback. ``store`` (a store or its path), ``registry`` and ``progress`` are the same
+    three, loose, for a one-off call; they build the context here, and giving both forms is
+    a :class:`ConfigError`. Neither: ``HWB_CACHE_DIR``'s store, the installed plugins, the
+    ``hwbackends`` log.
     """
-    say = progress or log_progress
+    ctx = RunContext.given(context, "compile", store=store, registry=registry, progress=progress)
+    say = ctx.progress
     req = resolve(CompileRequest(model, target, precision, batch_size, threads, options,
-                                  calibration_data, validation_data, registry, limits))
+                                  calibration_data, validation_data, limits), ctx.registry)
     kinds = _output_kinds(req.m, output_kind)
     tgt = req.tgt
-    run = Run(store if isinstance(store, ArtifactStore) else ArtifactStore(store),
-               isolate_compile, timeout or tgt.compile_timeout, say)
+    run = Run(ctx.store, isolate_compile, timeout or tgt.compile_timeout, say)
     if rebuild:
         run.store.evict(req.key)
     loaded = None if rebuild else load_cached(req, run)

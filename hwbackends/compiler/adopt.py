@@ -18,10 +18,11 @@ from .request import CompileRequest, Request, differences, fidelity_of, resolve
 
 
 def import_artifact(store: ArtifactStore, staged: Path, sent: Any, model: Any, target: str,
-                    precision: str | None = None, *, registry: Registry | None = None) -> str:
+                    precision: str | None = None, *, registry: Registry) -> str:
     """Adopt an artifact another node built as this store's compile of ``model`` for
-    ``target:precision`` (default options, as ``hwb bench`` compiles): ``staged`` is a
-    directory from ``store.stage()`` holding its files, ``sent`` the sender's manifest.
+    ``target:precision`` (default options, as ``hwb bench`` compiles; the target from the
+    run's ``registry``): ``staged`` is a directory from ``store.stage()`` holding its files,
+    ``sent`` the sender's manifest.
     Returns ``"present"`` (this store already holds the key) or ``"imported"``.
 
     Nothing the sender says is believed. The key is computed here from the request and the
@@ -33,7 +34,7 @@ def import_artifact(store: ArtifactStore, staged: Path, sent: Any, model: Any, t
     here and signed with this node's key. Anything else raises :class:`CacheError` (the
     caller compiles locally); ``staged`` is always consumed (committed or removed)."""
     try:
-        req = resolve(CompileRequest(model, target, precision, registry=registry))
+        req = resolve(CompileRequest(model, target, precision), registry)
         if store.get(req.key) is not None:
             return "present"
         _adopt(store, staged, sent, req)

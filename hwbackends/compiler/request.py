@@ -18,7 +18,7 @@ from ..errors import UnavailableError, UnsupportedError
 from ..fidelity import Fidelity, compare
 from ..labels import label
 from ..models import Model, load_model
-from ..registry import Registry, get_registry
+from ..registry import Registry
 from ..specs import Availability
 from ..store.artifacts import cache_key
 from ..target import CompileOptions, Converter, Target
@@ -42,7 +42,6 @@ class CompileRequest:
     options: dict[str, Any] | None = None
     calibration_data: Any = None
     validation_data: Any = None
-    registry: Registry | None = None
     #: What a model loaded here may cost (:mod:`hwbackends.cost`); ``None``: the environment's.
     limits: cost.Limits | None = None
 
@@ -70,12 +69,12 @@ class Request:
         return f"compiling {self.m.name!r} for {label(self.tgt.name, self.opts.precision)}"
 
 
-def resolve(ask: CompileRequest) -> Request:
-    """Load the model, resolve the target, check the request, and compute its key. The
-    caller's :class:`Model` is never changed: the compile works on its own copy (fields and
-    ``meta``; the framework object is shared, and the targets receive it read-only)."""
+def resolve(ask: CompileRequest, reg: Registry) -> Request:
+    """Load the model, resolve the target in the run's registry ``reg``, check the request,
+    and compute its key. The caller's :class:`Model` is never changed: the compile works on
+    its own copy (fields and ``meta``; the framework object is shared, and the targets receive
+    it read-only)."""
     m = _own_copy(load_model(ask.model, limits=ask.limits))
-    reg = ask.registry or get_registry()
     tgt = reg.target(ask.target)
     prec, batch_size = _check_request(m, tgt, ask.precision, ask.batch_size, ask.options)
     if m.multi_io:

@@ -13,13 +13,16 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import CacheError, ConfigError, InputError, UnsupportedError
 from ..identifiers import safe_ident
 from .measurements import Measured, Settings, plan, read_measurements, strategy_deadline
 from .outdir import ExportPathError
 from .textproto import comment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..context import RunContext
 
 __all__ = ["CORE_FORMATS", "ExportPathError", "ExportResult", "export"]
 
@@ -58,7 +61,8 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
            machine: str | None = None, max_batch_size: int | None = None,
            threads: int = 1, instances: int | None = None, flavour: str | None = None,
            name: str | None = None, version_compatible: bool = False, replace: bool = False,
-           store: Any = None, command: str = "", progress: Any = None) -> ExportResult:
+           store: Any = None, command: str = "", progress: Any = None,
+           context: "RunContext | None" = None, bars: bool = False) -> ExportResult:
     """Write ``model``'s variant ``target:precision`` in format ``fmt`` into ``outdir``.
 
     ``results``: a ``hwb bench``/``hwb fleet`` results file with the variant's batch sweep
@@ -69,27 +73,31 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     :mod:`.outdir` says: created, or the user's own and not writable by others, no link
     followed; a model directory holding other versions is refused unless ``replace``. Every
     name written comes from :mod:`.names`. ``command`` is not written into the files (they
-    carry no free text); it is accepted for callers. Errors are
-    :class:`~hwbackends.errors.HwbError` subclasses saying what to change."""
+    carry no free text); it is accepted for callers. ``context``
+    (:class:`~hwbackends.RunContext`) is the run the export belongs to: the target comes from
+    its registry, every compile and the sweep use its store and send progress to its callback;
+    ``store`` (a store or its path) and ``progress`` are the same, loose, for a one-off call
+    (both forms at once is a :class:`ConfigError`). ``bars``: live progress bars on stderr
+    while the sweep is measured. Errors are :class:`~hwbackends.errors.HwbError` subclasses
+    saying what to change."""
+    from ..context import RunContext
     from ..models import load_model
-    from ..registry import get_registry
-    from ..store.artifacts import ArtifactStore
     from .names import served
     from .outdir import OutputDir
 
-    reg = get_registry()
+    ctx = RunContext.given(context, "export", store=store, progress=progress)
+    reg = ctx.registry
     tgt = reg.target(target)
     prec = precision or tgt.precisions[0]
     tgt.check_precision(prec)
-    st = store if isinstance(store, ArtifactStore) else ArtifactStore(store)
     if fmt not in CORE_FORMATS:
         if fmt not in tgt.exports:
             raise UnsupportedError(f"unknown export format {fmt!r} for {target}; formats: "
                                    f"{', '.join(CORE_FORMATS + tuple(tgt.exports))}")
         with OutputDir(Path(outdir), replace) as od:
             _with_miss_retry(lambda: tgt.export(
-                _compile(model, target, prec, None, threads, st, progress).artifact, fmt,
-                od.stage), st, f"{target}:{prec}")
+                _compile(model, target, prec, None, threads, ctx).artifact, fmt,
+                od.stage), f"{target}:{prec}")
             return ExportResult(fmt, od.real, od.publish())
     if fmt == "triton":  # a variant Triton cannot run is refused before anything is read
         from .triton import flavour_for
@@ -107,7 +115,7 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
     notes: list[str] = []
     if results is None:
         with tempfile.TemporaryDirectory(prefix="hwb-export-bench-") as tmp:
-            path = measure_sweep(m, target, prec, max_batch_size, st, progress, Path(tmp), notes)
+            path = measure_sweep(m, target, prec, max_batch_size, ctx, Path(tmp), notes, bars)
             measured = read_measurements(path, variant, m, machine)
     else:
         measured = read_measurements(results, variant, m, machine)
@@ -122,7 +130,7 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
         if fmt == "triton":
             res = _triton(m, names, target, prec, form, how, flavour, od.stage, measured,
                           main, deadline, max_batch_size, threads, instances,
-                          version_compatible, st, progress, memory)
+                          version_compatible, ctx, memory)
         else:
             res = _tf_serving(m, names, od, measured[main], deadline, max_batch_size, threads,
                               instances, memory)
@@ -138,27 +146,22 @@ def export(model: Any, target: str, fmt: str, outdir: str | Path, *,
 SWEEP_SIZES = (1, 8, 32)
 
 
-def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, store: Any,
-                  progress: Any, tmp: Path, notes: list[str]) -> Path:
+def measure_sweep(m: Any, target: str, prec: str, max_batch: int | None, ctx: "RunContext",
+                  tmp: Path, notes: list[str], bars: bool = False) -> Path:
     """Measure ``target:prec`` over :data:`SWEEP_SIZES` (those up to ``max_batch``, and it)
-    as ``hwb bench -s batch`` would, with progress on stderr; the results file's path (in
-    ``tmp``). A note says what was measured and how to keep it."""
+    as ``hwb bench -s batch`` would, in the run's context ``ctx`` (its store, registry and
+    progress; ``bars`` on stderr); the results file's path (in ``tmp``). A note says what was
+    measured and how to keep it."""
     from ..bench.harness import bench_model
     from ..bench.scenarios import Batch
-    from ..context import RunContext, log_progress
-    from ..store.artifacts import ArtifactStore
 
     sizes = tuple(sorted({b for b in SWEEP_SIZES if max_batch is None or b <= max_batch}
                          | ({max_batch} if max_batch is not None and max_batch >= 1 else set())))
     spec = "/".join(map(str, sizes))
-    say = progress if callable(progress) else None
-    if say is not None:
-        say(f"no --results: measuring {target}:{prec} at batch sizes {spec} (about "
-            f"{2 * len(sizes)} s; pass --results R.json from `hwb bench` to skip this)")
+    ctx.progress(f"no --results: measuring {target}:{prec} at batch sizes {spec} (about "
+                 f"{2 * len(sizes)} s; pass --results R.json from `hwb bench` to skip this)")
     res = bench_model(m, [target], [prec], [Batch(sizes=sizes, n=1000, max_s=2.0, warmup=50)],
-                      context=RunContext(store=store if isinstance(store, ArtifactStore)
-                                         else ArtifactStore(store), progress=say or log_progress),
-                      bars=say is not None)
+                      context=ctx, bars=bars)
     res.command = f"hwb export (measured itself): batch:sizes={spec}"
     failed = [v.error for v in res.variants if v.error]
     if not any(p.n for p in res.profiles):
@@ -198,15 +201,14 @@ def memory_limit() -> int:
         return 4 << 30
 
 
-def _compile(model: Any, target: str, prec: str, batch: int | None, threads: int, store: Any,
-             progress: Any) -> Any:
+def _compile(model: Any, target: str, prec: str, batch: int | None, threads: int, ctx: "RunContext") -> Any:
     from ..compiler import compile as hwb_compile
 
-    return hwb_compile(model, target, prec, batch_size=batch, threads=threads, store=store,
-                       fidelity=False, progress=progress)
+    return hwb_compile(model, target, prec, batch_size=batch, threads=threads, context=ctx,
+                       fidelity=False)
 
 
-def _with_miss_retry(take: Callable[[], Any], store: Any, what: str) -> Any:
+def _with_miss_retry(take: Callable[[], Any], what: str) -> Any:
     """Run ``take`` (compile, then copy the artifact's files out of the store); an entry
     pruned between the two (another compile's ``HWB_CACHE_MAX_SIZE`` cap, or ``hwb store
     prune`` in another process) is a miss: compiled again, once."""
@@ -231,7 +233,7 @@ def _pins(store: Any) -> Any:
 
 
 def _compile_sizes(m: Any, target: str, prec: str, fname: str, sizes: list[int], threads: int,
-                   store: Any, progress: Any, vdir: Path, pins: Any) -> dict[int, Any]:
+                   ctx: "RunContext", vdir: Path, pins: Any) -> dict[int, Any]:
     """Each batch size compiled and its artifact's file ``fname`` copied into ``vdir/bN/``
     right away."""
     from .triton import stage_artifact
@@ -239,19 +241,19 @@ def _compile_sizes(m: Any, target: str, prec: str, fname: str, sizes: list[int],
     compiled: dict[int, Any] = {}
     for b in sizes:
         def take(b: int = b) -> Any:
-            cm = _compile(m, target, prec, b, threads, store, progress)
+            cm = _compile(m, target, prec, b, threads, ctx)
             if pins is not None:
                 pins.add(cm.artifact.key)
             stage_artifact(vdir, fname, b, cm.artifact)
             return cm
-        compiled[b] = _with_miss_retry(take, store, f"{target}:{prec} at batch {b}")
+        compiled[b] = _with_miss_retry(take, f"{target}:{prec} at batch {b}")
     return compiled
 
 
 def _triton(m: Any, names: Any, target: str, prec: str, form: Any, how: str,
             flavour: str | None, stage: Path, measured: dict[str, Measured], main: str,
             deadline: float | None, max_batch: int | None, threads: int, instances: int | None,
-            portable: bool, store: Any, progress: Any, memory: tuple[int, int]) -> ExportResult:
+            portable: bool, ctx: "RunContext", memory: tuple[int, int]) -> ExportResult:
     """The Triton repository of ``target:prec`` as the target's Triton ``form`` says, in
     flavour ``how`` (:func:`.triton.flavour_for`)."""
     import shutil
@@ -263,7 +265,7 @@ def _triton(m: Any, names: Any, target: str, prec: str, form: Any, how: str,
     engine_max = None
     if one:
         # one file at one batch: the batch the store holds it at is the settings' limit
-        art = _compile(m, target, prec, max_batch, threads, store, progress).artifact
+        art = _compile(m, target, prec, max_batch, threads, ctx).artifact
         engine_max = art.batch_size
         form.check(art, portable)
     settings = {k: plan(v, deadline_us=deadline, max_batch=max_batch, engine_max=engine_max,
@@ -275,14 +277,14 @@ def _triton(m: Any, names: Any, target: str, prec: str, form: Any, how: str,
     comments: list[str] = []  # our own words only: the config's comment
     if one:
         tf = _with_miss_retry(lambda: form.native(
-            vdir, {engine_max: _compile(m, target, prec, max_batch, threads, store, progress)},
-            names.inputs, names.outputs, threads), store, variant)
+            vdir, {engine_max: _compile(m, target, prec, max_batch, threads, ctx)},
+            names.inputs, names.outputs, threads), variant)
         tm = _native_model(names, tf, threads, variant)
     else:
         sizes = sorted({*s.warmup_sizes, *(b for st in settings.values() for b in st.warmup_sizes)})
-        with _pins(store) as pins:
+        with _pins(ctx.store) as pins:
             compiled = _compile_sizes(m, target, prec, form.artifact_file, sizes, threads,
-                                      store, progress, vdir, pins)
+                                      ctx, vdir, pins)
         if how == "native":
             try:
                 tf = form.native(vdir, compiled, names.inputs, names.outputs, threads)

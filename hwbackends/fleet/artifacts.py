@@ -49,10 +49,11 @@ def pack(store: ArtifactStore, key: str) -> Packed | None:
 
 
 def import_packed(store: ArtifactStore, p: Packed, model: Any, target: str,
-                  precision: str | None = None, *, registry: Any = None) -> str:
+                  precision: str | None = None, *, registry: Any) -> str:
     """Import ``p`` into ``store`` as this node's compile of ``model`` (anything
-    :func:`hwbackends.load_model` takes) for ``target:precision``: ``"present"`` (already
-    there), ``"imported"`` (verified, see the module docstring). Raises :class:`CacheError`
+    :func:`hwbackends.load_model` takes) for ``target:precision``, the target from this
+    node's ``registry``: ``"present"`` (already there), ``"imported"`` (verified, see the
+    module docstring). Raises :class:`CacheError`
     naming what is wrong for a package that is malformed, built for another key, altered on
     the way or not this model; nothing is left in the store then."""
     from ..compiler import import_artifact

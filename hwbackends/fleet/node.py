@@ -2,7 +2,9 @@
 measure one variant with the same :func:`hwbackends.bench.bench_model` ``hwb bench`` uses.
 
 Plain functions: :mod:`.runner` wraps them with ``ray.remote``; they import ray only to learn
-the node id."""
+the node id. Each task is its node's entry: it builds the node's own
+:class:`~hwbackends.RunContext` (the node's plugins, its store at ``cache_dir``), since
+nothing of the driver's process reaches it."""
 from __future__ import annotations
 
 import socket
@@ -32,9 +34,10 @@ def node_info(targets: Sequence[str]) -> dict[str, Any]:
     """Availability (probed here, as ``hwb targets`` does), precisions (the listed ones and
     the rule of the further ones it accepts) and toolchain of each advertised target on this
     node."""
-    from ..registry import get_registry, safe_probe
+    from ..context import RunContext
+    from ..registry import safe_probe
 
-    reg = get_registry()
+    reg = RunContext.at().registry  # this node's plugins
     out: dict[str, Any] = {}
     for name in targets:
         tgt = reg.targets.get(name)
@@ -99,11 +102,11 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
     t0 = time.perf_counter()
     from ..bench import ProfileCache, bench_model, parse
     from ..context import RunContext
-    from ..store.artifacts import ArtifactStore
 
     ident = identity()
     notes: list[str] = []
-    store = ArtifactStore(cache_dir)
+    ctx = RunContext.at(cache_dir, profiles=ProfileCache(), progress=notes.append)
+    store = ctx.store
     imported = None
     sc = [parse(s) for s in scenarios]
     if n:
@@ -115,11 +118,11 @@ def bench_on_node(model: str, model_blob: bytes | None, target: str, precision: 
                 from ..models import load_model
 
                 src = load_model(src)  # loaded once: the import's reference, then the bench's
-                imported = import_packed(store, artifact, src, target, precision)
+                imported = import_packed(store, artifact, src, target, precision,
+                                         registry=ctx.registry)
             except HwbError as exc:  # refused: compiled here instead, the note says why
                 notes.append(str(exc))
         try:
-            ctx = RunContext(store=store, profiles=ProfileCache(), progress=notes.append)
             res = bench_model(src, [target], [precision], sc, context=ctx, pin=pin, bars=False,
                               reuse_profiles=reuse_profiles, **data_from_payload(data))
         except HwbError as exc:  # bad pattern/precision on this node: a failed row, not a crash

@@ -17,17 +17,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..registry import Registry
 
 
-def place(res: BenchResults, config: str | Path, registry: "Registry | None" = None) -> list[dict[str, Any]]:
+def place(res: BenchResults, config: str | Path, registry: "Registry") -> list[dict[str, Any]]:
     """Per strategy: the router's decision on each machine and the best machine overall
     (the lowest chosen p99 among machines meeting the tier; else the closest). Each machine's
     candidates are its variant records judged by the router's own policy
-    (:func:`hwbackends.router.plan.decide_from_results`), with its measured profiles."""
+    (:func:`hwbackends.router.plan.decide_from_results`, with the run's ``registry``),
+    with its measured profiles."""
     from ..config import load_config
-    from ..registry import get_registry
     from ..router.plan import decide_from_results, unmeasured_model
 
-    reg = registry or get_registry()
-    cfg = load_config(config, reg)
+    cfg = load_config(config, registry)
     nodes: dict[str | None, dict[str, Any]] = {n["node_id"]: n for n in (res.fleet or {}).get("nodes", [])}
     if not nodes:  # a one-machine results file is a fleet of one: every row is its
         nodes = {None: {"node_id": str(res.machine.get("id", "?")),
@@ -42,7 +41,7 @@ def place(res: BenchResults, config: str | Path, registry: "Registry | None" = N
         if row["note"]:
             continue
         for node, n in nodes.items():
-            d = decide_from_results(res, name, s, cfg, reg, node)
+            d = decide_from_results(res, name, s, cfg, registry, node)
             row["machines"].append({"node_id": n["node_id"], "label": n.get("label"),
                                     "decision": d.to_dict()})
         chosen = [m for m in row["machines"] if m["decision"]["chosen"]]

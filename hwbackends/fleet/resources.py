@@ -6,7 +6,10 @@ fleet runs never measure on the same device at once (the second waits, then time
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..registry import Registry
 
 RESOURCE_PREFIX = "hwb."
 
@@ -26,12 +29,11 @@ def advertised(resources: Mapping[str, Any]) -> list[str]:
     return sorted(t for r, v in resources.items() if (t := target_of(r)) and float(v) > 0)
 
 
-def local_targets(patterns: Iterable[str] = ("*",), include_emulated: bool = True) -> dict[str, str]:
-    """``{target: mode}`` of the registered targets matching ``patterns`` that can run on
-    this machine (probed here, as ``hwb targets`` does). What ``hwb node`` advertises."""
-    from ..registry import get_registry
-
-    reg = get_registry()
+def local_targets(reg: "Registry", patterns: Iterable[str] = ("*",),
+                  include_emulated: bool = True) -> dict[str, str]:
+    """``{target: mode}`` of the targets of the run's registry ``reg`` matching ``patterns``
+    that can run on this machine (probed here, as ``hwb targets`` does). What ``hwb node``
+    advertises."""
     pats = list(patterns)
     out: dict[str, str] = {}
     for name in sorted(reg.targets):

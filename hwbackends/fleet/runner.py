@@ -18,17 +18,20 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..bench import fingerprint
 from ..bench.profile import LatencyProfile
 from ..bench.results import BenchResults
-from ..context import Progress, log_progress
+from ..context import Progress, RunContext
 from ..errors import ConfigError, HwbError, UnknownTargetError, UnsupportedError
 from ..labels import label
 from ..variant import VariantRecord
 from . import netns
 from .resources import advertised, local_targets, resource_name, resources_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..registry import Registry
 
 log = logging.getLogger("hwbackends.fleet")
 #: ``on_event(kind, item)``: ``"start"`` / ``"done"`` / ``"failed"`` per variant (tests use it).
@@ -102,8 +105,9 @@ def jax_threads_run() -> bool:
     return bool(getattr(xb, "_at_fork_handler_installed", xb is not None))
 
 
-def _connect(address: str, progress: Progress, local_patterns: Sequence[str], allow_external: bool,
+def _connect(address: str, ctx: RunContext, local_patterns: Sequence[str], allow_external: bool,
              num_cpus: int | None) -> str:
+    progress = ctx.progress
     import ray
 
     if ray.is_initialized():
@@ -120,7 +124,7 @@ def _connect(address: str, progress: Progress, local_patterns: Sequence[str], al
                 "Ray forks it (Ray's preexec_fn; a fork of a process JAX runs in may deadlock). "
                 "Run the fleet from a process that has not used JAX (`hwb fleet --fleet local`), "
                 "or start a head with `hwb node --head` and pass its address")
-        targets = local_targets(local_patterns)
+        targets = local_targets(ctx.registry, local_patterns)
         progress(f"starting an embedded local Ray advertising {', '.join(targets) or 'nothing'}")
         for attempt in (1, 2):
             try:
@@ -325,14 +329,13 @@ def _probe_nodes(ray: Any, nodes: list[dict[str, Any]], patterns: Sequence[str],
 
 
 def _plan(res: BenchResults, rows: list[dict[str, Any]], precisions: Sequence[str] | None,
-          fleet: _Fleet) -> None:
+          fleet: _Fleet, reg: "Registry") -> None:
     """Queue every (node, target, precision) the node can run; unavailable targets become
     availability rows with their reason, as in ``hwb bench``."""
-    from ..registry import get_registry, precisions_to_build, unaccepted_precisions
+    from ..registry import precisions_to_build, unaccepted_precisions
 
-    # Target.accepts (the driver's plugins are the nodes' version): -p 'ap_fixed<16,6>' is
-    # built on fpga.hls4ml nodes, listed or not.
-    reg = get_registry()
+    # Target.accepts (the driver's plugins ``reg`` are the nodes' version): -p
+    # 'ap_fixed<16,6>' is built on fpga.hls4ml nodes, listed or not.
     advertised = sorted({t for r in rows for t in (r.get("targets") or {})})
     if precisions:  # a target only the nodes register (no plugin here) offers what it lists
         listed = {p for r in rows for t, d in (r.get("targets") or {}).items()
@@ -368,14 +371,19 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
               share_artifacts: bool = True, cache_dir: str | None = None,
               progress: Progress | None = None, on_event: OnEvent | None = None,
               allow_external: bool = False, num_cpus: int | None = None,
-              shutdown: bool = True, data: dict[str, Any] | None = None) -> BenchResults:
+              shutdown: bool = True, data: dict[str, Any] | None = None,
+              context: RunContext | None = None) -> BenchResults:
     """Evaluate ``model`` on every node of the Ray cluster at ``address`` (``"local"``: an
     embedded one advertising this machine's available targets). Returns one
     :class:`BenchResults` holding every machine: rows tagged with ``machine`` (fingerprint,
     hostname, node id, label), ``fleet`` describing the nodes and each task's Ray cost.
     ``data``: ``{"calibration"|"validation": {"arrays": …, "source": DataSource dict}}``, the
     user's samples (checked on the driver), sent to every node's compiles
-    (:func:`.node.data_from_payload`)."""
+    (:func:`.node.data_from_payload`). ``context`` is the driver's run: its registry says
+    which precisions an advertised target builds and what an embedded local Ray advertises,
+    its progress callback hears the fleet's lines (``progress`` is the same, loose); each node
+    compiles into a store of its own, at ``cache_dir`` there (default: the node's
+    ``HWB_CACHE_DIR``)."""
     if address != "local" and "ray" not in sys.modules:
         _auth_env()
     try:
@@ -384,13 +392,14 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
         raise FleetError("hwb fleet needs Ray: pip install 'hwbackends[fleet]' (ray==2.60.*) on "
                          "this machine and on every node") from exc
 
-    progress = progress or log_progress
+    ctx = RunContext.given(context, "run_fleet", progress=progress)
+    progress = ctx.progress
     blob = _model_blob(model)
     from ..bench import parse
     for s in scenarios:  # a typo fails here, not once per node
         parse(s)
     t_start = time.time()
-    mode = _connect(address, progress, targets, allow_external, num_cpus)
+    mode = _connect(address, ctx, targets, allow_external, num_cpus)
     res = BenchResults(model={}, machine=dict(fingerprint(), hostname=socket.gethostname(),
                                               role="driver"))
     res.fleet = {"address": address, "mode": mode, "ray_version": ray.__version__, "nodes": [],
@@ -418,7 +427,7 @@ def run_fleet(model: str, address: str = "local", targets: Sequence[str] = ("*",
             raise UnknownTargetError(
                 f"no node of the fleet advertises a target matching {', '.join(targets)}; "
                 f"the fleet offers {', '.join(offered) or 'none (start nodes with `hwb node`)'}")
-        _plan(res, res.fleet["nodes"], precisions, fleet)
+        _plan(res, res.fleet["nodes"], precisions, fleet, ctx.registry)
         _loop(ray, fleet)
     except KeyboardInterrupt:
         res.interrupted = True

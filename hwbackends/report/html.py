@@ -11,7 +11,7 @@ import datetime as _dt
 import html
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..bench.profile import FLOOR_FACTOR, LatencyProfile
 from ..bench.results import VERSION as RESULTS_VERSION
@@ -21,6 +21,9 @@ from ..units import fmt_us
 from ..variant import VariantRecord
 from . import plots
 from .text import long_text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..registry import Registry
 
 CSS = """
 :root{--ink:#1d2733;--mute:#5d6b7a;--line:#e2e7ee;--bg:#f6f8fb;--ok:#1b7f4b;--warn:#b26a00;
@@ -175,19 +178,21 @@ def _routing(res: BenchResults) -> str:
 
 @dataclass
 class _Ctx:
-    """What the sections share: the results and one colour per variant."""
+    """What the sections share: the results, one colour per variant, and the run's registry
+    (whose plugins add their sections)."""
 
     res: BenchResults
     col: dict[str, str]
+    registry: "Registry"
 
 
-def render(res: BenchResults) -> str:
+def render(res: BenchResults, registry: "Registry") -> str:
     """The report as one HTML string: the sections of :data:`SECTIONS`, in order. A section is
     ``f(ctx) -> str`` ("" to leave it out); modules that add one (hwbackends/report/fleet.py)
-    plug in here rather than into each other, and plugins add theirs through the
-    ``hwb_report_sections`` hook (:func:`_plugins`)."""
+    plug in here rather than into each other, and the plugins of the run's ``registry`` add
+    theirs through the ``hwb_report_sections`` hook (:func:`_plugins`)."""
     variants = list(dict.fromkeys(p.variant for p in res.profiles))
-    ctx = _Ctx(res, plots.colors(variants) if variants else {})
+    ctx = _Ctx(res, plots.colors(variants) if variants else {}, registry)
     return "".join(section(ctx) for section in SECTIONS)
 
 
@@ -432,9 +437,7 @@ def _plugins(ctx: _Ctx) -> str:
     """The plugins' own sections (hook ``hwb_report_sections``: the FPGA plugins' modelled
     cycles and C-simulation fidelity). A plugin whose hook raises, or answers with something
     other than HTML strings, gets a note naming it here instead; the report is still written."""
-    from ..registry import get_registry
-
-    answers, failed = get_registry().call_each("hwb_report_sections", results=ctx.res)
+    answers, failed = ctx.registry.call_each("hwb_report_sections", results=ctx.res)
     out: list[str] = []
     notes = [f"{p.plugin}: {p.error}" for p in failed]
     for plugin, got in answers:

@@ -295,9 +295,9 @@ def plan_strategy(name: str, s: "StrategyConfig", cfg: "StrategiesFile", model: 
                 continue
             cm = None
             try:
-                cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, store=ctx.store,
-                                 isolate_compile=cfg.router.isolate_compile, progress=say,
-                                 calibration_data=calibration_data, registry=reg,
+                cm = hwb_compile(model, tname, prec, batch_size=s.batch_size, context=ctx,
+                                 isolate_compile=cfg.router.isolate_compile,
+                                 calibration_data=calibration_data,
                                  output_kind=s.output_kind, gate=False)  # judged below
                 rec = VariantRecord.from_compiled(cm, reg)
             except HwbError as exc:

@@ -13,9 +13,10 @@ from .. import zoo
 from ..compiled import CompiledModel
 from ..compiler import compile as hwb_compile
 from ..compiler import conversion_path
+from ..context import RunContext
 from ..errors import HwbError, UnsupportedError
 from ..models import Model
-from ..registry import Registry, get_registry
+from ..registry import Registry
 from ..specs import Availability
 from ..target import Target
 from .layers import names_layer
@@ -59,7 +60,11 @@ class Conformance:
     the first claimed model at the default precision, :meth:`first_compilable`). The store
     contract does not depend on the precision, so a target whose default precision runs a
     search (every rebuild repeats it) can name an explicit one here, e.g.
-    ``Variant("mlp", "ap_fixed<16,6>")``: the rebuild is then one build, not a search."""
+    ``Variant("mlp", "ap_fixed<16,6>")``: the rebuild is then one build, not a search.
+
+    The kit is its run's entry: its :class:`~hwbackends.RunContext` (``run``) is built here,
+    from ``store`` and ``registry`` (``None``: the installed plugins), and every compile of
+    the checks goes through it."""
 
     target_name: str
     store: Path
@@ -75,14 +80,16 @@ class Conformance:
     #: (there must be none: compiles belong in the worker). See :meth:`compile_variant`.
     fresh_builds: list[str] = field(default_factory=list, repr=False)
     inprocess_compiles: list[int] = field(default_factory=list, repr=False)
+    run: RunContext = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.store = Path(self.store)
+        self.run = RunContext.at(self.store, registry=self.registry)
 
     # -- what is under test -----------------------------------------------------------------
     @property
     def reg(self) -> Registry:
-        return self.registry or get_registry()
+        return self.run.registry
 
     @property
     def target(self) -> Target:
@@ -146,8 +153,9 @@ class Conformance:
         return got
 
     def compile_variant(self, v: Variant, store: Path, **kw: Any) -> CompiledModel:
-        """Compile ``v`` through ``hwb.compile`` (not memoised), watching for a
-        ``Target.compile`` call in this process and recording fresh builds."""
+        """Compile ``v`` through ``hwb.compile`` into ``store`` in the kit's run (not
+        memoised), watching for a ``Target.compile`` call in this process and recording fresh
+        builds."""
         try:  # Target.accepts, as compile's own check: not membership of the listed ones
             self.target.check_precision(v.precision)
         except UnsupportedError as exc:
@@ -169,8 +177,8 @@ class Conformance:
             if self.options:
                 kw.setdefault("options", dict(self.options))
             kw.setdefault("gate", False)  # the kit's own fidelity check reports a failed gate
-            cm = hwb_compile(m, self.target_name, v.precision, store=store,
-                             registry=self.registry, **kw)
+            run = self.run if Path(store) == self.store else RunContext.at(store, registry=self.reg)
+            cm = hwb_compile(m, self.target_name, v.precision, context=run, **kw)
             if not cm.artifact.cached:
                 self.fresh_builds.append(f"{v.id} ({cm.artifact.compile_seconds:.1f} s)")
             return cm
