@@ -167,7 +167,8 @@ def _backends(args: argparse.Namespace, strategy_cls: Any) -> Any:
         from ..router import Router
         if not args.strategy:
             raise ConfigError("--config needs --strategy NAME")
-        router = Router.from_config(args.config, context=RunContext(progress=stderr_progress),
+        router = Router.from_config(args.config,
+                                    context=RunContext.at(args.cache_dir, progress=stderr_progress),
                                     strategies=[args.strategy],
                                     calibration_data=args.calibration_data,
                                     validation_data=args.validation_data)
