@@ -343,11 +343,11 @@ def test_fleet_plan_builds_an_unlisted_fixed_point_precision() -> None:
                        for t in ("fpga.hls4ml", "cpu.onnxruntime")}}
     res = BenchResults(model={}, machine={})
     fleet = _Fleet(res, lambda m: None, None, 60.0, lambda it: None)
-    _plan(res, [row], ["ap_fixed<16,6>"], fleet)
+    _plan(res, [row], ["ap_fixed<16,6>"], fleet, reg)
     assert [(it.target, it.precision) for it in fleet.queues["n1"]] == [("fpga.hls4ml", "ap_fixed<16,6>")]
     with pytest.raises(UnsupportedError, match=r"precision 'ap_fixed<99,6>' is offered by none of "
                                                r"cpu.onnxruntime, fpga.hls4ml; .*fpga.hls4ml also takes"):
-        _plan(res, [row], ["ap_fixed<99,6>"], _Fleet(res, lambda m: None, None, 60.0, lambda it: None))
+        _plan(res, [row], ["ap_fixed<99,6>"], _Fleet(res, lambda m: None, None, 60.0, lambda it: None), reg)
 
 
 def test_an_embedded_rays_session_dir_fits_its_socket_paths(monkeypatch, tmp_path) -> None:
