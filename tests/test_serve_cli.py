@@ -153,3 +153,25 @@ def test_hwb_serve_default_preset_batches_with_batch_sizes():
     args = argparse.Namespace(preset=None, shm="x", shm_mode="auto")
     assert _preset(args, {1: _OneB1(), 2: _OneB1(), 4: _OneB1()}) == "latency"
     assert _preset(args, _OneB1()) == "single"
+
+
+def test_hwb_serve_config_compiles_into_the_cache_dir(monkeypatch, capsys, tmp_path, store_dir):
+    """``hwb serve --config``: the router's variants are compiled into ``--cache-dir``'s store,
+    as ``hwb route``'s are, not into the default one."""
+    from hwbackends.cli import main
+    from hwbackends.serve import shm
+    from hwbackends.store.artifacts import ArtifactStore
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[tiers.any]\np99_us = 1e9\n[router]\nisolate_compile = false\n'
+                   '[router.bench]\nn = 50\nwarmup = 5\n[strategies.a]\nmodel = "zoo:signal"\n'
+                   'tier = "any"\ntargets = ["ref"]\n')
+    monkeypatch.setattr(shm, "deny_same_user_inspection", lambda: False)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    name = f"hwb-clitest-{secrets.token_hex(3)}"
+    assert main(["serve", "--config", str(cfg), "--strategy", "a", "--cache-dir",
+                 str(tmp_path / "store"), "--shm", name, "--duration", "0.05"]) == 0
+    info = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert info["strategy"] == "a"
+    (key,) = ArtifactStore(tmp_path / "store").keys()  # the router's ref variant, built there
+    assert ArtifactStore(tmp_path / "store").get(key)["target"] == "ref"
