@@ -59,8 +59,8 @@ def compile(model: Any, target: str = "cpu.litert", precision: str | None = None
     :class:`~hwbackends.samples.Samples` (arrays with their source); both are checked
     (shape, dtype, NaN/Inf). Defaults: the model's own validation data, split into disjoint
     calibration and validation halves, else synthetic N(0,1). Where each came from is
-    ``cm.data`` (and ``describe()["data"]``). The artifact is cached in ``store``
-    (default ``HWB_CACHE_DIR``): a second call with the same model, target, options and
+    ``cm.data`` (and ``describe()["data"]``). The artifact is cached in the run's store
+    (``context``, below): a second call with the same model, target, options and
     toolchain versions is a load. Every load, with or without ``fidelity``, re-runs a few
     inputs stored with the artifact and refuses (rebuilds) one whose outputs changed. The
     build runs in an isolated child process unless ``isolate_compile=False``; a crash or
