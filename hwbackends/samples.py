@@ -41,6 +41,18 @@ MAX_CALIBRATION = 2048
 MAX_VALIDATION = 8192
 #: Without data: the seeded N(0,1) inputs :meth:`Model.representative` generates.
 SYNTHETIC = "synthetic N(0,1) inputs"
+#: The most bytes of synthetic inputs one compile generates per set (calibration, validation):
+#: a wide input (an image, a long window) gets fewer samples, never fewer than
+#: :data:`MIN_SYNTHETIC`, rather than hundreds of megabytes of noise.
+SYNTHETIC_BYTES = 32 << 20
+MIN_SYNTHETIC = 16
+
+
+def synthetic_count(inputs: list[TensorSpec], n: int) -> int:
+    """How many of ``n`` synthetic samples of ``inputs`` fit :data:`SYNTHETIC_BYTES` (at
+    least :data:`MIN_SYNTHETIC`)."""
+    row = sum(4 * int(np.prod(s.shape, dtype=np.int64)) for s in inputs) or 4
+    return max(min(n, MIN_SYNTHETIC), min(n, SYNTHETIC_BYTES // row))
 
 
 @dataclass(frozen=True)

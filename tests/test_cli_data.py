@@ -66,6 +66,27 @@ def test_without_data_every_output_says_synthetic(store_dir, capsys) -> None:
     assert d["data"]["calibration"] is None  # fp32: nothing calibrated
 
 
+def test_a_wide_input_gets_fewer_synthetic_samples_not_gigabytes(tmp_path, capsys) -> None:
+    """A 3×128×128 input without data: validation noise stays within SYNTHETIC_BYTES (170
+    samples of 512, said so in the output), and an fp32 build generates no calibration."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hwbackends import samples
+
+    shape = ["N", 3, 128, 128]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["compile", str(path), "-t", "ref", "--cache-dir", str(tmp_path / "s"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    n = samples.SYNTHETIC_BYTES // (4 * 3 * 128 * 128)
+    assert d["data"]["validation"]["n"] == n == 170 and f"{n} samples" in d["data"]["validation"]["label"]
+    assert d["data"]["calibration"] is None
+
+
 def test_validation_data_alone_is_split_into_disjoint_halves(store_dir, mlp_data, capsys) -> None:
     _, val = mlp_data
     assert main(["compile", "zoo:mlp", "-t", "cpu.onnxruntime", "-p", "int8", "--validation-data",

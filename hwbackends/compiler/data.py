@@ -53,10 +53,21 @@ def select_data(m: Model, calibration_data: Any, validation_data: Any,
         csrc = val.source.part(f"samples 0–{nc - 1}", nc)
         vsrc = val.source.part(f"samples {half}–{half + nv - 1} (held out from calibration)", nv)
     else:
-        calib, csrc = m.synthetic(256, 0), S.synthetic(256, 0)
+        # Noise is generated only where it is used: calibration only for a calibrated
+        # precision, and each set within S.SYNTHETIC_BYTES.
+        calib, csrc = _synthetic(m, 256, 0) if uses_calib else (None, None)
         if val is not None:
             v, vsrc = capped(val, S.MAX_VALIDATION)
         else:
-            v, vsrc = m.synthetic(512, 1), S.synthetic(512, 1)
+            v, vsrc = _synthetic(m, 512, 1)
     data = {"validation": vsrc.to_dict(), "calibration": csrc.to_dict() if uses_calib else None}
     return calib, v, data
+
+
+def _synthetic(m: Model, n: int, seed: int) -> tuple[Any, Any]:
+    """Up to ``n`` seeded N(0,1) samples (the first rows of the ``n`` the seed gives) and
+    their source."""
+    from .. import samples as S
+
+    k = S.synthetic_count(m.inputs, n)
+    return m.synthetic(k, seed), S.synthetic(k, seed)
