@@ -164,7 +164,9 @@ def _gather(c, i, a):
     axis = a.get("axis", 0)
     if _const(data) and _const(idx):
         return [np.take(data, np.asarray(idx), axis=axis)]
-    return [c.jnp.take(data, np.asarray(idx), axis=axis)]
+    # indices computed from the input (an embedding's): negative ones count from the end,
+    # as ONNX's; one out of range reads NaN (jnp.take's fill) where ONNX Runtime raises
+    return [c.jnp.take(data, idx if not _const(idx) else np.asarray(idx), axis=axis)]
 
 
 def _axes(i: list[Value], a: dict[str, Any]) -> list[int] | None:
