@@ -5,7 +5,8 @@ transport format, :meth:`hwbackends.models.Model.save`). Converters that read mo
 (hls4ml's FX tracer, da4ml's layer list) cannot take one: the unlifted module's parameters
 are renamed and its children are gone. A chain of aten ops that each consume the previous
 one's output is rebuilt as the ``nn.Sequential`` of the matching modules, with the exported
-weights; any other op is refused by name.
+weights; any other op is refused naming the user's module it belongs to (its path and class,
+from the program's ``nn_module_stack``; for an op of ``forward`` itself, the source line).
 """
 from __future__ import annotations
 
@@ -37,43 +38,71 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
         if n.op in ("placeholder", "output"):
             continue
         op, args = str(n.target), list(n.args)
+        if op == "aten.sym_size.int":
+            continue  # a read of the (dynamic) batch size: what uses it is judged
         if prev is not None and (not args or args[0] is not prev):
-            raise UnsupportedError(f"{target}: the exported PyTorch graph branches at op {op} "
-                                   f"(node {n.name!r}); only sequential chains ({REBUILT}) are "
-                                   f"rebuilt from torch.export programs. {advice}")
+            raise UnsupportedError(f"{target} cannot build {where(n)} of the PyTorch model: the "
+                                   f"model's graph branches there (it reads another value than "
+                                   f"the previous layer's output; op {op}), and only sequential "
+                                   f"chains of {REBUILT} are rebuilt from the exported program. "
+                                   f"{advice}")
         if op == "aten.linear.default":
-            layers.append(_rebuilt(_linear, op, n.name, args, state, params, target, advice))
+            layers.append(_rebuilt(_linear, op, n, args, state, params, target, advice))
         elif op in acts:
             layers.append(acts[op]())
         elif op == "aten.softmax.int" and args[1] in (-1, 1):
             layers.append(nn.Softmax(dim=-1))
         elif op == "aten.batch_norm.default" and not args[5]:
-            layers.append(_rebuilt(_batch_norm, op, n.name, args, state, params, target, advice))
+            layers.append(_rebuilt(_batch_norm, op, n, args, state, params, target, advice))
         elif op == "aten.dropout.default" and not args[2]:
             pass  # eval-mode dropout is the identity
         elif op == "aten.flatten.using_ints" and _rank(args[0]) == 2:
             pass  # flattening a (batch, features) tensor is the identity
         else:
-            raise UnsupportedError(f"{target}: op {op} (node {n.name!r}) of the exported PyTorch "
-                                   f"model cannot be rebuilt as a module (sequential chains of "
-                                   f"{REBUILT} only). {advice}")
+            raise UnsupportedError(f"{target} cannot build {where(n)} of the PyTorch model: it "
+                                   f"rebuilds the exported program as an nn.Sequential of "
+                                   f"{REBUILT} modules only (its op {op} is none of them). "
+                                   f"{advice}")
         prev = n
     return nn.Sequential(*layers).eval()
 
 
-def _rebuilt(make: Any, op: str, node: str, args: list[Any], state: dict[str, Any],
+def where(node: Any) -> str:
+    """The user's module an exported node belongs to, the outermost one the model holds first:
+    ``layer 'enc' (TransformerEncoderLayer, in its 'enc.self_attn': MultiheadAttention)``; for
+    an op of the model's own ``forward``, that forward's class and source line (``the forward
+    of Net, at `return self.head(y[:, -1])```)."""
+    stack = [(path, cls.rsplit(".", 1)[-1]) for path, cls in
+             (node.meta.get("nn_module_stack") or {}).values() if not path.startswith("_empty")]
+    mods = [(p, c) for p, c in stack if p]
+    if mods:
+        (path, cls), inner = mods[0], mods[1:]
+        return f"layer {path!r} ({cls}" + (f", in its {inner[-1][0]!r}: {inner[-1][1]}" if inner else "") + ")"
+    owner = f"the forward of {stack[0][1]}" if stack else "the model's forward"
+    line = _last_line(node.meta.get("stack_trace") or "")
+    return owner + (f", at `{line}`" if line else "")
+
+
+def _last_line(trace: str) -> str:
+    """The source line of a traceback's first frame (the model's own code)."""
+    lines = [ln.strip() for ln in trace.splitlines()]
+    return lines[1] if len(lines) > 1 and lines[0].startswith("File ") else ""
+
+
+def _rebuilt(make: Any, op: str, node: Any, args: list[Any], state: dict[str, Any],
              params: dict[str, str], target: str, advice: str) -> Any:
-    """``make(args, state, params)``, or an UnsupportedError naming the op and node when its
-    weights are not the program's parameters or buffers (a tensor constant, a computed
-    weight: the module cannot be rebuilt from them)."""
+    """``make(args, state, params)``, or an UnsupportedError naming the user's layer, the op
+    and node when its weights are not the program's parameters or buffers (a tensor
+    constant, a computed weight: the module cannot be rebuilt from them)."""
     try:
         return make(args, state, params)
     except (KeyError, AttributeError, IndexError, TypeError) as exc:
-        raise UnsupportedError(f"{target}: op {op} (node {node!r}) of the exported PyTorch model "
-                               f"takes a weight that is not one of its parameters or buffers "
-                               f"({type(exc).__name__}: {exc}); only modules whose weights are "
-                               f"nn.Parameters or registered buffers are rebuilt (register the "
-                               f"tensor with nn.Parameter or register_buffer). {advice}") from None
+        raise UnsupportedError(f"{target} cannot build {where(node)} of the PyTorch model: its "
+                               f"op {op} (node {node.name!r}) takes a weight that is not one of "
+                               f"its parameters or buffers ({type(exc).__name__}: {exc}); only "
+                               f"modules whose weights are nn.Parameters or registered buffers "
+                               f"are rebuilt (register the tensor with nn.Parameter or "
+                               f"register_buffer). {advice}") from None
 
 
 def _linear(args: list[Any], state: dict[str, Any], params: dict[str, str]) -> Any:
