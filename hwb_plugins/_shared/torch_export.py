@@ -16,12 +16,17 @@ from hwbackends.contract import UnsupportedError
 
 #: The modules a chain may hold, as the refusal lists them.
 REBUILT = "Linear, ReLU, Tanh, Sigmoid, Softmax, BatchNorm1d (eval), Dropout (eval), Flatten"
+#: What ``conv=True`` adds.
+REBUILT_CONV = "Conv1d over (batch, channels, time), BatchNorm1d and Flatten over its channels"
 
 
-def as_sequential(obj: Any, target: str, advice: str) -> Any:
+def as_sequential(obj: Any, target: str, advice: str, conv: bool = False) -> Any:
     """``obj`` itself when it is not an ``ExportedProgram``, else the ``nn.Sequential`` its
     graph is (eval mode). ``target`` and ``advice`` (what to do instead) go into the
-    :class:`UnsupportedError` raised for a graph that branches or holds another op."""
+    :class:`UnsupportedError` raised for a graph that branches or holds another op.
+    ``conv``: Conv1d over a channels-first ``(batch, channels, time)`` input and the Flatten
+    of its output are rebuilt too (:data:`REBUILT_CONV`), for a target whose converter reads
+    that layout."""
     import torch
     if not isinstance(obj, torch.export.ExportedProgram):
         return obj
@@ -32,6 +37,7 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
     state = obj.state_dict
     acts = {"aten.relu.default": nn.ReLU, "aten.tanh.default": nn.Tanh,
             "aten.sigmoid.default": nn.Sigmoid}
+    rebuilt = REBUILT + (f"; {REBUILT_CONV}" if conv else "")
     layers: list[Any] = []
     prev = None
     for n in obj.graph.nodes:
@@ -44,7 +50,7 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
             raise UnsupportedError(f"{target} cannot build {where(n)} of the PyTorch model: the "
                                    f"model's graph branches there (it reads another value than "
                                    f"the previous layer's output; op {op}), and only sequential "
-                                   f"chains of {REBUILT} are rebuilt from the exported program. "
+                                   f"chains of {rebuilt} are rebuilt from the exported program. "
                                    f"{advice}")
         if op == "aten.linear.default":
             layers.append(_rebuilt(_linear, op, n, args, state, params, target, advice))
@@ -58,10 +64,15 @@ def as_sequential(obj: Any, target: str, advice: str) -> Any:
             pass  # eval-mode dropout is the identity
         elif op == "aten.flatten.using_ints" and _rank(args[0]) == 2:
             pass  # flattening a (batch, features) tensor is the identity
+        elif conv and op == "aten.conv1d.default":
+            layers.append(_rebuilt(_conv1d, op, n, args, state, params, target, advice))
+        elif (conv and op == "aten.flatten.using_ints" and _rank(args[0]) == 3
+              and list(args[1:]) in ([1, -1], [1, 2], [1])):
+            layers.append(nn.Flatten())  # (batch, channels, time) → channels-first features
         else:
             raise UnsupportedError(f"{target} cannot build {where(n)} of the PyTorch model: it "
                                    f"rebuilds the exported program as an nn.Sequential of "
-                                   f"{REBUILT} modules only (its op {op} is none of them). "
+                                   f"{rebuilt} modules only (its op {op} is none of them). "
                                    f"{advice}")
         prev = n
     return nn.Sequential(*layers).eval()
@@ -117,6 +128,27 @@ def _linear(args: list[Any], state: dict[str, Any], params: dict[str, str]) -> A
         if bias:
             lin.bias.copy_(state[params[args[2].name]])
     return lin
+
+
+def _conv1d(args: list[Any], state: dict[str, Any], params: dict[str, str]) -> Any:
+    """``aten.conv1d(x, weight, bias, stride, padding, dilation, groups)`` as its Conv1d."""
+    import torch
+    from torch import nn
+
+    w = state[params[args[1].name]]
+    bias = len(args) > 2 and args[2] is not None
+    given = [args[3 + i] if len(args) > 3 + i else d for i, d in enumerate(([1], [0], [1]))]
+    ints = [list(a) if isinstance(a, (list, tuple)) else [a] for a in given]  # stride, padding, dilation
+    groups = int(args[6]) if len(args) > 6 else 1
+    if not all(isinstance(v, int) for v in sum(ints, [])):
+        raise TypeError(f"stride/padding/dilation {ints} are not integers")
+    conv = nn.Conv1d(w.shape[1] * groups, w.shape[0], w.shape[2], stride=ints[0][0],
+                     padding=ints[1][0], dilation=ints[2][0], groups=groups, bias=bias)
+    with torch.no_grad():
+        conv.weight.copy_(w)
+        if bias:
+            conv.bias.copy_(state[params[args[2].name]])
+    return conv.eval()
 
 
 def _batch_norm(args: list[Any], state: dict[str, Any], params: dict[str, str]) -> Any:

@@ -172,7 +172,7 @@ TORCH_ADVICE = ("What to do: pass the Keras twin of the model (fpga.hls4ml build
 def _torch_module(obj: Any) -> Any:
     """An ``nn.Module`` hls4ml's FX-based converter can trace (a ``torch.export`` program
     rebuilt as its ``nn.Sequential``, :func:`as_sequential`)."""
-    return as_sequential(obj, "fpga.hls4ml", TORCH_ADVICE)
+    return as_sequential(obj, "fpga.hls4ml", TORCH_ADVICE, conv=True)
 
 
 def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str, Any]:
