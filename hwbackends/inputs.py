@@ -35,9 +35,18 @@ def _as_float32(x: Any, spec: TensorSpec) -> np.ndarray:
     return arr
 
 
-def _check_finite(arr: np.ndarray, nan_policy: str) -> None:
+def _check_finite(arr: np.ndarray, nan_policy: str, given: np.ndarray | None = None) -> None:
+    """NaN/Inf in float32 ``arr`` refused under ``reject``; ``given``, the array before its
+    conversion to float32, tells values beyond float32's range from NaN/Inf the caller sent."""
     if nan_policy == "reject" and not np.isfinite(arr).all():
         bad = int(np.size(arr) - np.isfinite(arr).sum())
+        if given is not None and given.dtype.kind == "f" and given.dtype.itemsize > 4:
+            over = int(np.size(given) - np.isfinite(given).sum())
+            if over < bad:
+                raise InputError(f"input has {bad - over} value(s) beyond float32's range (up to "
+                                 f"{float(np.nanmax(np.abs(given[np.isfinite(given)]))):.3g}); "
+                                 f"the models take float32 inputs: scale the features into "
+                                 f"float32's range (±3.4e38)")
         raise InputError(f"input contains {bad} NaN/Inf value(s); clean the features, or "
                          f"compile with nan_policy='pass' to let them through")
 
@@ -57,8 +66,8 @@ def as_batch(x: Any, spec: TensorSpec, nan_policy: str = "reject") -> tuple[np.n
     if len(arr) == 0:
         raise InputError(f"input is an empty batch {tuple(arr.shape)}; pass at least one sample "
                          f"of shape {shape}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    _check_finite(arr, nan_policy)
+    given, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
+    _check_finite(arr, nan_policy, given)
     return arr, single
 
 
@@ -74,8 +83,8 @@ def as_sample(x: Any, spec: TensorSpec, nan_policy: str = "reject", *,
     if tuple(arr.shape) != tuple(spec.shape):
         raise InputError(f"input has shape {tuple(arr.shape)}; {where} takes one sample of "
                          f"shape {tuple(spec.shape)} per call")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    _check_finite(arr, nan_policy)
+    given, arr = arr, np.ascontiguousarray(arr, dtype=np.float32)
+    _check_finite(arr, nan_policy, given)
     return arr
 
 

@@ -24,7 +24,7 @@ from hwbackends.models.onnx import MIN_OPSET, UPGRADE_OPSET, default_opset  # no
 
 TARGETS = ("ref", "cpu.onnxruntime", "cpu.native")
 #: right answers each target must keep (of 140; docs/targets.md has the measured counts)
-FLOORS = {"ref": 112, "cpu.onnxruntime": 112, "cpu.native": 31}
+FLOORS = {"ref": 116, "cpu.onnxruntime": 116, "cpu.native": 31}
 
 
 def _case(name: str):
@@ -80,3 +80,67 @@ def test_every_case_is_right_or_refused(tally: ob.Tally) -> None:
                                    f"{tally.target} (measured: {row}); run "
                                    f"python scripts/onnx_backend_table.py")
 
+
+
+def _typed_graph(path, in_type, out_type, vocab: int = 5):
+    """x (in_type, (batch, 3)) → Gather rows of a (vocab, 2) table, or x itself, → out_type."""
+    import numpy as np
+    from onnx import numpy_helper
+    x = helper.make_tensor_value_info("ids", in_type, ["batch", 3])
+    y = helper.make_tensor_value_info("y", out_type, ["batch", 3, 2])
+    table = numpy_helper.from_array(np.arange(vocab * 2, dtype=np.float32).reshape(vocab, 2) / 4, "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"])]
+    if out_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", ["rows"], ["y"], to=out_type))
+    else:
+        nodes.append(helper.make_node("Identity", ["rows"], ["y"]))
+    g = helper.make_graph(nodes, "g", [x], [y], [table])
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("target", ["ref", "cpu.onnxruntime", "tpu.xla"])
+def test_integer_inputs_and_outputs_pass_the_float32_interface_cast_in_the_graph(tmp_path, target) -> None:
+    import numpy as np
+    if target == "tpu.xla":
+        pytest.importorskip("jax", reason="tpu.xla needs jax")
+    path = _typed_graph(tmp_path / "ids.onnx", TensorProto.INT64, TensorProto.INT64)
+    m = hwb.load_model(str(path))
+    assert m.describe()["cast"] == {"inputs": {"ids": "int64"}, "outputs": {"y": "int64"}}
+    assert [s.dtype for s in m.inputs + m.outputs] == ["float32", "float32"]
+    syn = m.synthetic(64, 0)  # whole numbers, as a user feeds indices
+    assert np.array_equal(syn, np.rint(syn))
+    cm = hwb.compile(m, target, "fp32", store=tmp_path / "s", isolate_compile=False)
+    ids = np.array([[0, 1, 4], [3, 3, 2]], np.float32)
+    table = np.arange(10, dtype=np.float32).reshape(5, 2) / 4
+    want = np.trunc(table[ids.astype(np.int64)])  # int64 output: Cast truncates toward zero
+    assert np.array_equal(cm.predict(ids), want)
+    assert np.array_equal(cm.predict(ids.astype(np.int64)), want)  # the user's own int64 indices
+
+
+def test_an_input_with_no_float32_form_is_refused_naming_it(tmp_path) -> None:
+    x = helper.make_tensor_value_info("words", TensorProto.STRING, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.STRING, ["batch", 3])
+    g = helper.make_graph([helper.make_node("Identity", ["words"], ["y"])], "g", [x], [y])
+    path = tmp_path / "words.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(hwb.ModelError, match=r"input 'words' is a string tensor.*float32"):
+        hwb.load_model(str(path))
+
+
+def test_float32_only_targets_refuse_a_cast_input_naming_it(tmp_path) -> None:
+    if shutil.which("cc") is None:
+        pytest.skip("cpu.native needs a C compiler (cc)")
+    m = hwb.load_model(str(_typed_graph(tmp_path / "ids.onnx", TensorProto.INT64, TensorProto.FLOAT)))
+    with pytest.raises(hwb.UnsupportedError, match=r"input 'ids' as int64.*ref or cpu\.onnxruntime"):
+        hwb.compile(m, "cpu.native", "fp32", store=tmp_path / "s", isolate_compile=False)
+
+
+def test_float64_values_beyond_float32_are_refused_as_such(tmp_path) -> None:
+    import numpy as np
+    m = hwb.load_model(str(_typed_graph(tmp_path / "ids.onnx", TensorProto.INT64, TensorProto.FLOAT)))
+    cm = hwb.compile(m, "ref", "fp32", store=tmp_path / "s", isolate_compile=False)
+    with pytest.raises(hwb.InputError, match=r"beyond float32's range \(up to 1e\+300\)"):
+        cm.predict(np.array([[0, 1, 1e300]]))
+    with pytest.raises(hwb.InputError, match="NaN/Inf"):
+        cm.predict(np.array([[0, 1, np.nan]]))

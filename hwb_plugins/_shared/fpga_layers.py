@@ -24,10 +24,14 @@ def render() -> str:
 
     from ..fpga_da4ml.network import SUPPORTED
     from ..fpga_hls4ml import convert
+    from .torch_export import REBUILT, REBUILT_CONV
 
     rows = [("fpga.hls4ml", "Keras", ", ".join(convert.accepted_keras_layers())),
-            ("fpga.hls4ml", "PyTorch", ", ".join(convert.supported_layers("torch"))
-             + " (a torch.export program: sequential chains rebuilt as nn.Sequential first)"),
+            ("fpga.hls4ml", "PyTorch", f"{REBUILT}; {REBUILT_CONV} (the input read as the "
+             f"model holds it): what it rebuilds from the torch.export program every isolated "
+             f"compile receives (a sequential chain, as nn.Sequential); "
+             f"hls4ml's own list ({', '.join(convert.supported_layers('torch'))}) only for an "
+             f"nn.Module compiled in process (isolate_compile=False)"),
             ("fpga.da4ml", "Keras, PyTorch", SUPPORTED)]
     lines = ["| target | format | layers accepted |", "|---|---|---|"]
     lines += [f"| {t} | {f} | {layers} |" for t, f, layers in rows]

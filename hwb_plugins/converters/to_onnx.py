@@ -6,6 +6,8 @@ from typing import Any
 
 from hwbackends.contract import CompileError, HwbError, Model, UnsupportedError, keras_call_input
 
+from .._shared.onnx_source import annotate_keras, annotate_torch
+
 OPSET = 17
 
 #: What to do when a converter cannot take a model (every refusal below ends with it).
@@ -47,6 +49,7 @@ def keras_to_onnx(model: Model, workdir: Path) -> Model:
     except Exception as exc:
         raise converter_error("tf2onnx", model.name, exc) from None
     check_ops("tf2onnx", model.name, proto)
+    annotate_keras(proto, km)
     return _as_onnx(model, proto)
 
 
@@ -77,6 +80,7 @@ def torch_to_onnx(model: Model, workdir: Path) -> Model:
                               input_names=in_names, output_names=out_names,
                               dynamic_axes={n: {0: "batch"} for n in (*in_names, *out_names)})
             proto = onnx.load_from_string(buf.getvalue())
+            annotate_torch(proto, obj)
     except HwbError:
         raise
     except Exception as exc:

@@ -16,7 +16,7 @@ import numpy as np
 from hwbackends import layer_ir
 from hwbackends.contract import UnsupportedError
 from hwbackends.layer_ir import DenseAct as DenseLayer
-from hwbackends.layer_ir import activate
+from hwbackends.layer_ir import activate, batchnorm
 
 __all__ = ["ACTIVATIONS", "SUPPORTED", "DenseLayer", "activate", "extract"]
 
@@ -27,7 +27,8 @@ ACTIVATIONS = ("linear", "relu", "tanh", "sigmoid", "softmax")
 SUPPORTED = ("Dense/Linear, Activation/ReLU/Softmax (relu, tanh, sigmoid, softmax), "
               "BatchNormalization (folded), Flatten, Dropout; Conv1D (any padding, stride, "
               "dilation) at the start, followed by relu/tanh/sigmoid/linear and a Flatten, "
-              "built as its constant matrix")
+              "built as its constant matrix; a channels-first (batch, channels, time) input "
+              "read as the model holds it (PyTorch Conv1d/BatchNorm1d)")
 _RECURRENT_HINT = (
     "recurrent layers are outside da4ml's scope (it compiles feed-forward graphs). What would "
     "make it possible: unrolling the fixed window by hand (per tick: the gate matmuls as adder "
@@ -67,27 +68,68 @@ def conv_as_dense(net: layer_ir.Network) -> layer_ir.Network:
     ``t = t'·stride + k·dilation − pad_left`` (zero padding: no entry), the bias tiled over
     ``t'`` — a Dense da4ml builds as adder trees (the zero entries cost nothing). Done only
     when the convolutions start the network and are followed, up to a Flatten, by element-wise
-    activations only; otherwise ``net`` is returned unchanged (and refused by name)."""
+    activations only; otherwise ``net`` is returned unchanged (and refused by name).
+
+    An input the model reads channels-first, ``(C, T)`` (the IR's leading Transpose), and
+    batch norms over its channels before the first Conv1D or Flatten are taken into that
+    first matrix: its rows permuted to the source's ``c·T + t`` order, the affine maps folded
+    in (:func:`batchnorm.fold_input`: exact, the matrix holds the convolution's zero padding
+    as absent entries), so the model's own layout is fed as it is."""
     import dataclasses
 
-    if not net.layers or not isinstance(net.layers[0], layer_ir.Conv1D) or len(net.input_shape) != 2:
-        return net
-    s, layers = tuple(net.input_shape), []
-    for i, layer in enumerate(net.layers):
-        if isinstance(layer, layer_ir.Flatten):
-            layers.extend(net.layers[i:])
-            return dataclasses.replace(net, input_shape=(int(np.prod(net.input_shape)),),
-                                       layers=layers)
-        if isinstance(layer, layer_ir.Conv1D):
-            out = layer.out_shape(s)
-            layers.append(layer_ir.Dense(name=layer.name, w=_toeplitz(layer, s, out),
-                                         b=np.tile(np.asarray(layer.b, np.float64), out[0])))
-            s = out
-        elif isinstance(layer, layer_ir.Act) and layer.kind in _ELEMENTWISE:
-            layers.append(layer)
-        else:
+    layers, shape = list(net.layers), tuple(net.input_shape)
+    order = None  # per IR feature (t·C + c), the source's flat index of a channels-first input
+    if len(shape) == 2 and layers and isinstance(layers[0], layer_ir.Transpose):
+        c, t = shape
+        order = (np.arange(c)[None, :] * t + np.arange(t)[:, None]).ravel()
+        shape, layers = (t, c), layers[1:]
+    affines = []
+    while len(shape) == 2 and layers and isinstance(layers[0], layer_ir.Affine):
+        affines.append(layers.pop(0))
+    body = _conv_chain(layers, shape) if layers and isinstance(layers[0], layer_ir.Conv1D) else (
+        layers[1:] if len(shape) == 2 and layers and isinstance(layers[0], layer_ir.Flatten) else None)
+    if body is None or not body or not isinstance(body[0], layer_ir.Dense):
+        if order is None:
             return net
-    return net
+        at = next((x for x in (layers if body is None else body) if not isinstance(
+            x, (layer_ir.Conv1D, layer_ir.Flatten, layer_ir.Act))), layers[0] if layers else None)
+        what = f"layer {at.name!r} ({type(at).__name__})" if at is not None else "the model"
+        raise UnsupportedError(f"{TARGET} cannot compile {what} over the model's channels-first "
+                               f"input: it reads a (batch, channels, time) input into its first "
+                               f"matrix when BatchNorm1d and Conv1d layers (element-wise "
+                               f"activations between) lead to a Flatten and a Dense; supported: "
+                               f"{SUPPORTED}")
+    first = body[0]
+    w, b = np.asarray(first.w, np.float64), np.asarray(first.b, np.float64)
+    for aff in reversed(affines):
+        w, b = batchnorm.fold_input(w, b, np.tile(np.asarray(aff.scale, np.float64), shape[0]),
+                                    np.tile(np.asarray(aff.shift, np.float64), shape[0]))
+    if order is not None:
+        rows = np.empty_like(w)
+        rows[order] = w
+        w = rows
+    body[0] = dataclasses.replace(first, w=w, b=b)
+    return dataclasses.replace(net, input_shape=(int(np.prod(net.input_shape)),), layers=body)
+
+
+def _conv_chain(layers: list[Any], shape: tuple[int, ...]) -> list[Any] | None:
+    """The Conv1D layers (and element-wise activations) up to a Flatten over ``shape`` as
+    their Toeplitz Dense layers, then the layers after the Flatten; None when anything else
+    comes before the Flatten, or there is none."""
+    s, out = tuple(shape), []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, layer_ir.Flatten):
+            return out + list(layers[i + 1:])
+        if isinstance(layer, layer_ir.Conv1D):
+            o = layer.out_shape(s)
+            out.append(layer_ir.Dense(name=layer.name, w=_toeplitz(layer, s, o),
+                                      b=np.tile(np.asarray(layer.b, np.float64), o[0])))
+            s = o
+        elif isinstance(layer, layer_ir.Act) and layer.kind in _ELEMENTWISE:
+            out.append(layer)
+        else:
+            return None
+    return None
 
 
 def _toeplitz(conv: layer_ir.Conv1D, shape: tuple[int, ...], out: tuple[int, ...]) -> np.ndarray:

@@ -162,11 +162,17 @@ def renaming(model: Any) -> Renamed:
     return Renamed(model.obj, dict(model.meta.get(NAMES, {})))
 
 
+#: What to do with a PyTorch model whose layers fpga.hls4ml does not rebuild.
+TORCH_ADVICE = ("What to do: pass the Keras twin of the model (fpga.hls4ml builds the Keras layers "
+                "docs/targets-fpga.md lists, GRU, LSTM and Conv1D among them), or compile it for "
+                "cpu.onnxruntime or tpu.xla (what torch.onnx exports) or cpu.native (Linear, "
+                "Conv1d, LSTM and GRU chains)")
+
+
 def _torch_module(obj: Any) -> Any:
     """An ``nn.Module`` hls4ml's FX-based converter can trace (a ``torch.export`` program
     rebuilt as its ``nn.Sequential``, :func:`as_sequential`)."""
-    return as_sequential(obj, "fpga.hls4ml", f"hls4ml's supported PyTorch layers: "
-                         f"{', '.join(supported_layers('torch'))}. Pass the Keras twin of the model")
+    return as_sequential(obj, "fpga.hls4ml", TORCH_ADVICE, conv=True)
 
 
 def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str, Any]:
@@ -192,18 +198,27 @@ def hls_config(model: Any, opts: HlsOptions, default_precision: str) -> dict[str
         except UnsupportedError:
             raise
         except Exception as exc:
-            raise _torch_error(exc) from exc
+            raise _torch_error(exc, model.obj) from exc
     cfg["Model"]["Strategy"] = opts.strategy
     cfg["Model"]["ReuseFactor"] = opts.reuse_factor
     return cfg
 
 
-def _torch_error(exc: Exception) -> UnsupportedError:
+def _torch_error(exc: Exception, module: Any = None) -> UnsupportedError:
+    """hls4ml's exception on a PyTorch module as a refusal naming the user's layer (its path
+    in ``module``) when hls4ml's message names the layer class, and what to do."""
+    import re
+
     msg = str(exc)
+    cls = re.search(r"[Uu]nsupported layer:? '?(\w+)", msg)
+    paths = [p for p, m in (module.named_modules() if module is not None else ())
+             if cls and p and type(m).__name__ == cls.group(1)]
+    what = (f"layer {paths[0]!r} ({cls.group(1)})" + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
+            if paths else "this PyTorch model")
     return UnsupportedError(
-        f"hls4ml {_hls_version()} cannot convert this PyTorch model ({type(exc).__name__}: "
-        f"{msg[:300]}). hls4ml's supported PyTorch layers/ops: "
-        f"{', '.join(supported_layers('torch'))}. Export the model to Keras, or pick another target")
+        f"hls4ml {_hls_version()} cannot convert {what} ({type(exc).__name__}: {msg[:300]}). "
+        f"hls4ml's supported PyTorch layers/ops: {', '.join(supported_layers('torch'))}. "
+        + TORCH_ADVICE)
 
 
 def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> Any:
@@ -228,7 +243,7 @@ def convert(model: Any, cfg: dict[str, Any], opts: HlsOptions, outdir: Path) -> 
     except UnsupportedError:
         raise
     except Exception as exc:
-        raise _torch_error(exc) from exc
+        raise _torch_error(exc, model.obj) from exc
 
 
 def _keras_error(model: Any, exc: Exception) -> UnsupportedError:

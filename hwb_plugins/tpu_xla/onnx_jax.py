@@ -22,6 +22,8 @@ import numpy as np
 
 from hwbackends.contract import UnsupportedError
 
+from .._shared.onnx_source import layer_of
+
 Value = Any  # numpy.ndarray (trace-time constant) or a jax array / tracer
 
 
@@ -49,6 +51,7 @@ class _Ctx:
         self.compute = compute  # jnp.float32 or jnp.bfloat16
         self.env: dict[str, Value] = {}  # the scope the running node sees (Loop bodies read it)
         self.target = "tpu.xla"
+        self.layers: dict[str, str] = {}  # node name → the user's layer it comes from (onnx_source)
 
     def xp(self, *vals: Value) -> Any:
         return np if all(_const(v) for v in vals if v is not None) else self.jnp
@@ -164,7 +167,9 @@ def _gather(c, i, a):
     axis = a.get("axis", 0)
     if _const(data) and _const(idx):
         return [np.take(data, np.asarray(idx), axis=axis)]
-    return [c.jnp.take(data, np.asarray(idx), axis=axis)]
+    # indices computed from the input (an embedding's): negative ones count from the end,
+    # as ONNX's; one out of range reads NaN (jnp.take's fill) where ONNX Runtime raises
+    return [c.jnp.take(data, idx if not _const(idx) else np.asarray(idx), axis=axis)]
 
 
 def _axes(i: list[Value], a: dict[str, Any]) -> list[int] | None:
@@ -335,6 +340,51 @@ def _batchnorm(c, i, a):
     shp = (1, -1) + (1,) * (np.ndim(x) - 2)
     inv = scale / c.jnp.sqrt(var + a.get("epsilon", 1e-5))
     return [x * inv.reshape(shp) + (bias - mean * inv).reshape(shp)]
+
+
+def _layernorm(c, i, a):
+    """ONNX LayerNormalization: normalize over the axes from ``axis`` on (torch.nn.LayerNorm,
+    keras.layers.LayerNormalization); the optional Mean/InvStdDev outputs too."""
+    jnp = c.jnp
+    x = c.fcast(i[0])
+    axis = a.get("axis", -1) % np.ndim(x)
+    axes = tuple(range(axis, np.ndim(x)))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    inv = 1.0 / jnp.sqrt(jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True) + a.get("epsilon", 1e-5))
+    y = (x - mean) * inv * c.fcast(i[1])
+    if len(i) > 2 and i[2] is not None:
+        y = y + c.fcast(i[2])
+    return [y, mean, inv]
+
+
+def _mod(c, i, a):
+    x, y = i
+    xp = c.xp(x, y)
+    return [(xp.fmod if a.get("fmod", 0) else xp.mod)(x, y)]
+
+
+def _pad(c, i, a):
+    """ONNX Pad (pads as an input from opset 11, an attribute before; optional axes): a
+    causal or 'same' convolution's padding (tf2onnx writes it for Keras Conv1D)."""
+    x = i[0]
+    rank = np.ndim(x)
+    pads = [int(v) for v in (np.asarray(i[1]).reshape(-1) if len(i) > 1 and i[1] is not None
+                             else a.get("pads", []))]
+    axes = ([int(v) % rank for v in np.asarray(i[3]).reshape(-1)] if len(i) > 3 and i[3] is not None
+            else list(range(rank)))
+    width = [(0, 0)] * rank
+    for k, ax in enumerate(axes):
+        width[ax] = (pads[k], pads[k + len(axes)])
+    if any(lo < 0 or hi < 0 for lo, hi in width):
+        raise UnsupportedError(f"Pad with negative pads {pads} (a crop) is not supported")
+    mode = _s(a.get("mode", "constant"))
+    xp = c.xp(x)
+    if mode == "constant":
+        value = i[2] if len(i) > 2 and i[2] is not None else a.get("value", 0.0)
+        return [xp.pad(x, width, mode="constant", constant_values=np.asarray(value).reshape(()).item())]
+    if mode not in ("reflect", "edge", "wrap"):
+        raise UnsupportedError(f"Pad mode {mode!r} is not supported")
+    return [xp.pad(x, width, mode=mode)]
 
 
 _ACT = {"Sigmoid": "sigmoid", "Tanh": "tanh", "Relu": "relu"}
@@ -508,7 +558,9 @@ def _run(c: _Ctx, nodes: list[tuple[str, list[str], list[str], dict[str, Any], s
         except UnsupportedError as exc:
             if str(exc).startswith(c.target):
                 raise
-            raise UnsupportedError(f"{c.target}: node {name or op} ({op}): {exc}") from None
+            where = c.layers.get(name, "")
+            raise UnsupportedError(f"{c.target}: " + (f"{where}, " if where else "")
+                                   + f"node {name or op} ({op}): {exc}. {ADVICE}") from None
         # Not strict: an op may return optional outputs the node leaves unnamed.
         for n, v in zip(outs, res, strict=False):
             if n:
@@ -534,6 +586,7 @@ OPS: dict[str, Callable[..., list[Value]]] = {
     "GlobalAveragePool": _global_avg_pool, "GlobalMaxPool": _global_max_pool,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "Conv": _conv, "BatchNormalization": _batchnorm, "LSTM": _lstm, "GRU": _gru,
+    "LayerNormalization": _layernorm, "Mod": _mod, "Pad": _pad,
     "Split": _split, "Loop": _loop,
     "Less": _binary("less"), "Greater": _binary("greater"), "Equal": _binary("equal"),
     "LessOrEqual": _binary("less_equal"), "GreaterOrEqual": _binary("greater_equal"),
@@ -553,14 +606,41 @@ def _all_ops(graph: Any) -> set[tuple[str, str]]:
     return ops
 
 
+def _all_nodes(graph: Any) -> list[Any]:
+    nodes = []
+    for n in graph.node:
+        nodes.append(n)
+        for a in n.attribute:
+            for sub in ([a.g] if a.g is not None and a.g.node else []) + list(a.graphs):
+                nodes.extend(_all_nodes(sub))
+    return nodes
+
+
+#: What to do with a model whose layers tpu.xla has no lowering for.
+ADVICE = ("Compile it for cpu.onnxruntime, which runs every standard ONNX op, or replace the "
+          "layer")
+
+
 def check_ops(proto: Any, target: str) -> None:
     """Raise UnsupportedError naming every op of the graph (and its subgraphs) this
-    interpreter lacks."""
+    interpreter lacks: by the user's layers it comes from where the converter recorded them
+    (:mod:`hwb_plugins._shared.onnx_source`), else by ONNX node and op (a graph written as
+    ONNX: its nodes are the user's)."""
     missing = sorted({op for op, dom in _all_ops(proto.graph) if op not in OPS or dom not in ("", "ai.onnx")})
-    if missing:
-        raise UnsupportedError(f"{target} cannot compile ONNX op(s) {', '.join(missing)} (no JAX "
-                               f"lowering in hwb_plugins/tpu_xla/onnx_jax.py); supported: "
-                               f"{', '.join(sorted(OPS))}. Pick another target or simplify the model.")
+    if not missing:
+        return
+    nodes = [n for n in _all_nodes(proto.graph) if n.op_type in missing]
+    layers: dict[str, set[str]] = {}
+    for n in nodes:
+        layers.setdefault(layer_of(n), set()).add(n.op_type)
+    if "" not in layers:  # every missing op comes from a layer the user wrote
+        named = "; ".join(f"{where} (its ONNX op {', '.join(sorted(ops))})" for where, ops in
+                          list(layers.items())[:4]) + (f"; and {len(layers) - 4} more" if len(layers) > 4 else "")
+        raise UnsupportedError(f"{target} cannot compile {named}: no JAX lowering for "
+                               f"{', '.join(missing)} in hwb_plugins/tpu_xla/onnx_jax.py. {ADVICE}")
+    raise UnsupportedError(f"{target} cannot compile ONNX op(s) {', '.join(missing)} (no JAX "
+                           f"lowering in hwb_plugins/tpu_xla/onnx_jax.py); supported: "
+                           f"{', '.join(sorted(OPS))}. {ADVICE}.")
 
 
 def to_jax(proto: Any, compute: str = "fp32",
@@ -579,10 +659,11 @@ def to_jax(proto: Any, compute: str = "fp32",
     out_names = [o.name for o in g.output]
     nodes = _prep(g)
     dtype = jnp.bfloat16 if compute == "bf16" else jnp.float32
+    layers = {n.name: layer_of(n) for n in _all_nodes(g) if n.name}
 
     def f(*xs: Any) -> tuple[Any, ...]:
         ctx = _Ctx(dtype)
-        ctx.target = target
+        ctx.target, ctx.layers = target, layers
         env: dict[str, Value] = dict(inits)
         for name, x in zip(in_names, xs, strict=True):
             env[name] = x.astype(dtype)

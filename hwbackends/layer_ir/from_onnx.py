@@ -57,6 +57,22 @@ def _onnx_attrs(n: Any) -> dict[str, Any]:
     return {a.name: a for a in n.attribute}
 
 
+def _refuse_typed_inputs(g: Any, target: str) -> None:
+    """Refuse, naming the input, a graph that casts an input to another type than float32
+    (hwbackends.models.onnx_dtypes writes that Cast for an int64 or float64 graph input)."""
+    from onnx import TensorProto
+
+    names = {i.name for i in g.input}
+    for n in g.node:
+        to = _onnx_attrs(n).get("to")
+        if n.op_type == "Cast" and n.input and n.input[0] in names and to is not None and to.i != 1:
+            t = TensorProto.DataType.Name(to.i).lower()
+            raise UnsupportedError(f"{target} computes in float32 only; the graph takes input "
+                                   f"{n.input[0]!r} as {t} (fed as float32 and cast to {t} at the "
+                                   f"graph's edge). Compile it for ref or cpu.onnxruntime, which "
+                                   f"run the cast")
+
+
 def read_onnx(proto: Any, target: str) -> list[Layer]:
     """The ONNX graphs tf2onnx and torch.onnx write for the layers :data:`SUPPORTED` lists, as
     IR layers: the data tensors form a chain (each op reading the previous one's output,
@@ -64,6 +80,7 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     zero initial state an exported LSTM builds for the batch) are followed only far enough
     to see that they are zeros. Anything else is refused naming the node and op."""
     g = proto.graph
+    _refuse_typed_inputs(g, target)
     consts = _onnx_consts(g)
     dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
     if len(dims) not in (2, 3):

@@ -17,6 +17,7 @@ from ..errors import HwbError, ModelError
 from ..specs import TensorSpec, several
 from . import legacy
 from .common import as_tuple, clip
+from .onnx_dtypes import INTEGRAL
 
 FORMATS = ("keras", "torch", "onnx")
 
@@ -143,9 +144,13 @@ class Model:
         return xs if len(self.inputs) > 1 else xs[0]
 
     def synthetic(self, n: int, seed: int) -> Any:
-        """``n`` seeded N(0,1) inputs (a tuple, one array per input, for a multi-input model)."""
+        """``n`` seeded N(0,1) inputs (a tuple, one array per input, for a multi-input model);
+        rounded to whole numbers for an input the graph casts to an integer type (and their
+        magnitude for an unsigned one), as a user would feed it."""
         rng = np.random.default_rng(seed)
-        xs = tuple(rng.standard_normal((n, *s.shape)).astype(np.float32) for s in self.inputs)
+        cast = (self.meta.get("cast") or {}).get("inputs", {})
+        xs = tuple(_as_fed(rng.standard_normal((n, *s.shape)).astype(np.float32), cast.get(s.name))
+                   for s in self.inputs)
         return xs if len(self.inputs) > 1 else xs[0]
 
     def describe(self) -> dict[str, Any]:
@@ -154,6 +159,7 @@ class Model:
                 "outputs": [s.to_dict() for s in self.outputs],
                 "batch": self.meta.get("batch"),
                 "upgraded": self.meta.get("upgraded"),  # an old ONNX opset converted (models/onnx.py)
+                "cast": self.meta.get("cast"),  # ONNX inputs/outputs cast to float32 (models/onnx_dtypes.py)
                 "source": str(self.source) if self.source else None}
 
     # -- transport to the compile child process ---------------------------------------------
@@ -179,6 +185,14 @@ class Model:
             info["imports"] = legacy.keras_imports(self.obj)
         (directory / "model.json").write_text(json.dumps(info, default=str))
         return directory
+
+
+def _as_fed(x: np.ndarray, cast_to: str | None) -> np.ndarray:
+    """Synthetic float32 inputs ``x`` as fed to a graph input cast to ``cast_to``."""
+    if cast_to is None or cast_to.upper() not in INTEGRAL:
+        return x
+    x = np.rint(x)
+    return np.abs(x) if cast_to.startswith("u") or cast_to == "bool" else x
 
 
 class _Deferred:

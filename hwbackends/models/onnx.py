@@ -4,7 +4,8 @@ without graph optimisations). A graph older than ONNX Runtime runs (default-doma
 below :data:`MIN_OPSET`) is first upgraded to :data:`UPGRADE_OPSET` with
 ``onnx.version_converter``, so every target sees the upgraded graph; ``Model.describe()``
 names the conversion (``upgraded``), and a graph the converter cannot upgrade is refused
-naming it."""
+naming it. Inputs and outputs that are not float32 are cast at the graph's edge
+(:mod:`.onnx_dtypes`), named in ``describe()`` (``cast``)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from ..errors import ModelError
 from ..specs import TensorSpec
 from .common import clip, digest, static_shape
 from .model import Model
+from .onnx_dtypes import float_io
 
 
 def load_onnx(path: Path, name: str, lim: cost.Limits) -> Model:
@@ -116,6 +118,11 @@ def from_onnx(proto: Any, name: str, path: Path | None, lim: cost.Limits | None 
     if upgraded:
         fp = digest(b"onnx-upgraded", fp.encode(), upgraded["by"].encode(),
                     str(upgraded["to_opset"]).encode())
+    cast = None
+    if (default_opset(proto) or 0) >= 6:
+        proto, cast = float_io(proto, name)
+    if cast:  # the graph the targets see has float32 edges: say so in the fingerprint
+        fp = digest(b"onnx-float-io", fp.encode(), repr(sorted(cast.items())).encode())
     g = proto.graph
     inits = {i.name for i in g.initializer}
     real_inputs = [i for i in g.input if i.name not in inits]
@@ -136,6 +143,8 @@ def from_onnx(proto: Any, name: str, path: Path | None, lim: cost.Limits | None 
     meta: dict[str, Any] = {"batch": info.to_dict(), "cost": c.to_dict()}
     if upgraded:
         meta["upgraded"] = upgraded
+    if cast:
+        meta["cast"] = cast
     if info.handling == batchdim.FIXED:
         meta["fixed_batch"] = info.exported
     return Model(graph, "onnx", ins, outs, fp, name, path, meta=meta)
