@@ -75,6 +75,8 @@ MODULE_SECONDS = {
     "test_run_context": 30, "test_sliding_load": 25, "test_fuzz_fixed": 90, "test_fuzz_layer_ir": 60, "test_fuzz_defects": 30,
     "test_sliding_streams": 35, "test_serve_sliding_streams": 40, "test_serve_oip": 30, "test_serve_oip_clients": 60,
     "test_fuzz_multi_io": 25, "test_source_layers": 30, "test_fpga_channels_first": 40,
+    "test_onnx_backend_data": 40, "test_elementwise_ops": 40, "test_fpga_da4ml": 40,
+    "test_formats_cli": 15, "test_bad_inputs": 14, "test_bench": 14, "test_leftovers": 10,
 }
 
 
