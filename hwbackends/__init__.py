@@ -19,6 +19,7 @@ from .errors import (
     CacheError,
     CompileError,
     ConfigError,
+    ExecutionError,
     FidelityGateError,
     HwbError,
     InputError,
@@ -45,8 +46,8 @@ def targets() -> dict[str, Target]:
 
 __all__ = [
     "Artifact", "ArtifactStore", "Availability", "CONTRACT_VERSION", "CacheError", "CompileError",
-    "CompileOptions", "CompiledModel", "ConfigError", "Converter", "Executor", "Fidelity",
-    "FidelityGateError",    "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "RunContext", "Target",
+    "CompileOptions", "CompiledModel", "ConfigError", "Converter", "ExecutionError", "Executor", "Fidelity",
+    "FidelityGateError", "HwbError", "InputError", "Mode", "Model", "ModelError", "PluginError", "RunContext", "Target",
     "TensorSpec", "Tolerance", "UnavailableError", "UnknownTargetError", "UnsupportedError",
     "compile", "get_registry", "hookimpl", "load_model", "register_plugin", "targets",
 ]

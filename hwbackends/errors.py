@@ -16,6 +16,13 @@ class InputError(HwbError, ValueError):
     """The array passed to ``predict``/``predict_into`` has the wrong shape, dtype or values."""
 
 
+class ExecutionError(HwbError, RuntimeError):
+    """A compiled variant's runtime raised on arrays that pass the input guard (right shape
+    and dtype): a value outside what the model takes (an index past an embedding table), or
+    the runtime or device itself failed. The runtime's exception is ``__cause__``; the
+    variant stays loaded and serves the next call."""
+
+
 class ModelError(HwbError):
     """A model could not be loaded, is corrupt, or has a form hwbackends does not support."""
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, InputError, UnsupportedError
+from .errors import ConfigError, ExecutionError, HwbError, InputError, UnsupportedError
 from .specs import Availability, TensorSpec, several
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -232,9 +232,8 @@ class Executor:
         xs[0], outs[0] = x, out
         try:
             self._run(xs, outs)
-        except Exception:
-            self._check((x,), (out,))
-            raise
+        except Exception as exc:
+            self._failed((x,), (out,), exc)
         finally:
             xs[0] = outs[0] = None  # keep no reference to the caller's arrays
 
@@ -253,9 +252,8 @@ class Executor:
             self._check(xs, outs)
         try:
             self._run(xs, outs)
-        except Exception:
-            self._check(xs, outs)
-            raise
+        except Exception as exc:
+            self._failed(xs, outs, exc)
 
     def native_entry(self) -> Any:
         """Optional: the model call as raw C functions, for callers that run it without
@@ -334,6 +332,20 @@ class Executor:
         already passed the guard: shape and dtype, contiguity when :attr:`contiguous`)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _run(xs, outs)")
 
+    def _failed(self, xs: Any, outs: Any, exc: Exception) -> None:
+        """The model call raised ``exc``: an :class:`InputError` for wrong arrays (the guard's
+        full check), ``exc`` itself when it is an :class:`HwbError`, else an
+        :class:`ExecutionError` naming it (``__cause__``); never the runtime's raw exception."""
+        self._check(xs, outs)
+        if isinstance(exc, HwbError):
+            raise exc
+        msg = " ".join(str(exc).split())
+        raise ExecutionError(f"the variant's runtime failed on arrays of the right shape and "
+                             f"dtype ({type(exc).__name__}: {msg[:300]}"
+                             f"{'…' if len(msg) > 300 else ''}): a value outside what the model "
+                             f"takes (an index past a table) or the runtime itself; check the "
+                             f"input's values, and compare with the ref target") from exc
+
     def _check(self, xs: Any, outs: Any) -> None:
         """The one error path: raise InputError if ``xs``/``outs`` (tuples) are wrong; return
         if they are fine (an equal dtype that is not the canonical object, a dynamic batch)."""
@@ -394,9 +406,8 @@ class BufferedExecutor(Executor):
             self._in[...] = x
             self._invoke()
             out[...] = self._out
-        except Exception:
-            self._check((x,), (out,))
-            raise
+        except Exception as exc:
+            self._failed((x,), (out,), exc)
 
     def _run(self, xs: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Copy each input into its buffer, invoke once, copy each buffer into its output

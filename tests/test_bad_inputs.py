@@ -173,3 +173,25 @@ def test_onnx_files_with_odd_fixed_batches_compile_or_refuse(model_files, tmp_pa
     x = np.random.default_rng(batch).standard_normal((3, 64)).astype(np.float32)
     sess = ort.InferenceSession(str(model_files[".onnx"]), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(cm.predict(x), sess.run(None, {"input": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["cpu.onnxruntime", "ref"])
+def test_a_value_the_runtime_refuses_is_an_hwb_error_and_the_variant_still_serves(target, tmp_path):
+    """An embedding lookup (an int64 input, cast at the graph's edge) fed an index past its
+    table: ONNX Runtime raises from inside the run. The caller gets an HwbError that says a
+    value is outside what the model takes, and the next good call is answered."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "idx"], ["y"])], "g",
+                          [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 3])],
+                          [table])
+    path = tmp_path / "embed.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    cm = hwb.compile(str(path), target, store=tmp_path / "s", isolate_compile=False, fidelity=False)
+    with pytest.raises(HwbError, match=r"(?i)outside what the model takes|failed to run") as err:
+        cm.predict(np.array([[1.0, 9.0]], np.float32))
+    assert "Traceback" not in str(err.value)
+    np.testing.assert_array_equal(cm.predict(np.array([[1.0, 3.0]], np.float32)),
+                                  [[[3, 4, 5], [9, 10, 11]]])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hwbackends as hwb
-from hwbackends.errors import ConfigError, InputError
+from hwbackends.errors import ConfigError, ExecutionError, InputError
 from hwbackends.specs import TensorSpec
 from hwbackends.target import CompileOptions, Executor, check_io
 
@@ -66,8 +66,9 @@ def test_the_error_path_names_a_wrong_array_and_passes_a_real_failure_through():
     with pytest.raises(InputError, match="read-only"):
         MatMul().predict_into(x, out)
     boom = RuntimeError("device lost")
-    with pytest.raises(RuntimeError, match="device lost"):  # right arrays: not an InputError
+    with pytest.raises(ExecutionError, match="device lost") as err:  # right arrays: not an InputError
         MatMul(fail=boom).predict_into(*_xy())
+    assert err.value.__cause__ is boom and not isinstance(err.value, InputError)
 
 
 def test_strided_arrays_are_served_correctly_unless_the_executor_takes_raw_pointers():

@@ -35,6 +35,7 @@ from ..errors import (
     CacheError,
     CompileError,
     ConfigError,
+    ExecutionError,
     HwbError,
     InputError,
     ModelError,
@@ -70,7 +71,7 @@ NATIVE_INCLUDE = Path(__file__).resolve().parents[1] / "serve" / "include"
 __all__ = [
     "AUTO_SEARCH", "MODELLED", "NATIVE_INCLUDE", "TOLERANCES", "Artifact", "Availability",
     "BufferedExecutor", "CacheError", "CompileError", "CompileOptions", "ConfigError", "Converter",
-    "Executor", "Fidelity", "HwbError", "InputError", "Mode", "Model", "ModelError", "Steps",
+    "ExecutionError", "Executor", "Fidelity", "HwbError", "InputError", "Mode", "Model", "ModelError", "Steps",
     "StoreTrustError", "StreamSteps", "Target", "TensorSpec", "Tolerance", "TritonFile",
     "TritonForm", "UnavailableError", "UnknownTargetError", "UnsupportedError", "build_cache",
     "c_string", "check_id", "check_many", "check_path", "check_step", "check_trusted_dir",
