@@ -13,6 +13,7 @@ from .ir import (
     ONNX_OPS,
     Affine,
     Bidirectional,
+    Concat,
     Dense,
     Flatten,
     Layer,
@@ -76,6 +77,51 @@ class Chains:
                    if not (c == main and p > fork) and c not in gone}
         self.cur = main
         return ""
+
+    def concat(self, values: list[Any], name: str) -> str:
+        """Concatenate ``values`` (in order) as one :class:`Concat` of branches from one value:
+        each is that value itself (an identity branch), the tip of the chain going on from it,
+        or the tip of a side chain forked from it; "" or why it is not one."""
+        if any(v not in self.at for v in values):
+            return "an operand the walk does not hold"
+        forks: list[tuple[int, int]] = []
+        for v in values:
+            c, _ = self.at[v]
+            forks.append(self.at[v])
+            base = self.bases[c]
+            if base is not None:
+                forks.append(base)
+        for main, fork in dict.fromkeys(forks):
+            plan = self._concat_plan(values, main, fork)
+            if plan is not None:
+                branches, gone = plan
+                self.chains[main][fork:] = [Concat(name, branches)]
+                self.at = {v: (c, p) for v, (c, p) in self.at.items()
+                           if not (c == main and p > fork) and c not in gone}
+                self.cur = main
+                return ""
+        return "the operands do not branch from one tensor"
+
+    def _concat_plan(self, values: list[Any], main: int, fork: int
+                     ) -> tuple[list[list[Layer]], set[int]] | None:
+        """The branches of ``values`` from position ``fork`` of chain ``main`` and the side
+        chains they use up, or None when one of them is not such a branch."""
+        branches: list[list[Layer]] = []
+        gone: set[int] = set()
+        took_main = False
+        for v in values:
+            c, pos = self.at[v]
+            if (c, pos) == (main, fork):
+                branches.append([])
+            elif c == main and pos > fork and self.tip(v) and not took_main:
+                branches.append(list(self.chains[main][fork:]))
+                took_main = True
+            elif c != main and self.tip(v) and self.bases[c] == (main, fork) and c not in gone:
+                branches.append(list(self.chains[c]))
+                gone.add(c)
+            else:
+                return None
+        return branches, gone
 
     def _plan(self, a: Any, b: Any) -> tuple[int, int, list[Layer], list[Layer], set[int]] | None:
         """(chain, fork position, body, shortcut, side chains used up) of ``a + b`` with ``b``
