@@ -74,7 +74,7 @@ MODULE_SECONDS = {
     "test_sliding_dense": 35, "test_sliding_push_weights": 60, "test_signed_dir": 20,
     "test_run_context": 20, "test_sliding_load": 25, "test_fuzz_fixed": 90, "test_fuzz_layer_ir": 60, "test_fuzz_defects": 30,
     "test_sliding_streams": 35, "test_serve_sliding_streams": 40, "test_serve_oip": 30, "test_serve_oip_clients": 60,
-    "test_fuzz_multi_io": 25,
+    "test_fuzz_multi_io": 25, "test_deeplob": 70, "test_fuzz_conv2d": 40,
 }
 
 
