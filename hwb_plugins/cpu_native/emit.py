@@ -303,8 +303,8 @@ class Emitter:
                 return src
             self.act(layer.kind, layer.alpha, src, size, out_shape[-1], layer.beta, layer.slope)
             return src
-        if isinstance(layer, (ir.Flatten, ir.Reshape)):  # the same floats in the same order
-            return src
+        if isinstance(layer, (ir.Flatten, ir.Reshape)) or _moves_ones(layer, shape):
+            return self.same_floats(src, dst, size)
         if isinstance(layer, ir.Affine):
             # an affine rescales: recurrent state after it is no longer bounded by 1 (int8)
             self.state.discard(src)
@@ -345,6 +345,14 @@ class Emitter:
         if isinstance(layer, _DESK):
             return self.desk(layer, src, shape, out(), out_shape)
         raise UnsupportedError(f"cpu.native cannot emit layer {layer.name!r} ({type(layer).__name__})")
+
+    def same_floats(self, src: str, dst: str | None, size: int) -> str:
+        """A layer that keeps the floats in their order (Flatten, Reshape, a Transpose of
+        size-1 axes): ``src`` itself, or copied into ``dst`` (the model's output)."""
+        if dst is None or src == dst:
+            return src
+        self.line(f"for (int i = 0; i < {size}; i++) {dst}[i] = {src}[i];")
+        return dst
 
     def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
              out_shape: tuple[int, ...]) -> str:
@@ -930,6 +938,15 @@ def ir_chain_shape(layers: list[ir.Layer], shape: tuple[int, ...]) -> tuple[int,
     for layer in layers:
         shape = layer.out_shape(shape)
     return tuple(shape)
+
+
+def _moves_ones(layer: ir.Layer, shape: tuple[int, ...]) -> bool:
+    """A Transpose that moves only axes of size 1 (a one-channel image's channels-first
+    input): the same floats in the same order."""
+    if not isinstance(layer, ir.Transpose):
+        return False
+    big = [p for p in layer.perm if shape[p] > 1]
+    return big == sorted(big)
 
 
 def _cell_base(p: str, ow: int, stride: tuple[int, int], wp: int, ci: int) -> str:
