@@ -29,8 +29,8 @@ each conv followed by LeakyReLU(0.01) — an inception module (1×1 → 3×1, 1�
 'same' max pool → 1×1, 64 filters each, concatenated: (100, 1, 192)), reshaped to (100, 192),
 LSTM(64), Dense(3, softmax). Random weights (He-uniform conv kernels, Glorot LSTM and head,
 from NumPy's generator with a fixed seed), not the authors' trained model, nor trained at
-all: a latency and fidelity workload. Built on request (``zoo:deeplob``), not in ``NAMES``; it
-needs Keras (``pip install 'hwbackends[keras]'``).
+all: a latency and fidelity workload. Built on request (``zoo:deeplob``), not in ``NAMES``;
+without Keras it is its ONNX twin (``onnx_deeplob``), as the other Keras zoo models.
 
 ``two_head`` has two inputs and two outputs (Keras functional API); only the targets with
 ``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
@@ -293,6 +293,14 @@ def deeplob_weights(seed: int = 13) -> dict[str, list[np.ndarray]]:
     return out
 
 
+def onnx_deeplob() -> Any:
+    """zoo:deeplob as ONNX (Conv, LeakyRelu, MaxPool, Concat, LSTM; the weights of
+    :func:`keras_deeplob`)."""
+    from .zoo_onnx import deeplob
+
+    return deeplob("zoo_deeplob", DEEPLOB_SHAPE, DEEPLOB_TRUNK, DEEPLOB_BRANCHES, deeplob_weights())
+
+
 def keras_deeplob() -> Any:
     """DeepLOB as a Keras functional model (module docstring: reconstructed from the paper,
     random weights)."""
@@ -492,6 +500,7 @@ def signal_path() -> Path:
 TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "mlp": (keras_mlp, onnx_mlp), "lstm": (keras_lstm, onnx_lstm),
     "conv1d": (keras_conv1d, onnx_conv1d), "two_head": (keras_two_head, onnx_two_head),
+    "deeplob": (keras_deeplob, onnx_deeplob),
     **{n: ((lambda n=n: keras_stac(n)), (lambda n=n: onnx_stac(n))) for n in STAC_NAMES}}
 
 
@@ -508,7 +517,6 @@ _BUILDERS: dict[str, Callable[[], Model]] = {
                                 "zoo:signal's bundled order-book features (simulated, seed 1)"),
     "mlp_torch": lambda: load_model(torch_mlp(), name="mlp_torch", input_shape=(64,)),
     "lstm_torch": lambda: load_model(torch_lstm(), name="lstm_torch", input_shape=(16, 8)),
-    "deeplob": lambda: load_model(keras_deeplob(), name="deeplob"),
 }
 
 
@@ -531,8 +539,8 @@ def _with_framework(name: str, build: Callable[[], Model]) -> Callable[[], Model
             raise UnavailableError(
                 f"zoo:{name} is built with {exc.name}, which is not installed: pip install "
                 f"'hwbackends[{extra}]'; with the cpu extra alone every zoo model but the torch "
-                f"ones (mlp_torch, lstm_torch) and deeplob (Keras) runs, as ONNX, and so does "
-                f"your own .onnx model") from None
+                f"ones (mlp_torch, lstm_torch) runs, as ONNX, and so does your own .onnx "
+                f"model") from None
     return run
 
 

@@ -2,7 +2,8 @@
 every CPU target through ``hwb.compile``: cpu.native (its generated C), cpu.onnxruntime (the
 Keras model through tf2onnx) and cpu.litert (through the TFLite converter) in fp32, each
 within 1e-5 of Keras' answers' scale on fresh inputs (the compile's own fp32 gate passed on
-held-out ones); cpu.native's int8 within its gate; and the sliding window (one (40, 1) event a
+held-out ones), and its ONNX twin through cpu.native's ONNX reader; cpu.native's int8 within
+its gate; and the sliding window (one (40, 1) event a
 tick) answering what ``predict_into`` answers for the window ending at that event.
 
 One module-scope compile per target (about a minute in all on the loaded 2-core dev machine:
@@ -78,6 +79,16 @@ def test_deeplob_fp32_on_every_cpu_target(compiled, fresh, target: str) -> None:
     assert float(want.std(axis=0).min()) > 0.01, "a near-constant output would compare nothing"
     err = float(np.abs(cm.predict(x) - want).max()) / float(np.abs(want).max())
     assert err <= FP32_BOUND, f"{target}: off by {err:.3g} of the output scale"
+
+
+def test_deeplob_onnx_twin_on_cpu_native(fresh, tmp_path) -> None:
+    """The ONNX twin (hwbackends/zoo_onnx.py: NCHW Conv, LeakyRelu, MaxPool, Concat, LSTM)
+    through cpu.native's ONNX reader: the same answers as Keras'."""
+    pytest.importorskip("onnxruntime")
+    twin = hwb.load_model(zoo.onnx_deeplob(), name="deeplob")
+    cm = hwb.compile(twin, "cpu.native", "fp32", store=tmp_path, isolate_compile=False, fidelity=False)
+    x, want = fresh
+    assert float(np.abs(cm.predict(x) - want).max()) <= FP32_BOUND * float(np.abs(want).max())
 
 
 def test_deeplob_int8_on_cpu_native_within_its_gate(deeplob, fresh, tmp_path) -> None:
