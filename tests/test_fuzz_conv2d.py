@@ -13,7 +13,7 @@ Flatten/global-pool/LSTM head (tests/fuzz_conv2d.py) in Keras (channels-last), t
 A refusal must be an ``UnsupportedError`` naming the layer or op; anything else fails. The
 default run is a small fixed budget (derandomized); ``HWB_FUZZ_EXAMPLES=N`` (``make fuzz``)
 draws N models per IR test, N/4 per fp32 C test and N/10 per int8 one, fresh each run;
-``HWB_FUZZ_REPORT`` names a JSON file for the counts (``<path>.conv2d.json``).
+``HWB_FUZZ_REPORT`` names a JSON file for the counts (``make fuzz``: fuzz_conv2d.json).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _tally(key: str) -> None:
     COUNTS[key] += 1
     path = os.environ.get("HWB_FUZZ_REPORT")
     if path:
-        Path(f"{path}.conv2d.json").write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
+        Path(path).write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
 
 
 def _frontend(fe: str) -> None:
