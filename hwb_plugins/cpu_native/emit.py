@@ -462,7 +462,11 @@ class Emitter:
             return src, w
         n = (h + pt + pb) * wp * c
         dst = self.buf(n)
-        self.line(f"for (int i = 0; i < {n}; i++) {dst}[i] = {fill};")
+        if pl or pr:
+            self.line(f"for (int i = 0; i < {n}; i++) {dst}[i] = {fill};")
+        else:  # rows only: the input is one run, the padding two
+            self.line(f"for (int i = 0; i < {pt * wp * c}; i++) {dst}[i] = {fill};")
+            self.line(f"for (int i = {(pt + h) * wp * c}; i < {n}; i++) {dst}[i] = {fill};")
         self.line(f"for (int r = 0; r < {h}; r++) for (int i = 0; i < {w * c}; i++) "
                   f"{dst}[((r + {pt}) * {wp} + {pl}) * {c} + i] = {src}[r * {w * c} + i];")
         return dst, wp
@@ -511,7 +515,10 @@ class Emitter:
         nv = -(-co // vw)
         oh, ow, _ = out_shape
         cells = oh * ow
-        tmax = min(15, self.acc // nv if nv > 1 else self.acc - 1)
+        # AVX-512's 32 registers hold 24 accumulators beside the weight vectors and the
+        # broadcasts (informal, DeepLOB's (4, 1) convs on a loaded SPR: 6-12 % faster than 16)
+        acc = self.acc + 8 if self.vw == 16 else self.acc
+        tmax = min(15, acc // nv if nv > 1 else acc - 1)
         if tmax < 2 or cells < 2:
             return 0
         ntiles = -(-cells // tmax)
