@@ -109,7 +109,7 @@ def _compile(m, precision: str, calibration=None, validation=None):
 def test_ir_reader_matches_the_framework(frontend: str) -> None:
     _frontend(frontend)
 
-    @_settings(6, 1)
+    @_settings(10, 1)
     @given(specs(frontend))
     def check(spec: Spec2D) -> None:
         _check_ir(spec)
@@ -121,7 +121,7 @@ def test_ir_reader_matches_the_framework(frontend: str) -> None:
 def test_generated_c_fp32_matches_the_framework(frontend: str) -> None:
     _frontend(frontend)
 
-    @_settings(2, 4)
+    @_settings(4, 4)
     @given(specs(frontend))
     def check(spec: Spec2D) -> None:
         obj = build(spec)
