@@ -68,6 +68,12 @@ def _conv(draw: Any, shape: tuple[int, int, int], fe: str) -> tuple[tuple, tuple
     groups = draw(st.sampled_from([1, 1, 1, c])) if c > 1 else 1
     filters = draw(st.integers(1, 6)) * groups if groups > 1 else draw(st.integers(1, 9))
     oh, ow = _out(h, kh, stride[0], dil[0], pad), _out(w, kw, stride[1], dil[1], pad)
+    if fe == "keras" and c == 1 and stride[1] > 1 and ow == 1 and groups == 1:
+        # TF 2.21's Keras Conv2D with oneDNN (its default on x86) answers 0 for every output
+        # row but the first when one input channel gives one output column through a column
+        # stride > 1 (this fuzz found it; right with TF_ENABLE_ONEDNN_OPTS=0): a reference
+        # that is wrong compares nothing, so Keras is not drawn there (torch and ONNX are)
+        return None
     if oh < 1 or ow < 1:
         return None
     act = draw(st.sampled_from(["linear", "linear", "relu", "tanh"]))

@@ -86,14 +86,17 @@ def _first_consumer(g: Any, value: str, consts: dict[str, np.ndarray], rank: int
 
 def _reads_channels_first(g: Any, value: str, consts: dict[str, np.ndarray], rank: int) -> bool:
     """Whether the first op reading the input takes channels on axis 1: a Conv, pool or batch
-    norm, a PRelu with one slope per axis-1 entry (a torch PReLU(channels) over an image), or a
-    Pad of the last axis (padding a channels-last tensor's channels is not compiled)."""
+    norm, a PRelu with one slope per axis-1 entry (a torch PReLU(channels) over an image), a
+    Concat on axis 1, or a Pad of the last axis (padding a channels-last tensor's channels is
+    not compiled)."""
     n = _first_consumer(g, value, consts, rank)
     if n is None:
         return False
     if n.op_type == "PRelu" and len(n.input) > 1 and n.input[1] in consts:
         s = np.shape(consts[n.input[1]])
         return len(s) == rank - 1 and s[0] > 1 and all(d == 1 for d in s[1:])
+    if n.op_type == "Concat":  # joined on axis 1: the channels, as an inception module's
+        return "axis" in _onnx_attrs(n) and _onnx_attrs(n)["axis"].i % rank == 1
     return n.op_type in _CHANNELS_FIRST or n.op_type == "Pad"
 
 
@@ -106,7 +109,29 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     IR layers: the data tensors form a chain (each op reading the previous one's output,
     weights as initializers or Constants); side computations on the input's Shape (the
     zero initial state an exported LSTM builds for the batch) are followed only far enough
-    to see that they are zeros. Anything else is refused naming the node and op."""
+    to see that they are zeros. Anything else is refused naming the node and op.
+
+    The input's layout is read from the op consuming it (:func:`_reads_channels_first`);
+    where that reading is refused, the other is tried (a graph whose first ops say nothing
+    of the layout: element-wise ops, then a permute and reshape, or a pad of computed
+    amounts). Either reading that completes is the graph's function, since every axis-
+    dependent op is checked against the labels it tracks; if both are refused, the first
+    refusal is raised."""
+    try:
+        return _read_onnx(proto, target, None)
+    except UnsupportedError as exc:
+        if len(proto.graph.input[0].type.tensor_type.shape.dim) not in (3, 4):
+            raise
+        auto = _reads_channels_first(proto.graph, proto.graph.input[0].name, _onnx_consts(proto.graph),
+                                     len(proto.graph.input[0].type.tensor_type.shape.dim))
+        try:
+            return _read_onnx(proto, target, not auto)
+        except UnsupportedError:
+            raise exc from None
+
+
+def _read_onnx(proto: Any, target: str, channels_first: bool | None) -> list[Layer]:
+    """:func:`read_onnx` with the input read channels-first or not (None: as its first op says)."""
     g = proto.graph
     consts = _onnx_consts(g)
     dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
@@ -117,7 +142,8 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     w = Walk(target, consts, tuple(dims[1:]))
     w.opset = next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), w.opset)
     # the model's own layout, read from the op that consumes its input
-    first = _reads_channels_first(g, g.input[0].name, consts, len(dims))
+    first = (_reads_channels_first(g, g.input[0].name, consts, len(dims)) if channels_first is None
+             else channels_first)
     data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else
             w.channels_first(g.input[0].name, "input") if first else
             ["N", "T", "C"] if len(dims) == 3 else ["N", "Y", "X", "C"]}

@@ -100,7 +100,21 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     """A ``torch.export`` program whose data flows through one chain of the ops
     :data:`TORCH_OPS` lists (modules' own ``forward`` included: an LSTM's output indexed at
     its last step, transposes to and from Conv1d's channels-first layout), as IR layers.
-    Tensors are labelled as in :func:`read_onnx`; anything else is refused naming the op."""
+    Tensors are labelled as in :func:`read_onnx`; anything else is refused naming the op.
+    The input's layout as :func:`read_onnx` reads it: from its first op, the other reading
+    tried where that one is refused."""
+    try:
+        return _aten_read(ep, target, None)
+    except UnsupportedError as exc:
+        for channels_first in (True, False):  # one of them is the reading just refused
+            try:
+                return _aten_read(ep, target, channels_first)
+            except UnsupportedError:
+                pass
+        raise exc from None
+
+
+def _aten_read(ep: Any, target: str, channels_first: bool | None) -> list[Layer]:
     sig = ep.graph_signature
     names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     consts = {p: ep.state_dict[t] for p, t in names.items()}
@@ -116,7 +130,7 @@ def _aten(ep: Any, target: str) -> list[Layer]:
                                f"takes {in_shape}")
     w = Walk(target, {}, in_shape)
     w.kind, w.supported = "torch op", TORCH_OPS
-    data: dict[Any, list[str]] = {user[0]: _input_labels(w, ep, user[0], in_shape)}
+    data: dict[Any, list[str]] = {user[0]: _input_labels(w, ep, user[0], in_shape, channels_first)}
     meta: dict[Any, bool] = {}
     prev: set[Any] = {user[0]}
     w.put(user[0])
@@ -169,12 +183,16 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     return w.main()
 
 
-def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...]) -> list[str]:
+def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...],
+                  channels_first: bool | None = None) -> list[str]:
     """The input's axes: (batch, features), (batch, time, channels), or channels-first when
     the first op reading it takes channels on dim 1 (Conv1d, pooling, BatchNorm1d): the
     model's own layout, read from its op."""
     if len(in_shape) == 1:
         return ["N", "C"]
+    if channels_first is not None:  # the reading asked for
+        return (w.channels_first(x, "input") if channels_first else
+                ["N", "T", "C"] if len(in_shape) == 2 else ["N", "Y", "X", "C"])
     first, value = None, x
     while first is None or first in _ELEMENTWISE or first == "pad":
         # the layout: the first op after element-wise ones and a pad of other axes than the
@@ -186,6 +204,8 @@ def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...]) -> list[s
         first, value = str(node.target), node
         if first in ("aten.pad.default", "aten.constant_pad_nd.default"):
             first = "channels-first" if any(list(node.args[1])[:2]) else "pad"
+        elif first == "aten.cat.default" and len(node.args) > 1 and node.args[1] % (len(in_shape) + 1) == 1:
+            first = "channels-first"  # joined on dim 1: the channels, as an inception module's
     if first in _CHANNELS_FIRST or first == "channels-first":
         return w.channels_first(x, "input")
     return ["N", "T", "C"] if len(in_shape) == 2 else ["N", "Y", "X", "C"]

@@ -94,47 +94,62 @@ class Chains:
 
     def concat(self, values: list[Any], name: str) -> str:
         """Concatenate ``values`` (in order) as one :class:`Concat` of branches from one value:
-        each is that value itself (an identity branch), the tip of the chain going on from it,
-        or the tip of a side chain forked from it; "" or why it is not one."""
+        each is that value itself (an identity branch) or a value reached from it through the
+        chains (the chain going on from it, side chains forked from it or from inside another
+        branch: torch.onnx computes branches' equal first layers once, so one branch's layers
+        may fork inside another's; each branch then holds its whole path, the shared layers
+        repeated). The latest fork that reaches every value is taken; "" or why it is not one."""
         if any(v not in self.at for v in values):
             return "an operand the walk does not hold"
         forks: list[tuple[int, int]] = []
         for v in values:
-            c, _ = self.at[v]
-            forks.append(self.at[v])
-            base = self.bases[c]
-            if base is not None:
-                forks.append(base)
-        for main, fork in dict.fromkeys(forks):
+            point: tuple[int, int] | None = self.at[v]
+            while point is not None:  # the value's own position, then every fork above it
+                forks.append(point)
+                point = self.bases[point[0]]
+        for main, fork in sorted(dict.fromkeys(forks), key=lambda f: (-self._depth(f[0]), -f[1])):
             plan = self._concat_plan(values, main, fork)
             if plan is not None:
                 branches, gone = plan
                 self.chains[main][fork:] = [Concat(name, branches)]
+                while True:  # chains forked from a used one go with it
+                    more = {c for c, base in enumerate(self.bases) if base is not None and base[0] in gone} - gone
+                    if not more:
+                        break
+                    gone |= more
                 self.at = {v: (c, p) for v, (c, p) in self.at.items()
                            if not (c == main and p > fork) and c not in gone}
                 self.cur = main
                 return ""
         return "the operands do not branch from one tensor"
 
+    def _depth(self, c: int) -> int:
+        """How many forks chain ``c`` is from the model's own chain."""
+        n = 0
+        while self.bases[c] is not None:
+            c, n = self.bases[c][0], n + 1  # type: ignore[index]
+        return n
+
     def _concat_plan(self, values: list[Any], main: int, fork: int
                      ) -> tuple[list[list[Layer]], set[int]] | None:
-        """The branches of ``values`` from position ``fork`` of chain ``main`` and the side
-        chains they use up, or None when one of them is not such a branch."""
+        """The branches of ``values`` from position ``fork`` of chain ``main`` (each the layers
+        on its path from there) and the side chains they use up, or None when one of them is
+        not reached from there."""
         branches: list[list[Layer]] = []
         gone: set[int] = set()
-        took_main = False
         for v in values:
             c, pos = self.at[v]
-            if (c, pos) == (main, fork):
-                branches.append([])
-            elif c == main and pos > fork and self.tip(v) and not took_main:
-                branches.append(list(self.chains[main][fork:]))
-                took_main = True
-            elif c != main and self.tip(v) and self.bases[c] == (main, fork) and c not in gone:
-                branches.append(list(self.chains[c]))
+            layers: list[Layer] = []
+            while c != main:
+                base = self.bases[c]
+                if base is None:
+                    return None
+                layers = list(self.chains[c][:pos]) + layers
                 gone.add(c)
-            else:
+                c, pos = base
+            if pos < fork:
                 return None
+            branches.append(list(self.chains[main][fork:pos]) + layers)
         return branches, gone
 
     def _plan(self, a: Any, b: Any) -> tuple[int, int, list[Layer], list[Layer], set[int]] | None:
