@@ -39,12 +39,15 @@ test-fast: $(STAMP)
 # The long differential fuzz of the layer IR and cpu.native: FUZZ_EXAMPLES models
 # per property, counts written to fuzz.json; then cpu.native `fixed` bit-exact against
 # fpga.hls4ml's C-simulation (FUZZ_EXAMPLES/20 models), counts in fuzz_fixed.json; then
-# cpu.native on models with several inputs and outputs (Keras, torch, ONNX).
+# cpu.native on models with several inputs and outputs (Keras, torch, ONNX); then its 2-D
+# layers (Conv2D, pooling, padding, inception blocks; Keras, torch, ONNX), counts in
+# fuzz_conv2d.json.
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(STAMP)
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_layer_ir.py
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz_fixed.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_fixed.py
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_multi_io.py
+	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz_conv2d.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_conv2d.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -482,7 +482,7 @@ def _check_files(base: tuple[str, ...], s: Any, p: Path, bad: Any) -> None:
         pass
     elif s.model.startswith("zoo:"):
         from . import zoo
-        if s.model[4:] not in zoo.NAMES + zoo.MULTI_IO_NAMES + zoo.STAC_NAMES:
+        if s.model[4:] not in zoo.NAMES + zoo.MULTI_IO_NAMES + zoo.STAC_NAMES + zoo.DEEPLOB_NAMES:
             bad(base + ("model",), f"no zoo model {s.model[4:]!r}; zoo models: "
                                    f"{', '.join('zoo:' + n for n in zoo.NAMES)}")
     elif not resolve_model(s.model, p).exists():

@@ -21,6 +21,17 @@ kernels, recurrent kernels at 0.7 of that, forget-gate bias 1, from NumPy's gene
 fixed seed (cheap to build; latency does not depend on training). They are large, so they are
 built on request (``zoo:lstm_a``) and not in ``NAMES``.
 
+``deeplob`` (:data:`DEEPLOB_NAMES`) is DeepLOB (Zhang, Zohren & Roberts, "DeepLOB: Deep
+Convolutional Neural Networks for Limit Order Books", 2019) *reconstructed from the paper*:
+100 events × 40 book features as a one-channel image; three conv blocks of 32 filters — a
+(1, 2) stride (1, 2) conv (the third block's a (1, 10) conv), then two (4, 1) 'same' convs,
+each conv followed by LeakyReLU(0.01) — an inception module (1×1 → 3×1, 1×1 → 5×1, a (3, 1)
+'same' max pool → 1×1, 64 filters each, concatenated: (100, 1, 192)), reshaped to (100, 192),
+LSTM(64), Dense(3, softmax). Random weights (He-uniform conv kernels, Glorot LSTM and head,
+from NumPy's generator with a fixed seed), not the authors' trained model, nor trained at
+all: a latency and fidelity workload. Built on request (``zoo:deeplob``), not in ``NAMES``;
+without Keras it is its ONNX twin (``onnx_deeplob``), as the other Keras zoo models.
+
 ``two_head`` has two inputs and two outputs (Keras functional API); only the targets with
 ``multi_io`` take it, so it is listed in ``MULTI_IO_NAMES``, not in ``NAMES`` (which the
 conformance kit runs on every target).
@@ -64,6 +75,22 @@ MULTI_IO_NAMES = ("two_head",)
 STAC_SHAPES: dict[str, tuple[int, int, tuple[int, ...], int]] = {
     "lstm_a": (50, 100, (100, 100), 11), "lstm_b": (100, 250, (200, 200, 200), 12)}
 STAC_NAMES = tuple(STAC_SHAPES)
+#: DeepLOB reconstructed from its paper (see the module docstring): built on request.
+DEEPLOB_NAMES = ("deeplob",)
+#: DeepLOB's input, (events, book features, channels), and its Keras layers in the paper's
+#: order: (name, filters, kernel, strides, padding) of each conv, each one followed by
+#: LeakyReLU(0.01); the inception branches read the trunk's last output.
+DEEPLOB_SHAPE = (100, 40, 1)
+DEEPLOB_TRUNK = tuple(
+    (f"conv{b}_{i}", 32, k, s, pad) for b, first in ((1, (1, 2)), (2, (1, 2)), (3, (1, 10)))
+    for i, (k, s, pad) in enumerate(((first, first if first == (1, 2) else (1, 1), "valid"),
+                                     ((4, 1), (1, 1), "same"), ((4, 1), (1, 1), "same")), 1))
+DEEPLOB_BRANCHES = (
+    (("incep1_1x1", 64, (1, 1), (1, 1), "same"), ("incep1_3x1", 64, (3, 1), (1, 1), "same")),
+    (("incep2_1x1", 64, (1, 1), (1, 1), "same"), ("incep2_5x1", 64, (5, 1), (1, 1), "same")),
+    (("incep3_pool", 0, (3, 1), (1, 1), "same"), ("incep3_1x1", 64, (1, 1), (1, 1), "same")),
+)
+DEEPLOB_LSTM = 64
 DEFAULT = "signal"
 SIGNAL_VERSION = "v1"
 
@@ -234,6 +261,79 @@ def keras_conv1d() -> Any:
     return m
 
 
+def deeplob_weights(seed: int = 13) -> dict[str, list[np.ndarray]]:
+    """DeepLOB's seeded weights by layer name (the Keras layers :func:`keras_deeplob` names):
+    He-uniform conv kernels (the LeakyReLU stack keeps its scale), biases in ±0.1, the LSTM as
+    the zoo's other recurrent models (Glorot, recurrent at 0.7, forget-gate bias 1), the head's
+    kernel at 4× Glorot so the three probabilities spread over inputs (std ≈ 0.04–0.1 on
+    standard-normal books) instead of sitting near 1/3."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[np.ndarray]] = {}
+
+    def conv(name: str, f: int, k: tuple[int, int], ci: int) -> int:
+        if f == 0:  # the branch's pool: no weights, its channels kept
+            return ci
+        lim = np.sqrt(6.0 / (k[0] * k[1] * ci))
+        out[name] = [rng.uniform(-lim, lim, (k[0], k[1], ci, f)).astype(np.float32),
+                     rng.uniform(-0.1, 0.1, f).astype(np.float32)]
+        return f
+
+    ci = DEEPLOB_SHAPE[2]
+    for name, f, k, _, _ in DEEPLOB_TRUNK:
+        ci = conv(name, f, k, ci)
+    for branch in DEEPLOB_BRANCHES:
+        cb = ci
+        for name, f, k, _, _ in branch:
+            cb = conv(name, f, k, cb)
+    u, n_in = DEEPLOB_LSTM, 3 * 64
+    bias = np.zeros(4 * u, np.float32)
+    bias[u:2 * u] = 1.0
+    out["lstm"] = [_glorot(rng, n_in, 4 * u, (n_in, 4 * u)), _glorot(rng, u, 4 * u, (u, 4 * u)) * 0.7, bias]
+    out["probs"] = [_glorot(rng, u, 3, (u, 3)) * 4.0, np.zeros(3, np.float32)]
+    return out
+
+
+def onnx_deeplob() -> Any:
+    """zoo:deeplob as ONNX (Conv, LeakyRelu, MaxPool, Concat, LSTM; the weights of
+    :func:`keras_deeplob`)."""
+    from .zoo_onnx import deeplob
+
+    return deeplob("zoo_deeplob", DEEPLOB_SHAPE, DEEPLOB_TRUNK, DEEPLOB_BRANCHES, deeplob_weights())
+
+
+def keras_deeplob() -> Any:
+    """DeepLOB as a Keras functional model (module docstring: reconstructed from the paper,
+    random weights)."""
+    import keras
+
+    L = keras.layers
+
+    def conv(x: Any, name: str, f: int, k: tuple, s: tuple, pad: str) -> Any:
+        if f == 0:
+            return L.MaxPooling2D(k, strides=s, padding=pad, name=name)(x)
+        y = L.Conv2D(f, k, strides=s, padding=pad, name=name)(x)
+        return L.LeakyReLU(negative_slope=0.01, name=f"{name}_leaky")(y)
+
+    book = keras.Input(DEEPLOB_SHAPE, name="book")
+    x = book
+    for spec in DEEPLOB_TRUNK:
+        x = conv(x, *spec)
+    outs = []
+    for branch in DEEPLOB_BRANCHES:
+        y = x
+        for spec in branch:
+            y = conv(y, *spec)
+        outs.append(y)
+    y = L.Concatenate(axis=-1, name="inception")(outs)
+    y = L.Reshape((DEEPLOB_SHAPE[0], 3 * 64), name="events")(y)
+    y = L.LSTM(DEEPLOB_LSTM, name="lstm")(y)
+    probs = L.Dense(3, activation="softmax", name="probs")(y)
+    m = keras.Model(book, probs, name="zoo_deeplob")
+    for name, ws in deeplob_weights().items():
+        m.get_layer(name).set_weights(ws)
+    return m
+
+
 def torch_mlp() -> Any:
     import torch
     from torch import nn
@@ -400,6 +500,7 @@ def signal_path() -> Path:
 TWINS: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "mlp": (keras_mlp, onnx_mlp), "lstm": (keras_lstm, onnx_lstm),
     "conv1d": (keras_conv1d, onnx_conv1d), "two_head": (keras_two_head, onnx_two_head),
+    "deeplob": (keras_deeplob, onnx_deeplob),
     **{n: ((lambda n=n: keras_stac(n)), (lambda n=n: onnx_stac(n))) for n in STAC_NAMES}}
 
 
@@ -458,7 +559,7 @@ def get(name: str, *, deferred: bool = True) -> Model:
         build = _BUILDERS[name]
     except KeyError:
         raise ModelError(f"no zoo model {name!r}; available: "
-                         f"{', '.join(NAMES + MULTI_IO_NAMES + STAC_NAMES)}") from None
+                         f"{', '.join(NAMES + MULTI_IO_NAMES + STAC_NAMES + DEEPLOB_NAMES)}") from None
     build = _with_framework(name, build)
     if not deferred:
         return build()

@@ -8,7 +8,8 @@ Dense is ``Gemm``; an LSTM is the ONNX ``LSTM`` op (gates reordered Keras i, f, 
 i, o, f, c; kernels transposed to ONNX's ``(directions, 4·units, inputs)``; Keras' one bias
 as ONNX's input bias, the recurrent bias zero; run over time-major data, hence a
 ``Transpose`` first, its ``Y_h`` the last step); Conv1D is ``Conv`` over (batch, channels,
-time), global average pooling ``GlobalAveragePool``. The graphs are what the layer-IR reader
+time), global average pooling ``GlobalAveragePool``; DeepLOB's Conv2D a ``Conv`` over (batch,
+channels, events, features), its inception module a ``Concat`` of branches. The graphs are what the layer-IR reader
 of cpu.native takes (the shapes tf2onnx writes), and what ONNX Runtime runs.
 """
 from __future__ import annotations
@@ -124,6 +125,53 @@ def conv1d_stack(name: str, window: int, features: int, weights: list[np.ndarray
     x = g.node("Squeeze", [g.node("GlobalAveragePool", [x]), g.const(np.array([2], np.int64))])
     g.dense(x, weights[-2], weights[-1], None, "output")
     return g.model([("input", ["batch", window, features])], [("output", ["batch", 1])])
+
+
+def _same(n: int, k: int, s: int) -> tuple[int, int]:
+    """Keras' 'same' padding of one axis (ceil(n / s) outputs, the odd cell after)."""
+    total = max((-(-n // s) - 1) * s + k - n, 0)
+    return total // 2, total - total // 2
+
+
+def deeplob(name: str, shape: tuple[int, int, int], trunk: Sequence[tuple], branches: Sequence[Sequence[tuple]],
+            weights: dict[str, list[np.ndarray]]) -> Any:
+    """DeepLOB as :func:`hwbackends.zoo.keras_deeplob` builds it, from the same weights: the
+    book (batch, events, features, 1) as NCHW (a Transpose); each Conv2D a ``Conv`` (kernel
+    (kh, kw, in, out) → (out, in, kh, kw), Keras' 'same' as explicit pads) then
+    ``LeakyRelu(0.01)``; the inception's pool a ``MaxPool`` with pads; the branches a
+    ``Concat`` on the channels; (batch, 192, events, 1) back to (batch, events, 192)
+    (Transpose, Reshape), time-major into the ``LSTM``; the head ``Gemm`` + ``Softmax``."""
+    g = _Graph(name, [], [])
+
+    def layer(x: str, hw: tuple[int, int], spec: tuple) -> tuple[str, tuple[int, int]]:
+        lname, f, k, s, pad = spec
+        (pt, pb), (pl, pr) = (_same(hw[0], k[0], s[0]), _same(hw[1], k[1], s[1])) if pad == "same" \
+            else ((0, 0), (0, 0))
+        out = ((hw[0] + pt + pb - k[0]) // s[0] + 1, (hw[1] + pl + pr - k[1]) // s[1] + 1)
+        window = {"kernel_shape": list(k), "strides": list(s), "pads": [pt, pl, pb, pr]}
+        if f == 0:
+            return g.node("MaxPool", [x], **window), out
+        kern, bias = weights[lname]
+        y = g.node("Conv", [x, g.const(kern.transpose(3, 2, 0, 1)), g.const(bias)], **window)
+        return g.node("LeakyRelu", [y], alpha=0.01), out
+
+    x, hw = g.node("Transpose", ["input"], perm=[0, 3, 1, 2]), shape[:2]
+    for spec in trunk:
+        x, hw = layer(x, hw, spec)
+    outs = []
+    for branch in branches:
+        y, bhw = x, hw
+        for spec in branch:
+            y, bhw = layer(y, bhw, spec)
+        outs.append(y)
+    y = g.node("Concat", outs, axis=1)
+    channels = sum(weights[b[-1][0]][0].shape[3] for b in branches)
+    y = g.node("Reshape", [g.node("Transpose", [y], perm=[0, 2, 3, 1]),
+                           g.const(np.array([0, hw[0], hw[1] * channels], np.int64))])
+    k, r, b = weights["lstm"]
+    y = g.lstm(g.node("Transpose", [y], perm=[1, 0, 2]), k, r, b, sequences=False)
+    g.dense(y, *weights["probs"], "Softmax", "output")
+    return g.model([("input", ["batch", *shape])], [("output", ["batch", 3])])
 
 
 def two_head(name: str, weights: list[np.ndarray]) -> Any:

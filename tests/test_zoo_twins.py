@@ -14,7 +14,8 @@ from hwbackends.models import load_model
 keras = pytest.importorskip("keras")
 
 #: name → samples compared (lstm_b is large: 100 ticks × 250 features, LSTM 200 ×3)
-SAMPLES = {"mlp": 256, "lstm": 256, "conv1d": 256, "two_head": 256, "lstm_a": 64, "lstm_b": 16}
+SAMPLES = {"mlp": 256, "lstm": 256, "conv1d": 256, "two_head": 256, "lstm_a": 64, "lstm_b": 16,
+           "deeplob": 16}
 
 
 def _outputs(m, x) -> tuple[np.ndarray, ...]:

@@ -96,6 +96,16 @@ class Emitter:
         #: recurrent layer, each of which consumes it in its own time loop before the next
         #: layer's product is written (one buffer on the stack, not one per layer)
         self.gemm_scratch: tuple[str, int] | None = None
+        #: intermediate tensors as pointers into one stack array, laid out by lifetime
+        #: (:meth:`lay_out_arena`) instead of one array each: :func:`emit` sets it for a model
+        #: whose tensors would not fit the stack all at once (DeepLOB's feature maps)
+        self.arena = False
+        #: the top-level layer being emitted (a buffer's lifetime is counted in these)
+        self.step = 0
+        #: per stack buffer: [floats, step made, index of its declaration in ``body``]
+        self.bufs: dict[str, list[int]] = {}
+        #: buffers read again by later layers than the one after their maker (input_gemm's scratch)
+        self.keep: set[str] = set()
 
     def const(self, stem: str, a: np.ndarray) -> str:
         name = f"{stem}{len(self.consts)}"
@@ -106,8 +116,34 @@ class Emitter:
         self.n += 1
         name = f"t{self.n}"
         self.stack += 4 * size
+        self.bufs[name] = [size, self.step, len(self.body)]
         self.body.append(f"    float {name}[{size}] A64;")
         return name
+
+    def lay_out_arena(self, last_read: dict[str, int]) -> None:
+        """Put every stack buffer in one 64-byte-aligned array ``hwb_arena``, sharing space
+        between buffers whose lifetimes do not meet: a buffer lives from the top-level layer
+        that makes it to the last one reading it (``last_read``: the step whose input it is;
+        the maker's own step otherwise; :attr:`keep` ones to the end). First fit by birth;
+        :attr:`stack` becomes the array's size."""
+        end = max([b[1] for b in self.bufs.values()] + list(last_read.values()) + [0]) + 1
+        placed: list[tuple[int, int, int, int]] = []  # (offset, floats, born, dies)
+        offsets: dict[str, int] = {}
+        for name, (size, born, _) in sorted(self.bufs.items(), key=lambda kv: (kv[1][1], kv[1][2])):
+            dies = end if name in self.keep else max(born, last_read.get(name, born))
+            size = -(-size // 16) * 16
+            off = 0
+            for o, n, _b, _d in sorted(p for p in placed if not (p[3] < born or p[2] > dies)):
+                if off + size <= o:
+                    break
+                off = max(off, o + n)
+            placed.append((off, size, born, dies))
+            offsets[name] = off
+        for name, (_, _, line) in self.bufs.items():
+            self.body[line] = f"    float *const {name} = hwb_arena + {offsets[name]};"
+        total = max([o + n for o, n, _, _ in placed] + [16])
+        self.body.insert(0, f"    float hwb_arena[{total}] A64;")
+        self.stack = 4 * total
 
     def line(self, s: str) -> None:
         self.body.append("    " + s)
@@ -238,6 +274,17 @@ class Emitter:
                   f"{o}[j * {a} + i] = {src}[i * {b} + j];")
         return o
 
+    def permute(self, src: str, shape: tuple[int, ...], o: str, perm: tuple[int, ...]) -> str:
+        """Output axis ``k`` is input axis ``perm[k]`` (a channels-first ``(C, H, W)`` input as
+        the IR's ``(H, W, C)``, and back): nested loops over the output, read by strides."""
+        strides = [int(np.prod(shape[a + 1:])) for a in range(len(shape))]
+        dims = [shape[p] for p in perm]
+        loops = " ".join(f"for (int i{k} = 0; i{k} < {d}; i{k}++)" for k, d in enumerate(dims))
+        out_idx = " + ".join(f"i{k} * {int(np.prod(dims[k + 1:]))}" for k in range(len(dims)))
+        in_idx = " + ".join(f"i{k} * {strides[p]}" for k, p in enumerate(perm))
+        self.line(f"{loops} {o}[{out_idx}] = {src}[{in_idx}];")
+        return o
+
     # -- layers --------------------------------------------------------------------------------
     def layer(self, layer: ir.Layer, src: str, shape: tuple[int, ...], dst: str | None,
               out_shape: tuple[int, ...]) -> str:
@@ -256,8 +303,8 @@ class Emitter:
                 return src
             self.act(layer.kind, layer.alpha, src, size, out_shape[-1], layer.beta, layer.slope)
             return src
-        if isinstance(layer, ir.Flatten):
-            return src
+        if isinstance(layer, (ir.Flatten, ir.Reshape)) or _moves_ones(layer, shape):
+            return self.same_floats(src, dst, size)
         if isinstance(layer, ir.Affine):
             # an affine rescales: recurrent state after it is no longer bounded by 1 (int8)
             self.state.discard(src)
@@ -298,6 +345,14 @@ class Emitter:
         if isinstance(layer, _DESK):
             return self.desk(layer, src, shape, out(), out_shape)
         raise UnsupportedError(f"cpu.native cannot emit layer {layer.name!r} ({type(layer).__name__})")
+
+    def same_floats(self, src: str, dst: str | None, size: int) -> str:
+        """A layer that keeps the floats in their order (Flatten, Reshape, a Transpose of
+        size-1 axes): ``src`` itself, or copied into ``dst`` (the model's output)."""
+        if dst is None or src == dst:
+            return src
+        self.line(f"for (int i = 0; i < {size}; i++) {dst}[i] = {src}[i];")
+        return dst
 
     def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
              out_shape: tuple[int, ...]) -> str:
@@ -376,6 +431,198 @@ class Emitter:
                     self.line("  " + _store(f"({o} + (t + {r}) * {co})", j * vw, co, name, vw))
             self.line("}" if cnt > nb else "} }")
         return t_out
+
+    # -- the layers over (rows, cols, channels), and a concatenation of branches -------------
+    def spatial(self, layer: ir.Layer, src: str, shape: tuple[int, ...], o: str,
+                out_shape: tuple[int, ...]) -> str:
+        if isinstance(layer, ir.Conv2D):
+            return self.conv2d(layer, src, shape, o, out_shape)
+        if isinstance(layer, ir.Pool2D):
+            return self.pool2d(layer, src, shape, o, out_shape)
+        if isinstance(layer, ir.Pad2D):
+            return self.pad2d(layer, src, shape, o, out_shape)
+        assert isinstance(layer, ir.Concat)
+        parts = [(self.chain(b, src, shape), ir_chain_shape(b, shape)) for b in layer.branches]
+        rows, width, off = int(np.prod(out_shape[:-1])), out_shape[-1], 0
+        for part, s in parts:
+            c = s[-1]
+            self.line(f"for (int r = 0; r < {rows}; r++) for (int i = 0; i < {c}; i++) "
+                      f"{o}[r * {width} + {off} + i] = {part}[r * {c} + i];")
+            off += c
+        return o
+
+    def padded_2d(self, src: str, shape: tuple[int, ...], pad: tuple[tuple[int, int], tuple[int, int]],
+                  fill: str = "0.0f") -> tuple[str, int]:
+        """``src`` in a copy with ``pad`` cells of ``fill`` around it (``src`` itself when there
+        is no padding), so a window's loops have no edges; the buffer and its row width."""
+        h, w, c = shape
+        (pt, pb), (pl, pr) = pad
+        wp = w + pl + pr
+        if not (pt or pb or pl or pr):
+            return src, w
+        n = (h + pt + pb) * wp * c
+        dst = self.buf(n)
+        if pl or pr:
+            self.line(f"for (int i = 0; i < {n}; i++) {dst}[i] = {fill};")
+        else:  # rows only: the input is one run, the padding two
+            self.line(f"for (int i = 0; i < {pt * wp * c}; i++) {dst}[i] = {fill};")
+            self.line(f"for (int i = {(pt + h) * wp * c}; i < {n}; i++) {dst}[i] = {fill};")
+        self.line(f"for (int r = 0; r < {h}; r++) for (int i = 0; i < {w * c}; i++) "
+                  f"{dst}[((r + {pt}) * {wp} + {pl}) * {c} + i] = {src}[r * {w * c} + i];")
+        return dst, wp
+
+    @staticmethod
+    def conv2d_taps(layer: ir.Conv2D, wp: int, ci: int) -> list[tuple[int, int, int]]:
+        """The kernel as contiguous runs of the padded input: ``(offset in floats from a
+        window's first cell, length, first row of the flattened kernel)``; with column dilation
+        1 a kernel row's ``kw·c_in`` floats are one run."""
+        kh, kw = layer.w.shape[:2]
+        (dh, dw) = layer.dilation
+        if dw == 1:
+            return [(dy * dh * wp * ci, kw * ci, dy * kw * ci) for dy in range(kh)]
+        return [((dy * dh * wp + dx * dw) * ci, ci, (dy * kw + dx) * ci) for dy in range(kh) for dx in range(kw)]
+
+    def conv2d(self, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
+               out_shape: tuple[int, ...]) -> str:
+        """Per output cell one matvec over its window (the kernel flattened to ``(kh·kw·c_in,
+        c_out)``, one segment per contiguous run of the padded input: :meth:`conv2d_taps`),
+        register-tiled over cells in fp32 (:meth:`conv2d_tiles`)."""
+        ci = shape[2]
+        kh, kw, _, co = layer.w.shape
+        src, wp = self.padded_2d(src, shape, layer.pad)
+        oh, ow, _ = out_shape
+        taps = self.conv2d_taps(layer, wp, ci)
+        start = self.conv2d_tiles(layer, src, o, out_shape, taps, wp, ci)
+        cells = oh * ow
+        if start >= cells:
+            return o
+        base = _cell_base("p", ow, layer.stride, wp, ci)
+        self.line(f"for (int p = {start}; p < {cells}; p++) {{ const int b = {base};")
+        self.matvec([(f"({src} + b + {off})", n) for off, n, _ in taps], f"({o} + p * {co})", co,
+                    layer.w.reshape(kh * kw * ci, co), layer.b)
+        self.line("}")
+        return o
+
+    def conv2d_tiles(self, layer: ir.Conv2D, src: str, o: str, out_shape: tuple[int, ...],
+                     taps: list[tuple[int, int, int]], wp: int, ci: int) -> int:
+        """Register tiling over output cells, as :meth:`conv_tiles` over steps: ``tb`` cells
+        (consecutive in row-major order, each with its own window's first input cell) share
+        each weight vector load, each with its own accumulators, the loops running over the
+        kernel's contiguous runs; a following ReLU/LeakyReLU applied before the store. Returns
+        the first cell left for the one-cell loop (none unless tiling does not pay)."""
+        kh, kw, _, co = layer.w.shape
+        vw = self.vw
+        nv = -(-co // vw)
+        oh, ow, _ = out_shape
+        cells = oh * ow
+        # AVX-512's 32 registers hold 24 accumulators beside the weight vectors and the
+        # broadcasts (informal, DeepLOB's (4, 1) convs on a loaded SPR: 6-12 % faster than 16)
+        acc = self.acc + 8 if self.vw == 16 else self.acc
+        tmax = min(15, acc // nv if nv > 1 else acc - 1)
+        if tmax < 2 or cells < 2:
+            return 0
+        ntiles = -(-cells // tmax)
+        tb = -(-cells // ntiles)
+        n = kh * kw * ci
+        wpad = np.zeros((n, nv * vw), np.float32)
+        wpad[:, :co] = layer.w.reshape(n, co)
+        bp = np.zeros(nv * vw, np.float32)
+        bp[:co] = layer.b
+        wn, bn = self.const("W", wpad), self.const("B", bp)
+        self.matvecs += 1
+        nxt = self.seq[self.cur + 1] if self.cur + 1 < len(self.seq) else None
+        epi = ""
+        if isinstance(nxt, ir.Act) and nxt.kind in ("relu", "leaky_relu"):
+            self.fused = self.cur + 1
+            epi = ("{0} = hwb_vrelu({0});" if nxt.kind == "relu"
+                   else f"{{0}} = hwb_vleaky({{0}}, {float(nxt.alpha).hex()}f);")
+        # the kernel's runs as loops: per kernel row (and per column when columns are dilated)
+        (dh, dw), run = layer.dilation, taps[0][1]
+        if dw == 1:
+            outer = f"for (int q = 0; q < {kh}; q++) {{ const int oq = q * {dh * wp * ci}; " \
+                    f"const float *wq = {wn} + q * {kw * ci * nv * vw};"
+        else:
+            outer = (f"for (int q = 0; q < {kh * kw}; q++) {{ const int oq = (q / {kw}) * {dh * wp * ci} + "
+                     f"(q % {kw}) * {dw * ci}; const float *wq = {wn} + q * {ci * nv * vw};")
+        full = cells - cells % tb
+        for p0, cnt, nb in ((0, full, tb), (full, cells - full, cells - full)):
+            if cnt <= 0:
+                continue
+            loop = f"for (int p = {p0}; p < {p0 + cnt}; p += {nb})" if cnt > nb else f"{{ const int p = {p0};"
+            self.line(f"{loop} {{ " + " ".join(
+                f"const float *s{r} = {src} + {_cell_base(f'p + {r}', ow, layer.stride, wp, ci)};"
+                for r in range(nb)) + " " + " ".join(
+                f"vf a{r}_{j} = *(const vf *)({bn} + {j * vw});" for r in range(nb) for j in range(nv)))
+            self.line("  " + outer)
+            self.line(f"    for (int i = 0; i < {run}; i++) {{ const vf *wr = (const vf *)(wq + i * {nv * vw}); " +
+                      " ".join(f"const float v{r} = s{r}[oq + i];" for r in range(nb)) + " " +
+                      " ".join(f"a{r}_{j} += v{r} * wr[{j}];" for r in range(nb) for j in range(nv)) + " } }")
+            for r in range(nb):
+                for j in range(nv):
+                    name = f"a{r}_{j}"
+                    if epi:
+                        self.line("  " + epi.format(name))
+                    self.line("  " + _store(f"({o} + (p + {r}) * {co})", j * vw, co, name, vw))
+            self.line("}" if cnt > nb else "} }")
+        return cells
+
+    def pool2d(self, layer: ir.Pool2D, src: str, shape: tuple[int, ...], o: str,
+               out_shape: tuple[int, ...]) -> str:
+        """Per output cell and channel the max or mean over the window's cells inside the input
+        (padded cells skipped: they never win a max, and count in a mean only with
+        ``count_pad``); the channel loop innermost, over contiguous floats."""
+        h, w, c = shape
+        oh, ow, _ = out_shape
+        (kh, kw), (sh, sw), (dh, dw) = layer.size, layer.stride, layer.dilation
+        (pt, _), (pl, _) = layer.pad
+        mx = layer.kind == "max"
+        init = "-__builtin_inff()" if mx else "0.0f"
+        op = "q[ch] = v > q[ch] ? v : q[ch];" if mx else "q[ch] += v;"
+        fin = ""
+        if not mx:
+            div = f"{float(np.float32(1.0 / (kh * kw))).hex()}f" if layer.count_pad else "1.0f / (float)cnt"
+            fin = f" const float inv = {div}; for (int ch = 0; ch < {c}; ch++) q[ch] *= inv;"
+        # (loop names other than x and y: those are the function's input and output)
+        self.line(f"for (int oy = 0; oy < {oh}; oy++) for (int ox = 0; ox < {ow}; ox++) {{ "
+                  f"float *q = {o} + (oy * {ow} + ox) * {c}; int cnt = 0; "
+                  f"for (int ch = 0; ch < {c}; ch++) q[ch] = {init}; "
+                  f"for (int i = 0; i < {kh}; i++) {{ const int iy = oy * {sh} - {pt} + i * {dh}; "
+                  f"if (iy < 0 || iy >= {h}) continue; "
+                  f"for (int j = 0; j < {kw}; j++) {{ const int ix = ox * {sw} - {pl} + j * {dw}; "
+                  f"if (ix < 0 || ix >= {w}) continue; cnt++; const float *r = {src} + (iy * {w} + ix) * {c}; "
+                  f"for (int ch = 0; ch < {c}; ch++) {{ const float v = r[ch]; {op} }} }} }}"
+                  f"{fin} (void)cnt; }}")
+        return o
+
+    def pad2d(self, layer: ir.Pad2D, src: str, shape: tuple[int, ...], o: str,
+              out_shape: tuple[int, ...]) -> str:
+        """Constant padding: the value everywhere, then the input's rows; reflect / edge: each
+        output cell copied from the input cell a table of rows and one of columns name."""
+        h, w, c = shape
+        hp, wp, _ = out_shape
+        (pt, _), (pl, _) = layer.pad
+        if layer.mode == "constant":
+            v = f"{float(np.float32(layer.value)).hex()}f"
+            self.line(f"for (int i = 0; i < {hp * wp * c}; i++) {o}[i] = {v};")
+            self.line(f"for (int r = 0; r < {h}; r++) for (int i = 0; i < {w * c}; i++) "
+                      f"{o}[((r + {pt}) * {wp} + {pl}) * {c} + i] = {src}[r * {w * c} + i];")
+            return o
+        mode = {"reflect": "reflect", "edge": "edge"}.get(layer.mode)
+        if mode is None:
+            raise UnsupportedError(f"cpu.native cannot emit layer {layer.name!r} (Pad2D): mode "
+                                   f"{layer.mode!r} (constant, reflect or edge)")
+        rows = np.pad(np.arange(h), layer.pad[0], mode=mode)
+        cols = np.pad(np.arange(w), layer.pad[1], mode=mode)
+        rn = self.const_index(rows)
+        cn = self.const_index(cols)
+        self.line(f"for (int r = 0; r < {hp}; r++) for (int k = 0; k < {wp}; k++) for (int i = 0; i < {c}; i++) "
+                  f"{o}[(r * {wp} + k) * {c} + i] = {src}[({rn}[r] * {w} + {cn}[k]) * {c} + i];")
+        return o
+
+    def const_index(self, a: np.ndarray) -> str:
+        name = f"I{len(self.consts)}"
+        self.consts.append(f"static const int {name}[{max(a.size, 1)}] = {{{','.join(map(str, a.ravel().tolist())) or '0'}}};")
+        return name
 
     def recurrent(self, layer: ir.Recurrent, src: str, shape: tuple[int, ...], o: str) -> str:
         """The window unrolled as a loop over time steps; per step the gate pre-activations
@@ -478,6 +725,7 @@ class Emitter:
         full = t_len - t_len % chunk
         if self.gemm_scratch is None or self.gemm_scratch[1] < chunk * gp:
             self.gemm_scratch = (self.buf(chunk * gp), chunk * gp)  # declared outside the loops
+            self.keep.add(self.gemm_scratch[0])
         for t0, steps, loop in ((0, chunk, full > chunk), (full, t_len - full, False)):
             if steps == 0:
                 continue
@@ -532,6 +780,7 @@ class Emitter:
         else:
             zx = self.buf(t_len * gp)
             self.gemm_scratch = (zx, t_len * gp)
+            self.keep.add(zx)
         sy = gp if dst_stride is None else dst_stride
         assert sy >= gp and sy % vw == 0, (sy, gp, vw)
         ts = min(self.GEMM_STEPS, t_len)  # one step (the push): all accumulators on outputs
@@ -587,6 +836,8 @@ class Emitter:
     # -- a channels-first input's transpose
     def desk(self, layer: ir.Layer, src: str, shape: tuple[int, ...], o: str,
              out_shape: tuple[int, ...]) -> str:
+        if isinstance(layer, _SPATIAL):
+            return self.spatial(layer, src, shape, o, out_shape)
         size, c = int(np.prod(out_shape)), shape[-1]
         if isinstance(layer, ir.Pad1D):
             left = layer.pad[0] * c
@@ -608,8 +859,10 @@ class Emitter:
             self.line(f"for (int i = 0; i < {size}; i++) {o}[i] = {body}[i] + {short}[i];")
         elif isinstance(layer, ir.Bidirectional):
             self.bidirectional(layer, src, shape, o)
-        elif isinstance(layer, ir.Transpose):
+        elif isinstance(layer, ir.Transpose) and tuple(layer.perm) == (1, 0):
             self.transpose(src, shape, o)
+        elif isinstance(layer, ir.Transpose):
+            self.permute(src, shape, o, tuple(layer.perm))
         else:
             self.attention(layer, src, shape, o)  # type: ignore[arg-type]
         return o
@@ -684,9 +937,37 @@ class Emitter:
         self.per_step(a, shape, o, layer.wo, layer.bo)
 
 
+#: layers :meth:`Emitter.spatial` writes
+_SPATIAL = (ir.Conv2D, ir.Pool2D, ir.Pad2D, ir.Concat)
+
+
+def ir_chain_shape(layers: list[ir.Layer], shape: tuple[int, ...]) -> tuple[int, ...]:
+    for layer in layers:
+        shape = layer.out_shape(shape)
+    return tuple(shape)
+
+
+def _moves_ones(layer: ir.Layer, shape: tuple[int, ...]) -> bool:
+    """A Transpose that moves only axes of size 1 (a one-channel image's channels-first
+    input): the same floats in the same order."""
+    if not isinstance(layer, ir.Transpose):
+        return False
+    big = [p for p in layer.perm if shape[p] > 1]
+    return big == sorted(big)
+
+
+def _cell_base(p: str, ow: int, stride: tuple[int, int], wp: int, ci: int) -> str:
+    """The C offset of the first input cell of output cell ``p`` (row-major over ``ow``
+    columns) in a padded input ``wp`` cells wide."""
+    sh, sw = stride
+    if ow == 1:
+        return f"({p}) * {sh * wp * ci}"
+    return f"(({p}) / {ow} * {sh * wp * ci} + ({p}) % {ow} * {sw * ci})"
+
+
 #: layers :meth:`Emitter.desk` writes
 _DESK = (ir.Pad1D, ir.TimeSlice, ir.LayerNorm, ir.Residual, ir.Bidirectional, ir.Attention,
-         ir.Transpose)
+         ir.Transpose, *_SPATIAL)
 
 
 def vector_shape(requires: list[str]) -> tuple[int, int]:
@@ -751,6 +1032,10 @@ class _Int8Emitter(Emitter):
 
     def conv_tiles(self, layer: ir.Conv1D, src: str, o: str, out_shape: tuple[int, ...]) -> int:
         return 0  # every window goes through the int8 matmul
+
+    def conv2d_tiles(self, layer: ir.Conv2D, src: str, o: str, out_shape: tuple[int, ...],
+                     taps: list[tuple[int, int, int]], wp: int, ci: int) -> int:
+        return 0  # every window goes through the int8 matmul, one segment per run
 
     def conv(self, layer: ir.Conv1D, src: str, shape: tuple[int, ...], o: str,
              out_shape: tuple[int, ...]) -> str:
@@ -923,9 +1208,9 @@ def calibrated_ranges(net: ir.Network, calibration: np.ndarray
                       ) -> tuple[dict[int, float], dict[int, float], dict[int, tuple[np.ndarray, float]]]:
     """Over the calibration samples (the IR's float reference), by ``id(layer)``: max |input|
     of every layer, max |h| over every step of every recurrent layer (run with the whole
-    sequence returned) — residual branches' and both directions' included — and, for every
-    Dense layer, its input's centre per feature (the midpoint of its calibrated min and max)
-    with max |x - centre|: a feature riding on a large offset keeps its resolution (a symmetric
+    sequence returned) — residual and concatenated branches' and both directions' included —
+    and, for every Dense layer, its input's centre per feature (the midpoint of its calibrated
+    min and max) with max |x - centre|: a feature riding on a large offset keeps its resolution (a symmetric
     scale of max |x| would leave a signal 50x smaller than its offset a level or two)."""
     inputs: dict[int, float] = {}
     states: dict[int, float] = {}
@@ -949,6 +1234,8 @@ def calibrated_ranges(net: ir.Network, calibration: np.ndarray
             if isinstance(layer, ir.Residual):
                 walk(layer.body, x)
                 walk(layer.shortcut, x)
+            for branch in layer.branches if isinstance(layer, ir.Concat) else []:
+                walk(branch, x)
             x = ir.apply(layer, x)
         return x
 
@@ -960,32 +1247,51 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
          calibration: np.ndarray | None = None) -> Source:
     """The model as C: ``hwb_model_predict_n`` and ``hwb_model_predict`` (declared in the
     generated header, build.header), vectorised for the CPU features ``requires``; int8
-    calibrates its activation scales on ``calibration``."""
-    vw, acc = vector_shape(requires)
+    calibrates its activation scales on ``calibration``. A model whose intermediate tensors
+    exceed :data:`MAX_STACK_BYTES` side by side is emitted again with them in one stack array
+    shared by lifetime (:meth:`Emitter.lay_out_arena`), and refused only if that exceeds it."""
+    ranges = None
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
-        in_amax, state_amax, centers = calibrated_ranges(net, calibration)
-        e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax, centers)
-    else:
-        e = Emitter(net, vw, acc)
-    shapes = net.shapes()
-    producing = [i for i, layer in enumerate(net.layers)
-                 if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine))]
-    last = producing[-1] if producing else -1
-    if last < 0:  # only element-wise layers: they run on a copy of x in y
-        e.line(f"for (int i = 0; i < {int(np.prod(net.input_shape))}; i++) y[i] = x[i];")
-    cur, shape = ("x" if last >= 0 else "y"), tuple(net.input_shape)
-    for i, (layer, out_shape) in enumerate(zip(net.layers, shapes, strict=True)):
-        e.line(f"/* layer {i}: {type(layer).__name__} {shape} -> {out_shape} */")  # no model text
-        e.cur = i
-        cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
-        shape = out_shape
+        ranges = calibrated_ranges(net, calibration)
+    e = _emit_body(net, requires, ranges, arena=False)
+    if e.stack > MAX_STACK_BYTES:
+        e = _emit_body(net, requires, ranges, arena=True)
     if e.stack > MAX_STACK_BYTES:
         raise UnsupportedError(f"cpu.native: model {net.name!r} needs {e.stack >> 10} KiB of "
                                f"intermediate tensors (at most {MAX_STACK_BYTES >> 10} KiB on the "
                                f"stack); use cpu.litert or cpu.onnxruntime for a model this size")
     return _assemble(e, int(np.prod(net.input_shape)), int(np.prod(net.output_shape)))
+
+
+def _emit_body(net: ir.Network, requires: list[str], ranges: tuple | None, arena: bool) -> Emitter:
+    """The emitter holding ``hwb_one``'s body for ``net`` (int8 when ``ranges``, the
+    calibration's :func:`calibrated_ranges`)."""
+    vw, acc = vector_shape(requires)
+    if ranges is not None:
+        in_amax, state_amax, centers = ranges
+        e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax, centers)
+    else:
+        e = Emitter(net, vw, acc)
+    e.arena = arena
+    shapes = net.shapes()
+    producing = [i for i, layer in enumerate(net.layers)
+                 if not isinstance(layer, (ir.Act, ir.Flatten, ir.Affine, ir.Reshape))]
+    last = producing[-1] if producing else -1
+    if last < 0:  # only element-wise layers: they run on a copy of x in y
+        e.line(f"for (int i = 0; i < {int(np.prod(net.input_shape))}; i++) y[i] = x[i];")
+    cur, shape = ("x" if last >= 0 else "y"), tuple(net.input_shape)
+    last_read: dict[str, int] = {}
+    for i, (layer, out_shape) in enumerate(zip(net.layers, shapes, strict=True)):
+        e.line(f"/* layer {i}: {type(layer).__name__} {shape} -> {out_shape} */")  # no model text
+        e.cur, e.step = i, i
+        last_read[cur] = i
+        cur = e.layer(layer, cur, shape, "y" if i == last else None, out_shape)
+        shape = out_shape
+    if arena:
+        e.lay_out_arena(last_read)
+    return e
 
 
 def emit_fixed(net: object, tabs: dict[str, np.ndarray], requires: list[str]) -> Source:

@@ -128,7 +128,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "17"
+    version = "18"
     #: several inputs/outputs: fp32, each input's chain, a concatenation or add, a trunk and
     #: one head per output (hwbackends/layer_ir/multi.py, emit_multi.py); int8 calibrates one
     #: input tensor, so multi_io_calibrated stays False

@@ -14,9 +14,11 @@ or a ``torch.export`` program of one, through ``torch.export``; a program with C
 pooling, LSTM/GRU or transposes op by op: :mod:`.from_torch`) and ONNX (the graphs tf2onnx and
 torch.onnx write for these layers: :mod:`.from_onnx`). Layers: Dense, ReLU/LeakyReLU/tanh/
 sigmoid/softmax, BatchNorm (folded), Conv1D, pooling, Flatten, LSTM and GRU unrolled over
-the fixed window; anything else is refused with :class:`UnsupportedError` naming the
-layer or op. :func:`forward` is the float64 NumPy reference of the IR: the check that extraction
-kept the model's function, and the range measurement for int8 calibration.
+the fixed window, and over ``(rows, cols, channels)`` Conv2D, 2-D pooling and padding,
+Reshape and a Concatenate of branches from one tensor (an inception module: :class:`Concat`);
+anything else is refused with :class:`UnsupportedError` naming the layer or op.
+:func:`forward` is the float64 NumPy reference of the IR: the check that extraction kept the
+model's function, and the range measurement for int8 calibration.
 
 ``extract(..., dtype=np.float64)`` keeps the weights in float64 (a float32 source converts
 exactly; BatchNormalization is folded in float64 from its unrounded scale), for targets that
@@ -40,7 +42,9 @@ from .ir import (
     Affine,
     Attention,
     Bidirectional,
+    Concat,
     Conv1D,
+    Conv2D,
     Dense,
     Flatten,
     GlobalPool1D,
@@ -48,8 +52,11 @@ from .ir import (
     LayerNorm,
     Network,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
+    Reshape,
     Residual,
     TimeSlice,
     Transpose,
@@ -58,6 +65,7 @@ from .read import extract
 from .reference import DenseAct, activate, apply, dense_chain, forward
 
 __all__ = ["ACTIVATIONS", "ONNX_OPS", "SUPPORTED", "TORCH_OPS", "Act", "Affine", "Attention",
-           "Bidirectional", "Conv1D", "Dense", "DenseAct", "Flatten", "GlobalPool1D", "Layer",
-           "LayerNorm", "Network", "Pad1D", "Pool1D", "Recurrent", "Residual", "TimeSlice",
-           "Transpose", "activate", "apply", "dense_chain", "extract", "forward"]
+           "Bidirectional", "Concat", "Conv1D", "Conv2D", "Dense", "DenseAct", "Flatten",
+           "GlobalPool1D", "Layer", "LayerNorm", "Network", "Pad1D", "Pad2D", "Pool1D", "Pool2D",
+           "Recurrent", "Reshape", "Residual", "TimeSlice", "Transpose", "activate", "apply",
+           "dense_chain", "extract", "forward"]

@@ -16,22 +16,27 @@ from .ir import (
     Attention,
     Bidirectional,
     Conv1D,
+    Conv2D,
     Dense,
     Flatten,
     GlobalPool1D,
     Layer,
     LayerNorm,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
+    Reshape,
     TimeSlice,
     f32,
     first,
+    ungroup,
 )
 from .walk import Chains
 
 _KERAS_SKIP = {"InputLayer", "Dropout", "GaussianNoise", "GaussianDropout", "ActivityRegularization",
-               "SpatialDropout1D", "AlphaDropout"}
+               "SpatialDropout1D", "SpatialDropout2D", "AlphaDropout"}
 
 
 def _refuse(target: str, layer: Any, why: str = "") -> UnsupportedError:
@@ -100,7 +105,8 @@ def read_keras(km: Any, target: str) -> list[Layer]:
 
 def _functional(km: Any, target: str) -> list[Layer]:
     """A functional model whose graph is a chain with residual adds (:class:`.walk.Chains`):
-    ``Add`` of two tensors, self-attention (query = value = key), ``x[:, i]`` slices of time."""
+    ``Add`` of two tensors, ``Concatenate`` of branches from one tensor (an inception module),
+    self-attention (query = value = key), ``x[:, i]`` slices of time."""
     if len(km.inputs) != 1 or len(km.outputs) != 1:
         raise UnsupportedError(f"{target} compiles Keras models with one input and one output")
     ch = Chains([[]], [tuple(int(d) for d in km.inputs[0].shape[1:])])
@@ -121,6 +127,14 @@ def _functional(km: Any, target: str) -> list[Layer]:
             why = ch.merge(ins[0], ins[1], op.name)
             if why:
                 raise _refuse(target, op, f"a residual add only ({why})")
+        elif cls == "Concatenate" and len(ins) >= 2:
+            axis, rank = op.get_config().get("axis", -1), len(outs[0].shape)
+            if axis not in (-1, rank - 1):
+                raise _refuse(target, op, f"a concatenation on axis {axis} (the last axis, the "
+                                          f"channels, only)")
+            why = ch.concat(ins, op.name)
+            if why:
+                raise _refuse(target, op, f"a concatenation of branches from one tensor only ({why})")
         else:
             if cls == "MultiHeadAttention":
                 _k_mha_mask(target, op, nodes[0])  # a mask tensor is refused by its name
@@ -336,6 +350,78 @@ def _keras_recurrent(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer
                       bool(cfg.get("return_sequences")), reset_after)]
 
 
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _same_pad(n: int, k: int, s: int, d: int) -> tuple[int, int]:
+    """TensorFlow's ``'same'`` padding of one axis of ``n`` cells: ``ceil(n / s)`` outputs, the
+    extra cell (an odd total) at the end."""
+    total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+    return total // 2, total - total // 2
+
+
+def _k_spatial(target: str, layer: Any, cfg: dict, size: tuple[int, int], stride: tuple[int, int],
+               dilation: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The ``((top, bottom), (left, right))`` padding of a 2-D Keras layer ('valid'/'same')."""
+    if cfg.get("data_format", "channels_last") != "channels_last":
+        raise _refuse(target, layer, "data_format channels_first (Keras on CPU runs channels_last)")
+    if cfg.get("padding", "valid") == "valid":
+        return (0, 0), (0, 0)
+    if cfg["padding"] != "same":
+        raise _refuse(target, layer, f"padding {cfg['padding']!r}")
+    h, w = (int(d) for d in layer.input.shape[1:3])
+    return (_same_pad(h, size[0], stride[0], dilation[0]), _same_pad(w, size[1], stride[1], dilation[1]))
+
+
+def _k_conv2d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    """Conv2D (groups read as a block-diagonal kernel) and DepthwiseConv2D (kernel (kh, kw,
+    c_in, multiplier): group per input channel)."""
+    s, d = _pair(cfg["strides"]), _pair(cfg["dilation_rate"])
+    k = ws[0]
+    if type(layer).__name__ == "DepthwiseConv2D":
+        ci, mult = k.shape[2], k.shape[3]
+        k, groups = k.reshape(k.shape[0], k.shape[1], 1, ci * mult), ci
+    else:
+        groups = int(cfg.get("groups", 1))
+    pad = _k_spatial(target, layer, cfg, k.shape[:2], s, d)
+    b = ws[1] if cfg.get("use_bias", True) else np.zeros(k.shape[3])
+    return [Conv2D(layer.name, f32(ungroup(k, groups)), f32(b), s, d, pad),
+            _keras_act(target, layer, layer.activation)]
+
+
+def _k_pool2d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    size = _pair(cfg["pool_size"])
+    stride = _pair(cfg.get("strides") or size)
+    pad = _k_spatial(target, layer, cfg, size, stride, (1, 1))
+    kind = "max" if type(layer).__name__.startswith("Max") else "avg"
+    return [Pool2D(layer.name, kind, size, stride, (1, 1), pad, False)]
+
+
+def _k_global_pool2d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    """A global pooling over rows and columns: the cells read as a sequence, pooled over it."""
+    if cfg.get("data_format", "channels_last") != "channels_last":
+        raise _refuse(target, layer, "data_format channels_first")
+    h, w, c = (int(d) for d in layer.input.shape[1:4])
+    out: list[Layer] = [Reshape(f"{layer.name}_cells", (h * w, c)),
+                        GlobalPool1D(layer.name, "avg" if "Average" in type(layer).__name__ else "max")]
+    return out + ([Reshape(f"{layer.name}_keepdims", (1, 1, c))] if cfg.get("keepdims") else [])
+
+
+def _k_pad2d(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    if cfg.get("data_format", "channels_last") != "channels_last":
+        raise _refuse(target, layer, "data_format channels_first")
+    p = cfg["padding"]
+    # an int, (rows, cols) each symmetric, or ((top, bottom), (left, right))
+    rows, cols = (_pair(p), _pair(p)) if isinstance(p, int) else (_pair(p[0]), _pair(p[1]))
+    return [Pad2D(layer.name, (rows, cols))]
+
+
+def _k_reshape(target: str, layer: Any, cfg: dict, ws: list) -> list[Layer]:
+    shape = tuple(int(d) for d in layer.output.shape[1:])
+    return [Reshape(layer.name, shape)]
+
+
 #: Keras layer class → its IR layers.
 _KERAS = {
     "Dense": _k_dense, "ReLU": _k_relu, "Softmax": _k_softmax, "BatchNormalization": _k_batchnorm,
@@ -349,4 +435,7 @@ _KERAS = {
     "Flatten": lambda t, layer, cfg, ws: [Flatten(layer.name)],
     "ZeroPadding1D": _k_pad, "Cropping1D": _k_crop, "LayerNormalization": _k_layernorm,
     "Bidirectional": _k_bidirectional, "MultiHeadAttention": _k_attention,
+    "Conv2D": _k_conv2d, "DepthwiseConv2D": _k_conv2d, "MaxPooling2D": _k_pool2d,
+    "AveragePooling2D": _k_pool2d, "GlobalAveragePooling2D": _k_global_pool2d,
+    "GlobalMaxPooling2D": _k_global_pool2d, "ZeroPadding2D": _k_pad2d, "Reshape": _k_reshape,
 }

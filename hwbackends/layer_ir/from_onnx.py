@@ -12,20 +12,30 @@ from .ir import (
     Affine,
     Bidirectional,
     Conv1D,
+    Conv2D,
     Dense,
     GlobalPool1D,
     Layer,
     LayerNorm,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
+    Reshape,
+    chain_shape,
     f32,
+    ungroup,
 )
 from .walk import (
+    IR_ORDER,
     Walk,
     final_axes,
+    ir_labels,
     last_step,
     permuted,
+    reduce_image,
+    reshape_merge,
     squeeze_time,
     time_slice,
     walk_affine,
@@ -44,13 +54,50 @@ _CHANNELS_FIRST = {"Conv", "MaxPool", "AveragePool", "BatchNormalization", "Glob
                    "GlobalMaxPool", "InstanceNormalization"}
 
 
-def _first_consumer(g: Any, value: str) -> str | None:
-    """The op of the first node reading ``value``, through Unsqueezes (torch.onnx writes a
-    1-D pool as Unsqueeze, the 2-D op, Squeeze)."""
+#: ops that act on each element alone: the layout is read from the op after them
+_ELEMENTWISE = {"Relu", "LeakyRelu", "Tanh", "Sigmoid", "Elu", "Selu", "Softplus", "Clip", "Exp",
+                "Neg", "Sqrt", "HardSigmoid", "Softsign", "Identity", "Dropout", "Cast"}
+
+
+def _pads_last_axis(n: Any, consts: dict[str, np.ndarray], rank: int) -> bool:
+    """Whether Pad node ``n`` pads the last axis (channels-last, that would be the channels)."""
+    attrs = _onnx_attrs(n)
+    if len(n.input) > 1 and n.input[1] in consts:
+        pads = [int(v) for v in np.ravel(consts[n.input[1]])]
+    else:
+        pads = list(attrs["pads"].ints) if "pads" in attrs else []
+    return len(pads) == 2 * rank and bool(pads[rank - 1] or pads[2 * rank - 1])
+
+
+def _first_consumer(g: Any, value: str, consts: dict[str, np.ndarray], rank: int) -> Any:
+    """The first node reading ``value``, through Unsqueezes (torch.onnx writes a 1-D pool as
+    Unsqueeze, the 2-D op, Squeeze), element-wise ops (a ReLU before the first Conv) and a Pad
+    of other axes than the last (a loop, not a recursion: graphs are deep)."""
+    readers: dict[str, Any] = {}
     for n in g.node:
-        if value in n.input:
-            return _first_consumer(g, n.output[0]) if n.op_type == "Unsqueeze" else n.op_type
-    return None
+        for i in n.input:
+            readers.setdefault(i, n)
+    n = readers.get(value)
+    while n is not None and (n.op_type == "Unsqueeze" or n.op_type in _ELEMENTWISE or (
+            n.op_type == "Pad" and not _pads_last_axis(n, consts, rank))):
+        n = readers.get(n.output[0])
+    return n
+
+
+def _reads_channels_first(g: Any, value: str, consts: dict[str, np.ndarray], rank: int) -> bool:
+    """Whether the first op reading the input takes channels on axis 1: a Conv, pool or batch
+    norm, a PRelu with one slope per axis-1 entry (a torch PReLU(channels) over an image), a
+    Concat on axis 1, or a Pad of the last axis (padding a channels-last tensor's channels is
+    not compiled)."""
+    n = _first_consumer(g, value, consts, rank)
+    if n is None:
+        return False
+    if n.op_type == "PRelu" and len(n.input) > 1 and n.input[1] in consts:
+        s = np.shape(consts[n.input[1]])
+        return len(s) == rank - 1 and s[0] > 1 and all(d == 1 for d in s[1:])
+    if n.op_type == "Concat":  # joined on axis 1: the channels, as an inception module's
+        return "axis" in _onnx_attrs(n) and _onnx_attrs(n)["axis"].i % rank == 1
+    return n.op_type in _CHANNELS_FIRST or n.op_type == "Pad"
 
 
 def _onnx_attrs(n: Any) -> dict[str, Any]:
@@ -78,20 +125,45 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     IR layers: the data tensors form a chain (each op reading the previous one's output,
     weights as initializers or Constants); side computations on the input's Shape (the
     zero initial state an exported LSTM builds for the batch) are followed only far enough
-    to see that they are zeros. Anything else is refused naming the node and op."""
+    to see that they are zeros. Anything else is refused naming the node and op.
+
+    The input's layout is read from the op consuming it (:func:`_reads_channels_first`);
+    where that reading is refused, the other is tried (a graph whose first ops say nothing
+    of the layout: element-wise ops, then a permute and reshape, or a pad of computed
+    amounts). Either reading that completes is the graph's function, since every axis-
+    dependent op is checked against the labels it tracks; if both are refused, the first
+    refusal is raised."""
+    try:
+        return _read_onnx(proto, target, None)
+    except UnsupportedError as exc:
+        if len(proto.graph.input[0].type.tensor_type.shape.dim) not in (3, 4):
+            raise
+        auto = _reads_channels_first(proto.graph, proto.graph.input[0].name, _onnx_consts(proto.graph),
+                                     len(proto.graph.input[0].type.tensor_type.shape.dim))
+        try:
+            return _read_onnx(proto, target, not auto)
+        except UnsupportedError:
+            raise exc from None
+
+
+def _read_onnx(proto: Any, target: str, channels_first: bool | None) -> list[Layer]:
+    """:func:`read_onnx` with the input read channels-first or not (None: as its first op says)."""
     g = proto.graph
     _refuse_typed_inputs(g, target)
     consts = _onnx_consts(g)
     dims = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim]
-    if len(dims) not in (2, 3):
-        raise UnsupportedError(f"{target} compiles ONNX models over (batch, features) or (batch, "
-                               f"time, channels) inputs; input {g.input[0].name!r} has {len(dims)} axes")
+    if len(dims) not in (2, 3, 4):
+        raise UnsupportedError(f"{target} compiles ONNX models over (batch, features), (batch, "
+                               f"time, channels) or (batch, channels, rows, cols) inputs; input "
+                               f"{g.input[0].name!r} has {len(dims)} axes")
     w = Walk(target, consts, tuple(dims[1:]))
     w.opset = next((int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx")), w.opset)
-    data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else (
-        # the model's own layout, read from the op that consumes its input
-        w.channels_first(g.input[0].name, "input")
-        if _first_consumer(g, g.input[0].name) in _CHANNELS_FIRST else ["N", "T", "C"])}
+    # the model's own layout, read from the op that consumes its input
+    first = (_reads_channels_first(g, g.input[0].name, consts, len(dims)) if channels_first is None
+             else channels_first)
+    data = {g.input[0].name: ["N", "C"] if len(dims) == 2 else
+            w.channels_first(g.input[0].name, "input") if first else
+            ["N", "T", "C"] if len(dims) == 3 else ["N", "Y", "X", "C"]}
     meta: dict[str, bool] = {}  # shape-derived tensors → whether they are all zeros
     prev = {g.input[0].name}
     w.put(g.input[0].name)
@@ -114,10 +186,13 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
         if not ins and _onnx_fold(n, consts):  # constant arithmetic (torch.onnx's F.pad amounts)
             continue
         if not din or op in _META_OPS:
+            _onnx_shape_of(w, n, [data[d] for d in din], din, consts)
             _onnx_meta(n, consts, meta)
             continue
-        if op == "Add" and len(din) == 2 and len(ins) == 2:  # a residual add
-            prev = _onnx_residual(w, n, name, din, data)
+        if (op == "Add" and len(din) == 2 and len(ins) == 2) or (op == "Concat" and len(din) >= 2):
+            # a residual add; a concatenation of branches from one tensor (an inception module)
+            prev = (_onnx_residual(w, n, name, din, data) if op == "Add"
+                    else _onnx_concat(w, n, name, din, ins, data))
             continue
         _onnx_operands(w, name, op, ins, din, prev | set(w.branches.at), set(data), meta)
         w.enter(din[0], name, op)
@@ -140,12 +215,54 @@ def read_onnx(proto: Any, target: str) -> list[Layer]:
     return w.main()
 
 
+#: The batch in a Shape's value (:func:`_onnx_shape_of`): a prime no per-sample size is, so the
+#: shape arithmetic after it keeps it apart (a Reshape's target reads it as "the batch").
+BATCH = 99991
+
+
+def _onnx_shape_of(w: Walk, n: Any, axes: list[list[str]], din: list[str],
+                   consts: dict[str, np.ndarray]) -> None:
+    """For a Shape node of a data value (``din``, labelled ``axes``), its value as a
+    constant, the batch as :data:`BATCH`, so the shape arithmetic torch.onnx writes around a
+    reshape (``flatten(2)`` over a dynamic batch: Shape → Slice → Concat → Reshape) folds into
+    the Reshape's target; nothing for another node, or a value whose axes the walk does not
+    size (it stays a computed operand, refused where read)."""
+    ch = w.branches
+    if n.op_type != "Shape" or len(din) != 1:
+        return
+    ax, value = axes[0], din[0]
+    if value not in ch.at or any(a not in ("N", "1", *IR_ORDER) for a in ax):
+        return
+    c, pos = ch.at[value]
+    sizes = dict(zip(ir_labels(ax), chain_shape(ch.chains[c][:pos], ch.shapes[c]), strict=False))
+    dims = [BATCH if a == "N" else sizes.get(a, 1) for a in ax]
+    attrs = _onnx_attrs(n)
+    start = attrs["start"].i if "start" in attrs else 0
+    end = attrs["end"].i if "end" in attrs else len(dims)
+    consts[n.output[0]] = np.array(dims[slice(start, end)], np.int64)
+
+
 def _onnx_residual(w: Walk, n: Any, name: str, din: list[str], data: dict[str, list[str]]) -> set[str]:
     """An Add of two data tensors: a residual add (:class:`Residual`); the new chain's tip."""
     if data[din[0]] != data[din[1]]:
         raise w.refuse(name, "Add", f"an add of tensors laid out {data[din[0]]} and {data[din[1]]}")
     w.merge(din[0], din[1], name, "Add")
     data[n.output[0]] = list(data[din[0]])
+    w.put(n.output[0])
+    return {n.output[0]}
+
+
+def _onnx_concat(w: Walk, n: Any, name: str, din: list[str], ins: list[str],
+                 data: dict[str, list[str]]) -> set[str]:
+    """A Concat of data tensors on the channels' axis: a :class:`Concat` of branches."""
+    ax = data[din[0]]
+    axis = _onnx_attrs(n)["axis"].i % len(ax) if "axis" in _onnx_attrs(n) else -1
+    if len(din) != len(ins) or any(data[d] != ax for d in din) or axis < 0 or ax[axis] != "C":
+        raise w.refuse(name, "Concat", f"a concatenation of {len(ins)} tensors (axes {ax}) on axis "
+                                       f"{axis}: it takes data tensors laid out alike, joined on the "
+                                       f"channels")
+    w.concat(list(din), name, "Concat")
+    data[n.output[0]] = list(ax)
     w.put(n.output[0])
     return {n.output[0]}
 
@@ -251,7 +368,7 @@ def _onnx_window(w: Walk, name: str, op: str, attrs: dict, t: int, rank: int,
 def _onnx_node(w: Walk, n: Any, name: str, op: str, ax: list[str], x: str,
                meta: dict[str, bool]) -> dict[str, list[str]]:
     """Append ``n``'s IR layers; the labels of its data outputs."""
-    for part in (_onnx_elementwise, _onnx_dense):
+    for part in (_onnx_elementwise, _onnx_dense, _onnx_image):
         out = part(w, n, name, op, ax)
         if out is not None:
             return out
@@ -391,6 +508,9 @@ def _onnx_dense(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str,
             raise w.refuse(name, op, "flattening from an axis other than 1")
         if op == "Reshape":
             to = [int(v) for v in c[n.input[1]]] if n.input[1] in c else None
+            to = [0 if d == BATCH else d for d in to] if to is not None else None
+            if to is not None and len(to) > 2:
+                return {o: reshape_merge(w, name, op, ax, to)}
             if to is None or len(to) != 2 or to[0] not in (0, -1) or (
                     to[1] not in (-1, int(np.prod(w.shape())))):
                 raise w.refuse(name, op, "a reshape other than to (batch, features)")
@@ -424,11 +544,10 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
         wt = c.get(n.input[1])
         if wt is None:
             raise w.refuse(name, op, "a computed kernel")
-        if (attrs["group"].i if "group" in attrs else 1) != 1:
-            raise w.refuse(name, op, f"group {attrs['group'].i} (grouped convolution)")
+        groups = attrs["group"].i if "group" in attrs else 1
         k, s, d, pad = _onnx_window(w, name, op, attrs, t, wt.ndim - 2, list(wt.shape[2:]))
         pad, w.pad = (pad[0] + w.pad[0], pad[1] + w.pad[1]), (0, 0)
-        kern = np.moveaxis(wt.reshape(wt.shape[0], wt.shape[1], k), 2, 0).transpose(0, 2, 1)
+        kern = ungroup(np.moveaxis(wt.reshape(wt.shape[0], wt.shape[1], k), 2, 0).transpose(0, 2, 1), groups)
         b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(wt.shape[0])
         w.layers.append(Conv1D(name, f32(kern), f32(b), s, d, pad))
         return {o: ax}
@@ -439,9 +558,15 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
         if len(n.output) > 1 and n.output[1] or (attrs.get("ceil_mode") and attrs["ceil_mode"].i):
             raise w.refuse(name, op, "indices output or ceil_mode")
         k, s, d, pad = _onnx_window(w, name, op, attrs, t, len(ax) - 2, list(attrs["kernel_shape"].ints))
-        if d != 1 or pad != (0, 0):
-            raise w.refuse(name, op, "padding or dilation")
-        w.layers.append(Pool1D(name, "max" if op == "MaxPool" else "avg", k, s))
+        kind = "max" if op == "MaxPool" else "avg"
+        if d != 1 or pad != (0, 0):  # a window with padding or dilation: the 2-D pool over (T, 1, C)
+            count = bool(attrs["count_include_pad"].i) if "count_include_pad" in attrs else False
+            steps, ch = w.shape()
+            w.layers.append(Reshape(f"{name}_rows", (steps, 1, ch)))
+            w.layers.append(Pool2D(name, kind, (k, 1), (s, 1), (d, 1), (pad, (0, 0)), count))
+            w.layers.append(Reshape(f"{name}_steps", (w.shape()[0], ch)))
+            return {o: ax}
+        w.layers.append(Pool1D(name, kind, k, s))
         return {o: ax}
     if op in ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "ReduceMax"):
         if op.startswith("Global"):
@@ -471,10 +596,68 @@ def _onnx_layer(w: Walk, n: Any, name: str, op: str, ax: list[str],
     raise w.refuse(name, op)
 
 
+def _onnx_window_2d(w: Walk, name: str, op: str, attrs: dict, shape: tuple[int, ...],
+                    kernel: list[int]) -> tuple[tuple, tuple, tuple]:
+    """(strides, dilations, ((top, bottom), (left, right))) of a 2-D Conv/Pool; auto_pad's
+    SAME_UPPER / SAME_LOWER pad to ceil(in / stride) cells, the odd cell after / before."""
+    strides = tuple(attrs["strides"].ints) if "strides" in attrs else (1, 1)
+    dil = tuple(attrs["dilations"].ints) if "dilations" in attrs else (1, 1)
+    pads = list(attrs["pads"].ints) if "pads" in attrs else [0, 0, 0, 0]
+    auto = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * 4
+        for i in range(2):
+            total = max((-(-shape[i] // strides[i]) - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - shape[i], 0)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads[i], pads[i + 2] = lo, total - lo
+    elif auto not in ("NOTSET", "VALID"):
+        raise w.refuse(name, op, f"auto_pad {auto}")
+    if len(strides) != 2 or len(dil) != 2 or len(pads) != 4 or min(pads) < 0:
+        raise w.refuse(name, op, f"strides {strides}, dilations {dil}, pads {pads} (2-D, no negative pads)")
+    return strides, dil, ((pads[0], pads[2]), (pads[1], pads[3]))
+
+
+def _onnx_image(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]] | None:
+    """Conv, pooling and reductions over an image's rows and columns (None: not one)."""
+    if "Y" not in ax and "X" not in ax:
+        return None
+    attrs, c, o = _onnx_attrs(n), w.consts, n.output[0]
+    if op in ("Conv", "MaxPool", "AveragePool"):
+        if ax != ["N", "C", "Y", "X"]:
+            raise w.refuse(name, op, f"its input's axes hold {ax}; it takes (batch, channels, rows, cols)")
+        if op == "Conv":
+            wt = c.get(n.input[1])
+            if wt is None or wt.ndim != 4:
+                raise w.refuse(name, op, "a computed (or not 2-D) kernel")
+            strides, dil, pad = _onnx_window_2d(w, name, op, attrs, w.shape(), list(wt.shape[2:]))
+            groups = attrs["group"].i if "group" in attrs else 1
+            b = c[n.input[2]] if len(n.input) > 2 and n.input[2] else np.zeros(wt.shape[0])
+            k = ungroup(np.asarray(wt, np.float32).transpose(2, 3, 1, 0), groups)
+            w.layers.append(Conv2D(name, f32(k), f32(b), strides, dil, pad))
+            return {o: ax}
+        if len(n.output) > 1 and n.output[1] or (attrs.get("ceil_mode") and attrs["ceil_mode"].i):
+            raise w.refuse(name, op, "indices output or ceil_mode")
+        size = tuple(attrs["kernel_shape"].ints)
+        strides, dil, pad = _onnx_window_2d(w, name, op, attrs, w.shape(), list(size))
+        count = bool(attrs["count_include_pad"].i) if "count_include_pad" in attrs else False
+        w.layers.append(Pool2D(name, "max" if op == "MaxPool" else "avg", size, strides, dil, pad, count))
+        return {o: ax}
+    if op in ("GlobalAveragePool", "GlobalMaxPool"):
+        axes, keep = [ax.index("Y"), ax.index("X")], True
+    elif op in ("ReduceMean", "ReduceMax", "ReduceSum"):
+        axes = [a % len(ax) for a in w.const_ints(n, 1, attrs, "axes") or []]
+        keep = bool(attrs["keepdims"].i) if "keepdims" in attrs else True
+    else:
+        return None
+    return {o: reduce_image(w, name, op, ax, axes, keep)}
+
+
 def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str, list[str]]:
     """Per-channel Mul/Add by a constant (the batch normalization tf2onnx writes; a bias after
     a Conv or Dense) and a zero Pad of time (before a causal Conv)."""
     c, o = w.consts, n.output[0]
+    if op == "Pad" and ("Y" in ax or "X" in ax):
+        return {o: _onnx_pad_2d(w, n, name, op, ax)}
     if op == "Pad":
         pads = w.const_ints(n, 1, _onnx_attrs(n), "pads") or []
         mode = _onnx_attrs(n).get("mode")
@@ -499,7 +682,7 @@ def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str
         raise w.refuse(name, op, f"an operand of {v.size} values over {w.shape()[-1]} channels")
     v = np.broadcast_to(v.ravel(), (w.shape()[-1],)).astype(np.float64)
     last = w.layers[-1] if w.layers else None
-    if op == "Add" and isinstance(last, (Dense, Conv1D)):
+    if op == "Add" and isinstance(last, (Dense, Conv1D, Conv2D)):
         last.b = f32(last.b + v)
     elif op == "Add" and isinstance(last, Affine):
         last.shift = last.shift + v
@@ -507,6 +690,28 @@ def _onnx_affine(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> dict[str
         ones, zeros = np.ones_like(v), np.zeros_like(v)
         w.layers.append(Affine(name, v if op == "Mul" else ones, zeros if op == "Mul" else v))
     return {o: ax}
+
+
+def _onnx_pad_2d(w: Walk, n: Any, name: str, op: str, ax: list[str]) -> list[str]:
+    """A Pad of an image's rows and columns: constant (any value), reflect or edge."""
+    attrs = _onnx_attrs(n)
+    pads = w.const_ints(n, 1, attrs, "pads") or []
+    mode = attrs["mode"].s.decode() if "mode" in attrs else "constant"
+    if len(n.input) > 2 and n.input[2]:
+        if n.input[2] not in w.consts:
+            raise w.refuse(name, op, "a computed padding value")
+        value = float(np.ravel(w.consts[n.input[2]])[0])
+    else:
+        value = attrs["value"].f if "value" in attrs else 0.0
+    r = len(ax)
+    if (len(pads) != 2 * r or mode not in ("constant", "reflect", "edge") or min(pads, default=0) < 0
+            or any(pads[i] or pads[i + r] for i in range(r) if ax[i] not in ("Y", "X"))
+            or ax != ["N", "C", "Y", "X"] and ax != ["N", "Y", "X", "C"]):
+        raise w.refuse(name, op, f"pads {pads} (mode {mode!r}) over axes {ax}: padding of the rows and "
+                                 f"columns only, constant/reflect/edge")
+    y, x = ax.index("Y"), ax.index("X")
+    w.layers.append(Pad2D(name, ((pads[y], pads[y + r]), (pads[x], pads[x + r])), mode, value))
+    return ax
 
 
 def _onnx_index(w: Walk, n: Any, name: str, op: str, ax: list[str], attrs: dict) -> dict[str, list[str]]:

@@ -12,14 +12,18 @@ from .ir import (
     Act,
     Bidirectional,
     Conv1D,
+    Conv2D,
     GlobalPool1D,
     Layer,
     LayerNorm,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
     f32,
     first,
+    ungroup,
 )
 from .torch_attention import Fused, find_attention
 from .walk import (
@@ -27,11 +31,14 @@ from .walk import (
     final_axes,
     last_step,
     permuted,
+    reduce_image,
+    reshape_merge,
     squeeze_time,
     time_slice,
     walk_affine,
     walk_dense,
     walk_flatten,
+    walk_merge,
 )
 
 
@@ -76,7 +83,13 @@ _SELU = (1.6732632423543772848170429916717, 1.0507009873554804934193349852946)
 #: torch ops over (batch, channels, time): an input they read first is channels-first
 _CHANNELS_FIRST = {"aten.conv1d.default", "aten.max_pool1d.default", "aten.avg_pool1d.default",
                    "aten.max_pool1d_with_indices.default", "aten.adaptive_avg_pool1d.default",
-                   "aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default"}
+                   "aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default",
+                   "aten.conv2d.default", "aten.conv2d.padding", "aten.max_pool2d.default",
+                   "aten.avg_pool2d.default", "aten.adaptive_avg_pool2d.default"}
+#: ops that act on each element alone (the layout is read from the op after them)
+_ELEMENTWISE = {*_ATEN_ACTS, "aten.leaky_relu.default", "aten.elu.default", "aten.selu.default",
+                "aten.gelu.default", "aten.hardtanh.default", "aten.clamp.default",
+                "aten.dropout.default", "aten.clone.default", "aten.contiguous.default"}
 #: ops on the input that read only its size
 _ATEN_META = {"aten.sym_size.int", "aten.sym_numel.default"}
 _ATEN_PASS = {"aten.dropout.default", "aten.alias.default", "aten.clone.default",
@@ -87,7 +100,21 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     """A ``torch.export`` program whose data flows through one chain of the ops
     :data:`TORCH_OPS` lists (modules' own ``forward`` included: an LSTM's output indexed at
     its last step, transposes to and from Conv1d's channels-first layout), as IR layers.
-    Tensors are labelled as in :func:`read_onnx`; anything else is refused naming the op."""
+    Tensors are labelled as in :func:`read_onnx`; anything else is refused naming the op.
+    The input's layout as :func:`read_onnx` reads it: from its first op, the other reading
+    tried where that one is refused."""
+    try:
+        return _aten_read(ep, target, None)
+    except UnsupportedError as exc:
+        for channels_first in (True, False):  # one of them is the reading just refused
+            try:
+                return _aten_read(ep, target, channels_first)
+            except UnsupportedError:
+                pass
+        raise exc from None
+
+
+def _aten_read(ep: Any, target: str, channels_first: bool | None) -> list[Layer]:
     sig = ep.graph_signature
     names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     consts = {p: ep.state_dict[t] for p, t in names.items()}
@@ -97,12 +124,13 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     if len(user) != 1:
         raise UnsupportedError(f"{target} compiles torch models with one tensor input")
     in_shape = tuple(int(d) for d in user[0].meta["val"].shape[1:])
-    if len(in_shape) not in (1, 2):
-        raise UnsupportedError(f"{target} compiles torch models over (batch, features) or (batch, "
-                               f"time, channels) inputs; this one takes {in_shape}")
+    if len(in_shape) not in (1, 2, 3):
+        raise UnsupportedError(f"{target} compiles torch models over (batch, features), (batch, "
+                               f"time, channels) or (batch, channels, rows, cols) inputs; this one "
+                               f"takes {in_shape}")
     w = Walk(target, {}, in_shape)
     w.kind, w.supported = "torch op", TORCH_OPS
-    data: dict[Any, list[str]] = {user[0]: _input_labels(w, ep, user[0], in_shape)}
+    data: dict[Any, list[str]] = {user[0]: _input_labels(w, ep, user[0], in_shape, channels_first)}
     meta: dict[Any, bool] = {}
     prev: set[Any] = {user[0]}
     w.put(user[0])
@@ -133,8 +161,9 @@ def _aten(ep: Any, target: str) -> list[Layer]:
             prev.add(n)
             w.put(n)
             continue
-        if op in ("aten.add.Tensor", "aten.add_.Tensor") and len(din) == 2:
-            data[n] = _aten_residual(w, n, op, din, data)
+        cat = op == "aten.cat.default" and len(din) >= 2  # branches from one tensor
+        if cat or (op in ("aten.add.Tensor", "aten.add_.Tensor") and len(din) == 2):
+            data[n] = _aten_cat(w, n, op, din, data) if cat else _aten_residual(w, n, op, din, data)
             prev = {n}
             continue
         if len(din) != 1 or any(a in data for a in flat if a is not din[0]):
@@ -154,15 +183,32 @@ def _aten(ep: Any, target: str) -> list[Layer]:
     return w.main()
 
 
-def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...]) -> list[str]:
+def _input_labels(w: Walk, ep: Any, x: Any, in_shape: tuple[int, ...],
+                  channels_first: bool | None = None) -> list[str]:
     """The input's axes: (batch, features), (batch, time, channels), or channels-first when
     the first op reading it takes channels on dim 1 (Conv1d, pooling, BatchNorm1d): the
     model's own layout, read from its op."""
     if len(in_shape) == 1:
         return ["N", "C"]
-    first = next((str(n.target) for n in ep.graph.nodes if n.op == "call_function"
-                  and x in _aten_flat(n.args) and str(n.target) not in _ATEN_META), None)
-    return w.channels_first(x, "input") if first in _CHANNELS_FIRST else ["N", "T", "C"]
+    if channels_first is not None:  # the reading asked for
+        return (w.channels_first(x, "input") if channels_first else
+                ["N", "T", "C"] if len(in_shape) == 2 else ["N", "Y", "X", "C"])
+    first, value = None, x
+    while first is None or first in _ELEMENTWISE or first == "pad":
+        # the layout: the first op after element-wise ones and a pad of other axes than the
+        # last (channels-last, that would be the channels: a pad of it reads channels-first)
+        node = next((n for n in ep.graph.nodes if n.op == "call_function"
+                     and value in _aten_flat(n.args) and str(n.target) not in _ATEN_META), None)
+        if node is None:
+            break
+        first, value = str(node.target), node
+        if first in ("aten.pad.default", "aten.constant_pad_nd.default"):
+            first = "channels-first" if any(list(node.args[1])[:2]) else "pad"
+        elif first == "aten.cat.default" and len(node.args) > 1 and node.args[1] % (len(in_shape) + 1) == 1:
+            first = "channels-first"  # joined on dim 1: the channels, as an inception module's
+    if first in _CHANNELS_FIRST or first == "channels-first":
+        return w.channels_first(x, "input")
+    return ["N", "T", "C"] if len(in_shape) == 2 else ["N", "Y", "X", "C"]
 
 
 def _live(ep: Any) -> set[Any]:
@@ -209,6 +255,19 @@ def _aten_residual(w: Walk, n: Any, op: str, din: list[Any], data: dict) -> list
     w.merge(din[0], din[1], n.name, op)
     w.put(n)
     return list(data[din[0]])
+
+
+def _aten_cat(w: Walk, n: Any, op: str, din: list[Any], data: dict) -> list[str]:
+    """``torch.cat`` of data values on the channels: a :class:`Concat` of branches."""
+    parts = n.args[0]
+    ax = data[din[0]]
+    dim = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % len(ax)
+    if len(parts) != len(din) or any(data[d] != ax for d in din) or ax[dim] != "C":
+        raise w.refuse(n.name, op, f"a concatenation of {len(parts)} tensors (axes {ax}) on dim {dim}: "
+                                   f"it takes data tensors laid out alike, joined on the channels")
+    w.concat(list(parts), n.name, op)
+    w.put(n)
+    return list(ax)
 
 
 def _aten_getitem(w: Walk, n: Any, rec: Any) -> list[str]:
@@ -336,21 +395,87 @@ def _aten_layout(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) ->
         return squeeze_time(w, name, op, ax, dims)
     if op in ("aten.flatten.using_ints", "aten.view.default", "aten.reshape.default"):
         if op == "aten.flatten.using_ints":
-            ok = (args[1] if len(args) > 1 else 0) == 1 and (args[2] if len(args) > 2 else -1) in (-1, len(ax) - 1)
+            start = (args[1] if len(args) > 1 else 0) % len(ax)
+            end = (args[2] if len(args) > 2 else -1) % len(ax)
+            if start != 1 or end != len(ax) - 1:
+                return walk_merge(w, name, op, ax, start, end + 1)
+            ok = True
         else:
             shp = args[1]
+            if len(shp) > 2 and all(isinstance(d, int) for d in shp):
+                return reshape_merge(w, name, op, ax, list(shp), batch=2)  # traced at batch 2
             ok = len(shp) == 2 and (shp[1] == -1 or shp[1] == int(np.prod(w.shape())))
         if not ok:
-            raise w.refuse(name, op, "a reshape other than to (batch, features)")
+            raise w.refuse(name, op, "a reshape other than to (batch, features), or merging adjacent axes")
         return walk_flatten(w, name, op, ax)
     if op in ("aten.conv1d.default", "aten.conv1d.padding"):
         return _aten_conv(w, n, op, ax, t)
+    if op in ("aten.conv2d.default", "aten.conv2d.padding"):
+        return _aten_conv2d(w, n, op, ax, t)
     return _aten_pool(w, n, op, ax, t, meta)
+
+
+def _aten_conv2d(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
+    """``conv2d(x, weight, bias, stride, padding, dilation, groups)`` over (N, C, H, W)."""
+    args, name = list(n.args) + [None] * 7, n.name
+    if ax != ["N", "C", "Y", "X"]:
+        raise w.refuse(name, op, f"its input's axes hold {ax}; Conv2d takes (batch, channels, rows, cols)")
+    wt = t(args[1])
+    stride, dil = _two(args[3] or 1), _two(args[5] or 1)
+    groups = args[6] or 1
+    kh, kw = wt.shape[2:]
+    if isinstance(args[4], str):
+        if args[4] == "same" and stride != (1, 1):
+            raise w.refuse(name, op, "padding 'same' with stride > 1")
+        pads = [((k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2) if args[4] == "same" else (0, 0)
+                for k, d in ((kh, dil[0]), (kw, dil[1]))]
+        pad = (pads[0], pads[1])
+    else:
+        ph, pw = _two(args[4] or 0)
+        pad = ((ph, ph), (pw, pw))
+    b = t(args[2]) if args[2] is not None else np.zeros(wt.shape[0])
+    w.layers.append(Conv2D(name, f32(ungroup(wt.transpose(2, 3, 1, 0), groups)), f32(b), stride, dil, pad))
+    return ax
+
+
+def _two(v: Any) -> tuple[int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return (int(v[0]), int(v[-1]))
+
+
+def _aten_pool2d(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
+    """``max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)`` / ``avg_pool2d(x, kernel,
+    stride, padding, ceil_mode, count_include_pad, divisor_override)``; ``adaptive_avg_pool2d``
+    to one cell."""
+    args, name = list(n.args) + [None] * 7, n.name
+    if ax != ["N", "C", "Y", "X"]:
+        raise w.refuse(name, op, f"its input's axes hold {ax}; it takes (batch, channels, rows, cols)")
+    if op == "aten.adaptive_avg_pool2d.default":
+        if _two(args[1]) != (1, 1):
+            raise w.refuse(name, op, "an adaptive pool to other than one cell")
+        return reduce_image(w, name, op, ax, [2, 3], True)
+    k = _two(args[1])
+    s = _two(args[2]) if args[2] else k
+    ph, pw = _two(args[3] or 0)
+    mx = "max" in op
+    dil = _two(args[4] or 1) if mx else (1, 1)
+    ceil = args[5] if mx else args[4]
+    count = bool(True if args[5] is None else args[5]) if not mx else False
+    if ceil or (not mx and args[6] is not None):
+        raise w.refuse(name, op, "ceil_mode or divisor_override")
+    w.layers.append(Pool2D(name, "max" if mx else "avg", k, s, dil, ((ph, ph), (pw, pw)), count))
+    return ax
 
 
 def _aten_pool(w: Walk, n: Any, op: str, ax: list[str], t: Any, meta: dict) -> list[str]:
     """Pooling, the last step of a sequence, LSTM/GRU; anything else is refused."""
     args, name = list(n.args), n.name
+    if op in ("aten.max_pool2d.default", "aten.avg_pool2d.default", "aten.adaptive_avg_pool2d.default"):
+        return _aten_pool2d(w, n, op, ax)
+    if op in ("aten.mean.dim", "aten.amax.default") and ("Y" in ax or "X" in ax):
+        dims = [d % len(ax) for d in args[1]]
+        return reduce_image(w, name, "ReduceMean" if "mean" in op else "ReduceMax", ax, dims,
+                            bool(args[2]) if len(args) > 2 else False)
     if op in ("aten.max_pool1d.default", "aten.avg_pool1d.default"):
         if ax != ["N", "C", "T"]:
             raise w.refuse(name, op, f"its input's axes hold {ax}; it takes (batch, channels, time)")
@@ -434,11 +559,14 @@ def _aten_time(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
 
 
 def _aten_pad(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
-    """``F.pad`` with zeros along time (:class:`Pad1D`, folded into the Conv1d after it)."""
+    """``F.pad`` with zeros along time (:class:`Pad1D`, folded into the Conv1d after it); of
+    an image's rows and columns constant, reflect or replicate (:class:`Pad2D`)."""
     args = list(n.args) + [None] * 3
     pads = list(args[1])
     mode = n.kwargs.get("mode", args[2] if op == "aten.pad.default" else "constant")
     value = n.kwargs.get("value", args[3] if op == "aten.pad.default" else args[2])
+    if "Y" in ax or "X" in ax:
+        return _aten_pad2d(w, n, op, ax, pads, mode or "constant", value)
     pairs = {len(ax) - 1 - k: (pads[2 * k], pads[2 * k + 1]) for k in range(len(pads) // 2)}
     if (mode or "constant") != "constant" or value not in (None, 0, 0.0) or any(
             p != (0, 0) for d, p in pairs.items() if ax[d] != "T") or min(pads, default=0) < 0:
@@ -450,6 +578,20 @@ def _aten_pad(w: Walk, n: Any, op: str, ax: list[str]) -> list[str]:
     return ax
 
 
+def _aten_pad2d(w: Walk, n: Any, op: str, ax: list[str], pads: list[int], mode: str,
+                value: Any) -> list[str]:
+    pairs = {len(ax) - 1 - k: (pads[2 * k], pads[2 * k + 1]) for k in range(len(pads) // 2)}
+    modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+    if (mode not in modes or min(pads, default=0) < 0 or ax not in (["N", "C", "Y", "X"], ["N", "Y", "X", "C"])
+            or any(p != (0, 0) for d, p in pairs.items() if ax[d] not in ("Y", "X"))):
+        raise w.refuse(n.name, op, f"padding {pads} (mode {mode!r}) over axes {ax}: padding of the rows "
+                                   f"and columns only, constant/reflect/replicate")
+    y, x = ax.index("Y"), ax.index("X")
+    w.layers.append(Pad2D(n.name, (pairs.get(y, (0, 0)), pairs.get(x, (0, 0))), modes[mode],
+                          float(value or 0.0)))
+    return ax
+
+
 def _aten_conv(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
     args, name = list(n.args) + [None] * 7, n.name
     if ax != ["N", "C", "T"]:
@@ -457,8 +599,6 @@ def _aten_conv(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
                                  f"transpose a (batch, time, channels) input first")
     wt = t(args[1])
     s, d, groups = first(args[3] or 1), first(args[5] or 1), args[6] or 1
-    if groups != 1:
-        raise w.refuse(name, op, f"groups={groups} (grouped convolution)")
     k = wt.shape[2]
     span = (k - 1) * d
     if isinstance(args[4], str):
@@ -469,7 +609,7 @@ def _aten_conv(w: Walk, n: Any, op: str, ax: list[str], t: Any) -> list[str]:
         p = first(args[4] or 0)
         pad = (p, p)
     b = t(args[2]) if args[2] is not None else np.zeros(wt.shape[0])
-    w.layers.append(Conv1D(name, f32(wt.transpose(2, 1, 0)), f32(b), s, d, pad))
+    w.layers.append(Conv1D(name, f32(ungroup(wt.transpose(2, 1, 0), groups)), f32(b), s, d, pad))
     return ax
 
 

@@ -16,7 +16,10 @@ SUPPORTED = ("Dense, Activation/ReLU/LeakyReLU/Softmax (relu, leaky_relu, tanh, 
              "softmax, gelu, elu, selu, softplus, log_softmax, exponential, relu6, hard_sigmoid, "
              "softsign), ELU, PReLU (per channel or shared), BatchNormalization, LayerNormalization, Conv1D (valid/same/causal), "
              "ZeroPadding1D, Cropping1D, MaxPooling1D/AveragePooling1D (valid), GlobalAverage/"
-             "MaxPooling1D, Flatten, LSTM, GRU (tanh/sigmoid), Bidirectional (concat), "
+             "MaxPooling1D, Conv2D (valid/same, strides, dilation, groups), ZeroPadding2D, "
+             "MaxPooling2D/AveragePooling2D (valid/same), GlobalAverage/MaxPooling2D, Reshape, "
+             "Concatenate (last axis, of branches from one tensor), "
+             "Flatten, LSTM, GRU (tanh/sigmoid), Bidirectional (concat), "
              "MultiHeadAttention (self-attention; use_causal_mask, no attention_mask), Add (residual), x[:, i] / x[:, a:b], Dropout; "
              "torch: see TORCH_OPS; ONNX: see ONNX_OPS")
 
@@ -84,6 +87,97 @@ class Conv1D(Layer):
         return ((t - span) // self.stride + 1, self.w.shape[2])
 
 
+def _pairs(v: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    (a, b), (c, d) = v
+    return (int(a), int(b)), (int(c), int(d))
+
+
+@dataclass
+class Conv2D(Layer):
+    """Channels-last 2-D convolution over ``(rows, cols, channels)``: ``w`` is ``(kh, kw,
+    c_in, c_out)`` (Keras' layout), ``stride`` and ``dilation`` (rows, cols), ``pad``
+    ``((top, bottom), (left, right))`` zeros. A grouped convolution is read as its
+    block-diagonal dense kernel (zeros between the groups): the same function."""
+
+    w: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 0, 0, 0), np.float32))
+    b: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, np.float32))
+    stride: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    pad: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        (t, b), (lft, r) = _pairs(self.pad)
+        out = []
+        for n, p, k, d, s in ((shape[0], t + b, self.w.shape[0], self.dilation[0], self.stride[0]),
+                              (shape[1], lft + r, self.w.shape[1], self.dilation[1], self.stride[1])):
+            out.append((n + p - (k - 1) * d - 1) // s + 1)
+        return (out[0], out[1], self.w.shape[3])
+
+
+@dataclass
+class Pool2D(Layer):
+    """Max or average pooling over ``(rows, cols, channels)``, per channel: ``size``,
+    ``stride``, ``dilation`` (rows, cols) and ``pad`` ``((top, bottom), (left, right))``.
+    Padded cells never win a max; an average counts them (as zeros) only with ``count_pad``
+    (torch's ``count_include_pad``, ONNX's attribute; Keras' ``'same'`` does not)."""
+
+    kind: str = "max"  # max | avg
+    size: tuple[int, int] = (2, 2)
+    stride: tuple[int, int] = (2, 2)
+    dilation: tuple[int, int] = (1, 1)
+    pad: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    count_pad: bool = False
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        (t, b), (lft, r) = _pairs(self.pad)
+        out = []
+        for n, p, k, d, s in ((shape[0], t + b, self.size[0], self.dilation[0], self.stride[0]),
+                              (shape[1], lft + r, self.size[1], self.dilation[1], self.stride[1])):
+            out.append((n + p - (k - 1) * d - 1) // s + 1)
+        return (out[0], out[1], shape[2])
+
+
+@dataclass
+class Pad2D(Layer):
+    """Padding of rows and columns ``((top, bottom), (left, right))``: ``mode`` ``constant``
+    (with ``value``), ``reflect`` (mirrored, the edge not repeated) or ``edge`` (the edge
+    repeated); :func:`extract` folds a zero padding into a Conv2D right after it."""
+
+    pad: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    mode: str = "constant"
+    value: float = 0.0
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        (t, b), (lft, r) = _pairs(self.pad)
+        return (shape[0] + t + b, shape[1] + lft + r, *shape[2:])
+
+
+@dataclass
+class Reshape(Layer):
+    """The per-sample tensor read as ``shape`` in row-major order (its memory unchanged): a
+    Keras ``Reshape``, or ``(rows, cols, channels)`` as ``(rows·cols, channels)`` before a
+    global pooling."""
+
+    shape: tuple[int, ...] = ()
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.shape)
+
+
+@dataclass
+class Concat(Layer):
+    """``y = concat(branch(x) for branch in branches)`` on the last axis (the channels): sub-
+    chains from one value (an empty one is the identity), as an inception module's. A layer
+    holding chains for the reason :class:`Residual` is one: the chain stays a chain for every
+    consumer."""
+
+    branches: list[list[Layer]] = field(default_factory=list)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        outs = [chain_shape(b, shape) for b in self.branches]
+        return (*outs[0][:-1], sum(o[-1] for o in outs))
+
+
 @dataclass
 class Pool1D(Layer):
     kind: str = "max"  # max | avg
@@ -128,12 +222,16 @@ class Recurrent(Layer):
 
 @dataclass
 class Transpose(Layer):
-    """The two per-sample axes swapped, ``(A, B) → (B, A)``: a channels-first input
-    ``(channels, time)`` as the IR's channels-last ``(time, channels)``, read from the op
-    that consumes the model's input (a Conv, pool or batch norm over axis 1)."""
+    """The per-sample axes permuted: output axis ``i`` is input axis ``perm[i]``. The default
+    swaps two, ``(A, B) → (B, A)``: a channels-first input ``(channels, time)`` as the IR's
+    channels-last ``(time, channels)``; ``(1, 2, 0)`` takes ``(channels, rows, cols)`` to
+    ``(rows, cols, channels)``. Read from the op that consumes the model's input (a Conv,
+    pool or batch norm over axis 1), and back for an output the model keeps channels-first."""
+
+    perm: tuple[int, ...] = (1, 0)
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return (shape[1], shape[0])
+        return tuple(shape[p] for p in self.perm)
 
 
 @dataclass
@@ -255,9 +353,11 @@ class Network:
 ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Elu, Selu, Softplus, "
             "LogSoftmax (last axis), Clip (constant bounds), Exp, Neg, Sqrt, PRelu (one slope or one "
             "per channel), HardSigmoid, Softsign, BatchNormalization (eval, over the channels), "
-            "Conv (1-D, group 1), "
-            "MaxPool/AveragePool (no padding), GlobalAveragePool/GlobalMaxPool, ReduceMean/ReduceMax "
-            "over time, LSTM/GRU (forward or bidirectional, stacked nodes, tanh/sigmoid, zero "
+            "Conv (1-D or 2-D, any group), "
+            "MaxPool/AveragePool (2-D: pads, dilations; 1-D likewise), GlobalAveragePool/GlobalMaxPool, "
+            "ReduceMean/ReduceMax over time, ReduceMean/ReduceMax/ReduceSum over an image's rows "
+            "and/or columns, Pad of an image (constant/reflect/edge), Concat of branches on the "
+            "channels, Reshape merging adjacent axes, LSTM/GRU (forward or bidirectional, stacked nodes, tanh/sigmoid, zero "
             "initial state), LayerNormalization (last axis), Pad (zeros along time), Gather/Slice "
             "of time, Add of two branches from one tensor (residual), Flatten/Reshape to (batch, "
             "features), "
@@ -267,14 +367,32 @@ ONNX_OPS = ("Gemm, MatMul (+ Add), Relu, LeakyRelu, Tanh, Sigmoid, Softmax, Elu,
 TORCH_OPS = ("Linear, ReLU, LeakyReLU, Tanh, Sigmoid, Softmax, GELU, ELU, SELU, Softplus, LogSoftmax, "
              "ReLU6/Hardtanh/clamp (number bounds), Hardsigmoid, PReLU (one slope, or one per "
              "channel on dim 1), exp, neg, sqrt, BatchNorm1d (eval), LayerNorm "
-             "(over the channels), Dropout (eval), Conv1d (group 1), F.pad with zeros along time, "
-             "MaxPool1d/AvgPool1d (no padding), AdaptiveAvgPool1d(1), mean/amax over time, LSTM/GRU "
+             "(over the channels), Dropout (eval), Conv1d/Conv2d (any groups), F.pad with zeros "
+             "along time, F.pad of an image (constant/reflect/replicate), MaxPool1d/AvgPool1d (no "
+             "padding), MaxPool2d/AvgPool2d, AdaptiveAvgPool1d(1)/2d(1), BatchNorm2d (eval), "
+             "torch.cat of branches on the channels, mean/amax over time or an image's rows/cols, LSTM/GRU "
              "(stacked, bidirectional, zero initial state), time indexing and contiguous slices "
              "(x[:, -1], x[..., :-p]), residual adds (a + b of two branches from one tensor), "
-             "transpose/permute/(un)squeeze, flatten/view to (batch, features), Linear per time "
+             "transpose/permute/(un)squeeze, flatten/view to (batch, features) or merging adjacent "
+             "axes, Linear per time "
              "step, self-attention (nn.MultiheadAttention, F.scaled_dot_product_attention, "
              "softmax(q·kᵀ)·v; is_causal=True or no mask, no attn_mask, self-attention only), "
              "nn.TransformerEncoderLayer (eval)")
+
+def ungroup(w: np.ndarray, groups: int) -> np.ndarray:
+    """A grouped convolution's kernel ``(…, c_in / groups, c_out)`` as the dense ``(…, c_in,
+    c_out)`` kernel computing the same function: group ``g``'s outputs read only its inputs,
+    zeros elsewhere (a depthwise convolution is ``groups = c_in``)."""
+    w = np.asarray(w)
+    if groups == 1:
+        return w
+    cig, co = w.shape[-2], w.shape[-1]
+    cog = co // groups
+    out = np.zeros((*w.shape[:-2], cig * groups, co), w.dtype)
+    for g in range(groups):
+        out[..., g * cig:(g + 1) * cig, g * cog:(g + 1) * cog] = w[..., g * cog:(g + 1) * cog]
+    return out
+
 
 def f32(a: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(a, np.float32))

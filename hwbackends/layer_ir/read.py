@@ -17,15 +17,20 @@ from .ir import (
     Affine,
     Attention,
     Bidirectional,
+    Concat,
     Conv1D,
+    Conv2D,
     Dense,
     GlobalPool1D,
     Layer,
     LayerNorm,
     Network,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
+    Reshape,
     Residual,
     TimeSlice,
     Transpose,
@@ -76,8 +81,39 @@ def _check_shapes(net: Network, target: str) -> None:
 
 
 #: layers over (time, channels) only
-_TIME_LAYERS = (Conv1D, Pool1D, GlobalPool1D, Recurrent, Pad1D, TimeSlice, Bidirectional, Attention,
-                Transpose)
+_TIME_LAYERS = (Conv1D, Pool1D, GlobalPool1D, Recurrent, Pad1D, TimeSlice, Bidirectional, Attention)
+#: layers over (rows, cols, channels) only
+_SPATIAL_LAYERS = (Conv2D, Pool2D, Pad2D)
+
+
+def _check_2d(layer: Layer, s: tuple[int, ...], target: str) -> None:
+    """Shapes around a transpose, a reshape, a concatenation's branches, and a pooling whose
+    window would hold only padding."""
+    where = f"{target}: layer {layer.name!r} ({type(layer).__name__})"
+    if isinstance(layer, Transpose) and sorted(layer.perm) != list(range(len(s))):
+        raise UnsupportedError(f"{where} permutes axes {layer.perm} of an input of shape {s}")
+    if isinstance(layer, Reshape) and int(np.prod(layer.shape)) != int(np.prod(s)):
+        raise UnsupportedError(f"{where} reads {int(np.prod(s))} values (shape {s}) as shape "
+                               f"{layer.shape}")
+    if isinstance(layer, Concat):
+        if not layer.branches:
+            raise UnsupportedError(f"{where} concatenates no branch")
+        for branch in layer.branches:
+            _check_chain(branch, s, target)
+        outs = [chain_shape(b, s) for b in layer.branches]
+        if len({o[:-1] for o in outs}) != 1:
+            raise UnsupportedError(f"{where} concatenates branches of shapes {outs} on the last "
+                                   f"axis: every other axis must agree")
+    if isinstance(layer, Pool2D) and len(s) == 3 and min(layer.out_shape(s)) >= 1:
+        from .reference import apply
+
+        probe = Pool2D("probe", "avg", layer.size, layer.stride, layer.dilation, layer.pad, False)
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 / 0: a window of padding only
+            cells = apply(probe, np.ones((1, s[0], s[1], 1)))
+        if not np.all(np.isfinite(cells)):
+            raise UnsupportedError(f"{where}: a window of {layer.size} (dilation {layer.dilation}, "
+                                   f"padding {layer.pad}) over an input of shape {s} holds only "
+                                   f"padding")
 
 
 def _check_desk(layer: Layer, s: tuple[int, ...], target: str) -> None:
@@ -103,11 +139,12 @@ def _check_desk(layer: Layer, s: tuple[int, ...], target: str) -> None:
 def _check_chain(layers: list[Layer], s: tuple[int, ...], target: str) -> None:
     for layer in layers:
         _check_desk(layer, s, target)
-        need = 2 if isinstance(layer, _TIME_LAYERS) else None
+        need = 2 if isinstance(layer, _TIME_LAYERS) else 3 if isinstance(layer, _SPATIAL_LAYERS) else None
         if need is not None and len(s) != need:
             raise UnsupportedError(f"{target} cannot compile layer {layer.name!r} "
                                    f"({type(layer).__name__}) on an input of shape {s}: it takes "
-                                   f"(time, channels)")
+                                   + ("(time, channels)" if need == 2 else "(rows, cols, channels)"))
+        _check_2d(layer, s, target)
         _check_vectors(layer, s, target)
         if isinstance(layer, Dense) and s[-1] != layer.w.shape[0]:
             raise UnsupportedError(f"{target}: layer {layer.name!r} (Dense) takes {layer.w.shape[0]} "
@@ -132,6 +169,8 @@ def _fold_slices(layers: list[Layer], shape: tuple[int, ...]) -> list[Layer]:
         if isinstance(layer, Residual):
             layer = replace(layer, body=_fold_slices(layer.body, shape),
                             shortcut=_fold_slices(layer.shortcut, shape))
+        if isinstance(layer, Concat):
+            layer = replace(layer, branches=[_fold_slices(b, shape) for b in layer.branches])
         if isinstance(layer, TimeSlice) and isinstance(prev, TimeSlice) and prev.keep:
             # x[:, a:b] then a step or slice of it (x[:, -1:] then a squeeze): one slice
             layer = replace(layer, start=prev.start + layer.start, stop=prev.start + layer.stop)
@@ -170,6 +209,8 @@ def _check_vectors(layer: Layer, s: tuple[int, ...], target: str) -> None:
         sizes += [("bias", layer.b.size, layer.w.shape[1])]
     elif isinstance(layer, Conv1D):
         sizes += [("kernel's input channels", layer.w.shape[1], c), ("bias", layer.b.size, layer.w.shape[2])]
+    elif isinstance(layer, Conv2D):
+        sizes += [("kernel's input channels", layer.w.shape[2], c), ("bias", layer.b.size, layer.w.shape[3])]
     elif isinstance(layer, Recurrent):
         gu = (4 if layer.cell == "lstm" else 3) * layer.units
         sizes += [("kernel's rows", layer.kernel.shape[0], c), ("kernel's columns", layer.kernel.shape[1], gu),
@@ -191,11 +232,14 @@ def _cast(layer: Layer, dtype: np.dtype) -> Layer:
                       shortcut=[_cast(x, dtype) for x in layer.shortcut])
     if isinstance(layer, Bidirectional):
         arrays.update(forward=_cast(layer.forward, dtype), backward=_cast(layer.backward, dtype))
+    if isinstance(layer, Concat):
+        arrays.update(branches=[[_cast(x, dtype) for x in b] for b in layer.branches])
     return replace(layer, **arrays) if arrays else layer
 
 
 def _fold(layers: list[Layer], dtype: np.dtype) -> list[Layer]:
-    """Fold each :class:`Affine` into the Dense/Conv1D right before it. The converters give
+    """Fold each :class:`Affine` into the Dense/Conv1D/Conv2D right before it, and a zero
+    padding into the convolution right after it. The converters give
     an Affine's scale/shift in float64; the float32 IR folds their float32 values (what an
     unfolded Affine holds), the float64 IR the unrounded ones."""
     out: list[Layer] = []
@@ -203,10 +247,18 @@ def _fold(layers: list[Layer], dtype: np.dtype) -> list[Layer]:
         prev = out[-1] if out else None
         if isinstance(layer, Residual):
             layer = replace(layer, body=_fold(layer.body, dtype), shortcut=_fold(layer.shortcut, dtype))
+        if isinstance(layer, Concat):
+            layer = replace(layer, branches=[_fold(b, dtype) for b in layer.branches])
         if isinstance(layer, Conv1D) and isinstance(prev, Pad1D):  # F.pad, ZeroPadding1D
             out[-1] = replace(layer, pad=(layer.pad[0] + prev.pad[0], layer.pad[1] + prev.pad[1]))
             continue
-        if isinstance(layer, Affine) and isinstance(prev, (Dense, Conv1D)) and \
+        if isinstance(layer, Conv2D) and isinstance(prev, Pad2D) and prev.mode == "constant" \
+                and prev.value == 0:  # ZeroPadding2D, a zero Pad
+            (a, b), (c, d) = layer.pad
+            (e, f), (g, h) = prev.pad
+            out[-1] = replace(layer, pad=((a + e, b + f), (c + g, d + h)))
+            continue
+        if isinstance(layer, Affine) and isinstance(prev, (Dense, Conv1D, Conv2D)) and \
                 layer.scale.size == layer.shift.size == prev.b.size:  # else refused by the checks
             scale, shift = (layer.scale, layer.shift) if dtype == np.float64 else (
                 f32(layer.scale), f32(layer.shift))

@@ -15,7 +15,9 @@ from .ir import (
     Affine,
     Attention,
     Bidirectional,
+    Concat,
     Conv1D,
+    Conv2D,
     Dense,
     Flatten,
     GlobalPool1D,
@@ -23,8 +25,11 @@ from .ir import (
     LayerNorm,
     Network,
     Pad1D,
+    Pad2D,
     Pool1D,
+    Pool2D,
     Recurrent,
+    Reshape,
     Residual,
     TimeSlice,
     Transpose,
@@ -106,7 +111,7 @@ def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
     if isinstance(layer, Affine):
         return x * layer.scale + layer.shift
     if isinstance(layer, Transpose):
-        return np.swapaxes(x, 1, 2)
+        return np.transpose(x, (0, *(p + 1 for p in layer.perm)))
     if isinstance(layer, Conv1D):
         xp = np.pad(x, ((0, 0), layer.pad, (0, 0)))
         k, d, s = layer.w.shape[0], layer.dilation, layer.stride
@@ -125,7 +130,50 @@ def apply(layer: Layer, x: np.ndarray) -> np.ndarray:
         return x.reshape(len(x), -1)
     if isinstance(layer, Recurrent):
         return _recurrent(layer, x)
+    if isinstance(layer, (Conv2D, Pool2D, Pad2D, Reshape, Concat)):
+        return _apply_2d(layer, x)
     return _apply_desk(layer, x)
+
+
+def _taps(xp: np.ndarray, size: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
+          out: tuple[int, int]) -> list[tuple[int, int, np.ndarray]]:
+    """Per window tap ``(i, j)`` the padded input's cells it reads for every output cell:
+    ``(n, out_rows, out_cols, channels)``."""
+    (oh, ow), (sh, sw), (dh, dw) = out, stride, dilation
+    return [(i, j, xp[:, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw])
+            for i in range(size[0]) for j in range(size[1])]
+
+
+def _apply_2d(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """The layers over ``(rows, cols, channels)``, a reshape, a concatenation of branches."""
+    if isinstance(layer, Reshape):
+        return x.reshape(len(x), *layer.shape)
+    if isinstance(layer, Concat):
+        return np.concatenate([run_chain(b, x) for b in layer.branches], axis=-1)
+    pad = ((0, 0), *layer.pad, (0, 0))  # type: ignore[attr-defined]
+    if isinstance(layer, Pad2D):
+        if layer.mode == "constant":
+            return np.pad(x, pad, constant_values=layer.value)
+        return np.pad(x, pad, mode=layer.mode)
+    oh, ow, _ = layer.out_shape(x.shape[1:])
+    if isinstance(layer, Conv2D):
+        w = layer.w.astype(np.float64)
+        y = np.zeros((len(x), oh, ow, w.shape[3])) + layer.b
+        for i, j, cells in _taps(np.pad(x, pad), w.shape[:2], layer.stride, layer.dilation, (oh, ow)):
+            y = y + cells @ w[i, j]
+        return y
+    assert isinstance(layer, Pool2D)
+    taps = _taps(np.pad(x, pad, constant_values=-np.inf if layer.kind == "max" else 0.0),
+                 layer.size, layer.stride, layer.dilation, (oh, ow))
+    if layer.kind == "max":
+        return np.max(np.stack([c for _, _, c in taps]), axis=0)
+    total = np.sum(np.stack([c for _, _, c in taps]), axis=0)
+    if layer.count_pad:
+        return total / len(taps)
+    inside = np.pad(np.ones((1, *x.shape[1:3], 1)), pad)
+    count = np.sum(np.stack([c for _, _, c in _taps(inside, layer.size, layer.stride, layer.dilation,
+                                                     (oh, ow))]), axis=0)
+    return total / count
 
 
 def _apply_desk(layer: Layer, x: np.ndarray) -> np.ndarray:
