@@ -62,8 +62,6 @@ import numpy as np
 
 from hwbackends.contract import UnsupportedError
 
-from .emit import broadcast_dot
-
 #: The option's values; ``fp32`` (the default) is the exact push.
 CHOICES = ("fp32", "bf16", "f16", "int8")
 #: ``push_gates``' values: emit.py's exact LSTM gates, or :data:`HEADER`'s fast ones (the
@@ -242,7 +240,7 @@ class Kernels:
         for b0, nb in _blocks(nv):
             lines.append("    { " + " ".join(f"__m512 a{k} = _mm512_load_ps({bn} + {(b0 + k) * _LANES});"
                                                for k in range(nb)))
-            lines.append("      " + broadcast_dot(pairs, "const int x4 = (int)xp[g];", "__m512bh",
+            lines.append("      " + _broadcast_dot(pairs, "const int x4 = (int)xp[g];", "__m512bh",
                                                   "(__m512bh)_mm512_set1_epi32", wn, nv, b0, 32,
                                                   "_mm512_dpbf16_ps", nb))
             lines.append("      " + " ".join(f"_mm512_store_ps(y + {(b0 + k) * _LANES}, a{k});"
@@ -321,7 +319,7 @@ class Kernels:
                  "_mm512_set1_epi32(128))));"]
         for b0, nb in _blocks(nv):
             lines.append("    { " + " ".join(f"__m512i a{k} = _mm512_setzero_si512();" for k in range(nb)))
-            lines.append("      " + broadcast_dot(groups, "int x4; __builtin_memcpy(&x4, q + 4 * g, 4);", "__m512i",
+            lines.append("      " + _broadcast_dot(groups, "int x4; __builtin_memcpy(&x4, q + 4 * g, 4);", "__m512i",
                                                   "_mm512_set1_epi32", wn, nv, b0, 64, "_mm512_dpbusd_epi32", nb))
             for k in range(nb):
                 j = (b0 + k) * _LANES
@@ -357,7 +355,7 @@ class Kernels:
         dot = "_mm256_dpbusd_avx_epi32" if vnni else "hwb_pw_dots8"
         for b0, nb in _blocks(nv8, _ACC2 if vnni else _ACC2 - 2):  # dots8 holds |x|, 1s and a temporary
             lines.append("    { " + " ".join(f"__m256i a{k} = _mm256_setzero_si256();" for k in range(nb)))
-            lines.append("      " + broadcast_dot(groups, load, "__m256i", "_mm256_set1_epi32", wn, nv8, b0, 32,
+            lines.append("      " + _broadcast_dot(groups, load, "__m256i", "_mm256_set1_epi32", wn, nv8, b0, 32,
                                                   dot, nb))
             for k in range(nb):
                 j = (b0 + k) * _LANES2
@@ -459,3 +457,11 @@ def refuse(kind: str, result: dict[str, Any]) -> UnsupportedError:
         f"{result['tolerance']} tolerance against the fp32 full window ({'; '.join(result['violations'])}"
         f" over {result['ticks']} ticks): this model's push needs fp32 weights; compile it with "
         f"push_weights='fp32'" + (" or 'f16'" if kind == "int8" else ""))
+
+
+def _broadcast_dot(*args: Any, **kwargs: Any) -> str:
+    """:func:`.emit.broadcast_dot`, imported at the first emit: the target's import (what
+    ``hwb targets`` and ``probe()`` cost) never loads the emitter."""
+    from .emit import broadcast_dot
+
+    return broadcast_dot(*args, **kwargs)
