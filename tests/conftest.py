@@ -71,11 +71,11 @@ MODULE_SECONDS = {
     "test_bench_sliding": 45, "test_noise_floor": 40,
     "test_fpga_layers": 230, "test_converter_errors": 100, "test_sliding_conv": 50, "test_torch_fingerprint": 12,
     "test_native_abi": 30, "test_serve_shm_native": 30, "test_int8_calibration": 16, "test_lstm_chunked": 25,
-    "test_sliding_dense": 35, "test_sliding_push_weights": 60, "test_signed_dir": 20,
+    "test_sliding_dense": 35, "test_sliding_push_weights": 106, "test_signed_dir": 20,
     "test_run_context": 30, "test_sliding_load": 25, "test_fuzz_fixed": 90, "test_fuzz_layer_ir": 60, "test_fuzz_defects": 30,
     "test_sliding_streams": 35, "test_serve_sliding_streams": 40, "test_serve_oip": 30, "test_serve_oip_clients": 60,
     "test_fuzz_multi_io": 25, "test_source_layers": 30, "test_fpga_channels_first": 40,
-    "test_onnx_backend_data": 40, "test_elementwise_ops": 40, "test_fpga_da4ml": 40,
+    "test_onnx_backend_data": 76, "test_elementwise_ops": 40, "test_fpga_da4ml": 40,
     "test_formats_cli": 15, "test_bad_inputs": 14, "test_bench": 14, "test_leftovers": 10,
     "test_deeplob": 70, "test_fuzz_conv2d": 40,
 }
