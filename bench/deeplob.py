@@ -16,21 +16,14 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from _timing import timed  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TARGETS = ("cpu.native", "cpu.onnxruntime", "cpu.litert")
 
-
-def timed(f, args: tuple, samples: np.ndarray, start: int, n: int) -> None:
-    clock = time.perf_counter_ns
-    for i in range(start, start + n):
-        t0 = clock()
-        f(*args)
-        samples[i] = clock() - t0
 
 
 def main() -> int:
