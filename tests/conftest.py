@@ -41,6 +41,11 @@ if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("HWB_TEST_ST
 # a fresh one per run, or one kept beside HWB_TEST_STORE so a reused store stays valid.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="hwb-test-config-")
 os.environ["HWB_KEY_FILE"] = os.environ["HWB_TEST_STORE"].rstrip("/") + ".key"
+# Nothing a test runs reaches the user's own store (~/.cache/hwbackends or their
+# HWB_CACHE_DIR): a zoo memo signed with the run's key there would fail verification in the
+# user's next session. Every process of the run defaults to the run's store; tests that need
+# another set HWB_CACHE_DIR themselves.
+os.environ["HWB_CACHE_DIR"] = os.environ["HWB_TEST_STORE"]
 # A user's store cap (HWB_CACHE_MAX_SIZE) would prune the run's store under tests that expect
 # a cache hit; the tests that check the cap set it themselves.
 os.environ.pop("HWB_CACHE_MAX_SIZE", None)
@@ -181,15 +186,11 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture
-def hwb_cli(capsys):
-    """``hwb_cli(*args)`` → (exit code, stdout, stderr) of ``hwb ARGS``, run in this process."""
-    from hwbackends.cli import main
-
-    def run(*args: str) -> tuple[int, str, str]:
-        rc = main(list(args))
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-    return run
+def hwb_cli():
+    """``hwb_cli(*args)`` → (exit code, stdout, stderr) of ``hwb ARGS``, run in this process
+    (tests/cli_run.py)."""
+    from cli_run import hwb
+    return hwb
 
 
 # -- leftovers -------------------------------------------------------------------

@@ -5,26 +5,20 @@ converter fail, built in the test; for ONNX Runtime's quantiser, the awkward mod
 take (a duplicated default domain, an ML-only graph) quantise."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_run import Run, hwb
 
 from hwbackends.cli import EXIT_ERROR, EXIT_OK
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def hwb_compile(path: Path, store: Path, *args: str) -> Run:
+    return hwb("compile", str(path), "--cache-dir", str(store), *args)
 
 
-def hwb_compile(path: Path, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HWB_CACHE_DIR=str(store))
-    return subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(path), *args],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-
-
-def failed_cleanly(p: subprocess.CompletedProcess[str], error: str) -> str:
+def failed_cleanly(p: Run, error: str) -> str:
     """The one ``hwb compile: <error>: …`` line, after checking the exit code and that no
     traceback reached the user."""
     assert p.returncode == EXIT_ERROR, (p.returncode, p.stdout, p.stderr)

@@ -6,25 +6,20 @@ the model below). Everything goes through ``hwb compile`` as a user runs it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import Run, hwb
 
 from hwbackends.cli import EXIT_ERROR, EXIT_OK
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET = "fpga.hls4ml"
 PRECISION = "ap_fixed<16,6>"
 
 
-def hwb_compile(path: Path, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HWB_CACHE_DIR=str(store))
-    return subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(path), "-t", TARGET,
-                           "-p", PRECISION, *args], capture_output=True, text=True, env=env,
-                          timeout=900, cwd=ROOT)
+def hwb_compile(path: Path, store: Path, *args: str) -> Run:
+    """``hwb compile PATH -t fpga.hls4ml -p ap_fixed<16,6> ARGS`` (tests/cli_run.py)."""
+    return hwb("compile", str(path), "--cache-dir", str(store), "-t", TARGET, "-p", PRECISION, *args)
 
 
 def tcn(path: Path, dilation: int) -> Path:
@@ -188,10 +183,8 @@ def test_da4ml_refusal_names_da4mls_own_set(tmp_path: Path) -> None:
     inp = keras.Input((4,))
     h = keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0], name="bins")(inp)
     keras.Model(inp, keras.layers.Dense(1)(h)).save(tmp_path / "bins.keras")
-    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
-    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "bins.keras"),
-                        "-t", "fpga.da4ml"], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
+    p = hwb("compile", str(tmp_path / "bins.keras"), "--cache-dir", str(tmp_path / "store"),
+            "-t", "fpga.da4ml")
     assert p.returncode == EXIT_ERROR, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
@@ -229,10 +222,10 @@ def test_da4ml_builds_a_dilated_causal_tcn_as_constant_matrices(tmp_path: Path) 
     h = L.Conv1D(3, 3, padding="causal", activation="relu", name="c1")(inp)
     h = L.Conv1D(3, 3, padding="causal", dilation_rate=2, activation="relu", name="c2")(h)
     keras.Model(inp, L.Dense(1, name="out")(L.Flatten()(h))).save(tmp_path / "tcn.keras")
-    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
-    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "tcn.keras"),
-                        "-t", "fpga.da4ml", "--json"], capture_output=True, text=True, env=env,
-                       timeout=900, cwd=ROOT)
+    # the lowering is what is checked here; yosys' synthesis (≈ 20 s of this build) is
+    # tests/test_fpga_da4ml.py's
+    p = hwb("compile", str(tmp_path / "tcn.keras"), "--cache-dir", str(tmp_path / "store"),
+            "-t", "fpga.da4ml", "-O", "synth=false", "--json")
     assert p.returncode == EXIT_OK, p.stderr
     d = json.loads(p.stdout)
     assert d["fidelity_gate"]["passed"], d["fidelity_gate"]
@@ -246,10 +239,8 @@ def test_da4ml_conv_then_pooling_is_refused_naming_the_conv(tmp_path: Path) -> N
     inp = keras.Input((8, 2))
     h = L.MaxPooling1D(2, name="pool")(L.Conv1D(3, 3, activation="relu", name="c1")(inp))
     keras.Model(inp, L.Dense(1)(L.Flatten()(h))).save(tmp_path / "cp.keras")
-    env = dict(os.environ, HWB_CACHE_DIR=str(tmp_path / "store"))
-    p = subprocess.run([sys.executable, "-m", "hwbackends", "compile", str(tmp_path / "cp.keras"),
-                        "-t", "fpga.da4ml"], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
+    p = hwb("compile", str(tmp_path / "cp.keras"), "--cache-dir", str(tmp_path / "store"),
+            "-t", "fpga.da4ml")
     assert p.returncode == EXIT_ERROR and "Traceback" not in p.stderr, p.stderr
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("hwb compile: UnsupportedError"))
     assert "'c1' (Conv1D)" in line and "pooling" in line and "Flatten" in line, line
