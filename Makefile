@@ -41,13 +41,15 @@ test-fast: $(STAMP)
 # fpga.hls4ml's C-simulation (FUZZ_EXAMPLES/20 models), counts in fuzz_fixed.json; then
 # cpu.native on models with several inputs and outputs (Keras, torch, ONNX); then its 2-D
 # layers (Conv2D, pooling, padding, inception blocks; Keras, torch, ONNX), counts in
-# fuzz_conv2d.json.
+# fuzz_conv2d.json; then the engine and router stress test at STRESS_CALLS checked calls.
 FUZZ_EXAMPLES ?= 2000
+STRESS_CALLS ?= 1000000
 fuzz: $(STAMP)
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_layer_ir.py
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz_fixed.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_fixed.py
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_multi_io.py
 	HWB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) HWB_FUZZ_REPORT=fuzz_conv2d.json $(PY) -m pytest -q -p no:cacheprovider tests/test_fuzz_conv2d.py
+	HWB_STRESS_CALLS=$(STRESS_CALLS) $(PY) -m pytest -q -p no:cacheprovider tests/test_serve_stress.py -k many_calls
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
