@@ -1,0 +1,211 @@
+"""Winograd (Toom-Cook) convolution along the rows for cpu.native's fp32 Conv2D with a
+``(r, 1)`` kernel, stride 1, dilation 1: DeepLOB's (4, 1) and its inception's (3, 1) and
+(5, 1) convs.
+
+``F(m, r)`` computes ``m`` output rows of one column from ``α = m + r - 1`` input rows with
+``α`` products per (input, output) channel pair where the direct form takes ``m·r``:
+
+    Y = Aᵀ [ (G g) ⊙ (Bᵀ d) ]   summed over the input channels,
+
+so per block of tiles (a tile is ``m`` rows of one column) the work is an input transform
+(``Bᵀ d``, vectorised over the channels), ``α`` register-tiled matrix products
+``V_a (tiles × c_in) · U_a (c_in × c_out)`` (the weights pre-transformed at code generation,
+``U = G g``), and an output transform (``Aᵀ``) with the bias and a following ReLU/LeakyReLU
+fused before the store.
+
+Every ``r`` uses ``α = 7`` and the points 0, ±1, ±2, 1/2 and ∞ (``m = 8 - r``): every
+constant of ``Aᵀ`` and ``Bᵀ`` (the transforms applied at run time, in fp32) is a small
+integer or a power of two, exact in float32; ``G``'s fractions are applied in float64 to the
+weights before they are rounded once to float32. The matrices are built exactly, in
+rationals (:func:`transforms`). Rounding differs from the direct sum's: the fuzz and DeepLOB
+tests bound the answers at 1e-5 of the output's scale (measured errors in docs/targets.md).
+
+The rows past the last whole tile are a padded last tile: the input gets zero rows below
+it so every tile reads ``α`` rows, and only the output rows that exist are stored.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hwbackends import layer_ir as ir
+
+if TYPE_CHECKING:
+    from .emit import Emitter
+
+#: Output rows per tile by kernel height: α = m + r - 1 = 7 for every r.
+ROWS = {2: 6, 3: 5, 4: 4, 5: 3, 6: 2}
+#: The interpolation points besides ∞ (α - 1 = 6 of them).
+POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2))
+#: ``c_in · c_out`` from which ``auto`` takes Winograd: below it the transforms cost more
+#: than the products saved.
+MIN_CHANNEL_PRODUCT = 256
+
+
+def _inverse(a: list[list[Fraction]]) -> list[list[Fraction]]:
+    """The exact inverse of a square rational matrix (Gauss-Jordan)."""
+    n = len(a)
+    rows = [row[:] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(a)]
+    for c in range(n):
+        p = next(r for r in range(c, n) if rows[r][c] != 0)
+        rows[c], rows[p] = rows[p], rows[c]
+        pv = rows[c][c]
+        rows[c] = [v / pv for v in rows[c]]
+        for r in range(n):
+            if r != c and rows[r][c] != 0:
+                f = rows[r][c]
+                rows[r] = [x - f * y for x, y in zip(rows[r], rows[c], strict=True)]
+    return [row[n:] for row in rows]
+
+
+@lru_cache(maxsize=None)
+def transforms(m: int, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(Aᵀ, G, Bᵀ)`` of the correlation ``y_i = Σ_j g_j d_{i+j}`` (i < m, j < r), float64:
+    ``Aᵀ`` (m × α), ``G`` (α × r), ``Bᵀ`` (α × α), such that ``y = Aᵀ ((G g) ⊙ (Bᵀ d))``.
+
+    The transpose of Toom-Cook's linear convolution: evaluation at :data:`POINTS` and ∞ (the
+    Vandermonde matrices ``V_r``, ``V_m``, ``V_α``), ``Aᵀ = V_mᵀ``, ``G = V_r``,
+    ``Bᵀ = (V_α⁻¹)ᵀ``; each row of ``Bᵀ`` is scaled to coprime integers and that row of
+    ``G`` divided by the same factor (the product is unchanged)."""
+    a = m + r - 1
+    pts = POINTS[:a - 1]
+    if len(pts) != a - 1:
+        raise ValueError(f"F({m}, {r}) needs {a - 1} points; {len(POINTS)} are defined")
+
+    def vandermonde(n: int) -> list[list[Fraction]]:
+        rows = [[p ** j for j in range(n)] for p in pts]
+        return rows + [[Fraction(int(j == n - 1)) for j in range(n)]]  # ∞: the leading coefficient
+
+    vg, vm, inv = vandermonde(r), vandermonde(m), _inverse(vandermonde(a))
+    bt = [[inv[j][k] for j in range(a)] for k in range(a)]
+    g = [row[:] for row in vg]
+    for k in range(a):
+        lcm = math.lcm(*(x.denominator for x in bt[k]))
+        gcd = math.gcd(*(int(x * lcm) for x in bt[k] if x != 0))
+        s = Fraction(lcm, gcd)
+        bt[k] = [x * s for x in bt[k]]
+        g[k] = [x / s for x in g[k]]
+    at = [[vm[k][i] for k in range(a)] for i in range(m)]
+    return (np.array(at, np.float64), np.array(g, np.float64), np.array(bt, np.float64))
+
+
+def eligible(layer: ir.Layer) -> bool:
+    """A Conv2D this path computes: kernel ``(r, 1)`` with r in :data:`ROWS`, stride and
+    dilation 1 (any zero padding)."""
+    if not isinstance(layer, ir.Conv2D):
+        return False
+    kh, kw = layer.w.shape[:2]
+    return kw == 1 and kh in ROWS and tuple(layer.stride) == (1, 1) and tuple(layer.dilation) == (1, 1)
+
+
+def pays(layer: ir.Conv2D, out_shape: tuple[int, ...]) -> bool:
+    """Whether ``auto`` takes Winograd: enough channels that the products saved outweigh the
+    transforms (:data:`MIN_CHANNEL_PRODUCT`), and at least one whole tile of rows."""
+    _, _, ci, co = layer.w.shape
+    return ci * co >= MIN_CHANNEL_PRODUCT and out_shape[0] >= ROWS[layer.w.shape[0]]
+
+
+def _combo(coefs: np.ndarray, names: list[str]) -> str:
+    """``Σ coefs[k]·names[k]`` as a C expression, zero terms left out, ±1 as a sign, every
+    constant an exact float literal."""
+    terms = []
+    for c, n in zip(coefs, names, strict=True):
+        if c == 0:
+            continue
+        sign = "-" if c < 0 else "+"
+        mag = abs(float(c))
+        terms.append(f"{sign} {n}" if mag == 1 else f"{sign} {np.float32(mag).item().hex()}f * {n}")
+    if not terms:
+        return "0.0f"
+    first = terms[0]
+    return " ".join([first[2:] if first[0] == "+" else f"-{first[2:]}", *terms[1:]])
+
+
+def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
+         out_shape: tuple[int, ...]) -> str:
+    """``layer`` (:func:`eligible`) reading ``src`` (rows, cols, c_in) into ``o``."""
+    h, w, ci = shape
+    r, _, _, co = layer.w.shape
+    m = ROWS[r]
+    at, g, bt = transforms(m, r)
+    alpha = m + r - 1
+    oh, ow, _ = out_shape
+    (pt, pb), (pl, pr) = layer.pad
+    nty = -(-oh // m)
+    extra = nty * m + r - 1 - (h + pt + pb)  # zero rows below: the last tile's α input rows
+    src, wp = e.padded_2d(src, shape, ((pt, pb + extra), (pl, pr)))
+    assert wp == ow
+    vw = e.vw
+    nv = -(-co // vw)
+    cop = nv * vw
+    # the products: column blocks of nvb vectors, tb tiles each (tb·nvb accumulators)
+    acc = e.acc + 8 if vw == 16 else e.acc
+    nvb = min(nv, 2)
+    tiles = nty * ow
+    tmax = max(1, min(12, acc // nvb))
+    tb = -(-tiles // -(-tiles // tmax))
+    u = np.einsum("ak,kio->aio", g, layer.w[:, 0].astype(np.float64))  # (α, c_in, c_out)
+    up = np.zeros((alpha, ci, cop), np.float32)
+    up[:, :, :co] = u
+    bp = np.zeros(cop, np.float32)
+    bp[:co] = layer.b
+    un, bn = e.const("U", up), e.const("B", bp)
+    vs, ms = tb * ci, tb * cop  # per-α strides of the transformed input and the products
+    v, mb = e.buf(alpha * vs), e.buf(alpha * ms)
+    e.matvecs += 1
+    nxt = e.seq[e.cur + 1] if e.cur + 1 < len(e.seq) else None
+    epi = ""
+    if isinstance(nxt, ir.Act) and nxt.kind in ("relu", "leaky_relu"):
+        e.fused = e.cur + 1
+        epi = ("y{0} = y{0} > 0.0f ? y{0} : 0.0f;" if nxt.kind == "relu"
+               else f"y{{0}} = y{{0}} > 0.0f ? y{{0}} : {float(nxt.alpha).hex()}f * y{{0}};")
+    rs, os_ = wp * ci, ow * co  # input and output row strides
+    ds = [f"d{k}" for k in range(alpha)]
+    ms_names = [f"m{k}" for k in range(alpha)]
+    full = tiles - tiles % tb
+    for p0, cnt, nb in ((0, full, tb), (full, tiles - full, tiles - full)):
+        if cnt <= 0:
+            continue
+        e.line(f"for (int p = {p0}; p < {p0 + cnt}; p += {nb}) {{" if cnt > nb else f"{{ const int p = {p0};")
+        # input transform: V[a][rr][i] = Σ_k Bᵀ[a][k] d[rr + k rows][i]
+        e.line(f"  for (int rr = 0; rr < {nb}; rr++) {{ const int t = p + rr; "
+               f"const float *s = {src} + ((t / {ow}) * {m * wp} + t % {ow}) * {ci}; "
+               f"float *vr = {v} + rr * {ci};")
+        e.line(f"    for (int i = 0; i < {ci}; i++) {{ " +
+               " ".join(f"const float d{k} = s[{k * rs} + i];" for k in range(alpha)) + " " +
+               " ".join(f"vr[{a * vs} + i] = {_combo(bt[a], ds)};" for a in range(alpha)) + " } }")
+        # the α products, register-tiled: nb tiles × nvb vectors of outputs per pass
+        e.line(f"  for (int a = 0; a < {alpha}; a++) {{ const float *va = {v} + a * {vs}; "
+               f"const float *ua = {un} + a * {ci * cop}; float *ma = {mb} + a * {ms};")
+        for j0 in range(0, nv, nvb):
+            jn = min(nvb, nv - j0)
+            e.line("    { " + " ".join(f"vf a{rr}_{j} = (vf){{0}};" for rr in range(nb) for j in range(jn)))
+            e.line(f"      for (int i = 0; i < {ci}; i++) {{ const vf *wr = (const vf *)(ua + i * {cop} + "
+                   f"{j0 * vw}); " + " ".join(f"const float v{rr} = va[{rr * ci} + i];" for rr in range(nb))
+                   + " " + " ".join(f"a{rr}_{j} += v{rr} * wr[{j}];" for rr in range(nb) for j in range(jn))
+                   + " }")
+            e.line("      " + " ".join(f"*(vf *)(ma + {rr * cop + (j0 + j) * vw}) = a{rr}_{j};"
+                                       for rr in range(nb) for j in range(jn)) + " }")
+        e.line("  }")
+        # output transform, bias, activation; the last tile row stores only the rows that exist
+        tail = oh % m
+        lim = f"const int lim = (t / {ow}) == {nty - 1} ? {tail} : {m}; " if tail else ""
+        e.line(f"  for (int rr = 0; rr < {nb}; rr++) {{ const int t = p + rr; {lim}"
+               f"float *q = {o} + ((t / {ow}) * {m * ow} + t % {ow}) * {co}; "
+               f"const float *mr = {mb} + rr * {cop};")
+        stores = []
+        for i in range(m):
+            st = f"q[{i * os_} + j] = y{i};"
+            stores.append(f"if ({i} < lim) {st}" if tail and i >= tail else st)
+        e.line(f"    for (int j = 0; j < {co}; j++) {{ " +
+               " ".join(f"const float m{k} = mr[{k * ms} + j];" for k in range(alpha)) + " " +
+               " ".join(f"float y{i} = {bn}[j] + ({_combo(at[i], ms_names)});" for i in range(m)) + " " +
+               (" ".join(epi.format(i) for i in range(m)) + " " if epi else "") +
+               " ".join(stores) + " } }")
+        e.line("}")
+    e.winograd.append({"layer": layer.name, "kernel": [int(r), 1], "tile_rows": m})
+    return o
