@@ -13,15 +13,19 @@ so per block of tiles (a tile is ``m`` rows of one column) the work is an input 
 ``U = G g``), and an output transform (``Aᵀ``) with the bias and a following ReLU/LeakyReLU
 fused before the store.
 
-Every ``r`` uses ``α = 7`` and the points 0, ±1, ±2, 1/2 and ∞ (``m = 8 - r``): every
+Every ``r`` uses ``α = 8`` and the points 0, ±1, ±2, ±1/2 and ∞ (``m = 9 - r``): every
 constant of ``Aᵀ`` and ``Bᵀ`` (the transforms applied at run time, in fp32) is a small
 integer or a power of two, exact in float32; ``G``'s fractions are applied in float64 to the
-weights before they are rounded once to float32. The matrices are built exactly, in
+weights before they are rounded once to float32. The points come in pairs ±p, so the
+transforms are written as even and odd parts shared by both points of a pair (``Bᵀ``'s rows
+for ±p are ``E ± O``; ``Aᵀ``'s columns for ±p differ in the sign of the odd powers). The matrices are built exactly, in
 rationals (:func:`transforms`). Rounding differs from the direct sum's: the fuzz and DeepLOB
 tests bound the answers at 1e-5 of the output's scale (measured errors in docs/targets.md).
 
-The rows past the last whole tile are a padded last tile: the input gets zero rows below
-it so every tile reads ``α`` rows, and only the output rows that exist are stored.
+The rows past the last whole tile are a padded last tile: a tile reaching into the zero
+padding or past the input's last row reads a copy of its ``α`` rows with those rows zero
+(the others read the input in place: no padded copy of the tensor), and only the output
+rows that exist are stored.
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ from hwbackends import layer_ir as ir
 if TYPE_CHECKING:
     from .emit import Emitter
 
-#: Output rows per tile by kernel height: α = m + r - 1 = 7 for every r.
-ROWS = {2: 6, 3: 5, 4: 4, 5: 3, 6: 2}
-#: The interpolation points besides ∞ (α - 1 = 6 of them).
-POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2))
+#: Output rows per tile by kernel height: α = m + r - 1 = 8 for every r.
+ROWS = {2: 7, 3: 6, 4: 5, 5: 4, 6: 3}
+#: The interpolation points besides ∞ (α - 1 = 7 of them), each -p right after its p.
+POINTS = (Fraction(0), Fraction(1), Fraction(-1), Fraction(2), Fraction(-2), Fraction(1, 2),
+          Fraction(-1, 2))
 #: ``c_in · c_out`` from which ``auto`` takes Winograd: below it the transforms cost more
 #: than the products saved.
 MIN_CHANNEL_PRODUCT = 256
@@ -125,6 +130,53 @@ def _combo(coefs: np.ndarray, names: list[str]) -> str:
     return " ".join([first[2:] if first[0] == "+" else f"-{first[2:]}", *terms[1:]])
 
 
+def _pairs(alpha: int) -> dict[int, int]:
+    """Index of ``p`` -> index of ``-p`` among the first ``α - 1`` points (0 and ∞ unpaired)."""
+    pts = POINTS[:alpha - 1]
+    return {k: pts.index(-p) for k, p in enumerate(pts) if p > 0 and -p in pts}
+
+
+def input_transform(bt: np.ndarray, d: list[str], out: list[str]) -> str:
+    """C statements ``out[a] = (Bᵀ d)[a]``; a pair's rows as ``E + O`` and ``E - O`` (its
+    even and odd coefficients) with ``E·d`` and ``O·d`` computed once."""
+    alpha = bt.shape[0]
+    odd = np.arange(alpha) % 2 == 1
+    lines, done = [], set()
+    for a, b in _pairs(alpha).items():
+        ev, od = np.where(odd, 0.0, bt[a]), np.where(odd, bt[a], 0.0)
+        for sign in (1, -1):
+            if np.array_equal(bt[b], sign * (ev - od)):
+                first, second = ("e", "o") if sign == 1 else ("o", "e")
+                lines += [f"const float e{a} = {_combo(ev, d)};", f"const float o{a} = {_combo(od, d)};",
+                          f"{out[a]} = e{a} + o{a};", f"{out[b]} = {first}{a} - {second}{a};"]
+                done |= {a, b}
+                break
+    lines += [f"{out[a]} = {_combo(bt[a], d)};" for a in range(alpha) if a not in done]
+    return " ".join(lines)
+
+
+def output_transform(at: np.ndarray, mv: list[str], bias: str, y: list[str]) -> str:
+    """C statements ``y[i] = bias + (Aᵀ m)[i]``; a pair's columns ``p^i`` and ``(-p)^i`` read
+    ``m_p + m_-p`` (even i) or ``m_p - m_-p`` (odd i), each sum formed once."""
+    m, alpha = at.shape
+    pairs = _pairs(alpha)
+    lines, names, cols = [], [], []
+    paired = set(pairs) | set(pairs.values())
+    for k in range(alpha):
+        if k not in paired:
+            names.append(mv[k])
+            cols.append(at[:, k])
+    even = np.arange(m) % 2 == 0
+    for a, b in pairs.items():
+        assert np.array_equal(at[:, b], np.where(even, at[:, a], -at[:, a]))
+        lines += [f"const float s{a} = {mv[a]} + {mv[b]};", f"const float t{a} = {mv[a]} - {mv[b]};"]
+        names += [f"s{a}", f"t{a}"]
+        cols += [np.where(even, at[:, a], 0.0), np.where(even, 0.0, at[:, a])]
+    coefs = np.stack(cols, axis=1)
+    lines += [f"float {y[i]} = {bias} + ({_combo(coefs[i], names)});" for i in range(m)]
+    return " ".join(lines)
+
+
 def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
          out_shape: tuple[int, ...]) -> str:
     """``layer`` (:func:`eligible`) reading ``src`` (rows, cols, c_in) into ``o``."""
@@ -136,9 +188,6 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
     oh, ow, _ = out_shape
     (pt, pb), (pl, pr) = layer.pad
     nty = -(-oh // m)
-    extra = nty * m + r - 1 - (h + pt + pb)  # zero rows below: the last tile's α input rows
-    src, wp = e.padded_2d(src, shape, ((pt, pb + extra), (pl, pr)))
-    assert wp == ow
     vw = e.vw
     nv = -(-co // vw)
     cop = nv * vw
@@ -155,7 +204,7 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
     bp[:co] = layer.b
     un, bn = e.const("U", up), e.const("B", bp)
     vs, ms = tb * ci, tb * cop  # per-α strides of the transformed input and the products
-    v, mb = e.buf(alpha * vs), e.buf(alpha * ms)
+    v, mb, stg = e.buf(alpha * vs), e.buf(alpha * ms), e.buf(alpha * ci)
     e.matvecs += 1
     nxt = e.seq[e.cur + 1] if e.cur + 1 < len(e.seq) else None
     epi = ""
@@ -163,7 +212,7 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
         e.fused = e.cur + 1
         epi = ("y{0} = y{0} > 0.0f ? y{0} : 0.0f;" if nxt.kind == "relu"
                else f"y{{0}} = y{{0}} > 0.0f ? y{{0}} : {float(nxt.alpha).hex()}f * y{{0}};")
-    rs, os_ = wp * ci, ow * co  # input and output row strides
+    os_ = ow * co  # the output's row stride
     ds = [f"d{k}" for k in range(alpha)]
     ms_names = [f"m{k}" for k in range(alpha)]
     full = tiles - tiles % tb
@@ -172,12 +221,19 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
             continue
         e.line(f"for (int p = {p0}; p < {p0 + cnt}; p += {nb}) {{" if cnt > nb else f"{{ const int p = {p0};")
         # input transform: V[a][rr][i] = Σ_k Bᵀ[a][k] d[rr + k rows][i]
+        # (a tile whose α rows are all inside the input reads them in place; one reaching into
+        # the zero padding, or past the last row, reads a copy with those rows zero)
         e.line(f"  for (int rr = 0; rr < {nb}; rr++) {{ const int t = p + rr; "
-               f"const float *s = {src} + ((t / {ow}) * {m * wp} + t % {ow}) * {ci}; "
+               f"const int y0 = (t / {ow}) * {m} - {pt}, x0 = t % {ow} - {pl}; "
+               f"const float *s = {src} + (y0 * {w} + x0) * {ci}; int rs = {w * ci}; "
+               f"if (y0 < 0 || y0 + {alpha} > {h} || x0 < 0 || x0 >= {w}) {{ "
+               f"for (int k = 0; k < {alpha}; k++) {{ const int ok = y0 + k >= 0 && y0 + k < {h} && "
+               f"x0 >= 0 && x0 < {w}; for (int i = 0; i < {ci}; i++) {stg}[k * {ci} + i] = ok ? "
+               f"{src}[((y0 + k) * {w} + x0) * {ci} + i] : 0.0f; }} s = {stg}; rs = {ci}; }} "
                f"float *vr = {v} + rr * {ci};")
         e.line(f"    for (int i = 0; i < {ci}; i++) {{ " +
-               " ".join(f"const float d{k} = s[{k * rs} + i];" for k in range(alpha)) + " " +
-               " ".join(f"vr[{a * vs} + i] = {_combo(bt[a], ds)};" for a in range(alpha)) + " } }")
+               " ".join(f"const float d{k} = s[{k} * rs + i];" for k in range(alpha)) + " " +
+               input_transform(bt, ds, [f"vr[{a * vs} + i]" for a in range(alpha)]) + " } }")
         # the α products, register-tiled: nb tiles × nvb vectors of outputs per pass
         e.line(f"  for (int a = 0; a < {alpha}; a++) {{ const float *va = {v} + a * {vs}; "
                f"const float *ua = {un} + a * {ci * cop}; float *ma = {mb} + a * {ms};")
@@ -203,7 +259,7 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
             stores.append(f"if ({i} < lim) {st}" if tail and i >= tail else st)
         e.line(f"    for (int j = 0; j < {co}; j++) {{ " +
                " ".join(f"const float m{k} = mr[{k * ms} + j];" for k in range(alpha)) + " " +
-               " ".join(f"float y{i} = {bn}[j] + ({_combo(at[i], ms_names)});" for i in range(m)) + " " +
+               output_transform(at, ms_names, f"{bn}[j]", [f"y{i}" for i in range(m)]) + " " +
                (" ".join(epi.format(i) for i in range(m)) + " " if epi else "") +
                " ".join(stores) + " } }")
         e.line("}")
