@@ -112,6 +112,7 @@ def test_deeplob_int8_on_cpu_native_within_its_gate(deeplob, fresh, tmp_path) ->
     cm = hwb.compile(deeplob, "cpu.native", "int8", store=tmp_path, isolate_compile=False,
                      calibration_data=_book(96, 11), validation_data=_book(64, 12))
     assert cm.artifact.meta["int8_kernel"] and cm.fidelity.n == 64
+    assert cm.artifact.meta["winograd"] == []  # Winograd is fp32's
     x, want = fresh
     f = compare(want, cm.predict(x))
     assert not TOLERANCES["quantized"].violations(f), f

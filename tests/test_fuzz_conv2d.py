@@ -248,3 +248,21 @@ def test_conv_algorithm_option_is_checked() -> None:
     assert direct.artifact.meta["winograd"] == [] and len(wino.artifact.meta["winograd"]) == 1
     x = _inputs(spec, 8, 1)
     assert float(np.abs(direct.predict(x) - wino.predict(x)).max()) <= FP32_BOUND * _scale(direct.predict(x))
+
+
+def test_winograd_in_a_model_with_two_inputs() -> None:
+    """A Winograd conv in one input's chain of a two-input, two-output Keras model (the
+    generated names of such a model, x0/x1 and y0/y1, beside Winograd's own)."""
+    keras = pytest.importorskip("keras")
+    L = keras.layers
+    a, b = keras.Input((11, 2, 16)), keras.Input((5,))
+    y = L.Flatten()(L.LeakyReLU(negative_slope=0.01)(L.Conv2D(20, (3, 1), padding="same")(a)))
+    z = L.Concatenate()([y, L.Dense(4)(b)])
+    km = keras.Model([a, b], [L.Dense(3)(z), L.Dense(2)(z)])
+    cm = _compile(hwb.load_model(km), "fp32")
+    assert [w["kernel"] for w in cm.artifact.meta["winograd"]] == [[3, 1]]
+    rng = np.random.default_rng(3)
+    xs = (rng.standard_normal((8, 11, 2, 16)).astype(np.float32), rng.standard_normal((8, 5)).astype(np.float32))
+    for got, want in zip(cm.predict(xs), km(list(xs)), strict=True):
+        want = np.asarray(want, np.float64)
+        assert float(np.abs(got - want).max()) <= FP32_BOUND * _scale(want)

@@ -84,7 +84,7 @@ class Emitter:
     def __init__(self, net: ir.Network, vw: int, acc: int, conv_algorithm: str = "direct"):
         self.net, self.vw, self.acc = net, vw, acc
         #: the fp32 Conv2D algorithm (target.CONV_ALGORITHMS): direct, winograd where eligible, or
-        #: auto (winograd where eligible and it pays)
+        #: auto (winograd where eligible and it pays); the sliding window's emitters keep direct
         self.conv_algorithm = conv_algorithm
         #: what winograd.emit wrote, per layer (the artifact's ``meta["winograd"]``)
         self.winograd: list[dict] = []

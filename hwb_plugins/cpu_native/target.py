@@ -316,7 +316,7 @@ class NativeTarget(Target):
                 raise UnsupportedError(f"cpu.native option {opt} is the sliding window's; a model "
                                        f"with several inputs or outputs has none: drop it")
         net = extract_multi(model, self.name)
-        src = emit_multi(net, requires, options.precision)
+        src = emit_multi(net, requires, options.precision, options.extra.get("conv_algorithm", "auto"))
         ins, outs = net.input_shapes, net.output_shapes
         n_in = sum(int(np.prod(s, dtype=np.int64)) for s in ins)
         n_out = sum(int(np.prod(s, dtype=np.int64)) for s in outs)
@@ -338,6 +338,7 @@ class NativeTarget(Target):
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": "", "layers": layers,
+                "winograd": src.winograd,
                 "multi_io": {"merge": net.merge, "branches": [len(b.layers) for b in net.branches],
                              "trunk": len(net.trunk), "heads": [len(h.layers) for h in net.heads],
                              "abi": "hwb_model_predict_multi_n: one buffer per tensor; "

@@ -146,9 +146,9 @@ def input_transform(bt: np.ndarray, d: list[str], out: list[str]) -> str:
         ev, od = np.where(odd, 0.0, bt[a]), np.where(odd, bt[a], 0.0)
         for sign in (1, -1):
             if np.array_equal(bt[b], sign * (ev - od)):
-                first, second = ("e", "o") if sign == 1 else ("o", "e")
-                lines += [f"const float e{a} = {_combo(ev, d)};", f"const float o{a} = {_combo(od, d)};",
-                          f"{out[a]} = e{a} + o{a};", f"{out[b]} = {first}{a} - {second}{a};"]
+                first, second = ("pe", "po") if sign == 1 else ("po", "pe")
+                lines += [f"const float pe{a} = {_combo(ev, d)};", f"const float po{a} = {_combo(od, d)};",
+                          f"{out[a]} = pe{a} + po{a};", f"{out[b]} = {first}{a} - {second}{a};"]
                 done |= {a, b}
                 break
     lines += [f"{out[a]} = {_combo(bt[a], d)};" for a in range(alpha) if a not in done]
@@ -169,8 +169,8 @@ def output_transform(at: np.ndarray, mv: list[str], bias: str, y: list[str]) -> 
     even = np.arange(m) % 2 == 0
     for a, b in pairs.items():
         assert np.array_equal(at[:, b], np.where(even, at[:, a], -at[:, a]))
-        lines += [f"const float s{a} = {mv[a]} + {mv[b]};", f"const float t{a} = {mv[a]} - {mv[b]};"]
-        names += [f"s{a}", f"t{a}"]
+        lines += [f"const float ps{a} = {mv[a]} + {mv[b]};", f"const float pd{a} = {mv[a]} - {mv[b]};"]
+        names += [f"ps{a}", f"pd{a}"]
         cols += [np.where(even, at[:, a], 0.0), np.where(even, 0.0, at[:, a])]
     coefs = np.stack(cols, axis=1)
     lines += [f"float {y[i]} = {bias} + ({_combo(coefs[i], names)});" for i in range(m)]
@@ -210,8 +210,8 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
     epi = ""
     if isinstance(nxt, ir.Act) and nxt.kind in ("relu", "leaky_relu"):
         e.fused = e.cur + 1
-        epi = ("y{0} = y{0} > 0.0f ? y{0} : 0.0f;" if nxt.kind == "relu"
-               else f"y{{0}} = y{{0}} > 0.0f ? y{{0}} : {float(nxt.alpha).hex()}f * y{{0}};")
+        epi = ("u{0} = u{0} > 0.0f ? u{0} : 0.0f;" if nxt.kind == "relu"
+               else f"u{{0}} = u{{0}} > 0.0f ? u{{0}} : {float(nxt.alpha).hex()}f * u{{0}};")
     os_ = ow * co  # the output's row stride
     ds = [f"d{k}" for k in range(alpha)]
     ms_names = [f"m{k}" for k in range(alpha)]
@@ -224,12 +224,12 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
         # (a tile whose α rows are all inside the input reads them in place; one reaching into
         # the zero padding, or past the last row, reads a copy with those rows zero)
         e.line(f"  for (int rr = 0; rr < {nb}; rr++) {{ const int t = p + rr; "
-               f"const int y0 = (t / {ow}) * {m} - {pt}, x0 = t % {ow} - {pl}; "
-               f"const float *s = {src} + (y0 * {w} + x0) * {ci}; int rs = {w * ci}; "
-               f"if (y0 < 0 || y0 + {alpha} > {h} || x0 < 0 || x0 >= {w}) {{ "
-               f"for (int k = 0; k < {alpha}; k++) {{ const int ok = y0 + k >= 0 && y0 + k < {h} && "
-               f"x0 >= 0 && x0 < {w}; for (int i = 0; i < {ci}; i++) {stg}[k * {ci} + i] = ok ? "
-               f"{src}[((y0 + k) * {w} + x0) * {ci} + i] : 0.0f; }} s = {stg}; rs = {ci}; }} "
+               f"const int row = (t / {ow}) * {m} - {pt}, col = t % {ow} - {pl}; "
+               f"const float *s = {src} + (row * {w} + col) * {ci}; int rs = {w * ci}; "
+               f"if (row < 0 || row + {alpha} > {h} || col < 0 || col >= {w}) {{ "
+               f"for (int k = 0; k < {alpha}; k++) {{ const int ok = row + k >= 0 && row + k < {h} && "
+               f"col >= 0 && col < {w}; for (int i = 0; i < {ci}; i++) {stg}[k * {ci} + i] = ok ? "
+               f"{src}[((row + k) * {w} + col) * {ci} + i] : 0.0f; }} s = {stg}; rs = {ci}; }} "
                f"float *vr = {v} + rr * {ci};")
         e.line(f"    for (int i = 0; i < {ci}; i++) {{ " +
                " ".join(f"const float d{k} = s[{k} * rs + i];" for k in range(alpha)) + " " +
@@ -255,11 +255,11 @@ def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
                f"const float *mr = {mb} + rr * {cop};")
         stores = []
         for i in range(m):
-            st = f"q[{i * os_} + j] = y{i};"
+            st = f"q[{i * os_} + j] = u{i};"
             stores.append(f"if ({i} < lim) {st}" if tail and i >= tail else st)
         e.line(f"    for (int j = 0; j < {co}; j++) {{ " +
                " ".join(f"const float m{k} = mr[{k * ms} + j];" for k in range(alpha)) + " " +
-               output_transform(at, ms_names, f"{bn}[j]", [f"y{i}" for i in range(m)]) + " " +
+               output_transform(at, ms_names, f"{bn}[j]", [f"u{i}" for i in range(m)]) + " " +
                (" ".join(epi.format(i) for i in range(m)) + " " if epi else "") +
                " ".join(stores) + " } }")
         e.line("}")
