@@ -145,7 +145,7 @@ class NativeTarget(Target):
                 "built for; load refuses an artifact whose CPU features this CPU lacks"),
         "conv_algorithm": ("auto (default) | direct | winograd: fp32 Conv2D with a (r, 1) kernel "
                            "(r 2..6), stride 1, dilation 1 by Winograd F(9-r, r) along the rows "
-                           "(auto: where c_in·c_out >= 256 and there are at least 9-r output rows; "
+                           "(auto: where c_in >= 8 and there are at least 9-r output rows; "
                            "winograd: every such conv) or by the direct sum; meta['winograd'] "
                            "names the convs that took it; int8 is always direct "
                            "(hwb_plugins/cpu_native/winograd.py)"),
