@@ -32,14 +32,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from hwbackends import layer_ir as ir
-
-if TYPE_CHECKING:
-    from .emit import Emitter
 
 #: Output rows per tile by kernel height: α = m + r - 1 = 8 for every r.
 ROWS = {2: 7, 3: 6, 4: 5, 5: 4, 6: 3}
@@ -179,9 +176,11 @@ def output_transform(at: np.ndarray, mv: list[str], bias: str, y: list[str]) -> 
     return " ".join(lines)
 
 
-def emit(e: Emitter, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
+def emit(e: Any, layer: ir.Conv2D, src: str, shape: tuple[int, ...], o: str,
          out_shape: tuple[int, ...]) -> str:
-    """``layer`` (:func:`eligible`) reading ``src`` (rows, cols, c_in) into ``o``."""
+    """``layer`` (:func:`eligible`) reading ``src`` (rows, cols, c_in) into ``o``, written
+    into ``e``, the fp32 ``emit.Emitter`` (its buffers, constants and body; this module does
+    not import emit.py, which imports it)."""
     h, w, ci = shape
     r, _, _, co = layer.w.shape
     m = ROWS[r]
