@@ -1357,7 +1357,8 @@ def _assemble(e: Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source
     kernel = ""
     if isinstance(e, _Int8Emitter):
         kernel = f"vnni-{e.vnni[0] * 32}" if e.vnni else "portable"
-    return Source(code, e.stack, e.matvecs, kernel, e.consts, e.winograd)
+    # (the fixed-point emitter, fixed.py, computes no conv by Winograd)
+    return Source(code, e.stack, e.matvecs, kernel, e.consts, list(getattr(e, "winograd", [])))
 
 
 #: The translation unit around an emitter's per-sample body, for the other emitters of this
