@@ -18,8 +18,8 @@ constant of ``Aᵀ`` and ``Bᵀ`` (the transforms applied at run time, in fp32) 
 integer or a power of two, exact in float32; ``G``'s fractions are applied in float64 to the
 weights before they are rounded once to float32. The points come in pairs ±p, so the
 transforms are written as even and odd parts shared by both points of a pair (``Bᵀ``'s rows
-for ±p are ``E ± O``; ``Aᵀ``'s columns for ±p differ in the sign of the odd powers). The matrices are built exactly, in
-rationals (:func:`transforms`). Rounding differs from the direct sum's: the fuzz and DeepLOB
+for ±p are ``E ± O``; ``Aᵀ``'s columns for ±p differ in the sign of the odd powers). The
+matrices are built exactly, in rationals (:func:`transforms`). Rounding differs from the direct sum's: the fuzz and DeepLOB
 tests bound the answers at 1e-5 of the output's scale (measured errors in docs/targets.md).
 
 The rows past the last whole tile are a padded last tile: a tile reaching into the zero
