@@ -82,7 +82,7 @@ MODULE_SECONDS = {
     "test_fuzz_multi_io": 25, "test_source_layers": 30, "test_fpga_channels_first": 40,
     "test_onnx_backend_data": 76, "test_elementwise_ops": 40, "test_fpga_da4ml": 40,
     "test_formats_cli": 15, "test_bad_inputs": 14, "test_bench": 14, "test_leftovers": 10,
-    "test_deeplob": 70, "test_fuzz_conv2d": 40,
+    "test_deeplob": 70, "test_fuzz_conv2d": 60,
 }
 
 

@@ -2,7 +2,8 @@
 every CPU target through ``hwb.compile``: cpu.native (its generated C), cpu.onnxruntime (the
 Keras model through tf2onnx) and cpu.litert (through the TFLite converter) in fp32, each
 within 1e-5 of Keras' answers' scale on fresh inputs (the compile's own fp32 gate passed on
-held-out ones), and its ONNX twin through cpu.native's ONNX reader; cpu.native's int8 within
+held-out ones), cpu.native's (4, 1), (3, 1) and (5, 1) convs by Winograd (its default), and
+its ONNX twin through cpu.native's ONNX reader; cpu.native's int8 within
 its gate; and the sliding window (one (40, 1) event a
 tick) answering what ``predict_into`` answers for the window ending at that event.
 
@@ -81,6 +82,20 @@ def test_deeplob_fp32_on_every_cpu_target(compiled, fresh, target: str) -> None:
     assert err <= FP32_BOUND, f"{target}: off by {err:.3g} of the output scale"
 
 
+def test_deeplob_native_convs_by_winograd(compiled, fresh) -> None:
+    """The default conv_algorithm (auto) computes the six (4, 1) trunk convs and the
+    inception's (3, 1) and (5, 1) by Winograd, the (1, 2), (1, 10) and 1×1 ones directly;
+    the answers stay within the fp32 bound of Keras' (max seen 1.5e-6 of the scale)."""
+    cm = compiled["cpu.native"]
+    taken = {w["layer"]: tuple(w["kernel"]) for w in cm.describe()["meta"]["winograd"]}
+    want_layers = {name: k for name, _, k, _, _ in zoo.DEEPLOB_TRUNK if k[0] > 1}
+    want_layers |= {name: k for br in zoo.DEEPLOB_BRANCHES for name, f, k, _, _ in br if f and k[0] > 1}
+    assert taken == want_layers, taken
+    x, want = fresh
+    err = float(np.abs(cm.predict(x) - want).max()) / float(np.abs(want).max())
+    assert err <= FP32_BOUND, f"Winograd DeepLOB off by {err:.3g} of the output scale"
+
+
 def test_deeplob_onnx_twin_on_cpu_native(fresh, tmp_path) -> None:
     """The ONNX twin (hwbackends/zoo_onnx.py: NCHW Conv, LeakyRelu, MaxPool, Concat, LSTM)
     through cpu.native's ONNX reader: the same answers as Keras'."""
@@ -97,6 +112,7 @@ def test_deeplob_int8_on_cpu_native_within_its_gate(deeplob, fresh, tmp_path) ->
     cm = hwb.compile(deeplob, "cpu.native", "int8", store=tmp_path, isolate_compile=False,
                      calibration_data=_book(96, 11), validation_data=_book(64, 12))
     assert cm.artifact.meta["int8_kernel"] and cm.fidelity.n == 64
+    assert cm.artifact.meta["winograd"] == []  # Winograd is fp32's
     x, want = fresh
     f = compare(want, cm.predict(x))
     assert not TOLERANCES["quantized"].violations(f), f

@@ -25,6 +25,8 @@ import numpy as np
 from hwbackends import layer_ir as ir
 from hwbackends.contract import UnsupportedError
 
+from . import winograd
+
 #: (vector width in floats, vectors accumulated in registers at once, split chains included)
 #: per ISA: AVX-512 has 32 zmm registers (16 accumulators leave room for broadcasts and
 #: weights); AVX2's 16 ymm take 8 accumulators; NEON/SSE split an 8-float vector in two.
@@ -74,11 +76,18 @@ class Source:
     #: the int8 matmul kernel (vnni-512, vnni-256, portable), "" for fp32
     int8_kernel: str = ""
     consts: list[str] = field(default_factory=list)
+    #: the Conv2D layers computed by Winograd (winograd.py): name, kernel, output rows per tile
+    winograd: list[dict] = field(default_factory=list)
 
 
 class Emitter:
-    def __init__(self, net: ir.Network, vw: int, acc: int):
+    def __init__(self, net: ir.Network, vw: int, acc: int, conv_algorithm: str = "direct"):
         self.net, self.vw, self.acc = net, vw, acc
+        #: the fp32 Conv2D algorithm (target.CONV_ALGORITHMS): direct, winograd where eligible, or
+        #: auto (winograd where eligible and it pays); the sliding window's emitters keep direct
+        self.conv_algorithm = conv_algorithm
+        #: what winograd.emit wrote, per layer (the artifact's ``meta["winograd"]``)
+        self.winograd: list[dict] = []
         self.consts: list[str] = []
         self.body: list[str] = []
         self.stack = 0
@@ -487,6 +496,9 @@ class Emitter:
         """Per output cell one matvec over its window (the kernel flattened to ``(kh·kw·c_in,
         c_out)``, one segment per contiguous run of the padded input: :meth:`conv2d_taps`),
         register-tiled over cells in fp32 (:meth:`conv2d_tiles`)."""
+        if self.conv_algorithm != "direct" and winograd.eligible(layer) and (
+                self.conv_algorithm == "winograd" or winograd.pays(layer, out_shape)):
+            return winograd.emit(self, layer, src, shape, o, out_shape)
         ci = shape[2]
         kh, kw, _, co = layer.w.shape
         src, wp = self.padded_2d(src, shape, layer.pad)
@@ -1244,20 +1256,21 @@ def calibrated_ranges(net: ir.Network, calibration: np.ndarray
 
 
 def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
-         calibration: np.ndarray | None = None) -> Source:
+         calibration: np.ndarray | None = None, conv_algorithm: str = "auto") -> Source:
     """The model as C: ``hwb_model_predict_n`` and ``hwb_model_predict`` (declared in the
     generated header, build.header), vectorised for the CPU features ``requires``; int8
     calibrates its activation scales on ``calibration``. A model whose intermediate tensors
     exceed :data:`MAX_STACK_BYTES` side by side is emitted again with them in one stack array
-    shared by lifetime (:meth:`Emitter.lay_out_arena`), and refused only if that exceeds it."""
+    shared by lifetime (:meth:`Emitter.lay_out_arena`), and refused only if that exceeds it.
+    ``conv_algorithm`` (target.CONV_ALGORITHMS) picks fp32 Conv2D's algorithm; int8 is direct."""
     ranges = None
     if precision == "int8":
         if calibration is None:
             raise UnsupportedError("cpu.native:int8 needs calibration data")
         ranges = calibrated_ranges(net, calibration)
-    e = _emit_body(net, requires, ranges, arena=False)
+    e = _emit_body(net, requires, ranges, arena=False, conv_algorithm=conv_algorithm)
     if e.stack > MAX_STACK_BYTES:
-        e = _emit_body(net, requires, ranges, arena=True)
+        e = _emit_body(net, requires, ranges, arena=True, conv_algorithm=conv_algorithm)
     if e.stack > MAX_STACK_BYTES:
         raise UnsupportedError(f"cpu.native: model {net.name!r} needs {e.stack >> 10} KiB of "
                                f"intermediate tensors (at most {MAX_STACK_BYTES >> 10} KiB on the "
@@ -1265,7 +1278,8 @@ def emit(net: ir.Network, requires: list[str], precision: str = "fp32",
     return _assemble(e, int(np.prod(net.input_shape)), int(np.prod(net.output_shape)))
 
 
-def _emit_body(net: ir.Network, requires: list[str], ranges: tuple | None, arena: bool) -> Emitter:
+def _emit_body(net: ir.Network, requires: list[str], ranges: tuple | None, arena: bool,
+               conv_algorithm: str = "direct") -> Emitter:
     """The emitter holding ``hwb_one``'s body for ``net`` (int8 when ``ranges``, the
     calibration's :func:`calibrated_ranges`)."""
     vw, acc = vector_shape(requires)
@@ -1273,7 +1287,7 @@ def _emit_body(net: ir.Network, requires: list[str], ranges: tuple | None, arena
         in_amax, state_amax, centers = ranges
         e: Emitter = _Int8Emitter(net, vw, acc, in_amax, requires, state_amax, centers)
     else:
-        e = Emitter(net, vw, acc)
+        e = Emitter(net, vw, acc, conv_algorithm)
     e.arena = arena
     shapes = net.shapes()
     producing = [i for i, layer in enumerate(net.layers)
@@ -1343,7 +1357,8 @@ def _assemble(e: Emitter, n_in: int, n_out: int, nan_out: bool = True) -> Source
     kernel = ""
     if isinstance(e, _Int8Emitter):
         kernel = f"vnni-{e.vnni[0] * 32}" if e.vnni else "portable"
-    return Source(code, e.stack, e.matvecs, kernel, e.consts)
+    # (the fixed-point emitter, fixed.py, computes no conv by Winograd)
+    return Source(code, e.stack, e.matvecs, kernel, e.consts, list(getattr(e, "winograd", [])))
 
 
 #: The translation unit around an emitter's per-sample body, for the other emitters of this

@@ -41,16 +41,18 @@ def offsets(sizes: list[int]) -> list[int]:
     return [int(v) for v in np.concatenate([[0], np.cumsum(sizes)[:-1]])] if sizes else []
 
 
-def emit_multi(net: MultiNetwork, requires: list[str], precision: str = "fp32") -> Source:
+def emit_multi(net: MultiNetwork, requires: list[str], precision: str = "fp32",
+               conv_algorithm: str = "auto") -> Source:
     """``net`` as C (see the module's doc): ``hwb_model_predict[_n]`` over packed records and
-    ``hwb_model_predict_multi[_n]`` over one buffer per tensor."""
+    ``hwb_model_predict_multi[_n]`` over one buffer per tensor; ``conv_algorithm`` as
+    :func:`.emit.emit`'s."""
     if precision != "fp32":
         raise UnsupportedError(f"cpu.native compiles models with several inputs or outputs at "
                                f"precision 'fp32'; {precision!r} is for one input and one output "
                                f"(int8 calibrates one input tensor, fixed follows hls4ml's "
                                f"single-chain graph)")
     vw, acc = vector_shape(requires)
-    e = Emitter(ir.Network(net.name, net.merged_shape, net.trunk), vw, acc)
+    e = Emitter(ir.Network(net.name, net.merged_shape, net.trunk), vw, acc, conv_algorithm)
     n_in = [_prod(s) for s in net.input_shapes]
     n_out = [_prod(s) for s in net.output_shapes]
     parts = []

@@ -28,6 +28,9 @@ from .._util import cpu_name, version
 from . import build, push_weights
 from .fixed import PRECISION_RULE, hls_precision
 
+#: The ``conv_algorithm`` option's values: Winograd where it is eligible and pays, the direct
+#: sum everywhere, or Winograd on every eligible conv (hwb_plugins/cpu_native/winograd.py).
+CONV_ALGORITHMS = ("auto", "direct", "winograd")
 #: Files ``export(artifact, "c", outdir)`` writes: the C ABI and its header.
 EXPORTED = ("libhwb_model.so", "hwb_model.h")
 
@@ -128,7 +131,7 @@ class NativeTarget(Target):
     precision_rule = PRECISION_RULE
     calibrated = ("int8",)
     formats = ("keras", "torch", "onnx")
-    version = "18"
+    version = "19"
     #: several inputs/outputs: fp32, each input's chain, a concatenation or add, a trunk and
     #: one head per output (hwbackends/layer_ir/multi.py, emit_multi.py); int8 calibrates one
     #: input tensor, so multi_io_calibrated stays False
@@ -140,6 +143,12 @@ class NativeTarget(Target):
     option_docs = {
         "isa": ("native (default) | x86-64-v2 | x86-64-v3 | x86-64-v4: the -march the model is "
                 "built for; load refuses an artifact whose CPU features this CPU lacks"),
+        "conv_algorithm": ("auto (default) | direct | winograd: fp32 Conv2D with a (r, 1) kernel "
+                           "(r 2..6), stride 1, dilation 1 by Winograd F(9-r, r) along the rows "
+                           "(auto: where c_in >= 8 and there are at least 9-r output rows; "
+                           "winograd: every such conv) or by the direct sum; meta['winograd'] "
+                           "names the convs that took it; int8 is always direct "
+                           "(hwb_plugins/cpu_native/winograd.py)"),
         "push_weights": ("fp32 (default) | bf16 | f16 | int8: the weights the sliding window's push "
                          "reads (the input products of the newest step; prepare and predict stay "
                          "fp32) in bf16 (needs avx512_bf16), IEEE half (f16c: AVX2 or AVX-512) or "
@@ -182,6 +191,14 @@ class NativeTarget(Target):
             raise UnsupportedError(f"cpu.native option isa={isa!r} is an x86-64 level; this "
                                    f"machine is {build.arch()}: use isa='native'")
         self._check_push_weights(options, isa)
+        algo = options.extra.get("conv_algorithm", "auto")
+        if algo not in CONV_ALGORITHMS:
+            raise UnsupportedError(f"cpu.native option conv_algorithm={algo!r}: expected one of "
+                                   f"{', '.join(CONV_ALGORITHMS)}")
+        if algo == "winograd" and options.precision != "fp32":
+            raise UnsupportedError(f"cpu.native option conv_algorithm='winograd' applies to precision "
+                                   f"'fp32'; precision {options.precision!r} computes every conv "
+                                   f"directly: drop the option or use 'auto'")
 
     @staticmethod
     def _check_push_weights(options: CompileOptions, isa: str) -> None:
@@ -249,7 +266,8 @@ class NativeTarget(Target):
         else:
             net = layer_ir.extract(model, self.name)
             calib = options.calibration if options.precision == "int8" else None
-            src = emit(net, requires, options.precision, calib)
+            src = emit(net, requires, options.precision, calib,
+                       options.extra.get("conv_algorithm", "auto"))
             in_shape, out_shape = tuple(net.input_shape), tuple(net.output_shape)
             layers = [f"{layer.name}:{type(layer).__name__}" for layer in net.layers]
         batch = options.batch_size
@@ -278,7 +296,7 @@ class NativeTarget(Target):
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": src.int8_kernel,
-                "layers": layers, "sliding": window.meta, **fixed_meta,
+                "layers": layers, "winograd": src.winograd, "sliding": window.meta, **fixed_meta,
                 "build_seconds": round(time.perf_counter() - t0, 3), **facts}
 
     def _compile_multi(self, model: Any, options: CompileOptions, workdir: Path, cc: str, isa: str,
@@ -298,7 +316,7 @@ class NativeTarget(Target):
                 raise UnsupportedError(f"cpu.native option {opt} is the sliding window's; a model "
                                        f"with several inputs or outputs has none: drop it")
         net = extract_multi(model, self.name)
-        src = emit_multi(net, requires, options.precision)
+        src = emit_multi(net, requires, options.precision, options.extra.get("conv_algorithm", "auto"))
         ins, outs = net.input_shapes, net.output_shapes
         n_in = sum(int(np.prod(s, dtype=np.int64)) for s in ins)
         n_out = sum(int(np.prod(s, dtype=np.int64)) for s in outs)
@@ -320,6 +338,7 @@ class NativeTarget(Target):
                 "march": build.march(isa), "requires": requires, "arch": build.arch(),
                 "python_abi": build.python_abi(), "stack_bytes": src.stack_bytes,
                 "vector_matvecs": src.matvecs, "int8_kernel": "", "layers": layers,
+                "winograd": src.winograd,
                 "multi_io": {"merge": net.merge, "branches": [len(b.layers) for b in net.branches],
                              "trunk": len(net.trunk), "heads": [len(h.layers) for h in net.heads],
                              "abi": "hwb_model_predict_multi_n: one buffer per tensor; "
