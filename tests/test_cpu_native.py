@@ -291,3 +291,36 @@ def test_onnx_mlps_from_tf2onnx_and_torch_onnx(zoo_model, store_dir, tmp_path) -
         x = src.representative(64)
         np.testing.assert_allclose(cm.predict(x), src.reference(x), atol=2e-6)
         assert ops & {"Gemm", "MatMul"}, ops
+
+
+def test_the_artifact_holds_each_weight_array_once(compiled) -> None:
+    """The model function and its sliding window read the same weights from one array each
+    (emit.share_constants): the artifact's C declares no two constant arrays alike, and the
+    window's answers are predict_into's bit for bit over every slot."""
+    import re
+
+    cm = compiled("lstm", "cpu.native", "fp32")
+    code = Path(cm.artifact.file("model.c")).read_text()
+    bodies = re.findall(r"^static const \w+ \w+\[\d+\](?: A64)? = (\{.*\});$", code, re.M)
+    assert len(bodies) == len(set(bodies)), "a constant array is declared twice"
+    assert re.search(r"^#define SLW\d+ W\d+$", code, re.M), "the window's weights are the model's"
+    xs = np.random.default_rng(5).normal(size=(40, 8)).astype(np.float32)
+    win = cm.sliding()
+    got = np.array([np.array(win.push(x)).ravel() for x in xs][15:])
+    want = cm.predict(np.stack([xs[i - 15:i + 1] for i in range(15, 40)])).reshape(len(got), -1)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_share_constants_merges_only_equal_arrays() -> None:
+    from hwb_plugins.cpu_native.emit import share_constants
+
+    code = "\n".join(["static const float W0[2] A64 = {0x1p+0f,0x0.0p+0f};",
+                      "static const float SLW1[2] A64 = {0x1p+0f,0x0.0p+0f};",
+                      "static const float B2[2] A64 = {0x1p+0f,0x1p+0f};",
+                      "static const int8_t Q3[2] A64 = {0x1p+0f,0x0.0p+0f};",
+                      "static const float W4[2] = {0x1p+0f,0x0.0p+0f};",
+                      "void f(void) { g(SLW1); }"])
+    lines = share_constants(code).split("\n")
+    assert lines[1] == "#define SLW1 W0"
+    assert [ln.startswith("static const") for ln in lines[:5]] == [True, False, True, True, True]
+    assert lines[5] == "void f(void) { g(SLW1); }"

@@ -18,6 +18,7 @@ Weights are written as C99 hex-float literals: exact, whatever the locale or pri
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -53,6 +54,28 @@ def _store(ptr: str, j: int, n: int, vec: str, vw: int) -> str:
     if j + vw <= n:
         return f"*(vfu *)({ptr} + {j}) = {vec};"
     return f"__builtin_memcpy({ptr} + {j}, &{vec}, {4 * (n - j)});"
+
+
+#: One constant array of generated C: ``static const TYPE NAME[N] A64 = {...};`` on one line.
+_CONST_LINE = re.compile(r"static const (\w+) (\w+)\[(\d+)\]( A64)? = (\{.*\});")
+
+
+def share_constants(code: str) -> str:
+    """``code`` with every constant array whose type, size, alignment and values repeat an
+    earlier one's written as ``#define NAME EARLIER``: the model function and its sliding
+    window read the same weights (LSTM_A's 320k floats twice: 8 MB of C, twice the parse and
+    twice the library), and a name is all their code uses of them."""
+    seen: dict[tuple[str, str, str, str], str] = {}
+    out = []
+    for line in code.split("\n"):
+        m = _CONST_LINE.fullmatch(line)
+        if m is not None:
+            typ, name, n, align, body = m.groups()
+            first = seen.setdefault((typ, n, align or "", body), name)
+            if first != name:
+                line = f"#define {name} {first}"
+        out.append(line)
+    return "\n".join(out)
 
 
 def c_floats(a: np.ndarray) -> str:

@@ -246,7 +246,7 @@ class NativeTarget(Target):
         from hwbackends import layer_ir
 
         from . import sliding, sliding_conv
-        from .emit import emit
+        from .emit import emit, share_constants
 
         self.check_options(options)
         t0 = time.perf_counter()
@@ -275,7 +275,7 @@ class NativeTarget(Target):
         plain = kind == "fp32" and gates == "exact"
         window = ((sliding_conv.emit(net, in_shape, options.precision, requires) if plain else None)
                   or sliding.emit(net, in_shape, options.precision, requires, kind, gates))
-        code = src.code + "\n" + window.code
+        code = share_constants(src.code + "\n" + window.code)
         hdr = build.header(name=model.name, fingerprint=model.fingerprint, isa=isa,
                            requires=requires, precision=options.precision, batch=batch,
                            stack=src.stack_bytes, in_shape=in_shape, out_shape=out_shape,
