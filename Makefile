@@ -24,8 +24,10 @@ demo: $(STAMP)
 # The suite runs on TEST_WORKERS processes (pytest-xdist), one module per worker at a time
 # (--dist loadscope), so a module's fixtures are built once, handed out longest first
 # (tests/conftest.py MODULE_SECONDS; --no-loadscope-reorder keeps that order);
-# TEST_WORKERS=0 runs it serially.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=0 runs it serially. Three on a 2-core machine: many tests wait (open-loop
+# benches, servers, Ray, child builds) while another worker's compile uses the cores; four
+# gained nothing more (docs/performance.md, "The suite's time").
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 test: $(STAMP)
